@@ -1,0 +1,1 @@
+//! The sans-IO core: `handle(input, now) -> effects`.

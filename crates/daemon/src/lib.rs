@@ -1,0 +1,1 @@
+//! The agent-mesh daemon: configuration, service wiring, local API and CLI.

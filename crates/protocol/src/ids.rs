@@ -1,0 +1,234 @@
+//! Identities: nodes, store epochs, channels and streams.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A node's identity: its iroh endpoint id, an ed25519 public key.
+pub type NodeId = iroh_base::PublicKey;
+
+/// A node's secret key; its public half is the [`NodeId`].
+pub type SecretKey = iroh_base::SecretKey;
+
+/// A sequence number within one stream. Dense, starting at 1; 0 means "none yet".
+pub type Seq = u64;
+
+/// The longest topic name, in bytes.
+pub const MAX_TOPIC_NAME_BYTES: usize = 64;
+
+/// Errors parsing an id from text or bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdError {
+    /// A topic name was empty, too long, or had a character outside `[a-z0-9._/-]`.
+    #[error("bad topic name {name:?}: {why}")]
+    BadTopicName {
+        /// The rejected name (cut to a printable length).
+        name: String,
+        /// What was wrong with it.
+        why: &'static str,
+    },
+    /// An epoch was not 32 hex digits.
+    #[error("bad epoch {0:?}: expected 32 hex digits")]
+    BadEpoch(String),
+}
+
+/// A store's epoch: random 128 bits chosen when the store is created.
+///
+/// A node that loses its store but keeps its key starts a new epoch, so its
+/// fresh sequence numbers are never mistaken for replays of the old ones.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Epoch(pub [u8; 16]);
+
+impl Epoch {
+    /// The epoch's bytes.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+
+    /// The first 4 bytes in hex, for logs.
+    pub fn fmt_short(&self) -> String {
+        data_encoding::HEXLOWER.encode(&self.0[..4])
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&data_encoding::HEXLOWER.encode(&self.0))
+    }
+}
+
+impl fmt::Debug for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Epoch({})", self.fmt_short())
+    }
+}
+
+impl FromStr for Epoch {
+    type Err = IdError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bytes = data_encoding::HEXLOWER_PERMISSIVE
+            .decode(s.as_bytes())
+            .map_err(|_| IdError::BadEpoch(cut(s)))?;
+        let arr: [u8; 16] = bytes.try_into().map_err(|_| IdError::BadEpoch(cut(s)))?;
+        Ok(Epoch(arr))
+    }
+}
+
+/// A topic's name: 1 to [`MAX_TOPIC_NAME_BYTES`] bytes of `[a-z0-9._/-]`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct TopicName(String);
+
+impl TopicName {
+    /// Checks `name` and wraps it.
+    pub fn new(name: &str) -> Result<Self, IdError> {
+        let bad = |why| IdError::BadTopicName { name: cut(name), why };
+        if name.is_empty() {
+            return Err(bad("it is empty"));
+        }
+        if name.len() > MAX_TOPIC_NAME_BYTES {
+            return Err(bad("it is longer than 64 bytes"));
+        }
+        if !name
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'/' | b'-'))
+        {
+            return Err(bad("only a-z, 0-9 and . _ / - are allowed"));
+        }
+        Ok(TopicName(name.to_owned()))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for TopicName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // Borrowing would fail on owned inputs; a String is at most the frame cap.
+        let s = String::deserialize(d)?;
+        TopicName::new(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl fmt::Display for TopicName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for TopicName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Topic({})", self.0)
+    }
+}
+
+/// Where a stream goes: one recipient node, or every member of a topic.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Channel {
+    /// Messages for exactly one node.
+    Direct(NodeId),
+    /// Messages for every member of a topic (replication comes in a later layer).
+    Topic(TopicName),
+}
+
+impl fmt::Debug for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Channel::Direct(to) => write!(f, "Direct({})", to.fmt_short()),
+            Channel::Topic(t) => write!(f, "{t:?}"),
+        }
+    }
+}
+
+impl fmt::Display for Channel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Channel::Direct(to) => write!(f, "direct:{to}"),
+            Channel::Topic(t) => write!(f, "topic:{t}"),
+        }
+    }
+}
+
+/// One stream: every envelope one author wrote in one store epoch to one channel.
+///
+/// Sequence numbers are dense per stream, starting at 1, so "everything after
+/// N" is well defined for every reader.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct StreamId {
+    /// The node that writes and signs the stream.
+    pub author: NodeId,
+    /// The author's store epoch.
+    pub epoch: Epoch,
+    /// Where the stream goes.
+    pub channel: Channel,
+}
+
+impl StreamId {
+    /// A direct stream from `author` (in `epoch`) to `to`.
+    pub fn direct(author: NodeId, epoch: Epoch, to: NodeId) -> Self {
+        StreamId { author, epoch, channel: Channel::Direct(to) }
+    }
+
+    /// The recipient of a direct stream, `None` for a topic.
+    pub fn recipient(&self) -> Option<NodeId> {
+        match &self.channel {
+            Channel::Direct(to) => Some(*to),
+            Channel::Topic(_) => None,
+        }
+    }
+}
+
+impl fmt::Debug for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Stream({}/{}/{:?})",
+            self.author.fmt_short(),
+            self.epoch.fmt_short(),
+            self.channel
+        )
+    }
+}
+
+impl fmt::Display for StreamId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}/{}", self.author, self.epoch, self.channel)
+    }
+}
+
+/// Cuts untrusted text to a length fit for an error message.
+pub(crate) fn cut(s: &str) -> String {
+    s.chars().take(80).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn topic_names_are_bounded_and_restricted() {
+        assert!(TopicName::new("agents/planner.v1").is_ok());
+        assert!(TopicName::new("").is_err());
+        assert!(TopicName::new(&"a".repeat(65)).is_err());
+        assert!(TopicName::new(&"a".repeat(64)).is_ok());
+        assert!(TopicName::new("Upper").is_err());
+        assert!(TopicName::new("sp ace").is_err());
+    }
+
+    #[test]
+    fn a_topic_name_that_breaks_the_rules_does_not_decode() {
+        let bytes = postcard::to_stdvec(&"UPPER".to_string()).unwrap();
+        assert!(postcard::from_bytes::<TopicName>(&bytes).is_err());
+    }
+
+    #[test]
+    fn epochs_round_trip_through_text() {
+        let e = Epoch([7; 16]);
+        assert_eq!(e.to_string().parse::<Epoch>().unwrap(), e);
+        assert!("xyz".parse::<Epoch>().is_err());
+    }
+}

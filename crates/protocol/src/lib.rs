@@ -1,0 +1,30 @@
+//! Wire types of agent-mesh: ids, signed batches, frames, journal cursors and
+//! node tickets.
+//!
+//! This crate is pure: no IO, no clock, no async runtime. Everything a peer or
+//! a local client can send is decoded here, behind a size cap, into types that
+//! cannot hold an invalid value: a [`SignedBatch`] off the wire only becomes a
+//! [`VerifiedBatch`] after its signature checks, and an [`Envelope`] only exists
+//! together with the proof that its payload's hash sits at its index in a
+//! verified batch.
+//!
+//! The design is in `docs/design.md`; the exact bytes are in `docs/protocol.md`.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod batch;
+mod cursor;
+mod frame;
+mod ids;
+mod ticket;
+
+pub use batch::{
+    BATCH_DOMAIN, Cid, EntryHeader, Envelope, NewEnvelope, OpenBatch, SignedBatch, VerifiedBatch, VerifyError,
+    MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES,
+};
+pub use cursor::{Cursor, CursorError};
+pub use frame::{
+    FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, Mark, PROTOCOL_VERSION, Payloads,
+    MAX_HELLO_MARKS, decode_frame, encode_frame, frame_body_len,
+};
+pub use ids::{Channel, Epoch, IdError, NodeId, SecretKey, Seq, StreamId, TopicName, MAX_TOPIC_NAME_BYTES};
+pub use ticket::{NodeTicket, TicketError, MAX_TICKET_ADDRS};

@@ -1,0 +1,116 @@
+//! The durable store of agent-mesh: one redb file per node, written by one
+//! actor that groups whatever is queued into one durable transaction.
+//!
+//! [`MeshStore`] is the typed contract; [`RedbStore`] keeps it on disk and
+//! [`MemStore`] keeps it in memory for the simulator and unit tests.
+//! [`StoreHandle`] is the group-commit writer actor in front of either.
+//! The design is in `docs/design.md`.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+mod types;
+
+pub use types::{
+    Arrival, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord,
+    Receipt, StoreMeta, StoredBatch, WriteOp,
+};
+
+use mesh_protocol::{Mark, Seq, StreamId};
+
+/// Errors from the store, grouped by who is at fault.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// Another process (or handle) holds the data dir's store open.
+    #[error("the store at {path} is already open by another mesh process; stop it first or use another --data dir")]
+    AlreadyOpen {
+        /// The store file.
+        path: String,
+    },
+    /// The file is damaged or is not an agent-mesh store; it is never reset silently.
+    #[error("the store at {path} is damaged or not an agent-mesh store: {why}. It was not changed; move it aside to start a new store")]
+    Corrupt {
+        /// The store file.
+        path: String,
+        /// What was found.
+        why: String,
+    },
+    /// The file was written by a newer (or unknown) schema version.
+    #[error("the store at {path} has schema version {found}; this build reads version {supported}")]
+    SchemaVersion {
+        /// The store file.
+        path: String,
+        /// Version in the file.
+        found: u32,
+        /// Version this build reads.
+        supported: u32,
+    },
+    /// One caller's ops failed a check against the stored state; nothing of
+    /// theirs was written. This is a bug in the caller (or a race it must handle).
+    #[error("write refused: {0}")]
+    Conflict(String),
+    /// The outbox of `stream` is full of unacknowledged envelopes and the
+    /// policy is `reject`; nothing was written.
+    #[error("outbox for peer {peer} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first")]
+    OutboxFull {
+        /// The recipient, short form.
+        peer: String,
+        /// Envelopes in the outbox.
+        msgs: u64,
+        /// Payload bytes in the outbox.
+        bytes: u64,
+    },
+    /// The disk or the database failed; the transaction was not committed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The writer actor has stopped.
+    #[error("the store writer has stopped")]
+    Closed,
+}
+
+/// The store's typed contract. Reads see only committed state.
+///
+/// `commit` applies each caller's group of ops in one transaction made
+/// durable before it returns (`Durability::Immediate` on disk): a group's
+/// result is `Ok` only if its writes are durable.
+pub trait MeshStore: Send + Sync + 'static {
+    /// Epoch and schema version.
+    fn meta(&self) -> StoreMeta;
+
+    /// Applies `groups` in one durable transaction and answers each group.
+    ///
+    /// A group whose checks fail gets [`StoreError::Conflict`] and writes
+    /// nothing; the others still commit. If the transaction itself fails,
+    /// every group gets the error.
+    fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>>;
+
+    /// Author-side state of every stream this node writes.
+    fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError>;
+
+    /// Every receiver mark this node holds.
+    fn marks(&self) -> Result<Vec<Mark>, StoreError>;
+
+    /// Outbox batches of `stream` that hold any seq above `after`, in order,
+    /// stopping once `max_bytes` of payload has been gathered (at least one
+    /// batch is returned if any qualifies).
+    fn read_outbox(
+        &self,
+        stream: &StreamId,
+        after: Seq,
+        max_bytes: u64,
+    ) -> Result<Vec<StoredBatch>, StoreError>;
+
+    /// Up to `limit` journal entries after `after`, in arrival order.
+    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError>;
+
+    /// The last arrival position written (0 if the journal is empty).
+    fn journal_head(&self) -> Result<Arrival, StoreError>;
+
+    /// Every known peer.
+    fn peers(&self) -> Result<Vec<PeerRecord>, StoreError>;
+
+    /// A named durable cursor, if set.
+    fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError>;
+
+    /// The highest Lamport clock in any envelope this store holds (own or received).
+    fn max_lamport(&self) -> Result<u64, StoreError>;
+}

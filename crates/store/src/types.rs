@@ -1,0 +1,237 @@
+//! The store's typed contract: what can be written (in one transaction) and
+//! what can be read back. Both implementations — redb on disk and the
+//! in-memory model used by the simulator — honour exactly this contract.
+
+use std::net::SocketAddr;
+
+use mesh_protocol::{Epoch, NodeId, OpenBatch, Seq, SignedBatch, StreamId};
+use serde::{Deserialize, Serialize};
+
+/// A position in the local journal. Dense, starting at 1; 0 is "before the first".
+pub type Arrival = u64;
+
+/// What the store knows about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreMeta {
+    /// The store's epoch, made at creation.
+    pub epoch: Epoch,
+    /// The schema version the file was written with.
+    pub schema_version: u32,
+}
+
+/// The author-side state of one stream this node writes.
+///
+/// Invariants: `first_retained <= next_seq`; `first_retained == next_seq`
+/// iff the outbox for the stream is empty; `last_acked < next_seq`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnStream {
+    /// The stream.
+    pub stream: StreamId,
+    /// The seq the next envelope gets.
+    pub next_seq: Seq,
+    /// The oldest seq still in the outbox (`next_seq` when empty).
+    pub first_retained: Seq,
+    /// The highest seq the recipient has acknowledged.
+    pub last_acked: Seq,
+    /// Envelopes in the outbox.
+    pub msgs: u64,
+    /// Payload bytes in the outbox.
+    pub bytes: u64,
+}
+
+/// A batch as kept in the outbox: the signed batch exactly as signed, and its payloads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredBatch {
+    /// The signed batch, byte for byte as it was signed.
+    pub batch: SignedBatch,
+    /// One payload per entry.
+    pub payloads: Vec<Vec<u8>>,
+}
+
+/// Why envelopes were given up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// The author's outbox was full and its policy is `evict-oldest`.
+    OutboxEvicted,
+    /// A live subscriber fell behind its buffer (the journal still has the entries).
+    SubscriberLagged,
+}
+
+/// One journal entry's content.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum JournalRecord {
+    /// An envelope: one this node sent (`stream.author` is this node) or received.
+    Envelope {
+        /// Its stream.
+        stream: StreamId,
+        /// Its seq.
+        seq: Seq,
+        /// The author's Lamport clock.
+        lamport: u64,
+        /// The author's wall clock, ms since the Unix epoch.
+        created_ms: u64,
+        /// Application-defined kind.
+        kind: u16,
+        /// The payload.
+        payload: Vec<u8>,
+    },
+    /// The receiver can never have `from..=to` of `stream`: the author no longer holds it.
+    Gap {
+        /// The stream.
+        stream: StreamId,
+        /// First missing seq.
+        from: Seq,
+        /// Last missing seq.
+        to: Seq,
+    },
+    /// Envelopes `from..=to` of `stream` were given up for `reason`.
+    Loss {
+        /// The stream.
+        stream: StreamId,
+        /// First lost seq.
+        from: Seq,
+        /// Last lost seq.
+        to: Seq,
+        /// Why.
+        reason: LossReason,
+        /// Free text for a person (e.g. which subscriber lagged).
+        detail: String,
+    },
+}
+
+/// A journal entry with its arrival position.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JournalItem {
+    /// Local arrival seq.
+    pub arrival: Arrival,
+    /// The entry.
+    pub record: JournalRecord,
+}
+
+/// A known peer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerRecord {
+    /// Its node id.
+    pub node: NodeId,
+    /// Addresses to dial it at.
+    pub addrs: Vec<SocketAddr>,
+    /// The peer's store epoch as last seen in its Hello (None until then).
+    pub epoch: Option<Epoch>,
+}
+
+/// One write. A caller's ops are applied together or not at all; every op
+/// is checked against the state in the transaction before anything is written,
+/// and a failed check is a [`crate::StoreError::Conflict`] for that caller only.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum WriteOp {
+    /// Author: a new batch of this node's own envelopes, appended to the
+    /// outbox and journal. Check: `batch.first_seq == next_seq` of its stream
+    /// (a stream is created by its first batch at seq 1).
+    ///
+    /// Retention is applied in the same transaction: whole acknowledged
+    /// batches are evicted oldest first until the new batch fits `bounds`;
+    /// if it still does not fit, `on_full` decides: `Reject` fails this group
+    /// with [`crate::StoreError::OutboxFull`] and writes nothing,
+    /// `EvictOldest` evicts whole unacknowledged batches oldest first and
+    /// journals them as a [`JournalRecord::Loss`] (`OutboxEvicted`). The
+    /// new batch itself is never evicted: a batch larger than the bounds is
+    /// refused as full under either policy.
+    AppendOwn {
+        /// The signed batch and payloads.
+        batch: OpenBatch,
+        /// The stream's outbox bounds and policy.
+        bounds: OutboxBounds,
+    },
+    /// Author: the recipient acknowledged everything up to `upto`
+    /// (never moves backwards unless `reset` — the recipient's store is new).
+    Acked {
+        /// The stream.
+        stream: StreamId,
+        /// The recipient's mark.
+        upto: Seq,
+        /// Allow the mark to move backwards (recipient changed epoch).
+        reset: bool,
+    },
+    /// Receiver: commit the envelopes of `batch` from `from` to its end,
+    /// journal them, and move the mark to the batch's last seq.
+    /// Check: the stream's current mark is `from - 1`, and `from` lies in the batch.
+    Accept {
+        /// The verified batch with matching payloads.
+        batch: OpenBatch,
+        /// The first seq to take (earlier ones are duplicates).
+        from: Seq,
+    },
+    /// Receiver: the author no longer holds anything before
+    /// `earliest_available`. Journals a [`JournalRecord::Gap`] for
+    /// `mark + 1 ..= earliest_available - 1` and moves the mark there.
+    /// Check: `earliest_available > mark + 1`.
+    Gap {
+        /// The stream.
+        stream: StreamId,
+        /// The first seq the author can still send.
+        earliest_available: Seq,
+    },
+    /// Journal a loss record that is not an outbox eviction (e.g. a lagging subscriber).
+    RecordLoss {
+        /// The stream, or the stream the loss is reported against.
+        stream: StreamId,
+        /// First seq concerned.
+        from: Seq,
+        /// Last seq concerned.
+        to: Seq,
+        /// Why.
+        reason: LossReason,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// Add or update a peer.
+    PutPeer(PeerRecord),
+    /// Forget a peer (its streams and marks stay).
+    RemovePeer(NodeId),
+    /// Set a named durable cursor to an arrival position.
+    PutCursor {
+        /// The cursor's name (1..=64 bytes, checked by the caller).
+        name: String,
+        /// The arrival position.
+        arrival: Arrival,
+    },
+}
+
+/// What one caller's committed ops produced.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Receipt {
+    /// Arrival positions of the journal entries written, first to last (`None` if none).
+    pub arrivals: Option<(Arrival, Arrival)>,
+    /// The new state of every own stream the ops changed (appends, evictions, acks).
+    pub own_streams: Vec<OwnStream>,
+}
+
+/// What to do when an outbox is full of unacknowledged envelopes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OnFull {
+    /// Refuse the new send with a clear error; nothing is written (the default).
+    #[default]
+    Reject,
+    /// Evict the oldest unacknowledged batches and journal their loss durably.
+    EvictOldest,
+}
+
+/// Retention bounds of one outbox stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutboxBounds {
+    /// The most envelopes kept.
+    pub max_msgs: u64,
+    /// The most payload bytes kept.
+    pub max_bytes: u64,
+    /// What happens when only unacknowledged envelopes remain and a new batch does not fit.
+    pub on_full: OnFull,
+}
+
+impl Default for OutboxBounds {
+    fn default() -> Self {
+        OutboxBounds { max_msgs: 1_000_000, max_bytes: 1 << 30, on_full: OnFull::Reject }
+    }
+}

@@ -1,0 +1,1 @@
+//! Multi-node and multi-process tests of agent-mesh, and their shared helpers.
