@@ -1,1 +1,10 @@
 //! The agent-mesh daemon: configuration, service wiring, local API and CLI.
+//!
+//! The design is in `docs/design.md`.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod cli;
+pub mod paths;
+mod run;
+
+pub use run::run;

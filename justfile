@@ -1,0 +1,41 @@
+# agent-mesh task runner. CI runs `.ci/run`, which runs the same commands as
+# `just ci`; `just check` adds the dependency policy check.
+# Install the tools once with `just tools` (cargo-deny, cargo-fuzz).
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# Everything a change must pass: format, lints, tests, dependency policy.
+check: fmt clippy test deny
+
+# What CI runs (no network tools needed beyond crates.io).
+ci: fmt clippy test
+
+fmt:
+    cargo fmt --all -- --check
+
+clippy:
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# The whole test suite: unit, property, corpus replay, crash-consistency,
+# simulator seeds and real iroh/redb tests.
+test:
+    cargo test --workspace
+
+# Licenses, duplicate-version bans and sources (advisories need the network and stay out).
+deny:
+    cargo deny check bans licenses sources
+
+# Criterion micro-benchmarks; figures go in docs/benchmarks.md.
+bench:
+    cargo bench -p mesh-protocol -p mesh-store
+
+# Run every fuzz target for SECONDS each (needs nightly and cargo-fuzz).
+fuzz SECONDS="60":
+    cd fuzz && for t in $(cargo +nightly fuzz list); do cargo +nightly fuzz run "$t" -- -max_total_time={{SECONDS}}; done
+
+# Rerun one simulator seed, e.g. `just sim-seed 1234`.
+sim-seed SEED:
+    SIM_SEED={{SEED}} cargo test -p mesh-bus --test sim -- --nocapture
+
+tools:
+    cargo install --locked cargo-deny cargo-fuzz
