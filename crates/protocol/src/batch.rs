@@ -186,7 +186,14 @@ impl SignedBatch {
             entries: &entries,
         });
         let sig = secret.sign(&msg).to_bytes();
-        let batch = SignedBatch { author, epoch, channel, first_seq, entries, sig };
+        let batch = SignedBatch {
+            author,
+            epoch,
+            channel,
+            first_seq,
+            entries,
+            sig,
+        };
         Ok(VerifiedBatch::new(batch))
     }
 
@@ -212,8 +219,7 @@ fn signed_bytes(u: &Unsigned<'_>) -> Vec<u8> {
     out.extend_from_slice(BATCH_DOMAIN);
     // Serializing plain structs into a Vec cannot fail: postcard only errors on
     // unsupported types (none here) or a full fixed buffer (a Vec grows).
-    let out = postcard::to_extend(u, out).unwrap_or_else(|_| unreachable!("postcard into Vec"));
-    out
+    postcard::to_extend(u, out).unwrap_or_else(|_| unreachable!("postcard into Vec"))
 }
 
 fn check_shape(first_seq: Seq, entries: &[EntryHeader]) -> Result<(), VerifyError> {
@@ -297,7 +303,11 @@ impl VerifiedBatch {
 
     /// The sum of the payload lengths the batch vouches for.
     pub fn payload_bytes(&self) -> u64 {
-        self.batch.entries.iter().map(|e| u64::from(e.payload_len)).sum()
+        self.batch
+            .entries
+            .iter()
+            .map(|e| u64::from(e.payload_len))
+            .sum()
     }
 
     /// Checks `payloads` against the signed hashes, one per entry in order.
@@ -315,7 +325,10 @@ impl VerifiedBatch {
                 });
             }
         }
-        Ok(OpenBatch { batch: self, payloads })
+        Ok(OpenBatch {
+            batch: self,
+            payloads,
+        })
     }
 }
 
@@ -358,7 +371,12 @@ impl OpenBatch {
         let mut entries = Vec::with_capacity(envelopes.len());
         let mut payloads = Vec::with_capacity(envelopes.len());
         for e in envelopes {
-            entries.push(EntryHeader::for_payload(e.lamport, e.created_ms, e.kind, &e.payload));
+            entries.push(EntryHeader::for_payload(
+                e.lamport,
+                e.created_ms,
+                e.kind,
+                &e.payload,
+            ));
             payloads.push(e.payload);
         }
         let batch = SignedBatch::sign(secret, epoch, channel, first_seq, entries)?;
@@ -448,7 +466,9 @@ mod sig_bytes {
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<[u8; 64], A::Error> {
                 let mut out = [0u8; 64];
                 for (i, b) in out.iter_mut().enumerate() {
-                    *b = seq.next_element()?.ok_or_else(|| A::Error::invalid_length(i, &self))?;
+                    *b = seq
+                        .next_element()?
+                        .ok_or_else(|| A::Error::invalid_length(i, &self))?;
                 }
                 Ok(out)
             }

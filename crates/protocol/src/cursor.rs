@@ -62,7 +62,11 @@ fn node_tag(node: &NodeId) -> [u8; NODE_TAG_BYTES] {
 impl Cursor {
     /// The cursor after arrival `arrival` in the journal of `node` at `epoch`.
     pub fn new(node: &NodeId, epoch: Epoch, arrival: u64) -> Self {
-        Cursor { node_tag: node_tag(node), epoch, arrival }
+        Cursor {
+            node_tag: node_tag(node),
+            epoch,
+            arrival,
+        }
     }
 
     /// The arrival seq, if the cursor was issued by `node` at `epoch`.
@@ -75,7 +79,10 @@ impl Cursor {
             });
         }
         if self.epoch != epoch {
-            return Err(CursorError::OtherEpoch { theirs: self.epoch, ours: epoch });
+            return Err(CursorError::OtherEpoch {
+                theirs: self.epoch,
+                ours: epoch,
+            });
         }
         Ok(self.arrival)
     }
@@ -103,7 +110,11 @@ impl Cursor {
 
 impl fmt::Display for Cursor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{PREFIX}{}", data_encoding::BASE32_DNSSEC.encode(&self.raw()))
+        write!(
+            f,
+            "{PREFIX}{}",
+            data_encoding::BASE32_DNSSEC.encode(&self.raw())
+        )
     }
 }
 
@@ -123,7 +134,9 @@ impl FromStr for Cursor {
             return Err(bad());
         }
         let body = text.strip_prefix(PREFIX).ok_or_else(bad)?;
-        let raw = data_encoding::BASE32_DNSSEC.decode(body.as_bytes()).map_err(|_| bad())?;
+        let raw = data_encoding::BASE32_DNSSEC
+            .decode(body.as_bytes())
+            .map_err(|_| bad())?;
         let raw: [u8; RAW_BYTES] = raw.try_into().map_err(|_| bad())?;
         let mut node_tag = [0; NODE_TAG_BYTES];
         node_tag.copy_from_slice(&raw[..8]);
@@ -131,7 +144,11 @@ impl FromStr for Cursor {
         epoch.copy_from_slice(&raw[8..24]);
         let mut arrival = [0; 8];
         arrival.copy_from_slice(&raw[24..32]);
-        let c = Cursor { node_tag, epoch: Epoch(epoch), arrival: u64::from_be_bytes(arrival) };
+        let c = Cursor {
+            node_tag,
+            epoch: Epoch(epoch),
+            arrival: u64::from_be_bytes(arrival),
+        };
         if c.raw() != raw {
             return Err(bad());
         }

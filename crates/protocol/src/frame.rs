@@ -193,35 +193,59 @@ pub enum FrameError {
 
 /// Appends `frame` to `out` as a length prefix and a postcard body.
 ///
-/// Errors (and leaves `out` as it was) if the body would exceed [`MAX_FRAME_BYTES`].
+/// Errors (and leaves `out` as it was) if the body would exceed
+/// [`MAX_FRAME_BYTES`] or a [`Frame::Hello`] carries more than
+/// [`MAX_HELLO_MARKS`] marks: the same limits [`decode_frame`] enforces, so a
+/// frame this encodes is never one a peer must refuse for its size.
 pub fn encode_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), FrameError> {
+    if let Frame::Hello { marks, .. } = frame
+        && marks.len() > MAX_HELLO_MARKS
+    {
+        return Err(FrameError::TooManyMarks(marks.len()));
+    }
     let start = out.len();
     out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
-    let taken = std::mem::take(out);
-    let mut buf = match postcard::to_extend(frame, taken) {
-        Ok(buf) => buf,
-        // Unreachable for these types; keep the caller's bytes either way.
-        Err(e) => {
-            return Err(FrameError::Malformed { frame: frame.name(), why: e.to_string() });
-        }
-    };
-    let len = buf.len() - start - FRAME_HEADER_BYTES;
+    // Serialize in place: no copy of a 1 MiB body, and `out` is never moved
+    // out, so an error below can always restore the caller's bytes.
+    if let Err(e) = postcard::to_extend(frame, Append(out)) {
+        // Unreachable for these types (postcard only fails on unsupported
+        // types or a full fixed buffer); keep the caller's bytes either way.
+        out.truncate(start);
+        return Err(FrameError::Malformed {
+            frame: frame.name(),
+            why: e.to_string(),
+        });
+    }
+    let len = out.len() - start - FRAME_HEADER_BYTES;
     if len > MAX_FRAME_BYTES {
-        buf.truncate(start);
-        *out = buf;
-        return Err(FrameError::TooLarge { len, max: MAX_FRAME_BYTES });
+        out.truncate(start);
+        return Err(FrameError::TooLarge {
+            len,
+            max: MAX_FRAME_BYTES,
+        });
     }
     // len <= MAX_FRAME_BYTES < u32::MAX.
-    buf[start..start + FRAME_HEADER_BYTES].copy_from_slice(&(len as u32).to_be_bytes());
-    *out = buf;
+    out[start..start + FRAME_HEADER_BYTES].copy_from_slice(&(len as u32).to_be_bytes());
     Ok(())
+}
+
+/// Lets postcard append to a borrowed `Vec` (it takes its writer by value).
+struct Append<'a>(&'a mut Vec<u8>);
+
+impl Extend<u8> for Append<'_> {
+    fn extend<I: IntoIterator<Item = u8>>(&mut self, iter: I) {
+        self.0.extend(iter);
+    }
 }
 
 /// The body length a frame header announces, refused if over [`MAX_FRAME_BYTES`].
 pub fn frame_body_len(header: [u8; FRAME_HEADER_BYTES]) -> Result<usize, FrameError> {
     let len = u32::from_be_bytes(header) as usize;
     if len > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge { len, max: MAX_FRAME_BYTES });
+        return Err(FrameError::TooLarge {
+            len,
+            max: MAX_FRAME_BYTES,
+        });
     }
     if len == 0 {
         return Err(FrameError::Empty);
@@ -230,21 +254,232 @@ pub fn frame_body_len(header: [u8; FRAME_HEADER_BYTES]) -> Result<usize, FrameEr
 }
 
 /// Decodes one frame body (without its length prefix).
+///
+/// Refuses, with the error naming the frame kind where known: a body over
+/// [`MAX_FRAME_BYTES`], an empty body, an unknown tag, a body that does not
+/// decode or is not in canonical form (an integer written with redundant
+/// varint bytes), trailing bytes after the frame, and a hello with more than
+/// [`MAX_HELLO_MARKS`] marks. So every frame has exactly one encoding: the one
+/// [`encode_frame`] writes. A batch frame is decoded, not verified: call
+/// [`SignedBatch::verify`] and then open it with its payloads.
 pub fn decode_frame(body: &[u8]) -> Result<Frame, FrameError> {
     if body.len() > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge { len: body.len(), max: MAX_FRAME_BYTES });
+        return Err(FrameError::TooLarge {
+            len: body.len(),
+            max: MAX_FRAME_BYTES,
+        });
     }
+    // A first byte below the number of variants is a one-byte canonical varint tag.
     let tag = *body.first().ok_or(FrameError::Empty)?;
-    let name = *FRAME_NAMES.get(usize::from(tag)).ok_or(FrameError::UnknownTag(tag))?;
-    let (frame, rest) = postcard::take_from_bytes::<Frame>(body)
-        .map_err(|e| FrameError::Malformed { frame: name, why: e.to_string() })?;
+    let name = *FRAME_NAMES
+        .get(usize::from(tag))
+        .ok_or(FrameError::UnknownTag(tag))?;
+    let (frame, rest) =
+        postcard::take_from_bytes::<Frame>(body).map_err(|e| FrameError::Malformed {
+            frame: name,
+            why: e.to_string(),
+        })?;
     if !rest.is_empty() {
-        return Err(FrameError::TrailingBytes { frame: name, extra: rest.len() });
+        return Err(FrameError::TrailingBytes {
+            frame: name,
+            extra: rest.len(),
+        });
     }
-    if let Frame::Hello { marks, .. } = &frame {
-        if marks.len() > MAX_HELLO_MARKS {
-            return Err(FrameError::TooManyMarks(marks.len()));
-        }
+    if let Frame::Hello { marks, .. } = &frame
+        && marks.len() > MAX_HELLO_MARKS
+    {
+        return Err(FrameError::TooManyMarks(marks.len()));
+    }
+    // postcard accepts varints with redundant continuation bytes (0x81 0x00 is
+    // 1). Each such varint is longer than the canonical one, and every other
+    // field has one encoding, so "re-encodes to the same length" is exactly
+    // "canonical". Without this a batch frame would have many encodings.
+    let canonical = encoded_len(&frame).map_err(|e| FrameError::Malformed {
+        frame: name,
+        why: e.to_string(),
+    })?;
+    if canonical != body.len() {
+        return Err(FrameError::Malformed {
+            frame: name,
+            why: format!(
+                "not canonical: {} bytes re-encode as {canonical}",
+                body.len()
+            ),
+        });
     }
     Ok(frame)
+}
+
+/// The length of `value`'s postcard encoding, counted without writing it.
+pub(crate) fn encoded_len<T: Serialize>(value: &T) -> Result<usize, postcard::Error> {
+    postcard::serialize_with_flavor(value, postcard::ser_flavors::Size::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::{Epoch, SecretKey, StreamId};
+
+    fn node(b: u8) -> NodeId {
+        SecretKey::from_bytes(&[b; 32]).public()
+    }
+
+    fn ack(upto: Seq) -> Frame {
+        Frame::Ack {
+            stream: StreamId::direct(node(1), Epoch([3; 16]), node(2)),
+            upto,
+        }
+    }
+
+    fn hello(marks: usize) -> Frame {
+        let mark = Mark {
+            stream: StreamId::direct(node(1), Epoch([3; 16]), node(2)),
+            seq: 1,
+        };
+        Frame::Hello {
+            version: PROTOCOL_VERSION,
+            node: node(2),
+            epoch: Epoch([4; 16]),
+            marks: vec![mark; marks],
+        }
+    }
+
+    fn body(frame: &Frame) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_frame(frame, &mut out).unwrap();
+        out.split_off(FRAME_HEADER_BYTES)
+    }
+
+    #[test]
+    fn each_frame_name_is_the_one_its_postcard_tag_selects() {
+        let batch = SignedBatch {
+            author: node(1),
+            epoch: Epoch([3; 16]),
+            channel: crate::Channel::Direct(node(2)),
+            first_seq: 1,
+            entries: vec![],
+            sig: [0; 64],
+        };
+        let stream = StreamId::direct(node(1), Epoch([3; 16]), node(2));
+        let frames = [
+            hello(1),
+            Frame::Batch {
+                batch,
+                payloads: Payloads::default(),
+            },
+            ack(1),
+            Frame::Resync {
+                stream: stream.clone(),
+                after: 1,
+            },
+            Frame::ResyncGap {
+                stream: stream.clone(),
+                earliest_available: 1,
+            },
+            Frame::ResyncDone { stream, upto: 1 },
+        ];
+        for (i, f) in frames.iter().enumerate() {
+            let b = body(f);
+            assert_eq!(usize::from(b[0]), i, "{} is tag {i}", f.name());
+            assert_eq!(FRAME_NAMES[usize::from(b[0])], f.name());
+        }
+    }
+
+    #[test]
+    fn encode_frame_appends_after_bytes_already_in_the_buffer() {
+        let mut out = b"prefix".to_vec();
+        encode_frame(&ack(2), &mut out).unwrap();
+        assert_eq!(&out[..6], b"prefix");
+        let len = frame_body_len(out[6..10].try_into().unwrap()).unwrap();
+        assert_eq!(len, out.len() - 10);
+        assert_eq!(decode_frame(&out[10..]).unwrap(), ack(2));
+    }
+
+    #[test]
+    fn encode_frame_refuses_a_hello_the_decoder_would_refuse_and_keeps_the_buffer() {
+        let mut out = b"keep".to_vec();
+        assert_eq!(
+            encode_frame(&hello(MAX_HELLO_MARKS + 1), &mut out),
+            Err(FrameError::TooManyMarks(MAX_HELLO_MARKS + 1))
+        );
+        assert_eq!(out, b"keep");
+        encode_frame(&hello(MAX_HELLO_MARKS), &mut out).unwrap();
+        assert!(decode_frame(&out[4 + FRAME_HEADER_BYTES..]).is_ok());
+    }
+
+    #[test]
+    fn decode_frame_refuses_a_hello_with_too_many_marks() {
+        // Build the oversized hello by hand: encode_frame would refuse it.
+        let b = postcard::to_stdvec(&hello(MAX_HELLO_MARKS + 1)).unwrap();
+        assert!(b.len() <= MAX_FRAME_BYTES);
+        assert_eq!(
+            decode_frame(&b),
+            Err(FrameError::TooManyMarks(MAX_HELLO_MARKS + 1))
+        );
+    }
+
+    #[test]
+    fn encode_frame_refuses_a_body_over_the_cap_and_keeps_the_buffer() {
+        let batch = SignedBatch {
+            author: node(1),
+            epoch: Epoch([3; 16]),
+            channel: crate::Channel::Direct(node(2)),
+            first_seq: 1,
+            entries: vec![],
+            sig: [0; 64],
+        };
+        let frame = Frame::Batch {
+            batch,
+            payloads: Payloads(vec![vec![0; MAX_FRAME_BYTES]]),
+        };
+        let mut out = b"keep".to_vec();
+        assert!(matches!(
+            encode_frame(&frame, &mut out),
+            Err(FrameError::TooLarge {
+                max: MAX_FRAME_BYTES,
+                ..
+            })
+        ));
+        assert_eq!(out, b"keep");
+    }
+
+    #[test]
+    fn decode_frame_refuses_a_body_over_the_cap_before_decoding() {
+        let mut b = body(&ack(1));
+        b.resize(MAX_FRAME_BYTES + 1, 0);
+        assert_eq!(
+            decode_frame(&b),
+            Err(FrameError::TooLarge {
+                len: MAX_FRAME_BYTES + 1,
+                max: MAX_FRAME_BYTES
+            })
+        );
+    }
+
+    #[test]
+    fn a_varint_with_redundant_bytes_is_refused_so_each_frame_has_one_encoding() {
+        let canonical = body(&ack(2));
+        // `upto` is the last field: 0x02, which postcard also reads from 0x82 0x00.
+        assert_eq!(canonical.last(), Some(&0x02));
+        let mut padded = canonical[..canonical.len() - 1].to_vec();
+        padded.extend_from_slice(&[0x82, 0x00]);
+        assert_eq!(postcard::from_bytes::<Frame>(&padded).unwrap(), ack(2));
+        assert!(matches!(
+            decode_frame(&padded),
+            Err(FrameError::Malformed { frame: "Ack", why }) if why.contains("not canonical")
+        ));
+        assert_eq!(decode_frame(&canonical), Ok(ack(2)));
+    }
+
+    #[test]
+    fn unknown_tags_and_empty_bodies_are_refused() {
+        assert_eq!(decode_frame(&[]), Err(FrameError::Empty));
+        assert_eq!(decode_frame(&[6]), Err(FrameError::UnknownTag(6)));
+        // A multi-byte tag varint is never a known frame.
+        assert_eq!(
+            decode_frame(&[0x80, 0x00]),
+            Err(FrameError::UnknownTag(0x80))
+        );
+        assert_eq!(frame_body_len([0; 4]), Err(FrameError::Empty));
+    }
 }

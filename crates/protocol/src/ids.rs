@@ -84,7 +84,10 @@ pub struct TopicName(String);
 impl TopicName {
     /// Checks `name` and wraps it.
     pub fn new(name: &str) -> Result<Self, IdError> {
-        let bad = |why| IdError::BadTopicName { name: cut(name), why };
+        let bad = |why| IdError::BadTopicName {
+            name: cut(name),
+            why,
+        };
         if name.is_empty() {
             return Err(bad("it is empty"));
         }
@@ -170,7 +173,11 @@ pub struct StreamId {
 impl StreamId {
     /// A direct stream from `author` (in `epoch`) to `to`.
     pub fn direct(author: NodeId, epoch: Epoch, to: NodeId) -> Self {
-        StreamId { author, epoch, channel: Channel::Direct(to) }
+        StreamId {
+            author,
+            epoch,
+            channel: Channel::Direct(to),
+        }
     }
 
     /// The recipient of a direct stream, `None` for a topic.

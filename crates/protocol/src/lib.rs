@@ -10,6 +10,8 @@
 //!
 //! The design is in `docs/design.md`; the exact bytes are in `docs/protocol.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+// Tests unwrap freely: a panic is how a test reports its failure.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod batch;
 mod cursor;
@@ -18,13 +20,15 @@ mod ids;
 mod ticket;
 
 pub use batch::{
-    BATCH_DOMAIN, Cid, EntryHeader, Envelope, NewEnvelope, OpenBatch, SignedBatch, VerifiedBatch, VerifyError,
-    MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES,
+    BATCH_DOMAIN, Cid, EntryHeader, Envelope, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES,
+    NewEnvelope, OpenBatch, SignedBatch, VerifiedBatch, VerifyError,
 };
 pub use cursor::{Cursor, CursorError};
 pub use frame::{
-    FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, Mark, PROTOCOL_VERSION, Payloads,
-    MAX_HELLO_MARKS, decode_frame, encode_frame, frame_body_len,
+    FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, MAX_HELLO_MARKS, Mark,
+    PROTOCOL_VERSION, Payloads, decode_frame, encode_frame, frame_body_len,
 };
-pub use ids::{Channel, Epoch, IdError, NodeId, SecretKey, Seq, StreamId, TopicName, MAX_TOPIC_NAME_BYTES};
-pub use ticket::{NodeTicket, TicketError, MAX_TICKET_ADDRS};
+pub use ids::{
+    Channel, Epoch, IdError, MAX_TOPIC_NAME_BYTES, NodeId, SecretKey, Seq, StreamId, TopicName,
+};
+pub use ticket::{MAX_TICKET_ADDRS, NodeTicket, TicketError};

@@ -6,6 +6,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::frame::encoded_len;
 use crate::ids::{NodeId, cut};
 
 /// Text prefix of every ticket; the digit is the ticket format version.
@@ -29,7 +30,9 @@ pub struct NodeTicket {
 #[non_exhaustive]
 pub enum TicketError {
     /// The text is not a ticket.
-    #[error("{text:?} is not a node ticket ({why}); tickets look like meshnode1…, as printed by `mesh ticket`")]
+    #[error(
+        "{text:?} is not a node ticket ({why}); tickets look like meshnode1…, as printed by `mesh ticket`"
+    )]
     Malformed {
         /// The rejected text (cut).
         text: String,
@@ -61,7 +64,12 @@ impl fmt::Display for NodeTicket {
 
 impl fmt::Debug for NodeTicket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "NodeTicket({} @ {:?})", self.node.fmt_short(), self.addrs)
+        write!(
+            f,
+            "NodeTicket({} @ {:?})",
+            self.node.fmt_short(),
+            self.addrs
+        )
     }
 }
 
@@ -69,20 +77,74 @@ impl FromStr for NodeTicket {
     type Err = TicketError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = |why| TicketError::Malformed { text: cut(text), why };
+        let bad = |why| TicketError::Malformed {
+            text: cut(text),
+            why,
+        };
         let text = text.trim();
         if text.len() > MAX_TEXT {
             return Err(bad("too long"));
         }
-        let body = text.strip_prefix(PREFIX).ok_or_else(|| bad("wrong prefix"))?;
+        let body = text
+            .strip_prefix(PREFIX)
+            .ok_or_else(|| bad("wrong prefix"))?;
         let raw = data_encoding::BASE32_DNSSEC
             .decode(body.as_bytes())
             .map_err(|_| bad("not base32"))?;
-        let (t, rest) = postcard::take_from_bytes::<NodeTicket>(&raw)
-            .map_err(|_| bad("does not decode"))?;
+        let (t, rest) =
+            postcard::take_from_bytes::<NodeTicket>(&raw).map_err(|_| bad("does not decode"))?;
         if !rest.is_empty() {
             return Err(bad("trailing bytes"));
         }
+        // A varint with redundant bytes decodes but re-encodes shorter: one
+        // ticket, one text (up to letter case and surrounding whitespace).
+        if encoded_len(&t).ok() != Some(raw.len()) {
+            return Err(bad("not canonical"));
+        }
         NodeTicket::new(t.node, t.addrs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SecretKey;
+
+    #[test]
+    fn a_ticket_with_a_redundant_varint_byte_is_refused() {
+        let node = SecretKey::from_bytes(&[1; 32]).public();
+        let t = NodeTicket::new(node, vec!["192.0.2.1:80".parse().unwrap()]).unwrap();
+        let raw = postcard::to_stdvec(&t).unwrap();
+        // The port is the last field: 80 = 0x50, which postcard also reads from 0xd0 0x00.
+        assert_eq!(raw.last(), Some(&0x50));
+        let mut padded = raw[..raw.len() - 1].to_vec();
+        padded.extend_from_slice(&[0xd0, 0x00]);
+        let text = format!("{PREFIX}{}", data_encoding::BASE32_DNSSEC.encode(&padded));
+        assert!(matches!(
+            text.parse::<NodeTicket>(),
+            Err(TicketError::Malformed {
+                why: "not canonical",
+                ..
+            })
+        ));
+        assert_eq!(t.to_string().parse::<NodeTicket>(), Ok(t));
+    }
+
+    #[test]
+    fn a_ticket_over_the_address_limit_does_not_parse() {
+        let node = SecretKey::from_bytes(&[1; 32]).public();
+        let addrs: Vec<SocketAddr> = (0..=MAX_TICKET_ADDRS as u16)
+            .map(|p| SocketAddr::from(([192, 0, 2, 1], 4000 + p)))
+            .collect();
+        assert_eq!(
+            NodeTicket::new(node, addrs.clone()),
+            Err(TicketError::TooManyAddrs(MAX_TICKET_ADDRS + 1))
+        );
+        // Fields are public, so such a ticket can still be built and printed.
+        let text = NodeTicket { node, addrs }.to_string();
+        assert_eq!(
+            text.parse::<NodeTicket>(),
+            Err(TicketError::TooManyAddrs(MAX_TICKET_ADDRS + 1))
+        );
     }
 }
