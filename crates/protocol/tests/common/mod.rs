@@ -1,0 +1,281 @@
+//! Fixtures and proptest strategies shared by the protocol's integration tests.
+//!
+//! The fixed values here are the ones `docs/protocol.md` uses as worked
+//! examples; `kat.rs` pins their bytes.
+
+// Each test binary uses a different part of this module.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+
+use mesh_protocol::{
+    Channel, Cursor, Epoch, Frame, Mark, NewEnvelope, NodeId, NodeTicket, OpenBatch,
+    PROTOCOL_VERSION, Payloads, SecretKey, StreamId, TopicName, encode_frame,
+};
+use proptest::prelude::*;
+
+/// The author of every fixed stream.
+pub(crate) fn author_secret() -> SecretKey {
+    SecretKey::from_bytes(&[1u8; 32])
+}
+
+/// The author's node id.
+pub(crate) fn author() -> NodeId {
+    author_secret().public()
+}
+
+/// The recipient of the fixed direct stream.
+pub(crate) fn recipient() -> NodeId {
+    SecretKey::from_bytes(&[2u8; 32]).public()
+}
+
+/// The author's store epoch: bytes 00 01 .. 0f.
+pub(crate) const AUTHOR_EPOCH: Epoch = Epoch([
+    0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
+]);
+
+/// The recipient's store epoch.
+pub(crate) const RECIPIENT_EPOCH: Epoch = Epoch([0xee; 16]);
+
+/// 2026-01-01T00:00:00Z in Unix milliseconds.
+pub(crate) const CREATED_MS: u64 = 1_767_225_600_000;
+
+/// The fixed direct stream: author -> recipient.
+pub(crate) fn direct_stream() -> StreamId {
+    StreamId::direct(author(), AUTHOR_EPOCH, recipient())
+}
+
+/// The fixed topic stream: author -> topic `agents/planner`.
+pub(crate) fn topic_stream() -> StreamId {
+    StreamId {
+        author: author(),
+        epoch: AUTHOR_EPOCH,
+        channel: Channel::Topic(TopicName::new("agents/planner").unwrap()),
+    }
+}
+
+/// The two fixed envelopes: "hello" (kind 0) and "world" (kind 1).
+pub(crate) fn envelopes() -> Vec<NewEnvelope> {
+    vec![
+        NewEnvelope {
+            lamport: 1,
+            created_ms: CREATED_MS,
+            kind: 0,
+            payload: b"hello".to_vec(),
+        },
+        NewEnvelope {
+            lamport: 2,
+            created_ms: CREATED_MS + 1,
+            kind: 1,
+            payload: b"world".to_vec(),
+        },
+    ]
+}
+
+/// The fixed batch: both envelopes on the direct stream, from seq 1.
+pub(crate) fn batch() -> OpenBatch {
+    OpenBatch::sign(
+        &author_secret(),
+        AUTHOR_EPOCH,
+        Channel::Direct(recipient()),
+        1,
+        envelopes(),
+    )
+    .unwrap()
+}
+
+/// One fixed frame of every variant, in tag order.
+pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
+    let (batch, payloads) = batch().into_parts();
+    vec![
+        (
+            "Hello",
+            Frame::Hello {
+                version: PROTOCOL_VERSION,
+                node: recipient(),
+                epoch: RECIPIENT_EPOCH,
+                marks: vec![
+                    Mark {
+                        stream: direct_stream(),
+                        seq: 2,
+                    },
+                    Mark {
+                        stream: topic_stream(),
+                        seq: 300,
+                    },
+                ],
+            },
+        ),
+        (
+            "Batch",
+            Frame::Batch {
+                batch: batch.into_signed(),
+                payloads: Payloads(payloads),
+            },
+        ),
+        (
+            "Ack",
+            Frame::Ack {
+                stream: direct_stream(),
+                upto: 2,
+            },
+        ),
+        (
+            "Resync",
+            Frame::Resync {
+                stream: direct_stream(),
+                after: 1,
+            },
+        ),
+        (
+            "ResyncGap",
+            Frame::ResyncGap {
+                stream: topic_stream(),
+                earliest_available: 300,
+            },
+        ),
+        (
+            "ResyncDone",
+            Frame::ResyncDone {
+                stream: direct_stream(),
+                upto: 2,
+            },
+        ),
+    ]
+}
+
+/// The fixed cursor: after arrival 42 in the author's journal.
+pub(crate) fn cursor() -> Cursor {
+    Cursor::new(&author(), AUTHOR_EPOCH, 42)
+}
+
+/// The fixed ticket: the author at one IPv4 and one IPv6 documentation address.
+pub(crate) fn ticket() -> NodeTicket {
+    let addrs: Vec<SocketAddr> = vec![
+        "192.0.2.1:4433".parse().unwrap(),
+        "[2001:db8::1]:4433".parse().unwrap(),
+    ];
+    NodeTicket::new(author(), addrs).unwrap()
+}
+
+/// `frame` as encode_frame writes it: length prefix and body.
+pub(crate) fn encoded(frame: &Frame) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_frame(frame, &mut out).unwrap();
+    out
+}
+
+// ---- proptest strategies ----
+
+/// Any node id (derived from arbitrary secret bytes, so always a valid key).
+pub(crate) fn arb_secret() -> impl Strategy<Value = SecretKey> {
+    any::<[u8; 32]>().prop_map(|b| SecretKey::from_bytes(&b))
+}
+
+/// Any node id.
+pub(crate) fn arb_node() -> impl Strategy<Value = NodeId> {
+    arb_secret().prop_map(|s| s.public())
+}
+
+/// Any epoch.
+pub(crate) fn arb_epoch() -> impl Strategy<Value = Epoch> {
+    any::<[u8; 16]>().prop_map(Epoch)
+}
+
+/// Any valid topic name.
+pub(crate) fn arb_topic() -> impl Strategy<Value = TopicName> {
+    "[a-z0-9._/-]{1,64}".prop_map(|s| TopicName::new(&s).unwrap())
+}
+
+/// Any channel.
+pub(crate) fn arb_channel() -> impl Strategy<Value = Channel> {
+    prop_oneof![
+        arb_node().prop_map(Channel::Direct),
+        arb_topic().prop_map(Channel::Topic)
+    ]
+}
+
+/// Any stream.
+pub(crate) fn arb_stream() -> impl Strategy<Value = StreamId> {
+    (arb_node(), arb_epoch(), arb_channel()).prop_map(|(author, epoch, channel)| StreamId {
+        author,
+        epoch,
+        channel,
+    })
+}
+
+/// Any sequence number, biased to the edges where varints change width.
+pub(crate) fn arb_seq() -> impl Strategy<Value = u64> {
+    prop_oneof![0..300u64, any::<u64>(), Just(u64::MAX)]
+}
+
+/// Any envelope to sign: small payloads, arbitrary header fields.
+pub(crate) fn arb_envelope() -> impl Strategy<Value = NewEnvelope> {
+    (
+        any::<u64>(),
+        any::<u64>(),
+        any::<u16>(),
+        proptest::collection::vec(any::<u8>(), 0..48),
+    )
+        .prop_map(|(lamport, created_ms, kind, payload)| NewEnvelope {
+            lamport,
+            created_ms,
+            kind,
+            payload,
+        })
+}
+
+/// Any correctly signed batch of 1 to 6 envelopes.
+pub(crate) fn arb_open_batch() -> impl Strategy<Value = OpenBatch> {
+    (
+        arb_secret(),
+        arb_epoch(),
+        arb_channel(),
+        1..u64::MAX / 2,
+        proptest::collection::vec(arb_envelope(), 1..6),
+    )
+        .prop_map(|(secret, epoch, channel, first_seq, envs)| {
+            OpenBatch::sign(&secret, epoch, channel, first_seq, envs).unwrap()
+        })
+}
+
+/// Any frame of any variant.
+pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
+    let mark = (arb_stream(), arb_seq()).prop_map(|(stream, seq)| Mark { stream, seq });
+    prop_oneof![
+        (
+            any::<u32>(),
+            arb_node(),
+            arb_epoch(),
+            proptest::collection::vec(mark, 0..4)
+        )
+            .prop_map(|(version, node, epoch, marks)| Frame::Hello {
+                version,
+                node,
+                epoch,
+                marks
+            }),
+        arb_open_batch().prop_map(|b| {
+            let (batch, payloads) = b.into_parts();
+            Frame::Batch {
+                batch: batch.into_signed(),
+                payloads: Payloads(payloads),
+            }
+        }),
+        (arb_stream(), arb_seq()).prop_map(|(stream, upto)| Frame::Ack { stream, upto }),
+        (arb_stream(), arb_seq()).prop_map(|(stream, after)| Frame::Resync { stream, after }),
+        (arb_stream(), arb_seq()).prop_map(|(stream, earliest_available)| Frame::ResyncGap {
+            stream,
+            earliest_available
+        }),
+        (arb_stream(), arb_seq()).prop_map(|(stream, upto)| Frame::ResyncDone { stream, upto }),
+    ]
+}
+
+/// Any socket address, v4 or v6.
+pub(crate) fn arb_addr() -> impl Strategy<Value = SocketAddr> {
+    prop_oneof![
+        (any::<[u8; 4]>(), any::<u16>()).prop_map(|(ip, port)| SocketAddr::from((ip, port))),
+        (any::<[u8; 16]>(), any::<u16>()).prop_map(|(ip, port)| SocketAddr::from((ip, port))),
+    ]
+}

@@ -1,0 +1,127 @@
+//! Known-answer tests: the exact bytes of the fixed batch, its signature, every
+//! frame variant, a cursor and a ticket. Any change to the wire format, the
+//! signed bytes or the text formats fails here first; if the change is meant,
+//! bump the version it touches and update these values and `docs/protocol.md`.
+
+// Tests unwrap freely: a panic is how a test reports its failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use mesh_protocol::{
+    BATCH_DOMAIN, Cursor, FRAME_HEADER_BYTES, NodeTicket, SignedBatch, decode_frame, frame_body_len,
+};
+
+fn hex(b: &[u8]) -> String {
+    data_encoding::HEXLOWER.encode(b)
+}
+
+/// Compares bytes as hex, printing the whole actual value on a mismatch.
+#[track_caller]
+fn assert_hex(what: &str, got: &[u8], want: &str) {
+    let got = hex(got);
+    assert!(got == want, "{what} changed:\n  got  {got}\n  want {want}");
+}
+
+const AUTHOR_HEX: &str = "8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c";
+const RECIPIENT_HEX: &str = "8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394";
+const SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f7369676e65642d62617463682f7631008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401020180d0eab6b73300ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f050281d0eab6b73301d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c05";
+const SIG_HEX: &str = "4b2ed530c32cf3d41ba7df85103eb081a4c908e06bceb68575d1784ce68a3e787a8e8392c8ef2271a25f898758be5346231e47a86faf8d8141c254e12ed6ad06";
+const HELLO_HEX: &str = "000000c700018139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac02";
+const BATCH_HEX: &str = "000000f3018a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401020180d0eab6b73300ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f050281d0eab6b73301d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c054b2ed530c32cf3d41ba7df85103eb081a4c908e06bceb68575d1784ce68a3e787a8e8392c8ef2271a25f898758be5346231e47a86faf8d8141c254e12ed6ad06020568656c6c6f05776f726c64";
+const ACK_HEX: &str = "00000053028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
+const RESYNC_HEX: &str = "00000053038a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401";
+const RESYNC_GAP_HEX: &str = "00000043048a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac02";
+const RESYNC_DONE_HEX: &str = "00000053058a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
+const CURSOR_TEXT: &str = "mc1ha4e7nbk17opa001081g81860s40i2gb1g6gs3o00000000000l2qqh86o";
+const TICKET_TEXT: &str = "meshnode1ha4e7nbk17opbvaircmjpeiteb56e2dv3ma146vjei403d0fdte0406000103k9204g023do0000000000000000000t28g";
+
+#[test]
+fn the_fixed_keys_are_the_documented_node_ids() {
+    assert_hex("author id", common::author().as_bytes(), AUTHOR_HEX);
+    assert_hex(
+        "recipient id",
+        common::recipient().as_bytes(),
+        RECIPIENT_HEX,
+    );
+}
+
+#[test]
+fn the_signed_bytes_of_the_fixed_batch_are_pinned() {
+    let batch = common::batch();
+    let signed = batch.batch().signed().signed_bytes();
+    assert!(signed.starts_with(BATCH_DOMAIN));
+    assert_hex("signed bytes", &signed, SIGNED_BYTES_HEX);
+}
+
+#[test]
+fn the_signature_of_the_fixed_batch_is_pinned_and_verifies() {
+    let batch = common::batch();
+    assert_hex("signature", &batch.batch().signed().sig, SIG_HEX);
+    let again: SignedBatch = batch.batch().signed().clone();
+    assert!(again.verify().is_ok());
+}
+
+#[test]
+fn every_frame_variant_encodes_to_its_pinned_bytes() {
+    let want = [
+        HELLO_HEX,
+        BATCH_HEX,
+        ACK_HEX,
+        RESYNC_HEX,
+        RESYNC_GAP_HEX,
+        RESYNC_DONE_HEX,
+    ];
+    let frames = common::frames();
+    assert_eq!(frames.len(), want.len());
+    for ((name, frame), want) in frames.iter().zip(want) {
+        assert_eq!(frame.name(), *name);
+        assert_hex(name, &common::encoded(frame), want);
+    }
+}
+
+#[test]
+fn every_pinned_frame_decodes_to_its_fixed_value() {
+    let want = [
+        HELLO_HEX,
+        BATCH_HEX,
+        ACK_HEX,
+        RESYNC_HEX,
+        RESYNC_GAP_HEX,
+        RESYNC_DONE_HEX,
+    ];
+    for ((name, frame), want) in common::frames().into_iter().zip(want) {
+        let bytes = data_encoding::HEXLOWER.decode(want.as_bytes()).unwrap();
+        let (header, body) = bytes.split_at(FRAME_HEADER_BYTES);
+        assert_eq!(
+            frame_body_len(header.try_into().unwrap()),
+            Ok(body.len()),
+            "{name}"
+        );
+        assert_eq!(decode_frame(body), Ok(frame), "{name}");
+    }
+}
+
+#[test]
+fn the_fixed_cursor_prints_as_its_pinned_text() {
+    let text = common::cursor().to_string();
+    assert!(
+        text == CURSOR_TEXT,
+        "cursor text changed:\n  got  {text}\n  want {CURSOR_TEXT}"
+    );
+    let parsed: Cursor = CURSOR_TEXT.parse().unwrap();
+    assert_eq!(
+        parsed.arrival_for(&common::author(), common::AUTHOR_EPOCH),
+        Ok(42)
+    );
+}
+
+#[test]
+fn the_fixed_ticket_prints_as_its_pinned_text() {
+    let text = common::ticket().to_string();
+    assert!(
+        text == TICKET_TEXT,
+        "ticket text changed:\n  got  {text}\n  want {TICKET_TEXT}"
+    );
+    assert_eq!(TICKET_TEXT.parse::<NodeTicket>(), Ok(common::ticket()));
+}
