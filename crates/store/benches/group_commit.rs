@@ -1,1 +1,3 @@
-fn main(){}
+//! Group-commit throughput of the store writer (filled in with the writer actor).
+
+fn main() {}

@@ -7,8 +7,15 @@
 //! The design is in `docs/design.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod logic;
+mod mem;
 mod types;
 
+#[cfg(test)]
+mod tests;
+
+pub use logic::CURSOR_NAME_BYTES_MAX;
+pub use mem::MemStore;
 pub use types::{
     Arrival, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord,
     Receipt, StoreMeta, StoredBatch, WriteOp,
@@ -16,18 +23,25 @@ pub use types::{
 
 use mesh_protocol::{Mark, Seq, StreamId};
 
+/// The schema version this build writes and reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
 /// Errors from the store, grouped by who is at fault.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// Another process (or handle) holds the data dir's store open.
-    #[error("the store at {path} is already open by another mesh process; stop it first or use another --data dir")]
+    #[error(
+        "the store at {path} is already open by another mesh process; stop it first or use another --data dir"
+    )]
     AlreadyOpen {
         /// The store file.
         path: String,
     },
     /// The file is damaged or is not an agent-mesh store; it is never reset silently.
-    #[error("the store at {path} is damaged or not an agent-mesh store: {why}. It was not changed; move it aside to start a new store")]
+    #[error(
+        "the store at {path} is damaged or not an agent-mesh store: {why}. It was not changed; move it aside to start a new store"
+    )]
     Corrupt {
         /// The store file.
         path: String,
@@ -50,7 +64,9 @@ pub enum StoreError {
     Conflict(String),
     /// The outbox of `stream` is full of unacknowledged envelopes and the
     /// policy is `reject`; nothing was written.
-    #[error("outbox for peer {peer} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first")]
+    #[error(
+        "outbox for peer {peer} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first"
+    )]
     OutboxFull {
         /// The recipient, short form.
         peer: String,
@@ -90,8 +106,9 @@ pub trait MeshStore: Send + Sync + 'static {
     fn marks(&self) -> Result<Vec<Mark>, StoreError>;
 
     /// Outbox batches of `stream` that hold any seq above `after`, in order,
-    /// stopping once `max_bytes` of payload has been gathered (at least one
-    /// batch is returned if any qualifies).
+    /// at most `max_bytes` of payload in all, except that the first batch
+    /// that qualifies is always returned whatever its size. A batch is
+    /// returned whole even if it starts at or below `after`.
     fn read_outbox(
         &self,
         stream: &StreamId,
@@ -111,6 +128,7 @@ pub trait MeshStore: Send + Sync + 'static {
     /// A named durable cursor, if set.
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError>;
 
-    /// The highest Lamport clock in any envelope this store holds (own or received).
+    /// The highest Lamport clock of any envelope this store ever committed
+    /// (own or received); it does not go down when envelopes are evicted.
     fn max_lamport(&self) -> Result<u64, StoreError>;
 }

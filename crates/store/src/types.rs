@@ -232,6 +232,10 @@ pub struct OutboxBounds {
 
 impl Default for OutboxBounds {
     fn default() -> Self {
-        OutboxBounds { max_msgs: 1_000_000, max_bytes: 1 << 30, on_full: OnFull::Reject }
+        OutboxBounds {
+            max_msgs: 1_000_000,
+            max_bytes: 1 << 30,
+            on_full: OnFull::Reject,
+        }
     }
 }

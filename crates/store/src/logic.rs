@@ -1,0 +1,482 @@
+//! The write rules, written once for both implementations.
+//!
+//! A caller's group of [`WriteOp`]s is checked and turned into a list of
+//! primitive [`Write`]s against a read view of the committed state ([`Base`])
+//! plus the group's own earlier effects. Nothing is written while planning, so
+//! a refused group leaves no trace; a planned group is applied as a whole.
+
+use std::collections::BTreeMap;
+
+use mesh_protocol::{Channel, Epoch, NodeId, Seq, StreamId};
+
+use crate::{
+    Arrival, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord, Receipt,
+    StoreError, StoredBatch, WriteOp,
+};
+
+/// The longest durable cursor name, in bytes.
+pub const CURSOR_NAME_BYTES_MAX: usize = 64;
+
+/// What the rules need to know about one stored outbox batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BatchMeta {
+    pub(crate) last_seq: Seq,
+    pub(crate) msgs: u64,
+    pub(crate) bytes: u64,
+}
+
+impl BatchMeta {
+    pub(crate) fn of(batch: &mesh_protocol::SignedBatch) -> Self {
+        BatchMeta {
+            last_seq: batch.last_seq(),
+            msgs: batch.entries.len() as u64,
+            bytes: batch.entries.iter().map(|e| u64::from(e.payload_len)).sum(),
+        }
+    }
+}
+
+/// Read access to the committed state (including groups applied earlier in
+/// the same transaction). An error here fails the whole transaction.
+pub(crate) trait Base {
+    fn epoch(&self) -> Epoch;
+    fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError>;
+    fn batch_meta(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<BatchMeta>, StoreError>;
+    fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError>;
+}
+
+/// One primitive write, applied in order.
+#[derive(Debug)]
+pub(crate) enum Write {
+    OwnStream(OwnStream),
+    PutBatch {
+        first_seq: Seq,
+        batch: StoredBatch,
+    },
+    DelBatch {
+        stream: StreamId,
+        first_seq: Seq,
+    },
+    Mark {
+        stream: StreamId,
+        seq: Seq,
+    },
+    Journal {
+        arrival: Arrival,
+        record: JournalRecord,
+    },
+    PutPeer(PeerRecord),
+    RemovePeer(NodeId),
+    Cursor {
+        name: String,
+        arrival: Arrival,
+    },
+}
+
+/// Counters shared by the groups of one transaction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct TxCounters {
+    pub(crate) journal_head: Arrival,
+    pub(crate) max_lamport: u64,
+}
+
+/// Why planning a group stopped.
+#[derive(Debug)]
+pub(crate) enum Fail {
+    /// The group broke a rule; only this group fails.
+    Refused(StoreError),
+    /// Reading the state failed; the whole transaction fails.
+    Fatal(StoreError),
+}
+
+impl From<StoreError> for Fail {
+    fn from(e: StoreError) -> Self {
+        Fail::Fatal(e)
+    }
+}
+
+fn refuse<T>(why: String) -> Result<T, Fail> {
+    Err(Fail::Refused(StoreError::Conflict(why)))
+}
+
+/// A planned group: its writes in order and the caller's receipt.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    pub(crate) writes: Vec<Write>,
+    pub(crate) receipt: Receipt,
+}
+
+/// One group's view: the base plus its own earlier effects.
+struct GroupView<'b, B: Base> {
+    base: &'b mut B,
+    counters: TxCounters,
+    own: BTreeMap<StreamId, OwnStream>,
+    /// Own streams changed by this group, in the order of their first change.
+    own_changed: Vec<StreamId>,
+    marks: BTreeMap<StreamId, Seq>,
+    /// Batches added (`Some`) or removed (`None`) by this group.
+    batches: BTreeMap<(StreamId, Seq), Option<BatchMeta>>,
+    writes: Vec<Write>,
+    first_arrival: Option<Arrival>,
+}
+
+impl<B: Base> GroupView<'_, B> {
+    fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, Fail> {
+        if let Some(o) = self.own.get(stream) {
+            return Ok(Some(o.clone()));
+        }
+        Ok(self.base.own_stream(stream)?)
+    }
+
+    fn set_own(&mut self, o: OwnStream) {
+        if !self.own_changed.contains(&o.stream) {
+            self.own_changed.push(o.stream.clone());
+        }
+        self.own.insert(o.stream.clone(), o);
+    }
+
+    fn batch_meta(&mut self, stream: &StreamId, first_seq: Seq) -> Result<Option<BatchMeta>, Fail> {
+        if let Some(m) = self.batches.get(&(stream.clone(), first_seq)) {
+            return Ok(*m);
+        }
+        Ok(self.base.batch_meta(stream, first_seq)?)
+    }
+
+    fn mark(&mut self, stream: &StreamId) -> Result<Seq, Fail> {
+        if let Some(m) = self.marks.get(stream) {
+            return Ok(*m);
+        }
+        Ok(self.base.mark(stream)?.unwrap_or(0))
+    }
+
+    fn journal(&mut self, record: JournalRecord) {
+        self.counters.journal_head += 1;
+        let arrival = self.counters.journal_head;
+        self.first_arrival.get_or_insert(arrival);
+        self.writes.push(Write::Journal { arrival, record });
+    }
+
+    fn lamport(&mut self, lamport: u64) {
+        self.counters.max_lamport = self.counters.max_lamport.max(lamport);
+    }
+
+    /// Removes the oldest batch of `own`, returning it. The outbox must not be empty.
+    fn evict_oldest(&mut self, own: &mut OwnStream) -> Result<BatchMeta, Fail> {
+        let first = own.first_retained;
+        let Some(meta) = self.batch_meta(&own.stream, first)? else {
+            return Err(Fail::Fatal(StoreError::Corrupt {
+                path: String::new(),
+                why: format!(
+                    "outbox of {:?} holds {} msgs but has no batch at its first retained seq {first}",
+                    own.stream, own.msgs
+                ),
+            }));
+        };
+        self.batches.insert((own.stream.clone(), first), None);
+        self.writes.push(Write::DelBatch {
+            stream: own.stream.clone(),
+            first_seq: first,
+        });
+        own.first_retained = meta.last_seq + 1;
+        own.msgs = own.msgs.saturating_sub(meta.msgs);
+        own.bytes = own.bytes.saturating_sub(meta.bytes);
+        Ok(meta)
+    }
+
+    fn append_own(
+        &mut self,
+        batch: mesh_protocol::OpenBatch,
+        bounds: OutboxBounds,
+    ) -> Result<(), Fail> {
+        let (vb, payloads) = batch.into_parts();
+        let stream = vb.stream().clone();
+        let epoch = self.base.epoch();
+        if stream.epoch != epoch {
+            return refuse(format!(
+                "batch of {stream:?} is in epoch {}, but this store's epoch is {}",
+                stream.epoch.fmt_short(),
+                epoch.fmt_short()
+            ));
+        }
+        let mut own = self.own_stream(&stream)?.unwrap_or_else(|| OwnStream {
+            stream: stream.clone(),
+            next_seq: 1,
+            first_retained: 1,
+            last_acked: 0,
+            msgs: 0,
+            bytes: 0,
+        });
+        if vb.first_seq() != own.next_seq {
+            return refuse(format!(
+                "batch of {stream:?} starts at seq {}, but the stream's next seq is {}",
+                vb.first_seq(),
+                own.next_seq
+            ));
+        }
+        let n = vb.entries().len() as u64;
+        let b = vb.payload_bytes();
+        let full = |own: &OwnStream| StoreError::OutboxFull {
+            peer: peer_name(&own.stream),
+            msgs: own.msgs,
+            bytes: own.bytes,
+        };
+        if n > bounds.max_msgs || b > bounds.max_bytes {
+            return Err(Fail::Refused(full(&own)));
+        }
+        let fits = |o: &OwnStream| o.msgs + n <= bounds.max_msgs && o.bytes + b <= bounds.max_bytes;
+        // Acknowledged batches are always the oldest ones: acks only move forward.
+        while !fits(&own) {
+            let first = own.first_retained;
+            let Some(meta) = self.batch_meta(&stream, first)? else {
+                break;
+            };
+            if meta.last_seq > own.last_acked {
+                break;
+            }
+            self.evict_oldest(&mut own)?;
+        }
+        if !fits(&own) {
+            match bounds.on_full {
+                OnFull::Reject => return Err(Fail::Refused(full(&own))),
+                OnFull::EvictOldest => {
+                    let (msgs_before, bytes_before) = (own.msgs, own.bytes);
+                    let mut lost: Option<(Seq, Seq)> = None;
+                    // `fits` holds once the outbox is empty, since the batch alone fits.
+                    while !fits(&own) {
+                        let first = own.first_retained;
+                        let meta = self.evict_oldest(&mut own)?;
+                        let from = first.max(own.last_acked.saturating_add(1));
+                        if from <= meta.last_seq {
+                            let start = lost.map_or(from, |(s, _)| s);
+                            lost = Some((start, meta.last_seq));
+                        }
+                    }
+                    if let Some((from, to)) = lost {
+                        self.journal(JournalRecord::Loss {
+                            stream: stream.clone(),
+                            from,
+                            to,
+                            reason: LossReason::OutboxEvicted,
+                            detail: format!(
+                                "outbox for {} was full ({msgs_before} msgs / {bytes_before} bytes) \
+                                 and its policy is evict-oldest",
+                                peer_name(&stream)
+                            ),
+                        });
+                    }
+                }
+            }
+        }
+        let first_seq = vb.first_seq();
+        let last_seq = vb.last_seq();
+        for (i, (h, p)) in vb.entries().iter().zip(&payloads).enumerate() {
+            self.lamport(h.lamport);
+            self.journal(JournalRecord::Envelope {
+                stream: stream.clone(),
+                seq: first_seq + i as u64,
+                lamport: h.lamport,
+                created_ms: h.created_ms,
+                kind: h.kind,
+                payload: p.clone(),
+            });
+        }
+        let meta = BatchMeta::of(vb.signed());
+        self.batches.insert((stream.clone(), first_seq), Some(meta));
+        self.writes.push(Write::PutBatch {
+            first_seq,
+            batch: StoredBatch {
+                batch: vb.into_signed(),
+                payloads,
+            },
+        });
+        if own.msgs == 0 {
+            own.first_retained = first_seq;
+        }
+        own.next_seq = last_seq + 1;
+        own.msgs += n;
+        own.bytes += b;
+        self.set_own(own);
+        Ok(())
+    }
+
+    fn acked(&mut self, stream: StreamId, upto: Seq, reset: bool) -> Result<(), Fail> {
+        let Some(mut own) = self.own_stream(&stream)? else {
+            return refuse(format!(
+                "ack for {stream:?}, which this store does not write"
+            ));
+        };
+        if upto >= own.next_seq {
+            return refuse(format!(
+                "ack of {stream:?} up to seq {upto}, but only {} were sent",
+                own.next_seq - 1
+            ));
+        }
+        // An older ack (a duplicate or reordered frame) is harmless: the mark stays.
+        if upto > own.last_acked || (reset && upto != own.last_acked) {
+            own.last_acked = upto;
+            self.set_own(own);
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, batch: mesh_protocol::OpenBatch, from: Seq) -> Result<(), Fail> {
+        let (vb, payloads) = batch.into_parts();
+        let stream = vb.stream().clone();
+        if from < vb.first_seq() || from > vb.last_seq() {
+            return refuse(format!(
+                "accept of {stream:?} from seq {from}, outside the batch {}..={}",
+                vb.first_seq(),
+                vb.last_seq()
+            ));
+        }
+        let mark = self.mark(&stream)?;
+        if mark != from - 1 {
+            return refuse(format!(
+                "accept of {stream:?} from seq {from}, but the mark is {mark}"
+            ));
+        }
+        let skip = usize::try_from(from - vb.first_seq()).unwrap_or(usize::MAX);
+        for (i, (h, p)) in vb.entries().iter().zip(payloads).enumerate().skip(skip) {
+            self.lamport(h.lamport);
+            self.journal(JournalRecord::Envelope {
+                stream: stream.clone(),
+                seq: vb.first_seq() + i as u64,
+                lamport: h.lamport,
+                created_ms: h.created_ms,
+                kind: h.kind,
+                payload: p,
+            });
+        }
+        let last = vb.last_seq();
+        self.marks.insert(stream, last);
+        Ok(())
+    }
+
+    fn gap(&mut self, stream: StreamId, earliest_available: Seq) -> Result<(), Fail> {
+        let mark = self.mark(&stream)?;
+        if earliest_available <= mark.saturating_add(1) {
+            return refuse(format!(
+                "gap of {stream:?} up to earliest available seq {earliest_available}, \
+                 but the mark is already {mark}"
+            ));
+        }
+        let to = earliest_available - 1;
+        self.journal(JournalRecord::Gap {
+            stream: stream.clone(),
+            from: mark + 1,
+            to,
+        });
+        self.marks.insert(stream, to);
+        Ok(())
+    }
+
+    fn apply(&mut self, op: WriteOp) -> Result<(), Fail> {
+        match op {
+            WriteOp::AppendOwn { batch, bounds } => self.append_own(batch, bounds),
+            WriteOp::Acked {
+                stream,
+                upto,
+                reset,
+            } => self.acked(stream, upto, reset),
+            WriteOp::Accept { batch, from } => self.accept(batch, from),
+            WriteOp::Gap {
+                stream,
+                earliest_available,
+            } => self.gap(stream, earliest_available),
+            WriteOp::RecordLoss {
+                stream,
+                from,
+                to,
+                reason,
+                detail,
+            } => {
+                if from > to || from == 0 {
+                    return refuse(format!("loss record of {stream:?} for seqs {from}..={to}"));
+                }
+                self.journal(JournalRecord::Loss {
+                    stream,
+                    from,
+                    to,
+                    reason,
+                    detail,
+                });
+                Ok(())
+            }
+            WriteOp::PutPeer(p) => {
+                self.writes.push(Write::PutPeer(p));
+                Ok(())
+            }
+            WriteOp::RemovePeer(n) => {
+                self.writes.push(Write::RemovePeer(n));
+                Ok(())
+            }
+            WriteOp::PutCursor { name, arrival } => {
+                if name.is_empty() || name.len() > CURSOR_NAME_BYTES_MAX {
+                    return refuse(format!(
+                        "cursor name is {} bytes; it must be 1..={CURSOR_NAME_BYTES_MAX}",
+                        name.len()
+                    ));
+                }
+                if arrival > self.counters.journal_head {
+                    return refuse(format!(
+                        "cursor {name:?} set to arrival {arrival}, past the journal head {}",
+                        self.counters.journal_head
+                    ));
+                }
+                self.writes.push(Write::Cursor { name, arrival });
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Plans one caller's group against `base`. On success `counters` moves on.
+pub(crate) fn plan_group<B: Base>(
+    base: &mut B,
+    counters: &mut TxCounters,
+    ops: Vec<WriteOp>,
+) -> Result<Plan, Fail> {
+    let mut view = GroupView {
+        base,
+        counters: *counters,
+        own: BTreeMap::new(),
+        own_changed: Vec::new(),
+        marks: BTreeMap::new(),
+        batches: BTreeMap::new(),
+        writes: Vec::new(),
+        first_arrival: None,
+    };
+    for op in ops {
+        view.apply(op)?;
+    }
+    let mut own_streams = Vec::with_capacity(view.own_changed.len());
+    for s in &view.own_changed {
+        if let Some(o) = view.own.get(s) {
+            view.writes.push(Write::OwnStream(o.clone()));
+            own_streams.push(o.clone());
+        }
+    }
+    for (stream, seq) in std::mem::take(&mut view.marks) {
+        view.writes.push(Write::Mark { stream, seq });
+    }
+    let arrivals = view.first_arrival.map(|f| (f, view.counters.journal_head));
+    *counters = view.counters;
+    Ok(Plan {
+        writes: view.writes,
+        receipt: Receipt {
+            arrivals,
+            own_streams,
+        },
+    })
+}
+
+/// A short name of a stream's recipient, for messages.
+pub(crate) fn peer_name(stream: &StreamId) -> String {
+    match &stream.channel {
+        Channel::Direct(to) => to.fmt_short().to_string(),
+        Channel::Topic(t) => format!("topic {t}"),
+    }
+}

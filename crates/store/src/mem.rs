@@ -1,0 +1,287 @@
+//! The in-memory store: the same rules as [`crate::RedbStore`], kept in
+//! ordered maps behind one mutex. For the simulator and unit tests.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use mesh_protocol::{Epoch, Mark, Seq, StreamId};
+
+use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
+use crate::{
+    Arrival, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt, SCHEMA_VERSION,
+    StoreError, StoreMeta, StoredBatch, WriteOp,
+};
+
+/// The committed state of a [`MemStore`].
+#[derive(Clone, Debug, Default)]
+struct State {
+    own: BTreeMap<StreamId, OwnStream>,
+    outbox: BTreeMap<(StreamId, Seq), StoredBatch>,
+    marks: BTreeMap<StreamId, Seq>,
+    journal: BTreeMap<Arrival, JournalRecord>,
+    peers: BTreeMap<[u8; 32], PeerRecord>,
+    cursors: BTreeMap<String, Arrival>,
+    max_lamport: u64,
+    /// While set, every commit fails as a disk would (see [`MemStore::set_unavailable`]).
+    unavailable: bool,
+}
+
+/// An in-memory [`MeshStore`] with exactly the rules of the on-disk store.
+///
+/// Everything `commit` accepted survives as long as the object does; a
+/// simulated crash keeps the object and drops only what was never passed to
+/// `commit`. [`MemStore::set_unavailable`] simulates a failing disk.
+#[derive(Debug)]
+pub struct MemStore {
+    epoch: Epoch,
+    state: Mutex<State>,
+}
+
+struct MemBase<'a> {
+    epoch: Epoch,
+    state: &'a State,
+}
+
+impl Base for MemBase<'_> {
+    fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError> {
+        Ok(self.state.own.get(stream).cloned())
+    }
+
+    fn batch_meta(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<BatchMeta>, StoreError> {
+        Ok(self
+            .state
+            .outbox
+            .get(&(stream.clone(), first_seq))
+            .map(|b| BatchMeta::of(&b.batch)))
+    }
+
+    fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
+        Ok(self.state.marks.get(stream).copied())
+    }
+}
+
+impl State {
+    fn apply(&mut self, writes: Vec<Write>) {
+        for w in writes {
+            match w {
+                Write::OwnStream(o) => {
+                    self.own.insert(o.stream.clone(), o);
+                }
+                Write::PutBatch { first_seq, batch } => {
+                    let stream = StreamId {
+                        author: batch.batch.author,
+                        epoch: batch.batch.epoch,
+                        channel: batch.batch.channel.clone(),
+                    };
+                    self.outbox.insert((stream, first_seq), batch);
+                }
+                Write::DelBatch { stream, first_seq } => {
+                    self.outbox.remove(&(stream, first_seq));
+                }
+                Write::Mark { stream, seq } => {
+                    self.marks.insert(stream, seq);
+                }
+                Write::Journal { arrival, record } => {
+                    self.journal.insert(arrival, record);
+                }
+                Write::PutPeer(p) => {
+                    self.peers.insert(*p.node.as_bytes(), p);
+                }
+                Write::RemovePeer(n) => {
+                    self.peers.remove(n.as_bytes());
+                }
+                Write::Cursor { name, arrival } => {
+                    self.cursors.insert(name, arrival);
+                }
+            }
+        }
+    }
+
+    fn journal_head(&self) -> Arrival {
+        self.journal.last_key_value().map_or(0, |(k, _)| *k)
+    }
+}
+
+impl MemStore {
+    /// An empty store of `epoch`.
+    pub fn new(epoch: Epoch) -> Self {
+        MemStore {
+            epoch,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// While `unavailable`, every commit fails with [`StoreError::Unavailable`]
+    /// for every group and writes nothing, as a failing disk would. Reads still work.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.lock().unavailable = unavailable;
+    }
+
+    /// A new store holding a copy of this one's committed state (same epoch).
+    pub fn fork(&self) -> MemStore {
+        MemStore {
+            epoch: self.epoch,
+            state: Mutex::new(self.lock().clone()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock is held cannot leave the state half-written:
+        // writes are applied only after a group has been fully planned.
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl MeshStore for MemStore {
+    fn meta(&self) -> StoreMeta {
+        StoreMeta {
+            epoch: self.epoch,
+            schema_version: SCHEMA_VERSION,
+        }
+    }
+
+    fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
+        let mut state = self.lock();
+        if state.unavailable {
+            return groups
+                .iter()
+                .map(|_| {
+                    Err(StoreError::Unavailable(
+                        "the store is marked unavailable".into(),
+                    ))
+                })
+                .collect();
+        }
+        let mut counters = TxCounters {
+            journal_head: state.journal_head(),
+            max_lamport: state.max_lamport,
+        };
+        // Reads of the maps cannot fail, so no group here is ever `Fail::Fatal`.
+        let mut out = Vec::with_capacity(groups.len());
+        for ops in groups {
+            let planned = {
+                let mut base = MemBase {
+                    epoch: self.epoch,
+                    state: &state,
+                };
+                logic::plan_group(&mut base, &mut counters, ops)
+            };
+            match planned {
+                Ok(plan) => {
+                    state.apply(plan.writes);
+                    out.push(Ok(plan.receipt));
+                }
+                Err(Fail::Refused(e) | Fail::Fatal(e)) => out.push(Err(e)),
+            }
+        }
+        state.max_lamport = counters.max_lamport;
+        out
+    }
+
+    fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError> {
+        Ok(self.lock().own.values().cloned().collect())
+    }
+
+    fn marks(&self) -> Result<Vec<Mark>, StoreError> {
+        Ok(self
+            .lock()
+            .marks
+            .iter()
+            .map(|(s, seq)| Mark {
+                stream: s.clone(),
+                seq: *seq,
+            })
+            .collect())
+    }
+
+    fn read_outbox(
+        &self,
+        stream: &StreamId,
+        after: Seq,
+        max_bytes: u64,
+    ) -> Result<Vec<StoredBatch>, StoreError> {
+        let state = self.lock();
+        let Some(next) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let lo = (stream.clone(), 0);
+        let hi = (stream.clone(), next);
+        // The batch holding `next` starts at or before it; later ones start after it.
+        let first = state.outbox.range(lo..=hi.clone()).next_back();
+        let rest = state
+            .outbox
+            .range((std::ops::Bound::Excluded(hi), std::ops::Bound::Unbounded));
+        let candidates = first
+            .into_iter()
+            .chain(rest)
+            .take_while(|((s, _), _)| s == stream)
+            .map(|(_, b)| b);
+        gather(candidates.cloned().map(Ok), after, max_bytes)
+    }
+
+    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
+        let state = self.lock();
+        let Some(next) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        Ok(state
+            .journal
+            .range(next..)
+            .take(limit)
+            .map(|(a, r)| JournalItem {
+                arrival: *a,
+                record: r.clone(),
+            })
+            .collect())
+    }
+
+    fn journal_head(&self) -> Result<Arrival, StoreError> {
+        Ok(self.lock().journal_head())
+    }
+
+    fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
+        Ok(self.lock().peers.values().cloned().collect())
+    }
+
+    fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
+        Ok(self.lock().cursors.get(name).copied())
+    }
+
+    fn max_lamport(&self) -> Result<u64, StoreError> {
+        Ok(self.lock().max_lamport)
+    }
+}
+
+/// Applies the `read_outbox` rule to batches of one stream in seq order,
+/// starting with the one that may hold `after + 1`.
+pub(crate) fn gather(
+    batches: impl Iterator<Item = Result<StoredBatch, StoreError>>,
+    after: Seq,
+    max_bytes: u64,
+) -> Result<Vec<StoredBatch>, StoreError> {
+    let mut out = Vec::new();
+    let mut total = 0u64;
+    for b in batches {
+        let b = b?;
+        if b.batch.last_seq() <= after {
+            continue;
+        }
+        let bytes = BatchMeta::of(&b.batch).bytes;
+        if !out.is_empty() && total.saturating_add(bytes) > max_bytes {
+            break;
+        }
+        total = total.saturating_add(bytes);
+        out.push(b);
+    }
+    Ok(out)
+}

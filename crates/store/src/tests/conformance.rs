@@ -1,0 +1,953 @@
+//! One suite of rules, run against every [`MeshStore`] implementation.
+
+use mesh_protocol::{Channel, Epoch};
+
+use super::util::*;
+use crate::{
+    JournalRecord, LossReason, MeshStore, OnFull, OutboxBounds, PeerRecord, StoreError, WriteOp,
+};
+
+/// Declares one `#[test]` per rule for a store made by `$make`.
+macro_rules! suite {
+    ($module:ident, $make:expr) => {
+        mod $module {
+            suite!(@tests $make;
+                an_append_at_the_next_seq_is_stored_journaled_and_read_back_byte_for_byte,
+                an_append_that_skips_a_seq_is_refused_and_writes_nothing,
+                a_stream_starts_at_seq_1,
+                an_append_in_another_epoch_is_refused,
+                reject_policy_refuses_a_full_outbox_and_keeps_every_unacked_batch,
+                acked_batches_are_evicted_before_unacked_ones,
+                evict_oldest_journals_a_loss_record_for_the_unacked_part,
+                a_batch_larger_than_the_bounds_is_refused_under_either_policy,
+                byte_bounds_count_payload_bytes,
+                accept_moves_the_mark_and_journals_in_the_same_commit,
+                accept_from_inside_a_batch_journals_only_the_new_part,
+                an_accept_that_does_not_follow_the_mark_is_refused_and_writes_nothing,
+                a_gap_moves_the_mark_and_is_a_journal_entry,
+                acks_never_move_backwards_unless_reset,
+                one_callers_conflict_does_not_fail_the_others_in_the_group,
+                later_groups_see_earlier_groups_of_the_same_commit,
+                ops_of_one_group_see_each_other,
+                read_outbox_starts_at_the_batch_holding_after_plus_one_and_caps_bytes,
+                the_journal_pages_in_arrival_order,
+                peers_and_cursors_round_trip,
+                a_cursor_must_be_named_and_point_into_the_journal,
+                max_lamport_is_the_highest_clock_ever_committed,
+                a_loss_record_is_a_journal_entry
+            );
+        }
+    };
+    (@tests $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let store = $make;
+                super::$name(&store);
+            }
+        )*
+    };
+}
+
+suite!(mem, crate::MemStore::new(mesh_protocol::Epoch([9; 16])));
+
+fn receipt_of(s: &dyn MeshStore, ops: Vec<WriteOp>) -> crate::Receipt {
+    commit1(s, ops).expect("commit succeeds")
+}
+
+fn an_append_at_the_next_seq_is_stored_journaled_and_read_back_byte_for_byte(s: &dyn MeshStore) {
+    let b = own(s, PEER, 1, 2, 100);
+    let stream = own_stream_id(s, PEER);
+    let signed = b.batch().signed().clone();
+    let payloads = b.payloads().to_vec();
+    let r = append_ok(s, b);
+    assert_eq!(r.arrivals, Some((1, 2)));
+    let state = own_state(s, &stream).expect("stream exists");
+    assert_eq!(r.own_streams, vec![state.clone()]);
+    assert_eq!(
+        (
+            state.next_seq,
+            state.first_retained,
+            state.last_acked,
+            state.msgs,
+            state.bytes
+        ),
+        (3, 1, 0, 2, 200)
+    );
+    let out = outbox(s, &stream);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].batch, signed);
+    assert_eq!(
+        postcard::to_stdvec(&out[0].batch).expect("encodes"),
+        postcard::to_stdvec(&signed).expect("encodes")
+    );
+    assert_eq!(out[0].payloads, payloads);
+    let j = journal(s);
+    assert_eq!(j.len(), 2);
+    assert!(matches!(
+        &j[1].record,
+        JournalRecord::Envelope { seq: 2, lamport: 2, payload, .. } if *payload == payloads[1]
+    ));
+    assert_eq!(s.journal_head().expect("head"), 2);
+}
+
+fn an_append_that_skips_a_seq_is_refused_and_writes_nothing(s: &dyn MeshStore) {
+    append_ok(s, own(s, PEER, 1, 1, 10));
+    let before = dump(s, &[]).expect("dump");
+    let err = commit1(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 3, 1, 10),
+            bounds: OutboxBounds::default(),
+        }],
+    )
+    .expect_err("seq 2 was skipped");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_eq!(dump(s, &[]).expect("dump"), before);
+    // Re-appending an already used seq is refused too.
+    let err = commit1(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 1, 1, 10),
+            bounds: OutboxBounds::default(),
+        }],
+    )
+    .expect_err("seq 1 is taken");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_eq!(dump(s, &[]).expect("dump"), before);
+}
+
+fn a_stream_starts_at_seq_1(s: &dyn MeshStore) {
+    let err = commit1(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 2, 1, 10),
+            bounds: OutboxBounds::default(),
+        }],
+    )
+    .expect_err("a new stream starts at 1");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert!(s.own_streams().expect("read").is_empty());
+    assert_eq!(s.journal_head().expect("head"), 0);
+}
+
+fn an_append_in_another_epoch_is_refused(s: &dyn MeshStore) {
+    let mut other = s.meta().epoch;
+    other.0[0] ^= 0xff;
+    let b = batch(ME, other, Channel::Direct(node(PEER)), 1, &[10]);
+    let err = commit1(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: b,
+            bounds: OutboxBounds::default(),
+        }],
+    )
+    .expect_err("own streams carry the store's epoch");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert!(s.own_streams().expect("read").is_empty());
+}
+
+fn reject_policy_refuses_a_full_outbox_and_keeps_every_unacked_batch(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    let b = bounds(3, 1 << 20, OnFull::Reject);
+    for seq in 1..=3 {
+        receipt_of(
+            s,
+            vec![WriteOp::AppendOwn {
+                batch: own(s, PEER, seq, 1, 10),
+                bounds: b,
+            }],
+        );
+    }
+    let before = dump(s, &[]).expect("dump");
+    let err = commit1(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 4, 1, 10),
+            bounds: b,
+        }],
+    )
+    .expect_err("the outbox is full");
+    match err {
+        StoreError::OutboxFull { msgs, bytes, .. } => assert_eq!((msgs, bytes), (3, 30)),
+        other => panic!("expected OutboxFull, got {other}"),
+    }
+    assert_eq!(dump(s, &[]).expect("dump"), before);
+    let firsts: Vec<_> = outbox(s, &stream)
+        .iter()
+        .map(|b| b.batch.first_seq)
+        .collect();
+    assert_eq!(firsts, vec![1, 2, 3]);
+}
+
+fn acked_batches_are_evicted_before_unacked_ones(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    let b = bounds(3, 1 << 20, OnFull::Reject);
+    for seq in 1..=3 {
+        receipt_of(
+            s,
+            vec![WriteOp::AppendOwn {
+                batch: own(s, PEER, seq, 1, 10),
+                bounds: b,
+            }],
+        );
+    }
+    receipt_of(
+        s,
+        vec![WriteOp::Acked {
+            stream: stream.clone(),
+            upto: 2,
+            reset: false,
+        }],
+    );
+    receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 4, 1, 10),
+            bounds: b,
+        }],
+    );
+    let r = receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 5, 1, 10),
+            bounds: b,
+        }],
+    );
+    let firsts: Vec<_> = outbox(s, &stream)
+        .iter()
+        .map(|b| b.batch.first_seq)
+        .collect();
+    assert_eq!(firsts, vec![3, 4, 5]);
+    let state = own_state(s, &stream).expect("stream");
+    assert_eq!(r.own_streams, vec![state.clone()]);
+    assert_eq!(
+        (
+            state.first_retained,
+            state.msgs,
+            state.bytes,
+            state.last_acked
+        ),
+        (3, 3, 30, 2)
+    );
+    assert!(
+        journal(s)
+            .iter()
+            .all(|i| matches!(i.record, JournalRecord::Envelope { .. })),
+        "evicting acknowledged envelopes loses nothing"
+    );
+    // Now only unacked ones are left: Reject refuses.
+    let err = commit1(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 6, 1, 10),
+            bounds: b,
+        }],
+    )
+    .expect_err("full of unacked");
+    assert!(matches!(err, StoreError::OutboxFull { .. }), "{err}");
+}
+
+fn evict_oldest_journals_a_loss_record_for_the_unacked_part(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    let b = bounds(4, 1 << 20, OnFull::EvictOldest);
+    receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 1, 2, 10),
+            bounds: b,
+        }],
+    );
+    receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 3, 2, 10),
+            bounds: b,
+        }],
+    );
+    // Seq 1 is acknowledged, seq 2 (same batch) is not.
+    receipt_of(
+        s,
+        vec![WriteOp::Acked {
+            stream: stream.clone(),
+            upto: 1,
+            reset: false,
+        }],
+    );
+    let r = receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 5, 2, 10),
+            bounds: b,
+        }],
+    );
+    assert_eq!(
+        r.arrivals,
+        Some((5, 7)),
+        "one loss record, then two envelopes"
+    );
+    let j = journal(s);
+    match &j[4].record {
+        JournalRecord::Loss {
+            stream: ls,
+            from,
+            to,
+            reason,
+            ..
+        } => {
+            assert_eq!(
+                (ls, *from, *to, *reason),
+                (&stream, 2, 2, LossReason::OutboxEvicted)
+            );
+        }
+        other => panic!("expected a loss record, got {other:?}"),
+    }
+    let r = receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 7, 2, 10),
+            bounds: b,
+        }],
+    );
+    assert_eq!(r.arrivals, Some((8, 10)));
+    assert!(matches!(
+        journal(s)[7].record,
+        JournalRecord::Loss {
+            from: 3,
+            to: 4,
+            reason: LossReason::OutboxEvicted,
+            ..
+        }
+    ));
+    let state = own_state(s, &stream).expect("stream");
+    assert_eq!(
+        (
+            state.first_retained,
+            state.next_seq,
+            state.msgs,
+            state.bytes
+        ),
+        (5, 9, 4, 40)
+    );
+    let firsts: Vec<_> = outbox(s, &stream)
+        .iter()
+        .map(|b| b.batch.first_seq)
+        .collect();
+    assert_eq!(firsts, vec![5, 7]);
+}
+
+fn a_batch_larger_than_the_bounds_is_refused_under_either_policy(s: &dyn MeshStore) {
+    for on_full in [OnFull::Reject, OnFull::EvictOldest] {
+        let err = commit1(
+            s,
+            vec![WriteOp::AppendOwn {
+                batch: own(s, PEER, 1, 3, 10),
+                bounds: bounds(2, 1 << 20, on_full),
+            }],
+        )
+        .expect_err("3 msgs never fit 2");
+        assert!(matches!(err, StoreError::OutboxFull { .. }), "{err}");
+        let err = commit1(
+            s,
+            vec![WriteOp::AppendOwn {
+                batch: own(s, PEER, 1, 1, 100),
+                bounds: bounds(10, 99, on_full),
+            }],
+        )
+        .expect_err("100 bytes never fit 99");
+        assert!(matches!(err, StoreError::OutboxFull { .. }), "{err}");
+    }
+    assert!(s.own_streams().expect("read").is_empty());
+    assert_eq!(s.journal_head().expect("head"), 0);
+}
+
+fn byte_bounds_count_payload_bytes(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    let b = bounds(100, 250, OnFull::Reject);
+    receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 1, 1, 100),
+            bounds: b,
+        }],
+    );
+    receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 2, 1, 100),
+            bounds: b,
+        }],
+    );
+    let err = commit1(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 3, 1, 100),
+            bounds: b,
+        }],
+    )
+    .expect_err("300 bytes > 250");
+    assert!(
+        matches!(
+            err,
+            StoreError::OutboxFull {
+                msgs: 2,
+                bytes: 200,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 3, 1, 50),
+            bounds: b,
+        }],
+    );
+    assert_eq!(own_state(s, &stream).expect("stream").bytes, 250);
+}
+
+fn accept_moves_the_mark_and_journals_in_the_same_commit(s: &dyn MeshStore) {
+    let stream = peer_stream(PEER);
+    let b = peer_batch(PEER, 1, 3);
+    let payloads = b.payloads().to_vec();
+    let r = receipt_of(s, vec![WriteOp::Accept { batch: b, from: 1 }]);
+    assert_eq!(r.arrivals, Some((1, 3)));
+    assert!(r.own_streams.is_empty());
+    assert_eq!(mark(s, &stream), 3);
+    let j = journal(s);
+    assert_eq!(j.len(), 3);
+    for (i, item) in j.iter().enumerate() {
+        match &item.record {
+            JournalRecord::Envelope {
+                stream: st,
+                seq,
+                payload,
+                ..
+            } => {
+                assert_eq!((st, *seq, payload), (&stream, i as u64 + 1, &payloads[i]));
+            }
+            other => panic!("expected an envelope, got {other:?}"),
+        }
+    }
+}
+
+fn accept_from_inside_a_batch_journals_only_the_new_part(s: &dyn MeshStore) {
+    let stream = peer_stream(PEER);
+    receipt_of(
+        s,
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 1, 2),
+            from: 1,
+        }],
+    );
+    let r = receipt_of(
+        s,
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 1, 4),
+            from: 3,
+        }],
+    );
+    assert_eq!(r.arrivals, Some((3, 4)));
+    assert_eq!(mark(s, &stream), 4);
+    let seqs: Vec<_> = journal(s)
+        .iter()
+        .map(|i| match i.record {
+            JournalRecord::Envelope { seq, .. } => seq,
+            _ => 0,
+        })
+        .collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4]);
+}
+
+fn an_accept_that_does_not_follow_the_mark_is_refused_and_writes_nothing(s: &dyn MeshStore) {
+    let stream = peer_stream(PEER);
+    for (first, n, from) in [(1, 2, 2), (2, 2, 2), (1, 2, 3), (1, 2, 0)] {
+        let err = commit1(
+            s,
+            vec![WriteOp::Accept {
+                batch: peer_batch(PEER, first, n),
+                from,
+            }],
+        )
+        .expect_err("does not follow mark 0");
+        assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    }
+    receipt_of(
+        s,
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 1, 2),
+            from: 1,
+        }],
+    );
+    // A duplicate of what is already committed.
+    let err = commit1(
+        s,
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 1, 2),
+            from: 1,
+        }],
+    )
+    .expect_err("already committed");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_eq!(mark(s, &stream), 2);
+    assert_eq!(s.journal_head().expect("head"), 2);
+}
+
+fn a_gap_moves_the_mark_and_is_a_journal_entry(s: &dyn MeshStore) {
+    let stream = peer_stream(PEER);
+    receipt_of(
+        s,
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 1, 1),
+            from: 1,
+        }],
+    );
+    let r = receipt_of(
+        s,
+        vec![WriteOp::Gap {
+            stream: stream.clone(),
+            earliest_available: 5,
+        }],
+    );
+    assert_eq!(r.arrivals, Some((2, 2)));
+    assert_eq!(mark(s, &stream), 4);
+    assert!(matches!(&journal(s)[1].record,
+        JournalRecord::Gap { stream: g, from: 2, to: 4 } if *g == stream));
+    for earliest in [5, 4, 0] {
+        let err = commit1(
+            s,
+            vec![WriteOp::Gap {
+                stream: stream.clone(),
+                earliest_available: earliest,
+            }],
+        )
+        .expect_err("nothing is missing");
+        assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    }
+    receipt_of(
+        s,
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 5, 1),
+            from: 5,
+        }],
+    );
+    assert_eq!(mark(s, &stream), 5);
+    assert_eq!(s.journal_head().expect("head"), 3);
+}
+
+fn acks_never_move_backwards_unless_reset(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    append_ok(s, own(s, PEER, 1, 5, 10));
+    let r = receipt_of(
+        s,
+        vec![WriteOp::Acked {
+            stream: stream.clone(),
+            upto: 3,
+            reset: false,
+        }],
+    );
+    assert_eq!(r.own_streams.len(), 1);
+    assert_eq!(r.own_streams[0].last_acked, 3);
+    let r = receipt_of(
+        s,
+        vec![WriteOp::Acked {
+            stream: stream.clone(),
+            upto: 1,
+            reset: false,
+        }],
+    );
+    assert!(r.own_streams.is_empty(), "a stale ack changes nothing");
+    assert_eq!(own_state(s, &stream).expect("stream").last_acked, 3);
+    receipt_of(
+        s,
+        vec![WriteOp::Acked {
+            stream: stream.clone(),
+            upto: 0,
+            reset: true,
+        }],
+    );
+    assert_eq!(own_state(s, &stream).expect("stream").last_acked, 0);
+    let err = commit1(
+        s,
+        vec![WriteOp::Acked {
+            stream: stream.clone(),
+            upto: 6,
+            reset: false,
+        }],
+    )
+    .expect_err("only 5 were sent");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    let err = commit1(
+        s,
+        vec![WriteOp::Acked {
+            stream: own_stream_id(s, 7),
+            upto: 1,
+            reset: false,
+        }],
+    )
+    .expect_err("unknown stream");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_eq!(own_state(s, &stream).expect("stream").last_acked, 0);
+}
+
+fn one_callers_conflict_does_not_fail_the_others_in_the_group(s: &dyn MeshStore) {
+    let a = own_stream_id(s, PEER);
+    let b = own_stream_id(s, 3);
+    let results = s.commit(vec![
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 1, 1, 10),
+            bounds: OutboxBounds::default(),
+        }],
+        // Valid first op, invalid second: the whole group must leave no trace.
+        vec![
+            WriteOp::AppendOwn {
+                batch: own(s, 3, 1, 1, 10),
+                bounds: OutboxBounds::default(),
+            },
+            WriteOp::PutPeer(PeerRecord {
+                node: node(3),
+                addrs: vec![],
+                epoch: None,
+            }),
+            WriteOp::Accept {
+                batch: peer_batch(4, 2, 1),
+                from: 2,
+            },
+        ],
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 1, 1),
+            from: 1,
+        }],
+    ]);
+    assert_eq!(results.len(), 3);
+    assert_eq!(
+        results[0].as_ref().expect("first commits").arrivals,
+        Some((1, 1))
+    );
+    assert!(
+        matches!(results[1], Err(StoreError::Conflict(_))),
+        "{:?}",
+        results[1]
+    );
+    assert_eq!(
+        results[2].as_ref().expect("third commits").arrivals,
+        Some((2, 2)),
+        "the refused group took no arrival positions"
+    );
+    assert!(own_state(s, &a).is_some());
+    assert!(own_state(s, &b).is_none());
+    assert!(outbox(s, &b).is_empty());
+    assert!(s.peers().expect("peers").is_empty());
+    assert_eq!(mark(s, &peer_stream(4)), 0);
+    assert_eq!(mark(s, &peer_stream(PEER)), 1);
+    assert_eq!(s.journal_head().expect("head"), 2);
+}
+
+fn later_groups_see_earlier_groups_of_the_same_commit(s: &dyn MeshStore) {
+    let results = s.commit(vec![
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 1, 1, 10),
+            bounds: OutboxBounds::default(),
+        }],
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 2, 1, 10),
+            bounds: OutboxBounds::default(),
+        }],
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 1, 1),
+            from: 1,
+        }],
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 2, 1),
+            from: 2,
+        }],
+    ]);
+    let arrivals: Vec<_> = results
+        .into_iter()
+        .map(|r| r.expect("commits").arrivals)
+        .collect();
+    assert_eq!(
+        arrivals,
+        vec![Some((1, 1)), Some((2, 2)), Some((3, 3)), Some((4, 4))]
+    );
+    assert_eq!(
+        own_state(s, &own_stream_id(s, PEER))
+            .expect("stream")
+            .next_seq,
+        3
+    );
+    assert_eq!(mark(s, &peer_stream(PEER)), 2);
+}
+
+fn ops_of_one_group_see_each_other(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    let b = bounds(2, 1 << 20, OnFull::Reject);
+    let r = receipt_of(
+        s,
+        vec![
+            WriteOp::AppendOwn {
+                batch: own(s, PEER, 1, 1, 10),
+                bounds: b,
+            },
+            WriteOp::AppendOwn {
+                batch: own(s, PEER, 2, 1, 10),
+                bounds: b,
+            },
+            WriteOp::Acked {
+                stream: stream.clone(),
+                upto: 1,
+                reset: false,
+            },
+            // Fits only by evicting the batch acknowledged two ops earlier.
+            WriteOp::AppendOwn {
+                batch: own(s, PEER, 3, 1, 10),
+                bounds: b,
+            },
+            WriteOp::Accept {
+                batch: peer_batch(PEER, 1, 1),
+                from: 1,
+            },
+            WriteOp::Accept {
+                batch: peer_batch(PEER, 2, 2),
+                from: 2,
+            },
+        ],
+    );
+    assert_eq!(r.arrivals, Some((1, 6)));
+    let state = own_state(s, &stream).expect("stream");
+    assert_eq!(
+        r.own_streams,
+        vec![state.clone()],
+        "one final state per stream"
+    );
+    assert_eq!(
+        (
+            state.first_retained,
+            state.next_seq,
+            state.last_acked,
+            state.msgs
+        ),
+        (2, 4, 1, 2)
+    );
+    let firsts: Vec<_> = outbox(s, &stream)
+        .iter()
+        .map(|b| b.batch.first_seq)
+        .collect();
+    assert_eq!(firsts, vec![2, 3]);
+    assert_eq!(mark(s, &peer_stream(PEER)), 3);
+}
+
+fn read_outbox_starts_at_the_batch_holding_after_plus_one_and_caps_bytes(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    append_ok(s, own(s, PEER, 1, 3, 10)); // 1..=3, 30 bytes
+    append_ok(s, own(s, PEER, 4, 2, 10)); // 4..=5, 20 bytes
+    append_ok(s, own(s, PEER, 6, 1, 10)); // 6, 10 bytes
+    append_ok(s, own(s, 3, 1, 1, 10)); // another stream, must never show up
+    let firsts = |after, max| -> Vec<u64> {
+        s.read_outbox(&stream, after, max)
+            .expect("read")
+            .iter()
+            .map(|b| b.batch.first_seq)
+            .collect()
+    };
+    assert_eq!(firsts(0, u64::MAX), vec![1, 4, 6]);
+    assert_eq!(
+        firsts(2, u64::MAX),
+        vec![1, 4, 6],
+        "the batch holding seq 3 is sent whole"
+    );
+    assert_eq!(firsts(3, u64::MAX), vec![4, 6]);
+    assert_eq!(firsts(4, u64::MAX), vec![4, 6]);
+    assert_eq!(firsts(5, u64::MAX), vec![6]);
+    assert_eq!(firsts(6, u64::MAX), Vec::<u64>::new());
+    assert_eq!(firsts(u64::MAX, u64::MAX), Vec::<u64>::new());
+    assert_eq!(
+        firsts(0, 1),
+        vec![1],
+        "the first batch comes whatever its size"
+    );
+    assert_eq!(firsts(0, 50), vec![1, 4]);
+    assert_eq!(firsts(0, 49), vec![1]);
+    assert!(
+        s.read_outbox(&own_stream_id(s, 9), 0, u64::MAX)
+            .expect("read")
+            .is_empty()
+    );
+}
+
+fn the_journal_pages_in_arrival_order(s: &dyn MeshStore) {
+    receipt_of(
+        s,
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 1, 3),
+            from: 1,
+        }],
+    );
+    append_ok(s, own(s, PEER, 1, 2, 10));
+    let arrivals = |after, limit| -> Vec<u64> {
+        s.journal(after, limit)
+            .expect("read")
+            .iter()
+            .map(|i| i.arrival)
+            .collect()
+    };
+    assert_eq!(arrivals(0, 100), vec![1, 2, 3, 4, 5]);
+    assert_eq!(arrivals(2, 2), vec![3, 4]);
+    assert_eq!(arrivals(5, 10), Vec::<u64>::new());
+    assert_eq!(arrivals(u64::MAX, 10), Vec::<u64>::new());
+    assert_eq!(arrivals(0, 0), Vec::<u64>::new());
+    assert_eq!(s.journal_head().expect("head"), 5);
+}
+
+fn peers_and_cursors_round_trip(s: &dyn MeshStore) {
+    let addr = "127.0.0.1:4433".parse().expect("addr");
+    let p = PeerRecord {
+        node: node(PEER),
+        addrs: vec![addr],
+        epoch: None,
+    };
+    let q = PeerRecord {
+        node: node(3),
+        addrs: vec![],
+        epoch: Some(Epoch([3; 16])),
+    };
+    receipt_of(
+        s,
+        vec![WriteOp::PutPeer(p.clone()), WriteOp::PutPeer(q.clone())],
+    );
+    let mut peers = s.peers().expect("peers");
+    peers.sort_by_key(|p| *p.node.as_bytes());
+    let mut want = vec![p.clone(), q.clone()];
+    want.sort_by_key(|p| *p.node.as_bytes());
+    assert_eq!(peers, want);
+    let p2 = PeerRecord {
+        epoch: Some(Epoch([2; 16])),
+        ..p
+    };
+    receipt_of(
+        s,
+        vec![WriteOp::PutPeer(p2.clone()), WriteOp::RemovePeer(node(3))],
+    );
+    assert_eq!(s.peers().expect("peers"), vec![p2]);
+    append_ok(s, own(s, PEER, 1, 2, 10));
+    assert_eq!(s.cursor("mcp").expect("cursor"), None);
+    receipt_of(
+        s,
+        vec![WriteOp::PutCursor {
+            name: "mcp".into(),
+            arrival: 2,
+        }],
+    );
+    assert_eq!(s.cursor("mcp").expect("cursor"), Some(2));
+    receipt_of(
+        s,
+        vec![WriteOp::PutCursor {
+            name: "mcp".into(),
+            arrival: 1,
+        }],
+    );
+    assert_eq!(s.cursor("mcp").expect("cursor"), Some(1));
+}
+
+fn a_cursor_must_be_named_and_point_into_the_journal(s: &dyn MeshStore) {
+    append_ok(s, own(s, PEER, 1, 1, 10));
+    for (name, arrival) in [
+        (String::new(), 1),
+        ("x".repeat(65), 1),
+        ("ok".to_string(), 2),
+    ] {
+        let err = commit1(
+            s,
+            vec![WriteOp::PutCursor {
+                name: name.clone(),
+                arrival,
+            }],
+        )
+        .expect_err("bad cursor");
+        assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+        assert_eq!(s.cursor(&name).expect("cursor"), None);
+    }
+    receipt_of(
+        s,
+        vec![WriteOp::PutCursor {
+            name: "x".repeat(64),
+            arrival: 1,
+        }],
+    );
+}
+
+fn max_lamport_is_the_highest_clock_ever_committed(s: &dyn MeshStore) {
+    assert_eq!(s.max_lamport().expect("lamport"), 0);
+    receipt_of(
+        s,
+        vec![WriteOp::Accept {
+            batch: peer_batch(PEER, 1, 7),
+            from: 1,
+        }],
+    );
+    assert_eq!(s.max_lamport().expect("lamport"), 7);
+    append_ok(s, own(s, PEER, 1, 2, 10));
+    assert_eq!(
+        s.max_lamport().expect("lamport"),
+        7,
+        "lamports 1 and 2 are lower"
+    );
+    // A refused group does not move it.
+    let _ = s.commit(vec![vec![
+        WriteOp::Accept {
+            batch: peer_batch(3, 1, 20),
+            from: 1,
+        },
+        WriteOp::Gap {
+            stream: peer_stream(3),
+            earliest_available: 1,
+        },
+    ]]);
+    assert_eq!(s.max_lamport().expect("lamport"), 7);
+    receipt_of(
+        s,
+        vec![WriteOp::Accept {
+            batch: peer_batch(3, 1, 20),
+            from: 1,
+        }],
+    );
+    assert_eq!(s.max_lamport().expect("lamport"), 20);
+}
+
+fn a_loss_record_is_a_journal_entry(s: &dyn MeshStore) {
+    let stream = peer_stream(PEER);
+    let r = receipt_of(
+        s,
+        vec![WriteOp::RecordLoss {
+            stream: stream.clone(),
+            from: 3,
+            to: 9,
+            reason: LossReason::SubscriberLagged,
+            detail: "subscriber 'planner' lagged".into(),
+        }],
+    );
+    assert_eq!(r.arrivals, Some((1, 1)));
+    assert!(matches!(
+        &journal(s)[0].record,
+        JournalRecord::Loss {
+            from: 3,
+            to: 9,
+            reason: LossReason::SubscriberLagged,
+            ..
+        }
+    ));
+    let err = commit1(
+        s,
+        vec![WriteOp::RecordLoss {
+            stream,
+            from: 9,
+            to: 3,
+            reason: LossReason::SubscriberLagged,
+            detail: String::new(),
+        }],
+    )
+    .expect_err("empty range");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_eq!(s.journal_head().expect("head"), 1);
+}
