@@ -1,0 +1,238 @@
+//! Property tests of the codec, the batch signature, cursors and tickets.
+//!
+//! Case counts are kept small: signing and verifying run unoptimised here.
+
+// Tests unwrap freely: a panic is how a test reports its failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{arb_addr, arb_epoch, arb_frame, arb_node, arb_open_batch};
+use mesh_protocol::{
+    Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, MAX_TICKET_ADDRS,
+    NodeTicket, Payloads, SignedBatch, VerifyError, decode_frame, encode_frame, frame_body_len,
+};
+use proptest::prelude::*;
+
+fn config(cases: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases,
+        ..ProptestConfig::default()
+    }
+}
+
+fn body(frame: &Frame) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_frame(frame, &mut out).unwrap();
+    let len = frame_body_len(out[..FRAME_HEADER_BYTES].try_into().unwrap()).unwrap();
+    assert_eq!(
+        len,
+        out.len() - FRAME_HEADER_BYTES,
+        "the header names the body length"
+    );
+    out.split_off(FRAME_HEADER_BYTES)
+}
+
+/// Flips bit `bit` (mod the bit length) of `bytes`.
+fn flip(bytes: &mut [u8], bit: usize) {
+    let bit = bit % (bytes.len() * 8);
+    bytes[bit / 8] ^= 1 << (bit % 8);
+}
+
+proptest! {
+    #![proptest_config(config(48))]
+
+    #[test]
+    fn every_frame_variant_round_trips_through_encode_and_decode(frame in arb_frame()) {
+        let b = body(&frame);
+        prop_assert_eq!(decode_frame(&b), Ok(frame));
+    }
+
+    #[test]
+    fn a_frame_with_trailing_bytes_is_refused(
+        frame in arb_frame(),
+        extra in proptest::collection::vec(any::<u8>(), 1..8),
+    ) {
+        let mut b = body(&frame);
+        b.extend_from_slice(&extra);
+        prop_assert_eq!(
+            decode_frame(&b),
+            Err(FrameError::TrailingBytes { frame: frame.name(), extra: extra.len() })
+        );
+    }
+
+    #[test]
+    fn every_strict_prefix_of_a_frame_is_refused(frame in arb_frame()) {
+        let b = body(&frame);
+        for end in 0..b.len() {
+            prop_assert!(decode_frame(&b[..end]).is_err(), "prefix of {} bytes decoded", end);
+        }
+    }
+
+    #[test]
+    fn any_single_bit_flip_of_an_encoded_signed_batch_fails_decode_or_verify(
+        batch in arb_open_batch(),
+        bit in any::<usize>(),
+    ) {
+        let signed = batch.batch().signed().clone();
+        let mut bytes = postcard::to_stdvec(&signed).unwrap();
+        prop_assert!(postcard::from_bytes::<SignedBatch>(&bytes).unwrap().verify().is_ok());
+        flip(&mut bytes, bit);
+        // Decoding may stop early and leave bytes over; the value is still refused.
+        if let Ok((flipped, _rest)) = postcard::take_from_bytes::<SignedBatch>(&bytes) {
+            prop_assert!(flipped.verify().is_err(), "a flipped batch verified");
+        }
+    }
+
+    #[test]
+    fn no_single_bit_flip_of_a_batch_frame_yields_an_open_batch(
+        batch in arb_open_batch(),
+        bit in any::<usize>(),
+    ) {
+        let (verified, payloads) = batch.into_parts();
+        let frame = Frame::Batch { batch: verified.into_signed(), payloads: Payloads(payloads) };
+        let mut b = body(&frame);
+        flip(&mut b, bit);
+        if let Ok(Frame::Batch { batch, payloads }) = decode_frame(&b) {
+            let opened = batch.verify().and_then(|v| v.open(payloads.0));
+            prop_assert!(opened.is_err(), "a flipped batch frame opened");
+        }
+    }
+
+    #[test]
+    fn any_single_bit_flip_of_a_payload_makes_open_fail(
+        batch in arb_open_batch(),
+        which in any::<usize>(),
+        bit in any::<usize>(),
+    ) {
+        let (verified, mut payloads) = batch.into_parts();
+        let first_seq = verified.first_seq();
+        // Only non-empty payloads have a bit to flip.
+        let nonempty: Vec<usize> = (0..payloads.len()).filter(|&i| !payloads[i].is_empty()).collect();
+        prop_assume!(!nonempty.is_empty());
+        let i = nonempty[which % nonempty.len()];
+        flip(&mut payloads[i], bit);
+        prop_assert_eq!(
+            verified.open(payloads).err(),
+            Some(VerifyError::PayloadMismatch { seq: first_seq + i as u64 })
+        );
+    }
+
+    #[test]
+    fn a_batch_signed_by_one_key_does_not_verify_as_another_authors(
+        batch in arb_open_batch(),
+        other in arb_node(),
+    ) {
+        let mut signed = batch.batch().signed().clone();
+        prop_assume!(other != signed.author);
+        signed.author = other;
+        prop_assert!(matches!(signed.verify(), Err(VerifyError::BadSignature(_))));
+    }
+
+    #[test]
+    fn a_cursor_round_trips_through_its_text(
+        node in arb_node(),
+        epoch in arb_epoch(),
+        arrival in any::<u64>(),
+    ) {
+        let cursor = Cursor::new(&node, epoch, arrival);
+        let text = cursor.to_string();
+        prop_assert_eq!(text.parse::<Cursor>(), Ok(cursor));
+        prop_assert_eq!(Cursor::parse_for(&text, &node, epoch), Ok(arrival));
+        // Letter case and surrounding whitespace do not matter in the body.
+        let loud = format!("  mc1{}\n", text[3..].to_uppercase());
+        prop_assert_eq!(loud.parse::<Cursor>(), Ok(cursor));
+    }
+
+    #[test]
+    fn a_cursor_from_another_node_or_epoch_is_refused_not_reinterpreted(
+        node in arb_node(),
+        other_node in arb_node(),
+        epoch in arb_epoch(),
+        other_epoch in arb_epoch(),
+        arrival in any::<u64>(),
+    ) {
+        // Cursors tell nodes apart by the first 8 bytes of their ids.
+        prop_assume!(node.as_bytes()[..8] != other_node.as_bytes()[..8]);
+        prop_assume!(epoch != other_epoch);
+        let text = Cursor::new(&node, epoch, arrival).to_string();
+        let other = Cursor::parse_for(&text, &other_node, epoch);
+        prop_assert!(matches!(other, Err(CursorError::OtherNode { .. })), "{:?}", other);
+        prop_assert_eq!(
+            Cursor::parse_for(&text, &node, other_epoch),
+            Err(CursorError::OtherEpoch { theirs: epoch, ours: other_epoch })
+        );
+    }
+
+    #[test]
+    fn a_damaged_cursor_is_refused(
+        node in arb_node(),
+        epoch in arb_epoch(),
+        arrival in any::<u64>(),
+        at in any::<usize>(),
+        with in "[0-9a-v]",
+    ) {
+        let text = Cursor::new(&node, epoch, arrival).to_string();
+        // Replace one base32 digit of the body with another.
+        let at = 3 + at % (text.len() - 3);
+        prop_assume!(text[at..=at] != *with);
+        let damaged = format!("{}{}{}", &text[..at], with, &text[at + 1..]);
+        prop_assert!(matches!(damaged.parse::<Cursor>(), Err(CursorError::Malformed(_))));
+    }
+
+    #[test]
+    fn a_ticket_round_trips_through_its_text(
+        node in arb_node(),
+        addrs in proptest::collection::vec(arb_addr(), 0..=MAX_TICKET_ADDRS),
+    ) {
+        let ticket = NodeTicket::new(node, addrs).unwrap();
+        prop_assert_eq!(ticket.to_string().parse::<NodeTicket>(), Ok(ticket));
+    }
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    #[test]
+    fn decode_frame_never_panics_on_arbitrary_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        let _ = decode_frame(&bytes);
+    }
+
+    #[test]
+    fn decode_frame_never_panics_on_a_known_tag_and_arbitrary_bytes(
+        tag in 0u8..6,
+        bytes in proptest::collection::vec(any::<u8>(), 0..400),
+    ) {
+        let mut b = vec![tag];
+        b.extend_from_slice(&bytes);
+        let _ = decode_frame(&b);
+    }
+
+    #[test]
+    fn a_length_header_above_the_cap_is_refused(len in (MAX_FRAME_BYTES as u32 + 1)..=u32::MAX) {
+        prop_assert_eq!(
+            frame_body_len(len.to_be_bytes()),
+            Err(FrameError::TooLarge { len: len as usize, max: MAX_FRAME_BYTES })
+        );
+    }
+
+    #[test]
+    fn a_length_header_within_the_cap_is_the_body_length(len in 1..=(MAX_FRAME_BYTES as u32)) {
+        prop_assert_eq!(frame_body_len(len.to_be_bytes()), Ok(len as usize));
+    }
+}
+
+#[test]
+fn the_largest_ticket_fits_the_text_limit() {
+    let node = common::author();
+    let addrs = vec![
+        "[ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff]:65535"
+            .parse()
+            .unwrap();
+        MAX_TICKET_ADDRS
+    ];
+    let ticket = NodeTicket::new(node, addrs).unwrap();
+    assert_eq!(ticket.to_string().parse::<NodeTicket>(), Ok(ticket));
+}
