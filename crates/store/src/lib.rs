@@ -9,6 +9,7 @@
 
 mod logic;
 mod mem;
+mod redb_store;
 mod types;
 
 #[cfg(test)]
@@ -16,6 +17,7 @@ mod tests;
 
 pub use logic::CURSOR_NAME_BYTES_MAX;
 pub use mem::MemStore;
+pub use redb_store::{RedbStore, STORE_FILE_NAME};
 pub use types::{
     Arrival, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord,
     Receipt, StoreMeta, StoredBatch, WriteOp,

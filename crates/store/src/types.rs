@@ -75,6 +75,7 @@ pub enum JournalRecord {
         /// Application-defined kind.
         kind: u16,
         /// The payload.
+        #[serde(with = "serde_bytes")]
         payload: Vec<u8>,
     },
     /// The receiver can never have `from..=to` of `stream`: the author no longer holds it.

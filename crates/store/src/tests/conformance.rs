@@ -50,6 +50,10 @@ macro_rules! suite {
 }
 
 suite!(mem, crate::MemStore::new(mesh_protocol::Epoch([9; 16])));
+suite!(
+    redb_in_memory,
+    crate::RedbStore::in_memory().expect("in-memory store opens")
+);
 
 fn receipt_of(s: &dyn MeshStore, ops: Vec<WriteOp>) -> crate::Receipt {
     commit1(s, ops).expect("commit succeeds")

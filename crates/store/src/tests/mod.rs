@@ -2,6 +2,7 @@
 //! implementation, then the on-disk and crash tests of the redb store.
 
 mod conformance;
+mod files;
 pub(crate) mod util;
 
 use mesh_protocol::Epoch;

@@ -194,7 +194,6 @@ pub(crate) fn dump(s: &dyn MeshStore, cursor_names: &[&str]) -> Result<Dump, Sto
 }
 
 /// A short, deterministic digest of a dump.
-#[allow(dead_code)] // Used by the crash test.
 pub(crate) fn digest(d: &Dump) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::hash::DefaultHasher::new();

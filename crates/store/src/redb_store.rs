@@ -1,0 +1,712 @@
+//! The on-disk store: one redb file, `<data>/mesh.redb`.
+//!
+//! Schema (every table name carries its version):
+//!
+//! | table            | key                          | value                                   |
+//! |------------------|------------------------------|-----------------------------------------|
+//! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"` | little-endian u32, 16 bytes, little-endian u64 |
+//! | `outbox-v1`      | (postcard `StreamId`, first seq) | postcard (`SignedBatch`, payloads)   |
+//! | `own-streams-v1` | postcard `StreamId`          | postcard `OwnStream`                    |
+//! | `marks-v1`       | postcard `StreamId`          | mark                                    |
+//! | `journal-v1`     | arrival                      | postcard `JournalRecord`                |
+//! | `peers-v1`       | node id bytes                | postcard `PeerRecord`                   |
+//! | `cursors-v1`     | name                         | arrival                                 |
+//!
+//! Postcard is canonical for these types, so a stored `SignedBatch` decodes
+//! to the value that was signed and re-encodes to the same bytes.
+
+use std::fmt;
+use std::fs;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use mesh_protocol::{Epoch, Mark, Seq, SignedBatch, StreamId};
+use redb::backends::InMemoryBackend;
+use redb::{
+    Builder, Database, Durability, ReadableDatabase, ReadableTable, StorageBackend, Table,
+    TableDefinition, TableError,
+};
+use serde::{Deserialize, Serialize};
+use serde_bytes::{ByteBuf, Bytes};
+
+use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
+use crate::mem::gather;
+use crate::{
+    Arrival, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt, SCHEMA_VERSION,
+    StoreError, StoreMeta, StoredBatch, WriteOp,
+};
+
+/// The store file's name inside the data dir.
+pub const STORE_FILE_NAME: &str = "mesh.redb";
+
+const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta-v1");
+const OUTBOX: TableDefinition<'_, (&[u8], u64), &[u8]> = TableDefinition::new("outbox-v1");
+const OWN: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("own-streams-v1");
+const MARKS: TableDefinition<'_, &[u8], u64> = TableDefinition::new("marks-v1");
+const JOURNAL: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("journal-v1");
+const PEERS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("peers-v1");
+const CURSORS: TableDefinition<'_, &str, u64> = TableDefinition::new("cursors-v1");
+
+const META_SCHEMA: &str = "schema_version";
+const META_EPOCH: &str = "epoch";
+const META_MAX_LAMPORT: &str = "max_lamport";
+
+/// A stored outbox batch, borrowed for encoding.
+#[derive(Serialize)]
+struct BatchRef<'a> {
+    batch: &'a SignedBatch,
+    payloads: Vec<&'a Bytes>,
+}
+
+/// A stored outbox batch, decoded.
+#[derive(Deserialize)]
+struct BatchOwned {
+    batch: SignedBatch,
+    payloads: Vec<ByteBuf>,
+}
+
+/// The redb-backed [`MeshStore`].
+///
+/// Opened by one process at a time (redb's file lock); every commit is
+/// `Durability::Immediate`.
+pub struct RedbStore {
+    db: Database,
+    /// The file's path, or a name for a store on another backend; for messages.
+    name: String,
+    meta: StoreMeta,
+}
+
+impl fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedbStore")
+            .field("name", &self.name)
+            .field("epoch", &self.meta.epoch)
+            .finish_non_exhaustive()
+    }
+}
+
+fn unavailable(name: &str, what: &str, e: impl fmt::Display) -> StoreError {
+    StoreError::Unavailable(format!("{what} {name}: {e}"))
+}
+
+fn corrupt(name: &str, why: impl Into<String>) -> StoreError {
+    StoreError::Corrupt {
+        path: name.to_owned(),
+        why: why.into(),
+    }
+}
+
+/// Sorts a redb error into ours: a held lock, a damaged file, or the environment.
+fn from_redb(name: &str, what: &str, e: impl Into<redb::Error>) -> StoreError {
+    match e.into() {
+        redb::Error::DatabaseAlreadyOpen | redb::Error::LockProtocolMismatch => {
+            StoreError::AlreadyOpen {
+                path: name.to_owned(),
+            }
+        }
+        redb::Error::Corrupted(why) => corrupt(name, why),
+        redb::Error::UpgradeRequired(v) => corrupt(
+            name,
+            format!("it is in redb file format {v}, which this build does not read"),
+        ),
+        redb::Error::RepairAborted => corrupt(name, "redb could not repair it"),
+        redb::Error::TableDoesNotExist(t) => corrupt(name, format!("table {t} is missing")),
+        e @ (redb::Error::TableTypeMismatch { .. } | redb::Error::TypeDefinitionChanged { .. }) => {
+            corrupt(name, e.to_string())
+        }
+        redb::Error::Io(io)
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            corrupt(name, format!("it is not a redb file ({io})"))
+        }
+        e => unavailable(name, what, e),
+    }
+}
+
+fn encode<T: Serialize + ?Sized>(v: &T) -> Result<Vec<u8>, StoreError> {
+    postcard::to_stdvec(v).map_err(|e| StoreError::Unavailable(format!("encoding failed: {e}")))
+}
+
+fn decode<'a, T: Deserialize<'a>>(
+    name: &str,
+    what: &str,
+    bytes: &'a [u8],
+) -> Result<T, StoreError> {
+    postcard::from_bytes(bytes)
+        .map_err(|e| corrupt(name, format!("a stored {what} does not decode: {e}")))
+}
+
+fn stream_key(stream: &StreamId) -> Result<Vec<u8>, StoreError> {
+    encode(stream)
+}
+
+/// Runs a redb open, turning a panic on a damaged file into [`StoreError::Corrupt`].
+///
+/// redb checks its invariants with debug assertions, which panic on a file
+/// damaged outside redb; a release build returns `Corrupted` instead.
+fn guarded<T>(name: &str, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T, StoreError> {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "redb gave up reading it".to_owned());
+        Err(corrupt(name, why))
+    })
+}
+
+impl RedbStore {
+    /// Opens the store in `data_dir`, creating `mesh.redb` with a new random
+    /// epoch if it does not exist.
+    ///
+    /// Errors: [`StoreError::AlreadyOpen`] if any handle (this process or
+    /// another) has it open; [`StoreError::Corrupt`] if the file exists but
+    /// is empty, damaged, or not an agent-mesh store (the file is left as it
+    /// was); [`StoreError::SchemaVersion`] if another schema wrote it;
+    /// [`StoreError::Unavailable`] if the disk fails.
+    pub fn open(data_dir: &Path) -> Result<Self, StoreError> {
+        let path = data_dir.join(STORE_FILE_NAME);
+        let name = path.display().to_string();
+        match fs::metadata(&path) {
+            Ok(m) => Self::open_existing(&path, &name, m.len()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                Self::create(data_dir, &path, &name)
+            }
+            Err(e) => Err(unavailable(&name, "cannot read", e)),
+        }
+    }
+
+    /// A store on redb's in-memory backend, with a random epoch. For tests
+    /// where durability is not the point.
+    pub fn in_memory() -> Result<Self, StoreError> {
+        Self::with_backend(InMemoryBackend::new(), "in-memory store")
+    }
+
+    /// A store on any redb backend, `name` naming it in errors. An empty
+    /// backend gets a new store with a random epoch; a non-empty one must
+    /// hold a store (redb repairs it first if it was not closed cleanly).
+    pub fn with_backend(backend: impl StorageBackend, name: &str) -> Result<Self, StoreError> {
+        let len = backend
+            .len()
+            .map_err(|e| unavailable(name, "cannot read", e))?;
+        guarded(name, || {
+            let mut builder = Builder::new();
+            if len > 0 {
+                builder.set_check_integrity_on_open(true);
+            }
+            let db = builder
+                .create_with_backend(backend)
+                .map_err(|e| from_redb(name, "cannot open", e))?;
+            if len == 0 {
+                init(&db, name)?;
+            }
+            Self::load(db, name)
+        })
+    }
+
+    /// The store's path or name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs redb's full integrity check (walks every page).
+    pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
+        let name = self.name.clone();
+        self.db
+            .check_integrity()
+            .map_err(|e| from_redb(&name, "cannot check", e))
+    }
+
+    fn open_existing(path: &Path, name: &str, len: u64) -> Result<Self, StoreError> {
+        if len == 0 {
+            // A store is created under another name and linked in whole, so an
+            // empty file was never a store: refuse rather than initialise it.
+            return Err(corrupt(name, "the file is empty"));
+        }
+        guarded(name, || {
+            // Look before redb may write: a writable open repairs and commits,
+            // which must not happen to a file that is not an agent-mesh store.
+            match Builder::new().open_read_only(path) {
+                Ok(ro) => {
+                    let rx = ro
+                        .begin_read()
+                        .map_err(|e| from_redb(name, "cannot read", e))?;
+                    read_meta(&rx, name)?;
+                }
+                // Not closed cleanly (a crash): only a writable open can repair
+                // it, and the meta is checked after that.
+                Err(redb::DatabaseError::RepairAborted) => {}
+                Err(e) => return Err(from_redb(name, "cannot open", e)),
+            }
+            let db = Builder::new()
+                .set_check_integrity_on_open(true)
+                .open(path)
+                .map_err(|e| from_redb(name, "cannot open", e))?;
+            Self::load(db, name)
+        })
+    }
+
+    /// Creates the store under a temporary name and links it in, so that
+    /// `mesh.redb` either does not exist or is a complete store.
+    fn create(data_dir: &Path, path: &Path, name: &str) -> Result<Self, StoreError> {
+        let tmp: PathBuf = data_dir.join(format!(
+            "{STORE_FILE_NAME}.new-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let made = guarded(name, || {
+            let db = Builder::new()
+                .create(&tmp)
+                .map_err(|e| from_redb(name, "cannot create", e))?;
+            init(&db, name)?;
+            Ok(db)
+        });
+        let db = match made {
+            Ok(db) => db,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        // A hard link never replaces an existing file: if another process
+        // created the store meanwhile, ours is dropped and theirs is opened.
+        let linked = fs::hard_link(&tmp, path);
+        let _ = fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                sync_dir(data_dir).map_err(|e| unavailable(name, "cannot sync the dir of", e))?;
+                Self::load(db, name)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                drop(db);
+                let len = fs::metadata(path)
+                    .map_err(|e| unavailable(name, "cannot read", e))?
+                    .len();
+                Self::open_existing(path, name, len)
+            }
+            Err(e) => Err(unavailable(name, "cannot create", e)),
+        }
+    }
+
+    /// Checks the store in `db` and wraps it.
+    fn load(db: Database, name: &str) -> Result<Self, StoreError> {
+        let rx = db
+            .begin_read()
+            .map_err(|e| from_redb(name, "cannot read", e))?;
+        let meta = read_meta(&rx, name)?;
+        drop(rx);
+        Ok(RedbStore {
+            db,
+            name: name.to_owned(),
+            meta,
+        })
+    }
+
+    fn read_err(&self, e: impl Into<redb::Error>) -> StoreError {
+        from_redb(&self.name, "cannot read", e)
+    }
+
+    fn try_commit(
+        &self,
+        groups: Vec<Vec<WriteOp>>,
+    ) -> Result<Vec<Result<Receipt, StoreError>>, StoreError> {
+        let name = self.name.as_str();
+        let werr = |e: redb::Error| from_redb(name, "cannot write", e);
+        let mut tx = self.db.begin_write().map_err(|e| werr(e.into()))?;
+        tx.set_durability(Durability::Immediate)
+            .map_err(|e| werr(e.into()))?;
+        let mut out = Vec::with_capacity(groups.len());
+        {
+            let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
+            let mut t = Tables {
+                name,
+                epoch: self.meta.epoch,
+                outbox: tx.open_table(OUTBOX).map_err(|e| werr(e.into()))?,
+                own: tx.open_table(OWN).map_err(|e| werr(e.into()))?,
+                marks: tx.open_table(MARKS).map_err(|e| werr(e.into()))?,
+                journal: tx.open_table(JOURNAL).map_err(|e| werr(e.into()))?,
+                peers: tx.open_table(PEERS).map_err(|e| werr(e.into()))?,
+                cursors: tx.open_table(CURSORS).map_err(|e| werr(e.into()))?,
+            };
+            let journal_head = t
+                .journal
+                .last()
+                .map_err(|e| werr(e.into()))?
+                .map_or(0, |(k, _)| k.value());
+            let max_lamport = read_u64(&meta, META_MAX_LAMPORT, name)?;
+            let before = TxCounters {
+                journal_head,
+                max_lamport,
+            };
+            let mut counters = before;
+            for ops in groups {
+                match logic::plan_group(&mut t, &mut counters, ops) {
+                    Ok(plan) => {
+                        t.apply(plan.writes)?;
+                        out.push(Ok(plan.receipt));
+                    }
+                    Err(Fail::Refused(e)) => out.push(Err(e)),
+                    // Dropping the transaction aborts it: nothing of any group is written.
+                    Err(Fail::Fatal(e)) => return Err(e),
+                }
+            }
+            if counters.max_lamport != before.max_lamport {
+                meta.insert(
+                    META_MAX_LAMPORT,
+                    counters.max_lamport.to_le_bytes().as_slice(),
+                )
+                .map_err(|e| werr(e.into()))?;
+            }
+        }
+        tx.commit().map_err(|e| werr(e.into()))?;
+        Ok(out)
+    }
+}
+
+/// Reads and checks the meta table, and that every table exists.
+fn read_meta(rx: &redb::ReadTransaction, name: &str) -> Result<StoreMeta, StoreError> {
+    let meta = match rx.open_table(META) {
+        Ok(t) => t,
+        Err(TableError::TableDoesNotExist(_)) => {
+            return Err(corrupt(
+                name,
+                "it has no meta-v1 table: it is not an agent-mesh store",
+            ));
+        }
+        Err(e) => return Err(from_redb(name, "cannot read", e)),
+    };
+    let get = |key: &str| -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(meta
+            .get(key)
+            .map_err(|e| from_redb(name, "cannot read", e))?
+            .map(|v| v.value().to_vec()))
+    };
+    let version = get(META_SCHEMA)?
+        .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+        .map(u32::from_le_bytes)
+        .ok_or_else(|| corrupt(name, "its schema version is missing"))?;
+    if version != SCHEMA_VERSION {
+        return Err(StoreError::SchemaVersion {
+            path: name.to_owned(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    let epoch = get(META_EPOCH)?
+        .and_then(|v| <[u8; 16]>::try_from(v.as_slice()).ok())
+        .map(Epoch)
+        .ok_or_else(|| corrupt(name, "its epoch is missing"))?;
+    read_u64(&meta, META_MAX_LAMPORT, name)?;
+    let check = |r: Result<(), TableError>| r.map_err(|e| from_redb(name, "cannot read", e));
+    check(rx.open_table(OUTBOX).map(drop))?;
+    check(rx.open_table(OWN).map(drop))?;
+    check(rx.open_table(MARKS).map(drop))?;
+    check(rx.open_table(JOURNAL).map(drop))?;
+    check(rx.open_table(PEERS).map(drop))?;
+    check(rx.open_table(CURSORS).map(drop))?;
+    Ok(StoreMeta {
+        epoch,
+        schema_version: version,
+    })
+}
+
+fn read_u64(
+    meta: &impl ReadableTable<&'static str, &'static [u8]>,
+    key: &str,
+    name: &str,
+) -> Result<u64, StoreError> {
+    let v = meta
+        .get(key)
+        .map_err(|e| from_redb(name, "cannot read", e))?;
+    v.and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| corrupt(name, format!("meta {key} is missing")))
+}
+
+/// Writes the meta row and creates every table, in one durable commit.
+fn init(db: &Database, name: &str) -> Result<(), StoreError> {
+    let werr = |e: redb::Error| from_redb(name, "cannot initialise", e);
+    let mut tx = db.begin_write().map_err(|e| werr(e.into()))?;
+    tx.set_durability(Durability::Immediate)
+        .map_err(|e| werr(e.into()))?;
+    {
+        let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
+        let epoch: [u8; 16] = rand::random();
+        meta.insert(META_SCHEMA, SCHEMA_VERSION.to_le_bytes().as_slice())
+            .map_err(|e| werr(e.into()))?;
+        meta.insert(META_EPOCH, epoch.as_slice())
+            .map_err(|e| werr(e.into()))?;
+        meta.insert(META_MAX_LAMPORT, 0u64.to_le_bytes().as_slice())
+            .map_err(|e| werr(e.into()))?;
+        tx.open_table(OUTBOX).map_err(|e| werr(e.into()))?;
+        tx.open_table(OWN).map_err(|e| werr(e.into()))?;
+        tx.open_table(MARKS).map_err(|e| werr(e.into()))?;
+        tx.open_table(JOURNAL).map_err(|e| werr(e.into()))?;
+        tx.open_table(PEERS).map_err(|e| werr(e.into()))?;
+        tx.open_table(CURSORS).map_err(|e| werr(e.into()))?;
+    }
+    tx.commit().map_err(|e| werr(e.into()))
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    fs::File::open(dir)?.sync_all()
+}
+
+/// The tables of one write transaction.
+struct Tables<'tx> {
+    name: &'tx str,
+    epoch: Epoch,
+    outbox: Table<'tx, (&'static [u8], u64), &'static [u8]>,
+    own: Table<'tx, &'static [u8], &'static [u8]>,
+    marks: Table<'tx, &'static [u8], u64>,
+    journal: Table<'tx, u64, &'static [u8]>,
+    peers: Table<'tx, &'static [u8], &'static [u8]>,
+    cursors: Table<'tx, &'static str, u64>,
+}
+
+impl Tables<'_> {
+    fn err(&self, e: impl Into<redb::Error>) -> StoreError {
+        from_redb(self.name, "cannot write", e)
+    }
+
+    fn apply(&mut self, writes: Vec<Write>) -> Result<(), StoreError> {
+        let name = self.name;
+        for w in writes {
+            match w {
+                Write::OwnStream(o) => {
+                    let k = stream_key(&o.stream)?;
+                    let v = encode(&o)?;
+                    self.own
+                        .insert(k.as_slice(), v.as_slice())
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+                Write::PutBatch { first_seq, batch } => {
+                    let stream = StreamId {
+                        author: batch.batch.author,
+                        epoch: batch.batch.epoch,
+                        channel: batch.batch.channel.clone(),
+                    };
+                    let k = stream_key(&stream)?;
+                    let v = encode(&BatchRef {
+                        batch: &batch.batch,
+                        payloads: batch.payloads.iter().map(|p| Bytes::new(p)).collect(),
+                    })?;
+                    self.outbox
+                        .insert((k.as_slice(), first_seq), v.as_slice())
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+                Write::DelBatch { stream, first_seq } => {
+                    let k = stream_key(&stream)?;
+                    self.outbox
+                        .remove((k.as_slice(), first_seq))
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+                Write::Mark { stream, seq } => {
+                    let k = stream_key(&stream)?;
+                    self.marks
+                        .insert(k.as_slice(), seq)
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+                Write::Journal { arrival, record } => {
+                    let v = encode(&record)?;
+                    self.journal
+                        .insert(arrival, v.as_slice())
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+                Write::PutPeer(p) => {
+                    let v = encode(&p)?;
+                    self.peers
+                        .insert(p.node.as_bytes().as_slice(), v.as_slice())
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+                Write::RemovePeer(n) => {
+                    self.peers
+                        .remove(n.as_bytes().as_slice())
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+                Write::Cursor {
+                    name: cursor,
+                    arrival,
+                } => {
+                    self.cursors
+                        .insert(cursor.as_str(), arrival)
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Base for Tables<'_> {
+    fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError> {
+        let k = stream_key(stream)?;
+        let v = self.own.get(k.as_slice()).map_err(|e| self.err(e))?;
+        v.map(|v| decode(self.name, "own stream", v.value()))
+            .transpose()
+    }
+
+    fn batch_meta(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<BatchMeta>, StoreError> {
+        let k = stream_key(stream)?;
+        let v = self
+            .outbox
+            .get((k.as_slice(), first_seq))
+            .map_err(|e| self.err(e))?;
+        let Some(v) = v else { return Ok(None) };
+        // Only the header is decoded: the payloads follow it.
+        let (batch, _): (SignedBatch, _) = postcard::take_from_bytes(v.value()).map_err(|e| {
+            corrupt(
+                self.name,
+                format!("a stored outbox batch does not decode: {e}"),
+            )
+        })?;
+        Ok(Some(BatchMeta::of(&batch)))
+    }
+
+    fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
+        let k = stream_key(stream)?;
+        Ok(self
+            .marks
+            .get(k.as_slice())
+            .map_err(|e| self.err(e))?
+            .map(|v| v.value()))
+    }
+}
+
+impl MeshStore for RedbStore {
+    fn meta(&self) -> StoreMeta {
+        self.meta.clone()
+    }
+
+    fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
+        let n = groups.len();
+        match self.try_commit(groups) {
+            Ok(out) => out,
+            Err(e) => {
+                tracing::warn!(store = %self.name, error = %e, groups = n, "store commit failed");
+                vec![Err(e); n]
+            }
+        }
+    }
+
+    fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError> {
+        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let t = rx.open_table(OWN).map_err(|e| self.read_err(e))?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (_, v) = row.map_err(|e| self.read_err(e))?;
+            out.push(decode(&self.name, "own stream", v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn marks(&self) -> Result<Vec<Mark>, StoreError> {
+        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let t = rx.open_table(MARKS).map_err(|e| self.read_err(e))?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            out.push(Mark {
+                stream: decode(&self.name, "stream id", k.value())?,
+                seq: v.value(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn read_outbox(
+        &self,
+        stream: &StreamId,
+        after: Seq,
+        max_bytes: u64,
+    ) -> Result<Vec<StoredBatch>, StoreError> {
+        let Some(next) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let k = stream_key(stream)?;
+        let k = k.as_slice();
+        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let t = rx.open_table(OUTBOX).map_err(|e| self.read_err(e))?;
+        // The batch holding `next` starts at or before it; later ones start after it.
+        let first = t
+            .range((k, 0)..=(k, next))
+            .map_err(|e| self.read_err(e))?
+            .next_back();
+        let rest = t
+            .range((k, next.saturating_add(1))..=(k, u64::MAX))
+            .map_err(|e| self.read_err(e))?;
+        let rest = if next == u64::MAX { None } else { Some(rest) };
+        let rows = first.into_iter().chain(rest.into_iter().flatten());
+        let batches = rows.map(|row| {
+            let (_, v) = row.map_err(|e| self.read_err(e))?;
+            let b: BatchOwned = decode(&self.name, "outbox batch", v.value())?;
+            Ok(StoredBatch {
+                batch: b.batch,
+                payloads: b.payloads.into_iter().map(ByteBuf::into_vec).collect(),
+            })
+        });
+        gather(batches, after, max_bytes)
+    }
+
+    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
+        let Some(next) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        let mut out = Vec::new();
+        for row in t.range(next..).map_err(|e| self.read_err(e))?.take(limit) {
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            let record: JournalRecord = decode(&self.name, "journal record", v.value())?;
+            out.push(JournalItem {
+                arrival: k.value(),
+                record,
+            });
+        }
+        Ok(out)
+    }
+
+    fn journal_head(&self) -> Result<Arrival, StoreError> {
+        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        Ok(t.last()
+            .map_err(|e| self.read_err(e))?
+            .map_or(0, |(k, _)| k.value()))
+    }
+
+    fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
+        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let t = rx.open_table(PEERS).map_err(|e| self.read_err(e))?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (_, v) = row.map_err(|e| self.read_err(e))?;
+            out.push(decode(&self.name, "peer", v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
+        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let t = rx.open_table(CURSORS).map_err(|e| self.read_err(e))?;
+        Ok(t.get(name)
+            .map_err(|e| self.read_err(e))?
+            .map(|v| v.value()))
+    }
+
+    fn max_lamport(&self) -> Result<u64, StoreError> {
+        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let t = rx.open_table(META).map_err(|e| self.read_err(e))?;
+        read_u64(&t, META_MAX_LAMPORT, &self.name)
+    }
+}

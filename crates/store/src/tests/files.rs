@@ -1,0 +1,271 @@
+//! The redb store on real files: reopening, locking, damaged files.
+
+use std::path::Path;
+use std::process::Command;
+
+use redb::{ReadableDatabase, TableDefinition};
+
+use super::util::*;
+use crate::{MeshStore, RedbStore, STORE_FILE_NAME, StoreError, WriteOp};
+
+fn tempdir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("tempdir")
+}
+
+fn fill(s: &dyn MeshStore) {
+    append_ok(s, own(s, PEER, 1, 3, 100));
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: peer_batch(PEER, 1, 2),
+                from: 1,
+            },
+            WriteOp::Gap {
+                stream: peer_stream(3),
+                earliest_available: 4,
+            },
+            WriteOp::PutCursor {
+                name: "c".into(),
+                arrival: 2,
+            },
+        ],
+    )
+    .expect("commits");
+}
+
+#[test]
+fn a_reopened_store_keeps_everything_and_its_epoch() {
+    let dir = tempdir();
+    let (epoch, before) = {
+        let s = RedbStore::open(dir.path()).expect("creates");
+        fill(&s);
+        (s.meta().epoch, dump(&s, &["c"]).expect("dump"))
+    };
+    assert_eq!(before.head, 6);
+    let s = RedbStore::open(dir.path()).expect("reopens");
+    assert_eq!(s.meta().epoch, epoch);
+    assert_eq!(dump(&s, &["c"]).expect("dump"), before);
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("ls")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+        .collect();
+    assert_eq!(
+        names,
+        vec![STORE_FILE_NAME.to_string()],
+        "no temporary file is left"
+    );
+}
+
+#[test]
+fn two_new_stores_get_different_epochs() {
+    let (a, b) = (tempdir(), tempdir());
+    let ea = RedbStore::open(a.path()).expect("creates").meta().epoch;
+    let eb = RedbStore::open(b.path()).expect("creates").meta().epoch;
+    assert_ne!(ea, eb);
+}
+
+#[test]
+fn a_second_open_in_the_same_process_is_refused_as_already_open() {
+    let dir = tempdir();
+    let _first = RedbStore::open(dir.path()).expect("creates");
+    match RedbStore::open(dir.path()) {
+        Err(StoreError::AlreadyOpen { path }) => {
+            assert!(path.contains(&dir.path().display().to_string()), "{path}");
+        }
+        other => panic!("expected AlreadyOpen, got {other:?}"),
+    }
+}
+
+const CHILD_DIR_ENV: &str = "MESH_STORE_TEST_CHILD_DIR";
+const CHILD_MARKER: &str = "child saw AlreadyOpen";
+
+#[test]
+fn a_second_open_from_another_process_is_refused_naming_the_dir() {
+    if let Ok(dir) = std::env::var(CHILD_DIR_ENV) {
+        // The child half: the parent holds the store open.
+        match RedbStore::open(Path::new(&dir)) {
+            Err(e @ StoreError::AlreadyOpen { .. }) => {
+                assert!(e.to_string().contains(&dir), "{e}");
+                println!("{CHILD_MARKER}");
+                return;
+            }
+            other => panic!("expected AlreadyOpen, got {other:?}"),
+        }
+    }
+    let dir = tempdir();
+    let _held = RedbStore::open(dir.path()).expect("creates");
+    let out = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "tests::files::a_second_open_from_another_process_is_refused_naming_the_dir",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_DIR_ENV, dir.path())
+        .output()
+        .expect("child runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "child failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains(CHILD_MARKER),
+        "the child did not run the check: {stdout}"
+    );
+}
+
+/// Opens `dir`, expecting [`StoreError::Corrupt`], and checks the file kept its bytes.
+fn assert_refused_as_corrupt(dir: &Path) {
+    let path = dir.join(STORE_FILE_NAME);
+    let before = std::fs::read(&path).expect("read");
+    match RedbStore::open(dir) {
+        Err(e @ StoreError::Corrupt { .. }) => {
+            assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert!(
+        std::fs::read(&path).expect("read") == before,
+        "the file was changed"
+    );
+}
+
+#[test]
+fn an_empty_file_is_refused_as_corrupt_and_left_as_is() {
+    let dir = tempdir();
+    std::fs::write(dir.path().join(STORE_FILE_NAME), b"").expect("write");
+    assert_refused_as_corrupt(dir.path());
+}
+
+#[test]
+fn random_bytes_are_refused_as_corrupt_and_left_as_is() {
+    let dir = tempdir();
+    let bytes: Vec<u8> = (0..64 * 1024u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(dir.path().join(STORE_FILE_NAME), bytes).expect("write");
+    assert_refused_as_corrupt(dir.path());
+}
+
+#[test]
+fn a_truncated_store_is_refused_as_corrupt_and_left_as_is() {
+    let dir = tempdir();
+    {
+        let s = RedbStore::open(dir.path()).expect("creates");
+        for seq in 1..=50 {
+            append_ok(&s, own(&s, PEER, seq, 1, 2000));
+        }
+    }
+    let path = dir.path().join(STORE_FILE_NAME);
+    let len = std::fs::metadata(&path).expect("stat").len();
+    for keep in [len / 2, 4096, 100] {
+        let f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .expect("open");
+        f.set_len(keep).expect("truncate");
+        drop(f);
+        assert_refused_as_corrupt(dir.path());
+    }
+}
+
+#[test]
+fn a_redb_file_that_is_not_a_mesh_store_is_refused_as_corrupt() {
+    let dir = tempdir();
+    let db = redb::Database::create(dir.path().join(STORE_FILE_NAME)).expect("create");
+    let tx = db.begin_write().expect("tx");
+    {
+        let mut t = tx
+            .open_table(TableDefinition::<u64, u64>::new("other"))
+            .expect("table");
+        t.insert(1, 2).expect("insert");
+    }
+    tx.commit().expect("commit");
+    drop(db);
+    assert_refused_as_corrupt(dir.path());
+}
+
+#[test]
+fn a_store_of_another_schema_version_is_refused() {
+    let dir = tempdir();
+    drop(RedbStore::open(dir.path()).expect("creates"));
+    let db = redb::Database::open(dir.path().join(STORE_FILE_NAME)).expect("open");
+    let tx = db.begin_write().expect("tx");
+    {
+        let mut t = tx
+            .open_table(TableDefinition::<&str, &[u8]>::new("meta-v1"))
+            .expect("table");
+        t.insert("schema_version", 2u32.to_le_bytes().as_slice())
+            .expect("insert");
+    }
+    tx.commit().expect("commit");
+    drop(db);
+    match RedbStore::open(dir.path()) {
+        Err(StoreError::SchemaVersion {
+            found: 2,
+            supported: 1,
+            ..
+        }) => {}
+        other => panic!("expected SchemaVersion, got {other:?}"),
+    }
+    // Reading with redb directly shows nothing was reset.
+    let db = redb::Database::open(dir.path().join(STORE_FILE_NAME)).expect("open");
+    let rx = db.begin_read().expect("rx");
+    let t = rx
+        .open_table(TableDefinition::<&str, &[u8]>::new("meta-v1"))
+        .expect("table");
+    assert_eq!(
+        t.get("schema_version").expect("get").expect("row").value(),
+        2u32.to_le_bytes()
+    );
+}
+
+const CRASH_DIR_ENV: &str = "MESH_STORE_TEST_CRASH_DIR";
+const CRASH_MARKER: &str = "child committed and exits without closing";
+
+#[test]
+fn a_store_left_open_by_a_dead_process_reopens_with_every_commit() {
+    if let Ok(dir) = std::env::var(CRASH_DIR_ENV) {
+        // The child half: commit, then exit without running any destructor,
+        // so redb never records a clean shutdown.
+        let s = RedbStore::open(Path::new(&dir)).expect("creates");
+        fill(&s);
+        let d = dump(&s, &["c"]).expect("dump");
+        println!("{CRASH_MARKER} {}", digest(&d));
+        std::process::exit(0);
+    }
+    let dir = tempdir();
+    let out = Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "--exact",
+            "tests::files::a_store_left_open_by_a_dead_process_reopens_with_every_commit",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CRASH_DIR_ENV, dir.path())
+        .output()
+        .expect("child runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.find(CRASH_MARKER).map(|i| &l[i..]))
+        .unwrap_or_else(|| {
+            panic!(
+                "the child did not commit: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let path = dir.path().join(STORE_FILE_NAME);
+    // redb's read-only open refuses a file that needs repair: proof the child did not close it.
+    assert!(matches!(
+        redb::Builder::new().open_read_only(&path),
+        Err(redb::DatabaseError::RepairAborted)
+    ));
+    let s = RedbStore::open(dir.path()).expect("reopens after repair");
+    let d = dump(&s, &["c"]).expect("dump");
+    assert_eq!(d.head, 6);
+    assert_eq!(line, format!("{CRASH_MARKER} {}", digest(&d)));
+}
