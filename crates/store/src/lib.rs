@@ -7,6 +7,7 @@
 //! The design is in `docs/design.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+mod actor;
 mod logic;
 mod mem;
 mod redb_store;
@@ -15,6 +16,9 @@ mod types;
 #[cfg(test)]
 mod tests;
 
+pub use actor::{
+    GROUP_COMMIT_BYTES_MAX, GROUP_COMMIT_GROUPS_MAX, StoreHandle, WRITE_QUEUE_REQUESTS_MAX,
+};
 pub use logic::CURSOR_NAME_BYTES_MAX;
 pub use mem::MemStore;
 pub use redb_store::{RedbStore, STORE_FILE_NAME};

@@ -1,6 +1,7 @@
 //! Tests of the store: one conformance suite run against every
 //! implementation, then the on-disk and crash tests of the redb store.
 
+mod actor;
 mod conformance;
 mod files;
 pub(crate) mod util;
