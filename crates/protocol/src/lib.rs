@@ -16,6 +16,8 @@
 mod batch;
 mod cursor;
 mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
 mod ids;
 mod ticket;
 

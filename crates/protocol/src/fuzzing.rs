@@ -1,0 +1,115 @@
+//! Entry points for the fuzz targets in `fuzz/` and for the corpus replay test.
+//!
+//! Each function takes untrusted bytes, runs them through the decoders a peer
+//! or a local client can reach, and checks what must hold for any input:
+//! nothing panics, and whatever decodes re-encodes to the same value (for
+//! frames: to the same bytes). A panic here is a bug, never an expected outcome.
+//! Not a stable API: it exists so the fuzz crate and the tests share one harness.
+
+use std::str::FromStr;
+
+use crate::batch::Cid;
+use crate::cursor::{Cursor, CursorError};
+use crate::frame::{FRAME_HEADER_BYTES, Frame, decode_frame, encode_frame, frame_body_len};
+use crate::ids::NodeId;
+use crate::ticket::{MAX_TICKET_ADDRS, NodeTicket};
+
+/// Feeds `data` to the frame decoder as one frame body (no length prefix);
+/// a batch that decodes is verified and, if its signature holds, opened.
+///
+/// Also reads the first [`FRAME_HEADER_BYTES`] of `data` as a length header.
+/// Panics if a decoded frame does not re-encode to exactly `data`, or if an
+/// opened batch hands out an envelope whose payload misses its signed hash.
+pub fn frame(data: &[u8]) {
+    if let Some(header) = data.first_chunk::<FRAME_HEADER_BYTES>() {
+        let _ = frame_body_len(*header);
+    }
+    let Ok(frame) = decode_frame(data) else {
+        return;
+    };
+    let mut out = Vec::with_capacity(data.len() + FRAME_HEADER_BYTES);
+    if let Err(e) = encode_frame(&frame, &mut out) {
+        panic!("a decoded {} frame does not re-encode: {e}", frame.name());
+    }
+    assert!(
+        out.get(FRAME_HEADER_BYTES..) == Some(data),
+        "a decoded {} frame re-encodes to other bytes",
+        frame.name()
+    );
+    let Frame::Batch { batch, payloads } = frame else {
+        return;
+    };
+    let Ok(verified) = batch.verify() else { return };
+    let Ok(open) = verified.open(payloads.0) else {
+        return;
+    };
+    for (seq, e) in (open.batch().first_seq()..).zip(open.envelopes()) {
+        assert_eq!(e.seq, seq, "envelopes out of sequence");
+        assert!(
+            Cid::of(e.payload) == e.header.payload_cid,
+            "payload misses its signed hash"
+        );
+    }
+}
+
+/// Feeds `data` (if UTF-8) to the journal cursor parser.
+///
+/// Panics if a parsed cursor does not survive printing and parsing again, or
+/// if checking it against its own epoch fails for any reason but the node.
+pub fn cursor(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(cursor) = Cursor::from_str(text) else {
+        return;
+    };
+    let again = cursor.to_string().parse::<Cursor>();
+    assert!(
+        again == Ok(cursor),
+        "cursor {cursor:?} does not survive printing"
+    );
+    // Asked with its own epoch, a cursor is either this node's (and then is
+    // exactly the cursor this node would print) or another node's.
+    let node = some_node();
+    match cursor.arrival_for(&node, cursor.epoch()) {
+        Ok(arrival) => assert!(Cursor::new(&node, cursor.epoch(), arrival) == cursor),
+        Err(CursorError::OtherNode { .. }) => {}
+        Err(e) => panic!("cursor {cursor:?} refused under its own epoch: {e}"),
+    }
+}
+
+/// Feeds `data` (if UTF-8) to the node ticket parser.
+///
+/// Panics if a parsed ticket breaks its address limit or does not survive
+/// printing and parsing again.
+pub fn ticket(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(ticket) = NodeTicket::from_str(text) else {
+        return;
+    };
+    assert!(
+        ticket.addrs.len() <= MAX_TICKET_ADDRS,
+        "ticket over the address limit"
+    );
+    let again = ticket.to_string().parse::<NodeTicket>();
+    assert!(
+        again.as_ref() == Ok(&ticket),
+        "ticket {ticket:?} does not survive printing"
+    );
+}
+
+/// A fixed valid node id (the ed25519 base point's encoding, so no key
+/// derivation runs per input).
+fn some_node() -> NodeId {
+    const BASE_POINT: [u8; 32] = [
+        0x58, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66,
+        0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66, 0x66,
+        0x66, 0x66,
+    ];
+    match NodeId::from_bytes(&BASE_POINT) {
+        Ok(node) => node,
+        Err(e) => panic!("the ed25519 base point is a valid key: {e}"),
+    }
+}

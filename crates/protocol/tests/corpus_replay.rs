@@ -1,0 +1,218 @@
+//! Replays the committed fuzz corpus (`fuzz/corpus/<target>/`) through the
+//! same harness the fuzz targets call, so every input a fuzzer ever kept runs
+//! on every `cargo test`, without nightly or cargo-fuzz.
+//!
+//! The seed files (`seed-*`, `garbage-*`) are generated from the fixtures in
+//! `tests/common`; `the_committed_seeds_are_the_current_encodings` checks
+//! them, and writes them instead when `MESH_BLESS_CORPUS=1` is set.
+
+// Tests unwrap freely: a panic is how a test reports its failure.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use mesh_protocol::{FRAME_HEADER_BYTES, Frame, Payloads, decode_frame, fuzzing};
+
+/// A fuzz harness: takes any bytes, panics only on a bug.
+type Harness = fn(&[u8]);
+
+/// Each fuzz target's corpus folder and the harness function it calls.
+const TARGETS: [(&str, Harness); 3] = [
+    ("frame_decode", fuzzing::frame),
+    ("cursor_parse", fuzzing::cursor),
+    ("ticket_parse", fuzzing::ticket),
+];
+
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target)
+}
+
+fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = corpus_dir(target);
+    let entries = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot read the {target} corpus at {}: {e}", dir.display()));
+    let mut files: Vec<_> = entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+fn body(frame: &Frame) -> Vec<u8> {
+    common::encoded(frame).split_off(FRAME_HEADER_BYTES)
+}
+
+/// The seed inputs of each target, by file name.
+fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut frame = |name: &str, bytes: Vec<u8>| out.push(("frame_decode", name.to_owned(), bytes));
+    for (name, f) in common::frames() {
+        frame(&format!("seed-{}", name.to_lowercase()), body(&f));
+    }
+    let ack = body(&common::frames()[2].1);
+    let batch = body(&common::frames()[1].1);
+    frame("garbage-empty", vec![]);
+    frame("garbage-unknown-tag", vec![6]);
+    frame("garbage-ack-trailing-byte", [ack.as_slice(), &[0]].concat());
+    frame(
+        "garbage-ack-redundant-varint",
+        [&ack[..ack.len() - 1], &[0x82, 0x00]].concat(),
+    );
+    frame("garbage-batch-truncated", batch[..batch.len() / 2].to_vec());
+    {
+        // Decodes and verifies, but the last payload byte misses its hash.
+        let mut b = batch.clone();
+        *b.last_mut().unwrap() ^= 1;
+        frame("garbage-batch-payload-flipped", b);
+    }
+    {
+        // Decodes, but the signature does not verify (last byte of the sig).
+        let (verified, payloads) = common::batch().into_parts();
+        let mut signed = verified.into_signed();
+        signed.sig[63] ^= 1;
+        frame(
+            "garbage-batch-bad-sig",
+            body(&Frame::Batch {
+                batch: signed,
+                payloads: Payloads(payloads),
+            }),
+        );
+    }
+    {
+        // One payload short of the signed entries.
+        let (verified, mut payloads) = common::batch().into_parts();
+        payloads.pop();
+        let f = Frame::Batch {
+            batch: verified.into_signed(),
+            payloads: Payloads(payloads),
+        };
+        frame("garbage-batch-missing-payload", body(&f));
+    }
+
+    let cursor = common::cursor().to_string();
+    out.push((
+        "cursor_parse",
+        "seed-cursor".into(),
+        cursor.clone().into_bytes(),
+    ));
+    out.push((
+        "cursor_parse",
+        "seed-cursor-uppercase".into(),
+        format!(" mc1{}\n", cursor[3..].to_uppercase()).into_bytes(),
+    ));
+    out.push((
+        "cursor_parse",
+        "garbage-cursor-damaged".into(),
+        cursor.replace('h', "i").into_bytes(),
+    ));
+    out.push((
+        "cursor_parse",
+        "garbage-not-utf8".into(),
+        vec![0xff, 0xfe, b'm', b'c', b'1'],
+    ));
+
+    let ticket = common::ticket().to_string();
+    out.push((
+        "ticket_parse",
+        "seed-ticket".into(),
+        ticket.clone().into_bytes(),
+    ));
+    let bare = mesh_protocol::NodeTicket::new(common::author(), vec![]).unwrap();
+    out.push((
+        "ticket_parse",
+        "seed-ticket-no-addrs".into(),
+        bare.to_string().into_bytes(),
+    ));
+    out.push((
+        "ticket_parse",
+        "garbage-ticket-truncated".into(),
+        ticket.as_bytes()[..ticket.len() - 4].to_vec(),
+    ));
+    out.push((
+        "ticket_parse",
+        "garbage-ticket-wrong-prefix".into(),
+        ticket.replacen("meshnode1", "meshnode2", 1).into_bytes(),
+    ));
+    out
+}
+
+#[test]
+fn every_fuzz_target_has_a_non_empty_corpus() {
+    for (target, _) in TARGETS {
+        assert!(!corpus(target).is_empty(), "the {target} corpus is empty");
+    }
+}
+
+#[test]
+fn every_corpus_input_runs_through_its_harness_without_a_panic() {
+    for (target, harness) in TARGETS {
+        for (path, bytes) in corpus(target) {
+            let run = std::panic::catch_unwind(|| harness(&bytes));
+            assert!(
+                run.is_ok(),
+                "{target}: {} panics the harness",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_committed_seeds_are_the_current_encodings() {
+    let bless = std::env::var_os("MESH_BLESS_CORPUS").is_some();
+    for (target, name, bytes) in seeds() {
+        let path = corpus_dir(target).join(&name);
+        if bless {
+            std::fs::create_dir_all(corpus_dir(target)).unwrap();
+            std::fs::write(&path, &bytes).unwrap();
+            continue;
+        }
+        let committed = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "seed {} missing ({e}); rerun with MESH_BLESS_CORPUS=1",
+                path.display()
+            )
+        });
+        assert!(
+            committed == bytes,
+            "seed {} is stale; rerun with MESH_BLESS_CORPUS=1",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn the_frame_seeds_hold_every_variant_and_a_batch_that_opens() {
+    let mut seen = Vec::new();
+    for (_, name, bytes) in seeds()
+        .into_iter()
+        .filter(|(t, n, _)| *t == "frame_decode" && n.starts_with("seed-"))
+    {
+        let frame =
+            decode_frame(&bytes).unwrap_or_else(|e| panic!("seed {name} does not decode: {e}"));
+        if let Frame::Batch { batch, payloads } = &frame {
+            assert!(
+                batch
+                    .clone()
+                    .verify()
+                    .unwrap()
+                    .open(payloads.0.clone())
+                    .is_ok()
+            );
+        }
+        seen.push(frame.name());
+    }
+    assert_eq!(
+        seen,
+        ["Hello", "Batch", "Ack", "Resync", "ResyncGap", "ResyncDone"]
+    );
+}
