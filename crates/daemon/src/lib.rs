@@ -3,7 +3,10 @@
 //! The design is in `docs/design.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod api;
 pub mod cli;
+pub mod client;
+pub mod config;
 pub mod paths;
 mod run;
 

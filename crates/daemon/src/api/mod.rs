@@ -1,0 +1,254 @@
+//! The local API: HTTP/1.1 + JSON (and Server-Sent Events) on the node's
+//! Unix socket, `<data>/mesh.sock`.
+//!
+//! Every connection is checked with SO_PEERCRED: root and the daemon's own
+//! uid may use the node, anyone else gets 403 and changes nothing. Errors are
+//! `{"error": {"code", "message"}}` with the status of [`ApiError::status`].
+//!
+//! Routes: `GET /v1/status`, `GET /v1/ticket`, `POST /v1/peers {ticket}`,
+//! `GET /v1/peers`, `DELETE /v1/peers/{id}`, `POST /v1/send`,
+//! `POST /v1/send/batch` (a JSON array, or NDJSON with
+//! `Content-Type: application/x-ndjson`), `GET /v1/events?after=&limit=`,
+//! `GET /v1/subscribe?after=` (SSE), `PUT`/`GET /v1/cursors/{name}`,
+//! `GET /metrics`.
+//!
+//! Wiring: build an [`ApiState`] from [`ApiParts`], bind an [`ApiSocket`],
+//! then [`serve`] until the shutdown future resolves.
+
+pub mod error;
+pub mod json;
+pub mod node;
+mod routes;
+mod send;
+mod socket;
+mod subscribe;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use mesh_protocol::{Epoch, NodeId};
+use mesh_store::{Arrival, MeshStore};
+use tokio::sync::watch;
+
+pub use error::ApiError;
+pub use node::{
+    BoxFuture, DirectWriter, JournalWriter, NodeApi, NodeStatus, OutMessage, PeerStatus, Sent,
+    StreamMark,
+};
+pub use socket::{ApiSocket, BindError, PeerCred, daemon_uid};
+
+/// The largest body of a plain JSON request (peers, cursors), in bytes.
+pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
+/// The largest body of `POST /v1/send`, and of one NDJSON line, in bytes:
+/// room for a 1 MiB payload written as base64 or escaped text.
+pub const SEND_REQUEST_BYTES_MAX: usize = 4 << 20;
+/// The largest body of a JSON-array `POST /v1/send/batch`, in bytes.
+pub const BATCH_REQUEST_BYTES_MAX: usize = 16 << 20;
+/// The most messages in one JSON-array batch.
+pub const BATCH_MSGS_MAX: usize = 1024;
+/// Entries per `GET /v1/events` page when `limit` is absent.
+pub const EVENTS_LIMIT_DEFAULT: usize = 100;
+/// The largest `limit` of `GET /v1/events`.
+pub const EVENTS_LIMIT_MAX: usize = 1000;
+/// Payload bytes after which a `GET /v1/events` page is cut short (its
+/// `next` cursor then continues from there).
+pub const EVENTS_PAGE_BYTES_MAX: usize = 8 << 20;
+/// The longest named cursor, in bytes.
+pub const CURSOR_NAME_BYTES_MAX: usize = 64;
+
+/// Renders extra Prometheus text for `GET /metrics` (the bus's counters).
+pub trait RenderMetrics: Send + Sync + 'static {
+    /// Appends metric families in the Prometheus text format to `out`.
+    fn render(&self, out: &mut String);
+}
+
+impl<F: Fn(&mut String) + Send + Sync + 'static> RenderMetrics for F {
+    fn render(&self, out: &mut String) {
+        self(out)
+    }
+}
+
+/// What the API is built from.
+pub struct ApiParts {
+    /// This node's id.
+    pub node: NodeId,
+    /// This node's store epoch.
+    pub epoch: Epoch,
+    /// Reads: journal pages, named cursors.
+    pub store: Arc<dyn MeshStore>,
+    /// Writes: named cursors, subscriber loss records.
+    pub writer: Arc<dyn JournalWriter>,
+    /// The journal head: the last arrival committed. Must advance after
+    /// every commit that journals something.
+    pub head: watch::Receiver<Arrival>,
+    /// The node operations (send, peers, status).
+    pub node_api: Arc<dyn NodeApi>,
+    /// Extra metrics for `GET /metrics`, if any.
+    pub metrics: Option<Arc<dyn RenderMetrics>>,
+    /// Journal entries buffered per live subscription (`[api] subscriber_buffer`).
+    pub subscriber_buffer: usize,
+}
+
+/// The API's shared state; cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node: NodeId,
+    epoch: Epoch,
+    store: Arc<dyn MeshStore>,
+    writer: Arc<dyn JournalWriter>,
+    head: watch::Receiver<Arrival>,
+    node_api: Arc<dyn NodeApi>,
+    metrics: Option<Arc<dyn RenderMetrics>>,
+    subscriber_buffer: usize,
+    daemon_uid: u32,
+    /// Set to true when the server stops: live subscriptions end.
+    closing: watch::Sender<bool>,
+    counters: Counters,
+}
+
+/// The API's own counters, rendered by `GET /metrics`.
+#[derive(Default)]
+struct Counters {
+    requests_ok: AtomicU64,
+    requests_client_error: AtomicU64,
+    requests_server_error: AtomicU64,
+    refused_uid: AtomicU64,
+    subscribers: AtomicU64,
+    subscriber_lags: AtomicU64,
+    loss_records_failed: AtomicU64,
+    sent: AtomicU64,
+    next_subscriber: AtomicU64,
+}
+
+impl ApiState {
+    /// The state for `parts`.
+    pub fn new(parts: ApiParts) -> Self {
+        ApiState {
+            inner: Arc::new(Inner {
+                node: parts.node,
+                epoch: parts.epoch,
+                store: parts.store,
+                writer: parts.writer,
+                head: parts.head,
+                node_api: parts.node_api,
+                metrics: parts.metrics,
+                subscriber_buffer: parts.subscriber_buffer.max(1),
+                daemon_uid: daemon_uid(),
+                closing: watch::Sender::new(false),
+                counters: Counters::default(),
+            }),
+        }
+    }
+
+    /// The routes, with the peer-credential check in front of all of them.
+    pub fn router(&self) -> Router {
+        Router::new()
+            .route("/v1/status", get(routes::status))
+            .route("/v1/ticket", get(routes::ticket))
+            .route("/v1/peers", post(routes::add_peer).get(routes::list_peers))
+            .route("/v1/peers/{id}", axum::routing::delete(routes::remove_peer))
+            .route("/v1/send", post(send::send_one))
+            .route("/v1/send/batch", post(send::send_batch))
+            .route("/v1/events", get(routes::events))
+            .route("/v1/subscribe", get(subscribe::subscribe))
+            .route(
+                "/v1/cursors/{name}",
+                put(routes::put_cursor).get(routes::get_cursor),
+            )
+            .route("/metrics", get(routes::metrics))
+            .fallback(routes::no_route)
+            .method_not_allowed_fallback(routes::method_not_allowed)
+            .layer(axum::middleware::from_fn_with_state(
+                self.clone(),
+                authorize,
+            ))
+            .with_state(self.clone())
+    }
+
+    /// Ends every live subscription (the server is stopping).
+    pub fn close_subscriptions(&self) {
+        self.inner.closing.send_replace(true);
+    }
+
+    fn read_head(&self) -> Arrival {
+        *self.inner.head.borrow()
+    }
+}
+
+/// Serves the API on `socket` until `shutdown` resolves, then ends live
+/// subscriptions, lets requests in flight finish and removes the socket file.
+pub async fn serve(
+    socket: ApiSocket,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let ApiSocket {
+        listener,
+        path,
+        ino,
+    } = socket;
+    tracing::info!(socket = %path.display(), "local API listening");
+    let closing = state.clone();
+    let app = state
+        .router()
+        .into_make_service_with_connect_info::<PeerCred>();
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            closing.close_subscriptions();
+        })
+        .await;
+    ApiSocket::remove_file(&path, ino);
+    result
+}
+
+/// Lets root and the daemon's uid through; everyone else gets 403.
+async fn authorize(State(state): State<ApiState>, mut req: Request, next: Next) -> Response {
+    let cred = req.extensions().get::<ConnectInfo<PeerCred>>().map(|c| c.0);
+    let uid = cred.and_then(|c| c.uid);
+    let counters = &state.inner.counters;
+    let response = match uid {
+        Some(uid) if uid == 0 || uid == state.inner.daemon_uid => {
+            if let Some(cred) = cred {
+                req.extensions_mut().insert(cred);
+            }
+            next.run(req).await
+        }
+        _ => {
+            counters.refused_uid.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                uid = ?uid,
+                pid = ?cred.and_then(|c| c.pid),
+                method = %req.method(),
+                path = %req.uri().path(),
+                "refused a local API request from another user"
+            );
+            // Without credentials we fail closed; report the uid as unknown.
+            ApiError::Forbidden {
+                uid: uid.unwrap_or(u32::MAX),
+                daemon_uid: state.inner.daemon_uid,
+            }
+            .into_response()
+        }
+    };
+    let status = response.status();
+    let counter = if status.is_server_error() {
+        &counters.requests_server_error
+    } else if status.is_client_error() {
+        &counters.requests_client_error
+    } else {
+        &counters.requests_ok
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    response
+}

@@ -1,0 +1,168 @@
+//! What the API needs from the running node (the bus driver), as a trait so
+//! the HTTP layer is built and tested apart from it, and what it needs to
+//! write to the store.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use mesh_protocol::{NodeId, NodeTicket, Seq, StreamId};
+use mesh_store::{Arrival, MeshStore, Receipt, StoreError, WriteOp};
+use serde::{Deserialize, Serialize};
+
+use super::error::ApiError;
+use super::json::StreamJson;
+
+/// A boxed, sendable future: what the object-safe traits here return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// One message to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutMessage {
+    /// The recipient.
+    pub to: NodeId,
+    /// Application-defined kind; 0 is a plain message.
+    pub kind: u16,
+    /// The payload (at most `mesh_protocol::MAX_BATCH_PAYLOAD_BYTES`).
+    pub body: Vec<u8>,
+}
+
+/// A message committed to its outbox and journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sent {
+    /// Its stream.
+    pub stream: StreamId,
+    /// Its seq in the stream.
+    pub seq: Seq,
+    /// Its position in this node's journal.
+    pub arrival: Arrival,
+}
+
+/// The node's state as `GET /v1/status` shows it (the API adds the journal head).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    /// This node's id.
+    pub node: String,
+    /// This node's store epoch (hex).
+    pub epoch: String,
+    /// Addresses it listens on for peers.
+    pub addrs: Vec<SocketAddr>,
+    /// A ticket other nodes can add.
+    pub ticket: String,
+    /// Every known peer.
+    pub peers: Vec<PeerStatus>,
+    /// The store file's size in bytes, if known.
+    pub store_bytes: Option<u64>,
+}
+
+/// One peer as `GET /v1/peers` and `GET /v1/status` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStatus {
+    /// The peer's id.
+    pub node: String,
+    /// Addresses this node dials it at.
+    pub addrs: Vec<SocketAddr>,
+    /// Whether a connection is up now.
+    pub connected: bool,
+    /// The peer's store epoch as last seen (hex), if any.
+    pub epoch: Option<String>,
+    /// This node's receive marks for the peer's streams.
+    pub marks: Vec<StreamMark>,
+    /// Envelopes queued for the peer (unacknowledged, in the outbox).
+    pub queued_msgs: u64,
+    /// Payload bytes in the peer's outbox.
+    pub outbox_bytes: u64,
+}
+
+/// A receive mark: every envelope of `stream` up to `mark` is committed here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamMark {
+    /// The stream.
+    pub stream: StreamJson,
+    /// The mark.
+    pub mark: Seq,
+}
+
+/// The node operations behind the `/v1` routes that need the bus.
+///
+/// Every method answers only after its effect is durable (a send after its
+/// commit) or fails with an [`ApiError`] whose status tells who is at fault:
+/// [`ApiError::UnknownPeer`] for an unknown recipient or peer,
+/// [`ApiError::OutboxFull`] (from `StoreError::OutboxFull`),
+/// [`ApiError::StoreUnavailable`], [`ApiError::NodeUnavailable`].
+pub trait NodeApi: Send + Sync + 'static {
+    /// Sends one message; answers after it is committed.
+    fn send(&self, msg: OutMessage) -> BoxFuture<'_, Result<Sent, ApiError>> {
+        Box::pin(async move {
+            let mut sent = self.send_batch(vec![msg]).await?;
+            sent.pop()
+                .ok_or_else(|| ApiError::Internal("send_batch answered nothing".into()))
+        })
+    }
+
+    /// Sends messages (to one or many peers), all committed or none; the
+    /// answer lists them in request order.
+    fn send_batch(&self, msgs: Vec<OutMessage>) -> BoxFuture<'_, Result<Vec<Sent>, ApiError>>;
+
+    /// The node's state.
+    fn status(&self) -> BoxFuture<'_, Result<NodeStatus, ApiError>>;
+
+    /// A ticket for this node.
+    fn ticket(&self) -> BoxFuture<'_, Result<NodeTicket, ApiError>>;
+
+    /// Adds (or updates) a peer from its ticket, durably.
+    fn add_peer(&self, ticket: NodeTicket) -> BoxFuture<'_, Result<PeerStatus, ApiError>>;
+
+    /// Every known peer.
+    fn list_peers(&self) -> BoxFuture<'_, Result<Vec<PeerStatus>, ApiError>>;
+
+    /// Forgets a peer durably ([`ApiError::UnknownPeer`] if it is not known).
+    fn remove_peer(&self, node: NodeId) -> BoxFuture<'_, Result<(), ApiError>>;
+}
+
+/// Durable writes the API makes itself: named cursors and subscriber loss records.
+///
+/// The daemon passes its group-commit store actor; the answer comes after
+/// the ops are committed. The journal head watch given to the API must
+/// advance after every commit that journals something, these included.
+pub trait JournalWriter: Send + Sync + 'static {
+    /// Commits `ops` in one group, all or nothing.
+    fn commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'_, Result<Receipt, StoreError>>;
+}
+
+/// A [`JournalWriter`] that commits straight to a store on the blocking pool
+/// and publishes the new journal head; for tools and tests without the
+/// store actor.
+pub struct DirectWriter {
+    store: Arc<dyn MeshStore>,
+    head: tokio::sync::watch::Sender<Arrival>,
+}
+
+impl DirectWriter {
+    /// Writes to `store`, announcing new journal heads on `head`.
+    pub fn new(store: Arc<dyn MeshStore>, head: tokio::sync::watch::Sender<Arrival>) -> Self {
+        DirectWriter { store, head }
+    }
+}
+
+impl JournalWriter for DirectWriter {
+    fn commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'_, Result<Receipt, StoreError>> {
+        let store = self.store.clone();
+        Box::pin(async move {
+            let answer = tokio::task::spawn_blocking(move || store.commit(vec![ops]).pop())
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
+                .ok_or_else(|| StoreError::Unavailable("the store answered no group".into()))?;
+            let receipt = answer?;
+            if let Some((_, last)) = receipt.arrivals {
+                self.head.send_if_modified(|h| {
+                    let moved = last > *h;
+                    *h = (*h).max(last);
+                    moved
+                });
+            }
+            Ok(receipt)
+        })
+    }
+}

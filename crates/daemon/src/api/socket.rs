@@ -1,0 +1,141 @@
+//! The control socket: binding it safely and telling who is on the other end.
+
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use axum::extract::connect_info::Connected;
+use axum::serve::IncomingStream;
+use tokio::net::{UnixListener, UnixStream};
+
+/// How long probing an existing socket file for a live daemon may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The socket file's mode: owner read/write only.
+const SOCKET_MODE: u32 = 0o600;
+
+/// Why the control socket could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BindError {
+    /// A daemon is answering on the socket already.
+    #[error("another mesh daemon is running on {path}; stop it first or use another --data dir")]
+    AnotherDaemon {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// Something that is not a socket is in the way.
+    #[error("{path} exists and is not a socket; move it aside")]
+    NotASocket {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Binding, removing a stale socket or setting its mode failed.
+    #[error("cannot bind the control socket {path}: {source}")]
+    Io {
+        /// The socket path.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// A bound control socket, mode 0600, ready to serve.
+#[derive(Debug)]
+pub struct ApiSocket {
+    pub(super) listener: UnixListener,
+    pub(super) path: PathBuf,
+    /// Device and inode of the socket file we made, so shutdown removes only ours.
+    pub(super) ino: (u64, u64),
+}
+
+impl ApiSocket {
+    /// Binds `path`: a stale socket left by a dead daemon is removed, a live
+    /// one (a connect succeeds) is [`BindError::AnotherDaemon`].
+    pub async fn bind(path: &Path) -> Result<ApiSocket, BindError> {
+        let io = |source| BindError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if !meta.file_type().is_socket() => {
+                return Err(BindError::NotASocket {
+                    path: path.to_owned(),
+                });
+            }
+            Ok(_) => {
+                match tokio::time::timeout(PROBE_TIMEOUT, UnixStream::connect(path)).await {
+                    // A timeout means a listener whose backlog is full: alive.
+                    Ok(Ok(_)) | Err(_) => {
+                        return Err(BindError::AnotherDaemon {
+                            path: path.to_owned(),
+                        });
+                    }
+                    Ok(Err(e)) => {
+                        tracing::info!(path = %path.display(), "removing a stale control socket ({e})");
+                        std::fs::remove_file(path).map_err(io)?;
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io(e)),
+        }
+        let listener = UnixListener::bind(path).map_err(io)?;
+        // The data dir is 0700 already; this keeps the socket private even if
+        // the dir is opened up later.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(io)?;
+        let meta = std::fs::symlink_metadata(path).map_err(io)?;
+        Ok(ApiSocket {
+            listener,
+            path: path.to_owned(),
+            ino: (meta.dev(), meta.ino()),
+        })
+    }
+
+    /// The socket's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Removes the socket file if it is still the one this bound.
+    pub(super) fn remove_file(path: &Path, ino: (u64, u64)) {
+        if let Ok(meta) = std::fs::symlink_metadata(path)
+            && (meta.dev(), meta.ino()) == ino
+            && let Err(e) = std::fs::remove_file(path)
+        {
+            tracing::warn!(path = %path.display(), "cannot remove the control socket: {e}");
+        }
+    }
+}
+
+/// Who is connected, from SO_PEERCRED; `None` when the kernel would not say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PeerCred {
+    /// The connecting process's uid.
+    pub uid: Option<u32>,
+    /// The connecting process's pid.
+    pub pid: Option<i32>,
+}
+
+impl Connected<IncomingStream<'_, UnixListener>> for PeerCred {
+    fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
+        match stream.io().peer_cred() {
+            Ok(c) => PeerCred {
+                uid: Some(c.uid()),
+                pid: c.pid(),
+            },
+            Err(e) => {
+                tracing::warn!("cannot read the peer credentials of a connection: {e}");
+                PeerCred {
+                    uid: None,
+                    pid: None,
+                }
+            }
+        }
+    }
+}
+
+/// The daemon's effective uid.
+pub fn daemon_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}

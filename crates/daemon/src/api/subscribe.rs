@@ -1,0 +1,318 @@
+//! `GET /v1/subscribe?after=CURSOR`: the journal as Server-Sent Events.
+//!
+//! Each subscription has a pump task that reads the journal from the store
+//! (never from the writer's path) into the subscription's own bounded buffer
+//! of `subscriber_buffer` entries. Backlog — everything already committed when
+//! the subscription starts or resumes — is paced by the reader. Once caught
+//! up to the head the subscriber is live and must keep up: when its buffer is
+//! full and the journal has run more than `subscriber_buffer` entries past
+//! the last entry it was handed, it has lagged. Then the pump writes a
+//! durable loss record (`subscriber_lagged`, naming the skipped arrivals),
+//! and when the reader takes items again it gets a `lagged` event with the
+//! cursor to re-read from, and the stream goes on after the skipped range
+//! (if the loss record could not be written, the next entry carries
+//! `losses_unrecorded: true`). No writer and no other subscriber ever waits
+//! for a subscriber: the head is a watch, and each pump only reads.
+//!
+//! Events: `entry` (data: an [`EventEntry`], id: its cursor) and `lagged`
+//! (data: a [`LaggedEvent`]). `Last-Event-ID` is honoured when `after` is absent.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Extension;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use mesh_protocol::{Channel, StreamId, TopicName};
+use mesh_store::{Arrival, LossReason, WriteOp};
+use serde::Deserialize;
+use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+
+use super::json::{EventEntry, LaggedEvent};
+use super::{ApiError, ApiState, PeerCred};
+
+/// Journal entries read from the store at a time.
+const PAGE_ENTRIES: usize = 256;
+/// How often an idle stream sends an SSE comment, so a vanished client is noticed.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
+/// The topic name that subscriber loss records are reported against.
+const JOURNAL_TOPIC: &str = "local.journal";
+
+/// `GET /v1/subscribe` query.
+#[derive(Debug, Deserialize)]
+pub(super) struct SubscribeQuery {
+    after: Option<String>,
+}
+
+pub(super) async fn subscribe(
+    State(st): State<ApiState>,
+    cred: Option<Extension<PeerCred>>,
+    headers: HeaderMap,
+    q: Result<Query<SubscribeQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(q) =
+        q.map_err(|e| ApiError::BadRequest(format!("bad query string: {}", e.body_text())))?;
+    let after = q.after.or_else(|| {
+        headers
+            .get("last-event-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    });
+    let start = st.parse_after(after.as_deref())?;
+    let id = st
+        .inner
+        .counters
+        .next_subscriber
+        .fetch_add(1, Ordering::Relaxed)
+        + 1;
+    let uid = cred.and_then(|c| c.0.uid);
+    let (tx, mut rx) = mpsc::channel::<Event>(st.inner.subscriber_buffer);
+    tracing::debug!(subscriber = id, ?uid, start, "subscription opened");
+    let pump = Pump {
+        st: st.clone(),
+        id,
+        uid,
+        pos: start,
+        live: false,
+        unrecorded: false,
+        tx,
+    };
+    tokio::spawn(pump.run());
+    let stream = futures_util::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE_INTERVAL))
+        .into_response())
+}
+
+/// Counts an open subscription while it lives.
+struct Open<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One subscription's reader of the journal.
+struct Pump {
+    st: ApiState,
+    id: u64,
+    uid: Option<u32>,
+    /// The last arrival handed to the buffer.
+    pos: Arrival,
+    /// Caught up with the head at least once since the start or the last lag.
+    live: bool,
+    /// A lag's loss record could not be written; tell the next entry.
+    unrecorded: bool,
+    tx: mpsc::Sender<Event>,
+}
+
+/// Why a pump stops.
+enum Stop {
+    /// The client went away, the server is closing, or the head watch is gone.
+    Done,
+}
+
+impl Pump {
+    async fn run(mut self) {
+        let st = self.st.clone();
+        let counters = &st.inner.counters;
+        counters.subscribers.fetch_add(1, Ordering::Relaxed);
+        let _open = Open(&counters.subscribers);
+        let mut head = st.inner.head.clone();
+        let mut closing = st.inner.closing.subscribe();
+        let result = self.pump(&mut head, &mut closing).await;
+        match result {
+            Ok(Stop::Done) => tracing::debug!(subscriber = self.id, "subscription closed"),
+            Err(e) => {
+                tracing::warn!(subscriber = self.id, "subscription failed: {e}");
+                // Best effort: the stream ends either way.
+                let _ = self.tx.try_send(error_event(&e));
+            }
+        }
+    }
+
+    async fn pump(
+        &mut self,
+        head: &mut tokio::sync::watch::Receiver<Arrival>,
+        closing: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Stop, ApiError> {
+        loop {
+            if *closing.borrow_and_update() {
+                return Ok(Stop::Done);
+            }
+            let h = *head.borrow_and_update();
+            let page = if self.pos < h {
+                self.st.journal(self.pos, PAGE_ENTRIES).await?
+            } else {
+                Vec::new()
+            };
+            if page.is_empty() {
+                self.live = true;
+                tokio::select! {
+                    changed = head.changed() => if changed.is_err() { return Ok(Stop::Done) },
+                    _ = self.tx.closed() => return Ok(Stop::Done),
+                    _ = closing.changed() => return Ok(Stop::Done),
+                }
+                continue;
+            }
+            for item in page {
+                let mut entry = self.st.entry(&item);
+                entry.losses_unrecorded = self.unrecorded;
+                let event = entry_event(&entry);
+                if self.live {
+                    match self.offer(event, head, closing).await {
+                        Offer::Taken => {}
+                        Offer::Lagged => {
+                            let head_now = *head.borrow();
+                            self.lag(item.arrival, head_now, closing).await?;
+                            break;
+                        }
+                        Offer::Stop => return Ok(Stop::Done),
+                    }
+                } else {
+                    tokio::select! {
+                        sent = self.tx.send(event) => if sent.is_err() { return Ok(Stop::Done) },
+                        _ = closing.changed() => return Ok(Stop::Done),
+                    }
+                }
+                self.unrecorded = false;
+                self.pos = item.arrival;
+            }
+        }
+    }
+
+    /// Hands a live entry to the buffer, waiting only while the journal has
+    /// run no more than a buffer's worth past the last entry handed over.
+    async fn offer(
+        &self,
+        event: Event,
+        head: &mut tokio::sync::watch::Receiver<Arrival>,
+        closing: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Offer {
+        let mut event = Some(event);
+        loop {
+            let Some(ev) = event.take() else {
+                return Offer::Stop;
+            };
+            match self.tx.try_send(ev) {
+                Ok(()) => return Offer::Taken,
+                Err(TrySendError::Closed(_)) => return Offer::Stop,
+                Err(TrySendError::Full(ev)) => event = Some(ev),
+            }
+            let ahead = head.borrow_and_update().saturating_sub(self.pos);
+            if ahead > self.st.inner.subscriber_buffer as u64 {
+                return Offer::Lagged;
+            }
+            tokio::select! {
+                permit = self.tx.reserve() => match (permit, event.take()) {
+                    (Ok(permit), Some(ev)) => { permit.send(ev); return Offer::Taken }
+                    _ => return Offer::Stop,
+                },
+                changed = head.changed() => if changed.is_err() { return Offer::Stop },
+                _ = closing.changed() => return Offer::Stop,
+            }
+        }
+    }
+
+    /// Records that arrivals `from..=to` were not delivered live, then
+    /// (paced by the reader) tells the subscriber where to resume.
+    async fn lag(
+        &mut self,
+        from: Arrival,
+        head_now: Arrival,
+        closing: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(), ApiError> {
+        let st = &self.st;
+        let to = head_now.max(from);
+        let buffer = st.inner.subscriber_buffer;
+        st.inner
+            .counters
+            .subscriber_lags
+            .fetch_add(1, Ordering::Relaxed);
+        let resume = st.cursor_text(from.saturating_sub(1));
+        let who = match self.uid {
+            Some(uid) => format!("subscriber {} (uid {uid})", self.id),
+            None => format!("subscriber {}", self.id),
+        };
+        let detail = format!(
+            "{who} fell behind its buffer of {buffer} entries; journal arrivals {from}..={to} were not \
+             delivered to it live and are still in the journal: re-read them with GET /v1/events?after={resume}"
+        );
+        tracing::warn!(subscriber = self.id, from, to, "subscriber lagged");
+        let channel = TopicName::new(JOURNAL_TOPIC)
+            .map(Channel::Topic)
+            .unwrap_or(Channel::Direct(st.inner.node));
+        let op = WriteOp::RecordLoss {
+            stream: StreamId {
+                author: st.inner.node,
+                epoch: st.inner.epoch,
+                channel,
+            },
+            from,
+            to,
+            reason: LossReason::SubscriberLagged,
+            detail,
+        };
+        let recorded = match st.inner.writer.commit(vec![op]).await {
+            Ok(_) => true,
+            Err(e) => {
+                st.inner
+                    .counters
+                    .loss_records_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    subscriber = self.id,
+                    from,
+                    to,
+                    "cannot record a subscriber's loss: {e}"
+                );
+                false
+            }
+        };
+        self.unrecorded = !recorded;
+        let lagged = LaggedEvent {
+            resume,
+            skipped_from: from,
+            skipped_to: to,
+            loss_recorded: recorded,
+        };
+        let event = Event::default()
+            .event("lagged")
+            .data(serde_json::to_string(&lagged).unwrap_or_default());
+        tokio::select! {
+            sent = self.tx.send(event) => if sent.is_err() { return Ok(()) },
+            _ = closing.changed() => return Ok(()),
+        }
+        self.pos = to;
+        self.live = false;
+        Ok(())
+    }
+}
+
+/// What became of a live entry.
+enum Offer {
+    Taken,
+    Lagged,
+    Stop,
+}
+
+fn entry_event(entry: &EventEntry) -> Event {
+    Event::default()
+        .event("entry")
+        .id(entry.cursor.clone())
+        .data(serde_json::to_string(entry).unwrap_or_default())
+}
+
+fn error_event(e: &ApiError) -> Event {
+    Event::default()
+        .event("error")
+        .data(e.to_json(None).to_string())
+}

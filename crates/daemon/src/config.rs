@@ -1,0 +1,325 @@
+//! The optional `<data>/config.toml`: every key has a built-in default, an
+//! unknown key or a bad value is an error that names the key.
+//!
+//! `config/meshd.toml` in the repository lists every key with its default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use mesh_store::{OnFull, OutboxBounds};
+use serde::Deserialize;
+
+/// The largest config file read, in bytes; a config is a few hundred bytes.
+pub const CONFIG_FILE_BYTES_MAX: u64 = 64 * 1024;
+
+/// The default per-subscription buffer, in journal entries.
+pub const SUBSCRIBER_BUFFER_DEFAULT: usize = 1024;
+
+/// The largest per-subscription buffer accepted, in journal entries.
+pub const SUBSCRIBER_BUFFER_MAX: usize = 1 << 20;
+
+/// The daemon's configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct Config {
+    /// Address to listen on for peers (`--bind` overrides it).
+    pub bind: SocketAddr,
+    /// Retention of each outgoing stream.
+    pub outbox: OutboxConfig,
+    /// The local API.
+    pub api: ApiConfig,
+    /// Networking between daemons.
+    pub net: NetConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            bind: SocketAddr::from(([0, 0, 0, 0], 0)),
+            outbox: OutboxConfig::default(),
+            api: ApiConfig::default(),
+            net: NetConfig::default(),
+        }
+    }
+}
+
+/// `[outbox]`: the bounds of each outgoing stream and what happens when one is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct OutboxConfig {
+    /// The most envelopes kept per stream (at least 1).
+    pub max_msgs: u64,
+    /// The most payload bytes kept per stream (at least 1).
+    pub max_bytes: u64,
+    /// What to do when only unacknowledged envelopes remain and a send does not fit.
+    pub on_full: OnFullConfig,
+}
+
+impl Default for OutboxConfig {
+    fn default() -> Self {
+        let b = OutboxBounds::default();
+        OutboxConfig {
+            max_msgs: b.max_msgs,
+            max_bytes: b.max_bytes,
+            on_full: match b.on_full {
+                OnFull::EvictOldest => OnFullConfig::EvictOldest,
+                OnFull::Reject => OnFullConfig::Reject,
+            },
+        }
+    }
+}
+
+impl OutboxConfig {
+    /// The store's bounds for one stream.
+    pub fn bounds(&self) -> OutboxBounds {
+        OutboxBounds {
+            max_msgs: self.max_msgs,
+            max_bytes: self.max_bytes,
+            on_full: match self.on_full {
+                OnFullConfig::Reject => OnFull::Reject,
+                OnFullConfig::EvictOldest => OnFull::EvictOldest,
+            },
+        }
+    }
+}
+
+/// `outbox.on_full`, spelled as in the file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OnFullConfig {
+    /// `"reject"`: the sender gets "peer outbox full" and nothing is written.
+    #[default]
+    Reject,
+    /// `"evict-oldest"`: the oldest unacknowledged envelopes go, with a durable loss record.
+    EvictOldest,
+}
+
+/// `[api]`: the local socket API.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct ApiConfig {
+    /// Journal entries buffered per live subscription before it counts as lagged
+    /// (1 to [`SUBSCRIBER_BUFFER_MAX`]).
+    pub subscriber_buffer: usize,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        ApiConfig {
+            subscriber_buffer: SUBSCRIBER_BUFFER_DEFAULT,
+        }
+    }
+}
+
+/// `[net]`: networking between daemons.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct NetConfig {
+    /// Use iroh relay servers to reach peers behind NAT (off: direct addresses only).
+    pub relays: bool,
+}
+
+/// Why the config file was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The file exists but could not be read.
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file is larger than [`CONFIG_FILE_BYTES_MAX`].
+    #[error("config {path} is {bytes} bytes, more than the {CONFIG_FILE_BYTES_MAX} allowed")]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+        /// Its size.
+        bytes: u64,
+    },
+    /// Not TOML, an unknown key, or a value of the wrong type; the message names the key.
+    #[error("bad config {path}: {message}")]
+    Parse {
+        /// The file (or `<text>`).
+        path: PathBuf,
+        /// The parser's message, naming the key and its line.
+        message: String,
+    },
+    /// A value of the right type but out of range.
+    #[error("bad config {path}: `{key}` {why}")]
+    Value {
+        /// The file (or `<text>`).
+        path: PathBuf,
+        /// The dotted key.
+        key: &'static str,
+        /// What is wrong with its value.
+        why: String,
+    },
+}
+
+impl Config {
+    /// Reads `path`; a missing file gives the defaults.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let read = |source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        };
+        let meta = match std::fs::metadata(path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Config::default()),
+            Err(e) => return Err(read(e)),
+        };
+        if meta.len() > CONFIG_FILE_BYTES_MAX {
+            return Err(ConfigError::TooLarge {
+                path: path.to_owned(),
+                bytes: meta.len(),
+            });
+        }
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        Config::parse(&text, path)
+    }
+
+    /// Parses config text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: origin.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        config.check(origin)?;
+        Ok(config)
+    }
+
+    fn check(&self, origin: &Path) -> Result<(), ConfigError> {
+        let bad = |key, why: String| ConfigError::Value {
+            path: origin.to_owned(),
+            key,
+            why,
+        };
+        if self.outbox.max_msgs == 0 {
+            return Err(bad("outbox.max_msgs", "must be at least 1".into()));
+        }
+        if self.outbox.max_bytes == 0 {
+            return Err(bad("outbox.max_bytes", "must be at least 1".into()));
+        }
+        if !(1..=SUBSCRIBER_BUFFER_MAX).contains(&self.api.subscriber_buffer) {
+            return Err(bad(
+                "api.subscriber_buffer",
+                format!("must be between 1 and {SUBSCRIBER_BUFFER_MAX}"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)] // A test fails by panicking.
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("config.toml"))
+    }
+
+    /// The example file with every commented-out key line switched on.
+    fn example_uncommented() -> String {
+        let text = include_str!("../../../config/meshd.toml");
+        text.lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| l.starts_with('[') || l.contains(" = "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    #[test]
+    fn the_example_file_lists_every_key_with_its_default() {
+        let text = example_uncommented();
+        for key in [
+            "bind",
+            "[outbox]",
+            "max_msgs",
+            "max_bytes",
+            "on_full",
+            "[api]",
+            "subscriber_buffer",
+            "[net]",
+            "relays",
+        ] {
+            assert!(text.contains(key), "{key} missing from config/meshd.toml");
+        }
+        assert_eq!(parse(&text).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn an_empty_or_missing_file_gives_the_defaults() {
+        assert_eq!(parse("").unwrap(), Config::default());
+        let tmp = tempfile::tempdir().unwrap();
+        assert_eq!(
+            Config::load(&tmp.path().join("config.toml")).unwrap(),
+            Config::default()
+        );
+    }
+
+    #[test]
+    fn values_map_to_store_bounds() {
+        let c = parse(
+            "bind = \"127.0.0.1:7000\"\n[outbox]\nmax_msgs = 5\nmax_bytes = 10\non_full = \"evict-oldest\"\n[api]\nsubscriber_buffer = 8\n[net]\nrelays = true\n",
+        )
+        .unwrap();
+        assert_eq!(c.bind.port(), 7000);
+        assert_eq!(
+            c.outbox.bounds(),
+            OutboxBounds {
+                max_msgs: 5,
+                max_bytes: 10,
+                on_full: OnFull::EvictOldest
+            }
+        );
+        assert_eq!(c.api.subscriber_buffer, 8);
+        assert!(c.net.relays);
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_by_name() {
+        let e = parse("[outbox]\nmax_msg = 5\n").unwrap_err().to_string();
+        assert!(e.contains("max_msg"), "{e}");
+        let e = parse("colour = \"red\"\n").unwrap_err().to_string();
+        assert!(e.contains("colour"), "{e}");
+        let e = parse("[nett]\n").unwrap_err().to_string();
+        assert!(e.contains("nett"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_value_is_refused_naming_its_key() {
+        let e = parse("[outbox]\non_full = \"drop\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("on_full") && e.contains("drop"), "{e}");
+        let e = parse("bind = \"nowhere\"\n").unwrap_err().to_string();
+        assert!(e.contains("bind"), "{e}");
+        let e = parse("[outbox]\nmax_bytes = -1\n").unwrap_err().to_string();
+        assert!(e.contains("max_bytes"), "{e}");
+        let e = parse("[outbox]\nmax_msgs = 0\n").unwrap_err().to_string();
+        assert!(e.contains("outbox.max_msgs"), "{e}");
+        let e = parse("[api]\nsubscriber_buffer = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("api.subscriber_buffer"), "{e}");
+    }
+
+    #[test]
+    fn an_oversized_file_is_refused() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("config.toml");
+        std::fs::write(&path, "#".repeat(CONFIG_FILE_BYTES_MAX as usize + 1)).unwrap();
+        assert!(matches!(
+            Config::load(&path),
+            Err(ConfigError::TooLarge { .. })
+        ));
+    }
+}
