@@ -3,6 +3,7 @@
 
 mod actor;
 mod conformance;
+mod crash;
 mod files;
 pub(crate) mod util;
 
