@@ -1,0 +1,61 @@
+//! The core's knobs and its fixed limits.
+
+use mesh_protocol::{MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES};
+use mesh_store::OutboxBounds;
+
+/// The most local sends waiting for the next commit (while one is in flight).
+pub const WAITING_SENDS_MAX: usize = 4096;
+
+/// The most payload bytes of local sends waiting for the next commit.
+pub const WAITING_SEND_BYTES_MAX: u64 = 16 << 20;
+
+/// The most peer batches (and gaps) waiting for the next commit.
+pub const WAITING_BATCHES_MAX: usize = 1024;
+
+/// The most payload bytes of peer batches waiting for the next commit.
+pub const WAITING_BATCH_BYTES_MAX: u64 = 16 << 20;
+
+/// How far past its pending mark a stream holds early batches, in envelopes:
+/// a batch whose last seq is further ahead is dropped (and asked for again).
+pub const REORDER_ENVELOPES_MAX: u64 = 4 * MAX_BATCH_ENTRIES as u64;
+
+/// The most payload bytes held early per stream.
+pub const REORDER_BYTES_MAX: u64 = 4 * MAX_BATCH_PAYLOAD_BYTES;
+
+/// The largest payload of one message.
+pub const PAYLOAD_BYTES_MAX: u64 = MAX_BATCH_PAYLOAD_BYTES;
+
+/// The configuration of a [`crate::core::Core`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Config {
+    /// Retention bounds and full-outbox policy of every outgoing stream.
+    pub outbox: OutboxBounds,
+    /// Payload bytes one [`crate::core::Effect::LoadOutbox`] asks for (a
+    /// catch-up is sent in chunks of about this size).
+    pub catchup_chunk_bytes: u64,
+    /// Resend our Hello if the peer's has not come after this long.
+    pub hello_retry_ms: u64,
+    /// Close a connection after this many Hellos went unanswered.
+    pub hello_attempts_max: u32,
+    /// Resend from the peer's last ack if it has not acknowledged anything
+    /// for this long while messages are outstanding.
+    pub retransmit_ms: u64,
+    /// Ask a missing part of a stream again after this long.
+    pub resync_retry_ms: u64,
+    /// After the store failed, wait this long before the next commit.
+    pub store_retry_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            outbox: OutboxBounds::default(),
+            catchup_chunk_bytes: MAX_BATCH_PAYLOAD_BYTES,
+            hello_retry_ms: 2_000,
+            hello_attempts_max: 5,
+            retransmit_ms: 10_000,
+            resync_retry_ms: 2_000,
+            store_retry_ms: 1_000,
+        }
+    }
+}

@@ -1,0 +1,294 @@
+//! What goes into the core and what comes out: inputs, effects, ids, errors.
+
+use std::fmt;
+
+use mesh_protocol::{Epoch, Frame, Mark, NodeId, Seq, StreamId};
+use mesh_store::{
+    Arrival, MeshStore, OwnStream, PeerRecord, Receipt, StoreError, StoredBatch, WriteOp,
+};
+
+/// A point in time: milliseconds on the driver's clock.
+///
+/// The driver passes milliseconds since the Unix epoch, so the value doubles
+/// as an envelope's `created_ms`; the core only compares and adds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Millis(pub u64);
+
+impl Millis {
+    /// `self + ms`, saturating.
+    pub fn plus(self, ms: u64) -> Millis {
+        Millis(self.0.saturating_add(ms))
+    }
+}
+
+/// A connection to a peer, named by the driver. Unique per connection for
+/// the life of the core, so events of an old connection can be told apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConnId(pub u64);
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "c{}", self.0)
+    }
+}
+
+/// A local send request, named by the driver; echoed in its [`Effect::Reply`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ReqId(pub u64);
+
+/// One [`Effect::Persist`], named by the core; echoed in [`Input::Committed`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CommitId(pub u64);
+
+/// One [`Effect::LoadOutbox`], named by the core; echoed in [`Input::OutboxLoaded`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LoadId(pub u64);
+
+/// Something that happened, fed to [`crate::core::Core::handle`].
+#[derive(Debug)]
+pub enum Input {
+    /// A connection to `peer` is live. The driver reports at most one live
+    /// connection per peer: a replacing connection only after the old one's
+    /// [`Input::PeerDisconnected`].
+    PeerConnected {
+        /// The peer (the connection's authenticated key).
+        peer: NodeId,
+        /// The connection.
+        conn: ConnId,
+    },
+    /// The connection `conn` to `peer` is gone.
+    PeerDisconnected {
+        /// The peer.
+        peer: NodeId,
+        /// The connection.
+        conn: ConnId,
+    },
+    /// A decoded frame arrived from `peer` on `conn`.
+    Frame {
+        /// The peer (the connection's authenticated key).
+        peer: NodeId,
+        /// The connection it came on.
+        conn: ConnId,
+        /// The frame.
+        frame: Frame,
+    },
+    /// A local client wants to send `payload` to `to`.
+    Send {
+        /// Names the request; the answer is an [`Effect::Reply`] with it.
+        req: ReqId,
+        /// The recipient node.
+        to: NodeId,
+        /// Application-defined kind; 0 is a plain message.
+        kind: u16,
+        /// The payload.
+        payload: Vec<u8>,
+    },
+    /// The store finished [`Effect::Persist`] `commit`: one result per group,
+    /// in the order of the groups. If the transaction failed, every group
+    /// carries the error.
+    Committed {
+        /// The commit.
+        commit: CommitId,
+        /// One result per group.
+        results: Vec<Result<Receipt, StoreError>>,
+    },
+    /// The answer to [`Effect::LoadOutbox`] `load`: `MeshStore::read_outbox`.
+    OutboxLoaded {
+        /// The load.
+        load: LoadId,
+        /// What the store returned.
+        result: Result<Vec<StoredBatch>, StoreError>,
+    },
+    /// The deadline of the last [`Effect::SetTimer`] has passed.
+    Timer,
+}
+
+/// Something the driver must do, drained with [`crate::core::Core::poll_effect`].
+#[derive(Debug)]
+pub enum Effect {
+    /// Send `frame` to `peer` on `conn`. If the connection is gone, drop it.
+    SendFrame {
+        /// The peer.
+        peer: NodeId,
+        /// The connection the frame belongs to.
+        conn: ConnId,
+        /// The frame.
+        frame: Frame,
+    },
+    /// Commit `groups` in one transaction (`MeshStore::commit`) and answer
+    /// with [`Input::Committed`]. At most one is outstanding at a time.
+    Persist {
+        /// Names the commit.
+        commit: CommitId,
+        /// The groups; each is applied or refused as a whole.
+        groups: Vec<Vec<WriteOp>>,
+    },
+    /// Read `MeshStore::read_outbox(stream, after, max_bytes)` and answer with
+    /// [`Input::OutboxLoaded`]. Do it only after the frames emitted before it
+    /// have been handed to the connection: that paces a catch-up to the peer.
+    LoadOutbox {
+        /// Names the load.
+        load: LoadId,
+        /// The peer being fed (for the driver's bookkeeping).
+        peer: NodeId,
+        /// The stream to read.
+        stream: StreamId,
+        /// Read batches holding any seq above this.
+        after: Seq,
+        /// Payload bytes to gather at most (beyond the first batch).
+        max_bytes: u64,
+    },
+    /// The answer to [`Input::Send`] `req`: given only after the commit that
+    /// holds the message returned, or when the send was refused.
+    Reply {
+        /// The request.
+        req: ReqId,
+        /// The message's stream and seq, or why it was not sent.
+        result: Result<SendReceipt, SendError>,
+    },
+    /// The journal has committed entries up to `upto`; wake local subscribers.
+    Journaled {
+        /// The last arrival position written.
+        upto: Arrival,
+    },
+    /// Feed [`Input::Timer`] once the clock reaches `at`. Replaces any
+    /// earlier deadline; a timer that fires early or twice does no harm.
+    SetTimer {
+        /// The deadline.
+        at: Millis,
+    },
+    /// Close `conn` to `peer`: the peer broke the protocol. The core already
+    /// ignores the connection; a later [`Input::PeerDisconnected`] is harmless.
+    CloseConnection {
+        /// The peer.
+        peer: NodeId,
+        /// The connection.
+        conn: ConnId,
+        /// Why.
+        reason: CloseReason,
+    },
+}
+
+/// Where a sent message went: its stream and seq, durable at the author.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendReceipt {
+    /// The stream (this node, its epoch, `Direct(recipient)`).
+    pub stream: StreamId,
+    /// The message's seq in the stream.
+    pub seq: Seq,
+}
+
+/// Why a local send was refused, grouped by who can fix it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The caller's fault: the recipient is not a known peer.
+    #[error("unknown peer {0}: add it as a peer before sending to it")]
+    UnknownPeer(String),
+    /// The caller's fault: a node does not send to itself over the mesh.
+    #[error("cannot send to this node itself")]
+    ToSelf,
+    /// The caller's fault: the payload can never fit a batch or the outbox.
+    #[error("payload of {len} bytes is larger than the {max}-byte limit")]
+    TooLarge {
+        /// The payload's length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// Capacity: too many sends are waiting for the store; retry later.
+    #[error("the bus is busy: {waiting} sends are already waiting for the store; retry later")]
+    Busy {
+        /// Sends waiting.
+        waiting: usize,
+    },
+    /// Capacity: the peer's outbox is full of unacknowledged messages and its
+    /// policy is `reject`. Nothing was written.
+    #[error(
+        "outbox for peer {peer} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first"
+    )]
+    OutboxFull {
+        /// The recipient, short form.
+        peer: String,
+        /// Unacknowledged messages (written or waiting).
+        msgs: u64,
+        /// Unacknowledged payload bytes known (written or waiting).
+        bytes: u64,
+    },
+    /// The environment: the store failed; the message was not written.
+    #[error("the store could not write the message: {0}")]
+    Store(String),
+    /// A bug: the store refused a write the core believed valid.
+    #[error("internal error, the message was not written: {0}")]
+    Internal(String),
+}
+
+impl SendError {
+    pub(crate) fn from_store(e: &StoreError) -> SendError {
+        match e {
+            StoreError::OutboxFull { peer, msgs, bytes } => SendError::OutboxFull {
+                peer: peer.clone(),
+                msgs: *msgs,
+                bytes: *bytes,
+            },
+            StoreError::Conflict(why) => SendError::Internal(why.clone()),
+            other => SendError::Store(other.to_string()),
+        }
+    }
+}
+
+/// Why the core closes a connection: the peer broke the protocol.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CloseReason {
+    /// The peer is not a known peer.
+    #[error("unknown peer")]
+    UnknownPeer,
+    /// The peer speaks another protocol version.
+    #[error("protocol version {theirs} is not ours ({ours})")]
+    VersionMismatch {
+        /// The peer's version.
+        theirs: u32,
+        /// Ours.
+        ours: u32,
+    },
+    /// The peer's Hello names another node than the connection's key.
+    #[error("hello names another node than the connection's key")]
+    WrongNode,
+    /// The peer sent no Hello after every retry of ours.
+    #[error("no hello after {attempts} attempts")]
+    NoHello {
+        /// Hellos we sent.
+        attempts: u32,
+    },
+}
+
+/// The committed state a core starts from: read from the store at start-up
+/// (and after a crash), never kept up to date by anyone but the core.
+#[derive(Clone, Debug)]
+pub struct Recovered {
+    /// The store's epoch.
+    pub epoch: Epoch,
+    /// `MeshStore::own_streams`.
+    pub own_streams: Vec<OwnStream>,
+    /// `MeshStore::marks`.
+    pub marks: Vec<Mark>,
+    /// `MeshStore::max_lamport`.
+    pub max_lamport: u64,
+    /// `MeshStore::peers`: the peers the core talks to.
+    pub peers: Vec<PeerRecord>,
+}
+
+impl Recovered {
+    /// Reads the committed state from `store` (blocking reads; call before
+    /// starting the core, never from inside it).
+    pub fn read<S: MeshStore + ?Sized>(store: &S) -> Result<Recovered, StoreError> {
+        Ok(Recovered {
+            epoch: store.meta().epoch,
+            own_streams: store.own_streams()?,
+            marks: store.marks()?,
+            max_lamport: store.max_lamport()?,
+            peers: store.peers()?,
+        })
+    }
+}

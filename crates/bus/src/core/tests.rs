@@ -1,0 +1,1011 @@
+//! Unit tests of the core, each driving one or two cores whose effects are
+//! carried out at once against a `MemStore`.
+
+use std::collections::VecDeque;
+
+use mesh_protocol::{
+    Channel, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads,
+    SecretKey, Seq, StreamId,
+};
+use mesh_store::{
+    JournalRecord, LossReason, MemStore, MeshStore, OnFull, OutboxBounds, PeerRecord, WriteOp,
+};
+
+use super::*;
+
+const T0: Millis = Millis(1_000_000);
+
+fn key(n: u8) -> SecretKey {
+    SecretKey::from_bytes(&[n; 32])
+}
+
+fn id(n: u8) -> NodeId {
+    key(n).public()
+}
+
+fn epoch(n: u8) -> Epoch {
+    Epoch([n; 16])
+}
+
+fn bounds(max_msgs: u64, on_full: OnFull) -> Config {
+    Config {
+        outbox: OutboxBounds {
+            max_msgs,
+            max_bytes: 1 << 20,
+            on_full,
+        },
+        ..Config::default()
+    }
+}
+
+/// One node: a core and its store; effects are carried out at once.
+struct Node {
+    n: u8,
+    core: Core,
+    store: MemStore,
+    config: Config,
+    now: Millis,
+    next_req: u64,
+    /// Replies, in order.
+    replies: Vec<(ReqId, Result<SendReceipt, SendError>)>,
+    /// Frames sent, with their connection.
+    sent: Vec<(NodeId, ConnId, Frame)>,
+    /// Every other effect not carried out (SetTimer, Journaled, CloseConnection).
+    other: Vec<Effect>,
+    /// Persists seen, as (number of groups, ops of each group).
+    persists: Vec<Vec<Vec<WriteOp>>>,
+    /// Hold commits instead of carrying them out.
+    hold_commits: bool,
+    held: VecDeque<(CommitId, Vec<Vec<WriteOp>>)>,
+}
+
+impl Node {
+    /// Node `n` (key and epoch from `n`) that knows the nodes in `peers`.
+    fn new(n: u8, store_epoch: u8, peers: &[u8], config: Config) -> Node {
+        let store = MemStore::new(epoch(store_epoch));
+        let group: Vec<WriteOp> = peers
+            .iter()
+            .map(|p| {
+                WriteOp::PutPeer(PeerRecord {
+                    node: id(*p),
+                    addrs: Vec::new(),
+                    epoch: None,
+                })
+            })
+            .collect();
+        for r in store.commit(vec![group]) {
+            r.expect("peers are written");
+        }
+        let core = Core::new(
+            config.clone(),
+            key(n),
+            Recovered::read(&store).expect("mem store reads"),
+        );
+        Node {
+            n,
+            core,
+            store,
+            config,
+            now: T0,
+            next_req: 1,
+            replies: Vec::new(),
+            sent: Vec::new(),
+            other: Vec::new(),
+            persists: Vec::new(),
+            hold_commits: false,
+            held: VecDeque::new(),
+        }
+    }
+
+    fn id(&self) -> NodeId {
+        self.core.node_id()
+    }
+
+    /// A new core from the store, as after a crash.
+    fn restart(&mut self) {
+        self.held.clear();
+        self.core = Core::new(
+            self.config.clone(),
+            key(self.n),
+            Recovered::read(&self.store).expect("mem store reads"),
+        );
+    }
+
+    /// Feeds `input` and carries out persists and loads until none remain.
+    /// Returns the frames sent meanwhile.
+    fn run(&mut self, input: Input) -> Vec<(NodeId, ConnId, Frame)> {
+        let mark = self.sent.len();
+        let mut inputs = VecDeque::from([input]);
+        while let Some(input) = inputs.pop_front() {
+            self.core.handle(input, self.now);
+            while let Some(e) = self.core.poll_effect() {
+                match e {
+                    Effect::Persist { commit, groups } => {
+                        self.persists.push(groups.clone());
+                        if self.hold_commits {
+                            self.held.push_back((commit, groups));
+                        } else {
+                            let results = self.store.commit(groups);
+                            inputs.push_back(Input::Committed { commit, results });
+                        }
+                    }
+                    Effect::LoadOutbox {
+                        load,
+                        stream,
+                        after,
+                        max_bytes,
+                        ..
+                    } => {
+                        let result = self.store.read_outbox(&stream, after, max_bytes);
+                        inputs.push_back(Input::OutboxLoaded { load, result });
+                    }
+                    Effect::Reply { req, result } => self.replies.push((req, result)),
+                    Effect::SendFrame { peer, conn, frame } => self.sent.push((peer, conn, frame)),
+                    other => self.other.push(other),
+                }
+            }
+        }
+        self.sent[mark..].to_vec()
+    }
+
+    /// Completes the oldest held commit.
+    fn release_commit(&mut self) -> Vec<(NodeId, ConnId, Frame)> {
+        let (commit, groups) = self.held.pop_front().expect("a commit is held");
+        let results = self.store.commit(groups);
+        self.run(Input::Committed { commit, results })
+    }
+
+    fn send(&mut self, to: NodeId, payload: &[u8]) -> ReqId {
+        let req = ReqId(self.next_req);
+        self.next_req += 1;
+        self.run(Input::Send {
+            req,
+            to,
+            kind: 0,
+            payload: payload.to_vec(),
+        });
+        req
+    }
+
+    fn reply(&self, req: ReqId) -> Option<&Result<SendReceipt, SendError>> {
+        self.replies.iter().find(|(r, _)| *r == req).map(|(_, x)| x)
+    }
+
+    fn journal(&self) -> Vec<JournalRecord> {
+        self.store
+            .journal(0, 10_000)
+            .expect("mem store reads")
+            .into_iter()
+            .map(|i| i.record)
+            .collect()
+    }
+
+    /// Payloads of the envelopes of `stream` in this node's journal.
+    fn received(&self, stream: &StreamId) -> Vec<(Seq, Vec<u8>)> {
+        self.journal()
+            .into_iter()
+            .filter_map(|r| match r {
+                JournalRecord::Envelope {
+                    stream: s,
+                    seq,
+                    payload,
+                    ..
+                } if s == *stream => Some((seq, payload)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn store_mark(&self, stream: &StreamId) -> Seq {
+        self.store
+            .marks()
+            .expect("mem store reads")
+            .into_iter()
+            .find(|m| m.stream == *stream)
+            .map_or(0, |m| m.seq)
+    }
+
+    /// Opens connection `conn` from `peer` and feeds its Hello with `marks`.
+    fn hello_from(&mut self, peer: u8, peer_epoch: u8, conn: ConnId, marks: Vec<Mark>) {
+        self.run(Input::PeerConnected {
+            peer: id(peer),
+            conn,
+        });
+        self.frame(
+            peer,
+            conn,
+            Frame::Hello {
+                version: PROTOCOL_VERSION,
+                node: id(peer),
+                epoch: epoch(peer_epoch),
+                marks,
+            },
+        );
+    }
+
+    fn frame(&mut self, peer: u8, conn: ConnId, frame: Frame) -> Vec<(NodeId, ConnId, Frame)> {
+        self.run(Input::Frame {
+            peer: id(peer),
+            conn,
+            frame,
+        })
+    }
+}
+
+/// A batch of `author` (in `author_epoch`) to `to`, signed, as a frame.
+fn batch(author: u8, author_epoch: u8, to: u8, first_seq: Seq, payloads: &[&[u8]]) -> Frame {
+    let envelopes = payloads
+        .iter()
+        .enumerate()
+        .map(|(i, p)| NewEnvelope {
+            lamport: first_seq + i as u64,
+            created_ms: 0,
+            kind: 0,
+            payload: p.to_vec(),
+        })
+        .collect();
+    let open = OpenBatch::sign(
+        &key(author),
+        epoch(author_epoch),
+        Channel::Direct(id(to)),
+        first_seq,
+        envelopes,
+    )
+    .expect("a valid batch");
+    let (vb, payloads) = open.into_parts();
+    Frame::Batch {
+        batch: vb.into_signed(),
+        payloads: Payloads(payloads),
+    }
+}
+
+fn stream(author: u8, author_epoch: u8, to: u8) -> StreamId {
+    StreamId::direct(id(author), epoch(author_epoch), id(to))
+}
+
+fn payloads(items: &[(Seq, Vec<u8>)]) -> Vec<&[u8]> {
+    items.iter().map(|(_, p)| p.as_slice()).collect()
+}
+
+/// Two nodes, 1 and 2, and the frames between them.
+struct Pair {
+    a: Node,
+    b: Node,
+    conn: Option<ConnId>,
+    next_conn: u64,
+}
+
+impl Pair {
+    fn new(config: Config) -> Pair {
+        Pair {
+            a: Node::new(1, 1, &[2], config.clone()),
+            b: Node::new(2, 2, &[1], config),
+            conn: None,
+            next_conn: 1,
+        }
+    }
+
+    fn connect(&mut self) {
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        self.conn = Some(conn);
+        let (a, b) = (self.a.id(), self.b.id());
+        let mut to_b = self.a.run(Input::PeerConnected { peer: b, conn });
+        let mut to_a = self.b.run(Input::PeerConnected { peer: a, conn });
+        self.exchange(&mut to_b, &mut to_a);
+    }
+
+    fn disconnect(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        let (a, b) = (self.a.id(), self.b.id());
+        self.a.run(Input::PeerDisconnected { peer: b, conn });
+        self.b.run(Input::PeerDisconnected { peer: a, conn });
+    }
+
+    /// Delivers frames both ways until both are quiet.
+    fn exchange(
+        &mut self,
+        to_b: &mut Vec<(NodeId, ConnId, Frame)>,
+        to_a: &mut Vec<(NodeId, ConnId, Frame)>,
+    ) {
+        let (a, b) = (self.a.id(), self.b.id());
+        for _ in 0..10_000 {
+            let Some(conn) = self.conn else { return };
+            if !to_b.is_empty() {
+                for (_, c, frame) in std::mem::take(to_b) {
+                    if c == conn {
+                        let out = self.b.run(Input::Frame {
+                            peer: a,
+                            conn,
+                            frame,
+                        });
+                        to_a.extend(out);
+                    }
+                }
+            } else if !to_a.is_empty() {
+                for (_, c, frame) in std::mem::take(to_a) {
+                    if c == conn {
+                        let out = self.a.run(Input::Frame {
+                            peer: b,
+                            conn,
+                            frame,
+                        });
+                        to_b.extend(out);
+                    }
+                }
+            } else {
+                return;
+            }
+        }
+        panic!("the pair did not settle");
+    }
+
+    /// Node 1 sends `payload` to node 2; frames are exchanged until quiet.
+    fn send_a(&mut self, payload: &[u8]) -> ReqId {
+        let mark = self.a.sent.len();
+        let req = self.a.send(self.b.id(), payload);
+        let mut to_b: Vec<_> = self.a.sent[mark..].to_vec();
+        self.exchange(&mut to_b, &mut Vec::new());
+        req
+    }
+}
+
+fn ok_seq(r: Option<&Result<SendReceipt, SendError>>) -> Seq {
+    match r {
+        Some(Ok(receipt)) => receipt.seq,
+        other => panic!("expected Ok, got {other:?}"),
+    }
+}
+
+fn appends(groups: &[Vec<WriteOp>]) -> Vec<(Seq, usize)> {
+    groups
+        .iter()
+        .flatten()
+        .filter_map(|op| match op {
+            WriteOp::AppendOwn { batch, .. } => {
+                Some((batch.batch().first_seq(), batch.batch().entries().len()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn sends_sharing_a_commit_become_one_signed_batch() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.hold_commits = true;
+    let first = a.send(id(2), b"one");
+    let second = a.send(id(2), b"two");
+    let third = a.send(id(2), b"three");
+    // The first went alone; the other two waited for it.
+    assert_eq!(a.persists.len(), 1);
+    assert_eq!(appends(&a.persists[0]), vec![(1, 1)]);
+    a.release_commit();
+    assert_eq!(a.persists.len(), 2);
+    assert_eq!(
+        appends(&a.persists[1]),
+        vec![(2, 2)],
+        "one batch of two envelopes"
+    );
+    a.release_commit();
+    assert_eq!(ok_seq(a.reply(first)), 1);
+    assert_eq!(ok_seq(a.reply(second)), 2);
+    assert_eq!(ok_seq(a.reply(third)), 3);
+    let out = a
+        .store
+        .read_outbox(&stream(1, 1, 2), 0, u64::MAX)
+        .expect("reads");
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[1].batch.entries.len(), 2);
+    out[1]
+        .batch
+        .clone()
+        .verify()
+        .expect("one signature covers both");
+}
+
+#[test]
+fn sends_past_the_batch_limit_are_split_into_several_batches() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.hold_commits = true;
+    a.send(id(2), b"first");
+    for i in 0..300u32 {
+        a.send(id(2), &i.to_be_bytes());
+    }
+    a.release_commit();
+    assert_eq!(appends(&a.persists[1]), vec![(2, 256), (258, 44)]);
+    a.release_commit();
+    assert_eq!(a.replies.iter().filter(|(_, r)| r.is_ok()).count(), 301);
+}
+
+#[test]
+fn a_sender_is_answered_only_after_its_commit() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.hold_commits = true;
+    let req = a.send(id(2), b"hello");
+    assert!(
+        a.reply(req).is_none(),
+        "no answer before the commit returns"
+    );
+    a.release_commit();
+    assert_eq!(ok_seq(a.reply(req)), 1);
+
+    // A failed commit answers with the error, and the seq is not used up.
+    a.store.set_unavailable(true);
+    let failed = a.send(id(2), b"lost");
+    assert!(a.reply(failed).is_none());
+    a.release_commit();
+    assert!(matches!(a.reply(failed), Some(Err(SendError::Store(_)))));
+    a.store.set_unavailable(false);
+    a.now = a.now.plus(a.config.store_retry_ms);
+    let again = a.send(id(2), b"again");
+    a.release_commit();
+    assert_eq!(ok_seq(a.reply(again)), 2);
+}
+
+#[test]
+fn a_peer_batch_is_acknowledged_only_after_its_commit() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    b.hello_from(1, 1, ConnId(7), Vec::new());
+    b.hold_commits = true;
+    let out = b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"x"]));
+    assert!(!out.iter().any(|(_, _, f)| matches!(f, Frame::Ack { .. })));
+    assert_eq!(
+        b.core.mark(&stream(1, 1, 2)),
+        0,
+        "the mark waits for the commit"
+    );
+    let out = b.release_commit();
+    let acks: Vec<_> = out
+        .iter()
+        .filter_map(|(_, _, f)| match f {
+            Frame::Ack { upto, .. } => Some(*upto),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(acks, vec![1]);
+    assert_eq!(b.core.mark(&stream(1, 1, 2)), 1);
+}
+
+#[test]
+fn a_gap_in_seq_is_held_and_resync_is_asked() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    let out = b.frame(1, conn, batch(1, 1, 2, 3, &[b"three"]));
+    assert!(
+        out.iter()
+            .any(|(_, _, f)| matches!(f, Frame::Resync { after: 0, .. })),
+        "asks for what is missing: {out:?}"
+    );
+    assert!(b.journal().is_empty(), "nothing committed past the hole");
+    assert_eq!(b.core.metrics().batches_held, 1);
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"one"]));
+    assert_eq!(b.received(&stream(1, 1, 2)).len(), 1);
+    b.frame(1, conn, batch(1, 1, 2, 2, &[b"two"]));
+    let got = b.received(&stream(1, 1, 2));
+    assert_eq!(
+        got,
+        vec![
+            (1, b"one".to_vec()),
+            (2, b"two".to_vec()),
+            (3, b"three".to_vec())
+        ]
+    );
+    assert_eq!(b.store_mark(&stream(1, 1, 2)), 3);
+}
+
+#[test]
+fn a_batch_far_past_the_mark_is_not_held() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    b.frame(
+        1,
+        conn,
+        batch(1, 1, 2, REORDER_ENVELOPES_MAX + 1, &[b"far"]),
+    );
+    assert_eq!(b.core.metrics().dropped.outside_window, 1);
+    assert_eq!(b.core.metrics().batches_held, 0);
+}
+
+#[test]
+fn a_duplicate_batch_changes_nothing_and_is_counted() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"once"]));
+    let before = b.journal();
+    let commits = b.core.metrics().commits;
+    let out = b.frame(1, conn, batch(1, 1, 2, 1, &[b"once"]));
+    assert_eq!(b.journal(), before);
+    assert_eq!(
+        b.core.metrics().commits,
+        commits,
+        "no commit for a duplicate"
+    );
+    assert_eq!(b.core.metrics().dropped.duplicate, 1);
+    assert_eq!(b.core.metrics().duplicate_envelopes, 1);
+    assert!(
+        out.iter()
+            .any(|(_, _, f)| matches!(f, Frame::Ack { upto: 1, .. })),
+        "a duplicate is acknowledged again, in case the ack was lost"
+    );
+}
+
+#[test]
+fn a_batch_overlapping_the_mark_is_trimmed_not_dropped() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"1", b"2"]));
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"1", b"2", b"3", b"4"]));
+    let got = b.received(&stream(1, 1, 2));
+    let seqs: Vec<Seq> = got.iter().map(|(s, _)| *s).collect();
+    assert_eq!(seqs, vec![1, 2, 3, 4]);
+    assert_eq!(payloads(&got), vec![&b"1"[..], b"2", b"3", b"4"]);
+    assert_eq!(b.core.metrics().duplicate_envelopes, 2);
+    assert_eq!(b.store_mark(&stream(1, 1, 2)), 4);
+}
+
+#[test]
+fn a_batch_from_the_wrong_author_changes_no_state() {
+    let mut b = Node::new(2, 2, &[1, 3], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    let commits = b.core.metrics().commits;
+    // Node 3's batch to node 2, relayed by node 1.
+    b.frame(1, conn, batch(3, 3, 2, 1, &[b"forged"]));
+    // Node 1's batch, but to node 3.
+    b.frame(1, conn, batch(1, 1, 3, 1, &[b"elsewhere"]));
+    // Node 1's batch of another epoch than it announced.
+    b.frame(1, conn, batch(1, 9, 2, 1, &[b"old epoch"]));
+    let m = b.core.metrics();
+    assert_eq!(m.dropped.wrong_author, 1);
+    assert_eq!(m.dropped.wrong_recipient, 1);
+    assert_eq!(m.dropped.stale_epoch, 1);
+    assert_eq!(m.commits, commits);
+    assert!(b.journal().is_empty());
+    assert_eq!(b.core.mark(&stream(3, 3, 2)), 0);
+}
+
+#[test]
+fn a_bad_signature_changes_no_state() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    let commits = b.core.metrics().commits;
+    let Frame::Batch {
+        mut batch,
+        payloads,
+    } = batch(1, 1, 2, 1, &[b"x"])
+    else {
+        unreachable!()
+    };
+    let good = batch.clone();
+    batch.sig[0] ^= 1;
+    b.frame(
+        1,
+        conn,
+        Frame::Batch {
+            batch,
+            payloads: payloads.clone(),
+        },
+    );
+    // A good signature with a payload that does not match its hash.
+    b.frame(
+        1,
+        conn,
+        Frame::Batch {
+            batch: good,
+            payloads: Payloads(vec![b"y".to_vec()]),
+        },
+    );
+    let m = b.core.metrics();
+    assert_eq!(m.dropped.bad_signature, 1);
+    assert_eq!(m.dropped.cid_mismatch, 1);
+    assert_eq!(m.commits, commits);
+    assert!(b.journal().is_empty());
+    assert_eq!(b.core.mark(&stream(1, 1, 2)), 0);
+}
+
+#[test]
+fn frames_before_the_hello_or_on_a_stale_connection_are_dropped() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    b.run(Input::PeerConnected {
+        peer: id(1),
+        conn: ConnId(7),
+    });
+    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"early"]));
+    b.frame(1, ConnId(6), batch(1, 1, 2, 1, &[b"stale"]));
+    assert_eq!(b.core.metrics().dropped.before_hello, 1);
+    assert_eq!(b.core.metrics().dropped.stale_connection, 1);
+    assert!(b.journal().is_empty());
+}
+
+#[test]
+fn a_hello_naming_another_node_closes_the_connection() {
+    let mut b = Node::new(2, 2, &[1, 3], Config::default());
+    b.run(Input::PeerConnected {
+        peer: id(1),
+        conn: ConnId(7),
+    });
+    b.frame(
+        1,
+        ConnId(7),
+        Frame::Hello {
+            version: PROTOCOL_VERSION,
+            node: id(3),
+            epoch: epoch(3),
+            marks: Vec::new(),
+        },
+    );
+    assert!(b.other.iter().any(|e| matches!(
+        e,
+        Effect::CloseConnection {
+            reason: CloseReason::WrongNode,
+            ..
+        }
+    )));
+    // The connection is ignored from now on.
+    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"x"]));
+    assert_eq!(b.core.metrics().dropped.stale_connection, 1);
+}
+
+#[test]
+fn an_unknown_peer_is_refused() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    b.run(Input::PeerConnected {
+        peer: id(5),
+        conn: ConnId(7),
+    });
+    assert!(b.other.iter().any(|e| matches!(
+        e,
+        Effect::CloseConnection {
+            reason: CloseReason::UnknownPeer,
+            ..
+        }
+    )));
+    let req = b.send(id(5), b"x");
+    assert!(matches!(b.reply(req), Some(Err(SendError::UnknownPeer(_)))));
+}
+
+#[test]
+fn messages_reach_a_connected_peer_in_order_and_are_acknowledged() {
+    let mut p = Pair::new(Config::default());
+    p.connect();
+    for i in 0..5u8 {
+        p.send_a(&[i]);
+    }
+    let got = p.b.received(&stream(1, 1, 2));
+    assert_eq!(
+        got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4, 5]
+    );
+    let own = p.a.core.own_stream(&id(2)).expect("stream exists");
+    assert_eq!(own.last_acked, 5);
+}
+
+#[test]
+fn a_reconnecting_peer_gets_what_it_missed() {
+    let mut p = Pair::new(Config::default());
+    p.a.send(id(2), b"1");
+    p.a.send(id(2), b"2");
+    p.connect();
+    p.send_a(b"3");
+    p.disconnect();
+    p.a.send(id(2), b"4");
+    p.b.restart();
+    p.connect();
+    let got = p.b.received(&stream(1, 1, 2));
+    assert_eq!(
+        got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
+        vec![1, 2, 3, 4]
+    );
+    assert_eq!(p.a.core.own_stream(&id(2)).map(|o| o.last_acked), Some(4));
+}
+
+#[test]
+fn resync_past_retention_answers_a_gap_with_earliest_available() {
+    // Two messages retained; acknowledged ones make room for new ones.
+    let mut p = Pair::new(bounds(2, OnFull::Reject));
+    p.connect();
+    for m in [b"1", b"2", b"3", b"4"] {
+        p.send_a(m);
+    }
+    let own = p.a.core.own_stream(&id(2)).expect("stream").clone();
+    assert_eq!((own.first_retained, own.last_acked), (3, 4));
+    let conn = p.conn.expect("connected");
+    let out = p.a.frame(
+        2,
+        conn,
+        Frame::Resync {
+            stream: stream(1, 1, 2),
+            after: 0,
+        },
+    );
+    let frames: Vec<String> = out
+        .iter()
+        .map(|(_, _, f)| match f {
+            Frame::ResyncGap {
+                earliest_available, ..
+            } => format!("gap {earliest_available}"),
+            Frame::Batch { batch, .. } => format!("batch {}", batch.first_seq),
+            Frame::ResyncDone { upto, .. } => format!("done {upto}"),
+            other => other.name().to_string(),
+        })
+        .collect();
+    assert_eq!(frames, vec!["gap 3", "batch 3", "batch 4", "done 4"]);
+}
+
+#[test]
+fn a_gap_from_the_author_is_journaled_and_moves_the_mark() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"1"]));
+    b.frame(
+        1,
+        conn,
+        Frame::ResyncGap {
+            stream: stream(1, 1, 2),
+            earliest_available: 5,
+        },
+    );
+    b.frame(1, conn, batch(1, 1, 2, 5, &[b"5"]));
+    let s = stream(1, 1, 2);
+    let j = b.journal();
+    assert!(j.contains(&JournalRecord::Gap {
+        stream: s.clone(),
+        from: 2,
+        to: 4
+    }));
+    assert_eq!(b.store_mark(&s), 5);
+    assert_eq!(b.core.metrics().gaps_recorded, 1);
+}
+
+#[test]
+fn a_peer_with_a_new_epoch_is_fed_again_from_what_is_retained() {
+    let mut p = Pair::new(bounds(2, OnFull::Reject));
+    p.connect();
+    for m in [b"1", b"2", b"3"] {
+        p.send_a(m);
+    }
+    let own = p.a.core.own_stream(&id(2)).expect("stream").clone();
+    assert_eq!((own.first_retained, own.last_acked), (2, 3));
+    p.disconnect();
+    // Node 2 loses its store and comes back with a new epoch.
+    p.b = Node::new(2, 22, &[1], bounds(2, OnFull::Reject));
+    p.connect();
+    let s = stream(1, 1, 2);
+    let j = p.b.journal();
+    assert_eq!(
+        j.first(),
+        Some(&JournalRecord::Gap {
+            stream: s.clone(),
+            from: 1,
+            to: 1
+        })
+    );
+    let got = p.b.received(&s);
+    assert_eq!(payloads(&got), vec![&b"2"[..], b"3"]);
+    assert_eq!(p.a.core.metrics().peer_epoch_changes, 1);
+    let own = p.a.core.own_stream(&id(2)).expect("stream");
+    assert_eq!(own.last_acked, 3, "acked again by the new store");
+    let peers = p.a.store.peers().expect("reads");
+    assert_eq!(peers[0].epoch, Some(epoch(22)), "the new epoch is recorded");
+}
+
+#[test]
+fn an_authors_new_epoch_starts_a_new_stream_at_seq_1() {
+    let mut p = Pair::new(Config::default());
+    p.connect();
+    for m in [b"1", b"2", b"3"] {
+        p.send_a(m);
+    }
+    p.disconnect();
+    // Node 1 loses its store: same key, new epoch.
+    p.a = Node::new(1, 11, &[2], Config::default());
+    p.connect();
+    let req = p.send_a(b"new");
+    assert_eq!(ok_seq(p.a.reply(req)), 1);
+    let old = p.b.received(&stream(1, 1, 2));
+    let new = p.b.received(&stream(1, 11, 2));
+    assert_eq!(old.len(), 3);
+    assert_eq!(new, vec![(1, b"new".to_vec())], "not mistaken for a replay");
+    assert_eq!(p.b.core.metrics().dropped.duplicate, 0);
+}
+
+#[test]
+fn reject_policy_refuses_a_full_outbox_with_the_peer_and_counts() {
+    let mut a = Node::new(1, 1, &[2], bounds(2, OnFull::Reject));
+    let r1 = a.send(id(2), b"1");
+    let r2 = a.send(id(2), b"2");
+    let r3 = a.send(id(2), b"3");
+    assert_eq!(ok_seq(a.reply(r1)), 1);
+    assert_eq!(ok_seq(a.reply(r2)), 2);
+    let err = a.reply(r3).expect("answered").clone().expect_err("refused");
+    assert!(
+        matches!(err, SendError::OutboxFull { msgs: 2, .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!(
+            "outbox for peer {} is full (2 msgs",
+            id(2).fmt_short()
+        )),
+        "{text}"
+    );
+    assert_eq!(a.core.metrics().sends_refused, 1);
+    assert_eq!(a.core.own_stream(&id(2)).map(|o| o.next_seq), Some(3));
+    assert_eq!(
+        a.received(&stream(1, 1, 2)).len(),
+        2,
+        "nothing written for it"
+    );
+}
+
+#[test]
+fn the_store_has_the_last_word_on_a_full_outbox() {
+    // Bytes cannot be pre-checked once some retained messages are acked; the
+    // store refuses, and the sender hears why.
+    let config = Config {
+        outbox: OutboxBounds {
+            max_msgs: 100,
+            max_bytes: 10,
+            on_full: OnFull::Reject,
+        },
+        ..Config::default()
+    };
+    let mut p = Pair::new(config);
+    p.connect();
+    p.send_a(b"1");
+    p.disconnect();
+    let r2 = p.a.send(id(2), b"12345678");
+    assert_eq!(ok_seq(p.a.reply(r2)), 2);
+    // 1 (acked) + 8 retained: evicting the acked one leaves 8 + 3 > 10.
+    let r3 = p.a.send(id(2), b"123");
+    assert!(
+        matches!(p.a.reply(r3), Some(Err(SendError::OutboxFull { .. }))),
+        "{:?}",
+        p.a.reply(r3)
+    );
+    assert_eq!(p.a.core.metrics().sends_failed, 1);
+    assert_eq!(p.a.core.metrics().sends_refused, 0, "not refused early");
+}
+
+#[test]
+fn evict_oldest_records_a_loss_and_the_peer_gets_a_gap() {
+    let mut p = Pair::new(bounds(2, OnFull::EvictOldest));
+    for m in [b"1", b"2", b"3"] {
+        let req = p.a.send(id(2), m);
+        assert!(matches!(p.a.reply(req), Some(Ok(_))));
+    }
+    let s = stream(1, 1, 2);
+    assert!(p.a.journal().iter().any(|r| matches!(
+        r,
+        JournalRecord::Loss {
+            from: 1,
+            to: 1,
+            reason: LossReason::OutboxEvicted,
+            ..
+        }
+    )));
+    p.connect();
+    let j = p.b.journal();
+    assert_eq!(
+        j.first(),
+        Some(&JournalRecord::Gap {
+            stream: s.clone(),
+            from: 1,
+            to: 1
+        })
+    );
+    assert_eq!(payloads(&p.b.received(&s)), vec![&b"2"[..], b"3"]);
+}
+
+#[test]
+fn a_failed_commit_rolls_the_mark_back_and_asks_again() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    b.store.set_unavailable(true);
+    let out = b.frame(1, conn, batch(1, 1, 2, 1, &[b"1"]));
+    assert!(
+        out.iter()
+            .any(|(_, _, f)| matches!(f, Frame::Resync { after: 0, .. })),
+        "{out:?}"
+    );
+    assert!(!out.iter().any(|(_, _, f)| matches!(f, Frame::Ack { .. })));
+    assert_eq!(b.core.mark(&stream(1, 1, 2)), 0);
+    b.store.set_unavailable(false);
+    b.now = b.now.plus(b.config.store_retry_ms);
+    // The author answers the resync by sending it again.
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"1"]));
+    assert_eq!(b.received(&stream(1, 1, 2)).len(), 1);
+}
+
+#[test]
+fn sends_past_the_waiting_bound_are_refused_as_busy() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.hold_commits = true;
+    a.send(id(2), b"in flight");
+    for _ in 0..WAITING_SENDS_MAX {
+        a.send(id(2), b"");
+    }
+    let req = a.send(id(2), b"one too many");
+    assert!(matches!(a.reply(req), Some(Err(SendError::Busy { .. }))));
+    assert_eq!(a.replies.len(), 1, "only the refused one is answered");
+}
+
+#[test]
+fn own_lamport_is_one_past_the_highest_seen() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    // `batch` stamps lamport = seq; 40 is the highest seen.
+    b.frame(1, conn, batch(1, 1, 2, 1, &vec![&b"x"[..]; 40]));
+    b.send(id(1), b"reply");
+    let lamport = b.journal().into_iter().find_map(|r| match r {
+        JournalRecord::Envelope {
+            stream, lamport, ..
+        } if stream.author == id(2) => Some(lamport),
+        _ => None,
+    });
+    assert_eq!(lamport, Some(41));
+}
+
+#[test]
+fn an_unacknowledged_stream_is_sent_again_after_silence() {
+    let mut p = Pair::new(Config::default());
+    p.connect();
+    let conn = p.conn.expect("connected");
+    // The batch is lost on the way.
+    p.a.send(id(2), b"lost");
+    p.a.now = p.a.now.plus(p.a.config.retransmit_ms);
+    let out = p.a.run(Input::Timer);
+    assert!(
+        out.iter()
+            .any(|(_, c, f)| *c == conn && matches!(f, Frame::Batch { .. }))
+    );
+    assert_eq!(p.a.core.metrics().retransmits, 1);
+}
+
+#[test]
+fn an_unanswered_hello_is_sent_again_then_the_connection_closed() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.run(Input::PeerConnected {
+        peer: id(2),
+        conn: ConnId(3),
+    });
+    let attempts = a.config.hello_attempts_max;
+    for _ in 1..attempts {
+        a.now = a.now.plus(a.config.hello_retry_ms);
+        let out = a.run(Input::Timer);
+        assert!(matches!(out.as_slice(), [(_, _, Frame::Hello { .. })]));
+    }
+    a.now = a.now.plus(a.config.hello_retry_ms);
+    a.run(Input::Timer);
+    assert!(a.other.iter().any(|e| matches!(
+        e,
+        Effect::CloseConnection {
+            reason: CloseReason::NoHello { .. },
+            ..
+        }
+    )));
+}
+
+#[test]
+fn a_restarted_core_resumes_from_the_store() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.send(id(2), b"1");
+    a.send(id(2), b"2");
+    a.hold_commits = true;
+    let lost = a.send(id(2), b"never committed");
+    a.restart();
+    a.hold_commits = false;
+    let req = a.send(id(2), b"3");
+    assert_eq!(ok_seq(a.reply(req)), 3, "seqs stay dense across a crash");
+    assert!(a.reply(lost).is_none());
+}
