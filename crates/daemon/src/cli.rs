@@ -27,6 +27,59 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Show this node: id, epoch, addresses, peers, queues and store size.
+    Status {
+        /// Print JSON instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print this node's id alone.
+    Id,
+    /// Print a ticket other nodes pass to `mesh peer add`.
+    Ticket,
+    /// Manage the peers this node exchanges messages with.
+    #[command(subcommand)]
+    Peer(PeerCommand),
+    /// Send a message to a peer; prints its seq once it is durably committed.
+    ///
+    /// Exits non-zero with the reason if it was not committed (unknown peer,
+    /// outbox full, store unavailable, daemon not running).
+    Send {
+        /// The recipient's node id (as printed by `mesh id` on that node).
+        peer: String,
+        /// The message text, or `-` to read it from stdin.
+        text: String,
+        /// With `-`: send each line of stdin as its own message.
+        #[arg(long)]
+        lines: bool,
+        /// Print JSON (id, stream, seq) instead of the seq.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print journal entries (sent, received, gaps, losses) after a cursor.
+    ///
+    /// Prints the entries, then `next: CURSOR` on stderr: pass it as
+    /// `--after` to continue exactly where this page ended.
+    Events {
+        /// Start after this cursor (default: the beginning).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// The most entries to print (1..=1000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+        /// Print one JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow the journal live: the backlog after the cursor, then new entries.
+    Tail {
+        /// Start after this cursor (default: the beginning).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// Print one JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run a node in the foreground (logs to stderr; RUST_LOG is honoured).
     ///
     /// Creates the data dir (mode 0700), the node key and the store on first
@@ -35,6 +88,27 @@ pub enum Command {
         /// Address to listen on for peers.
         #[arg(long, default_value = "0.0.0.0:0", value_name = "ADDR")]
         bind: SocketAddr,
+    },
+}
+
+/// `mesh peer ...`.
+#[derive(Debug, Subcommand)]
+pub enum PeerCommand {
+    /// Add a peer from the ticket it printed with `mesh ticket`.
+    Add {
+        /// The peer's ticket.
+        ticket: String,
+    },
+    /// List known peers with their connection state and queues.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a peer (what was exchanged stays in the journal).
+    Remove {
+        /// The peer's node id.
+        id: String,
     },
 }
 

@@ -6,6 +6,7 @@
 pub mod api;
 pub mod cli;
 pub mod client;
+mod commands;
 pub mod config;
 pub mod paths;
 mod run;

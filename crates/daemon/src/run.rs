@@ -5,18 +5,43 @@ use std::net::SocketAddr;
 use anyhow::Context;
 
 use crate::cli::{Cli, Command};
+use crate::client::Client;
+use crate::commands;
 use crate::paths::DataDir;
 
 /// Runs one parsed command line to completion.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Daemon { bind } => {
-            init_tracing();
-            let dir = DataDir::resolve(cli.data.as_deref())?;
-            let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-            rt.block_on(daemon(dir, bind))
-        }
+    let dir = DataDir::resolve(cli.data.as_deref())?;
+    if let Command::Daemon { bind } = cli.command {
+        init_tracing();
+        let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+        return rt.block_on(daemon(dir, bind));
     }
+    // Client commands need little: one thread answers one request at a time.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let c = Client::new(dir.socket_path());
+    rt.block_on(async move {
+        match cli.command {
+            Command::Daemon { .. } => unreachable!("handled above"),
+            Command::Status { json } => commands::status(&c, json).await,
+            Command::Id => commands::id(&c).await,
+            Command::Ticket => commands::ticket(&c).await,
+            Command::Peer(cmd) => commands::peer(&c, cmd).await,
+            Command::Send {
+                peer,
+                text,
+                lines,
+                json,
+            } => commands::send(&c, peer, text, lines, json).await,
+            Command::Events { after, limit, json } => {
+                commands::events(&c, after, limit, json).await
+            }
+            Command::Tail { after, json } => commands::tail(&c, after, json).await,
+        }
+    })
 }
 
 fn init_tracing() {

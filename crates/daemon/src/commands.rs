@@ -1,0 +1,276 @@
+//! The client subcommands: each talks to the running daemon over its socket.
+
+use std::io::{BufRead, Write};
+
+use anyhow::{Context, bail};
+
+use crate::api::json::{
+    AddPeerRequest, BatchResponse, EventEntry, EventRecord, EventsPage, LaggedEvent, SendRequest,
+    SendResponse, TicketResponse,
+};
+use crate::api::node::{NodeStatus, PeerStatus};
+use crate::cli::PeerCommand;
+use crate::client::Client;
+
+/// The most messages `mesh send --lines` puts in one request.
+const SEND_LINES_CHUNK: usize = 1000;
+
+/// `mesh status`.
+pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
+    let st: serde_json::Value = c.get("/v1/status").await?;
+    if json {
+        return print_json(&st);
+    }
+    let st: NodeStatus = serde_json::from_value(st).context("unexpected status answer")?;
+    println!("node    {}", st.node);
+    println!("epoch   {}", st.epoch);
+    let addrs: Vec<String> = st.addrs.iter().map(|a| a.to_string()).collect();
+    println!("listen  {}", addrs.join(", "));
+    if let Some(b) = st.store_bytes {
+        println!("store   {b} bytes");
+    }
+    println!("peers   {}", st.peers.len());
+    print_peers(&st.peers);
+    Ok(())
+}
+
+fn print_peers(peers: &[PeerStatus]) {
+    for p in peers {
+        let state = if p.connected { "connected" } else { "offline" };
+        let marks: Vec<String> = p.marks.iter().map(|m| m.mark.to_string()).collect();
+        println!(
+            "  {}  {state:9}  queued {} msgs / {} bytes  received marks [{}]",
+            p.node,
+            p.queued_msgs,
+            p.outbox_bytes,
+            marks.join(", ")
+        );
+    }
+}
+
+/// `mesh id`.
+pub(crate) async fn id(c: &Client) -> anyhow::Result<()> {
+    let st: NodeStatus = c.get("/v1/status").await?;
+    println!("{}", st.node);
+    Ok(())
+}
+
+/// `mesh ticket`.
+pub(crate) async fn ticket(c: &Client) -> anyhow::Result<()> {
+    let t: TicketResponse = c.get("/v1/ticket").await?;
+    println!("{}", t.ticket);
+    Ok(())
+}
+
+/// `mesh peer ...`.
+pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
+    match cmd {
+        PeerCommand::Add { ticket } => {
+            let p: PeerStatus = c.post("/v1/peers", &AddPeerRequest { ticket }).await?;
+            println!("added peer {}", p.node);
+        }
+        PeerCommand::List { json } => {
+            let peers: serde_json::Value = c.get("/v1/peers").await?;
+            if json {
+                return print_json(&peers);
+            }
+            let peers: Vec<PeerStatus> =
+                serde_json::from_value(peers).context("unexpected peers answer")?;
+            if peers.is_empty() {
+                println!("no peers yet: add one with `mesh peer add TICKET`");
+            }
+            print_peers(&peers);
+        }
+        PeerCommand::Remove { id } => {
+            let _: serde_json::Value = c.delete(&format!("/v1/peers/{id}")).await?;
+            println!("removed peer {id}");
+        }
+    }
+    Ok(())
+}
+
+/// `mesh send`.
+pub(crate) async fn send(
+    c: &Client,
+    peer: String,
+    text: String,
+    lines: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    if text != "-" {
+        if lines {
+            bail!("--lines reads stdin: pass `-` as the text");
+        }
+        let sent: SendResponse = c.post("/v1/send", &request(&peer, text)).await?;
+        return print_sent(&sent, json);
+    }
+    let stdin = std::io::stdin();
+    if !lines {
+        let mut body = String::new();
+        std::io::Read::read_to_string(&mut stdin.lock(), &mut body).context("cannot read stdin")?;
+        let sent: SendResponse = c.post("/v1/send", &request(&peer, body)).await?;
+        return print_sent(&sent, json);
+    }
+    let mut chunk = Vec::with_capacity(SEND_LINES_CHUNK);
+    for line in stdin.lock().lines() {
+        chunk.push(request(&peer, line.context("cannot read stdin")?));
+        if chunk.len() == SEND_LINES_CHUNK {
+            send_chunk(c, std::mem::take(&mut chunk), json).await?;
+        }
+    }
+    if !chunk.is_empty() {
+        send_chunk(c, chunk, json).await?;
+    }
+    Ok(())
+}
+
+fn request(peer: &str, body: String) -> SendRequest {
+    SendRequest {
+        to: peer.to_owned(),
+        body,
+        encoding: Default::default(),
+        msg_kind: 0,
+    }
+}
+
+async fn send_chunk(c: &Client, chunk: Vec<SendRequest>, json: bool) -> anyhow::Result<()> {
+    let res: BatchResponse = c.post("/v1/send/batch", &chunk).await?;
+    for sent in &res.sent {
+        print_sent(sent, json)?;
+    }
+    Ok(())
+}
+
+fn print_sent(sent: &SendResponse, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(sent);
+    }
+    println!("{}", sent.seq);
+    Ok(())
+}
+
+/// `mesh events`.
+pub(crate) async fn events(
+    c: &Client,
+    after: Option<String>,
+    limit: u32,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut path = format!("/v1/events?limit={limit}");
+    if let Some(a) = &after {
+        path.push_str(&format!("&after={}", urlencode(a)));
+    }
+    let page: EventsPage = c.get(&path).await?;
+    let me = node_id(c).await?;
+    for e in &page.entries {
+        print_entry(e, &me, json)?;
+    }
+    eprintln!("next: {}", page.next);
+    Ok(())
+}
+
+/// `mesh tail`.
+pub(crate) async fn tail(c: &Client, after: Option<String>, json: bool) -> anyhow::Result<()> {
+    let me = node_id(c).await?;
+    let mut path = "/v1/subscribe".to_owned();
+    if let Some(a) = &after {
+        path.push_str(&format!("?after={}", urlencode(a)));
+    }
+    let mut sse = c.subscribe(&path).await?;
+    while let Some(ev) = sse.next().await? {
+        match ev.event.as_str() {
+            "entry" => {
+                let e: EventEntry =
+                    serde_json::from_str(&ev.data).context("unexpected entry from the daemon")?;
+                print_entry(&e, &me, json)?;
+            }
+            "lagged" => {
+                let l: LaggedEvent =
+                    serde_json::from_str(&ev.data).context("unexpected lagged event")?;
+                eprintln!(
+                    "lagged: entries {}..={} were not shown live; run `mesh events --after {}` to read them",
+                    l.skipped_from, l.skipped_to, l.resume
+                );
+                if json {
+                    print_json(&serde_json::json!({"lagged": l}))?;
+                }
+            }
+            "error" => bail!("the daemon ended the subscription: {}", ev.data),
+            _ => {}
+        }
+    }
+    eprintln!("the daemon closed the subscription");
+    Ok(())
+}
+
+async fn node_id(c: &Client) -> anyhow::Result<String> {
+    let st: NodeStatus = c.get("/v1/status").await?;
+    Ok(st.node)
+}
+
+fn print_entry(e: &EventEntry, me: &str, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(e);
+    }
+    let short = |id: &str| id.chars().take(10).collect::<String>();
+    let line = match &e.record {
+        EventRecord::Envelope {
+            stream,
+            seq,
+            body,
+            encoding,
+            ..
+        } => {
+            let dir = if stream.author == me {
+                format!(
+                    "to   {}",
+                    short(stream.channel.trim_start_matches("direct:"))
+                )
+            } else {
+                format!("from {}", short(&stream.author))
+            };
+            let enc = match encoding {
+                crate::api::json::BodyEncoding::Text => "",
+                crate::api::json::BodyEncoding::Base64 => " (base64)",
+            };
+            format!("{dir} #{seq}{enc}: {body}")
+        }
+        EventRecord::Gap { stream, from, to } => format!(
+            "GAP  from {}: messages #{from}..=#{to} can never arrive (the author no longer holds them)",
+            short(&stream.author)
+        ),
+        EventRecord::Loss {
+            stream,
+            from,
+            to,
+            reason,
+            detail,
+        } => format!(
+            "LOSS {reason} on stream of {} #{from}..=#{to}: {detail}",
+            short(&stream.author)
+        ),
+        EventRecord::Other {} => "(an entry this build does not know)".to_owned(),
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "[{}] {line}", e.arrival)?;
+    Ok(())
+}
+
+fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Cursors are base32 text; escape anything else a person may paste.
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
