@@ -1,0 +1,548 @@
+//! The iroh transport against real endpoints on 127.0.0.1 (relays, address
+//! lookup and the portmapper off). Every wait is bounded by [`T`].
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use iroh::endpoint::{ConnectionError, PortmapperConfig, presets};
+use iroh::{Endpoint, EndpointAddr, RelayMode};
+use mesh_bus::net::{
+    ALPN, ConnId, DisconnectReason, Net, NetConfig, NetError, NetEvent, PREAMBLE, SendError,
+    close_code, load_or_create_node_key,
+};
+use mesh_protocol::{
+    Channel, EntryHeader, Epoch, Frame, FrameError, NodeId, Payloads, SecretKey, SignedBatch,
+    StreamId,
+};
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+/// The bound on every wait in these tests.
+const T: Duration = Duration::from_secs(15);
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+struct Node {
+    net: Net,
+    events: mpsc::Receiver<NetEvent>,
+}
+
+impl Node {
+    async fn bind(key: SecretKey) -> Node {
+        let (net, events) = Net::bind(NetConfig::with_bind_addr(loopback()), key)
+            .await
+            .expect("bind on 127.0.0.1:0");
+        Node { net, events }
+    }
+
+    async fn new() -> Node {
+        Node::bind(SecretKey::generate()).await
+    }
+
+    fn id(&self) -> NodeId {
+        self.net.node_id()
+    }
+
+    async fn next(&mut self) -> NetEvent {
+        timeout(T, self.events.recv())
+            .await
+            .expect("no event in time")
+            .expect("event channel closed")
+    }
+
+    /// Skips events until `peer` is connected; returns the connection.
+    async fn connected(&mut self, peer: NodeId) -> ConnId {
+        loop {
+            if let NetEvent::Connected { peer: p, conn } = self.next().await
+                && p == peer
+            {
+                return conn;
+            }
+        }
+    }
+
+    /// Skips events until `conn` to `peer` is reported disconnected.
+    async fn disconnected(&mut self, peer: NodeId, conn: ConnId) -> DisconnectReason {
+        loop {
+            if let NetEvent::Disconnected {
+                peer: p,
+                conn: c,
+                reason,
+            } = self.next().await
+                && p == peer
+                && c == conn
+            {
+                return reason;
+            }
+        }
+    }
+
+    /// The next frame; any other event fails the test.
+    async fn frame(&mut self) -> (NodeId, ConnId, Frame) {
+        match self.next().await {
+            NetEvent::Frame {
+                peer, conn, frame, ..
+            } => (peer, conn, frame),
+            other => panic!("expected a frame, got {other:?}"),
+        }
+    }
+}
+
+/// `dialer` knows `acceptor`'s address; `acceptor` only allows `dialer`. So
+/// exactly one connection is made, dialed by `dialer`.
+async fn link_one_way(dialer: &Node, acceptor: &Node) {
+    acceptor
+        .net
+        .add_peer(dialer.id(), Vec::new())
+        .await
+        .expect("add dialer");
+    dialer
+        .net
+        .add_peer(acceptor.id(), acceptor.net.local_addrs())
+        .await
+        .expect("add acceptor");
+}
+
+fn ack(n: u64) -> Frame {
+    let a = SecretKey::from_bytes(&[7; 32]).public();
+    Frame::Ack {
+        stream: StreamId::direct(a, Epoch([7; 16]), a),
+        upto: n,
+    }
+}
+
+/// A batch frame carrying one payload of `len` bytes, numbered `seq`.
+fn batch(author: NodeId, to: NodeId, seq: u64, payload: &[u8]) -> Frame {
+    Frame::Batch {
+        batch: SignedBatch {
+            author,
+            epoch: Epoch([1; 16]),
+            channel: Channel::Direct(to),
+            first_seq: seq,
+            entries: vec![EntryHeader::for_payload(seq, 0, 0, payload)],
+            // The transport does not verify; the core does.
+            sig: [0; 64],
+        },
+        payloads: Payloads(vec![payload.to_vec()]),
+    }
+}
+
+fn seq_of(frame: &Frame) -> u64 {
+    match frame {
+        Frame::Batch { batch, .. } => batch.first_seq,
+        other => panic!("expected a batch, got {other:?}"),
+    }
+}
+
+/// A bare iroh endpoint speaking our ALPN, for hand-written misbehaviour.
+async fn raw_endpoint() -> Endpoint {
+    Endpoint::builder(presets::Minimal)
+        .relay_mode(RelayMode::Disabled)
+        .clear_address_lookup()
+        .portmapper_config(PortmapperConfig::Disabled)
+        .clear_ip_transports()
+        .bind_addr(loopback())
+        .expect("bind addr")
+        .bind()
+        .await
+        .expect("raw endpoint")
+}
+
+fn addr_of(node: &Node) -> EndpointAddr {
+    let mut addr = EndpointAddr::new(node.id());
+    for a in node.net.local_addrs() {
+        addr = addr.with_ip_addr(a);
+    }
+    addr
+}
+
+fn app_close(e: ConnectionError) -> (u64, String) {
+    match e {
+        ConnectionError::ApplicationClosed(c) => (
+            c.error_code.into_inner(),
+            String::from_utf8_lossy(&c.reason).into_owned(),
+        ),
+        other => panic!("expected an application close, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_connect_and_exchange_frames_both_ways() {
+    let mut a = Node::new().await;
+    let mut b = Node::new().await;
+    link_one_way(&a, &b).await;
+    let ca = a.connected(b.id()).await;
+    let cb = b.connected(a.id()).await;
+
+    a.net.try_send(b.id(), ca, &ack(1)).expect("a -> b");
+    assert_eq!(b.frame().await, (a.id(), cb, ack(1)));
+    b.net.send(a.id(), cb, &ack(2)).await.expect("b -> a");
+    assert_eq!(a.frame().await, (b.id(), ca, ack(2)));
+
+    // A stale connection id is refused, not sent on the live one.
+    let stale = ConnId(ca.0 + 1000);
+    assert_eq!(
+        a.net.try_send(b.id(), stale, &ack(3)),
+        Err(SendError::NotConnected)
+    );
+
+    let status = a.net.peers();
+    assert_eq!(status.len(), 1);
+    assert_eq!(status[0].conn, Some(ca));
+    assert!(status[0].dialed_here);
+    assert_eq!(b.net.peers()[0].conn, Some(cb));
+    assert!(!b.net.peers()[0].dialed_here);
+
+    let counters = a.net.counters();
+    assert_eq!((counters.frames_out, counters.frames_in), (1, 1));
+    let a_id = a.id();
+    a.net.shutdown().await;
+    // B hears the shutdown at once, not after the idle timeout.
+    match b.disconnected(a_id, cb).await {
+        DisconnectReason::ClosedByPeer { code, .. } => {
+            assert_eq!(code, u64::from(close_code::SHUTDOWN))
+        }
+        other => panic!("unexpected reason {other:?}"),
+    }
+    b.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_frames_arrive_in_order() {
+    const N: u64 = 10_000;
+    let mut a = Node::new().await;
+    let mut b = Node::new().await;
+    link_one_way(&a, &b).await;
+    let ca = a.connected(b.id()).await;
+    let cb = b.connected(a.id()).await;
+
+    let payload = vec![0xAB; 1024];
+    let frames: Vec<Frame> = (1..=N)
+        .map(|i| batch(a.id(), b.id(), i, &payload))
+        .collect();
+    let start = Instant::now();
+    let (net, to) = (&a.net, b.id());
+    let send = async move {
+        for f in &frames {
+            net.send(to, ca, f).await.expect("send");
+        }
+    };
+    let recv = async {
+        for i in 1..=N {
+            let (peer, conn, frame) = b.frame().await;
+            assert_eq!((peer, conn), (a.id(), cb));
+            assert_eq!(seq_of(&frame), i, "frame out of order");
+        }
+    };
+    tokio::join!(send, recv);
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{N} frames of 1 KiB in {secs:.3} s = {:.0} frames/s",
+        N as f64 / secs
+    );
+    assert_eq!(b.net.counters().frames_in, N);
+    a.net.shutdown().await;
+    b.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_node_is_refused_with_403_and_never_reported() {
+    let mut a = Node::new().await;
+    let raw = raw_endpoint().await;
+    let conn = timeout(T, raw.connect(addr_of(&a), ALPN))
+        .await
+        .expect("connect in time")
+        .expect("handshake completes; refusal comes after");
+    let (mut send, _recv) = conn.open_bi().await.expect("open stream");
+    // Writing may already fail if the close has arrived; either way it is refused.
+    let _ = send.write_all(&PREAMBLE).await;
+    let (code, reason) = app_close(timeout(T, conn.closed()).await.expect("closed in time"));
+    assert_eq!(
+        (code, reason.as_str()),
+        (u64::from(close_code::UNKNOWN_NODE), "unknown node")
+    );
+    assert_eq!(a.net.counters().refused, 1);
+    assert!(matches!(
+        a.events.try_recv(),
+        Err(mpsc::error::TryRecvError::Empty)
+    ));
+    raw.close().await;
+
+    // A removed peer is refused the same way from then on, and its live
+    // connection is closed with its own code.
+    let mut b = Node::new().await;
+    link_one_way(&b, &a).await;
+    let ca = a.connected(b.id()).await;
+    let cb = b.connected(a.id()).await;
+    a.net.remove_peer(b.id()).await.expect("remove");
+    assert!(matches!(
+        a.disconnected(b.id(), ca).await,
+        DisconnectReason::ClosedLocally {
+            code: close_code::PEER_REMOVED,
+            ..
+        }
+    ));
+    match b.disconnected(a.id(), cb).await {
+        DisconnectReason::ClosedByPeer { code, .. } => {
+            assert_eq!(code, u64::from(close_code::PEER_REMOVED))
+        }
+        other => panic!("unexpected reason {other:?}"),
+    }
+    assert!(a.net.peers().is_empty());
+    a.net.shutdown().await;
+    b.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_peer_is_reconnected_with_a_new_conn_id() {
+    let mut a = Node::new().await;
+    let b_key = SecretKey::generate();
+    let b = Node::bind(b_key.clone()).await;
+    link_one_way(&a, &b).await;
+    let first = a.connected(b.id()).await;
+    let old_addrs = b.net.local_addrs();
+    let b_id = b.id();
+
+    // B goes away (dropping the handle closes it in the background).
+    drop(b);
+    a.disconnected(b_id, first).await;
+
+    // B comes back with the same key on a new port; A learns the new address.
+    let mut b = Node::bind(b_key).await;
+    assert_eq!(b.id(), b_id);
+    assert_ne!(b.net.local_addrs(), old_addrs);
+    b.net.add_peer(a.id(), Vec::new()).await.expect("allow a");
+    a.net
+        .add_peer(b_id, b.net.local_addrs())
+        .await
+        .expect("new addr");
+    let second = a.connected(b_id).await;
+    assert_ne!(second, first);
+    let cb = b.connected(a.id()).await;
+    a.net
+        .try_send(b_id, second, &ack(9))
+        .expect("send on the new connection");
+    assert_eq!(b.frame().await, (a.id(), cb, ack(9)));
+    a.net.shutdown().await;
+    b.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_sends_a_bad_frame_is_closed_and_counted() {
+    let mut a = Node::new().await;
+    let raw = raw_endpoint().await;
+    a.net
+        .add_peer(raw.id(), Vec::new())
+        .await
+        .expect("allow raw");
+
+    // (bytes after the preamble, expected close code)
+    let cases: [(&[u8], u32); 2] = [
+        // A length header far over MAX_FRAME_BYTES.
+        (&[0xFF, 0xFF, 0xFF, 0xFF], close_code::FRAME_TOO_LARGE),
+        // A 3-byte body with a tag that names no frame.
+        (&[0, 0, 0, 3, 0xEE, 0, 0], close_code::BAD_FRAME),
+    ];
+    for (n, (bytes, code)) in cases.into_iter().enumerate() {
+        let conn = timeout(T, raw.connect(addr_of(&a), ALPN))
+            .await
+            .expect("connect in time")
+            .expect("connect");
+        let (mut send, mut recv) = conn.open_bi().await.expect("open stream");
+        send.write_all(&PREAMBLE).await.expect("preamble");
+        let mut answer = [0u8; PREAMBLE.len()];
+        timeout(T, recv.read_exact(&mut answer))
+            .await
+            .expect("in time")
+            .expect("answer");
+        assert_eq!(answer, PREAMBLE);
+        let c = a.connected(raw.id()).await;
+
+        send.write_all(bytes).await.expect("write the bad frame");
+        let (got, _) = app_close(timeout(T, conn.closed()).await.expect("closed in time"));
+        assert_eq!(got, u64::from(code));
+        match a.disconnected(raw.id(), c).await {
+            DisconnectReason::BadFrame(e) => match code {
+                close_code::FRAME_TOO_LARGE => assert!(matches!(e, FrameError::TooLarge { .. })),
+                _ => assert_eq!(e, FrameError::UnknownTag(0xEE)),
+            },
+            other => panic!("unexpected reason {other:?}"),
+        }
+        assert_eq!(a.net.counters().bad_frames, n as u64 + 1);
+    }
+    raw.close().await;
+    a.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_both_sides_dial_they_keep_the_same_single_connection() {
+    let mut collisions = 0;
+    for _ in 0..4 {
+        let mut a = Node::new().await;
+        let mut b = Node::new().await;
+        let (a_id, b_id) = (a.id(), b.id());
+        let (ra, rb) = tokio::join!(
+            a.net.add_peer(b_id, b.net.local_addrs()),
+            b.net.add_peer(a_id, a.net.local_addrs()),
+        );
+        ra.expect("add b");
+        rb.expect("add a");
+
+        // Each side pings on every connection it is told about; both are
+        // settled once each has heard the other's ping on its live connection.
+        let mut sa = Side::default();
+        let mut sb = Side::default();
+        timeout(T, async {
+            while !(sa.settled(&a, b_id) && sb.settled(&b, a_id)) {
+                tokio::select! {
+                    Some(ev) = a.events.recv() => sa.on(&a.net, ev, 1),
+                    Some(ev) = b.events.recv() => sb.on(&b.net, ev, 2),
+                }
+            }
+        })
+        .await
+        .expect("settled in time");
+
+        let pa = &a.net.peers()[0];
+        let pb = &b.net.peers()[0];
+        assert_ne!(
+            pa.dialed_here, pb.dialed_here,
+            "both sides keep the same connection"
+        );
+        if sa.connections > 1 || sb.connections > 1 {
+            collisions += 1;
+            let low_is_a = a_id.as_bytes() < b_id.as_bytes();
+            assert_eq!(
+                pa.dialed_here, low_is_a,
+                "the connection dialed by the lower id wins"
+            );
+        }
+        a.net.shutdown().await;
+        b.net.shutdown().await;
+    }
+    println!("{collisions} of 4 rounds had two connections meet");
+}
+
+#[derive(Default)]
+struct Side {
+    live: Option<ConnId>,
+    heard: bool,
+    connections: u32,
+}
+
+impl Side {
+    fn on(&mut self, net: &Net, ev: NetEvent, tag: u64) {
+        match ev {
+            NetEvent::Connected { peer, conn } => {
+                self.connections += 1;
+                self.live = Some(conn);
+                self.heard = false;
+                // The connection may be replaced at once; then this is lost.
+                let _ = net.try_send(peer, conn, &ack(tag));
+            }
+            NetEvent::Frame { conn, .. } if Some(conn) == self.live => self.heard = true,
+            NetEvent::Disconnected { conn, .. } if Some(conn) == self.live => {
+                self.live = None;
+                self.heard = false;
+            }
+            _ => {}
+        }
+    }
+
+    fn settled(&self, node: &Node, peer: NodeId) -> bool {
+        self.heard
+            && node
+                .net
+                .peers()
+                .iter()
+                .any(|p| p.node == peer && p.conn == self.live)
+    }
+}
+
+#[test]
+fn the_node_key_persists_and_a_wrong_size_key_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let k1 = load_or_create_node_key(dir.path()).expect("create");
+    let k2 = load_or_create_node_key(dir.path()).expect("load");
+    assert_eq!(k1.public(), k2.public());
+    let path = dir.path().join("node.key");
+    assert_eq!(std::fs::read(&path).expect("read").len(), 32);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+    }
+    // No temporary files are left behind.
+    assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 1);
+
+    let bad = tempfile::tempdir().expect("tempdir");
+    let bad_path = bad.path().join("node.key");
+    std::fs::write(&bad_path, [1u8; 31]).expect("write");
+    match load_or_create_node_key(bad.path()) {
+        Err(e @ NetError::KeyWrongSize { len: 31, .. }) => {
+            assert!(e.to_string().contains("not changed"), "{e}");
+        }
+        other => panic!("expected a wrong-size error, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read(&bad_path).expect("read"),
+        vec![1u8; 31],
+        "left as it was"
+    );
+    std::fs::write(&bad_path, [1u8; 33]).expect("write");
+    assert!(matches!(
+        load_or_create_node_key(bad.path()),
+        Err(NetError::KeyWrongSize { len: 33, .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binding_a_taken_address_names_it() {
+    let a = Node::new().await;
+    let taken = a.net.local_addrs()[0];
+    match Net::bind(NetConfig::with_bind_addr(taken), SecretKey::generate()).await {
+        Err(e @ NetError::AddrInUse { .. }) => assert!(e.to_string().contains(&taken.to_string())),
+        Err(other) => panic!("expected AddrInUse, got {other:?}"),
+        Ok(_) => panic!("bound a taken address"),
+    }
+    a.net.shutdown().await;
+}
+
+/// Throughput of 1 KiB batch frames one way on loopback. Meaningful only in
+/// a release build: `cargo test --release -p mesh-bus --test net -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check; run in release"]
+async fn throughput_of_1kib_frames_on_loopback() {
+    const N: u64 = 200_000;
+    let mut a = Node::new().await;
+    let mut b = Node::new().await;
+    link_one_way(&a, &b).await;
+    let ca = a.connected(b.id()).await;
+    b.connected(a.id()).await;
+    let frame = batch(a.id(), b.id(), 1, &[0xAB; 1024]);
+    let start = Instant::now();
+    let (net, to) = (&a.net, b.id());
+    let send = async move {
+        for _ in 0..N {
+            net.send(to, ca, &frame).await.expect("send");
+        }
+    };
+    let recv = async {
+        for _ in 0..N {
+            b.frame().await;
+        }
+    };
+    tokio::join!(send, recv);
+    let secs = start.elapsed().as_secs_f64();
+    let c = b.net.counters();
+    println!(
+        "{N} frames of 1 KiB in {secs:.3} s = {:.0} frames/s, {:.0} MB/s",
+        N as f64 / secs,
+        c.bytes_in as f64 / secs / 1e6
+    );
+    a.net.shutdown().await;
+    b.net.shutdown().await;
+}
