@@ -30,8 +30,10 @@ bench:
     cargo bench -p mesh-protocol -p mesh-store
 
 # Run every fuzz target for SECONDS each (needs nightly and cargo-fuzz).
+# New finds go to a scratch dir, so the committed corpus only grows by hand
+# (see fuzz/README.md for the merge step).
 fuzz SECONDS="60":
-    cd fuzz && for t in $(cargo +nightly fuzz list); do cargo +nightly fuzz run "$t" -- -max_total_time={{SECONDS}}; done
+    cd fuzz && for t in $(cargo +nightly fuzz list); do mkdir -p "/tmp/mesh-fuzz/$t"; cargo +nightly fuzz run "$t" "/tmp/mesh-fuzz/$t" "corpus/$t" -- -max_total_time={{SECONDS}}; done
 
 # Rerun one simulator seed, e.g. `just sim-seed 1234`.
 sim-seed SEED:
