@@ -546,3 +546,41 @@ async fn throughput_of_1kib_frames_on_loopback() {
     a.net.shutdown().await;
     b.net.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_by_the_bus_is_redialed_with_a_new_conn_id() {
+    let mut a = Node::new().await;
+    let mut b = Node::new().await;
+    link_one_way(&a, &b).await;
+    let first = a.connected(b.id()).await;
+    let cb = b.connected(a.id()).await;
+    a.net
+        .close(b.id(), first, close_code::PROTOCOL_VIOLATION, "wrong node")
+        .await
+        .expect("close");
+    match b.disconnected(a.id(), cb).await {
+        DisconnectReason::ClosedByPeer { code, reason } => {
+            assert_eq!(
+                (code, reason.as_str()),
+                (u64::from(close_code::PROTOCOL_VIOLATION), "wrong node")
+            );
+        }
+        other => panic!("unexpected reason {other:?}"),
+    }
+    assert!(matches!(
+        a.disconnected(b.id(), first).await,
+        DisconnectReason::ClosedLocally {
+            code: close_code::PROTOCOL_VIOLATION,
+            ..
+        }
+    ));
+    // A dials again after its backoff; sends on the old id are refused.
+    let second = a.connected(b.id()).await;
+    assert_ne!(second, first);
+    assert_eq!(
+        a.net.try_send(b.id(), first, &ack(1)),
+        Err(SendError::NotConnected)
+    );
+    a.net.shutdown().await;
+    b.net.shutdown().await;
+}

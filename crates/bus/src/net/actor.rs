@@ -325,6 +325,21 @@ impl Driver {
                 }
                 let _ = done.send(());
             }
+            Command::Close {
+                peer,
+                conn,
+                code,
+                reason,
+            } => {
+                if let Some(ps) = self.peers.get_mut(&peer)
+                    && let Some(mut live) = ps.live.take_if(|l| l.conn == conn)
+                {
+                    self.close_live(peer, &mut live, code, &reason);
+                    if let Some(ps) = self.peers.get_mut(&peer) {
+                        ps.live = Some(live);
+                    }
+                }
+            }
         }
     }
 

@@ -139,6 +139,8 @@ const COMMANDS_CAPACITY: usize = 64;
 pub mod close_code {
     /// The node is shutting down, or the frame stream ended.
     pub const SHUTDOWN: u32 = 0;
+    /// The bus closed the connection: the peer broke the protocol.
+    pub const PROTOCOL_VIOLATION: u32 = 406;
     /// The peer did not start the frame stream with the preamble.
     pub const BAD_PREAMBLE: u32 = 400;
     /// The remote key is not a known peer ("unknown node").
@@ -149,6 +151,9 @@ pub mod close_code {
     pub const DUPLICATE: u32 = 409;
     /// The peer was removed from the known peers.
     pub const PEER_REMOVED: u32 = 410;
+    /// The peer did not take frames as fast as they came; it catches up
+    /// after it reconnects.
+    pub const SLOW_PEER: u32 = 429;
     /// A frame header announced more than `MAX_FRAME_BYTES` (or zero).
     pub const FRAME_TOO_LARGE: u32 = 413;
     /// A frame body did not decode.
@@ -500,6 +505,13 @@ enum Command {
         node: NodeId,
         done: oneshot::Sender<()>,
     },
+    /// Close `conn` to `peer` if it is the live connection.
+    Close {
+        peer: NodeId,
+        conn: ConnId,
+        code: u32,
+        reason: String,
+    },
 }
 
 /// The transport handle. Dropping it without [`Net::shutdown`] shuts the
@@ -510,7 +522,8 @@ pub struct Net {
     endpoint: Endpoint,
     lookup: MemoryLookup,
     commands: mpsc::Sender<Command>,
-    driver: Option<JoinHandle<()>>,
+    /// Taken by the first [`Net::shutdown`].
+    driver: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Net {
@@ -585,7 +598,7 @@ impl Net {
                 endpoint,
                 lookup,
                 commands,
-                driver: Some(driver),
+                driver: std::sync::Mutex::new(Some(driver)),
             },
             events_rx,
         ))
@@ -732,11 +745,38 @@ impl Net {
         self.shared.counters.snapshot()
     }
 
+    /// Closes `conn` to `peer` with `code` and `reason` if it is the live
+    /// connection (see [`close_code`]); the peer is redialed with backoff as
+    /// after any disconnect. `Disconnected` follows as usual.
+    ///
+    /// # Errors
+    /// [`PeerError::ShutDown`] if the transport has shut down.
+    pub async fn close(
+        &self,
+        peer: NodeId,
+        conn: ConnId,
+        code: u32,
+        reason: &str,
+    ) -> Result<(), PeerError> {
+        let reason = reason.to_owned();
+        self.commands
+            .send(Command::Close {
+                peer,
+                conn,
+                code,
+                reason,
+            })
+            .await
+            .map_err(|_| PeerError::ShutDown)
+    }
+
     /// Closes every connection (code [`close_code::SHUTDOWN`]) and the
-    /// endpoint, and waits until the close frames are flushed.
-    pub async fn shutdown(mut self) {
+    /// endpoint, and waits until the close frames are flushed. Later calls
+    /// return at once.
+    pub async fn shutdown(&self) {
         self.shared.closing.send_replace(true);
-        if let Some(driver) = self.driver.take() {
+        let driver = self.driver.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(driver) = driver {
             // The driver closes the endpoint before it returns; a panic in it
             // has been logged by tokio already.
             let _ = driver.await;
