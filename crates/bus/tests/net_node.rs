@@ -1,0 +1,173 @@
+//! Nodes (core + store actor + iroh transport) talking over 127.0.0.1.
+//! Every wait is bounded by [`T`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh_bus::net::NetConfig;
+use mesh_bus::node::{Node, NodeConfig, SendError};
+use mesh_protocol::{Epoch, SecretKey};
+use mesh_store::{Arrival, JournalRecord, MemStore, MeshStore, StoreHandle};
+use tokio::task::JoinSet;
+use tokio::time::timeout;
+
+/// The bound on every wait in these tests.
+const T: Duration = Duration::from_secs(30);
+
+struct Running {
+    node: Arc<Node>,
+    store: Arc<MemStore>,
+}
+
+async fn start(store: Arc<MemStore>, key: SecretKey) -> Running {
+    let handle = StoreHandle::spawn(store.clone()).expect("store actor");
+    let config = NodeConfig {
+        net: NetConfig::with_bind_addr(SocketAddr::from(([127, 0, 0, 1], 0))),
+        ..NodeConfig::default()
+    };
+    let node = Node::start(config, key, handle).await.expect("start");
+    Running {
+        node: Arc::new(node),
+        store,
+    }
+}
+
+async fn fresh() -> Running {
+    let epoch = Epoch(rand::random());
+    start(Arc::new(MemStore::new(epoch)), SecretKey::generate()).await
+}
+
+async fn link(a: &Running, b: &Running) {
+    let (ra, rb) = tokio::join!(
+        a.node.add_peer(b.node.node_id(), b.node.ticket().addrs),
+        b.node.add_peer(a.node.node_id(), a.node.ticket().addrs),
+    );
+    ra.expect("a adds b");
+    rb.expect("b adds a");
+}
+
+async fn wait_head(node: &Node, at_least: Arrival) {
+    let mut head = node.journal_head();
+    timeout(T, head.wait_for(|h| *h >= at_least))
+        .await
+        .expect("journal head in time")
+        .expect("node running");
+}
+
+/// The payloads of the envelopes `store` journaled from `author`, in order.
+fn received(store: &MemStore, author: mesh_protocol::NodeId) -> Vec<(u64, Vec<u8>)> {
+    let items = store.journal(0, 100_000).expect("journal");
+    items
+        .into_iter()
+        .filter_map(|i| match i.record {
+            JournalRecord::Envelope {
+                stream,
+                seq,
+                payload,
+                ..
+            } if stream.author == author => Some((seq, payload)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_sent_on_one_node_are_journaled_in_order_on_the_other() {
+    const N: u64 = 2_000;
+    let a = fresh().await;
+    let b = fresh().await;
+    link(&a, &b).await;
+    let to = b.node.node_id();
+
+    let start = Instant::now();
+    let mut sends = JoinSet::new();
+    for i in 0..N {
+        let node = a.node.clone();
+        sends.spawn(async move {
+            let payload = format!("message {i:05}").into_bytes();
+            node.send(to, 0, payload).await
+        });
+    }
+    let mut seqs = Vec::new();
+    while let Some(r) = timeout(T, sends.join_next()).await.expect("sends in time") {
+        seqs.push(r.expect("task").expect("sent").seq);
+    }
+    seqs.sort_unstable();
+    assert_eq!(
+        seqs,
+        (1..=N).collect::<Vec<_>>(),
+        "every send got its own seq"
+    );
+    // B journals each of A's envelopes once.
+    wait_head(&b.node, N).await;
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{N} messages committed at A and journaled at B in {secs:.3} s = {:.0} msg/s",
+        N as f64 / secs
+    );
+
+    let got = received(&b.store, a.node.node_id());
+    assert_eq!(got.len() as u64, N);
+    for (i, (seq, _)) in got.iter().enumerate() {
+        assert_eq!(*seq, i as u64 + 1, "in stream order");
+    }
+    let status = a.node.status().await.expect("status");
+    let own = status.peers[0].own_stream.clone().expect("stream to b");
+    assert_eq!(own.next_seq, N + 1);
+
+    a.node.shutdown().await;
+    b.node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_restarts_receives_what_was_sent_while_it_was_away() {
+    let a = fresh().await;
+    let b_key = SecretKey::generate();
+    let b_store = Arc::new(MemStore::new(Epoch(rand::random())));
+    let b = start(b_store.clone(), b_key.clone()).await;
+    link(&a, &b).await;
+    let to = b.node.node_id();
+    a.node.send(to, 0, b"before".to_vec()).await.expect("send");
+    wait_head(&b.node, 1).await;
+
+    // B stops; A keeps writing to its outbox.
+    b.node.shutdown().await;
+    drop(b);
+    for i in 0..50 {
+        a.node
+            .send(to, 0, format!("while away {i}").into_bytes())
+            .await
+            .expect("send");
+    }
+
+    // B comes back with the same store and key on a new port.
+    let b = start(b_store, b_key).await;
+    a.node
+        .add_peer(to, b.node.ticket().addrs)
+        .await
+        .expect("new address");
+    wait_head(&b.node, 51).await;
+    let got = received(&b.store, a.node.node_id());
+    assert_eq!(got.len(), 51);
+    assert_eq!(got[0].1, b"before");
+    assert_eq!(got[50].1, b"while away 49");
+
+    a.node.shutdown().await;
+    b.node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_to_an_unknown_peer_is_refused_and_a_stopped_node_says_so() {
+    let a = fresh().await;
+    let stranger = SecretKey::generate().public();
+    match a.node.send(stranger, 0, b"hi".to_vec()).await {
+        Err(SendError::Refused(e)) => assert!(e.to_string().contains("unknown peer"), "{e}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    a.node.shutdown().await;
+    assert_eq!(
+        a.node.send(stranger, 0, b"hi".to_vec()).await,
+        Err(SendError::Stopped)
+    );
+}
