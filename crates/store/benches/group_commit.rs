@@ -1,3 +1,160 @@
-//! Group-commit throughput of the store writer (filled in with the writer actor).
+//! Group-commit throughput of the store writer on a real file.
+//!
+//! `W` concurrent writers each append pre-signed one-envelope batches (1 KiB
+//! payload) to their own stream through one [`StoreHandle`] over a
+//! [`RedbStore`] in a temp dir; one criterion iteration is one envelope from
+//! every writer, so the reported throughput is envelopes per second. Signing
+//! and store creation are outside the timed part. `fsync_4k` measures the
+//! disk's plain `pwrite(4 KiB) + fdatasync` rate for context.
 
-fn main() {}
+use std::fs::OpenOptions;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use mesh_protocol::{Channel, Epoch, NewEnvelope, OpenBatch, SecretKey};
+use mesh_store::{MeshStore, OutboxBounds, RedbStore, StoreHandle, WriteOp};
+
+/// Payload bytes per envelope.
+const PAYLOAD_BYTES: usize = 1024;
+/// Writer counts measured.
+const WRITERS: [usize; 3] = [1, 16, 256];
+/// Envelopes pre-signed per writer, at most; longer runs reuse them on a fresh store.
+const CHAIN_ENVELOPES_MAX: usize = 50_000;
+/// Pre-signed envelopes in all writers' chains, at most (bounds memory).
+const CHAIN_TOTAL_MAX: usize = 64_000;
+
+fn secret() -> SecretKey {
+    SecretKey::from_bytes(&[7; 32])
+}
+
+/// Signs `len` batches of one envelope, seqs 1..=len, of the stream to `to`.
+fn chain(epoch: Epoch, to: usize, len: usize) -> Vec<OpenBatch> {
+    let mut seed = [9u8; 32];
+    seed[..8].copy_from_slice(&(to as u64).to_le_bytes());
+    let recipient = SecretKey::from_bytes(&seed).public();
+    let sk = secret();
+    (1..=len as u64)
+        .map(|seq| {
+            let payload = vec![(seq % 251) as u8; PAYLOAD_BYTES];
+            let env = NewEnvelope {
+                lamport: seq,
+                created_ms: seq,
+                kind: 0,
+                payload,
+            };
+            OpenBatch::sign(&sk, epoch, Channel::Direct(recipient), seq, vec![env])
+                .expect("a one-envelope batch fits the limits")
+        })
+        .collect()
+}
+
+/// Pre-signs every writer's chain, on all cores.
+fn chains(epoch: Epoch, writers: usize, len: usize) -> Vec<Vec<OpenBatch>> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let per = writers.div_ceil(threads);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..writers)
+            .step_by(per)
+            .map(|start| {
+                s.spawn(move || {
+                    (start..(start + per).min(writers))
+                        .map(|w| chain(epoch, w, len))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("signer"))
+            .collect()
+    })
+}
+
+/// Runs `rounds` envelopes from each writer on fresh stores, returning only the time spent committing.
+fn run(rt: &tokio::runtime::Runtime, writers: usize, rounds: u64) -> Duration {
+    let len = (CHAIN_TOTAL_MAX / writers).min(CHAIN_ENVELOPES_MAX);
+    let mut left = rounds as usize;
+    let mut spent = Duration::ZERO;
+    while left > 0 {
+        let n = left.min(len);
+        left -= n;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(RedbStore::open(dir.path()).expect("store opens"));
+        let epoch = store.meta().epoch;
+        let work = chains(epoch, writers, n);
+        let handle = StoreHandle::spawn(store).expect("writer starts");
+        spent += rt.block_on(async {
+            let start = Instant::now();
+            let tasks: Vec<_> = work
+                .into_iter()
+                .map(|batches| {
+                    let h = handle.clone();
+                    tokio::spawn(async move {
+                        for batch in batches {
+                            h.commit(vec![WriteOp::AppendOwn {
+                                batch,
+                                bounds: OutboxBounds::default(),
+                            }])
+                            .await
+                            .expect("append commits");
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await.expect("writer task");
+            }
+            let spent = start.elapsed();
+            handle.close().await;
+            spent
+        });
+    }
+    spent
+}
+
+fn group_commit(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut g = c.benchmark_group("group_commit_1k");
+    g.sample_size(10)
+        .measurement_time(Duration::from_secs(8))
+        .warm_up_time(Duration::from_secs(2));
+    for writers in WRITERS {
+        g.throughput(Throughput::Elements(writers as u64));
+        g.bench_with_input(BenchmarkId::new("writers", writers), &writers, |b, &w| {
+            b.iter_custom(|rounds| run(&rt, w, rounds));
+        });
+    }
+    g.finish();
+}
+
+fn fsync(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let f = OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(dir.path().join("f"))
+        .expect("file");
+    let block = vec![0xa5u8; 4096];
+    let mut g = c.benchmark_group("disk");
+    g.sample_size(10).measurement_time(Duration::from_secs(5));
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("fsync_4k", |b| {
+        let mut i = 0u64;
+        b.iter(|| {
+            f.write_all_at(&block, (i % 256) * 4096).expect("write");
+            f.sync_data().expect("fdatasync");
+            i += 1;
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, fsync, group_commit);
+criterion_main!(benches);

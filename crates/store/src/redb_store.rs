@@ -5,8 +5,8 @@
 //! | table            | key                          | value                                   |
 //! |------------------|------------------------------|-----------------------------------------|
 //! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"` | little-endian u32, 16 bytes, little-endian u64 |
-//! | `outbox-v1`      | (postcard `StreamId`, first seq) | postcard (`SignedBatch`, payloads)   |
-//! | `own-streams-v1` | postcard `StreamId`          | postcard `OwnStream`                    |
+//! | `outbox-v1`      | (postcard `StreamId`, first seq) | postcard (last seq, msgs, bytes, `SignedBatch`, payloads) |
+//! | `own-streams-v1` | postcard `StreamId`          | postcard (next seq, first retained, last acked, msgs, bytes) |
 //! | `marks-v1`       | postcard `StreamId`          | mark                                    |
 //! | `journal-v1`     | arrival                      | postcard `JournalRecord`                |
 //! | `peers-v1`       | node id bytes                | postcard `PeerRecord`                   |
@@ -51,9 +51,19 @@ const META_SCHEMA: &str = "schema_version";
 const META_EPOCH: &str = "epoch";
 const META_MAX_LAMPORT: &str = "max_lamport";
 
+/// What retention needs of a stored batch, first in its value so that it
+/// decodes without the batch (decoding a node id validates a curve point).
+#[derive(Serialize, Deserialize)]
+struct StoredMeta {
+    last_seq: Seq,
+    msgs: u64,
+    bytes: u64,
+}
+
 /// A stored outbox batch, borrowed for encoding.
 #[derive(Serialize)]
 struct BatchRef<'a> {
+    meta: StoredMeta,
     batch: &'a SignedBatch,
     payloads: Vec<&'a Bytes>,
 }
@@ -61,8 +71,43 @@ struct BatchRef<'a> {
 /// A stored outbox batch, decoded.
 #[derive(Deserialize)]
 struct BatchOwned {
+    #[allow(dead_code)] // Decoded to reach the batch; read through `StoredMeta` alone.
+    meta: StoredMeta,
     batch: SignedBatch,
     payloads: Vec<ByteBuf>,
+}
+
+/// An own stream's counters; the stream is the row's key.
+#[derive(Serialize, Deserialize)]
+struct OwnCounters {
+    next_seq: Seq,
+    first_retained: Seq,
+    last_acked: Seq,
+    msgs: u64,
+    bytes: u64,
+}
+
+impl OwnCounters {
+    fn of(o: &OwnStream) -> Self {
+        OwnCounters {
+            next_seq: o.next_seq,
+            first_retained: o.first_retained,
+            last_acked: o.last_acked,
+            msgs: o.msgs,
+            bytes: o.bytes,
+        }
+    }
+
+    fn with(self, stream: StreamId) -> OwnStream {
+        OwnStream {
+            stream,
+            next_seq: self.next_seq,
+            first_retained: self.first_retained,
+            last_acked: self.last_acked,
+            msgs: self.msgs,
+            bytes: self.bytes,
+        }
+    }
 }
 
 /// The redb-backed [`MeshStore`].
@@ -478,7 +523,7 @@ impl Tables<'_> {
             match w {
                 Write::OwnStream(o) => {
                     let k = stream_key(&o.stream)?;
-                    let v = encode(&o)?;
+                    let v = encode(&OwnCounters::of(&o))?;
                     self.own
                         .insert(k.as_slice(), v.as_slice())
                         .map_err(|e| from_redb(name, "cannot write", e))?;
@@ -490,7 +535,13 @@ impl Tables<'_> {
                         channel: batch.batch.channel.clone(),
                     };
                     let k = stream_key(&stream)?;
+                    let m = BatchMeta::of(&batch.batch);
                     let v = encode(&BatchRef {
+                        meta: StoredMeta {
+                            last_seq: m.last_seq,
+                            msgs: m.msgs,
+                            bytes: m.bytes,
+                        },
                         batch: &batch.batch,
                         payloads: batch.payloads.iter().map(|p| Bytes::new(p)).collect(),
                     })?;
@@ -549,8 +600,10 @@ impl Base for Tables<'_> {
     fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError> {
         let k = stream_key(stream)?;
         let v = self.own.get(k.as_slice()).map_err(|e| self.err(e))?;
-        v.map(|v| decode(self.name, "own stream", v.value()))
-            .transpose()
+        let counters: Option<OwnCounters> = v
+            .map(|v| decode(self.name, "own stream", v.value()))
+            .transpose()?;
+        Ok(counters.map(|c| c.with(stream.clone())))
     }
 
     fn batch_meta(
@@ -564,14 +617,18 @@ impl Base for Tables<'_> {
             .get((k.as_slice(), first_seq))
             .map_err(|e| self.err(e))?;
         let Some(v) = v else { return Ok(None) };
-        // Only the header is decoded: the payloads follow it.
-        let (batch, _): (SignedBatch, _) = postcard::take_from_bytes(v.value()).map_err(|e| {
+        // Only the leading meta is decoded: the batch and payloads follow it.
+        let (m, _): (StoredMeta, _) = postcard::take_from_bytes(v.value()).map_err(|e| {
             corrupt(
                 self.name,
                 format!("a stored outbox batch does not decode: {e}"),
             )
         })?;
-        Ok(Some(BatchMeta::of(&batch)))
+        Ok(Some(BatchMeta {
+            last_seq: m.last_seq,
+            msgs: m.msgs,
+            bytes: m.bytes,
+        }))
     }
 
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
@@ -605,8 +662,10 @@ impl MeshStore for RedbStore {
         let t = rx.open_table(OWN).map_err(|e| self.read_err(e))?;
         let mut out = Vec::new();
         for row in t.iter().map_err(|e| self.read_err(e))? {
-            let (_, v) = row.map_err(|e| self.read_err(e))?;
-            out.push(decode(&self.name, "own stream", v.value())?);
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            let stream: StreamId = decode(&self.name, "stream id", k.value())?;
+            let counters: OwnCounters = decode(&self.name, "own stream", v.value())?;
+            out.push(counters.with(stream));
         }
         Ok(out)
     }
