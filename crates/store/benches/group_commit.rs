@@ -1,11 +1,13 @@
 //! Group-commit throughput of the store writer on a real file.
 //!
-//! `W` concurrent writers each append pre-signed one-envelope batches (1 KiB
-//! payload) to their own stream through one [`StoreHandle`] over a
-//! [`RedbStore`] in a temp dir; one criterion iteration is one envelope from
-//! every writer, so the reported throughput is envelopes per second. Signing
-//! and store creation are outside the timed part. `fsync_4k` measures the
-//! disk's plain `pwrite(4 KiB) + fdatasync` rate for context.
+//! `W` concurrent writers each append pre-signed batches of `B` envelopes
+//! (1 KiB payload each) to their own stream through one [`StoreHandle`] over
+//! a [`RedbStore`] in a temp dir; one criterion iteration is one batch from
+//! every writer, and the reported throughput is envelopes per second.
+//! `B = 1` with many writers is the worst case (every envelope its own stream
+//! and signature); `16 x 16` is what the bus does under load, one batch per
+//! stream per group commit. Signing and store creation are outside the timed
+//! part. `fsync_4k` measures the disk's `pwrite(4 KiB) + fdatasync` rate.
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -18,8 +20,8 @@ use mesh_store::{MeshStore, OutboxBounds, RedbStore, StoreHandle, WriteOp};
 
 /// Payload bytes per envelope.
 const PAYLOAD_BYTES: usize = 1024;
-/// Writer counts measured.
-const WRITERS: [usize; 3] = [1, 16, 256];
+/// (writers, envelopes per batch) measured.
+const SHAPES: [(usize, usize); 4] = [(1, 1), (16, 1), (256, 1), (16, 16)];
 /// Envelopes pre-signed per writer, at most; longer runs reuse them on a fresh store.
 const CHAIN_ENVELOPES_MAX: usize = 50_000;
 /// Pre-signed envelopes in all writers' chains, at most (bounds memory).
@@ -29,38 +31,40 @@ fn secret() -> SecretKey {
     SecretKey::from_bytes(&[7; 32])
 }
 
-/// Signs `len` batches of one envelope, seqs 1..=len, of the stream to `to`.
-fn chain(epoch: Epoch, to: usize, len: usize) -> Vec<OpenBatch> {
+/// Signs `len` batches of `per` envelopes from seq 1 on, of the stream to `to`.
+fn chain(epoch: Epoch, to: usize, len: usize, per: usize) -> Vec<OpenBatch> {
     let mut seed = [9u8; 32];
     seed[..8].copy_from_slice(&(to as u64).to_le_bytes());
     let recipient = SecretKey::from_bytes(&seed).public();
     let sk = secret();
-    (1..=len as u64)
-        .map(|seq| {
-            let payload = vec![(seq % 251) as u8; PAYLOAD_BYTES];
-            let env = NewEnvelope {
-                lamport: seq,
-                created_ms: seq,
-                kind: 0,
-                payload,
-            };
-            OpenBatch::sign(&sk, epoch, Channel::Direct(recipient), seq, vec![env])
-                .expect("a one-envelope batch fits the limits")
+    (0..len as u64)
+        .map(|i| {
+            let first = i * per as u64 + 1;
+            let envs = (first..first + per as u64)
+                .map(|seq| NewEnvelope {
+                    lamport: seq,
+                    created_ms: seq,
+                    kind: 0,
+                    payload: vec![(seq % 251) as u8; PAYLOAD_BYTES],
+                })
+                .collect();
+            OpenBatch::sign(&sk, epoch, Channel::Direct(recipient), first, envs)
+                .expect("the batch fits the limits")
         })
         .collect()
 }
 
 /// Pre-signs every writer's chain, on all cores.
-fn chains(epoch: Epoch, writers: usize, len: usize) -> Vec<Vec<OpenBatch>> {
+fn chains(epoch: Epoch, writers: usize, len: usize, per: usize) -> Vec<Vec<OpenBatch>> {
     let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let per = writers.div_ceil(threads);
+    let share = writers.div_ceil(threads);
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..writers)
-            .step_by(per)
+            .step_by(share)
             .map(|start| {
                 s.spawn(move || {
-                    (start..(start + per).min(writers))
-                        .map(|w| chain(epoch, w, len))
+                    (start..(start + share).min(writers))
+                        .map(|w| chain(epoch, w, len, per))
                         .collect::<Vec<_>>()
                 })
             })
@@ -72,9 +76,11 @@ fn chains(epoch: Epoch, writers: usize, len: usize) -> Vec<Vec<OpenBatch>> {
     })
 }
 
-/// Runs `rounds` envelopes from each writer on fresh stores, returning only the time spent committing.
-fn run(rt: &tokio::runtime::Runtime, writers: usize, rounds: u64) -> Duration {
-    let len = (CHAIN_TOTAL_MAX / writers).min(CHAIN_ENVELOPES_MAX);
+/// Runs `rounds` batches from each writer on fresh stores, returning only the time spent committing.
+fn run(rt: &tokio::runtime::Runtime, writers: usize, per: usize, rounds: u64) -> Duration {
+    let len = (CHAIN_TOTAL_MAX / writers / per)
+        .min(CHAIN_ENVELOPES_MAX / per)
+        .max(1);
     let mut left = rounds as usize;
     let mut spent = Duration::ZERO;
     while left > 0 {
@@ -83,7 +89,7 @@ fn run(rt: &tokio::runtime::Runtime, writers: usize, rounds: u64) -> Duration {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Arc::new(RedbStore::open(dir.path()).expect("store opens"));
         let epoch = store.meta().epoch;
-        let work = chains(epoch, writers, n);
+        let work = chains(epoch, writers, n, per);
         let handle = StoreHandle::spawn(store).expect("writer starts");
         spent += rt.block_on(async {
             let start = Instant::now();
@@ -123,10 +129,11 @@ fn group_commit(c: &mut Criterion) {
     g.sample_size(10)
         .measurement_time(Duration::from_secs(8))
         .warm_up_time(Duration::from_secs(2));
-    for writers in WRITERS {
-        g.throughput(Throughput::Elements(writers as u64));
-        g.bench_with_input(BenchmarkId::new("writers", writers), &writers, |b, &w| {
-            b.iter_custom(|rounds| run(&rt, w, rounds));
+    for (writers, per) in SHAPES {
+        g.throughput(Throughput::Elements((writers * per) as u64));
+        let id = BenchmarkId::new("writers_x_batch", format!("{writers}x{per}"));
+        g.bench_with_input(id, &(writers, per), |b, &(w, p)| {
+            b.iter_custom(|rounds| run(&rt, w, p, rounds));
         });
     }
     g.finish();
