@@ -38,8 +38,8 @@ use tokio::sync::watch;
 
 pub use error::ApiError;
 pub use node::{
-    BoxFuture, DirectWriter, JournalWriter, NodeApi, NodeStatus, OutMessage, PeerStatus, Sent,
-    StreamMark,
+    BoxFuture, JournalWriter, NodeApi, NodeStatus, OutMessage, PeerStatus, Sent, StoreWriter,
+    StreamMark, publish_head,
 };
 pub use socket::{ApiSocket, BindError, PeerCred, daemon_uid};
 
@@ -59,8 +59,8 @@ pub const EVENTS_LIMIT_MAX: usize = 1000;
 /// Payload bytes after which a `GET /v1/events` page is cut short (its
 /// `next` cursor then continues from there).
 pub const EVENTS_PAGE_BYTES_MAX: usize = 8 << 20;
-/// The longest named cursor, in bytes.
-pub const CURSOR_NAME_BYTES_MAX: usize = 64;
+/// The longest named cursor, in bytes (the store's limit).
+pub const CURSOR_NAME_BYTES_MAX: usize = mesh_store::CURSOR_NAME_BYTES_MAX;
 
 /// Renders extra Prometheus text for `GET /metrics` (the bus's counters).
 pub trait RenderMetrics: Send + Sync + 'static {

@@ -8,8 +8,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use mesh_protocol::{NodeId, NodeTicket, Seq, StreamId};
-use mesh_store::{Arrival, MeshStore, Receipt, StoreError, WriteOp};
+use mesh_store::{Arrival, MeshStore, Receipt, StoreError, StoreHandle, WriteOp};
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use super::error::ApiError;
 use super::json::StreamJson;
@@ -131,38 +132,39 @@ pub trait JournalWriter: Send + Sync + 'static {
     fn commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'_, Result<Receipt, StoreError>>;
 }
 
-/// A [`JournalWriter`] that commits straight to a store on the blocking pool
-/// and publishes the new journal head; for tools and tests without the
-/// store actor.
-pub struct DirectWriter {
-    store: Arc<dyn MeshStore>,
-    head: tokio::sync::watch::Sender<Arrival>,
+/// The [`JournalWriter`] the daemon uses: commits through the store's
+/// group-commit actor, then moves the journal head watch forward.
+pub struct StoreWriter<S: MeshStore + ?Sized> {
+    handle: StoreHandle<S>,
+    head: Arc<watch::Sender<Arrival>>,
 }
 
-impl DirectWriter {
-    /// Writes to `store`, announcing new journal heads on `head`.
-    pub fn new(store: Arc<dyn MeshStore>, head: tokio::sync::watch::Sender<Arrival>) -> Self {
-        DirectWriter { store, head }
+impl<S: MeshStore + ?Sized> StoreWriter<S> {
+    /// Writes through `handle`, announcing new journal heads on `head` (the
+    /// sender the bus driver also announces its commits on).
+    pub fn new(handle: StoreHandle<S>, head: Arc<watch::Sender<Arrival>>) -> Self {
+        StoreWriter { handle, head }
     }
 }
 
-impl JournalWriter for DirectWriter {
+impl<S: MeshStore + ?Sized> JournalWriter for StoreWriter<S> {
     fn commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'_, Result<Receipt, StoreError>> {
-        let store = self.store.clone();
         Box::pin(async move {
-            let answer = tokio::task::spawn_blocking(move || store.commit(vec![ops]).pop())
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
-                .ok_or_else(|| StoreError::Unavailable("the store answered no group".into()))?;
-            let receipt = answer?;
-            if let Some((_, last)) = receipt.arrivals {
-                self.head.send_if_modified(|h| {
-                    let moved = last > *h;
-                    *h = (*h).max(last);
-                    moved
-                });
-            }
+            let receipt = self.handle.commit(ops).await?;
+            publish_head(&self.head, &receipt);
             Ok(receipt)
         })
+    }
+}
+
+/// Moves the journal head watch to the last arrival `receipt` wrote, if that
+/// is past it (commits may be answered out of order; the head never moves back).
+pub fn publish_head(head: &watch::Sender<Arrival>, receipt: &Receipt) {
+    if let Some((_, last)) = receipt.arrivals {
+        head.send_if_modified(|h| {
+            let moved = last > *h;
+            *h = (*h).max(last);
+            moved
+        });
     }
 }

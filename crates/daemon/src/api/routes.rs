@@ -241,6 +241,13 @@ pub(super) async fn put_cursor(
     check_cursor_name(&name)?;
     let body: CursorBody = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
     let arrival = st.parse_after(Some(&body.cursor))?;
+    let head = read_store(&st.inner.store, |s| s.journal_head()).await?;
+    if arrival > head {
+        // Only a forged or damaged cursor of this node and epoch gets here.
+        return Err(ApiError::BadCursor(format!(
+            "cursor points at arrival {arrival}, past the journal head {head}"
+        )));
+    }
     st.inner
         .writer
         .commit(vec![WriteOp::PutCursor {

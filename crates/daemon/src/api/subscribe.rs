@@ -2,9 +2,9 @@
 //!
 //! Each subscription has a pump task that reads the journal from the store
 //! (never from the writer's path) into the subscription's own bounded buffer
-//! of `subscriber_buffer` entries. Backlog — everything already committed when
-//! the subscription starts or resumes — is paced by the reader. Once caught
-//! up to the head the subscriber is live and must keep up: when its buffer is
+//! of `subscriber_buffer` entries. Backlog — everything committed before the
+//! subscription was opened, or before it resumed after a lag — is paced by the
+//! reader. Entries committed later are live, and the subscriber must keep up with them: when its buffer is
 //! full and the journal has run more than `subscriber_buffer` entries past
 //! the last entry it was handed, it has lagged. Then the pump writes a
 //! durable loss record (`subscriber_lagged`, naming the skipped arrivals),
@@ -72,13 +72,21 @@ pub(super) async fn subscribe(
         + 1;
     let uid = cred.and_then(|c| c.0.uid);
     let (tx, mut rx) = mpsc::channel::<Event>(st.inner.subscriber_buffer);
-    tracing::debug!(subscriber = id, ?uid, start, "subscription opened");
+    // Everything committed from now on is live for this subscriber.
+    let backlog_to = st.read_head();
+    tracing::debug!(
+        subscriber = id,
+        ?uid,
+        start,
+        backlog_to,
+        "subscription opened"
+    );
     let pump = Pump {
         st: st.clone(),
         id,
         uid,
         pos: start,
-        live: false,
+        backlog_to,
         unrecorded: false,
         tx,
     };
@@ -107,8 +115,8 @@ struct Pump {
     uid: Option<u32>,
     /// The last arrival handed to the buffer.
     pos: Arrival,
-    /// Caught up with the head at least once since the start or the last lag.
-    live: bool,
+    /// Entries up to here are backlog (paced by the reader); later ones are live.
+    backlog_to: Arrival,
     /// A lag's loss record could not be written; tell the next entry.
     unrecorded: bool,
     tx: mpsc::Sender<Event>,
@@ -155,7 +163,6 @@ impl Pump {
                 Vec::new()
             };
             if page.is_empty() {
-                self.live = true;
                 tokio::select! {
                     changed = head.changed() => if changed.is_err() { return Ok(Stop::Done) },
                     _ = self.tx.closed() => return Ok(Stop::Done),
@@ -167,7 +174,7 @@ impl Pump {
                 let mut entry = self.st.entry(&item);
                 entry.losses_unrecorded = self.unrecorded;
                 let event = entry_event(&entry);
-                if self.live {
+                if item.arrival > self.backlog_to {
                     match self.offer(event, head, closing).await {
                         Offer::Taken => {}
                         Offer::Lagged => {
@@ -291,8 +298,9 @@ impl Pump {
             sent = self.tx.send(event) => if sent.is_err() { return Ok(()) },
             _ = closing.changed() => return Ok(()),
         }
+        // What was committed while the reader stood still is backlog now.
         self.pos = to;
-        self.live = false;
+        self.backlog_to = self.st.read_head().max(to);
         Ok(())
     }
 }
