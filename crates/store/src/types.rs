@@ -129,8 +129,9 @@ pub struct PeerRecord {
 #[non_exhaustive]
 pub enum WriteOp {
     /// Author: a new batch of this node's own envelopes, appended to the
-    /// outbox and journal. Check: `batch.first_seq == next_seq` of its stream
-    /// (a stream is created by its first batch at seq 1).
+    /// outbox and journal. Checks: `batch.first_seq == next_seq` of its stream
+    /// (a stream is created by its first batch at seq 1), and the batch's
+    /// epoch is this store's epoch.
     ///
     /// Retention is applied in the same transaction: whole acknowledged
     /// batches are evicted oldest first until the new batch fits `bounds`;
@@ -148,6 +149,8 @@ pub enum WriteOp {
     },
     /// Author: the recipient acknowledged everything up to `upto`
     /// (never moves backwards unless `reset` — the recipient's store is new).
+    /// An older ack without `reset` is a harmless no-op. Checks: the stream
+    /// is one this store writes, and `upto < next_seq`.
     Acked {
         /// The stream.
         stream: StreamId,
@@ -175,7 +178,8 @@ pub enum WriteOp {
         /// The first seq the author can still send.
         earliest_available: Seq,
     },
-    /// Journal a loss record that is not an outbox eviction (e.g. a lagging subscriber).
+    /// Journal a loss record that is not an outbox eviction (e.g. a lagging
+    /// subscriber). Check: `1 <= from <= to`.
     RecordLoss {
         /// The stream, or the stream the loss is reported against.
         stream: StreamId,
@@ -192,7 +196,9 @@ pub enum WriteOp {
     PutPeer(PeerRecord),
     /// Forget a peer (its streams and marks stay).
     RemovePeer(NodeId),
-    /// Set a named durable cursor to an arrival position.
+    /// Set a named durable cursor to an arrival position. Checks: the name
+    /// is 1..=[`crate::CURSOR_NAME_BYTES_MAX`] bytes and `arrival` is at most
+    /// the journal head (including entries earlier in the same commit).
     PutCursor {
         /// The cursor's name (1..=64 bytes, checked by the caller).
         name: String,
