@@ -1,1 +1,19 @@
-//! Multi-node and multi-process tests of agent-mesh, and their shared helpers.
+//! Multi-node and multi-process tests of agent-mesh: the fault harness and
+//! its history checker.
+//!
+//! The harness runs real `mesh daemon` processes ([`cluster`]), optionally in
+//! network namespaces ([`netns`]), drives them with a recorded [`workload`],
+//! injects seeded faults ([`nemesis`]) and judges the result ([`checker`]);
+//! [`chaos`] ties it together. The process-level tests live in
+//! `bin/mesh/tests/`, where the `mesh` executable's path is known. What it
+//! does and how to run it: `docs/reliability.md`.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+pub mod chaos;
+pub mod checker;
+pub mod cluster;
+pub mod history;
+pub mod nemesis;
+pub mod netns;
+pub mod rng;
+pub mod workload;

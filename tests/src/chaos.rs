@@ -1,0 +1,462 @@
+//! A whole chaos run: a cluster, the workload, the nemesis, the final phase
+//! and the checker, with everything a person needs written to one folder.
+//!
+//! 1. Start the cluster ([`Cluster::start`]) and the clients ([`run_client`]).
+//! 2. Once sends succeed, carry out the seeded fault schedule ([`plan`])
+//!    until it ends or the chaos time is up.
+//! 3. Stop the clients; heal the network, resume and restart every node.
+//! 4. Wait (bounded) until every receiver's marks reach the last seq its
+//!    senders acknowledged, and the senders' outboxes drain.
+//! 5. Read every journal through the API and [`check`] it against the history.
+//!
+//! The folder (by default `target/chaos/<label>-<seed>/`) holds
+//! `history.jsonl`, `plan.json`, `nemesis.jsonl`, `journal-node-I.jsonl`,
+//! `node-I.log` (each daemon's stderr), `summary.json` and `summary.txt`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::checker::{Summary, check};
+use crate::cluster::{Cluster, ClusterConfig, Isolation, create_file};
+use crate::history::{History, Op};
+use crate::nemesis::{apply, plan};
+use crate::rng::SimRng;
+use crate::workload::{ClientSpec, WorkloadConfig, run_client};
+
+/// The seed of the short run when `CHAOS_SEED` is not set.
+pub const SHORT_SEED: u64 = 20_261_129;
+/// How often the final phase polls the nodes' marks.
+const CONVERGE_POLL: Duration = Duration::from_millis(250);
+/// How many successful sends the run waits for before the first fault, and
+/// how many polls it waits at most.
+const WARMUP_OKS: usize = 10;
+const WARMUP_POLLS_MAX: u32 = 600;
+
+/// What a chaos run does.
+#[derive(Clone, Debug)]
+pub struct ChaosConfig {
+    /// The `mesh` executable.
+    pub bin: PathBuf,
+    /// A short name for the run's folder (`short`, `long`).
+    pub label: String,
+    /// The seed of the fault schedule and the clients' choices.
+    pub seed: u64,
+    /// How many daemons (3 by default, 5 settable).
+    pub nodes: usize,
+    /// How many faults the schedule has.
+    pub faults: usize,
+    /// The fault phase ends after this even if faults remain.
+    pub chaos_time: Duration,
+    /// How long the final phase waits for marks to reach the acknowledged seqs.
+    pub converge_timeout: Duration,
+    /// The clients.
+    pub workload: WorkloadConfig,
+    /// Namespaces or loopback.
+    pub isolation: Isolation,
+    /// Where the run's files go.
+    pub out_dir: PathBuf,
+}
+
+impl ChaosConfig {
+    /// The short run for `cargo test`: 3 nodes, 24 faults within about 90 s.
+    /// `CHAOS_SEED`, `CHAOS_NODES` and `CHAOS_OUT` override its defaults.
+    pub fn short(bin: impl Into<PathBuf>) -> Self {
+        let bin = bin.into();
+        let seed = env_u64("CHAOS_SEED").unwrap_or(SHORT_SEED);
+        let mut cfg = ChaosConfig {
+            out_dir: default_out_dir(&bin, "short", seed),
+            bin,
+            label: "short".into(),
+            seed,
+            nodes: env_u64("CHAOS_NODES").map_or(3, |n| n as usize),
+            faults: 24,
+            chaos_time: Duration::from_secs(100),
+            converge_timeout: Duration::from_secs(60),
+            workload: WorkloadConfig::default(),
+            isolation: Isolation::Auto,
+        };
+        if let Ok(out) = std::env::var("CHAOS_OUT") {
+            cfg.out_dir = PathBuf::from(out);
+        }
+        cfg
+    }
+
+    /// A long run: faults for `CHAOS_SECONDS` (default 1800) seconds, seed
+    /// from `CHAOS_SEED` or else from the clock (printed either way).
+    pub fn long(bin: impl Into<PathBuf>) -> Self {
+        let bin = bin.into();
+        let seconds = env_u64("CHAOS_SECONDS").unwrap_or(1800).max(10);
+        let seed = env_u64("CHAOS_SEED").unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64 % 1_000_000_000)
+        });
+        let mut cfg = ChaosConfig::short(bin.clone());
+        cfg.label = "long".into();
+        cfg.seed = seed;
+        cfg.out_dir = std::env::var("CHAOS_OUT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| default_out_dir(&bin, "long", seed));
+        // A fault takes at least a second or two: the time bound ends the run.
+        cfg.faults = seconds as usize;
+        cfg.chaos_time = Duration::from_secs(seconds);
+        cfg.converge_timeout = Duration::from_secs(180);
+        cfg.workload.sends_max = 200_000;
+        cfg
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// `target/chaos/<label>-<seed>` next to the `mesh` executable's `target/<profile>/`.
+fn default_out_dir(bin: &Path, label: &str, seed: u64) -> PathBuf {
+    let target = bin
+        .parent()
+        .and_then(Path::parent)
+        .map_or_else(std::env::temp_dir, Path::to_owned);
+    target.join("chaos").join(format!("{label}-{seed}"))
+}
+
+/// What a run did and found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The seed.
+    pub seed: u64,
+    /// How many nodes.
+    pub nodes: usize,
+    /// Whether partitions and loss ran (namespaces were available).
+    pub network_faults: bool,
+    /// Faults carried out, by kind.
+    pub faults: BTreeMap<String, u64>,
+    /// Faults carried out in all.
+    pub faults_total: u64,
+    /// Second kills of `kill_during_resync` made while the others still
+    /// had messages queued for the node.
+    pub resync_kills_while_behind: u64,
+    /// Whether every receiver's marks reached the acknowledged seqs.
+    pub converged: bool,
+    /// Whether every sender's outbox drained (everything acknowledged).
+    pub drained: bool,
+    /// Seconds from start to verdict.
+    pub elapsed_s: u64,
+    /// The checker's counts.
+    pub summary: Summary,
+    /// Where the files are.
+    pub out_dir: PathBuf,
+}
+
+impl Report {
+    /// Whether the run kept every guarantee and converged.
+    pub fn passed(&self) -> bool {
+        self.converged && self.summary.passed()
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "chaos seed={} nodes={} network_faults={} elapsed={}s -> {}",
+            self.seed,
+            self.nodes,
+            self.network_faults,
+            self.elapsed_s,
+            if self.passed() { "PASS" } else { "FAIL" }
+        )?;
+        let kinds: Vec<String> = self
+            .faults
+            .iter()
+            .map(|(k, n)| format!("{k}={n}"))
+            .collect();
+        writeln!(
+            f,
+            "faults: {} ({}); kills during resync while behind: {}",
+            self.faults_total,
+            kinds.join(" "),
+            self.resync_kills_while_behind
+        )?;
+        let s = &self.summary;
+        writeln!(
+            f,
+            "sends: invoked={} ok={} fail={} unknown={} unfinished={}; converged={} drained={}",
+            s.invoked, s.ok, s.failed, s.unknown, s.unfinished, self.converged, self.drained
+        )?;
+        writeln!(f, "total: {}", s.total)?;
+        for (node, c) in &s.per_receiver {
+            writeln!(f, "  receiver {}: {c}", short(node))?;
+        }
+        for e in &s.examples {
+            writeln!(f, "  {e}")?;
+        }
+        write!(f, "files: {}", self.out_dir.display())
+    }
+}
+
+fn short(id: &str) -> &str {
+    &id[..id.len().min(10)]
+}
+
+/// Runs `cfg` on a runtime of its own.
+///
+/// # Errors
+/// If the run could not be carried out (a daemon would not start, the
+/// network could not be set up); a run that finds violations is not an
+/// error: see [`Report::passed`].
+pub fn run_blocking(cfg: ChaosConfig) -> anyhow::Result<Report> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("cannot start a runtime")?;
+    // The cluster lives inside this call's future, which runs on this
+    // thread: the daemons' parent-death signal is tied to it.
+    rt.block_on(run(cfg))
+}
+
+/// Runs `cfg`; see the module doc.
+///
+/// # Errors
+/// As [`run_blocking`].
+pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
+    let started = Instant::now();
+    if cfg.out_dir.exists() {
+        std::fs::remove_dir_all(&cfg.out_dir)
+            .with_context(|| format!("cannot clear {}", cfg.out_dir.display()))?;
+    }
+    std::fs::create_dir_all(&cfg.out_dir)
+        .with_context(|| format!("cannot create {}", cfg.out_dir.display()))?;
+    eprintln!(
+        "chaos: seed {} ({} nodes, {} faults planned, up to {:?}); files in {}",
+        cfg.seed,
+        cfg.nodes,
+        cfg.faults,
+        cfg.chaos_time,
+        cfg.out_dir.display()
+    );
+    let mut cluster_cfg = ClusterConfig::new(&cfg.bin, cfg.nodes);
+    cluster_cfg.isolation = cfg.isolation;
+    cluster_cfg.log_dir = Some(cfg.out_dir.clone());
+    let mut cluster = Cluster::start(cluster_cfg).await?;
+    let network = cluster.netns().is_some();
+    if !network {
+        eprintln!("chaos: partitions and packet loss are skipped (no network namespaces)");
+    }
+    let steps = plan(cfg.seed, cfg.nodes, cfg.faults, network);
+    std::fs::write(
+        cfg.out_dir.join("plan.json"),
+        serde_json::to_vec_pretty(&steps)?,
+    )?;
+
+    let history = Arc::new(History::new(Some(&cfg.out_dir.join("history.jsonl")))?);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut rng = SimRng::new(cfg.seed);
+    let node_ids = cluster.node_ids();
+    let mut clients = tokio::task::JoinSet::new();
+    for node in 0..cluster.len() {
+        for k in 0..cfg.workload.clients_per_node {
+            let client = (node * cfg.workload.clients_per_node + k) as u32;
+            let spec = ClientSpec {
+                client,
+                node,
+                api: cluster.client(node).clone(),
+                node_ids: node_ids.clone(),
+            };
+            clients.spawn(run_client(
+                spec,
+                cfg.workload.clone(),
+                rng.fork(u64::from(client)),
+                history.clone(),
+                stop_rx.clone(),
+            ));
+        }
+    }
+    for _ in 0..WARMUP_POLLS_MAX {
+        let oks = history
+            .ops()
+            .iter()
+            .filter(|o| matches!(o, Op::Ok { .. }))
+            .count();
+        if oks >= WARMUP_OKS {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let mut nemesis_log = std::io::BufWriter::new(create_file(&cfg.out_dir.join("nemesis.jsonl"))?);
+    let mut faults: BTreeMap<String, u64> = BTreeMap::new();
+    let mut resync_kills_while_behind = 0;
+    let chaos_start = Instant::now();
+    let mut fault_error = None;
+    for (n, step) in steps.iter().enumerate() {
+        if chaos_start.elapsed() >= cfg.chaos_time {
+            break;
+        }
+        let t_ms = history.now_ms();
+        eprintln!(
+            "chaos: [{:>6.1}s] fault {}: {}",
+            t_ms as f64 / 1000.0,
+            n + 1,
+            serde_json::to_string(&step.fault)?
+        );
+        let mut applied = match apply(&mut cluster, &step.fault).await {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!("chaos: fault {} could not be carried out: {e:#}", n + 1);
+                fault_error = Some(e.context(format!("fault {}: {:?}", n + 1, step.fault)));
+                break;
+            }
+        };
+        applied.t_ms = t_ms;
+        if applied.queued_at_kill.is_some_and(|q| q > 0) {
+            resync_kills_while_behind += 1;
+        }
+        serde_json::to_writer(
+            &mut nemesis_log,
+            &serde_json::json!({"step": step, "applied": applied}),
+        )?;
+        nemesis_log.write_all(b"\n")?;
+        *faults.entry(applied.kind.clone()).or_default() += 1;
+        tokio::time::sleep(Duration::from_millis(step.quiet_ms)).await;
+    }
+    nemesis_log.flush()?;
+
+    // Final phase.
+    stop_tx.send_replace(true);
+    while clients.join_next().await.is_some() {}
+    history.flush()?;
+    let heal = cluster.heal_all().await;
+    if let Some(e) = fault_error {
+        // The run cannot be judged; say what happened with the logs.
+        return Err(e.context(format!("files in {}", cfg.out_dir.display())));
+    }
+    heal.context("the final heal failed")?;
+    eprintln!("chaos: healed; waiting for marks to reach the acknowledged seqs");
+    let ops = history.ops();
+    let (converged, drained) = converge(&cluster, &ops, cfg.converge_timeout).await;
+
+    let mut journals = BTreeMap::new();
+    for i in 0..cluster.len() {
+        let journal = cluster
+            .journal(i)
+            .await
+            .with_context(|| format!("reading node {i}'s journal"))?;
+        let mut f = std::io::BufWriter::new(create_file(
+            &cfg.out_dir.join(format!("journal-node-{i}.jsonl")),
+        )?);
+        for e in &journal {
+            serde_json::to_writer(&mut f, e)?;
+            f.write_all(b"\n")?;
+        }
+        f.flush()?;
+        journals.insert(cluster.node_id(i).to_owned(), journal);
+    }
+    drop(cluster);
+
+    let summary = check(&ops, &journals);
+    let report = Report {
+        seed: cfg.seed,
+        nodes: cfg.nodes,
+        network_faults: network,
+        faults_total: faults.values().sum(),
+        faults,
+        resync_kills_while_behind,
+        converged,
+        drained,
+        elapsed_s: started.elapsed().as_secs(),
+        summary,
+        out_dir: cfg.out_dir.clone(),
+    };
+    std::fs::write(
+        cfg.out_dir.join("summary.json"),
+        serde_json::to_vec_pretty(&report)?,
+    )?;
+    std::fs::write(cfg.out_dir.join("summary.txt"), format!("{report}\n"))?;
+    eprintln!("{report}");
+    Ok(report)
+}
+
+/// Waits until every receiver's mark for every sender's stream reaches the
+/// last seq acknowledged on it, and (within the same bound) until every
+/// sender's outbox is empty. Answers (marks reached, outboxes drained).
+async fn converge(cluster: &Cluster, ops: &[Op], timeout: Duration) -> (bool, bool) {
+    // (receiver id) -> (author, epoch, channel) -> highest acknowledged seq.
+    let mut want: HashMap<String, HashMap<(String, String, String), u64>> = HashMap::new();
+    for op in ops {
+        if let Op::Ok { stream, seq, .. } = op
+            && let Some(to) = stream.channel.strip_prefix("direct:")
+        {
+            let top = want
+                .entry(to.to_owned())
+                .or_default()
+                .entry((
+                    stream.author.clone(),
+                    stream.epoch.clone(),
+                    stream.channel.clone(),
+                ))
+                .or_insert(0);
+            *top = (*top).max(*seq);
+        }
+    }
+    let polls = (timeout.as_millis() / CONVERGE_POLL.as_millis()).max(1);
+    let mut marks_ok = false;
+    let mut last_behind = String::new();
+    for _ in 0..polls {
+        let mut behind = Vec::new();
+        let mut queued = 0u64;
+        for i in 0..cluster.len() {
+            let id = cluster.node_id(i);
+            let status = match cluster.status(i).await {
+                Ok(s) => s,
+                Err(e) => {
+                    behind.push(format!("node {i}: {e:#}"));
+                    continue;
+                }
+            };
+            queued += status.peers.iter().map(|p| p.queued_msgs).sum::<u64>();
+            for ((author, epoch, channel), top) in want.get(id).into_iter().flatten() {
+                let mark = status
+                    .peers
+                    .iter()
+                    .filter(|p| &p.node == author)
+                    .flat_map(|p| &p.marks)
+                    .find(|m| {
+                        &m.stream.author == author
+                            && &m.stream.epoch == epoch
+                            && &m.stream.channel == channel
+                    })
+                    .map_or(0, |m| m.mark);
+                if mark < *top {
+                    behind.push(format!(
+                        "node {i} has {}..#{mark}, acknowledged #{top}",
+                        short(author)
+                    ));
+                }
+            }
+        }
+        marks_ok = behind.is_empty();
+        if marks_ok && queued == 0 {
+            return (true, true);
+        }
+        last_behind = if marks_ok {
+            format!("{queued} messages still queued")
+        } else {
+            behind.join("; ")
+        };
+        tokio::time::sleep(CONVERGE_POLL).await;
+    }
+    eprintln!("chaos: not converged within {timeout:?}: {last_behind}");
+    (marks_ok, false)
+}

@@ -1,0 +1,326 @@
+//! The nemesis: a seeded schedule of faults, and how each is carried out on
+//! a [`Cluster`].
+//!
+//! The schedule is a pure function of the seed, the cluster size, the
+//! number of faults and whether the network can be cut ([`plan`]), so a
+//! failing run replays from its seed. Faults run one at a time: apply, hold,
+//! heal, a quiet spell, the next. The first faults of every schedule are one
+//! of each kind in a seeded order, so even a short run has them all.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use serde::Serialize;
+
+use crate::cluster::Cluster;
+use crate::rng::SimRng;
+
+/// The share of packets the loss fault drops, in percent.
+pub const LOSS_PERCENT: u32 = 30;
+
+/// One fault.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "fault", rename_all = "snake_case")]
+pub enum Fault {
+    /// `kill -9` a node, keep it down for `down_ms`, restart it on its data dir.
+    KillRestart {
+        /// The node.
+        node: usize,
+        /// How long it stays down.
+        down_ms: u64,
+    },
+    /// SIGSTOP a node for `hold_ms`, then SIGCONT.
+    Pause {
+        /// The node.
+        node: usize,
+        /// How long it stays stopped.
+        hold_ms: u64,
+    },
+    /// Cut one node off from all others for `hold_ms`.
+    Isolate {
+        /// The node.
+        node: usize,
+        /// How long the cut lasts.
+        hold_ms: u64,
+    },
+    /// Split the cluster into `minority` and the rest for `hold_ms`.
+    Split {
+        /// The smaller side.
+        minority: Vec<usize>,
+        /// How long the split lasts.
+        hold_ms: u64,
+    },
+    /// Drop [`LOSS_PERCENT`] % of all packets on the bridge for `hold_ms`.
+    Loss {
+        /// How long the loss lasts.
+        hold_ms: u64,
+    },
+    /// `kill -9` a node, keep it down for `down_ms` while the others queue
+    /// messages for it, restart it, and `kill -9` it again `resync_ms` after
+    /// it answers, while it is catching up; then restart it.
+    KillDuringResync {
+        /// The node.
+        node: usize,
+        /// How long it stays down first.
+        down_ms: u64,
+        /// How long after it is back the second kill comes.
+        resync_ms: u64,
+    },
+}
+
+impl Fault {
+    /// The fault's kind, as counted in reports.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::KillRestart { .. } => "kill_restart",
+            Fault::Pause { .. } => "pause",
+            Fault::Isolate { .. } => "isolate",
+            Fault::Split { .. } => "split",
+            Fault::Loss { .. } => "loss",
+            Fault::KillDuringResync { .. } => "kill_during_resync",
+        }
+    }
+
+    /// Whether the fault needs network namespaces.
+    pub fn needs_network(&self) -> bool {
+        matches!(
+            self,
+            Fault::Isolate { .. } | Fault::Split { .. } | Fault::Loss { .. }
+        )
+    }
+}
+
+/// One step of a schedule: a fault, then a quiet spell.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Step {
+    /// The fault.
+    #[serde(flatten)]
+    pub fault: Fault,
+    /// The quiet spell after it is healed, in ms.
+    pub quiet_ms: u64,
+}
+
+/// The fault kinds a schedule draws from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    KillRestart,
+    Pause,
+    KillDuringResync,
+    Isolate,
+    Split,
+    Loss,
+}
+
+const PROCESS_KINDS: [Kind; 3] = [Kind::KillRestart, Kind::Pause, Kind::KillDuringResync];
+const NETWORK_KINDS: [Kind; 3] = [Kind::Isolate, Kind::Split, Kind::Loss];
+
+/// The schedule of `count` faults for a cluster of `nodes` (at least 2),
+/// from `seed`. Without `network`, only process faults are drawn.
+pub fn plan(seed: u64, nodes: usize, count: usize, network: bool) -> Vec<Step> {
+    let mut rng = SimRng::new(seed ^ 0x6E65_6D65_7369_7321);
+    let mut kinds: Vec<Kind> = PROCESS_KINDS.to_vec();
+    if network {
+        kinds.extend(NETWORK_KINDS);
+    }
+    let mut first = kinds.clone();
+    rng.shuffle(&mut first);
+    let ms = |rng: &mut SimRng, lo: u64, hi: u64| {
+        rng.duration(Duration::from_millis(lo), Duration::from_millis(hi))
+            .as_millis() as u64
+    };
+    (0..count)
+        .map(|i| {
+            let kind = first
+                .get(i)
+                .copied()
+                .unwrap_or_else(|| kinds[rng.index(kinds.len())]);
+            let node = rng.index(nodes.max(1));
+            let fault = match kind {
+                Kind::KillRestart => Fault::KillRestart {
+                    node,
+                    down_ms: ms(&mut rng, 200, 3000),
+                },
+                Kind::Pause => Fault::Pause {
+                    node,
+                    hold_ms: ms(&mut rng, 500, 4000),
+                },
+                Kind::KillDuringResync => Fault::KillDuringResync {
+                    node,
+                    down_ms: ms(&mut rng, 1500, 4000),
+                    resync_ms: ms(&mut rng, 0, 300),
+                },
+                Kind::Isolate => Fault::Isolate {
+                    node,
+                    hold_ms: ms(&mut rng, 1000, 5000),
+                },
+                Kind::Split => {
+                    let mut all: Vec<usize> = (0..nodes).collect();
+                    rng.shuffle(&mut all);
+                    let size = 1 + rng.index(((nodes.saturating_sub(1)) / 2).max(1));
+                    let mut minority = all[..size.min(nodes)].to_vec();
+                    minority.sort_unstable();
+                    Fault::Split {
+                        minority,
+                        hold_ms: ms(&mut rng, 1000, 5000),
+                    }
+                }
+                Kind::Loss => Fault::Loss {
+                    hold_ms: ms(&mut rng, 2000, 5000),
+                },
+            };
+            Step {
+                fault,
+                quiet_ms: ms(&mut rng, 300, 1500),
+            }
+        })
+        .collect()
+}
+
+/// What carrying out a fault observed.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Applied {
+    /// Milliseconds since the run started, when the fault began.
+    pub t_ms: u64,
+    /// The fault's kind.
+    pub kind: String,
+    /// For `kill_during_resync`: envelopes the other nodes still had queued
+    /// for the node right after the second kill (above zero shows it was
+    /// killed while catching up).
+    pub queued_at_kill: Option<u64>,
+    /// Anything worth a person's attention.
+    pub note: String,
+}
+
+/// Carries out `fault` on `cluster` and heals it. Answers what it saw.
+///
+/// # Errors
+/// If the cluster cannot be signalled, restarted or the network cut/healed.
+pub async fn apply(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Applied> {
+    let mut applied = Applied {
+        kind: fault.kind().into(),
+        ..Applied::default()
+    };
+    let sleep = |ms: u64| tokio::time::sleep(Duration::from_millis(ms));
+    match fault {
+        Fault::KillRestart { node, down_ms } => {
+            cluster.kill(*node).await?;
+            sleep(*down_ms).await;
+            cluster.restart(*node).await?;
+        }
+        Fault::Pause { node, hold_ms } => {
+            cluster.pause(*node)?;
+            sleep(*hold_ms).await;
+            cluster.resume(*node)?;
+        }
+        Fault::Isolate { node, hold_ms } => {
+            let net = cluster.netns().context("isolate needs namespaces")?;
+            net.isolate(*node)?;
+            sleep(*hold_ms).await;
+            net.heal()?;
+        }
+        Fault::Split { minority, hold_ms } => {
+            let net = cluster.netns().context("split needs namespaces")?;
+            let majority: Vec<usize> = (0..cluster.len())
+                .filter(|i| !minority.contains(i))
+                .collect();
+            net.partition(&[minority.clone(), majority])?;
+            sleep(*hold_ms).await;
+            net.heal()?;
+        }
+        Fault::Loss { hold_ms } => {
+            let net = cluster.netns().context("loss needs namespaces")?;
+            net.loss(LOSS_PERCENT)?;
+            sleep(*hold_ms).await;
+            net.heal()?;
+        }
+        Fault::KillDuringResync {
+            node,
+            down_ms,
+            resync_ms,
+        } => {
+            cluster.kill(*node).await?;
+            sleep(*down_ms).await;
+            cluster.restart(*node).await?;
+            sleep(*resync_ms).await;
+            cluster.kill(*node).await?;
+            // What the others still hold for it: not yet acknowledged.
+            let id = cluster.node_id(*node).to_owned();
+            let mut queued = 0;
+            for other in (0..cluster.len()).filter(|o| o != node) {
+                match cluster.status(other).await {
+                    Ok(st) => {
+                        queued += st
+                            .peers
+                            .iter()
+                            .filter(|p| p.node == id)
+                            .map(|p| p.queued_msgs)
+                            .sum::<u64>();
+                    }
+                    Err(e) => applied.note = format!("status of node {other}: {e:#}"),
+                }
+            }
+            applied.queued_at_kill = Some(queued);
+            sleep(*down_ms / 4).await;
+            cluster.restart(*node).await?;
+        }
+    }
+    Ok(applied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_replays_the_same_schedule() {
+        assert_eq!(plan(42, 3, 30, true), plan(42, 3, 30, true));
+        assert_ne!(plan(42, 3, 30, true), plan(43, 3, 30, true));
+    }
+
+    #[test]
+    fn every_kind_comes_first_so_short_runs_have_them_all() {
+        for seed in 0..50 {
+            let p = plan(seed, 3, 6, true);
+            let mut kinds: Vec<&str> = p.iter().map(|s| s.fault.kind()).collect();
+            kinds.sort_unstable();
+            assert_eq!(
+                kinds,
+                [
+                    "isolate",
+                    "kill_during_resync",
+                    "kill_restart",
+                    "loss",
+                    "pause",
+                    "split"
+                ],
+                "seed {seed}"
+            );
+        }
+    }
+
+    #[test]
+    fn without_a_network_only_process_faults_are_drawn() {
+        let p = plan(7, 3, 100, false);
+        assert!(p.iter().all(|s| !s.fault.needs_network()));
+        assert!(p.iter().any(|s| s.fault.kind() == "kill_during_resync"));
+    }
+
+    #[test]
+    fn faults_name_existing_nodes_and_a_true_minority() {
+        for nodes in [2, 3, 5] {
+            for s in plan(9, nodes, 200, true) {
+                match s.fault {
+                    Fault::KillRestart { node, .. }
+                    | Fault::Pause { node, .. }
+                    | Fault::Isolate { node, .. }
+                    | Fault::KillDuringResync { node, .. } => assert!(node < nodes),
+                    Fault::Split { minority, .. } => {
+                        assert!(!minority.is_empty() && minority.len() * 2 < nodes.max(3));
+                        assert!(minority.iter().all(|&n| n < nodes));
+                    }
+                    Fault::Loss { .. } => {}
+                }
+            }
+        }
+    }
+}
