@@ -35,6 +35,12 @@ bench:
 fuzz SECONDS="60":
     cd fuzz && for t in $(cargo +nightly fuzz list); do mkdir -p "/tmp/mesh-fuzz/$t"; cargo +nightly fuzz run "$t" "/tmp/mesh-fuzz/$t" "corpus/$t" -- -max_total_time={{SECONDS}}; done
 
+# A long chaos run of real daemons: faults for SECONDS, then the checker
+# (docs/reliability.md). SEED replays a run; empty picks one (printed).
+# Files go to target/chaos/long-<seed>/.
+chaos SECONDS="1800" SEED="":
+    CHAOS_SECONDS={{SECONDS}} CHAOS_SEED={{SEED}} cargo test -p mesh --test chaos -- --ignored --nocapture a_long_chaos_run_loses_nothing
+
 # Rerun one simulator seed, e.g. `just sim-seed 1234`.
 sim-seed SEED:
     SIM_SEED={{SEED}} cargo test -p mesh-bus --test sim -- --nocapture
