@@ -501,11 +501,11 @@ async fn open_raw_subscription(socket: &Path) -> tokio::net::UnixStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
     bounded(async {
-        const N: usize = 2000;
+        const N: usize = 3000;
         let tmp = tempfile::tempdir().unwrap();
         let secret = random_key();
         let opts = Opts {
-            subscriber_buffer: 64,
+            subscriber_buffer: 256,
             ..Opts::default()
         };
         let d = Daemon::start(tmp.path(), &secret, opts).await;
@@ -545,7 +545,7 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
 
         // Writers are never held up by the stopped subscriber.
         let pad = "x".repeat(2048);
-        d.send_many(peer, N, 100, |i| format!("{i:05}{pad}")).await;
+        d.send_many(peer, N, 50, |i| format!("{i:05}{pad}")).await;
 
         let (bodies, lagged) = reader.await.unwrap();
         assert_eq!(lagged, 0, "the reading subscriber never lagged");

@@ -41,7 +41,7 @@ pub use node::{
     BoxFuture, JournalWriter, NodeApi, NodeStatus, OutMessage, PeerStatus, Sent, StoreWriter,
     StreamMark, publish_head,
 };
-pub use socket::{ApiSocket, BindError, PeerCred, daemon_uid};
+pub use socket::{ApiSocket, BindError, CONNECTIONS_MAX, PeerCred, daemon_uid};
 
 /// The largest body of a plain JSON request (peers, cursors), in bytes.
 pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
@@ -202,6 +202,10 @@ pub async fn serve(
     let app = state
         .router()
         .into_make_service_with_connect_info::<PeerCred>();
+    let listener = socket::Bounded {
+        listener,
+        permits: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX)),
+    };
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;

@@ -1,12 +1,22 @@
 //! The control socket: binding it safely and telling who is on the other end.
 
+use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
+use axum::serve::{IncomingStream, Listener};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// The most connections served at once (each live subscription holds one);
+/// further clients wait in the listen backlog.
+pub const CONNECTIONS_MAX: usize = 1024;
 
 /// How long probing an existing socket file for a live daemon may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -117,9 +127,84 @@ pub struct PeerCred {
     pub pid: Option<i32>,
 }
 
-impl Connected<IncomingStream<'_, UnixListener>> for PeerCred {
-    fn connect_info(stream: IncomingStream<'_, UnixListener>) -> Self {
-        match stream.io().peer_cred() {
+/// The control socket's listener, serving at most [`CONNECTIONS_MAX`] connections at once.
+pub(super) struct Bounded {
+    pub(super) listener: UnixListener,
+    pub(super) permits: Arc<Semaphore>,
+}
+
+/// A connection holding one of the [`CONNECTIONS_MAX`] permits until it closes.
+pub(super) struct Conn {
+    stream: UnixStream,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Listener for Bounded {
+    type Io = Conn;
+    type Addr = tokio::net::unix::SocketAddr;
+
+    async fn accept(&mut self) -> (Conn, Self::Addr) {
+        // Only a closed semaphore fails to give a permit, and this one is
+        // never closed; were it, serving on without a bound beats stopping.
+        let permit = self.permits.clone().acquire_owned().await.ok();
+        let (stream, addr) = Listener::accept(&mut self.listener).await;
+        (
+            Conn {
+                stream,
+                _permit: permit,
+            },
+            addr,
+        )
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        self.listener.local_addr()
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+}
+
+impl Connected<IncomingStream<'_, Bounded>> for PeerCred {
+    fn connect_info(stream: IncomingStream<'_, Bounded>) -> Self {
+        match stream.io().stream.peer_cred() {
             Ok(c) => PeerCred {
                 uid: Some(c.uid()),
                 pid: c.pid(),
