@@ -216,11 +216,11 @@ impl Core {
     }
 
     pub(super) fn on_resync(&mut self, peer: NodeId, stream: StreamId, after: Seq, now: Millis) {
-        let Some(feed) = self.checked_feed(peer, &stream, after) else {
+        if self.checked_feed(peer, &stream, after).is_none() {
             return;
-        };
-        feed.acked = feed.acked.max(after);
-        self.note_ack(peer, after);
+        }
+        // Not an ack: the asker's `after` is its pending mark, which a failed
+        // commit can still roll back. Only Ack frames and Hello marks are.
         self.metrics.resyncs_served += 1;
         self.serve(peer, after, now);
     }

@@ -22,6 +22,9 @@ pub(super) struct WaitingSend {
 }
 
 /// Receiver work waiting for the next commit, in arrival order.
+// A few hundred bytes against a few dozen, in a queue of at most
+// WAITING_BATCHES_MAX: not worth an allocation per batch.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(super) enum InboundWork {
     /// Commit `batch` from seq `from`.
@@ -98,6 +101,8 @@ impl Waiting {
 }
 
 /// What one group of the commit in flight was for.
+// As for `InboundWork`: bounded, short-lived, not worth boxing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(super) enum Group {
     Ack {

@@ -2,6 +2,7 @@
 //! ask for what is missing.
 
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 
 use mesh_protocol::{
     Channel, Epoch, Frame, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
@@ -131,8 +132,8 @@ impl Core {
                 || inb.held_bytes + bytes > REORDER_BYTES_MAX
             {
                 self.metrics.dropped.count(DropReason::OutsideWindow);
-            } else if !inb.held.contains_key(&first) {
-                inb.held.insert(first, open);
+            } else if let Entry::Vacant(slot) = inb.held.entry(first) {
+                slot.insert(open);
                 inb.held_bytes += bytes;
                 self.metrics.batches_held += 1;
             }

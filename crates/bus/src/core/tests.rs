@@ -1009,3 +1009,30 @@ fn a_restarted_core_resumes_from_the_store() {
     assert_eq!(ok_seq(a.reply(req)), 3, "seqs stay dense across a crash");
     assert!(a.reply(lost).is_none());
 }
+
+#[test]
+fn a_resync_is_not_taken_as_an_ack() {
+    // The asker's `after` is its pending mark, which a failed commit can roll
+    // back; acking it would let the author evict what was never committed.
+    let mut a = Node::new(1, 1, &[2], bounds(2, OnFull::Reject));
+    for m in [b"1", b"2"] {
+        a.send(id(2), m);
+    }
+    let conn = ConnId(99);
+    a.hello_from(2, 2, conn, Vec::new());
+    a.frame(
+        2,
+        conn,
+        Frame::Resync {
+            stream: stream(1, 1, 2),
+            after: 2,
+        },
+    );
+    let own = a.core.own_stream(&id(2)).expect("stream");
+    assert_eq!(own.last_acked, 0);
+    assert_eq!(
+        a.core.metrics().resyncs_served,
+        2,
+        "the hello and the resync"
+    );
+}
