@@ -165,6 +165,10 @@ pub(super) fn cut(text: &str) -> String {
     text.chars().take(SHOWN_CHARS_MAX).collect()
 }
 
+/// Journal entries read from the store at a time (at most this many payloads
+/// of up to 1 MiB are in memory at once).
+pub(super) const JOURNAL_READ_ENTRIES: usize = 64;
+
 /// `GET /v1/events` query.
 #[derive(Debug, Deserialize)]
 pub(super) struct EventsQuery {
@@ -190,15 +194,27 @@ pub(super) async fn events(
             }
         },
     };
-    let mut items = st.journal(after, limit).await?;
-    // Keep a page's size bounded whatever the payloads: stop after the entry
-    // that crosses the byte cap (a page always has an entry if any is due).
+    // Read in small chunks and stop after the entry that crosses the byte
+    // cap, so a page of large payloads stays bounded in memory (a page
+    // always has an entry if any is due).
+    let mut items = Vec::new();
     let mut bytes = 0usize;
-    if let Some(cut_at) = items.iter().position(|i| {
-        bytes += entry_bytes(i);
-        bytes >= EVENTS_PAGE_BYTES_MAX
-    }) {
-        items.truncate(cut_at + 1);
+    let mut pos = after;
+    'read: while items.len() < limit {
+        let chunk = st
+            .journal(pos, (limit - items.len()).min(JOURNAL_READ_ENTRIES))
+            .await?;
+        if chunk.is_empty() {
+            break;
+        }
+        for item in chunk {
+            bytes += entry_bytes(&item);
+            pos = item.arrival;
+            items.push(item);
+            if bytes >= EVENTS_PAGE_BYTES_MAX {
+                break 'read;
+            }
+        }
     }
     let next = items.last().map(|i| i.arrival).unwrap_or(after);
     Ok(Json(EventsPage {

@@ -34,10 +34,9 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
 use super::json::{EventEntry, LaggedEvent};
+use super::routes::JOURNAL_READ_ENTRIES;
 use super::{ApiError, ApiState, PeerCred};
 
-/// Journal entries read from the store at a time.
-const PAGE_ENTRIES: usize = 256;
 /// How often an idle stream sends an SSE comment, so a vanished client is noticed.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
 /// The topic name that subscriber loss records are reported against.
@@ -158,7 +157,7 @@ impl Pump {
             }
             let h = *head.borrow_and_update();
             let page = if self.pos < h {
-                self.st.journal(self.pos, PAGE_ENTRIES).await?
+                self.st.journal(self.pos, JOURNAL_READ_ENTRIES).await?
             } else {
                 Vec::new()
             };
