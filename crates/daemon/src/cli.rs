@@ -85,9 +85,9 @@ pub enum Command {
     /// Creates the data dir (mode 0700), the node key and the store on first
     /// run. Stops cleanly on SIGINT or SIGTERM; a second signal exits at once.
     Daemon {
-        /// Address to listen on for peers.
-        #[arg(long, default_value = "0.0.0.0:0", value_name = "ADDR")]
-        bind: SocketAddr,
+        /// Address to listen on for peers [default: `bind` in config.toml, else 0.0.0.0:0].
+        #[arg(long, value_name = "ADDR")]
+        bind: Option<SocketAddr>,
     },
 }
 
@@ -134,7 +134,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.data.as_deref(), Some(std::path::Path::new("/tmp/x")));
-        assert!(matches!(cli.command, Command::Daemon { bind } if bind.port() == 7000));
+        assert!(matches!(cli.command, Command::Daemon { bind: Some(bind) } if bind.port() == 7000));
         assert!(Cli::try_parse_from(["mesh", "daemon", "--bind", "not-an-addr"]).is_err());
     }
 }

@@ -2,6 +2,8 @@
 //!
 //! The design is in `docs/design.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+// Tests unwrap: a panic there is the failure report.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod api;
 pub mod cli;
@@ -10,5 +12,6 @@ mod commands;
 pub mod config;
 pub mod paths;
 mod run;
+pub mod service;
 
 pub use run::run;

@@ -433,14 +433,21 @@ impl Core {
                         continue;
                     }
                     match result {
-                        Ok(_) => {
+                        Ok(receipt) => {
                             let stream = batch.batch().stream().clone();
                             let first = batch.batch().first_seq();
+                            // The store journals a batch's envelopes last in
+                            // its group, in seq order: they end at `last`.
+                            let n = batch.batch().entries().len() as u64;
+                            let first_arrival = receipt
+                                .arrivals
+                                .map_or(0, |(_, last)| (last + 1).saturating_sub(n));
                             self.metrics.sends_ok += senders.len() as u64;
                             for (i, req) in senders.into_iter().enumerate() {
                                 let receipt = SendReceipt {
                                     stream: stream.clone(),
                                     seq: first + i as u64,
+                                    arrival: first_arrival + i as u64,
                                 };
                                 self.effects.push_back(Effect::Reply {
                                     req,

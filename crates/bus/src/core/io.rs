@@ -176,6 +176,8 @@ pub struct SendReceipt {
     pub stream: StreamId,
     /// The message's seq in the stream.
     pub seq: Seq,
+    /// The message's position in this node's journal.
+    pub arrival: mesh_store::Arrival,
 }
 
 /// Why a local send was refused, grouped by who can fix it.

@@ -102,8 +102,10 @@ pub trait NodeApi: Send + Sync + 'static {
         })
     }
 
-    /// Sends messages (to one or many peers), all committed or none; the
-    /// answer lists them in request order.
+    /// Sends messages (to one or many peers); the answer lists them in
+    /// request order. Each message is committed or refused on its own: if
+    /// any is refused, the error is the first refusal and its message says
+    /// how many of the others were committed (the journal shows which).
     fn send_batch(&self, msgs: Vec<OutMessage>) -> BoxFuture<'_, Result<Vec<Sent>, ApiError>>;
 
     /// The node's state.

@@ -1,0 +1,309 @@
+//! The running daemon: the bus node behind the local API.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use mesh_bus::core::SendError as CoreSendError;
+use mesh_bus::node::{Node, NodeError, NodePeer, SendError};
+use mesh_protocol::{NodeId, NodeTicket};
+use mesh_store::{MeshStore, RedbStore};
+
+use crate::api::ApiError;
+use crate::api::json::StreamJson;
+use crate::api::node::{BoxFuture, NodeApi, NodeStatus, OutMessage, PeerStatus, Sent, StreamMark};
+
+/// The [`NodeApi`] of a running bus [`Node`].
+pub struct BusApi {
+    node: Arc<Node>,
+    store: Arc<RedbStore>,
+    store_file: PathBuf,
+}
+
+impl BusApi {
+    /// The API of `node`, whose store is `store` (at `store_file`).
+    pub fn new(node: Arc<Node>, store: Arc<RedbStore>, store_file: PathBuf) -> Self {
+        BusApi {
+            node,
+            store,
+            store_file,
+        }
+    }
+
+    async fn peers(&self) -> Result<Vec<PeerStatus>, ApiError> {
+        let status = self.node.status().await.map_err(node_error)?;
+        let store = self.store.clone();
+        let (marks, records) = tokio::task::spawn_blocking(move || {
+            Ok::<_, mesh_store::StoreError>((store.marks()?, store.peers()?))
+        })
+        .await
+        .map_err(|e| ApiError::Internal(format!("store read task failed: {e}")))?
+        .map_err(|e| ApiError::StoreUnavailable(e.to_string()))?;
+        let epochs: HashMap<NodeId, String> = records
+            .into_iter()
+            .filter_map(|r| Some((r.node, r.epoch?.to_string())))
+            .collect();
+        let mut by_author: HashMap<NodeId, Vec<StreamMark>> = HashMap::new();
+        for m in marks {
+            by_author
+                .entry(m.stream.author)
+                .or_default()
+                .push(StreamMark {
+                    stream: StreamJson::from(&m.stream),
+                    mark: m.seq,
+                });
+        }
+        Ok(status
+            .peers
+            .into_iter()
+            .map(|p| {
+                let epoch = epochs.get(&p.node).cloned();
+                PeerStatus {
+                    epoch,
+                    ..peer_status(p, &mut by_author)
+                }
+            })
+            .collect())
+    }
+}
+
+fn peer_status(p: NodePeer, marks: &mut HashMap<NodeId, Vec<StreamMark>>) -> PeerStatus {
+    let (queued_msgs, outbox_bytes) = match &p.own_stream {
+        Some(o) => (
+            o.next_seq.saturating_sub(1).saturating_sub(o.last_acked),
+            o.bytes,
+        ),
+        None => (0, 0),
+    };
+    PeerStatus {
+        node: p.node.to_string(),
+        addrs: p.addrs,
+        connected: p.conn.is_some(),
+        epoch: None,
+        marks: marks.remove(&p.node).unwrap_or_default(),
+        queued_msgs,
+        outbox_bytes,
+    }
+}
+
+fn node_error(e: NodeError) -> ApiError {
+    match e {
+        NodeError::Store(s) => ApiError::StoreUnavailable(s.to_string()),
+        NodeError::Peer(p) => ApiError::BadRequest(p.to_string()),
+        NodeError::Stopped => ApiError::NodeUnavailable("the node is stopping".into()),
+        other => ApiError::NodeUnavailable(other.to_string()),
+    }
+}
+
+fn send_error(to: NodeId, e: SendError) -> ApiError {
+    match e {
+        SendError::Refused(CoreSendError::UnknownPeer(_)) => ApiError::UnknownPeer(to),
+        SendError::Refused(e @ CoreSendError::OutboxFull { .. }) => {
+            ApiError::OutboxFull(e.to_string())
+        }
+        SendError::Refused(e @ CoreSendError::Store(_)) => {
+            ApiError::StoreUnavailable(e.to_string())
+        }
+        SendError::Refused(e @ CoreSendError::Busy { .. }) => {
+            ApiError::NodeUnavailable(e.to_string())
+        }
+        SendError::Refused(e @ (CoreSendError::ToSelf | CoreSendError::TooLarge { .. })) => {
+            ApiError::BadRequest(e.to_string())
+        }
+        SendError::Refused(e) => ApiError::Internal(e.to_string()),
+        SendError::Stopped => ApiError::NodeUnavailable(SendError::Stopped.to_string()),
+        other => ApiError::Internal(other.to_string()),
+    }
+}
+
+/// Adds `note` to the message of `e`, keeping its kind (and so its status).
+fn with_note(e: ApiError, note: &str) -> ApiError {
+    match e {
+        ApiError::OutboxFull(m) => ApiError::OutboxFull(format!("{m}; {note}")),
+        ApiError::StoreUnavailable(m) => ApiError::StoreUnavailable(format!("{m}; {note}")),
+        ApiError::NodeUnavailable(m) => ApiError::NodeUnavailable(format!("{m}; {note}")),
+        ApiError::BadRequest(m) => ApiError::BadRequest(format!("{m}; {note}")),
+        ApiError::Internal(m) => ApiError::Internal(format!("{m}; {note}")),
+        other => other,
+    }
+}
+
+impl NodeApi for BusApi {
+    fn send_batch(&self, msgs: Vec<OutMessage>) -> BoxFuture<'_, Result<Vec<Sent>, ApiError>> {
+        Box::pin(async move {
+            // Sent together, the messages share the bus's next group commit.
+            let sends = msgs.into_iter().map(|m| {
+                let node = &self.node;
+                async move {
+                    let to = m.to;
+                    node.send(to, m.kind, m.body)
+                        .await
+                        .map(|r| Sent {
+                            stream: r.stream,
+                            seq: r.seq,
+                            arrival: r.arrival,
+                        })
+                        .map_err(|e| send_error(to, e))
+                }
+            });
+            let results = futures_util::future::join_all(sends).await;
+            let n = results.len();
+            let committed = results.iter().filter(|r| r.is_ok()).count();
+            if committed == n {
+                return Ok(results.into_iter().flatten().collect());
+            }
+            let (i, first) = results
+                .into_iter()
+                .enumerate()
+                .find_map(|(i, r)| r.err().map(|e| (i, e)))
+                .ok_or_else(|| ApiError::Internal("a failed send has no error".into()))?;
+            let note = format!(
+                "message {i} of {n} was refused; {committed} of the {n} were committed \
+                 (GET /v1/events shows which)"
+            );
+            Err(with_note(first, &note))
+        })
+    }
+
+    fn status(&self) -> BoxFuture<'_, Result<NodeStatus, ApiError>> {
+        Box::pin(async move {
+            let peers = self.peers().await?;
+            let addrs = self.node.ticket().addrs;
+            Ok(NodeStatus {
+                node: self.node.node_id().to_string(),
+                epoch: self.node.epoch().to_string(),
+                addrs,
+                ticket: self.node.ticket().to_string(),
+                peers,
+                store_bytes: std::fs::metadata(&self.store_file).ok().map(|m| m.len()),
+            })
+        })
+    }
+
+    fn ticket(&self) -> BoxFuture<'_, Result<NodeTicket, ApiError>> {
+        Box::pin(async move { Ok(self.node.ticket()) })
+    }
+
+    fn add_peer(&self, ticket: NodeTicket) -> BoxFuture<'_, Result<PeerStatus, ApiError>> {
+        Box::pin(async move {
+            let id = ticket.node;
+            self.node
+                .add_peer(id, ticket.addrs)
+                .await
+                .map_err(node_error)?;
+            let peers = self.peers().await?;
+            peers
+                .into_iter()
+                .find(|p| p.node == id.to_string())
+                .ok_or_else(|| ApiError::Internal("the added peer is not listed".into()))
+        })
+    }
+
+    fn list_peers(&self) -> BoxFuture<'_, Result<Vec<PeerStatus>, ApiError>> {
+        Box::pin(self.peers())
+    }
+
+    fn remove_peer(&self, node: NodeId) -> BoxFuture<'_, Result<(), ApiError>> {
+        Box::pin(async move {
+            let known = self
+                .node
+                .status()
+                .await
+                .map_err(node_error)?
+                .peers
+                .iter()
+                .any(|p| p.node == node);
+            if !known {
+                return Err(ApiError::UnknownPeer(node));
+            }
+            self.node.remove_peer(node).await.map_err(node_error)
+        })
+    }
+}
+
+/// Prometheus text for the bus's counters.
+pub(crate) fn render_metrics(status: &mesh_bus::node::NodeStatus, out: &mut String) {
+    use std::fmt::Write;
+    let m = &status.core;
+    let mut line = |name: &str, help: &str, v: u64| {
+        let _ = writeln!(
+            out,
+            "# HELP mesh_{name} {help}\n# TYPE mesh_{name} counter\nmesh_{name} {v}"
+        );
+    };
+    line(
+        "commits_total",
+        "Commits issued by the bus core.",
+        m.commits,
+    );
+    line("sends_ok_total", "Local sends committed.", m.sends_ok);
+    line(
+        "sends_refused_total",
+        "Local sends refused before the store.",
+        m.sends_refused,
+    );
+    line(
+        "sends_failed_total",
+        "Local sends the store refused or failed.",
+        m.sends_failed,
+    );
+    line(
+        "batches_accepted_total",
+        "Peer batches accepted into a commit.",
+        m.batches_accepted,
+    );
+    line(
+        "duplicate_envelopes_total",
+        "Envelopes received at or below the mark.",
+        m.duplicate_envelopes,
+    );
+    line(
+        "resyncs_asked_total",
+        "Resync frames sent.",
+        m.resyncs_asked,
+    );
+    line(
+        "resyncs_served_total",
+        "Resync requests served.",
+        m.resyncs_served,
+    );
+    line("gaps_sent_total", "ResyncGap frames sent.", m.gaps_sent);
+    line(
+        "gaps_recorded_total",
+        "Gaps committed to the journal.",
+        m.gaps_recorded,
+    );
+    line(
+        "retransmits_total",
+        "Streams resent after a silence.",
+        m.retransmits,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP mesh_frames_dropped_total Frames dropped, by reason.\n# TYPE mesh_frames_dropped_total counter"
+    );
+    let d = &m.dropped;
+    let reasons = [
+        ("bad_signature", d.bad_signature),
+        ("malformed", d.malformed),
+        ("cid_mismatch", d.cid_mismatch),
+        ("wrong_author", d.wrong_author),
+        ("wrong_recipient", d.wrong_recipient),
+        ("stale_epoch", d.stale_epoch),
+        ("duplicate", d.duplicate),
+        ("outside_window", d.outside_window),
+        ("queue_full", d.queue_full),
+        ("before_hello", d.before_hello),
+        ("stale_connection", d.stale_connection),
+        ("unknown_stream", d.unknown_stream),
+        ("bogus_seq", d.bogus_seq),
+    ];
+    for (reason, v) in reasons {
+        let _ = writeln!(out, "mesh_frames_dropped_total{{reason=\"{reason}\"}} {v}");
+    }
+    let _ = writeln!(
+        out,
+        "# HELP mesh_journal_head Last journal arrival written.\n# TYPE mesh_journal_head gauge\nmesh_journal_head {}",
+        status.journal_head
+    );
+}
