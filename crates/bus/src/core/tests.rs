@@ -54,6 +54,8 @@ struct Node {
     other: Vec<Effect>,
     /// Persists seen, as (number of groups, ops of each group).
     persists: Vec<Vec<Vec<WriteOp>>>,
+    /// Loads and frames, in the order the core asked for them.
+    log: Vec<String>,
     /// Hold commits instead of carrying them out.
     hold_commits: bool,
     held: VecDeque<(CommitId, Vec<Vec<WriteOp>>)>,
@@ -92,6 +94,7 @@ impl Node {
             sent: Vec::new(),
             other: Vec::new(),
             persists: Vec::new(),
+            log: Vec::new(),
             hold_commits: false,
             held: VecDeque::new(),
         }
@@ -136,11 +139,15 @@ impl Node {
                         max_bytes,
                         ..
                     } => {
+                        self.log.push(format!("load after {after}"));
                         let result = self.store.read_outbox(&stream, after, max_bytes);
                         inputs.push_back(Input::OutboxLoaded { load, result });
                     }
                     Effect::Reply { req, result } => self.replies.push((req, result)),
-                    Effect::SendFrame { peer, conn, frame } => self.sent.push((peer, conn, frame)),
+                    Effect::SendFrame { peer, conn, frame } => {
+                        self.log.push(frame_name(&frame));
+                        self.sent.push((peer, conn, frame))
+                    }
                     other => self.other.push(other),
                 }
             }
@@ -229,6 +236,19 @@ impl Node {
             conn,
             frame,
         })
+    }
+}
+
+fn frame_name(f: &Frame) -> String {
+    match f {
+        Frame::ResyncGap {
+            earliest_available, ..
+        } => format!("gap {earliest_available}"),
+        Frame::Batch { batch, .. } => format!("batch {}", batch.first_seq),
+        Frame::ResyncDone { upto, .. } => format!("done {upto}"),
+        Frame::Resync { after, .. } => format!("resync {after}"),
+        Frame::Ack { upto, .. } => format!("ack {upto}"),
+        Frame::Hello { .. } => "hello".to_string(),
     }
 }
 
@@ -1035,4 +1055,54 @@ fn a_resync_is_not_taken_as_an_ack() {
         2,
         "the hello and the resync"
     );
+}
+
+#[test]
+fn a_catch_up_is_read_in_chunks_each_after_the_last_was_handed_off() {
+    let config = Config {
+        catchup_chunk_bytes: 10,
+        ..Config::default()
+    };
+    let mut a = Node::new(1, 1, &[2], config);
+    for i in 0..4u8 {
+        a.send(id(2), &[i; 8]);
+    }
+    a.log.clear();
+    a.hello_from(2, 2, ConnId(5), Vec::new());
+    assert_eq!(
+        a.log,
+        vec![
+            "hello",
+            "load after 0",
+            "batch 1",
+            "load after 1",
+            "batch 2",
+            "load after 2",
+            "batch 3",
+            "load after 3",
+            "batch 4",
+            "done 4"
+        ]
+    );
+}
+
+#[test]
+fn a_missing_part_is_asked_again_until_it_comes() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    b.frame(1, conn, batch(1, 1, 2, 2, &[b"two"]));
+    b.log.clear();
+    // Not yet due: nothing is asked twice within the retry interval.
+    b.now = b.now.plus(b.config.resync_retry_ms - 1);
+    b.run(Input::Timer);
+    assert!(b.log.is_empty(), "{:?}", b.log);
+    b.now = b.now.plus(1);
+    b.run(Input::Timer);
+    assert_eq!(b.log, vec!["resync 0"]);
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"one"]));
+    b.log.clear();
+    b.now = b.now.plus(10 * b.config.resync_retry_ms);
+    b.run(Input::Timer);
+    assert!(b.log.is_empty(), "nothing is missing any more: {:?}", b.log);
 }
