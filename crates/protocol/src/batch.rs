@@ -81,6 +81,7 @@ impl EntryHeader {
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SignedBatch {
     /// The stream's author, whose key signed the batch.
+    #[serde(with = "crate::ids::node_id_serde")]
     pub author: NodeId,
     /// The author's store epoch.
     pub epoch: Epoch,

@@ -42,6 +42,7 @@ pub enum Frame {
         /// [`PROTOCOL_VERSION`] of the sender.
         version: u32,
         /// The sender's node id (must match the connection's key).
+        #[serde(with = "crate::ids::node_id_serde")]
         node: NodeId,
         /// The sender's store epoch.
         epoch: Epoch,

@@ -133,7 +133,7 @@ impl fmt::Debug for TopicName {
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Channel {
     /// Messages for exactly one node.
-    Direct(NodeId),
+    Direct(#[serde(with = "node_id_serde")] NodeId),
     /// Messages for every member of a topic (replication comes in a later layer).
     Topic(TopicName),
 }
@@ -163,6 +163,7 @@ impl fmt::Display for Channel {
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct StreamId {
     /// The node that writes and signs the stream.
+    #[serde(with = "node_id_serde")]
     pub author: NodeId,
     /// The author's store epoch.
     pub epoch: Epoch,
@@ -207,6 +208,53 @@ impl fmt::Display for StreamId {
     }
 }
 
+/// Serde for node ids in binary encodings, with a bounded memo of keys
+/// already validated.
+///
+/// Decoding a node id checks that its 32 bytes are a point on the curve,
+/// which costs a point decompression (tens of microseconds). Every batch
+/// frame carries two ids and a mesh has few nodes, so remembering the ids
+/// already checked keeps that cost off the per-frame path. Human-readable
+/// formats and the encoding itself are unchanged.
+pub(crate) mod node_id_serde {
+    use std::cell::RefCell;
+    use std::collections::HashMap;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    use super::NodeId;
+
+    /// The most ids remembered per thread; the memo is emptied when full.
+    const NODE_ID_MEMO_MAX: usize = 1024;
+
+    thread_local! {
+        static MEMO: RefCell<HashMap<[u8; 32], NodeId>> = RefCell::new(HashMap::new());
+    }
+
+    pub(crate) fn serialize<S: Serializer>(id: &NodeId, s: S) -> Result<S::Ok, S::Error> {
+        id.serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<NodeId, D::Error> {
+        if d.is_human_readable() {
+            return NodeId::deserialize(d);
+        }
+        let bytes = <[u8; 32]>::deserialize(d)?;
+        if let Some(id) = MEMO.with(|m| m.borrow().get(&bytes).copied()) {
+            return Ok(id);
+        }
+        let id = NodeId::from_bytes(&bytes).map_err(serde::de::Error::custom)?;
+        MEMO.with(|m| {
+            let mut m = m.borrow_mut();
+            if m.len() >= NODE_ID_MEMO_MAX {
+                m.clear();
+            }
+            m.insert(bytes, id);
+        });
+        Ok(id)
+    }
+}
+
 /// Cuts untrusted text to a length fit for an error message.
 pub(crate) fn cut(s: &str) -> String {
     s.chars().take(80).collect()
@@ -230,6 +278,25 @@ mod tests {
     fn a_topic_name_that_breaks_the_rules_does_not_decode() {
         let bytes = postcard::to_stdvec(&"UPPER".to_string()).unwrap();
         assert!(postcard::from_bytes::<TopicName>(&bytes).is_err());
+    }
+
+    #[test]
+    fn an_invalid_node_key_never_decodes_even_after_valid_ones_are_memoised() {
+        let bad = (0u8..=255)
+            .map(|b| [b; 32])
+            .find(|k| NodeId::from_bytes(k).is_err())
+            .expect("some constant 32-byte string is not a curve point");
+        let good = SecretKey::from_bytes(&[9; 32]).public();
+        let stream = StreamId::direct(good, Epoch([1; 16]), good);
+        let bytes = postcard::to_stdvec(&stream).unwrap();
+        for _ in 0..2 {
+            assert_eq!(postcard::from_bytes::<StreamId>(&bytes).unwrap(), stream);
+        }
+        let mut forged = bytes.clone();
+        forged[..32].copy_from_slice(&bad);
+        for _ in 0..2 {
+            assert!(postcard::from_bytes::<StreamId>(&forged).is_err());
+        }
     }
 
     #[test]
