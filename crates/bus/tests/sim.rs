@@ -180,6 +180,8 @@ struct SimNode {
     timer: Option<Millis>,
     commit: Option<CommitId>,
     next_req: u64,
+    /// The store is failing (writes always, reads sometimes).
+    down: bool,
 }
 
 /// A send as issued: recipient and payload.
@@ -305,6 +307,7 @@ impl Sim {
                     timer: None,
                     commit: None,
                     next_req: 1,
+                    down: false,
                 }
             })
             .collect();
@@ -433,6 +436,7 @@ impl Sim {
         self.partitioned.clear();
         for node in 0..self.p.nodes {
             self.nodes[node].store.set_unavailable(false);
+            self.nodes[node].down = false;
             if self.nodes[node].core.is_none() {
                 self.restart(node)?;
             }
@@ -487,9 +491,14 @@ impl Sim {
                 if self.nodes[node].inc != inc {
                     return Ok(());
                 }
-                let result = self.nodes[node]
-                    .store
-                    .read_outbox(&stream, after, max_bytes);
+                // A disk that fails writes fails some reads too.
+                let result = if self.nodes[node].down && self.rng.random_bool(0.5) {
+                    Err(mesh_store::StoreError::Unavailable("sim: disk down".into()))
+                } else {
+                    self.nodes[node]
+                        .store
+                        .read_outbox(&stream, after, max_bytes)
+                };
                 self.input(node, Input::OutboxLoaded { load, result })
             }
             Ev::Timer { node, inc, at } => {
@@ -519,10 +528,12 @@ impl Sim {
             Ev::Flap { a, b } => self.break_link(a, b),
             Ev::Connect { a, b } => self.connect(a, b),
             Ev::StoreDown { node } => {
+                self.nodes[node].down = true;
                 self.nodes[node].store.set_unavailable(true);
                 Ok(())
             }
             Ev::StoreUp { node } => {
+                self.nodes[node].down = false;
                 self.nodes[node].store.set_unavailable(false);
                 Ok(())
             }
