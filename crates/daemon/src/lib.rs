@@ -11,7 +11,7 @@ pub mod client;
 mod commands;
 pub mod config;
 pub mod paths;
-mod run;
+pub mod run;
 pub mod service;
 
 pub use run::run;

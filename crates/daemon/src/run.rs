@@ -1,21 +1,32 @@
-//! Runs the `mesh` subcommands.
+//! Runs the `mesh` subcommands, and [`Daemon`]: one node (store, bus node and
+//! local API) that `mesh daemon`, `mesh demo` and tests start and stop.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
-use mesh_bus::node::{Node, NodeConfig};
-use mesh_store::{RedbStore, StoreHandle};
+use mesh_bus::node::{Node, NodeConfig, NodeError};
+use mesh_protocol::{Epoch, NodeId, NodeTicket};
+use mesh_store::{RedbStore, StoreError, StoreHandle};
 
 use anyhow::Context;
 
 use crate::api::node::StoreWriter;
-use crate::api::{ApiParts, ApiSocket, ApiState};
+use crate::api::{ApiParts, ApiSocket, ApiState, BindError};
 use crate::cli::{Cli, Command};
 use crate::client::Client;
 use crate::commands;
-use crate::config::Config;
-use crate::paths::DataDir;
+use crate::config::{Config, ConfigError};
+use crate::paths::{DataDir, DataDirError};
 use crate::service::BusApi;
+
+/// How long [`Daemon::shutdown`] waits for the last reader of the store
+/// (a subscription finishing a read) to let go of it.
+pub const STORE_RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+/// How often [`Daemon::shutdown`] looks whether the store is released.
+const STORE_RELEASE_POLL: Duration = Duration::from_millis(10);
 
 /// Runs one parsed command line to completion.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
@@ -61,65 +72,14 @@ fn init_tracing() {
         .init();
 }
 
+/// `mesh daemon`: runs a node until SIGINT or SIGTERM.
 async fn daemon(dir: DataDir, bind: Option<SocketAddr>) -> anyhow::Result<()> {
-    dir.create()?;
-    let config = Config::load(&dir.config_path())?;
-    if config.net.relays {
-        anyhow::bail!(
-            "{}: [net] relays = true is not supported yet; this build dials direct addresses only",
-            dir.config_path().display()
-        );
-    }
-    let bind = bind.unwrap_or(config.bind);
-    let key = mesh_bus::net::load_or_create_node_key(dir.root())?;
-    // The store lock is what refuses a second daemon on the same data dir.
-    let store = Arc::new(RedbStore::open(dir.root())?);
-    let store_file = dir.root().join(mesh_store::STORE_FILE_NAME);
-    let handle = StoreHandle::spawn(store.clone())?;
-    let socket = ApiSocket::bind(&dir.socket_path()).await?;
-    let node_config = NodeConfig {
-        net: mesh_bus::net::NetConfig::with_bind_addr(bind),
-        core: mesh_bus::core::Config {
-            outbox: config.outbox.bounds(),
-            ..Default::default()
-        },
-    };
-    let node = Arc::new(Node::start(node_config, key, handle.clone()).await?);
-    let id = node.node_id();
-    let epoch = node.epoch();
-    println!("node    {id}");
-    println!("epoch   {epoch}");
-    println!("data    {}", dir.root().display());
-    println!("socket  {}", dir.socket_path().display());
-    println!("ticket  {}", node.ticket());
-    let metrics_node = node.clone();
-    let metrics = move |out: &mut String| {
-        // The bus answers status on its task; metrics are rendered in a
-        // request handler of the multi-threaded runtime, where blocking this
-        // worker briefly is allowed.
-        let rt = tokio::runtime::Handle::current();
-        if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-            return;
-        }
-        let status = tokio::task::block_in_place(|| rt.block_on(metrics_node.status()));
-        if let Ok(status) = status {
-            crate::service::render_metrics(&status, out);
-        }
-    };
-    let state = ApiState::new(ApiParts {
-        node: id,
-        epoch,
-        store: store.clone(),
-        writer: Arc::new(StoreWriter::new(handle.clone(), node.journal_head_sender())),
-        head: node.journal_head(),
-        node_api: Arc::new(BusApi::new(node.clone(), store.clone(), store_file)),
-        metrics: Some(Arc::new(metrics)),
-        subscriber_buffer: config.api.subscriber_buffer,
-    });
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(crate::api::serve(socket, state, async move {
-        let _ = stop_rx.await;
-    }));
+    let d = Daemon::start(dir, bind).await?;
+    println!("node    {}", d.node_id());
+    println!("epoch   {}", d.epoch());
+    println!("data    {}", d.dir().root().display());
+    println!("socket  {}", d.socket_path().display());
+    println!("ticket  {}", d.ticket());
     wait_for_signal().await?;
     // A second signal exits at once: everything acknowledged is already durable.
     tokio::spawn(async {
@@ -128,16 +88,207 @@ async fn daemon(dir: DataDir, bind: Option<SocketAddr>) -> anyhow::Result<()> {
             std::process::exit(130);
         }
     });
-    let _ = stop_tx.send(());
-    match server.await {
-        Ok(Err(e)) => tracing::warn!("local API stopped with an error: {e}"),
-        Err(e) => tracing::warn!("local API task failed: {e}"),
-        Ok(Ok(())) => {}
-    }
-    node.shutdown().await;
-    handle.close().await;
+    d.shutdown().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Why a daemon could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The data dir could not be created.
+    #[error(transparent)]
+    DataDir(#[from] DataDirError),
+    /// `config.toml` is unreadable or has a bad key or value.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// `config.toml` asks for relays, which this build cannot use.
+    #[error(
+        "{}: [net] relays = true is not supported yet; this build dials direct addresses only",
+        .path.display()
+    )]
+    RelaysUnsupported {
+        /// The config file.
+        path: PathBuf,
+    },
+    /// The store cannot be opened (held by another daemon, damaged, disk error).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The control socket cannot be bound (another daemon answers on it).
+    #[error(transparent)]
+    Socket(#[from] BindError),
+    /// The node key cannot be used, the transport cannot bind, or the node
+    /// cannot read its state.
+    #[error(transparent)]
+    Node(#[from] NodeError),
+}
+
+/// A running node: its store, its bus node (iroh endpoint) and its local API
+/// on `<data>/mesh.sock`.
+///
+/// [`Daemon::start`] brings it up; [`Daemon::shutdown`] stops the API (live
+/// subscriptions end, requests in flight finish), then the node (commits
+/// under way are answered), then the store, and returns once the store file
+/// is closed, so the same data dir can be started again, in this process or
+/// another. Dropping a daemon without [`Daemon::shutdown`] stops it in the
+/// background, without waiting.
+pub struct Daemon {
+    dir: DataDir,
+    config: Config,
+    node: Arc<Node>,
+    handle: StoreHandle<RedbStore>,
+    store: Weak<RedbStore>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Daemon {
+    /// Starts a node in `dir` (created with mode 0700 if missing), with its
+    /// optional `config.toml`, listening for peers on `bind` (default: the
+    /// config's `bind`). Needs a multi-threaded tokio runtime for
+    /// `GET /metrics` to include the bus's counters.
+    ///
+    /// # Errors
+    /// See [`StartError`]; a second daemon on the same dir is
+    /// [`StartError::Store`] (the store's lock).
+    pub async fn start(dir: DataDir, bind: Option<SocketAddr>) -> Result<Daemon, StartError> {
+        dir.create()?;
+        let config = Config::load(&dir.config_path())?;
+        if config.net.relays {
+            return Err(StartError::RelaysUnsupported {
+                path: dir.config_path(),
+            });
+        }
+        let bind = bind.unwrap_or(config.bind);
+        let key = mesh_bus::net::load_or_create_node_key(dir.root()).map_err(NodeError::from)?;
+        // The store lock is what refuses a second daemon on the same data dir.
+        let store = Arc::new(RedbStore::open(dir.root())?);
+        let store_file = dir.root().join(mesh_store::STORE_FILE_NAME);
+        let handle = StoreHandle::spawn(store.clone())?;
+        let socket = ApiSocket::bind(&dir.socket_path()).await?;
+        let node_config = NodeConfig {
+            net: mesh_bus::net::NetConfig::with_bind_addr(bind),
+            core: mesh_bus::core::Config {
+                outbox: config.outbox.bounds(),
+                ..Default::default()
+            },
+        };
+        let node = Arc::new(Node::start(node_config, key, handle.clone()).await?);
+        let metrics_node = node.clone();
+        let metrics = move |out: &mut String| {
+            // The bus answers status on its task; metrics are rendered in a
+            // request handler of the multi-threaded runtime, where blocking this
+            // worker briefly is allowed.
+            let rt = tokio::runtime::Handle::current();
+            if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+                return;
+            }
+            let status = tokio::task::block_in_place(|| rt.block_on(metrics_node.status()));
+            if let Ok(status) = status {
+                crate::service::render_metrics(&status, out);
+            }
+        };
+        let state = ApiState::new(ApiParts {
+            node: node.node_id(),
+            epoch: node.epoch(),
+            store: store.clone(),
+            writer: Arc::new(StoreWriter::new(handle.clone(), node.journal_head_sender())),
+            head: node.journal_head(),
+            node_api: Arc::new(BusApi::new(node.clone(), store.clone(), store_file)),
+            metrics: Some(Arc::new(metrics)),
+            subscriber_buffer: config.api.subscriber_buffer,
+        });
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(crate::api::serve(socket, state, async move {
+            let _ = stop_rx.await;
+        }));
+        Ok(Daemon {
+            dir,
+            config,
+            node,
+            handle,
+            store: Arc::downgrade(&store),
+            stop,
+            server,
+        })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.node.node_id()
+    }
+
+    /// This node's store epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.node.epoch()
+    }
+
+    /// A ticket other nodes pass to `mesh peer add`.
+    pub fn ticket(&self) -> NodeTicket {
+        self.node.ticket()
+    }
+
+    /// The data dir.
+    pub fn dir(&self) -> &DataDir {
+        &self.dir
+    }
+
+    /// The configuration it runs with.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The control socket.
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.socket_path()
+    }
+
+    /// A client of its control socket.
+    pub fn client(&self) -> Client {
+        Client::new(self.socket_path())
+    }
+
+    /// Stops the API, then the node, then the store; returns once the store
+    /// file is closed (or after [`STORE_RELEASE_WAIT`], with a warning, if a
+    /// reader still holds it).
+    pub async fn shutdown(self) {
+        let Daemon {
+            dir,
+            node,
+            handle,
+            store,
+            stop,
+            server,
+            ..
+        } = self;
+        let _ = stop.send(());
+        match server.await {
+            Ok(Err(e)) => tracing::warn!("local API stopped with an error: {e}"),
+            Err(e) => tracing::warn!("local API task failed: {e}"),
+            Ok(Ok(())) => {}
+        }
+        node.shutdown().await;
+        drop(node);
+        handle.close().await;
+        wait_released(&store, dir.root()).await;
+    }
+}
+
+/// Waits (at most [`STORE_RELEASE_WAIT`]) until nothing holds the store, so
+/// its file is closed and unlocked.
+async fn wait_released(store: &Weak<RedbStore>, root: &Path) {
+    let polls = STORE_RELEASE_WAIT.as_millis() / STORE_RELEASE_POLL.as_millis();
+    for _ in 0..polls {
+        if store.strong_count() == 0 {
+            return;
+        }
+        tokio::time::sleep(STORE_RELEASE_POLL).await;
+    }
+    tracing::warn!(
+        data = %root.display(),
+        "the store is still held {STORE_RELEASE_WAIT:?} after shutdown; it closes when its last reader finishes"
+    );
 }
 
 /// Waits for SIGINT or SIGTERM.
