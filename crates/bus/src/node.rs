@@ -281,6 +281,43 @@ impl Node {
             .map_err(SendError::Refused)
     }
 
+    /// Sends each message of `msgs` (`(to, kind, payload)`) as [`Node::send`]
+    /// does, handing them to the node in the order given, so the messages to
+    /// one peer get ascending seqs in that order; they may share a commit.
+    /// Answers once every one is committed or refused, in the order given.
+    pub async fn send_many(
+        &self,
+        msgs: impl IntoIterator<Item = (NodeId, u16, Vec<u8>)>,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        // Queue every command first, one after another: awaiting separate
+        // `send` futures together would hand them over in whatever order
+        // they happen to be polled.
+        let mut answers = Vec::new();
+        for (to, kind, payload) in msgs {
+            let (reply, answer) = oneshot::channel();
+            let cmd = Cmd::Send {
+                to,
+                kind,
+                payload,
+                reply,
+            };
+            let queued = self.commands.send(cmd).await.is_ok();
+            answers.push(queued.then_some(answer));
+        }
+        let mut receipts = Vec::with_capacity(answers.len());
+        for answer in answers {
+            let receipt = match answer {
+                Some(answer) => answer
+                    .await
+                    .map_err(|_| SendError::Stopped)
+                    .and_then(|r| r.map_err(SendError::Refused)),
+                None => Err(SendError::Stopped),
+            };
+            receipts.push(receipt);
+        }
+        receipts
+    }
+
     /// Adds `node` at `addrs` (or updates its addresses), durably.
     ///
     /// For now this briefly pauses the node and restarts every connection

@@ -131,22 +131,25 @@ fn with_note(e: ApiError, note: &str) -> ApiError {
 impl NodeApi for BusApi {
     fn send_batch(&self, msgs: Vec<OutMessage>) -> BoxFuture<'_, Result<Vec<Sent>, ApiError>> {
         Box::pin(async move {
-            // Sent together, the messages share the bus's next group commit.
-            let sends = msgs.into_iter().map(|m| {
-                let node = &self.node;
-                async move {
-                    let to = m.to;
-                    node.send(to, m.kind, m.body)
-                        .await
-                        .map(|r| Sent {
-                            stream: r.stream,
-                            seq: r.seq,
-                            arrival: r.arrival,
-                        })
-                        .map_err(|e| send_error(to, e))
-                }
-            });
-            let results = futures_util::future::join_all(sends).await;
+            // Handed to the bus in request order (so the seqs follow it) and
+            // answered together: the messages share the bus's next group commit.
+            let tos: Vec<NodeId> = msgs.iter().map(|m| m.to).collect();
+            let receipts = self
+                .node
+                .send_many(msgs.into_iter().map(|m| (m.to, m.kind, m.body)))
+                .await;
+            let results: Vec<Result<Sent, ApiError>> = receipts
+                .into_iter()
+                .zip(tos)
+                .map(|(r, to)| {
+                    r.map(|r| Sent {
+                        stream: r.stream,
+                        seq: r.seq,
+                        arrival: r.arrival,
+                    })
+                    .map_err(|e| send_error(to, e))
+                })
+                .collect();
             let n = results.len();
             let committed = results.iter().filter(|r| r.is_ok()).count();
             if committed == n {

@@ -1,0 +1,750 @@
+//! Real daemons end to end: each node is a full [`Daemon`] (redb store, bus
+//! node on an iroh endpoint bound to 127.0.0.1, local API on a real Unix
+//! socket in a temp dir), started and stopped in this process and driven
+//! only through its socket API.
+//!
+//! Nothing here sleeps to synchronise: every wait polls the API with short
+//! intervals and a bounded number of tries, and every test has a deadline.
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper::{Method, StatusCode};
+use mesh_daemon::api::json::{EventEntry, EventRecord, EventsPage, LaggedEvent};
+use mesh_daemon::client::Client;
+use mesh_daemon::paths::DataDir;
+use mesh_daemon::run::Daemon;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Every test finishes well within this, or fails.
+const TEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often a condition is polled.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// How many polls before a wait fails (about 60 s: two cores, debug build,
+/// other tests running).
+const POLLS_MAX: u32 = 3000;
+
+async fn bounded<T>(f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(TEST_TIMEOUT, f)
+        .await
+        .expect("test timed out")
+}
+
+/// Polls `f` until it gives a value, at most [`POLLS_MAX`] times.
+async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..POLLS_MAX {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    panic!("gave up waiting for {what}");
+}
+
+fn error_code(v: &Value) -> &str {
+    v["error"]["code"].as_str().unwrap_or("<none>")
+}
+
+/// One real daemon in `<tmp>/<name>`, restartable on the same port.
+struct Node {
+    name: &'static str,
+    dir: PathBuf,
+    /// The UDP port the first start picked; restarts bind it again, so peers
+    /// find the node where its ticket says.
+    port: u16,
+    id: String,
+    client: Client,
+    daemon: Option<Daemon>,
+}
+
+impl Node {
+    /// Starts a node; `config` is written to its `config.toml` first.
+    async fn start(tmp: &Path, name: &'static str, config: Option<&str>) -> Node {
+        let dir = tmp.join(name);
+        if let Some(text) = config {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("config.toml"), text).unwrap();
+        }
+        let daemon = run_daemon(&dir, 0).await;
+        let client = daemon.client();
+        let mut node = Node {
+            name,
+            dir,
+            port: 0,
+            id: String::new(),
+            client,
+            daemon: Some(daemon),
+        };
+        let st = node.status().await;
+        node.id = st["node"].as_str().unwrap().to_owned();
+        let addr: SocketAddr = st["addrs"][0].as_str().unwrap().parse().unwrap();
+        assert!(addr.ip().is_loopback(), "{st}");
+        node.port = addr.port();
+        node
+    }
+
+    async fn stop(&mut self) {
+        self.daemon
+            .take()
+            .expect("the node is running")
+            .shutdown()
+            .await;
+    }
+
+    async fn restart(&mut self) {
+        assert!(self.daemon.is_none(), "{} is running", self.name);
+        self.daemon = Some(run_daemon(&self.dir, self.port).await);
+    }
+
+    async fn raw(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
+        let (status, bytes) = self.client.raw(method, path, body).await.unwrap();
+        let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, v)
+    }
+
+    async fn status(&self) -> Value {
+        self.client.get("/v1/status").await.unwrap()
+    }
+
+    async fn ticket(&self) -> String {
+        let v: Value = self.client.get("/v1/ticket").await.unwrap();
+        v["ticket"].as_str().unwrap().to_owned()
+    }
+
+    async fn add_peer(&self, ticket: &str) {
+        let (s, v) = self
+            .raw(
+                Method::POST,
+                "/v1/peers",
+                Some(&json!({ "ticket": ticket })),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{}: {v}", self.name);
+    }
+
+    /// The peer `id` as this node's status shows it.
+    async fn peer(&self, id: &str) -> Value {
+        let st = self.status().await;
+        st["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["node"] == id)
+            .cloned()
+            .unwrap_or_else(|| panic!("{} does not list peer {id}: {st}", self.name))
+    }
+
+    /// Sends `bodies` to `to` through `POST /v1/send/batch`, `per` a request;
+    /// returns the seqs the node answered.
+    async fn send_all(&self, to: &str, bodies: &[String], per: usize) -> Vec<u64> {
+        let mut seqs = Vec::new();
+        for chunk in bodies.chunks(per) {
+            let items: Vec<Value> = chunk
+                .iter()
+                .map(|b| json!({ "to": to, "body": b }))
+                .collect();
+            let (s, v) = self
+                .raw(Method::POST, "/v1/send/batch", Some(&Value::Array(items)))
+                .await;
+            assert_eq!(s, StatusCode::OK, "{}: {v}", self.name);
+            for sent in v["sent"].as_array().unwrap() {
+                seqs.push(sent["seq"].as_u64().unwrap());
+            }
+        }
+        seqs
+    }
+
+    /// The whole journal, paged 1,000 at a time.
+    async fn journal(&self) -> Vec<EventEntry> {
+        let mut entries = Vec::new();
+        let mut after = String::new();
+        loop {
+            let page: EventsPage = self
+                .client
+                .get(&format!("/v1/events?after={after}&limit=1000"))
+                .await
+                .unwrap();
+            if page.entries.is_empty() {
+                return entries;
+            }
+            entries.extend(page.entries);
+            after = page.next;
+        }
+    }
+
+    /// `(seq, body)` of every message from `author` in the journal, in journal order.
+    async fn received_from(&self, author: &str) -> Vec<(u64, String)> {
+        self.journal()
+            .await
+            .into_iter()
+            .filter_map(|e| match e.record {
+                EventRecord::Envelope {
+                    stream, seq, body, ..
+                } if stream.author == author => Some((seq, body)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Waits until `count` messages from `author` are in the journal.
+    async fn wait_received(&self, author: &str, count: usize) -> Vec<(u64, String)> {
+        let what = format!("{} to hold {count} messages from {author}", self.name);
+        wait_for(&what, async || {
+            let got = self.received_from(author).await;
+            assert!(
+                got.len() <= count,
+                "{}: more than {count}: {got:?}",
+                self.name
+            );
+            (got.len() == count).then_some(got)
+        })
+        .await
+    }
+}
+
+async fn run_daemon(dir: &Path, port: u16) -> Daemon {
+    let bind = SocketAddr::from(([127, 0, 0, 1], port));
+    Daemon::start(DataDir::resolve(Some(dir)).unwrap(), Some(bind))
+        .await
+        .unwrap()
+}
+
+/// Adds each node's ticket to the other and waits until both say connected.
+async fn link(a: &Node, b: &Node) {
+    a.add_peer(&b.ticket().await).await;
+    b.add_peer(&a.ticket().await).await;
+    wait_connected(a, b).await;
+}
+
+async fn wait_connected(a: &Node, b: &Node) {
+    let what = format!("{} and {} to be connected", a.name, b.name);
+    wait_for(&what, async || {
+        let up =
+            a.peer(&b.id).await["connected"] == true && b.peer(&a.id).await["connected"] == true;
+        up.then_some(())
+    })
+    .await
+}
+
+fn texts(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}-{i:04}")).collect()
+}
+
+/// `(seq, body)` for seqs `1..` of `bodies`.
+fn in_order(bodies: &[String]) -> Vec<(u64, String)> {
+    (1..).zip(bodies.iter().cloned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_linked_daemons_send_both_ways_exactly_once_and_in_order() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut a = Node::start(tmp.path(), "a", None).await;
+        let mut b = Node::start(tmp.path(), "b", None).await;
+        link(&a, &b).await;
+
+        let (s, v) = a
+            .raw(
+                Method::POST,
+                "/v1/send",
+                Some(&json!({ "to": b.id, "body": "hello b" })),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(v["seq"], 1);
+        assert_eq!(v["stream"]["author"], a.id.as_str());
+        assert_eq!(v["stream"]["channel"], format!("direct:{}", b.id));
+        let to_b = texts("a-to-b", 5);
+        let to_a = texts("b-to-a", 7);
+        assert_eq!(a.send_all(&b.id, &to_b, 2).await, [2, 3, 4, 5, 6]);
+        assert_eq!(b.send_all(&a.id, &to_a, 3).await, [1, 2, 3, 4, 5, 6, 7]);
+
+        let mut want_b = vec!["hello b".to_owned()];
+        want_b.extend(to_b);
+        assert_eq!(b.wait_received(&a.id, 6).await, in_order(&want_b));
+        assert_eq!(a.wait_received(&b.id, 7).await, in_order(&to_a));
+
+        // Each side's own sends are in its journal too, and each has
+        // acknowledged all it got: nothing stays queued, the marks say so.
+        assert_eq!(a.journal().await.len(), 6 + 7);
+        wait_for("both outboxes to be acknowledged", async || {
+            let qa = a.peer(&b.id).await["queued_msgs"] == 0;
+            let qb = b.peer(&a.id).await["queued_msgs"] == 0;
+            (qa && qb).then_some(())
+        })
+        .await;
+        let marks = b.peer(&a.id).await["marks"].clone();
+        assert_eq!(marks[0]["mark"], 6, "{marks}");
+        assert_eq!(marks[0]["stream"]["author"], a.id.as_str());
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_1000_gets_its_seqs_in_request_order() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut a = Node::start(tmp.path(), "a", None).await;
+        let mut b = Node::start(tmp.path(), "b", None).await;
+        a.add_peer(&b.ticket().await).await;
+        b.stop().await;
+        let bodies = texts("o", 1000);
+        let seqs = a.send_all(&b.id, &bodies, 1000).await;
+        assert_eq!(seqs, (1..=1000).collect::<Vec<u64>>());
+        // The journal pairs each seq with the body sent in that position.
+        let sent: Vec<(u64, String)> = a
+            .journal()
+            .await
+            .into_iter()
+            .filter_map(|e| match e.record {
+                EventRecord::Envelope { seq, body, .. } => Some((seq, body)),
+                _ => None,
+            })
+            .collect();
+        assert!(sent == in_order(&bodies), "seqs follow the request order");
+        a.stop().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_stopped_while_1000_messages_are_sent_to_it_gets_all_exactly_once_in_order() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut a = Node::start(tmp.path(), "a", None).await;
+        let mut b = Node::start(tmp.path(), "b", None).await;
+        link(&a, &b).await;
+        let bodies = texts("m", 1000);
+        // The first 300 go while b is up (some may still be in flight when it stops).
+        a.send_all(&b.id, &bodies[..300], 100).await;
+        b.stop().await;
+        let seqs = a.send_all(&b.id, &bodies[300..], 100).await;
+        assert_eq!(seqs, (301..=1000).collect::<Vec<u64>>());
+        let queued = a.peer(&b.id).await["queued_msgs"].as_u64().unwrap();
+        assert!(
+            queued >= 700,
+            "a holds what b has not acknowledged: {queued}"
+        );
+
+        b.restart().await;
+        assert_eq!(b.wait_received(&a.id, 1000).await, in_order(&bodies));
+        wait_for("a's outbox to be acknowledged", async || {
+            (a.peer(&b.id).await["queued_msgs"] == 0).then_some(())
+        })
+        .await;
+        // Nothing arrives twice later either: a fresh read still has 1000.
+        assert_eq!(b.received_from(&a.id).await.len(), 1000);
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paging_events_one_at_a_time_over_1000_received_returns_each_exactly_once_across_a_restart()
+{
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut a = Node::start(tmp.path(), "a", None).await;
+        let mut b = Node::start(tmp.path(), "b", None).await;
+        link(&a, &b).await;
+        let bodies = texts("p", 1000);
+        a.send_all(&b.id, &bodies, 250).await;
+        b.wait_received(&a.id, 1000).await;
+
+        let mut seen = Vec::new();
+        let mut arrivals = Vec::new();
+        let mut after = String::new();
+        let mut page_of_one = async |b: &Node, after: &mut String| {
+            let page: EventsPage = b
+                .client
+                .get(&format!("/v1/events?after={after}&limit=1"))
+                .await
+                .unwrap();
+            if let Some(e) = page.entries.first() {
+                assert_eq!(page.entries.len(), 1);
+                assert_eq!(page.next, e.cursor);
+                let EventRecord::Envelope { seq, body, .. } = &e.record else {
+                    panic!("not a message: {e:?}");
+                };
+                seen.push((*seq, body.clone()));
+                arrivals.push(e.arrival);
+            } else {
+                assert_eq!(&page.next, after, "an empty page returns its cursor");
+            }
+            *after = page.next;
+            !page.entries.is_empty()
+        };
+        for _ in 0..400 {
+            assert!(page_of_one(&b, &mut after).await);
+        }
+        b.stop().await;
+        b.restart().await;
+        let mut pages = 0;
+        while page_of_one(&b, &mut after).await {
+            pages += 1;
+            assert!(pages <= 600, "more entries than were received");
+        }
+        assert_eq!(pages, 600);
+        assert_eq!(seen, in_order(&bodies));
+        let mut sorted = arrivals.clone();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 1000, "each arrival exactly once");
+        assert!(arrivals.windows(2).all(|w| w[0] < w[1]), "in arrival order");
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cursor_from_another_node_is_refused_with_409_and_changes_nothing() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut a = Node::start(tmp.path(), "a", None).await;
+        let mut b = Node::start(tmp.path(), "b", None).await;
+        link(&a, &b).await;
+        a.send_all(&b.id, &texts("c", 2), 2).await;
+        let page: EventsPage = a.client.get("/v1/events").await.unwrap();
+        let foreign = page.next;
+        for path in [
+            format!("/v1/events?after={foreign}"),
+            format!("/v1/subscribe?after={foreign}"),
+        ] {
+            let (s, v) = b.raw(Method::GET, &path, None).await;
+            assert_eq!(
+                (s, error_code(&v)),
+                (StatusCode::CONFLICT, "cursor_other_node"),
+                "{path}: {v}"
+            );
+            let msg = v["error"]["message"].as_str().unwrap();
+            assert!(
+                msg.contains("only valid on the node that issued them"),
+                "{msg}"
+            );
+        }
+        let (s, v) = b
+            .raw(
+                Method::PUT,
+                "/v1/cursors/agent",
+                Some(&json!({ "cursor": foreign })),
+            )
+            .await;
+        assert_eq!(
+            (s, error_code(&v)),
+            (StatusCode::CONFLICT, "cursor_other_node"),
+            "{v}"
+        );
+        let (s, v) = b.raw(Method::GET, "/v1/cursors/agent", None).await;
+        assert_eq!(
+            (s, error_code(&v)),
+            (StatusCode::NOT_FOUND, "unknown_cursor"),
+            "{v}"
+        );
+        // On the node that issued it, the same cursor pages on.
+        let (s, v) = a
+            .raw(Method::GET, &format!("/v1/events?after={foreign}"), None)
+            .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_json_unknown_peer_oversized_body_and_full_outbox_give_the_documented_errors() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = "[outbox]\nmax_msgs = 3\n";
+        let mut a = Node::start(tmp.path(), "a", Some(config)).await;
+        // b exists but is offline: nothing a sends it is ever acknowledged.
+        let mut b = Node::start(tmp.path(), "b", None).await;
+        let b_ticket = b.ticket().await;
+        b.stop().await;
+        a.add_peer(&b_ticket).await;
+        let post = async |path: &str, body: Vec<u8>| {
+            let (s, bytes) = a
+                .client
+                .raw_bytes(Method::POST, path, Some("application/json"), body.into())
+                .await
+                .unwrap();
+            (s, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
+        };
+
+        let (s, v) = post("/v1/send", b"{\"to\": ".to_vec()).await;
+        assert_eq!((s, error_code(&v)), (StatusCode::BAD_REQUEST, "bad_json"), "{v}");
+        let (s, v) = post("/v1/peers", b"[1, 2]".to_vec()).await;
+        assert_eq!((s, error_code(&v)), (StatusCode::BAD_REQUEST, "bad_json"), "{v}");
+
+        let stranger = Node::start(tmp.path(), "stranger", None).await;
+        let (s, v) = post(
+            "/v1/send",
+            serde_json::to_vec(&json!({ "to": stranger.id, "body": "hi" })).unwrap(),
+        )
+        .await;
+        assert_eq!((s, error_code(&v)), (StatusCode::NOT_FOUND, "unknown_peer"), "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("mesh peer add"), "{v}");
+        let (s, v) = a
+            .raw(Method::DELETE, &format!("/v1/peers/{}", stranger.id), None)
+            .await;
+        assert_eq!((s, error_code(&v)), (StatusCode::NOT_FOUND, "unknown_peer"), "{v}");
+        stranger.daemon.unwrap().shutdown().await;
+
+        let huge = json!({ "to": b.id, "body": "x".repeat(mesh_daemon::api::SEND_REQUEST_BYTES_MAX) });
+        let (s, v) = post("/v1/send", serde_json::to_vec(&huge).unwrap()).await;
+        assert_eq!((s, error_code(&v)), (StatusCode::BAD_REQUEST, "body_too_large"), "{v}");
+        let big = json!({ "to": b.id, "body": "x".repeat(mesh_protocol::MAX_BATCH_PAYLOAD_BYTES as usize + 1) });
+        let (s, v) = post("/v1/send", serde_json::to_vec(&big).unwrap()).await;
+        assert_eq!((s, error_code(&v)), (StatusCode::BAD_REQUEST, "bad_request"), "{v}");
+
+        // Three fit in the outbox; the fourth finds it full of unacknowledged
+        // messages and is refused with nothing written.
+        assert_eq!(a.send_all(&b.id, &texts("f", 3), 1).await, [1, 2, 3]);
+        let (s, v) = post(
+            "/v1/send",
+            serde_json::to_vec(&json!({ "to": b.id, "body": "f-0003" })).unwrap(),
+        )
+        .await;
+        assert_eq!((s, error_code(&v)), (StatusCode::INSUFFICIENT_STORAGE, "outbox_full"), "{v}");
+        let bodies: Vec<String> = a
+            .journal()
+            .await
+            .into_iter()
+            .filter_map(|e| match e.record {
+                EventRecord::Envelope { body, .. } => Some(body),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(bodies, texts("f", 3));
+        assert_eq!(a.peer(&b.id).await["queued_msgs"], 3);
+        a.stop().await;
+    })
+    .await
+}
+
+/// Reads the response head of a raw subscription request, then leaves the rest unread.
+async fn open_unread_subscription(socket: &Path) -> tokio::net::UnixStream {
+    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
+    s.write_all(b"GET /v1/subscribe HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        s.read_exact(&mut byte).await.unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8(head).unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
+    bounded(async {
+        const N: usize = 2000;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut a = Node::start(tmp.path(), "a", None).await;
+        let mut b = Node::start(tmp.path(), "b", Some("[api]\nsubscriber_buffer = 512\n")).await;
+        link(&a, &b).await;
+
+        // On b, one subscriber stops reading after the response head, one reads.
+        let mut stopped = open_unread_subscription(b.client.socket()).await;
+        let mut sub = b.client.subscribe("/v1/subscribe").await.unwrap();
+        let author = a.id.clone();
+        let reader = tokio::spawn(async move {
+            let mut bodies = Vec::new();
+            let mut lagged = 0;
+            let mut losses = 0;
+            while bodies.len() < N || losses == 0 {
+                let ev = sub.next().await.unwrap().expect("stream ended");
+                match ev.event.as_str() {
+                    "lagged" => lagged += 1,
+                    "entry" => {
+                        let e: EventEntry = serde_json::from_str(&ev.data).unwrap();
+                        match e.record {
+                            EventRecord::Envelope { stream, body, .. } => {
+                                assert_eq!(stream.author, author);
+                                bodies.push(body)
+                            }
+                            EventRecord::Loss { reason, .. } => {
+                                assert_eq!(reason, "subscriber_lagged");
+                                losses += 1
+                            }
+                            other => panic!("unexpected {other:?}"),
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            (bodies, lagged)
+        });
+
+        // a's messages come to b over the bus; b's journal grows while the
+        // stopped subscriber's socket and buffer fill up.
+        let pad = "x".repeat(4096);
+        let bodies: Vec<String> = (0..N).map(|i| format!("{i:05}{pad}")).collect();
+        a.send_all(&b.id, &bodies, 50).await;
+        let (got, lagged) = reader.await.unwrap();
+        assert_eq!(lagged, 0, "the reading subscriber never lagged");
+        assert!(
+            got == bodies,
+            "the reading subscriber got every message once, in order"
+        );
+
+        // Once the stopped one reads again, it is told what it missed.
+        let mut seen = Vec::new();
+        let mut chunk = vec![0u8; 64 * 1024];
+        let lagged: LaggedEvent = loop {
+            let n = stopped.read(&mut chunk).await.unwrap();
+            assert!(n > 0, "stream ended before a lagged event");
+            seen.extend_from_slice(&chunk[..n]);
+            let text = String::from_utf8_lossy(&seen);
+            if let Some(at) = text.find("event: lagged\n")
+                && let Some(end) = text[at..].find("\n\n")
+            {
+                let data = text[at..at + end]
+                    .lines()
+                    .find_map(|l| l.strip_prefix("data: "))
+                    .unwrap();
+                break serde_json::from_str(data).unwrap();
+            }
+        };
+        assert!(lagged.loss_recorded, "{lagged:?}");
+        assert!(lagged.skipped_to >= lagged.skipped_from, "{lagged:?}");
+        drop(stopped);
+
+        // The loss is durable: after a restart the journal still has it, in place.
+        b.stop().await;
+        b.restart().await;
+        let journal = b.journal().await;
+        let loss = journal
+            .iter()
+            .find_map(|e| match &e.record {
+                EventRecord::Loss {
+                    from,
+                    to,
+                    reason,
+                    detail,
+                    ..
+                } => Some((e.arrival, *from, *to, reason.clone(), detail.clone())),
+                _ => None,
+            })
+            .expect("a loss record in the journal");
+        assert_eq!(loss.3, "subscriber_lagged");
+        assert_eq!((loss.1, loss.2), (lagged.skipped_from, lagged.skipped_to));
+        assert!(loss.0 > lagged.skipped_from, "recorded after what it names");
+        assert!(loss.4.contains(&lagged.resume), "{}", loss.4);
+        // The skipped entries are still there to re-read from the resume cursor.
+        let page: EventsPage = b
+            .client
+            .get(&format!("/v1/events?after={}&limit=1", lagged.resume))
+            .await
+            .unwrap();
+        assert_eq!(page.entries[0].arrival, lagged.skipped_from);
+        assert_eq!(journal.len(), N + 1);
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+}
+
+/// Set in the helper process that connects as another uid.
+const HELPER_ENV: &str = "MESH_E2E_OTHER_UID_SOCKET";
+/// The uid the helper runs as ("nobody").
+const OTHER_UID: u32 = 65534;
+
+/// Not a test on its own: the body of the helper process (a no-op otherwise).
+#[test]
+fn other_uid_helper() {
+    let Ok(socket) = std::env::var(HELPER_ENV) else {
+        return;
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = Client::new(socket);
+        for (method, path, body) in [
+            (Method::GET, "/v1/status", None),
+            (Method::POST, "/v1/peers", Some(json!({ "ticket": "x" }))),
+            (
+                Method::PUT,
+                "/v1/cursors/intruder",
+                Some(json!({ "cursor": "" })),
+            ),
+        ] {
+            let (s, b) = c.raw(method, path, body.as_ref()).await.unwrap();
+            let v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
+            println!(
+                "HELPER {path} STATUS={} CODE={}",
+                s.as_u16(),
+                error_code(&v)
+            );
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_uid_is_refused_with_403_and_changes_nothing() {
+    if mesh_daemon::api::daemon_uid() != 0 {
+        println!(
+            "skipped: connecting as another uid needs root to start the helper as uid {OTHER_UID}"
+        );
+        return;
+    }
+    bounded(async {
+        use std::os::unix::fs::PermissionsExt;
+        use std::os::unix::process::CommandExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut a = Node::start(tmp.path(), "a", None).await;
+        // The 0700 dirs and the 0600 socket keep other users out already;
+        // open them up to prove the SO_PEERCRED check refuses on its own.
+        let socket = a.client.socket().to_owned();
+        for dir in [tmp.path(), a.dir.as_path()] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([
+            "--exact",
+            "other_uid_helper",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(HELPER_ENV, &socket)
+        .uid(OTHER_UID)
+        .gid(OTHER_UID);
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        for path in ["/v1/status", "/v1/peers", "/v1/cursors/intruder"] {
+            assert!(
+                stdout.contains(&format!("HELPER {path} STATUS=403 CODE=forbidden")),
+                "helper said: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let (s, v) = a.raw(Method::GET, "/v1/cursors/intruder", None).await;
+        assert_eq!(
+            (s, error_code(&v)),
+            (StatusCode::NOT_FOUND, "unknown_cursor")
+        );
+        assert_eq!(a.status().await["peers"], json!([]));
+        let (_, bytes) = a
+            .client
+            .raw(Method::GET, "/metrics", None::<&()>)
+            .await
+            .unwrap();
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        assert!(text.contains("mesh_api_refused_uid_total 3"), "{text}");
+        a.stop().await;
+    })
+    .await
+}
