@@ -354,7 +354,7 @@ impl Core {
             if sb.batch.author != self.me || last <= cursor {
                 continue;
             }
-            if first > cursor + 1 {
+            if first > cursor.saturating_add(1) {
                 // Evicted since the counters were read (evict-oldest).
                 self.send_gap(peer, conn, own.stream.clone(), first);
             }
@@ -363,7 +363,7 @@ impl Core {
             progressed = true;
         }
         if !progressed && cursor < own.next_seq - 1 {
-            if cursor + 1 < own.first_retained {
+            if cursor.saturating_add(1) < own.first_retained {
                 cursor = own.first_retained - 1;
                 self.send_gap(peer, conn, own.stream.clone(), own.first_retained);
             } else {
@@ -407,7 +407,7 @@ impl Core {
         };
         let feed = &c.feed;
         let ready = c.peer_epoch.is_some() && feed.load.is_none() && feed.retry_at.is_none();
-        if !ready || feed.cursor + 1 != batch.batch().first_seq() {
+        if !ready || feed.cursor.saturating_add(1) != batch.batch().first_seq() {
             return;
         }
         let conn = c.id;

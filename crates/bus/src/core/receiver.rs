@@ -126,7 +126,7 @@ impl Core {
             }
             return;
         }
-        if first > inb.pending + 1 {
+        if first > inb.pending.saturating_add(1) {
             let bytes = open.batch().payload_bytes();
             if last - inb.pending > REORDER_ENVELOPES_MAX
                 || inb.held_bytes + bytes > REORDER_BYTES_MAX
@@ -159,7 +159,7 @@ impl Core {
         let Some(inb) = self.inbound.get_mut(stream) else {
             return false;
         };
-        let from = inb.pending + 1;
+        let from = inb.pending.saturating_add(1);
         let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
         self.metrics.duplicate_envelopes += from - first;
         self.metrics.batches_accepted += 1;
@@ -191,7 +191,7 @@ impl Core {
             let Some(entry) = inb.held.first_entry() else {
                 return;
             };
-            if *entry.key() > inb.pending + 1 {
+            if *entry.key() > inb.pending.saturating_add(1) {
                 return;
             }
             let open = entry.remove();
@@ -213,7 +213,7 @@ impl Core {
             return;
         }
         let inb = self.inbound.entry(stream.clone()).or_default();
-        if earliest <= inb.pending + 1 {
+        if earliest <= inb.pending.saturating_add(1) {
             // Nothing we lack is gone (a stale or repeated answer).
             return;
         }

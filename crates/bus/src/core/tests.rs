@@ -1106,3 +1106,23 @@ fn a_missing_part_is_asked_again_until_it_comes() {
     b.run(Input::Timer);
     assert!(b.log.is_empty(), "nothing is missing any more: {:?}", b.log);
 }
+
+#[test]
+fn a_hello_claiming_more_than_was_sent_harms_only_that_peer() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.send(id(2), b"1");
+    let mark = Mark {
+        stream: stream(1, 1, 2),
+        seq: u64::MAX,
+    };
+    a.hello_from(2, 2, ConnId(5), vec![mark]);
+    let req = a.send(id(2), b"2");
+    assert_eq!(ok_seq(a.reply(req)), 2);
+    a.now = a.now.plus(10 * a.config.retransmit_ms);
+    a.run(Input::Timer);
+    let own = a.core.own_stream(&id(2)).expect("stream");
+    assert_eq!(
+        own.last_acked, 1,
+        "an ack is never recorded past what was written"
+    );
+}
