@@ -80,6 +80,12 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Watch three nodes at work: start, link, send, stop one, catch up, a gap.
+    ///
+    /// Starts three real nodes (stores, endpoints on 127.0.0.1, API sockets)
+    /// in a temp dir in this process and narrates each step with the real
+    /// ids, seqs, marks and cursors. Takes seconds; removes its temp dir.
+    Demo,
     /// Run a node in the foreground (logs to stderr; RUST_LOG is honoured).
     ///
     /// Creates the data dir (mode 0700), the node key and the store on first

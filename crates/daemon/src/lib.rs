@@ -10,6 +10,7 @@ pub mod cli;
 pub mod client;
 mod commands;
 pub mod config;
+pub mod demo;
 pub mod paths;
 pub mod run;
 pub mod service;

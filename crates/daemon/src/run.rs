@@ -30,6 +30,9 @@ const STORE_RELEASE_POLL: Duration = Duration::from_millis(10);
 
 /// Runs one parsed command line to completion.
 pub fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Demo = cli.command {
+        return crate::demo::main();
+    }
     let dir = DataDir::resolve(cli.data.as_deref())?;
     if let Command::Daemon { bind } = cli.command {
         init_tracing();
@@ -44,7 +47,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     let c = Client::new(dir.socket_path());
     rt.block_on(async move {
         match cli.command {
-            Command::Daemon { .. } => unreachable!("handled above"),
+            Command::Daemon { .. } | Command::Demo => unreachable!("handled above"),
             Command::Status { json } => commands::status(&c, json).await,
             Command::Id => commands::id(&c).await,
             Command::Ticket => commands::ticket(&c).await,

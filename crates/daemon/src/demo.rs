@@ -1,0 +1,567 @@
+//! `mesh demo`: three real nodes in a temp dir, in this process, narrated.
+//!
+//! Each node is a whole [`Daemon`] (its own key, redb store, iroh endpoint on
+//! 127.0.0.1 and API socket), driven only through its socket API, as `mesh`
+//! and agents drive one. The demo links the three, sends both ways, stops
+//! one, sends more to it, restarts it and shows the catch-up, and shows the
+//! gap a node journals when a sender's outbox overflowed while it was away.
+//! Every figure printed (ids, seqs, marks, cursors, arrivals) is read back
+//! from the nodes. It stops the nodes and removes its temp dir however it
+//! ends, and gives up after [`DEMO_TIMEOUT`].
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::api::json::{
+    AddPeerRequest, BatchResponse, EventEntry, EventRecord, EventsPage, SendRequest, SendResponse,
+    TicketResponse,
+};
+use crate::api::node::{NodeStatus, PeerStatus};
+use crate::client::Client;
+use crate::paths::DataDir;
+use crate::run::Daemon;
+
+/// The whole demo finishes within this, or stops with an error.
+pub const DEMO_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often a node is asked whether what the demo waits for has happened.
+const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// How many times before a wait gives up (about 30 s).
+const POLLS_MAX: u32 = 1500;
+/// bravo's tiny outbox: the most messages it keeps per peer.
+const BRAVO_OUTBOX_MSGS: u64 = 3;
+/// Messages alpha sends charlie while charlie is stopped.
+const AWAY_FROM_ALPHA: usize = 5;
+/// Messages bravo sends charlie while charlie is stopped (more than its outbox keeps).
+const AWAY_FROM_BRAVO: usize = 6;
+/// The longest message text shown in a journal line.
+const SHOWN_BODY_CHARS_MAX: usize = 40;
+
+/// `mesh demo`: runs the demo on its own runtime, narrating to stdout.
+pub fn main() -> anyhow::Result<()> {
+    // Quiet unless asked: the narration is the output.
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
+    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
+    let mut out = std::io::stdout().lock();
+    rt.block_on(run(&mut out))
+}
+
+/// Runs the demo in a new temp dir, writing the narration to `out`; the dir
+/// is removed however it ends.
+///
+/// Needs a multi-threaded tokio runtime. Fails if a step does not happen
+/// within its wait, or the whole demo takes longer than [`DEMO_TIMEOUT`].
+pub async fn run(out: &mut impl Write) -> anyhow::Result<()> {
+    let tmp = TempDir::new()?;
+    match tokio::time::timeout(DEMO_TIMEOUT, demo(out, tmp.path())).await {
+        Ok(result) => result,
+        Err(_) => bail!("the demo did not finish within {DEMO_TIMEOUT:?}"),
+    }
+}
+
+async fn demo(out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let mut say = Narrator { out };
+    say.line(format_args!(
+        "agent-mesh demo: three real nodes in this process, each with its own key, store,\n\
+         QUIC endpoint on 127.0.0.1 and API socket, in {}\n",
+        root.display()
+    ))?;
+
+    say.line("1. Start three nodes.")?;
+    let alpha = DemoNode::start(root, "alpha", None).await?;
+    let bravo_config =
+        format!("[outbox]\nmax_msgs = {BRAVO_OUTBOX_MSGS}\non_full = \"evict-oldest\"\n");
+    let bravo = DemoNode::start(root, "bravo", Some(&bravo_config)).await?;
+    let mut charlie = DemoNode::start(root, "charlie", None).await?;
+    for n in [&alpha, &bravo, &charlie] {
+        say.line(format_args!(
+            "   {:8} node {}  peers dial it at 127.0.0.1:{}",
+            n.name,
+            n.short(),
+            n.port
+        ))?;
+    }
+    say.line(format_args!(
+        "   bravo's config.toml keeps at most {BRAVO_OUTBOX_MSGS} unacknowledged messages per peer \
+         and evicts the oldest when full\n   ([outbox] max_msgs = {BRAVO_OUTBOX_MSGS}, \
+         on_full = \"evict-oldest\"); the default is a million, and refusing new sends.\n"
+    ))?;
+
+    say.line("2. Link them: each node adds the others' tickets, as `mesh peer add TICKET` does.")?;
+    let t = Instant::now();
+    for (a, b) in [(&alpha, &bravo), (&alpha, &charlie), (&bravo, &charlie)] {
+        a.add_peer(b).await?;
+        b.add_peer(a).await?;
+    }
+    for (a, b) in [(&alpha, &bravo), (&alpha, &charlie), (&bravo, &charlie)] {
+        wait_connected(a, b).await?;
+    }
+    say.line(format_args!(
+        "   alpha-bravo, alpha-charlie and bravo-charlie are connected ({:.1} s).\n",
+        t.elapsed().as_secs_f64()
+    ))?;
+
+    say.line("3. Send, each way. A send answers once the message is committed to disk.")?;
+    for (from, to, text) in [
+        (&alpha, &bravo, "hello bravo, alpha here"),
+        (&bravo, &alpha, "hi alpha, bravo here"),
+        (&alpha, &charlie, "hello charlie, alpha here"),
+        (&bravo, &charlie, "hello charlie, bravo here"),
+    ] {
+        let sent = from.send(to, vec![text.to_owned()]).await?;
+        say.line(format_args!(
+            "   {:7} -> {:7} {:28} seq {} of {}'s stream to {}",
+            from.name,
+            to.name,
+            format!("{text:?}"),
+            sent[0].seq,
+            from.name,
+            to.name
+        ))?;
+    }
+    let first = charlie
+        .wait_for_messages(
+            "",
+            &[(&alpha, 1), (&bravo, 1)],
+            "charlie to receive the first messages",
+        )
+        .await?;
+    for (a, b) in [
+        (&alpha, &bravo),
+        (&bravo, &alpha),
+        (&alpha, &charlie),
+        (&bravo, &charlie),
+    ] {
+        wait_acknowledged(a, b).await?;
+    }
+    say.line("   charlie's journal (`mesh events` on charlie):")?;
+    say.entries(&first, &[&alpha, &bravo, &charlie])?;
+    let cursor = first.last().map(|e| e.cursor.clone()).unwrap_or_default();
+    say.line(format_args!(
+        "   Every sender's outbox is acknowledged; charlie's marks: {}.\n   \
+         charlie's cursor after its last entry: {cursor}\n   \
+         (`mesh events --after CURSOR` on charlie pages on from there, across restarts.)\n",
+        charlie.marks(&[&alpha, &bravo]).await?
+    ))?;
+
+    say.line(format_args!(
+        "4. Stop charlie. Its key and store stay in {}.",
+        charlie.dir.display()
+    ))?;
+    charlie.stop().await;
+    say.line("")?;
+
+    say.line("5. Send to charlie while it is away.")?;
+    let sent = alpha
+        .send(
+            &charlie,
+            numbered("from alpha, while you were away", AWAY_FROM_ALPHA),
+        )
+        .await?;
+    say.line(format_args!(
+        "   alpha -> charlie: {} messages, seqs {}, committed to alpha's outbox; {} queued for charlie.",
+        sent.len(),
+        seq_range(&sent),
+        alpha.peer(&charlie).await?.queued_msgs
+    ))?;
+    let bravo_head = bravo.journal_cursor().await?;
+    // One at a time, as `mesh send` does: each is its own commit and batch.
+    let mut sent = Vec::new();
+    for body in numbered("from bravo, while you were away", AWAY_FROM_BRAVO) {
+        sent.extend(bravo.send(&charlie, vec![body]).await?);
+    }
+    say.line(format_args!(
+        "   bravo -> charlie: {} messages, seqs {}. bravo keeps only {BRAVO_OUTBOX_MSGS}, so each send \
+         past that\n   evicted the oldest unacknowledged one, and bravo journaled each loss \
+         (`mesh events` on bravo):",
+        sent.len(),
+        seq_range(&sent)
+    ))?;
+    let losses: Vec<EventEntry> = bravo
+        .events_after(&bravo_head)
+        .await?
+        .into_iter()
+        .filter(|e| matches!(e.record, EventRecord::Loss { .. }))
+        .collect();
+    say.entries(&losses, &[&alpha, &bravo, &charlie])?;
+    say.line("")?;
+
+    say.line("6. Restart charlie from the same data dir: same key, same store, same port.")?;
+    let t = Instant::now();
+    charlie.restart().await?;
+    let alpha_last = AWAY_FROM_ALPHA as u64 + 1;
+    let bravo_last = AWAY_FROM_BRAVO as u64 + 1;
+    let caught_up = charlie
+        .wait_for_messages(
+            &cursor,
+            &[(&alpha, alpha_last), (&bravo, bravo_last)],
+            "charlie to catch up",
+        )
+        .await?;
+    let took = t.elapsed().as_secs_f64();
+    say.line(format_args!(
+        "   It reconnected and sent each peer its marks; each peer sent what came after them.\n   \
+         charlie's journal after the cursor above (`mesh events --after {cursor}`):"
+    ))?;
+    say.entries(&caught_up, &[&alpha, &bravo, &charlie])?;
+    let from = |n: &DemoNode| -> Vec<u64> {
+        caught_up
+            .iter()
+            .filter_map(|e| match &e.record {
+                EventRecord::Envelope { stream, seq, .. } if stream.author == n.id => Some(*seq),
+                _ => None,
+            })
+            .collect()
+    };
+    let gaps: Vec<(u64, u64)> = caught_up
+        .iter()
+        .filter_map(|e| match &e.record {
+            EventRecord::Gap { stream, from, to } if stream.author == bravo.id => {
+                Some((*from, *to))
+            }
+            _ => None,
+        })
+        .collect();
+    let (from_alpha, from_bravo) = (from(&alpha), from(&bravo));
+    say.line(format_args!(
+        "   Catch-up in {took:.1} s: {} messages from alpha ({}) and {} from bravo ({}).",
+        from_alpha.len(),
+        span(&from_alpha),
+        from_bravo.len(),
+        span(&from_bravo)
+    ))?;
+    match gaps.as_slice() {
+        [] => bail!("charlie journaled no gap for bravo's evicted messages"),
+        gaps => {
+            let ranges: Vec<String> = gaps.iter().map(|(f, t)| format!("#{f}..=#{t}")).collect();
+            say.line(format_args!(
+                "   And a gap: bravo no longer held {} of its stream to charlie, so charlie \
+                 journaled\n   a gap record in their place. Nothing was skipped silently: \
+                 every reader sees it.",
+                ranges.join(", ")
+            ))?;
+        }
+    }
+    say.line(format_args!(
+        "   charlie's marks now: {}.\n",
+        charlie.marks(&[&alpha, &bravo]).await?
+    ))?;
+
+    say.line(format_args!(
+        "7. Stop all three nodes and remove {}.",
+        root.display()
+    ))?;
+    for mut n in [alpha, bravo, charlie] {
+        n.stop().await;
+    }
+    say.line(format_args!(
+        "\nDone in {:.1} s. Run a node of your own with `mesh daemon`; the README shows a \
+         two-node session.",
+        started.elapsed().as_secs_f64()
+    ))?;
+    Ok(())
+}
+
+/// Writes the narration.
+struct Narrator<'a, W: Write> {
+    out: &'a mut W,
+}
+
+impl<W: Write> Narrator<'_, W> {
+    fn line(&mut self, text: impl std::fmt::Display) -> anyhow::Result<()> {
+        writeln!(self.out, "{text}").context("cannot write the narration")?;
+        self.out.flush().context("cannot write the narration")
+    }
+
+    /// One line per journal entry, naming authors by their demo names.
+    fn entries(&mut self, entries: &[EventEntry], nodes: &[&DemoNode]) -> anyhow::Result<()> {
+        let name = |id: &str| {
+            nodes
+                .iter()
+                .find(|n| n.id == id)
+                .map_or_else(|| short(id), |n| n.name.to_owned())
+        };
+        let recipient = |channel: &str| name(channel.trim_start_matches("direct:"));
+        for e in entries {
+            let mut line = format!("     [arrival {}] ", e.arrival);
+            match &e.record {
+                EventRecord::Envelope {
+                    stream, seq, body, ..
+                } => {
+                    let shown: String = body.chars().take(SHOWN_BODY_CHARS_MAX).collect();
+                    let _ = write!(line, "from {} #{seq}: {shown:?}", name(&stream.author));
+                }
+                EventRecord::Gap { stream, from, to } => {
+                    let _ = write!(
+                        line,
+                        "GAP  from {} #{from}..=#{to}: can never arrive (the author no longer holds them)",
+                        name(&stream.author)
+                    );
+                }
+                EventRecord::Loss {
+                    stream,
+                    from,
+                    to,
+                    reason,
+                    ..
+                } => {
+                    let _ = write!(
+                        line,
+                        "LOSS {reason}: {}'s stream to {} #{from}..=#{to}",
+                        name(&stream.author),
+                        recipient(&stream.channel)
+                    );
+                }
+                EventRecord::Other {} => line.push_str("(an entry this build does not know)"),
+            }
+            self.line(line)?;
+        }
+        Ok(())
+    }
+}
+
+/// One node of the demo.
+struct DemoNode {
+    name: &'static str,
+    dir: PathBuf,
+    /// The port the first start picked; a restart binds it again, so the
+    /// node is found where its ticket says.
+    port: u16,
+    id: String,
+    client: Client,
+    daemon: Option<Daemon>,
+}
+
+impl DemoNode {
+    async fn start(root: &Path, name: &'static str, config: Option<&str>) -> anyhow::Result<Self> {
+        let dir = root.join(name);
+        if let Some(text) = config {
+            std::fs::create_dir(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            std::fs::write(dir.join("config.toml"), text)
+                .with_context(|| format!("cannot write {name}'s config.toml"))?;
+        }
+        let daemon = start_daemon(&dir, 0).await?;
+        let client = daemon.client();
+        let st: NodeStatus = client.get("/v1/status").await?;
+        let port = st
+            .addrs
+            .first()
+            .map(SocketAddr::port)
+            .with_context(|| format!("{name} listens nowhere"))?;
+        Ok(DemoNode {
+            name,
+            dir,
+            port,
+            id: st.node,
+            client,
+            daemon: Some(daemon),
+        })
+    }
+
+    async fn stop(&mut self) {
+        if let Some(d) = self.daemon.take() {
+            d.shutdown().await;
+        }
+    }
+
+    async fn restart(&mut self) -> anyhow::Result<()> {
+        self.daemon = Some(start_daemon(&self.dir, self.port).await?);
+        Ok(())
+    }
+
+    fn short(&self) -> String {
+        short(&self.id)
+    }
+
+    async fn add_peer(&self, other: &DemoNode) -> anyhow::Result<()> {
+        let t: TicketResponse = other.client.get("/v1/ticket").await?;
+        let _: PeerStatus = self
+            .client
+            .post("/v1/peers", &AddPeerRequest { ticket: t.ticket })
+            .await?;
+        Ok(())
+    }
+
+    async fn peer(&self, other: &DemoNode) -> anyhow::Result<PeerStatus> {
+        let st: NodeStatus = self.client.get("/v1/status").await?;
+        st.peers
+            .into_iter()
+            .find(|p| p.node == other.id)
+            .with_context(|| format!("{} does not list {}", self.name, other.name))
+    }
+
+    /// Sends `bodies` to `to` in one batch, in order.
+    async fn send(&self, to: &DemoNode, bodies: Vec<String>) -> anyhow::Result<Vec<SendResponse>> {
+        let reqs: Vec<SendRequest> = bodies
+            .into_iter()
+            .map(|body| SendRequest {
+                to: to.id.clone(),
+                body,
+                encoding: Default::default(),
+                msg_kind: 0,
+            })
+            .collect();
+        let res: BatchResponse = self.client.post("/v1/send/batch", &reqs).await?;
+        Ok(res.sent)
+    }
+
+    /// Every journal entry after `after` (empty: from the start).
+    async fn events_after(&self, after: &str) -> anyhow::Result<Vec<EventEntry>> {
+        let mut entries = Vec::new();
+        let mut after = after.to_owned();
+        loop {
+            let page: EventsPage = self
+                .client
+                .get(&format!("/v1/events?after={after}&limit=1000"))
+                .await?;
+            if page.entries.is_empty() {
+                return Ok(entries);
+            }
+            entries.extend(page.entries);
+            after = page.next;
+        }
+    }
+
+    /// The cursor after the last journal entry now.
+    async fn journal_cursor(&self) -> anyhow::Result<String> {
+        let entries = self.events_after("").await?;
+        Ok(entries.last().map(|e| e.cursor.clone()).unwrap_or_default())
+    }
+
+    /// Waits until the journal after `after` holds the message with seq
+    /// `last` from each `(author, last)`; returns the entries after `after`.
+    async fn wait_for_messages(
+        &self,
+        after: &str,
+        want: &[(&DemoNode, u64)],
+        what: &str,
+    ) -> anyhow::Result<Vec<EventEntry>> {
+        for _ in 0..POLLS_MAX {
+            let entries = self.events_after(after).await?;
+            let has = |author: &DemoNode, last: u64| {
+                entries.iter().any(|e| {
+                    matches!(&e.record, EventRecord::Envelope { stream, seq, .. }
+                        if stream.author == author.id && *seq == last)
+                })
+            };
+            if want.iter().all(|(n, last)| has(n, *last)) {
+                return Ok(entries);
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+        bail!("gave up waiting for {what}")
+    }
+
+    /// This node's marks for the given authors' streams, as text.
+    async fn marks(&self, authors: &[&DemoNode]) -> anyhow::Result<String> {
+        let mut parts = Vec::new();
+        for a in authors {
+            let p = self.peer(a).await?;
+            let mark = p.marks.iter().map(|m| m.mark).max().unwrap_or(0);
+            parts.push(format!("{} for {}'s stream", mark, a.name));
+        }
+        Ok(parts.join(", "))
+    }
+}
+
+async fn start_daemon(dir: &Path, port: u16) -> anyhow::Result<Daemon> {
+    let bind = SocketAddr::from(([127, 0, 0, 1], port));
+    Daemon::start(DataDir::resolve(Some(dir))?, Some(bind))
+        .await
+        .with_context(|| format!("cannot start the node in {}", dir.display()))
+}
+
+async fn wait_connected(a: &DemoNode, b: &DemoNode) -> anyhow::Result<()> {
+    for _ in 0..POLLS_MAX {
+        if a.peer(b).await?.connected && b.peer(a).await?.connected {
+            return Ok(());
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    bail!("gave up waiting for {} and {} to connect", a.name, b.name)
+}
+
+/// Waits until `to` has acknowledged everything `from` sent it.
+async fn wait_acknowledged(from: &DemoNode, to: &DemoNode) -> anyhow::Result<()> {
+    for _ in 0..POLLS_MAX {
+        if from.peer(to).await?.queued_msgs == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    bail!(
+        "gave up waiting for {} to acknowledge {}",
+        to.name,
+        from.name
+    )
+}
+
+fn short(id: &str) -> String {
+    id.chars().take(10).collect()
+}
+
+fn numbered(text: &str, n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("{text} ({i} of {n})")).collect()
+}
+
+fn seq_range(sent: &[SendResponse]) -> String {
+    let seqs: Vec<u64> = sent.iter().map(|s| s.seq).collect();
+    span(&seqs)
+}
+
+/// `#a..=#b` for ascending seqs, or the list if they are not one run.
+fn span(seqs: &[u64]) -> String {
+    match (seqs.first(), seqs.last()) {
+        (Some(&a), Some(&b)) if b >= a && b - a + 1 == seqs.len() as u64 => {
+            format!("#{a}..=#{b}")
+        }
+        _ => {
+            let all: Vec<String> = seqs.iter().map(|s| format!("#{s}")).collect();
+            all.join(", ")
+        }
+    }
+}
+
+/// A private temp dir, removed on drop.
+struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    fn new() -> anyhow::Result<TempDir> {
+        use std::os::unix::fs::DirBuilderExt;
+        let base = std::env::temp_dir();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let path = base.join(format!("mesh-demo-{}-{nanos:08x}", std::process::id()));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .with_context(|| format!("cannot create the demo dir {}", path.display()))?;
+        Ok(TempDir { path })
+    }
+
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.path) {
+            eprintln!("cannot remove the demo dir {}: {e}", self.path.display());
+        }
+    }
+}
