@@ -12,8 +12,9 @@
 //!
 //! Checked during the run: at most one commit in flight per core; marks
 //! never move backwards; a sender is answered Ok only once its message is
-//! committed; an ack never runs ahead of the committed mark; under
-//! `reject`, no unacknowledged envelope is ever evicted. Checked at the end:
+//! committed, and with its journal arrival; an ack never runs ahead of the
+//! committed mark; under `reject`, no unacknowledged envelope is ever
+//! evicted. Checked at the end:
 //! every journal holds each stream exactly once and in order, with gaps
 //! only where the author recorded a loss; every Ok send is there (or in
 //! such a gap); nothing is there that was never sent; every stream is
@@ -823,6 +824,22 @@ impl Sim {
                         return Err(format!(
                             "node {node} answered send {req:?} with seq {} before committing it",
                             receipt.seq
+                        ));
+                    }
+                    let at = self.nodes[node]
+                        .store
+                        .journal(receipt.arrival.saturating_sub(1), 1)
+                        .unwrap();
+                    let here = matches!(
+                        at.first().map(|i| &i.record),
+                        Some(JournalRecord::Envelope { stream, seq, .. })
+                            if *stream == receipt.stream && *seq == receipt.seq
+                    );
+                    if !here {
+                        return Err(format!(
+                            "node {node}: send {req:?} names arrival {}, which holds {:?}",
+                            receipt.arrival,
+                            at.first()
                         ));
                     }
                     self.ok.insert((node, req.0), (receipt.stream, receipt.seq));
