@@ -25,11 +25,12 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::checker::{Summary, check};
-use crate::cluster::{Cluster, ClusterConfig, Isolation, create_file};
+use crate::cluster::{Cluster, ClusterConfig, Isolation, JournalTail, create_file};
 use crate::history::{History, Op};
 use crate::nemesis::{apply, plan};
 use crate::rng::SimRng;
 use crate::workload::{ClientSpec, WorkloadConfig, run_client};
+use mesh_daemon::api::json::EventRecord;
 
 /// The seed of the short run when `CHAOS_SEED` is not set.
 pub const SHORT_SEED: u64 = 20_261_129;
@@ -67,13 +68,15 @@ pub struct ChaosConfig {
 
 impl ChaosConfig {
     /// The short run for `cargo test`: 3 nodes, 24 faults within about 90 s.
-    /// `CHAOS_SEED`, `CHAOS_NODES` and `CHAOS_OUT` override its defaults.
+    /// `CHAOS_SEED`, `CHAOS_NODES` and `CHAOS_OUT` override its defaults, and
+    /// `CHAOS_MESH_BIN` runs another `mesh` executable than `bin` (e.g. a
+    /// release build, or a copy that a rebuild will not replace mid-run).
     pub fn short(bin: impl Into<PathBuf>) -> Self {
         let bin = bin.into();
         let seed = env_u64("CHAOS_SEED").unwrap_or(SHORT_SEED);
         let mut cfg = ChaosConfig {
             out_dir: default_out_dir(&bin, "short", seed),
-            bin,
+            bin: std::env::var_os("CHAOS_MESH_BIN").map_or(bin, PathBuf::from),
             label: "short".into(),
             seed,
             nodes: env_u64("CHAOS_NODES").map_or(3, |n| n as usize),
@@ -146,6 +149,8 @@ pub struct Report {
     /// Second kills of `kill_during_resync` made while the others still
     /// had messages queued for the node.
     pub resync_kills_while_behind: u64,
+    /// Packets the partitions and loss dropped, in all.
+    pub packets_dropped: u64,
     /// Whether every receiver's marks reached the acknowledged seqs.
     pub converged: bool,
     /// Whether every sender's outbox drained (everything acknowledged).
@@ -183,10 +188,11 @@ impl fmt::Display for Report {
             .collect();
         writeln!(
             f,
-            "faults: {} ({}); kills during resync while behind: {}",
+            "faults: {} ({}); kills during resync while behind: {}; packets dropped: {}",
             self.faults_total,
             kinds.join(" "),
-            self.resync_kills_while_behind
+            self.resync_kills_while_behind,
+            self.packets_dropped
         )?;
         let s = &self.summary;
         writeln!(
@@ -298,6 +304,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     let mut nemesis_log = std::io::BufWriter::new(create_file(&cfg.out_dir.join("nemesis.jsonl"))?);
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut resync_kills_while_behind = 0;
+    let mut packets_dropped = 0;
     let chaos_start = Instant::now();
     let mut fault_error = None;
     for (n, step) in steps.iter().enumerate() {
@@ -323,6 +330,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
         if applied.queued_at_kill.is_some_and(|q| q > 0) {
             resync_kills_while_behind += 1;
         }
+        packets_dropped += applied.packets_dropped.unwrap_or(0);
         serde_json::to_writer(
             &mut nemesis_log,
             &serde_json::json!({"step": step, "applied": applied}),
@@ -345,14 +353,17 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     heal.context("the final heal failed")?;
     eprintln!("chaos: healed; waiting for marks to reach the acknowledged seqs");
     let ops = history.ops();
-    let (converged, drained) = converge(&cluster, &ops, cfg.converge_timeout).await;
+    let mut follower = Follower::new(cluster.len());
+    let (converged, drained) = converge(&cluster, &mut follower, &ops, cfg.converge_timeout).await;
 
     let mut journals = BTreeMap::new();
     for i in 0..cluster.len() {
-        let journal = cluster
-            .journal(i)
+        // Whatever arrived after the last poll, too.
+        follower
+            .read(&cluster, i)
             .await
             .with_context(|| format!("reading node {i}'s journal"))?;
+        let journal = std::mem::take(&mut follower.tails[i].entries);
         let mut f = std::io::BufWriter::new(create_file(
             &cfg.out_dir.join(format!("journal-node-{i}.jsonl")),
         )?);
@@ -373,6 +384,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
         faults_total: faults.values().sum(),
         faults,
         resync_kills_while_behind,
+        packets_dropped,
         converged,
         drained,
         elapsed_s: started.elapsed().as_secs(),
@@ -388,12 +400,92 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-/// Waits until every receiver's mark for every sender's stream reaches the
-/// last seq acknowledged on it, and (within the same bound) until every
-/// sender's outbox is empty. Answers (marks reached, outboxes drained).
-async fn converge(cluster: &Cluster, ops: &[Op], timeout: Duration) -> (bool, bool) {
-    // (receiver id) -> (author, epoch, channel) -> highest acknowledged seq.
-    let mut want: HashMap<String, HashMap<(String, String, String), u64>> = HashMap::new();
+/// The highest seq below which a stream is covered without a hole, by
+/// delivered envelopes and gap records arriving in any order.
+#[derive(Clone, Debug, Default)]
+struct Prefix {
+    upto: u64,
+    /// Ranges above `upto + 1`: first seq -> last seq.
+    pending: BTreeMap<u64, u64>,
+}
+
+impl Prefix {
+    fn cover(&mut self, from: u64, to: u64) {
+        if to <= self.upto {
+            return;
+        }
+        if from > self.upto + 1 {
+            let end = self.pending.entry(from).or_insert(to);
+            *end = (*end).max(to);
+            return;
+        }
+        self.upto = to;
+        while let Some((&first, &last)) = self.pending.first_key_value() {
+            if first > self.upto + 1 {
+                break;
+            }
+            self.pending.pop_first();
+            self.upto = self.upto.max(last);
+        }
+    }
+}
+
+type StreamKey = (String, String, String);
+
+/// Every node's journal, followed incrementally, with each receiver's
+/// covered prefix per stream.
+struct Follower {
+    tails: Vec<JournalTail>,
+    /// Per node: stream -> covered prefix (others' streams only).
+    prefixes: Vec<HashMap<StreamKey, Prefix>>,
+}
+
+impl Follower {
+    fn new(nodes: usize) -> Self {
+        Follower {
+            tails: vec![JournalTail::default(); nodes],
+            prefixes: vec![HashMap::new(); nodes],
+        }
+    }
+
+    /// Reads what node `i` journaled since the last call.
+    async fn read(&mut self, cluster: &Cluster, i: usize) -> anyhow::Result<()> {
+        let tail = &mut self.tails[i];
+        let from = tail.entries.len();
+        let read = tail.read_new(cluster.client(i)).await;
+        let me = cluster.node_id(i);
+        for e in &tail.entries[from..] {
+            let (stream, lo, hi) = match &e.record {
+                EventRecord::Envelope { stream, seq, .. } => (stream, *seq, *seq),
+                EventRecord::Gap { stream, from, to } => (stream, *from, *to),
+                _ => continue,
+            };
+            if stream.author == me {
+                continue;
+            }
+            let key = (
+                stream.author.clone(),
+                stream.epoch.clone(),
+                stream.channel.clone(),
+            );
+            self.prefixes[i].entry(key).or_default().cover(lo, hi);
+        }
+        read.map(drop)
+    }
+}
+
+/// Waits until, for every stream, the receiver holds everything up to the
+/// highest seq acknowledged on it (its mark in `GET /v1/status`, or what
+/// its journal shows delivered or covered by gaps), and (within the same
+/// bound) until every sender's outbox is empty. Answers (reached, drained).
+async fn converge(
+    cluster: &Cluster,
+    follower: &mut Follower,
+    ops: &[Op],
+    timeout: Duration,
+) -> (bool, bool) {
+    // Receiver id -> stream -> highest acknowledged seq.
+    let mut want: HashMap<String, HashMap<StreamKey, u64>> = HashMap::new();
     for op in ops {
         if let Op::Ok { stream, seq, .. } = op
             && let Some(to) = stream.channel.strip_prefix("direct:")
@@ -411,22 +503,27 @@ async fn converge(cluster: &Cluster, ops: &[Op], timeout: Duration) -> (bool, bo
         }
     }
     let polls = (timeout.as_millis() / CONVERGE_POLL.as_millis()).max(1);
-    let mut marks_ok = false;
+    let mut reached = false;
     let mut last_behind = String::new();
     for _ in 0..polls {
         let mut behind = Vec::new();
         let mut queued = 0u64;
         for i in 0..cluster.len() {
-            let id = cluster.node_id(i);
+            if let Err(e) = follower.read(cluster, i).await {
+                behind.push(format!("node {i}'s journal: {e:#}"));
+                continue;
+            }
             let status = match cluster.status(i).await {
                 Ok(s) => s,
                 Err(e) => {
-                    behind.push(format!("node {i}: {e:#}"));
+                    behind.push(format!("node {i}'s status: {e:#}"));
                     continue;
                 }
             };
             queued += status.peers.iter().map(|p| p.queued_msgs).sum::<u64>();
-            for ((author, epoch, channel), top) in want.get(id).into_iter().flatten() {
+            let id = cluster.node_id(i);
+            for (key, top) in want.get(id).into_iter().flatten() {
+                let (author, epoch, channel) = key;
                 let mark = status
                     .peers
                     .iter()
@@ -438,19 +535,21 @@ async fn converge(cluster: &Cluster, ops: &[Op], timeout: Duration) -> (bool, bo
                             && &m.stream.channel == channel
                     })
                     .map_or(0, |m| m.mark);
-                if mark < *top {
+                let seen = follower.prefixes[i].get(key).map_or(0, |p| p.upto);
+                if mark.max(seen) < *top {
                     behind.push(format!(
-                        "node {i} has {}..#{mark}, acknowledged #{top}",
-                        short(author)
+                        "node {i} holds {}..#{} (mark {mark}), acknowledged #{top}",
+                        short(author),
+                        seen
                     ));
                 }
             }
         }
-        marks_ok = behind.is_empty();
-        if marks_ok && queued == 0 {
+        reached = behind.is_empty();
+        if reached && queued == 0 {
             return (true, true);
         }
-        last_behind = if marks_ok {
+        last_behind = if reached {
             format!("{queued} messages still queued")
         } else {
             behind.join("; ")
@@ -458,5 +557,26 @@ async fn converge(cluster: &Cluster, ops: &[Op], timeout: Duration) -> (bool, bo
         tokio::time::sleep(CONVERGE_POLL).await;
     }
     eprintln!("chaos: not converged within {timeout:?}: {last_behind}");
-    (marks_ok, false)
+    (reached, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prefix_grows_over_seqs_and_gaps_in_any_order() {
+        let mut p = Prefix::default();
+        p.cover(2, 2);
+        assert_eq!(p.upto, 0);
+        p.cover(4, 9);
+        p.cover(1, 1);
+        assert_eq!(p.upto, 2);
+        p.cover(3, 3);
+        assert_eq!(p.upto, 9);
+        p.cover(5, 5);
+        assert_eq!(p.upto, 9);
+        p.cover(11, 11);
+        assert_eq!(p.upto, 9);
+    }
 }

@@ -308,6 +308,7 @@ impl Cluster {
             .arg("--bind")
             .arg(node.bind.to_string())
             .env("RUST_LOG", &self.cfg.rust_log)
+            .env("NO_COLOR", "1")
             .env_remove("MESH_DATA")
             .stdin(Stdio::null())
             .stdout(log.try_clone().context("cannot share the log file")?)
@@ -522,22 +523,44 @@ pub async fn call<T>(
 /// # Errors
 /// If a page cannot be read, or there are more than [`JOURNAL_PAGES_MAX`] pages.
 pub async fn read_journal(client: &Client) -> anyhow::Result<Vec<EventEntry>> {
-    let mut entries = Vec::new();
-    let mut after = String::new();
-    for _ in 0..JOURNAL_PAGES_MAX {
-        let path = if after.is_empty() {
-            format!("/v1/events?limit={JOURNAL_PAGE_LIMIT}")
-        } else {
-            format!("/v1/events?limit={JOURNAL_PAGE_LIMIT}&after={after}")
-        };
-        let page: EventsPage = call(client.get(&path)).await?;
-        if page.entries.is_empty() {
-            return Ok(entries);
+    let mut tail = JournalTail::default();
+    tail.read_new(client).await?;
+    Ok(tail.entries)
+}
+
+/// One node's journal, read incrementally: each [`JournalTail::read_new`]
+/// pages from where the last one ended.
+#[derive(Clone, Debug, Default)]
+pub struct JournalTail {
+    /// The cursor after the last entry read (empty: the start).
+    pub after: String,
+    /// Every entry read so far, in arrival order.
+    pub entries: Vec<EventEntry>,
+}
+
+impl JournalTail {
+    /// Reads every entry after [`JournalTail::after`]; answers how many.
+    ///
+    /// # Errors
+    /// If a page cannot be read (what was read stays), or there are more
+    /// than [`JOURNAL_PAGES_MAX`] pages.
+    pub async fn read_new(&mut self, client: &Client) -> anyhow::Result<usize> {
+        let before = self.entries.len();
+        for _ in 0..JOURNAL_PAGES_MAX {
+            let path = if self.after.is_empty() {
+                format!("/v1/events?limit={JOURNAL_PAGE_LIMIT}")
+            } else {
+                format!("/v1/events?limit={JOURNAL_PAGE_LIMIT}&after={}", self.after)
+            };
+            let page: EventsPage = call(client.get(&path)).await?;
+            if page.entries.is_empty() {
+                return Ok(self.entries.len() - before);
+            }
+            self.entries.extend(page.entries);
+            self.after = page.next;
         }
-        entries.extend(page.entries);
-        after = page.next;
+        bail!("the journal has more than {JOURNAL_PAGES_MAX} pages")
     }
-    bail!("the journal has more than {JOURNAL_PAGES_MAX} pages")
 }
 
 /// The last lines of a log file, for an error message.

@@ -13,6 +13,7 @@ use anyhow::Context;
 use serde::Serialize;
 
 use crate::cluster::Cluster;
+use crate::netns::Netns;
 use crate::rng::SimRng;
 
 /// The share of packets the loss fault drops, in percent.
@@ -187,6 +188,9 @@ pub struct Applied {
     /// for the node right after the second kill (above zero shows it was
     /// killed while catching up).
     pub queued_at_kill: Option<u64>,
+    /// For network faults: packets the `tc` rules dropped while it lasted
+    /// (above zero shows the cut bit on live traffic).
+    pub packets_dropped: Option<u64>,
     /// Anything worth a person's attention.
     pub note: String,
 }
@@ -214,24 +218,30 @@ pub async fn apply(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Appli
         }
         Fault::Isolate { node, hold_ms } => {
             let net = cluster.netns().context("isolate needs namespaces")?;
+            let before = dropped_total(net);
             net.isolate(*node)?;
             sleep(*hold_ms).await;
             net.heal()?;
+            applied.packets_dropped = Some(dropped_total(net).saturating_sub(before));
         }
         Fault::Split { minority, hold_ms } => {
             let net = cluster.netns().context("split needs namespaces")?;
             let majority: Vec<usize> = (0..cluster.len())
                 .filter(|i| !minority.contains(i))
                 .collect();
+            let before = dropped_total(net);
             net.partition(&[minority.clone(), majority])?;
             sleep(*hold_ms).await;
             net.heal()?;
+            applied.packets_dropped = Some(dropped_total(net).saturating_sub(before));
         }
         Fault::Loss { hold_ms } => {
             let net = cluster.netns().context("loss needs namespaces")?;
+            let before = dropped_total(net);
             net.loss(LOSS_PERCENT)?;
             sleep(*hold_ms).await;
             net.heal()?;
+            applied.packets_dropped = Some(dropped_total(net).saturating_sub(before));
         }
         Fault::KillDuringResync {
             node,
@@ -265,6 +275,11 @@ pub async fn apply(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Appli
         }
     }
     Ok(applied)
+}
+
+/// Packets dropped on every port so far (a port that cannot be read counts 0).
+fn dropped_total(net: &Netns) -> u64 {
+    (0..net.len()).map(|i| net.dropped(i).unwrap_or(0)).sum()
 }
 
 #[cfg(test)]

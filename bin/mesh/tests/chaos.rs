@@ -1,0 +1,48 @@
+//! Chaos runs of real `mesh daemon` processes: kill -9, SIGSTOP, partitions
+//! and packet loss under a recorded workload, judged by the history checker.
+//! The harness is `mesh_tests::chaos`; see `docs/reliability.md`.
+
+use mesh_tests::chaos::{ChaosConfig, Report, run_blocking};
+
+/// The fewest faults the short run must carry out.
+const SHORT_FAULTS_MIN: u64 = 20;
+
+fn judge(report: &Report) {
+    assert!(
+        report
+            .faults
+            .get("kill_during_resync")
+            .copied()
+            .unwrap_or(0)
+            >= 1,
+        "no kill during resync was carried out\n{report}"
+    );
+    assert!(report.passed(), "the chaos run broke a guarantee\n{report}");
+}
+
+#[test]
+fn a_short_seeded_chaos_run_loses_nothing() {
+    let cfg = ChaosConfig::short(env!("CARGO_BIN_EXE_mesh"));
+    let report = match run_blocking(cfg) {
+        Ok(r) => r,
+        Err(e) => panic!("the chaos run could not be carried out: {e:#}"),
+    };
+    assert!(
+        report.faults_total >= SHORT_FAULTS_MIN,
+        "only {} faults were carried out\n{report}",
+        report.faults_total
+    );
+    judge(&report);
+}
+
+/// `just chaos SECONDS` runs this with `CHAOS_SECONDS` (and `CHAOS_SEED`).
+#[test]
+#[ignore = "long: run it with `just chaos SECONDS`"]
+fn a_long_chaos_run_loses_nothing() {
+    let cfg = ChaosConfig::long(env!("CARGO_BIN_EXE_mesh"));
+    let report = match run_blocking(cfg) {
+        Ok(r) => r,
+        Err(e) => panic!("the chaos run could not be carried out: {e:#}"),
+    };
+    judge(&report);
+}
