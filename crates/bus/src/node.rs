@@ -17,10 +17,10 @@
 //!   `SetTimer`: re-arms the timer; `CloseConnection`: closes it with
 //!   [`close_code::PROTOCOL_VIOLATION`].
 //!
-//! Adding or removing a peer: the core has no input for it yet, so the task
-//! stops taking new inputs until nothing is being committed, writes the peer
-//! record, rebuilds the core from the store (memory holds nothing the store
-//! does not) and restarts every live connection so each gets a fresh Hello.
+//! Adding or removing a peer goes through the core (`PeerAdded`,
+//! `PeerRemoved`), which writes the peer record with its next commit; once
+//! that returns (`PeerChanged`) the task tells the transport and answers the
+//! caller. Other peers and their connections are untouched.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -28,9 +28,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mesh_protocol::{Epoch, Frame, MAX_TICKET_ADDRS, NodeId, NodeTicket, SecretKey, Seq, StreamId};
-use mesh_store::{
-    Arrival, MeshStore, OwnStream, PeerRecord, StoreError, StoreHandle, StoredBatch, WriteOp,
-};
+use mesh_store::{Arrival, MeshStore, OwnStream, PeerRecord, StoreError, StoreHandle, StoredBatch};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tracing::{debug, error, info, warn};
@@ -205,8 +203,6 @@ impl Node {
         let head = Arc::new(watch::Sender::new(head));
         let (closing, closing_rx) = watch::channel(false);
         let task = Driver {
-            config: config.core,
-            secret,
             core,
             store,
             net: net.clone(),
@@ -214,7 +210,6 @@ impl Node {
             commands: commands_rx,
             closing: closing_rx,
             head: head.clone(),
-            generation: 0,
             store_tasks: JoinSet::new(),
             owed: HashMap::new(),
             replies: HashMap::new(),
@@ -222,7 +217,7 @@ impl Node {
             timer: None,
             backlogs: HashMap::new(),
             writable: JoinSet::new(),
-            change: None,
+            peer_replies: HashMap::new(),
         };
         let task = tokio::spawn(task.run());
         info!(node = %id.fmt_short(), epoch = %epoch.fmt_short(), addrs = ?net.local_addrs(), "node started");
@@ -318,10 +313,9 @@ impl Node {
         receipts
     }
 
-    /// Adds `node` at `addrs` (or updates its addresses), durably.
-    ///
-    /// For now this briefly pauses the node and restarts every connection
-    /// (see the module doc).
+    /// Adds `node` at `addrs` (or updates its addresses), durably; answers
+    /// once the record is committed and the transport knows the peer. Other
+    /// peers' connections are not touched.
     ///
     /// # Errors
     /// [`NodeError::Peer`] for a bad peer, [`NodeError::Store`] if the record
@@ -336,7 +330,8 @@ impl Node {
         self.change(PeerChange::Add { node, addrs }).await
     }
 
-    /// Forgets `node`, durably; its streams and marks stay in the store.
+    /// Forgets `node`, durably, and closes its connection; its streams and
+    /// marks stay in the store.
     ///
     /// # Errors
     /// As [`Node::add_peer`].
@@ -471,7 +466,7 @@ struct Backlog {
 
 enum Step {
     Closing,
-    Store(Result<(tokio::task::Id, (u64, Input)), JoinError>),
+    Store(Result<(tokio::task::Id, Input), JoinError>),
     Writable(Result<(NodeId, net::ConnId, Result<(), net::SendError>), JoinError>),
     Timer,
     Net(NetEvent),
@@ -479,8 +474,6 @@ enum Step {
 }
 
 struct Driver<S: MeshStore + ?Sized> {
-    config: core::Config,
-    secret: SecretKey,
     core: Core,
     store: StoreHandle<S>,
     net: Arc<Net>,
@@ -488,17 +481,15 @@ struct Driver<S: MeshStore + ?Sized> {
     commands: mpsc::Receiver<Cmd>,
     closing: watch::Receiver<bool>,
     head: Arc<watch::Sender<Arrival>>,
-    /// Bumped when the core is rebuilt; store answers for an older core are dropped.
-    generation: u64,
-    store_tasks: JoinSet<(u64, Input)>,
-    owed: HashMap<tokio::task::Id, (u64, Owed)>,
+    store_tasks: JoinSet<Input>,
+    owed: HashMap<tokio::task::Id, Owed>,
     replies: HashMap<ReqId, oneshot::Sender<Result<SendReceipt, core::SendError>>>,
     next_req: u64,
     timer: Option<Millis>,
     backlogs: HashMap<NodeId, Backlog>,
     writable: JoinSet<(NodeId, net::ConnId, Result<(), net::SendError>)>,
-    /// A peer change waiting for the core to finish committing.
-    change: Option<(PeerChange, oneshot::Sender<Result<(), NodeError>>)>,
+    /// Peer changes the core is committing, with their callers.
+    peer_replies: HashMap<ReqId, (PeerChange, oneshot::Sender<Result<(), NodeError>>)>,
 }
 
 impl<S: MeshStore + ?Sized> Driver<S> {
@@ -513,12 +504,8 @@ impl<S: MeshStore + ?Sized> Driver<S> {
             {
                 break;
             }
-            if self.change.is_some() && !self.core.is_committing() {
-                self.apply_change().await;
-                continue;
-            }
-            // While stopping or changing peers, only answers and timers get in.
-            let paused = drain_until.is_some() || self.change.is_some();
+            // While stopping, only answers and timers get in.
+            let paused = drain_until.is_some();
             let timer = self.timer;
             let sleep = tokio::time::sleep(Duration::from_millis(
                 timer.map_or(0, |at| at.0.saturating_sub(now().0)),
@@ -561,9 +548,8 @@ impl<S: MeshStore + ?Sized> Driver<S> {
         if self.core.is_committing() {
             warn!("stopping with a commit still unanswered; its senders are told the node stopped");
         }
-        if let Some((_, reply)) = self.change.take() {
-            let _ = reply.send(Err(NodeError::Stopped));
-        }
+        // Dropping these tells waiting peer changes the node stopped.
+        self.peer_replies.clear();
         // Dropping the reply senders tells waiting senders the node stopped.
         self.replies.clear();
         self.writable.shutdown().await;
@@ -571,20 +557,20 @@ impl<S: MeshStore + ?Sized> Driver<S> {
         info!("node stopped");
     }
 
-    fn on_store(&mut self, res: Result<(tokio::task::Id, (u64, Input)), JoinError>) {
-        let (generation, input) = match res {
+    fn on_store(&mut self, res: Result<(tokio::task::Id, Input), JoinError>) {
+        let input = match res {
             Ok((id, answer)) => {
                 self.owed.remove(&id);
                 answer
             }
             Err(e) => {
                 // A store task panicked: answer what it owed, as a failure.
-                let Some((generation, owed)) = self.owed.remove(&e.id()) else {
+                let Some(owed) = self.owed.remove(&e.id()) else {
                     return;
                 };
                 error!(error = %e, "store task failed");
                 let why = || StoreError::Unavailable(format!("store task failed: {e}"));
-                let input = match owed {
+                match owed {
                     Owed::Commit { commit, groups } => Input::Committed {
                         commit,
                         results: (0..groups).map(|_| Err(why())).collect(),
@@ -593,13 +579,10 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                         load,
                         result: Err(why()),
                     },
-                };
-                (generation, input)
+                }
             }
         };
-        if generation == self.generation {
-            self.core.handle(input, now());
-        }
+        self.core.handle(input, now());
     }
 
     fn on_net(&mut self, ev: NetEvent) {
@@ -654,8 +637,21 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                 );
             }
             Cmd::Peer { change, reply } => {
-                // At most one at a time: the loop pauses requests until it is done.
-                self.change = Some((change, reply));
+                let req = ReqId(self.next_req);
+                self.next_req += 1;
+                let input = match &change {
+                    PeerChange::Add { node, addrs } => Input::PeerAdded {
+                        req,
+                        record: PeerRecord {
+                            node: *node,
+                            addrs: addrs.clone(),
+                            epoch: None,
+                        },
+                    },
+                    PeerChange::Remove { node } => Input::PeerRemoved { req, node: *node },
+                };
+                self.peer_replies.insert(req, (change, reply));
+                self.core.handle(input, now());
             }
             Cmd::Status { reply } => {
                 let own = self
@@ -681,14 +677,13 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                 }
                 Effect::Persist { commit, groups } => {
                     let store = self.store.clone();
-                    let generation = self.generation;
                     let n = groups.len();
                     let task = self.store_tasks.spawn(async move {
                         let results = store.commit_groups(groups).await;
-                        (generation, Input::Committed { commit, results })
+                        Input::Committed { commit, results }
                     });
                     self.owed
-                        .insert(task.id(), (generation, Owed::Commit { commit, groups: n }));
+                        .insert(task.id(), Owed::Commit { commit, groups: n });
                 }
                 Effect::LoadOutbox {
                     load,
@@ -722,6 +717,9 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                     });
                 }
                 Effect::SetTimer { at } => self.timer = Some(at),
+                Effect::PeerChanged { req, node, result } => {
+                    self.on_peer_changed(req, node, result).await;
+                }
                 Effect::CloseConnection { peer, conn, reason } => {
                     warn!(peer = %peer.fmt_short(), %conn, %reason, "closing a connection: the peer broke the protocol");
                     let reason = reason.to_string();
@@ -737,7 +735,6 @@ impl<S: MeshStore + ?Sized> Driver<S> {
 
     fn spawn_load(&mut self, req: LoadReq) {
         let reader = self.store.reader();
-        let generation = self.generation;
         let LoadReq {
             load,
             stream,
@@ -747,9 +744,9 @@ impl<S: MeshStore + ?Sized> Driver<S> {
         let task = self.store_tasks.spawn(async move {
             let result: Result<Vec<StoredBatch>, StoreError> =
                 blocking(move || reader.read_outbox(&stream, after, max_bytes)).await;
-            (generation, Input::OutboxLoaded { load, result })
+            Input::OutboxLoaded { load, result }
         });
-        self.owed.insert(task.id(), (generation, Owed::Load(load)));
+        self.owed.insert(task.id(), Owed::Load(load));
     }
 
     async fn send_frame(&mut self, peer: NodeId, conn: net::ConnId, frame: Frame) {
@@ -829,68 +826,34 @@ impl<S: MeshStore + ?Sized> Driver<S> {
         }
     }
 
-    async fn apply_change(&mut self) {
-        let Some((change, reply)) = self.change.take() else {
+    /// The core committed (or failed to commit) a peer change: tell the
+    /// transport, then the caller.
+    async fn on_peer_changed(&mut self, req: ReqId, node: NodeId, result: Result<(), StoreError>) {
+        let Some((change, reply)) = self.peer_replies.remove(&req) else {
             return;
         };
-        let result = self.change_peers(change).await;
+        let result = match result {
+            Err(e) => Err(NodeError::Store(e)),
+            Ok(()) => match change {
+                PeerChange::Add { node, addrs } => {
+                    info!(peer = %node.fmt_short(), ?addrs, "peer added");
+                    self.net
+                        .add_peer(node, addrs)
+                        .await
+                        .map_err(NodeError::from)
+                }
+                PeerChange::Remove { node } => {
+                    info!(peer = %node.fmt_short(), "peer removed");
+                    if self.backlogs.contains_key(&node) {
+                        self.release_backlog(node);
+                    }
+                    self.net.remove_peer(node).await.map_err(NodeError::from)
+                }
+            },
+        };
         if let Err(e) = &result {
-            warn!(error = %e, "peer change failed");
+            warn!(peer = %node.fmt_short(), error = %e, "peer change failed");
         }
         let _ = reply.send(result);
-    }
-
-    /// Writes the peer change, rebuilds the core from the store and restarts
-    /// every connection. Called only when nothing is being committed.
-    async fn change_peers(&mut self, change: PeerChange) -> Result<(), NodeError> {
-        let op = match &change {
-            PeerChange::Add { node, addrs } => {
-                let reader = self.store.reader();
-                let peers = blocking(move || reader.peers()).await?;
-                // Keep the epoch the core recorded for a known peer.
-                let epoch = peers.iter().find(|p| p.node == *node).and_then(|p| p.epoch);
-                WriteOp::PutPeer(PeerRecord {
-                    node: *node,
-                    addrs: addrs.clone(),
-                    epoch,
-                })
-            }
-            PeerChange::Remove { node } => WriteOp::RemovePeer(*node),
-        };
-        self.store.commit(vec![op]).await?;
-        let reader = self.store.reader();
-        let recovered = blocking(move || Recovered::read(&*reader)).await?;
-        self.core = Core::new(self.config.clone(), self.secret.clone(), recovered);
-        self.generation += 1;
-        self.timer = None;
-        self.backlogs.clear();
-        self.writable.abort_all();
-        // Nothing was waiting for a commit, so every send has been answered.
-        for (_, reply) in self.replies.drain() {
-            let _ = reply.send(Err(core::SendError::Internal(
-                "the bus restarted its core".into(),
-            )));
-        }
-        match change {
-            PeerChange::Add { node, addrs } => {
-                info!(peer = %node.fmt_short(), ?addrs, "peer added");
-                self.net.add_peer(node, addrs).await?;
-            }
-            PeerChange::Remove { node } => {
-                info!(peer = %node.fmt_short(), "peer removed");
-                self.net.remove_peer(node).await?;
-            }
-        }
-        // The new core knows no connection: restart each so both sides send
-        // a fresh Hello.
-        for p in self.net.peers() {
-            if let Some(conn) = p.conn {
-                let _ = self
-                    .net
-                    .close(p.node, conn, close_code::SHUTDOWN, "peer set changed")
-                    .await;
-            }
-        }
-        Ok(())
     }
 }

@@ -171,3 +171,88 @@ async fn a_send_to_an_unknown_peer_is_refused_and_a_stopped_node_says_so() {
         Err(SendError::Stopped)
     );
 }
+
+/// The live connection `node` holds to `peer`, once there is one.
+async fn conn_to(node: &Node, peer: mesh_protocol::NodeId) -> mesh_bus::net::ConnId {
+    let deadline = Instant::now() + T;
+    let mut head = node.journal_head();
+    loop {
+        let status = node.status().await.expect("status");
+        if let Some(c) = status
+            .peers
+            .iter()
+            .find(|p| p.node == peer)
+            .and_then(|p| p.conn)
+        {
+            return c;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no connection to the peer in time"
+        );
+        // Poll again after the next journal change or a short bound.
+        let _ = timeout(Duration::from_millis(50), head.changed()).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adding_and_removing_a_peer_leaves_a_live_stream_to_another_flowing() {
+    let a = fresh().await;
+    let b = fresh().await;
+    let c = fresh().await;
+    link(&a, &b).await;
+    let to_b = b.node.node_id();
+    a.node.send(to_b, 0, b"first".to_vec()).await.expect("send");
+    wait_head(&b.node, 1).await;
+    let before = conn_to(&a.node, to_b).await;
+
+    // A stream to B runs while C is added and removed.
+    let sender = a.node.clone();
+    let stream = tokio::spawn(async move {
+        for i in 0..300u32 {
+            sender
+                .send(to_b, 0, i.to_be_bytes().to_vec())
+                .await
+                .expect("send");
+        }
+    });
+    link(&a, &c).await;
+    let to_c = c.node.node_id();
+    a.node
+        .send(to_c, 0, b"to c".to_vec())
+        .await
+        .expect("send to c");
+    wait_head(&c.node, 1).await;
+    a.node.remove_peer(to_c).await.expect("remove c");
+    timeout(T, stream)
+        .await
+        .expect("stream in time")
+        .expect("sends");
+    wait_head(&b.node, 301).await;
+
+    assert_eq!(
+        conn_to(&a.node, to_b).await,
+        before,
+        "the connection to B was never replaced"
+    );
+    let got = received(&b.store, a.node.node_id());
+    assert_eq!(got.len(), 301);
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, (seq, _))| *seq == i as u64 + 1)
+    );
+    let status = a.node.status().await.expect("status");
+    assert!(
+        status.peers.iter().all(|p| p.node != to_c),
+        "C is forgotten"
+    );
+    assert!(matches!(
+        a.node.send(to_c, 0, b"gone".to_vec()).await,
+        Err(SendError::Refused(_))
+    ));
+
+    a.node.shutdown().await;
+    b.node.shutdown().await;
+    c.node.shutdown().await;
+}

@@ -850,7 +850,8 @@ impl Sim {
                     }
                 }
             },
-            Effect::Journaled { .. } => {}
+            // The simulated peer sets are fixed.
+            Effect::Journaled { .. } | Effect::PeerChanged { .. } => {}
             Effect::SetTimer { at } => {
                 self.nodes[node].timer = Some(at);
                 let when = at.0.max(self.now.0);

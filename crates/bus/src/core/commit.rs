@@ -11,6 +11,23 @@ use mesh_store::{PeerRecord, Receipt, StoreError, WriteOp};
 
 use super::{CommitId, Core, Effect, Millis, ReqId, SendError, SendReceipt};
 
+/// A peer added (or its addresses changed) or removed, to be committed.
+#[derive(Clone, Debug)]
+pub(super) enum PeerChange {
+    /// Add or update; the epoch is the core's, taken when the commit is built.
+    Put(PeerRecord),
+    Remove(NodeId),
+}
+
+impl PeerChange {
+    pub(super) fn node(&self) -> NodeId {
+        match self {
+            PeerChange::Put(r) => r.node,
+            PeerChange::Remove(n) => *n,
+        }
+    }
+}
+
 /// A local send waiting for the next commit.
 #[derive(Debug)]
 pub(super) struct WaitingSend {
@@ -92,11 +109,16 @@ pub(super) struct Waiting {
     pub(super) acks: BTreeMap<NodeId, AckWork>,
     /// Sends per recipient not yet committed (waiting or in flight): messages, bytes.
     pub(super) queued: BTreeMap<NodeId, (u64, u64)>,
+    /// Peer changes, in the order asked (at most [`super::WAITING_PEER_CHANGES_MAX`]).
+    pub(super) peers: VecDeque<(ReqId, PeerChange)>,
 }
 
 impl Waiting {
     pub(super) fn is_empty(&self) -> bool {
-        self.sends.is_empty() && self.inbound.is_empty() && self.acks.is_empty()
+        self.sends.is_empty()
+            && self.inbound.is_empty()
+            && self.acks.is_empty()
+            && self.peers.is_empty()
     }
 }
 
@@ -124,6 +146,10 @@ pub(super) enum Group {
         batch: OpenBatch,
         senders: Vec<ReqId>,
         bytes: u64,
+    },
+    Peer {
+        req: ReqId,
+        change: PeerChange,
     },
 }
 
@@ -158,8 +184,14 @@ impl Core {
         }
         let mut groups: Vec<Vec<WriteOp>> = Vec::new();
         let mut meta: Vec<Group> = Vec::new();
+        // The epochs the acks below record, so a peer record written after
+        // them in this commit keeps the newest.
+        let mut epochs: BTreeMap<NodeId, Epoch> = BTreeMap::new();
         // Acks first: the appends after them may evict what they acknowledge.
         for (peer, work) in std::mem::take(&mut self.waiting.acks) {
+            if let Some(epoch) = work.epoch {
+                epochs.insert(peer, epoch);
+            }
             let mut ops = Vec::new();
             if let (Some(epoch), Some(p)) = (work.epoch, self.peers.get(&peer)) {
                 ops.push(WriteOp::PutPeer(PeerRecord {
@@ -210,6 +242,23 @@ impl Core {
             }
         }
         self.waiting.inbound_bytes = 0;
+        // Peer changes after the acks: an ack's record carries the peer's
+        // old addresses, so the change must be written last.
+        for (req, change) in std::mem::take(&mut self.waiting.peers) {
+            let op = match &change {
+                PeerChange::Put(r) => {
+                    let known = self.peers.get(&r.node).and_then(|p| p.record.epoch);
+                    WriteOp::PutPeer(PeerRecord {
+                        node: r.node,
+                        addrs: r.addrs.clone(),
+                        epoch: epochs.get(&r.node).copied().or(known),
+                    })
+                }
+                PeerChange::Remove(node) => WriteOp::RemovePeer(*node),
+            };
+            groups.push(vec![op]);
+            meta.push(Group::Peer { req, change });
+        }
         self.sign_sends(&mut groups, &mut meta);
         if groups.is_empty() {
             return;
@@ -419,6 +468,20 @@ impl Core {
                         failed_streams.insert(stream);
                     }
                 },
+                Group::Peer { req, change } => {
+                    let node = change.node();
+                    if result.is_ok() {
+                        let mut change = change;
+                        // The ack that may have shared this commit set the epoch.
+                        if let PeerChange::Put(r) = &mut change {
+                            r.epoch = self.peers.get(&node).and_then(|p| p.record.epoch);
+                        }
+                        self.apply_peer_change(change);
+                    }
+                    let result = result.map(|_| ());
+                    self.effects
+                        .push_back(Effect::PeerChanged { req, node, result });
+                }
                 Group::Append {
                     to,
                     batch,

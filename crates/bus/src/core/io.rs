@@ -101,6 +101,31 @@ pub enum Input {
     },
     /// The deadline of the last [`Effect::SetTimer`] has passed.
     Timer,
+    /// Add `record.node` as a peer at `record.addrs`, or update the addresses
+    /// of a known peer (the epoch the core recorded for it is kept; the one in
+    /// `record` is ignored). The record is written with the next commit and
+    /// takes effect in the core once that commit returns; the answer is an
+    /// [`Effect::PeerChanged`] with `req`. Other peers and their connections
+    /// are untouched. Tell the transport about the peer only after the answer,
+    /// so no connection of it is reported before the core knows it.
+    PeerAdded {
+        /// Names the request.
+        req: ReqId,
+        /// The peer and where to dial it.
+        record: PeerRecord,
+    },
+    /// Forget `node` as a peer (its streams and marks stay in the store).
+    /// Written with the next commit; once that returns, the core drops the
+    /// peer and its connection state and answers [`Effect::PeerChanged`].
+    /// The driver then closes the peer's connection; its later
+    /// [`Input::PeerDisconnected`] is harmless. Removing an unknown peer is
+    /// not an error.
+    PeerRemoved {
+        /// Names the request.
+        req: ReqId,
+        /// The peer.
+        node: NodeId,
+    },
 }
 
 /// Something the driver must do, drained with [`crate::core::Core::poll_effect`].
@@ -156,6 +181,17 @@ pub enum Effect {
     SetTimer {
         /// The deadline.
         at: Millis,
+    },
+    /// The answer to [`Input::PeerAdded`] or [`Input::PeerRemoved`] `req`:
+    /// the peer record is committed and the core uses it (or the commit
+    /// failed and nothing changed).
+    PeerChanged {
+        /// The request.
+        req: ReqId,
+        /// The peer.
+        node: NodeId,
+        /// `Ok` once committed.
+        result: Result<(), StoreError>,
     },
     /// Close `conn` to `peer`: the peer broke the protocol. The core already
     /// ignores the connection; a later [`Input::PeerDisconnected`] is harmless.

@@ -27,7 +27,7 @@ use mesh_store::{OwnStream, PeerRecord};
 
 pub use config::{
     Config, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX, WAITING_BATCH_BYTES_MAX,
-    WAITING_BATCHES_MAX, WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX,
+    WAITING_BATCHES_MAX, WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX,
 };
 pub use io::{
     CloseReason, CommitId, ConnId, Effect, Input, LoadId, Millis, Recovered, ReqId, SendError,
@@ -35,7 +35,7 @@ pub use io::{
 };
 pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
 
-use commit::{InFlight, Waiting};
+use commit::{InFlight, PeerChange, Waiting};
 use receiver::Inbound;
 
 /// The state machine of one node's bus.
@@ -61,6 +61,9 @@ use receiver::Inbound;
 ///    - [`Effect::Journaled`]: wake local subscribers to read the journal;
 ///    - [`Effect::SetTimer`]: re-arm the one timer; when it fires feed
 ///      [`Input::Timer`];
+///    - [`Effect::PeerChanged`]: the peer change is durable and in effect:
+///      add the peer to (or remove it from) the transport, then answer the
+///      local client;
 ///    - [`Effect::CloseConnection`]: close it (the core already ignores it).
 /// 3. Repeat with the next input. Answers to `Persist` and `LoadOutbox` may
 ///    be fed whenever they are ready, interleaved with other inputs.
@@ -243,6 +246,8 @@ impl Core {
             Input::Committed { commit, results } => self.on_committed(commit, results, now),
             Input::OutboxLoaded { load, result } => self.on_loaded(load, result, now),
             Input::Timer => self.on_timer(now),
+            Input::PeerAdded { req, record } => self.on_peer_change(req, PeerChange::Put(record)),
+            Input::PeerRemoved { req, node } => self.on_peer_change(req, PeerChange::Remove(node)),
         }
         self.flush(now);
         self.arm_timer(now);
@@ -274,6 +279,45 @@ impl Core {
             });
         }
         self.send_frame(peer, conn, hello);
+    }
+
+    /// Queues a peer change for the next commit; it takes effect once committed.
+    fn on_peer_change(&mut self, req: ReqId, change: PeerChange) {
+        let node = change.node();
+        if node == self.me || self.waiting.peers.len() >= WAITING_PEER_CHANGES_MAX {
+            let why = if node == self.me {
+                "a node cannot be its own peer".to_owned()
+            } else {
+                format!("{WAITING_PEER_CHANGES_MAX} peer changes are already waiting; retry later")
+            };
+            let result = Err(mesh_store::StoreError::Conflict(why));
+            self.effects
+                .push_back(Effect::PeerChanged { req, node, result });
+            return;
+        }
+        self.waiting.peers.push_back((req, change));
+    }
+
+    /// Applies a committed peer change.
+    fn apply_peer_change(&mut self, change: PeerChange) {
+        match change {
+            PeerChange::Put(record) => match self.peers.get_mut(&record.node) {
+                Some(p) => p.record.addrs = record.addrs,
+                None => {
+                    let peer = Peer {
+                        epoch_seen: record.epoch,
+                        record,
+                        conn: None,
+                    };
+                    self.peers.insert(peer.record.node, peer);
+                }
+            },
+            PeerChange::Remove(node) => {
+                self.forget_conn(node);
+                self.peers.remove(&node);
+                self.waiting.acks.remove(&node);
+            }
+        }
     }
 
     fn on_disconnected(&mut self, peer: NodeId, conn: ConnId) {

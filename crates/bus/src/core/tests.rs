@@ -1126,3 +1126,119 @@ fn a_hello_claiming_more_than_was_sent_harms_only_that_peer() {
         "an ack is never recorded past what was written"
     );
 }
+
+fn peer_changed(node: &Node, req: ReqId) -> Option<Result<(), mesh_store::StoreError>> {
+    node.other.iter().find_map(|e| match e {
+        Effect::PeerChanged { req: r, result, .. } if *r == req => Some(result.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn adding_a_peer_writes_its_record_and_leaves_other_connections_alone() {
+    let mut p = Pair::new(Config::default());
+    p.connect();
+    p.send_a(b"before");
+    let req = ReqId(900);
+    let record = PeerRecord {
+        node: id(3),
+        addrs: vec!["127.0.0.1:4000".parse().expect("addr")],
+        epoch: None,
+    };
+    let out = p.a.run(Input::PeerAdded { req, record });
+    assert!(
+        out.is_empty(),
+        "adding a peer sends nothing to others: {out:?}"
+    );
+    assert!(matches!(peer_changed(&p.a, req), Some(Ok(()))));
+    let stored = p.a.store.peers().expect("peers");
+    let three = stored
+        .iter()
+        .find(|r| r.node == id(3))
+        .expect("record written");
+    assert_eq!(three.addrs.len(), 1);
+    // The connection to node 2 was not touched: a send still flows and is acked.
+    p.send_a(b"after");
+    let s = stream(1, 1, 2);
+    assert_eq!(p.b.received(&s).len(), 2);
+    assert_eq!(p.a.core.own_stream(&id(2)).map(|o| o.last_acked), Some(2));
+    // Node 3 is now a known peer: its connection gets a Hello, not a refusal.
+    let out = p.a.run(Input::PeerConnected {
+        peer: id(3),
+        conn: ConnId(77),
+    });
+    assert!(matches!(
+        out.as_slice(),
+        [(_, ConnId(77), Frame::Hello { .. })]
+    ));
+    // And it survives a restart.
+    p.a.restart();
+    assert!(p.a.core.own_stream(&id(2)).is_some());
+    let req = p.a.send(id(3), b"to three");
+    assert!(matches!(p.a.reply(req), Some(Ok(_))));
+}
+
+#[test]
+fn adding_a_known_peer_keeps_the_epoch_the_core_recorded() {
+    let mut p = Pair::new(Config::default());
+    p.connect();
+    let before = p.a.store.peers().expect("peers");
+    let epoch = before
+        .iter()
+        .find(|r| r.node == id(2))
+        .and_then(|r| r.epoch);
+    assert_eq!(
+        epoch,
+        Some(p.b.core.epoch()),
+        "the hello recorded the epoch"
+    );
+    let req = ReqId(901);
+    let record = PeerRecord {
+        node: id(2),
+        addrs: vec!["127.0.0.1:4001".parse().expect("addr")],
+        epoch: None,
+    };
+    p.a.run(Input::PeerAdded { req, record });
+    assert!(matches!(peer_changed(&p.a, req), Some(Ok(()))));
+    let after = p.a.store.peers().expect("peers");
+    let two = after.iter().find(|r| r.node == id(2)).expect("still known");
+    assert_eq!(two.epoch, epoch);
+    assert_eq!(two.addrs.len(), 1);
+}
+
+#[test]
+fn removing_a_peer_forgets_it_durably_and_drops_its_connection_state() {
+    let mut p = Pair::new(Config::default());
+    p.connect();
+    p.send_a(b"one");
+    let req = ReqId(902);
+    p.a.run(Input::PeerRemoved { req, node: id(2) });
+    assert!(matches!(peer_changed(&p.a, req), Some(Ok(()))));
+    assert!(
+        p.a.store
+            .peers()
+            .expect("peers")
+            .iter()
+            .all(|r| r.node != id(2))
+    );
+    // Frames on its old connection change nothing; a send to it is refused.
+    let conn = p.conn.expect("connected");
+    let stale = p.a.core.metrics().dropped;
+    p.a.run(Input::Frame {
+        peer: id(2),
+        conn,
+        frame: Frame::Ack {
+            stream: stream(1, 1, 2),
+            upto: 1,
+        },
+    });
+    assert_ne!(p.a.core.metrics().dropped, stale);
+    let req = p.a.send(id(2), b"two");
+    assert!(matches!(
+        p.a.reply(req),
+        Some(Err(SendError::UnknownPeer(_)))
+    ));
+    // Its stream stays in the store.
+    p.a.restart();
+    assert_eq!(p.a.core.own_stream(&id(2)).map(|o| o.next_seq), Some(2));
+}
