@@ -62,6 +62,9 @@ pub struct ChaosConfig {
     pub workload: WorkloadConfig,
     /// Namespaces or loopback.
     pub isolation: Isolation,
+    /// Each daemon's `config.toml`, if any (e.g. a small outbox, so that
+    /// acknowledged envelopes are evicted and gaps happen).
+    pub daemon_config: Option<String>,
     /// Where the run's files go.
     pub out_dir: PathBuf,
 }
@@ -85,6 +88,7 @@ impl ChaosConfig {
             converge_timeout: Duration::from_secs(60),
             workload: WorkloadConfig::default(),
             isolation: Isolation::Auto,
+            daemon_config: outbox_config_from_env(),
         };
         if let Ok(out) = std::env::var("CHAOS_OUT") {
             cfg.out_dir = PathBuf::from(out);
@@ -115,6 +119,25 @@ impl ChaosConfig {
         cfg.workload.sends_max = 200_000;
         cfg
     }
+}
+
+/// `[outbox]` settings from `CHAOS_OUTBOX_MSGS` and `CHAOS_ON_FULL`, if set.
+fn outbox_config_from_env() -> Option<String> {
+    let msgs = env_u64("CHAOS_OUTBOX_MSGS");
+    let on_full = std::env::var("CHAOS_ON_FULL")
+        .ok()
+        .filter(|v| !v.trim().is_empty());
+    if msgs.is_none() && on_full.is_none() {
+        return None;
+    }
+    let mut toml = String::from("[outbox]\n");
+    if let Some(m) = msgs {
+        toml.push_str(&format!("max_msgs = {m}\n"));
+    }
+    if let Some(p) = on_full {
+        toml.push_str(&format!("on_full = {:?}\n", p.trim()));
+    }
+    Some(toml)
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -255,11 +278,19 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     let mut cluster_cfg = ClusterConfig::new(&cfg.bin, cfg.nodes);
     cluster_cfg.isolation = cfg.isolation;
     cluster_cfg.log_dir = Some(cfg.out_dir.clone());
+    cluster_cfg.daemon_config = cfg.daemon_config.clone();
+    if let Some(toml) = &cfg.daemon_config {
+        eprintln!("chaos: daemons' config.toml:\n{toml}");
+    }
     let mut cluster = Cluster::start(cluster_cfg).await?;
     let network = cluster.netns().is_some();
     if !network {
         eprintln!("chaos: partitions and packet loss are skipped (no network namespaces)");
     }
+    std::fs::write(
+        cfg.out_dir.join("nodes.json"),
+        serde_json::to_vec_pretty(&cluster.node_ids())?,
+    )?;
     let steps = plan(cfg.seed, cfg.nodes, cfg.faults, network);
     std::fs::write(
         cfg.out_dir.join("plan.json"),
@@ -398,6 +429,33 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     std::fs::write(cfg.out_dir.join("summary.txt"), format!("{report}\n"))?;
     eprintln!("{report}");
     Ok(report)
+}
+
+/// Checks a finished run's folder again (`history.jsonl`, `nodes.json` and
+/// `journal-node-I.jsonl`), e.g. after the checker learned something new.
+///
+/// # Errors
+/// If a file is missing or malformed.
+pub fn recheck(dir: &Path) -> anyhow::Result<Summary> {
+    let ops = crate::history::load(&dir.join("history.jsonl"))?;
+    let ids: Vec<String> = serde_json::from_slice(
+        &std::fs::read(dir.join("nodes.json")).context("cannot read nodes.json")?,
+    )?;
+    let mut journals = BTreeMap::new();
+    for (i, id) in ids.iter().enumerate() {
+        let path = dir.join(format!("journal-node-{i}.jsonl"));
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        let mut entries = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            entries.push(
+                serde_json::from_str(line)
+                    .with_context(|| format!("{}: not a journal entry", path.display()))?,
+            );
+        }
+        journals.insert(id.clone(), entries);
+    }
+    Ok(check(&ops, &journals))
 }
 
 /// The highest seq below which a stream is covered without a hole, by

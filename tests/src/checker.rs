@@ -12,11 +12,17 @@
 //! - **reordered**: per stream, delivered after a higher seq of that stream;
 //! - **gap records** (and the seqs they cover) — allowed, and counted.
 //!
-//! And three more that a correct mesh also keeps at zero:
+//! And four more that a correct mesh also keeps at zero:
 //! - **holes**: a seq below a delivered one that is neither delivered nor
 //!   covered by a gap record (a silent skip, whatever the history says);
 //! - **misplaced**: delivered at another (stream, seq) than the `ok` said;
-//! - **phantom**: the send was answered `fail` yet the message arrived.
+//! - **phantom**: the send was answered `fail` yet the message arrived;
+//! - **unexplained gap seqs**: seqs inside a receiver's gap record that the
+//!   author's journal does not record as evicted (`loss`, `outbox_evicted`).
+//!   An author evicts unacknowledged envelopes only with such a record, and
+//!   acknowledged ones only after the receiver committed them, so a gap
+//!   over anything else means something was acknowledged before it was
+//!   durable. (This holds while no node loses its store, as in these runs.)
 //!
 //! A run passes only if all of these except gaps are zero. `unknown` sends
 //! may or may not arrive; they are counted for information.
@@ -60,6 +66,8 @@ pub struct Counts {
     pub misplaced: u64,
     /// Answered `fail`, delivered all the same.
     pub phantom: u64,
+    /// Seqs in gap records that the author never recorded as evicted.
+    pub gap_unexplained: u64,
     /// `unknown` sends that were delivered.
     pub unknown_delivered: u64,
     /// `unknown` sends that were not.
@@ -76,6 +84,7 @@ impl Counts {
             && self.holes == 0
             && self.misplaced == 0
             && self.phantom == 0
+            && self.gap_unexplained == 0
     }
 
     fn add(&mut self, o: &Counts) {
@@ -91,6 +100,7 @@ impl Counts {
         self.holes += o.holes;
         self.misplaced += o.misplaced;
         self.phantom += o.phantom;
+        self.gap_unexplained += o.gap_unexplained;
         self.unknown_delivered += o.unknown_delivered;
         self.unknown_missing += o.unknown_missing;
     }
@@ -100,8 +110,9 @@ impl fmt::Display for Counts {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "lost={} unexpected={} duplicated={} reordered={} gaps={} (seqs {}, acked covered {}) \
-             holes={} misplaced={} phantom={} | acked={} delivered={} unknown delivered={} missing={}",
+            "lost={} unexpected={} duplicated={} reordered={} gaps={} (seqs {}, acked covered {}, \
+             unexplained {}) holes={} misplaced={} phantom={} | acked={} delivered={} \
+             unknown delivered={} missing={}",
             self.lost,
             self.unexpected,
             self.duplicated,
@@ -109,6 +120,7 @@ impl fmt::Display for Counts {
             self.gap_records,
             self.gap_seqs,
             self.gap_covered,
+            self.gap_unexplained,
             self.holes,
             self.misplaced,
             self.phantom,
@@ -226,10 +238,28 @@ pub fn check(ops: &[Op], journals: &BTreeMap<String, Vec<EventEntry>>) -> Summar
             receivers.push(&s.to_id);
         }
     }
+    // What each author recorded as evicted from its outboxes.
+    let mut evicted: Evicted = HashMap::new();
+    for (author, journal) in journals {
+        for e in journal {
+            if let EventRecord::Loss {
+                stream,
+                from,
+                to,
+                reason,
+                ..
+            } = &e.record
+                && reason == "outbox_evicted"
+                && &stream.author == author
+            {
+                evicted.entry(key(stream)).or_default().push((*from, *to));
+            }
+        }
+    }
     let empty = Vec::new();
     for r in receivers {
         let journal = journals.get(r).unwrap_or(&empty);
-        let counts = check_receiver(r, journal, &sends, &mut example);
+        let counts = check_receiver(r, journal, &sends, &evicted, &mut example);
         summary.total.add(&counts);
         summary.per_receiver.insert(r.clone(), counts);
     }
@@ -237,10 +267,14 @@ pub fn check(ops: &[Op], journals: &BTreeMap<String, Vec<EventEntry>>) -> Summar
     summary
 }
 
+/// Per stream, the seq ranges its author recorded as evicted.
+type Evicted = HashMap<StreamKey, Vec<(Seq, Seq)>>;
+
 fn check_receiver(
     r: &str,
     journal: &[EventEntry],
     sends: &HashMap<(u32, u64), Sent>,
+    evicted: &Evicted,
     example: &mut impl FnMut(&'static str, String),
 ) -> Counts {
     let mut n = Counts::default();
@@ -255,7 +289,22 @@ fn check_receiver(
             EventRecord::Gap { stream, from, to } if stream.author != r => {
                 n.gap_records += 1;
                 n.gap_seqs += to.saturating_sub(*from) + 1;
-                gaps.entry(key(stream)).or_default().push((*from, *to));
+                let sk = key(stream);
+                let recorded = evicted.get(&sk).map_or(&[][..], Vec::as_slice);
+                let unexplained = (*from..=*to)
+                    .filter(|seq| !recorded.iter().any(|&(lo, hi)| lo <= *seq && *seq <= hi))
+                    .count() as u64;
+                if unexplained > 0 {
+                    n.gap_unexplained += unexplained;
+                    example(
+                        "unexplained gap",
+                        format!(
+                            "arrival {} gap {}#{from}..={to} from {}: {unexplained} seqs were never recorded as evicted",
+                            e.arrival, stream.channel, stream.author
+                        ),
+                    );
+                }
+                gaps.entry(sk).or_default().push((*from, *to));
             }
             EventRecord::Envelope {
                 stream, seq, body, ..
@@ -492,6 +541,26 @@ mod tests {
         check(&h.ops, &journals)
     }
 
+    /// With A's journal too (where A's evictions are recorded).
+    fn run_with_author(h: &H, a: &J, b: &J) -> Summary {
+        let journals = BTreeMap::from([
+            (A.to_owned(), a.entries.clone()),
+            (B.to_owned(), b.entries.clone()),
+        ]);
+        check(&h.ops, &journals)
+    }
+
+    /// A's record that it evicted `from..=to` of its stream to `to`.
+    fn evicted<'a>(j: &'a mut J, to: &str, from: Seq, upto: Seq) -> &'a mut J {
+        j.push(EventRecord::Loss {
+            stream: stream(A, to),
+            from,
+            to: upto,
+            reason: "outbox_evicted".into(),
+            detail: String::new(),
+        })
+    }
+
     fn three_acked() -> H {
         let mut h = H::default();
         h.ok(1, B, 1).ok(2, B, 2).ok(3, B, 3);
@@ -524,12 +593,26 @@ mod tests {
     #[test]
     fn a_loss_covered_by_a_gap_record_is_not_counted_as_lost() {
         let h = three_acked();
-        let s = run(&h, J::default().gap(B, 1, 2).env(B, 3, 3));
+        let mut a = J::default();
+        evicted(&mut a, B, 1, 1);
+        evicted(&mut a, B, 2, 2);
+        let s = run_with_author(&h, &a, J::default().gap(B, 1, 2).env(B, 3, 3));
         assert_eq!(s.total.lost, 0);
         assert_eq!(s.total.gap_covered, 2);
         assert_eq!((s.total.gap_records, s.total.gap_seqs), (1, 2));
-        assert_eq!(s.total.holes, 0);
+        assert_eq!((s.total.holes, s.total.gap_unexplained), (0, 0));
         assert!(s.passed(), "{s:?}");
+    }
+
+    #[test]
+    fn a_gap_over_seqs_the_author_never_evicted_is_unexplained() {
+        let h = three_acked();
+        let mut a = J::default();
+        evicted(&mut a, B, 1, 1);
+        let s = run_with_author(&h, &a, J::default().gap(B, 1, 2).env(B, 3, 3));
+        assert_eq!(s.total.lost, 0, "the reader was told");
+        assert_eq!(s.total.gap_unexplained, 1, "but seq 2 was never evicted");
+        assert!(!s.passed());
     }
 
     #[test]
@@ -545,6 +628,7 @@ mod tests {
         .env(B, 2, 2);
         let s = run(&h, &j);
         assert_eq!(s.total.lost, 1);
+        assert_eq!(s.total.gap_unexplained, 5);
     }
 
     #[test]

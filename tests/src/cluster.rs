@@ -59,6 +59,8 @@ pub struct ClusterConfig {
     pub log_dir: Option<PathBuf>,
     /// `RUST_LOG` for the daemons.
     pub rust_log: String,
+    /// Written to each node's `config.toml` before its first start, if any.
+    pub daemon_config: Option<String>,
 }
 
 impl ClusterConfig {
@@ -70,6 +72,7 @@ impl ClusterConfig {
             isolation: Isolation::Auto,
             log_dir: None,
             rust_log: std::env::var("CHAOS_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            daemon_config: None,
         }
     }
 }
@@ -166,6 +169,13 @@ impl Cluster {
             pdeathsig,
         };
         for i in 0..cluster.len() {
+            if let Some(toml) = &cluster.cfg.daemon_config {
+                let data = &cluster.nodes[i].data;
+                std::fs::create_dir_all(data)
+                    .with_context(|| format!("cannot create {}", data.display()))?;
+                std::fs::write(data.join("config.toml"), toml)
+                    .with_context(|| format!("cannot write node {i}'s config.toml"))?;
+            }
             cluster.spawn(i)?;
         }
         for i in 0..cluster.len() {

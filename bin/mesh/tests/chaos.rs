@@ -46,3 +46,21 @@ fn a_long_chaos_run_loses_nothing() {
     };
     judge(&report);
 }
+
+/// Checks a finished run's folder again: `CHAOS_RECHECK=DIR`.
+#[test]
+#[ignore = "needs CHAOS_RECHECK=DIR, a finished run's folder"]
+fn recheck_a_finished_run() {
+    let Some(dir) = std::env::var_os("CHAOS_RECHECK") else {
+        panic!("set CHAOS_RECHECK to a run's folder");
+    };
+    let summary = match mesh_tests::chaos::recheck(std::path::Path::new(&dir)) {
+        Ok(s) => s,
+        Err(e) => panic!("cannot recheck: {e:#}"),
+    };
+    eprintln!("total: {}", summary.total);
+    for e in &summary.examples {
+        eprintln!("  {e}");
+    }
+    assert!(summary.passed());
+}
