@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 use iroh::endpoint::{ConnectionError, PortmapperConfig, presets};
 use iroh::{Endpoint, EndpointAddr, RelayMode};
 use mesh_bus::net::{
-    ALPN, ConnId, DisconnectReason, Net, NetConfig, NetError, NetEvent, PREAMBLE, SendError,
-    close_code, load_or_create_node_key,
+    ALPN, ConnId, DisconnectReason, INSTANCE_BYTES, Net, NetConfig, NetError, NetEvent, PREAMBLE,
+    SendError, close_code, load_or_create_node_key,
 };
 use mesh_protocol::{
     Channel, EntryHeader, Epoch, Frame, FrameError, NodeId, Payloads, SecretKey, SignedBatch,
@@ -357,12 +357,15 @@ async fn a_peer_that_sends_a_bad_frame_is_closed_and_counted() {
             .expect("connect");
         let (mut send, mut recv) = conn.open_bi().await.expect("open stream");
         send.write_all(&PREAMBLE).await.expect("preamble");
-        let mut answer = [0u8; PREAMBLE.len()];
+        send.write_all(&[0; INSTANCE_BYTES])
+            .await
+            .expect("instance");
+        let mut answer = [0u8; PREAMBLE.len() + INSTANCE_BYTES];
         timeout(T, recv.read_exact(&mut answer))
             .await
             .expect("in time")
             .expect("answer");
-        assert_eq!(answer, PREAMBLE);
+        assert_eq!(answer[..PREAMBLE.len()], PREAMBLE);
         let c = a.connected(raw.id()).await;
 
         send.write_all(bytes).await.expect("write the bad frame");
@@ -588,4 +591,68 @@ async fn a_connection_closed_by_the_bus_is_redialed_with_a_new_conn_id() {
     );
     a.net.shutdown().await;
     b.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_higher_id_peer_that_restarts_is_reconnected_before_the_idle_timeout() {
+    // The lower id holds a connection it dialed; idle timeout far above the bound.
+    let (low_key, high_key) = loop {
+        let (x, y) = (SecretKey::generate(), SecretKey::generate());
+        if x.public().as_bytes() < y.public().as_bytes() {
+            break (x, y);
+        }
+    };
+    let config = NetConfig {
+        idle_timeout: Duration::from_secs(60),
+        ..NetConfig::with_bind_addr(loopback())
+    };
+    let (low_net, low_events) = Net::bind(config, low_key).await.expect("bind low");
+    let mut low = Node {
+        net: low_net,
+        events: low_events,
+    };
+    // High runs on its own runtime, so it can die without closing anything.
+    let crash_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let key = high_key.clone();
+    let bound = crash_rt.spawn(async move { Node::bind(key).await });
+    let high = timeout(T, bound)
+        .await
+        .expect("bound in time")
+        .expect("bind high");
+    let high_id = high.id();
+    link_one_way(&low, &high).await;
+    let first = low.connected(high_id).await;
+    assert!(
+        low.net.peers()[0].dialed_here,
+        "low dialed the live connection"
+    );
+
+    // Kill -9: the runtime stops, no close frame is sent.
+    crash_rt.shutdown_background();
+    drop(high);
+
+    // High restarts with the same key and dials low, which still holds the
+    // dead connection (its idle timeout is 60 s).
+    let restarted = Instant::now();
+    let mut high = Node::bind(high_key).await;
+    high.net
+        .add_peer(low.id(), low.net.local_addrs())
+        .await
+        .expect("high knows low");
+    let second = timeout(Duration::from_secs(8), low.connected(high_id))
+        .await
+        .expect("low takes the restarted peer's connection well before the idle timeout");
+    assert_ne!(second, first);
+    let ch = high.connected(low.id()).await;
+    println!("reconnected {:?} after the restart", restarted.elapsed());
+    low.net
+        .try_send(high_id, second, &ack(5))
+        .expect("send on the new connection");
+    assert_eq!(high.frame().await, (low.id(), ch, ack(5)));
+    low.net.shutdown().await;
+    high.net.shutdown().await;
 }

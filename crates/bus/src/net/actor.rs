@@ -98,12 +98,13 @@ async fn accept_one(incoming: iroh::endpoint::Incoming) -> Option<Established> {
     };
     let peer = connection.remote_id();
     match timeout(HANDSHAKE_TIMEOUT, conn::accept_frame_stream(&connection)).await {
-        Ok(Ok((send, recv))) => Some(Established {
+        Ok(Ok((send, recv, peer_instance))) => Some(Established {
             peer,
             connection,
             send,
             recv,
             dialed_here: false,
+            peer_instance,
         }),
         Ok(Err(e)) => {
             debug!(peer = %peer.fmt_short(), error = %e, "incoming frame stream failed");
@@ -123,20 +124,30 @@ async fn accept_one(incoming: iroh::endpoint::Incoming) -> Option<Established> {
 }
 
 /// Dials `addr` and opens the frame stream.
-async fn dial(endpoint: Endpoint, addr: EndpointAddr) -> Result<Established, String> {
+async fn dial(
+    endpoint: Endpoint,
+    addr: EndpointAddr,
+    instance: u64,
+) -> Result<Established, String> {
     let peer = addr.id;
     let connection = match timeout(DIAL_TIMEOUT, endpoint.connect(addr, ALPN)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return Err(e.to_string()),
         Err(_) => return Err(format!("no answer within {DIAL_TIMEOUT:?}")),
     };
-    match timeout(HANDSHAKE_TIMEOUT, conn::open_frame_stream(&connection)).await {
-        Ok(Ok((send, recv))) => Ok(Established {
+    match timeout(
+        HANDSHAKE_TIMEOUT,
+        conn::open_frame_stream(&connection, instance),
+    )
+    .await
+    {
+        Ok(Ok((send, recv, peer_instance))) => Ok(Established {
             peer,
             connection,
             send,
             recv,
             dialed_here: true,
+            peer_instance,
         }),
         Ok(Err(e)) => Err(e),
         Err(_) => {
@@ -202,6 +213,8 @@ impl PeerState {
 struct Live {
     conn: ConnId,
     dialed_here: bool,
+    /// The peer's instance on this connection.
+    peer_instance: u64,
     connection: iroh::endpoint::Connection,
     since: Instant,
     /// Set once this node has closed it; it stays `live` until its task ends.
@@ -394,12 +407,13 @@ impl Driver {
             return;
         };
         let rival = match (&ps.pending, &ps.live) {
-            (Some(p), _) => Some(p.dialed_here),
-            (None, Some(l)) if !l.closing => Some(l.dialed_here),
+            (Some(p), _) => Some((p.dialed_here, p.peer_instance)),
+            (None, Some(l)) if !l.closing => Some((l.dialed_here, l.peer_instance)),
             _ => None,
         };
-        if let Some(rival_here) = rival
-            && !new_wins(me, peer, est.dialed_here, rival_here)
+        let new = (est.dialed_here, est.peer_instance);
+        if let Some(rival) = rival
+            && !new_wins(me, peer, new, rival)
         {
             debug!(peer = %peer.fmt_short(), dialed_here = est.dialed_here, "duplicate connection refused");
             conn::close(
@@ -445,6 +459,7 @@ impl Driver {
         ps.live = Some(Live {
             conn,
             dialed_here: est.dialed_here,
+            peer_instance: est.peer_instance,
             connection: est.connection.clone(),
             since: Instant::now(),
             closing: false,
@@ -607,9 +622,10 @@ impl Driver {
             addr = addr.with_ip_addr(*a);
         }
         let endpoint = self.endpoint.clone();
+        let instance = self.shared.instance;
         let abort = self
             .dials
-            .spawn(async move { (peer, attempt, dial(endpoint, addr).await) });
+            .spawn(async move { (peer, attempt, dial(endpoint, addr, instance).await) });
         ps.dial = Some(Task { attempt, abort });
         debug!(peer = %peer.fmt_short(), attempt, "dialing");
     }
@@ -649,9 +665,16 @@ impl Driver {
     }
 }
 
-/// Whether a new connection beats its rival: from the same dialer the newer
-/// wins; from different dialers the one dialed by the lower node id wins.
-fn new_wins(me: NodeId, peer: NodeId, new_dialed_here: bool, rival_dialed_here: bool) -> bool {
+/// Whether a new connection beats its rival, each given as (dialed here,
+/// the peer's instance): one to a newer instance of the peer wins (the peer
+/// restarted, so the rival leads to a dead process) and one to an older
+/// instance loses; with the same instance, from the same dialer the newer
+/// wins and from different dialers the one dialed by the lower node id wins.
+fn new_wins(me: NodeId, peer: NodeId, new: (bool, u64), rival: (bool, u64)) -> bool {
+    let ((new_dialed_here, new_instance), (rival_dialed_here, rival_instance)) = (new, rival);
+    if new_instance != rival_instance {
+        return new_instance > rival_instance;
+    }
     if new_dialed_here == rival_dialed_here {
         return true;
     }
@@ -687,19 +710,30 @@ mod tests {
     fn both_sides_keep_the_connection_dialed_by_the_lower_id() {
         let (low, high) = ids();
         // Low's view: new = dialed by low (here), rival = dialed by high.
-        assert!(new_wins(low, high, true, false));
-        assert!(!new_wins(low, high, false, true));
+        assert!(new_wins(low, high, (true, 1), (false, 1)));
+        assert!(!new_wins(low, high, (false, 1), (true, 1)));
         // High's view of the same two connections.
-        assert!(new_wins(high, low, false, true));
-        assert!(!new_wins(high, low, true, false));
+        assert!(new_wins(high, low, (false, 1), (true, 1)));
+        assert!(!new_wins(high, low, (true, 1), (false, 1)));
     }
 
     #[test]
     fn a_newer_connection_from_the_same_dialer_replaces_the_older() {
         let (low, high) = ids();
-        assert!(new_wins(low, high, false, false));
-        assert!(new_wins(high, low, false, false));
-        assert!(new_wins(low, high, true, true));
+        assert!(new_wins(low, high, (false, 1), (false, 1)));
+        assert!(new_wins(high, low, (false, 1), (false, 1)));
+        assert!(new_wins(low, high, (true, 1), (true, 1)));
+    }
+
+    #[test]
+    fn a_connection_to_a_restarted_peer_beats_one_to_its_old_process() {
+        let (low, high) = ids();
+        // High restarted and dials low, which holds its own dial to old high:
+        // the rule by dialer alone would keep the dead one.
+        assert!(new_wins(low, high, (false, 2), (true, 1)));
+        // A late connection from the old process never replaces the new one.
+        assert!(!new_wins(low, high, (false, 1), (true, 2)));
+        assert!(!new_wins(low, high, (true, 1), (false, 2)));
     }
 
     #[test]

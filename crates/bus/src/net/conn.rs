@@ -13,8 +13,8 @@ use tracing::warn;
 
 use super::outbox::Outbox;
 use super::{
-    ConnId, Counters, DisconnectReason, NetEvent, PREAMBLE, READ_BUFFER_BYTES, RecvLease, Shared,
-    close_code,
+    ConnId, Counters, DisconnectReason, INSTANCE_BYTES, NetEvent, PREAMBLE, READ_BUFFER_BYTES,
+    RecvLease, Shared, close_code,
 };
 
 /// A connection whose frame stream is open and whose preamble was read.
@@ -26,6 +26,16 @@ pub(super) struct Established {
     pub(super) recv: RecvStream,
     /// Whether this node dialed it (and so has read the acceptor's preamble).
     pub(super) dialed_here: bool,
+    /// The peer's instance, from its preamble.
+    pub(super) peer_instance: u64,
+}
+
+/// Our preamble: [`PREAMBLE`] then `instance`, big-endian.
+pub(super) fn preamble(instance: u64) -> [u8; PREAMBLE.len() + INSTANCE_BYTES] {
+    let mut out = [0u8; PREAMBLE.len() + INSTANCE_BYTES];
+    out[..PREAMBLE.len()].copy_from_slice(&PREAMBLE);
+    out[PREAMBLE.len()..].copy_from_slice(&instance.to_be_bytes());
+    out
 }
 
 /// Closes `connection` with `code` and `reason`.
@@ -33,46 +43,52 @@ pub(super) fn close(connection: &Connection, code: u32, reason: &str) {
     connection.close(VarInt::from_u32(code), reason.as_bytes());
 }
 
-/// Reads the peer's [`PREAMBLE`] from `recv`.
-pub(super) async fn read_preamble(recv: &mut RecvStream) -> Result<(), String> {
-    let mut got = [0u8; PREAMBLE.len()];
+/// Reads the peer's preamble from `recv` and returns its instance.
+pub(super) async fn read_preamble(recv: &mut RecvStream) -> Result<u64, String> {
+    let mut got = [0u8; PREAMBLE.len() + INSTANCE_BYTES];
     recv.read_exact(&mut got).await.map_err(|e| match e {
         ReadExactError::FinishedEarly(n) => format!("stream ended after {n} preamble bytes"),
         ReadExactError::ReadError(e) => read_error(e).to_string(),
     })?;
-    if got != PREAMBLE {
-        return Err(format!("bad preamble {got:02x?}"));
+    let (magic, instance) = got.split_at(PREAMBLE.len());
+    if magic != PREAMBLE {
+        return Err(format!("bad preamble {magic:02x?}"));
     }
-    Ok(())
+    let mut be = [0u8; INSTANCE_BYTES];
+    be.copy_from_slice(instance);
+    Ok(u64::from_be_bytes(be))
 }
 
 /// Dialer side of the handshake: opens the frame stream, writes the preamble
 /// (which makes the stream visible to the peer) and waits for the peer's.
+/// Returns the streams and the acceptor's instance.
 pub(super) async fn open_frame_stream(
     connection: &Connection,
-) -> Result<(SendStream, RecvStream), String> {
+    instance: u64,
+) -> Result<(SendStream, RecvStream, u64), String> {
     let (mut send, mut recv) = connection
         .open_bi()
         .await
         .map_err(|e| conn_error(e).to_string())?;
-    send.write_all(&PREAMBLE)
+    send.write_all(&preamble(instance))
         .await
         .map_err(|e| write_error(e).to_string())?;
-    read_preamble(&mut recv).await?;
-    Ok((send, recv))
+    let theirs = read_preamble(&mut recv).await?;
+    Ok((send, recv, theirs))
 }
 
 /// Acceptor side of the handshake: accepts the frame stream and reads the
 /// dialer's preamble. Our preamble is written once the connection is live.
+/// Returns the streams and the dialer's instance.
 pub(super) async fn accept_frame_stream(
     connection: &Connection,
-) -> Result<(SendStream, RecvStream), String> {
+) -> Result<(SendStream, RecvStream, u64), String> {
     let (send, mut recv) = connection
         .accept_bi()
         .await
         .map_err(|e| conn_error(e).to_string())?;
-    read_preamble(&mut recv).await?;
-    Ok((send, recv))
+    let theirs = read_preamble(&mut recv).await?;
+    Ok((send, recv, theirs))
 }
 
 /// Runs a live connection until it ends and returns why. Frames go to
@@ -90,6 +106,7 @@ pub(super) async fn run(
         mut send,
         mut recv,
         dialed_here,
+        peer_instance: _,
     } = est;
     let reason = tokio::select! {
         r = read_loop(peer, conn, &connection, &mut recv, &events, &shared) => r,
@@ -207,15 +224,16 @@ async fn read_loop(
 async fn write_loop(
     send: &mut SendStream,
     outbox: &Outbox,
-    preamble: bool,
+    with_preamble: bool,
     shared: &Shared,
 ) -> DisconnectReason {
     let counters = &shared.counters;
-    if preamble {
-        if let Err(e) = send.write_all(&PREAMBLE).await {
+    if with_preamble {
+        let ours = preamble(shared.instance);
+        if let Err(e) = send.write_all(&ours).await {
             return write_error(e);
         }
-        Counters::add(&counters.bytes_out, PREAMBLE.len() as u64);
+        Counters::add(&counters.bytes_out, ours.len() as u64);
     }
     let mut out = Vec::new();
     loop {

@@ -29,6 +29,15 @@
 //! - of two dialed by the same side, the newer wins: that side only dials when
 //!   it has no connection, so it has given the older one up (a restart).
 //!
+//! Before either rule, a connection to a newer *instance* of the peer wins
+//! over one to an older instance, and loses against a newer one. Each side
+//! names its instance in its preamble (the time its transport was bound), so
+//! a peer that crashed and came back is told apart from one that dialed at
+//! the same moment as we did: without it, a restarted higher-id peer's dials
+//! would be refused in favour of our dead connection to its old process
+//! until that one timed out. A peer whose clock went backwards across a
+//! restart looks older and waits for the idle timeout as before.
+//!
 //! The loser is closed with [`close_code::DUPLICATE`]. A dial loses the race
 //! only when the other direction already won, so it is not retried until that
 //! connection ends.
@@ -36,8 +45,9 @@
 //! # The frame stream
 //!
 //! Each connection carries one long-lived bi stream. The dialer opens it and
-//! writes [`PREAMBLE`] at once (a stream is invisible to the peer's
-//! `accept_bi` until its opener writes). The acceptor answers with the same
+//! writes its preamble at once (a stream is invisible to the peer's
+//! `accept_bi` until its opener writes): [`PREAMBLE`], then its instance, 8
+//! bytes big-endian ([`INSTANCE_BYTES`]). The acceptor answers with its own
 //! preamble once it has taken the connection as its live one; the dialer
 //! reports `Connected` only after reading it. After the preamble each side
 //! writes frames: a 4-byte big-endian length, then the postcard body
@@ -85,6 +95,11 @@ pub const ALPN: &[u8] = b"agent-mesh/1";
 /// It makes the opener's stream visible to the acceptor at once, and the
 /// acceptor's copy tells the dialer its connection was taken as the live one.
 pub const PREAMBLE: [u8; 8] = *b"amesh/1\n";
+
+/// Bytes of the instance that follows [`PREAMBLE`]: a big-endian `u64`, the
+/// microseconds since the Unix epoch when the sender's transport was bound.
+/// It only orders the instances of one node (see "One connection per peer").
+pub const INSTANCE_BYTES: usize = 8;
 
 /// QUIC idle timeout: a peer silent this long (keep-alives included) is gone.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -455,6 +470,8 @@ struct Shared {
     recv_budget: Arc<Semaphore>,
     /// Set once on shutdown; long waits select on it.
     closing: watch::Sender<bool>,
+    /// This transport's instance, sent in every preamble.
+    instance: u64,
 }
 
 impl Shared {
@@ -546,6 +563,7 @@ impl Net {
             counters: Counters::default(),
             recv_budget: Arc::new(Semaphore::new(RECV_BUDGET_BYTES)),
             closing,
+            instance: instance_now(),
         });
         let bind_err = |why: String| NetError::Bind { addr, why };
         let idle = config.idle_timeout.try_into().map_err(|_| {
@@ -797,6 +815,14 @@ impl Drop for Net {
         // then closes everything in the background.
         self.shared.closing.send_replace(true);
     }
+}
+
+/// A new instance stamp: microseconds since the Unix epoch (0 if the clock
+/// is before it, which only makes this instance look old to peers).
+fn instance_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// The first `io::ErrorKind` in an error's source chain.
