@@ -77,19 +77,23 @@ fn init_tracing() {
 
 /// `mesh daemon`: runs a node until SIGINT or SIGTERM.
 async fn daemon(dir: DataDir, bind: Option<SocketAddr>) -> anyhow::Result<()> {
+    // Watch before anything is printed: whoever reads the ticket line may
+    // send SIGTERM at once, and a signal during start-up stops the node
+    // cleanly once it is up.
+    let mut signals = Signals::watch()?;
     let d = Daemon::start(dir, bind).await?;
     println!("node    {}", d.node_id());
     println!("epoch   {}", d.epoch());
     println!("data    {}", d.dir().root().display());
     println!("socket  {}", d.socket_path().display());
     println!("ticket  {}", d.ticket());
-    wait_for_signal().await?;
+    signals.recv().await;
+    tracing::info!("signal received, shutting down (a second signal exits at once)");
     // A second signal exits at once: everything acknowledged is already durable.
-    tokio::spawn(async {
-        if wait_for_signal().await.is_ok() {
-            eprintln!("second signal: exiting now");
-            std::process::exit(130);
-        }
+    tokio::spawn(async move {
+        signals.recv().await;
+        eprintln!("second signal: exiting now");
+        std::process::exit(130);
     });
     d.shutdown().await;
     tracing::info!("stopped");
@@ -294,15 +298,26 @@ async fn wait_released(store: &Weak<RedbStore>, root: &Path) {
     );
 }
 
-/// Waits for SIGINT or SIGTERM.
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
-    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+/// SIGINT and SIGTERM, caught from [`Signals::watch`] on.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn watch() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
+        })
     }
-    tracing::info!("signal received, shutting down (a second signal exits at once)");
-    Ok(())
+
+    /// Waits for the next SIGINT or SIGTERM.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
 }

@@ -551,6 +551,9 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
         const N: usize = 2000;
         let tmp = tempfile::tempdir().unwrap();
         let mut a = Node::start(tmp.path(), "a", None).await;
+        // The stopped subscriber lags once b's journal runs a buffer's worth
+        // past what filled its buffer and socket: after about 2 x 512 entries
+        // plus a few hundred KiB.
         let mut b = Node::start(tmp.path(), "b", Some("[api]\nsubscriber_buffer = 512\n")).await;
         link(&a, &b).await;
 
@@ -558,11 +561,13 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
         let mut stopped = open_unread_subscription(b.client.socket()).await;
         let mut sub = b.client.subscribe("/v1/subscribe").await.unwrap();
         let author = a.id.clone();
+        let last = format!("{:05}", N - 1);
         let reader = tokio::spawn(async move {
-            let mut bodies = Vec::new();
+            let mut bodies: Vec<String> = Vec::new();
             let mut lagged = 0;
             let mut losses = 0;
-            while bodies.len() < N || losses == 0 {
+            // Up to the last message, so that a lag of its own ends it too.
+            while !bodies.last().is_some_and(|b| b.starts_with(&last)) {
                 let ev = sub.next().await.unwrap().expect("stream ended");
                 match ev.event.as_str() {
                     "lagged" => lagged += 1,
@@ -583,7 +588,7 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
                     _ => {}
                 }
             }
-            (bodies, lagged)
+            (bodies, lagged, losses)
         });
 
         // a's messages come to b over the bus; b's journal grows while the
@@ -591,12 +596,27 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
         let pad = "x".repeat(4096);
         let bodies: Vec<String> = (0..N).map(|i| format!("{i:05}{pad}")).collect();
         a.send_all(&b.id, &bodies, 50).await;
-        let (got, lagged) = reader.await.unwrap();
+        let (got, lagged, losses) = reader.await.unwrap();
         assert_eq!(lagged, 0, "the reading subscriber never lagged");
         assert!(
             got == bodies,
             "the reading subscriber got every message once, in order"
         );
+
+        // The stopped one's loss is in the journal, among the messages (the
+        // reader saw it live unless it came after the last message).
+        let loss_seen = wait_for("the subscriber's loss record", async || {
+            let losses: Vec<EventEntry> = b
+                .journal()
+                .await
+                .into_iter()
+                .filter(|e| matches!(e.record, EventRecord::Loss { .. }))
+                .collect();
+            (!losses.is_empty()).then_some(losses)
+        })
+        .await;
+        assert_eq!(loss_seen.len(), 1, "{loss_seen:?}");
+        assert!(losses <= 1, "{losses}");
 
         // Once the stopped one reads again, it is told what it missed.
         let mut seen = Vec::new();

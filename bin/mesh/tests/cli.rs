@@ -1,0 +1,213 @@
+//! The `mesh` CLI against real `mesh daemon` processes, each command its own
+//! process, exactly as a person or a script runs them.
+//!
+//! Waits are on events (a daemon's ticket line, a line from `mesh tail`),
+//! each bounded; see `mesh_tests::daemon`.
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mesh_tests::daemon::{DaemonProcess, Output, parse_json, run, run_command, temp_dir};
+
+const MESH: &str = env!("CARGO_BIN_EXE_mesh");
+/// How long `mesh tail` may take to show what was sent.
+const TAIL_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn start(data: &Path) -> DaemonProcess {
+    DaemonProcess::start(Path::new(MESH), data, loopback()).unwrap()
+}
+
+#[track_caller]
+fn ok(out: Output) -> String {
+    assert!(out.ok(), "failed: {out:?}");
+    out.stdout
+}
+
+#[track_caller]
+fn fails_saying(out: Output, words: &[&str]) {
+    assert!(!out.ok(), "succeeded: {out:?}");
+    assert!(out.stdout.is_empty(), "printed on stdout: {out:?}");
+    for w in words {
+        assert!(out.stderr.contains(w), "no {w:?} in: {out:?}");
+    }
+}
+
+#[test]
+fn two_daemons_linked_with_ticket_and_peer_add_send_tail_and_page_events() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+
+    // `mesh id` and `mesh ticket` print the value alone.
+    assert_eq!(ok(a.mesh(&["id"]).unwrap()), format!("{}\n", a.node()));
+    let b_ticket = ok(b.mesh(&["ticket"]).unwrap());
+    assert_eq!(b_ticket.lines().count(), 1, "{b_ticket}");
+    let a_ticket = ok(a.mesh(&["ticket"]).unwrap());
+    let added = ok(a.mesh(&["peer", "add", b_ticket.trim()]).unwrap());
+    assert_eq!(added, format!("added peer {}\n", b.node()));
+    ok(b.mesh(&["peer", "add", a_ticket.trim()]).unwrap());
+
+    let (mut tail, lines) = b.spawn_mesh(&["tail"]).unwrap();
+
+    // `mesh send` prints the seq once committed.
+    assert_eq!(ok(a.mesh(&["send", b.node(), "hello b"]).unwrap()), "1\n");
+    assert_eq!(ok(a.mesh(&["send", b.node(), "again"]).unwrap()), "2\n");
+    let out = a
+        .mesh_stdin(&["send", b.node(), "-", "--lines"], Some("x\ny\nz\n"))
+        .unwrap();
+    assert_eq!(ok(out), "3\n4\n5\n");
+    let out = a
+        .mesh_stdin(&["send", b.node(), "-", "--json"], Some("whole\nstdin"))
+        .unwrap();
+    let sent = parse_json(&ok(out)).unwrap();
+    assert_eq!(sent["seq"], 6);
+    assert_eq!(sent["stream"]["author"], a.node());
+
+    // b's `mesh tail` shows them as they arrive, in order.
+    let short: String = a.node().chars().take(10).collect();
+    let deadline = Instant::now() + TAIL_TIMEOUT;
+    let mut shown = Vec::new();
+    while shown.len() < 6 {
+        let line = lines.next_until(deadline).unwrap().expect("tail ended");
+        shown.push(line);
+    }
+    let want = ["hello b", "again", "x", "y", "z", "whole\nstdin"];
+    for (i, (line, body)) in shown.iter().zip(want).enumerate() {
+        let expect = format!("from {short} #{}: {}", i + 1, body.lines().next().unwrap());
+        assert!(line.contains(&expect), "{line:?} lacks {expect:?}");
+    }
+    let _ = tail.kill();
+    let _ = tail.wait();
+
+    // `mesh events` prints a page, then `next: CURSOR` on stderr; `--after`
+    // goes on from there.
+    let out = b.mesh(&["events", "--limit", "2"]).unwrap();
+    assert!(out.ok(), "{out:?}");
+    assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
+    assert!(out.stdout.contains("#1: hello b"), "{out:?}");
+    let next = out
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("next: "))
+        .unwrap_or_else(|| panic!("no next cursor: {out:?}"))
+        .to_owned();
+    let out = b.mesh(&["events", "--after", &next, "--json"]).unwrap();
+    assert!(out.ok(), "{out:?}");
+    let seqs: Vec<u64> = out
+        .stdout
+        .lines()
+        .map(|l| parse_json(l).unwrap()["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [3, 4, 5, 6]);
+    assert!(out.stderr.starts_with("next: "), "{out:?}");
+    // A cursor of another node is refused, saying why.
+    let out = a.mesh(&["events", "--after", &next]).unwrap();
+    fails_saying(out, &["only valid on the node that issued them", "409"]);
+
+    // `--json` output parses.
+    let st = parse_json(&ok(a.mesh(&["status", "--json"]).unwrap())).unwrap();
+    assert_eq!(st["node"], a.node());
+    assert_eq!(st["peers"][0]["node"], b.node());
+    let peers = parse_json(&ok(a.mesh(&["peer", "list", "--json"]).unwrap())).unwrap();
+    assert_eq!(peers["peers"][0]["node"], b.node());
+    let text = ok(a.mesh(&["status"]).unwrap());
+    assert!(
+        text.starts_with(&format!("node    {}\n", a.node())),
+        "{text}"
+    );
+
+    // Failures exit non-zero with the reason, and print no seq.
+    let stranger = start(&tmp.path().join("stranger"));
+    let out = a.mesh(&["send", stranger.node(), "hi"]).unwrap();
+    fails_saying(out, &["unknown peer", stranger.node(), "mesh peer add"]);
+    let out = a.mesh(&["send", "not-a-node-id", "hi"]).unwrap();
+    fails_saying(out, &["not a node id"]);
+    let out = a.mesh(&["peer", "add", "meshnode1bogus"]).unwrap();
+    fails_saying(out, &["400"]);
+    // A second daemon on the same data dir is refused.
+    let data = a.data().to_str().unwrap();
+    let out = run(
+        Path::new(MESH),
+        &["daemon", "--data", data, "--bind", "127.0.0.1:0"],
+        None,
+    )
+    .unwrap();
+    assert!(!out.ok(), "a second daemon started: {out:?}");
+    assert!(out.stderr.to_lowercase().contains("already"), "{out:?}");
+
+    // SIGTERM stops a daemon cleanly: exit 0, socket removed.
+    let socket = a.socket();
+    for d in [a, b, stranger] {
+        let status = d.terminate().unwrap();
+        assert!(status.success(), "{status}");
+    }
+    assert!(!socket.exists());
+}
+
+#[test]
+fn mesh_send_says_the_outbox_is_full_when_the_peer_is_offline() {
+    let tmp = temp_dir().unwrap();
+    let a_dir = tmp.path().join("a");
+    std::fs::create_dir(&a_dir).unwrap();
+    std::fs::write(a_dir.join("config.toml"), "[outbox]\nmax_msgs = 1\n").unwrap();
+    let a = start(&a_dir);
+    let b = start(&tmp.path().join("b"));
+    let (b_id, b_ticket) = (b.node().to_owned(), b.ticket().to_owned());
+    assert!(b.terminate().unwrap().success());
+    ok(a.mesh(&["peer", "add", &b_ticket]).unwrap());
+    assert_eq!(ok(a.mesh(&["send", &b_id, "one"]).unwrap()), "1\n");
+    let out = a.mesh(&["send", &b_id, "two"]).unwrap();
+    fails_saying(out, &["outbox", "507"]);
+    let out = a
+        .mesh_stdin(&["send", &b_id, "-", "--lines"], Some("three\n"))
+        .unwrap();
+    fails_saying(out, &["outbox", "507"]);
+    assert!(a.terminate().unwrap().success());
+}
+
+#[test]
+fn every_client_command_without_a_daemon_says_so_in_one_line_naming_the_socket() {
+    let tmp = temp_dir().unwrap();
+    let data = tmp.path().join("nobody-home");
+    let socket = data.join("mesh.sock");
+    let socket = socket.to_str().unwrap();
+    let data = data.to_str().unwrap();
+    let id = "0000000000000000000000000000000000000000000000000000000000000000";
+    let commands: &[&[&str]] = &[
+        &["status"],
+        &["status", "--json"],
+        &["id"],
+        &["ticket"],
+        &["peer", "add", "meshnode1x"],
+        &["peer", "list"],
+        &["peer", "list", "--json"],
+        &["peer", "remove", id],
+        &["send", id, "hi"],
+        &["events"],
+        &["events", "--json"],
+        &["tail"],
+    ];
+    for cmd in commands {
+        let mut args = vec!["--data", data];
+        args.extend_from_slice(cmd);
+        let out = run(Path::new(MESH), &args, None).unwrap();
+        assert!(!out.ok(), "{cmd:?} succeeded: {out:?}");
+        assert_eq!(out.stderr.trim_end().lines().count(), 1, "{cmd:?}: {out:?}");
+        assert!(
+            out.stderr.contains("not running") && out.stderr.contains(socket),
+            "{cmd:?}: {out:?}"
+        );
+        assert!(out.stdout.is_empty(), "{cmd:?}: {out:?}");
+    }
+    // MESH_DATA picks the node when --data is absent.
+    let mut cmd = std::process::Command::new(MESH);
+    cmd.arg("status").env("MESH_DATA", data);
+    let out = run_command(cmd, None).unwrap();
+    assert!(!out.ok() && out.stderr.contains(socket), "{out:?}");
+}

@@ -1,0 +1,272 @@
+//! One `mesh daemon` process in a data dir of its own, and the `mesh` client
+//! commands run against it, each as its own process: what a person types.
+//!
+//! Everything is bounded: a daemon that does not print its ticket within
+//! [`READY_TIMEOUT`], a command that runs longer than [`COMMAND_TIMEOUT`] and
+//! a daemon that does not exit within [`STOP_TIMEOUT`] of SIGTERM are killed
+//! and reported as errors. A [`DaemonProcess`] kills its daemon when dropped.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use rustix::process::{Pid, Signal, kill_process};
+
+/// How long a starting daemon may take to print its ticket (debug builds on
+/// two busy cores start slowly).
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long one client command may run.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a daemon gets to exit after SIGTERM.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How often a running process is checked for its exit.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// A private temp dir, removed when dropped.
+pub fn temp_dir() -> anyhow::Result<tempfile::TempDir> {
+    tempfile::tempdir().context("cannot create a temp dir")
+}
+
+/// Parses `text` as JSON.
+pub fn parse_json(text: &str) -> anyhow::Result<serde_json::Value> {
+    serde_json::from_str(text).with_context(|| format!("not JSON: {text:?}"))
+}
+
+/// What a finished command printed.
+#[derive(Debug)]
+pub struct Output {
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// Its stdout.
+    pub stdout: String,
+    /// Its stderr.
+    pub stderr: String,
+}
+
+impl Output {
+    /// Whether it exited with status 0.
+    pub fn ok(&self) -> bool {
+        self.status.success()
+    }
+}
+
+/// Runs `bin` with `args` (and `stdin` written to it), killing it after
+/// [`COMMAND_TIMEOUT`].
+pub fn run(bin: &Path, args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output> {
+    let mut cmd = Command::new(bin);
+    cmd.args(args);
+    run_command(cmd, stdin)
+}
+
+/// Runs `cmd` (and writes `stdin` to it), killing it after [`COMMAND_TIMEOUT`].
+/// Logs and backtraces are off, so stderr holds what a user sees.
+pub fn run_command(mut cmd: Command, stdin: Option<&str>) -> anyhow::Result<Output> {
+    for var in ["RUST_LOG", "RUST_BACKTRACE", "RUST_LIB_BACKTRACE"] {
+        cmd.env_remove(var);
+    }
+    let what = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("cannot run {what}"))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())
+            .context("cannot write the command's stdin")?;
+    }
+    let stdout = reader(child.stdout.take());
+    let stderr = reader(child.stderr.take());
+    let status = wait_bounded(&mut child, COMMAND_TIMEOUT).context(what)?;
+    let collect = |h: std::thread::JoinHandle<String>| h.join().unwrap_or_default();
+    Ok(Output {
+        status,
+        stdout: collect(stdout),
+        stderr: collect(stderr),
+    })
+}
+
+/// Reads a pipe to its end on a thread.
+fn reader(pipe: Option<impl Read + Send + 'static>) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut text = String::new();
+        if let Some(mut p) = pipe {
+            let _ = p.read_to_string(&mut text);
+        }
+        text
+    })
+}
+
+/// Waits for `child` to exit, killing it after `timeout`.
+fn wait_bounded(child: &mut Child, timeout: Duration) -> anyhow::Result<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("did not exit within {timeout:?}; killed");
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+/// The lines a process prints on stdout, as they come.
+pub struct LineReader {
+    lines: mpsc::Receiver<String>,
+}
+
+impl LineReader {
+    /// Reads `pipe` line by line on a thread.
+    pub fn new(pipe: ChildStdout) -> Self {
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { return };
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        LineReader { lines }
+    }
+
+    /// The next line, waiting at most until `deadline`; `None` when the
+    /// process closed its stdout.
+    pub fn next_until(&self, deadline: Instant) -> anyhow::Result<Option<String>> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.lines.recv_timeout(left) {
+            Ok(line) => Ok(Some(line)),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Ok(None),
+            Err(mpsc::RecvTimeoutError::Timeout) => bail!("no line within the time allowed"),
+        }
+    }
+}
+
+/// A `mesh daemon` process.
+pub struct DaemonProcess {
+    bin: PathBuf,
+    data: PathBuf,
+    child: Child,
+    node: String,
+    ticket: String,
+}
+
+impl DaemonProcess {
+    /// Runs `bin daemon --data data --bind bind` and waits until it has
+    /// printed its ticket (it serves its socket from then on).
+    pub fn start(bin: &Path, data: &Path, bind: SocketAddr) -> anyhow::Result<Self> {
+        let bind = bind.to_string();
+        let mut child = Command::new(bin)
+            .args(["daemon", "--data"])
+            .arg(data)
+            .args(["--bind", &bind])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot run {} daemon", bin.display()))?;
+        let stdout = child.stdout.take().context("no stdout pipe")?;
+        let mut d = DaemonProcess {
+            bin: bin.to_owned(),
+            data: data.to_owned(),
+            child,
+            node: String::new(),
+            ticket: String::new(),
+        };
+        let lines = LineReader::new(stdout);
+        let deadline = Instant::now() + READY_TIMEOUT;
+        while d.ticket.is_empty() {
+            let line = lines
+                .next_until(deadline)
+                .context("the daemon did not print its ticket")?
+                .context("the daemon exited before printing its ticket")?;
+            if let Some(id) = line.strip_prefix("node") {
+                d.node = id.trim().to_owned();
+            }
+            if let Some(t) = line.strip_prefix("ticket") {
+                d.ticket = t.trim().to_owned();
+            }
+        }
+        Ok(d)
+    }
+
+    /// The node id it printed.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The ticket it printed.
+    pub fn ticket(&self) -> &str {
+        &self.ticket
+    }
+
+    /// Its data dir.
+    pub fn data(&self) -> &Path {
+        &self.data
+    }
+
+    /// Its control socket.
+    pub fn socket(&self) -> PathBuf {
+        self.data.join("mesh.sock")
+    }
+
+    /// Runs `mesh --data DIR args...` against this daemon.
+    pub fn mesh(&self, args: &[&str]) -> anyhow::Result<Output> {
+        self.mesh_stdin(args, None)
+    }
+
+    /// As [`DaemonProcess::mesh`], with `stdin` written to the command.
+    pub fn mesh_stdin(&self, args: &[&str], stdin: Option<&str>) -> anyhow::Result<Output> {
+        let data = self.data.to_str().context("the data dir is not UTF-8")?;
+        let mut all = vec!["--data", data];
+        all.extend_from_slice(args);
+        run(&self.bin, &all, stdin)
+    }
+
+    /// Starts `mesh --data DIR args...` without waiting; its stdout comes as lines.
+    pub fn spawn_mesh(&self, args: &[&str]) -> anyhow::Result<(Child, LineReader)> {
+        let mut child = Command::new(&self.bin)
+            .arg("--data")
+            .arg(&self.data)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("cannot run mesh {args:?}"))?;
+        let stdout = child.stdout.take().context("no stdout pipe")?;
+        Ok((child, LineReader::new(stdout)))
+    }
+
+    /// Sends SIGTERM and waits (at most [`STOP_TIMEOUT`]) for the exit.
+    pub fn terminate(mut self) -> anyhow::Result<ExitStatus> {
+        let pid = i32::try_from(self.child.id())
+            .ok()
+            .and_then(Pid::from_raw)
+            .context("the daemon's pid does not fit")?;
+        kill_process(pid, Signal::TERM).context("cannot signal the daemon")?;
+        wait_bounded(&mut self.child, STOP_TIMEOUT).context("the daemon after SIGTERM")
+    }
+}
+
+impl Drop for DaemonProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
