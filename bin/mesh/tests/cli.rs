@@ -116,6 +116,11 @@ fn two_daemons_linked_with_ticket_and_peer_add_send_tail_and_page_events() {
     assert_eq!(st["peers"][0]["node"], b.node());
     let peers = parse_json(&ok(a.mesh(&["peer", "list", "--json"]).unwrap())).unwrap();
     assert_eq!(peers["peers"][0]["node"], b.node());
+    let text = ok(a.mesh(&["peer", "list"]).unwrap());
+    assert!(
+        text.starts_with(&format!("  {}  connected", b.node())),
+        "{text}"
+    );
     let text = ok(a.mesh(&["status"]).unwrap());
     assert!(
         text.starts_with(&format!("node    {}\n", a.node())),

@@ -74,8 +74,9 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
             if json {
                 return print_json(&peers);
             }
-            let peers: Vec<PeerStatus> =
+            let peers: PeersAnswer =
                 serde_json::from_value(peers).context("unexpected peers answer")?;
+            let peers = peers.peers;
             if peers.is_empty() {
                 println!("no peers yet: add one with `mesh peer add TICKET`");
             }
@@ -87,6 +88,12 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The answer of `GET /v1/peers`.
+#[derive(serde::Deserialize)]
+struct PeersAnswer {
+    peers: Vec<PeerStatus>,
 }
 
 /// `mesh send`.
