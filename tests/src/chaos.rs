@@ -27,7 +27,7 @@ use tokio::sync::watch;
 use crate::checker::{Summary, check};
 use crate::cluster::{Cluster, ClusterConfig, Isolation, JournalTail, create_file};
 use crate::history::{History, Op};
-use crate::nemesis::{apply, plan};
+use crate::nemesis::{Ctx, apply, plan};
 use crate::rng::SimRng;
 use crate::workload::{ClientSpec, WorkloadConfig, run_client};
 use mesh_daemon::api::json::EventRecord;
@@ -121,23 +121,29 @@ impl ChaosConfig {
     }
 }
 
-/// `[outbox]` settings from `CHAOS_OUTBOX_MSGS` and `CHAOS_ON_FULL`, if set.
+/// The outbox bound of chaos runs unless `CHAOS_OUTBOX_MSGS` says otherwise:
+/// small, so acknowledged envelopes are evicted within seconds (an ack sent
+/// before its commit then shows as a gap the author never recorded) and the
+/// `evict-oldest` policy writes real gaps while a node is away.
+pub const OUTBOX_MSGS: u64 = 32;
+/// The outbox policy of chaos runs unless `CHAOS_ON_FULL` says otherwise.
+pub const ON_FULL: &str = "evict-oldest";
+
+/// The daemons' `config.toml`: `[outbox]` from `CHAOS_OUTBOX_MSGS` (0: the
+/// daemon's built-in defaults, no file) and `CHAOS_ON_FULL`.
 fn outbox_config_from_env() -> Option<String> {
-    let msgs = env_u64("CHAOS_OUTBOX_MSGS");
-    let on_full = std::env::var("CHAOS_ON_FULL")
-        .ok()
-        .filter(|v| !v.trim().is_empty());
-    if msgs.is_none() && on_full.is_none() {
+    let msgs = env_u64("CHAOS_OUTBOX_MSGS").unwrap_or(OUTBOX_MSGS);
+    if msgs == 0 {
         return None;
     }
-    let mut toml = String::from("[outbox]\n");
-    if let Some(m) = msgs {
-        toml.push_str(&format!("max_msgs = {m}\n"));
-    }
-    if let Some(p) = on_full {
-        toml.push_str(&format!("on_full = {:?}\n", p.trim()));
-    }
-    Some(toml)
+    let on_full = std::env::var("CHAOS_ON_FULL")
+        .ok()
+        .filter(|v| !v.trim().is_empty())
+        .unwrap_or_else(|| ON_FULL.into());
+    Some(format!(
+        "[outbox]\nmax_msgs = {msgs}\non_full = {:?}\n",
+        on_full.trim()
+    ))
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -332,6 +338,9 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // The nemesis's own sends get a client number past every workload client's.
+    let nemesis_client = (cluster.len() * cfg.workload.clients_per_node) as u32;
+    let mut ctx = Ctx::new(history.clone(), nemesis_client, cfg.workload.send_timeout);
     let mut nemesis_log = std::io::BufWriter::new(create_file(&cfg.out_dir.join("nemesis.jsonl"))?);
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut resync_kills_while_behind = 0;
@@ -349,7 +358,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
             n + 1,
             serde_json::to_string(&step.fault)?
         );
-        let mut applied = match apply(&mut cluster, &step.fault).await {
+        let mut applied = match apply(&mut cluster, &mut ctx, &step.fault).await {
             Ok(a) => a,
             Err(e) => {
                 eprintln!("chaos: fault {} could not be carried out: {e:#}", n + 1);

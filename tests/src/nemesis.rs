@@ -12,9 +12,13 @@ use std::time::Duration;
 use anyhow::Context;
 use serde::Serialize;
 
+use std::sync::Arc;
+
 use crate::cluster::Cluster;
+use crate::history::History;
 use crate::netns::Netns;
 use crate::rng::SimRng;
+use crate::workload::{Ended, Send};
 
 /// The share of packets the loss fault drops, in percent.
 pub const LOSS_PERCENT: u32 = 30;
@@ -56,6 +60,19 @@ pub enum Fault {
         /// How long the loss lasts.
         hold_ms: u64,
     },
+    /// Send a burst of messages through a node and `kill -9` it the moment
+    /// the first is acknowledged (so a send answered before its commit is
+    /// durable is caught), keep it down for `down_ms`, restart it.
+    KillAfterAck {
+        /// The node.
+        node: usize,
+        /// The recipient of the burst.
+        to: usize,
+        /// How many sends the burst has.
+        burst: u32,
+        /// How long it stays down.
+        down_ms: u64,
+    },
     /// `kill -9` a node, keep it down for `down_ms` while the others queue
     /// messages for it, restart it, and `kill -9` it again `resync_ms` after
     /// it answers, while it is catching up; then restart it.
@@ -79,6 +96,7 @@ impl Fault {
             Fault::Split { .. } => "split",
             Fault::Loss { .. } => "loss",
             Fault::KillDuringResync { .. } => "kill_during_resync",
+            Fault::KillAfterAck { .. } => "kill_after_ack",
         }
     }
 
@@ -107,12 +125,18 @@ enum Kind {
     KillRestart,
     Pause,
     KillDuringResync,
+    KillAfterAck,
     Isolate,
     Split,
     Loss,
 }
 
-const PROCESS_KINDS: [Kind; 3] = [Kind::KillRestart, Kind::Pause, Kind::KillDuringResync];
+const PROCESS_KINDS: [Kind; 4] = [
+    Kind::KillRestart,
+    Kind::Pause,
+    Kind::KillDuringResync,
+    Kind::KillAfterAck,
+];
 const NETWORK_KINDS: [Kind; 3] = [Kind::Isolate, Kind::Split, Kind::Loss];
 
 /// The schedule of `count` faults for a cluster of `nodes` (at least 2),
@@ -149,6 +173,12 @@ pub fn plan(seed: u64, nodes: usize, count: usize, network: bool) -> Vec<Step> {
                     node,
                     down_ms: ms(&mut rng, 1500, 4000),
                     resync_ms: ms(&mut rng, 0, 300),
+                },
+                Kind::KillAfterAck => Fault::KillAfterAck {
+                    node,
+                    to: (node + 1 + rng.index(nodes.saturating_sub(1).max(1))) % nodes.max(1),
+                    burst: 1 + rng.below(8) as u32,
+                    down_ms: ms(&mut rng, 200, 2000),
                 },
                 Kind::Isolate => Fault::Isolate {
                     node,
@@ -195,11 +225,36 @@ pub struct Applied {
     pub note: String,
 }
 
+/// What the nemesis needs besides the cluster: the history its own sends
+/// (for `kill_after_ack`) are recorded in, under a client number of its own.
+#[derive(Debug)]
+pub struct Ctx {
+    /// The run's history.
+    pub history: Arc<History>,
+    /// The nemesis's client number (no workload client has it).
+    pub client: u32,
+    /// How long one of its sends may take.
+    pub send_timeout: Duration,
+    next_c: u64,
+}
+
+impl Ctx {
+    /// A context recording into `history` as `client`.
+    pub fn new(history: Arc<History>, client: u32, send_timeout: Duration) -> Self {
+        Ctx {
+            history,
+            client,
+            send_timeout,
+            next_c: 0,
+        }
+    }
+}
+
 /// Carries out `fault` on `cluster` and heals it. Answers what it saw.
 ///
 /// # Errors
 /// If the cluster cannot be signalled, restarted or the network cut/healed.
-pub async fn apply(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Applied> {
+pub async fn apply(cluster: &mut Cluster, ctx: &mut Ctx, fault: &Fault) -> anyhow::Result<Applied> {
     let mut applied = Applied {
         kind: fault.kind().into(),
         ..Applied::default()
@@ -242,6 +297,46 @@ pub async fn apply(cluster: &mut Cluster, fault: &Fault) -> anyhow::Result<Appli
             sleep(*hold_ms).await;
             net.heal()?;
             applied.packets_dropped = Some(dropped_total(net).saturating_sub(before));
+        }
+        Fault::KillAfterAck {
+            node,
+            to,
+            burst,
+            down_ms,
+        } => {
+            let mut sends = tokio::task::JoinSet::new();
+            for _ in 0..*burst {
+                ctx.next_c += 1;
+                let send = Send {
+                    client: ctx.client,
+                    c: ctx.next_c,
+                    from: *node,
+                    to: *to,
+                    to_id: cluster.node_id(*to).to_owned(),
+                };
+                let (api, history, timeout) = (
+                    cluster.client(*node).clone(),
+                    ctx.history.clone(),
+                    ctx.send_timeout,
+                );
+                sends.spawn(async move { send.run(&api, &history, timeout).await });
+            }
+            let mut killed_after_ack = false;
+            while let Some(ended) = sends.join_next().await {
+                if ended.ok() == Some(Ended::Ok) {
+                    // At once: the point is to land before a lazy commit.
+                    cluster.kill(*node).await?;
+                    killed_after_ack = true;
+                    break;
+                }
+            }
+            cluster.kill(*node).await?;
+            while sends.join_next().await.is_some() {}
+            if !killed_after_ack {
+                applied.note = "no send of the burst was acknowledged".into();
+            }
+            sleep(*down_ms).await;
+            cluster.restart(*node).await?;
         }
         Fault::KillDuringResync {
             node,
@@ -295,13 +390,14 @@ mod tests {
     #[test]
     fn every_kind_comes_first_so_short_runs_have_them_all() {
         for seed in 0..50 {
-            let p = plan(seed, 3, 6, true);
+            let p = plan(seed, 3, 7, true);
             let mut kinds: Vec<&str> = p.iter().map(|s| s.fault.kind()).collect();
             kinds.sort_unstable();
             assert_eq!(
                 kinds,
                 [
                     "isolate",
+                    "kill_after_ack",
                     "kill_during_resync",
                     "kill_restart",
                     "loss",
@@ -329,6 +425,9 @@ mod tests {
                     | Fault::Pause { node, .. }
                     | Fault::Isolate { node, .. }
                     | Fault::KillDuringResync { node, .. } => assert!(node < nodes),
+                    Fault::KillAfterAck { node, to, .. } => {
+                        assert!(node < nodes && to < nodes && node != to)
+                    }
                     Fault::Split { minority, .. } => {
                         assert!(!minority.is_empty() && minority.len() * 2 < nodes.max(3));
                         assert!(minority.iter().all(|&n| n < nodes));

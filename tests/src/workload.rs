@@ -77,60 +77,16 @@ pub async fn run_client(
     while c < cfg.sends_max && !*stop.borrow() {
         c += 1;
         let to = others[rng.index(others.len())];
-        history.record(Op::Invoke {
-            t_ms: history.now_ms(),
+        let send = Send {
             client: spec.client,
             c,
             from: spec.node,
             to,
             to_id: spec.node_ids[to].clone(),
-        });
-        let req = SendRequest {
-            to: spec.node_ids[to].clone(),
-            body: body(spec.client, c),
-            encoding: Default::default(),
-            msg_kind: 0,
         };
-        let outcome = match tokio::time::timeout(
-            cfg.send_timeout,
-            spec.api.post::<SendResponse>("/v1/send", &req),
-        )
-        .await
-        {
-            Ok(Ok(resp)) => Outcome::Ok(resp),
-            Ok(Err(e)) => classify(e),
-            Err(_) => Outcome::Unknown(format!("no answer within {:?}", cfg.send_timeout)),
-        };
-        let t_ms = history.now_ms();
-        let pause = match outcome {
-            Outcome::Ok(resp) => {
-                history.record(Op::Ok {
-                    t_ms,
-                    client: spec.client,
-                    c,
-                    stream: resp.stream,
-                    seq: resp.seq,
-                });
-                cfg.interval
-            }
-            Outcome::Fail(error) => {
-                history.record(Op::Fail {
-                    t_ms,
-                    client: spec.client,
-                    c,
-                    error,
-                });
-                cfg.down_backoff.max(cfg.interval)
-            }
-            Outcome::Unknown(error) => {
-                history.record(Op::Unknown {
-                    t_ms,
-                    client: spec.client,
-                    c,
-                    error,
-                });
-                cfg.interval
-            }
+        let pause = match send.run(&spec.api, &history, cfg.send_timeout).await {
+            Ended::Ok | Ended::Unknown => cfg.interval,
+            Ended::Fail => cfg.down_backoff.max(cfg.interval),
         };
         // Pacing, not synchronisation: the rate is part of the workload.
         tokio::select! {
@@ -139,6 +95,90 @@ pub async fn run_client(
         }
     }
     c
+}
+
+/// One message to send and record.
+#[derive(Clone, Debug)]
+pub struct Send {
+    /// The origin client.
+    pub client: u32,
+    /// The client's counter for this message.
+    pub c: u64,
+    /// The sending node's index.
+    pub from: usize,
+    /// The receiving node's index.
+    pub to: usize,
+    /// The receiving node's id.
+    pub to_id: String,
+}
+
+/// How a recorded send ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Committed.
+    Ok,
+    /// Not written.
+    Fail,
+    /// No answer.
+    Unknown,
+}
+
+impl Send {
+    /// Records `invoke`, sends through `api` (at most `timeout`), records
+    /// the outcome, and answers it.
+    pub async fn run(self, api: &Client, history: &History, timeout: Duration) -> Ended {
+        history.record(Op::Invoke {
+            t_ms: history.now_ms(),
+            client: self.client,
+            c: self.c,
+            from: self.from,
+            to: self.to,
+            to_id: self.to_id.clone(),
+        });
+        let req = SendRequest {
+            to: self.to_id,
+            body: body(self.client, self.c),
+            encoding: Default::default(),
+            msg_kind: 0,
+        };
+        let outcome =
+            match tokio::time::timeout(timeout, api.post::<SendResponse>("/v1/send", &req)).await {
+                Ok(Ok(resp)) => Outcome::Ok(resp),
+                Ok(Err(e)) => classify(e),
+                Err(_) => Outcome::Unknown(format!("no answer within {timeout:?}")),
+            };
+        let (t_ms, client, c) = (history.now_ms(), self.client, self.c);
+        match outcome {
+            Outcome::Ok(resp) => {
+                history.record(Op::Ok {
+                    t_ms,
+                    client,
+                    c,
+                    stream: resp.stream,
+                    seq: resp.seq,
+                });
+                Ended::Ok
+            }
+            Outcome::Fail(error) => {
+                history.record(Op::Fail {
+                    t_ms,
+                    client,
+                    c,
+                    error,
+                });
+                Ended::Fail
+            }
+            Outcome::Unknown(error) => {
+                history.record(Op::Unknown {
+                    t_ms,
+                    client,
+                    c,
+                    error,
+                });
+                Ended::Unknown
+            }
+        }
+    }
 }
 
 /// Sorts a client error into "nothing was written" and "may have been written".
