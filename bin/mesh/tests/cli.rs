@@ -130,6 +130,10 @@ fn two_daemons_linked_with_ticket_and_peer_add_send_tail_and_page_events() {
     // Failures exit non-zero with the reason, and print no seq.
     let stranger = start(&tmp.path().join("stranger"));
     let out = a.mesh(&["send", stranger.node(), "hi"]).unwrap();
+    assert!(
+        !out.stderr.contains("of 1"),
+        "a single send has no batch note: {out:?}"
+    );
     fails_saying(out, &["unknown peer", stranger.node(), "mesh peer add"]);
     let out = a.mesh(&["send", "not-a-node-id", "hi"]).unwrap();
     fails_saying(out, &["not a node id"]);

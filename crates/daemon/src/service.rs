@@ -160,6 +160,10 @@ impl NodeApi for BusApi {
                 .enumerate()
                 .find_map(|(i, r)| r.err().map(|e| (i, e)))
                 .ok_or_else(|| ApiError::Internal("a failed send has no error".into()))?;
+            if n == 1 {
+                // A single send: which one and how many were committed go without saying.
+                return Err(first);
+            }
             let note = format!(
                 "message {i} of {n} was refused; {committed} of the {n} were committed \
                  (GET /v1/events shows which)"
