@@ -1,0 +1,264 @@
+//! Bus-level figures: two whole nodes (core, redb store files in a temp dir,
+//! iroh on 127.0.0.1), 1 KiB payloads, every commit `Durability::Immediate`
+//! on both sides and every batch signature verified by the receiver.
+//!
+//! A plain bench (`harness = false`): each case is end to end and takes
+//! seconds, so it is run a few times and the median printed.
+//!
+//! - `throughput`: sends pipelined from two tasks (`Node::send_many`, 1,024
+//!   at a time each), timed from the first send until the peer's journal
+//!   holds every message;
+//! - `catchup`: 100,000 messages committed while the peer was stopped, timed
+//!   from the peer's restart until its journal holds all of them;
+//! - `rtt`: A sends one message to B; when B's journal has it, B sends one
+//!   back; the round trip ends when A's journal has the answer.
+//!
+//! `cargo bench -p mesh-bus --bench bus` (env `BUS_BENCH_RUNS`, default 3;
+//! `BUS_BENCH_MSGS` for `throughput`, default 50,000; `BUS_BENCH_CATCHUP`,
+//! default 100,000).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mesh_bus::core::Config;
+use mesh_bus::net::NetConfig;
+use mesh_bus::node::{Node, NodeConfig};
+use mesh_protocol::Epoch;
+use mesh_protocol::{NodeId, SecretKey};
+use mesh_store::{MemStore, MeshStore, OnFull, OutboxBounds, RedbStore, StoreHandle};
+use tokio::time::timeout;
+
+/// The bound on every wait.
+const T: Duration = Duration::from_secs(600);
+
+fn config() -> NodeConfig {
+    NodeConfig {
+        net: NetConfig::with_bind_addr(SocketAddr::from(([127, 0, 0, 1], 0))),
+        core: Config {
+            outbox: OutboxBounds {
+                max_msgs: 10_000_000,
+                max_bytes: 1 << 34,
+                on_full: OnFull::Reject,
+            },
+            ..Config::default()
+        },
+    }
+}
+
+struct Running {
+    dir: PathBuf,
+    key: SecretKey,
+    node: Arc<Node>,
+    handle: StoreHandle<dyn MeshStore>,
+}
+
+/// With `BUS_BENCH_MEM=1`, an in-memory store per data dir (no disk, no
+/// fsync), kept across restarts: shows what the rest of the bus can do.
+fn memory() -> bool {
+    std::env::var("BUS_BENCH_MEM").is_ok_and(|v| v == "1")
+}
+
+static MEM: std::sync::Mutex<Vec<(PathBuf, Arc<MemStore>)>> = std::sync::Mutex::new(Vec::new());
+
+fn open(dir: &Path) -> Arc<dyn MeshStore> {
+    if !memory() {
+        return Arc::new(RedbStore::open(dir).expect("open store"));
+    }
+    let mut mem = MEM.lock().expect("lock");
+    if let Some((_, s)) = mem.iter().find(|(d, _)| d == dir) {
+        return s.clone();
+    }
+    let s = Arc::new(MemStore::new(Epoch(rand::random())));
+    mem.push((dir.to_path_buf(), s.clone()));
+    s
+}
+
+async fn start(dir: PathBuf, key: SecretKey) -> Running {
+    let store = open(&dir);
+    let handle = StoreHandle::spawn(store).expect("store actor");
+    let node = Node::start(config(), key.clone(), handle.clone())
+        .await
+        .expect("start");
+    Running {
+        dir,
+        key,
+        node: Arc::new(node),
+        handle,
+    }
+}
+
+async fn fresh(root: &Path, name: &str) -> Running {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).expect("dir");
+    start(dir, SecretKey::generate()).await
+}
+
+impl Running {
+    async fn stop(self) -> (PathBuf, SecretKey) {
+        self.node.shutdown().await;
+        self.handle.close().await;
+        (self.dir, self.key)
+    }
+}
+
+async fn link(a: &Running, b: &Running) {
+    let (ra, rb) = tokio::join!(
+        a.node.add_peer(b.node.node_id(), b.node.ticket().addrs),
+        b.node.add_peer(a.node.node_id(), a.node.ticket().addrs),
+    );
+    ra.expect("a adds b");
+    rb.expect("b adds a");
+}
+
+async fn wait_head(node: &Node, at_least: u64) {
+    let mut head = node.journal_head();
+    timeout(T, head.wait_for(|h| *h >= at_least))
+        .await
+        .expect("in time")
+        .expect("running");
+}
+
+fn payload() -> Vec<u8> {
+    vec![0xA5; 1024]
+}
+
+/// Sends `n` messages to `to` from two pipelined tasks.
+async fn send_pipelined(node: &Arc<Node>, to: NodeId, n: u64) {
+    let mut tasks = Vec::new();
+    for part in [n / 2, n - n / 2] {
+        let node = node.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut left = part;
+            while left > 0 {
+                let k = left.min(1024);
+                let msgs = (0..k).map(|_| (to, 0, payload()));
+                for r in node.send_many(msgs).await {
+                    r.expect("send");
+                }
+                left -= k;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("sender");
+    }
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+async fn throughput(n: u64) -> f64 {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = fresh(root.path(), "a").await;
+    let b = fresh(root.path(), "b").await;
+    link(&a, &b).await;
+    let to = b.node.node_id();
+    let t0 = Instant::now();
+    send_pipelined(&a.node, to, n).await;
+    wait_head(&b.node, n).await;
+    let secs = t0.elapsed().as_secs_f64();
+    a.stop().await;
+    b.stop().await;
+    n as f64 / secs
+}
+
+async fn catchup(n: u64) -> f64 {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = fresh(root.path(), "a").await;
+    let b = fresh(root.path(), "b").await;
+    link(&a, &b).await;
+    let to = b.node.node_id();
+    let (dir, key) = b.stop().await;
+    send_pipelined(&a.node, to, n).await;
+    let t0 = Instant::now();
+    let b = start(dir, key).await;
+    wait_head(&b.node, n).await;
+    let secs = t0.elapsed().as_secs_f64();
+    a.stop().await;
+    b.stop().await;
+    n as f64 / secs
+}
+
+async fn rtt(samples: usize) -> (f64, f64) {
+    let root = tempfile::tempdir().expect("tempdir");
+    let a = fresh(root.path(), "a").await;
+    let b = fresh(root.path(), "b").await;
+    link(&a, &b).await;
+    let (ida, idb) = (a.node.node_id(), b.node.node_id());
+    let mut times = Vec::with_capacity(samples);
+    // A's journal holds its own sends and B's answers; B's the same.
+    for i in 1..=(samples as u64 + 20) {
+        let t0 = Instant::now();
+        a.node.send(idb, 0, payload()).await.expect("send");
+        wait_head(&b.node, 2 * i - 1).await;
+        b.node.send(ida, 0, payload()).await.expect("answer");
+        wait_head(&a.node, 2 * i).await;
+        // The first 20 warm up.
+        if i > 20 {
+            times.push(t0.elapsed().as_secs_f64() * 1e3);
+        }
+    }
+    a.stop().await;
+    b.stop().await;
+    times.sort_by(f64::total_cmp);
+    let p = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)];
+    (p(0.5), p(0.99))
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let runs = env("BUS_BENCH_RUNS", 3).max(1);
+    let n = env("BUS_BENCH_MSGS", 50_000);
+    let c = env("BUS_BENCH_CATCHUP", 100_000);
+    let which = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let on = |name: &str| which.as_deref().is_none_or(|w| name.contains(w));
+    rt.block_on(async {
+        if on("throughput") {
+            let mut v = Vec::new();
+            for _ in 0..runs {
+                let r = throughput(n).await;
+                println!("throughput run: {r:.0} msg/s");
+                v.push(r);
+            }
+            println!("bus/throughput/{n}x1KiB: median {:.0} msg/s", median(v));
+        }
+        if on("catchup") {
+            let mut v = Vec::new();
+            for _ in 0..runs {
+                let r = catchup(c).await;
+                println!("catchup run: {r:.0} msg/s");
+                v.push(r);
+            }
+            println!("bus/catchup/{c}x1KiB: median {:.0} msg/s", median(v));
+        }
+        if on("rtt") {
+            let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
+            for _ in 0..runs {
+                let (p50, p99) = rtt(500).await;
+                println!("rtt run: p50 {p50:.2} ms, p99 {p99:.2} ms");
+                p50s.push(p50);
+                p99s.push(p99);
+            }
+            println!(
+                "bus/rtt/1KiB: median p50 {:.2} ms, median p99 {:.2} ms",
+                median(p50s),
+                median(p99s)
+            );
+        }
+    });
+}
