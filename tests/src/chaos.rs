@@ -501,14 +501,14 @@ type StreamKey = (String, String, String);
 
 /// Every node's journal, followed incrementally, with each receiver's
 /// covered prefix per stream.
-struct Follower {
-    tails: Vec<JournalTail>,
+pub(crate) struct Follower {
+    pub(crate) tails: Vec<JournalTail>,
     /// Per node: stream -> covered prefix (others' streams only).
     prefixes: Vec<HashMap<StreamKey, Prefix>>,
 }
 
 impl Follower {
-    fn new(nodes: usize) -> Self {
+    pub(crate) fn new(nodes: usize) -> Self {
         Follower {
             tails: vec![JournalTail::default(); nodes],
             prefixes: vec![HashMap::new(); nodes],
@@ -516,7 +516,7 @@ impl Follower {
     }
 
     /// Reads what node `i` journaled since the last call.
-    async fn read(&mut self, cluster: &Cluster, i: usize) -> anyhow::Result<()> {
+    pub(crate) async fn read(&mut self, cluster: &Cluster, i: usize) -> anyhow::Result<()> {
         let tail = &mut self.tails[i];
         let from = tail.entries.len();
         let read = tail.read_new(cluster.client(i)).await;
@@ -545,7 +545,7 @@ impl Follower {
 /// highest seq acknowledged on it (its mark in `GET /v1/status`, or what
 /// its journal shows delivered or covered by gaps), and (within the same
 /// bound) until every sender's outbox is empty. Answers (reached, drained).
-async fn converge(
+pub(crate) async fn converge(
     cluster: &Cluster,
     follower: &mut Follower,
     ops: &[Op],

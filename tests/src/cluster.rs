@@ -61,6 +61,9 @@ pub struct ClusterConfig {
     pub rust_log: String,
     /// Written to each node's `config.toml` before its first start, if any.
     pub daemon_config: Option<String>,
+    /// Data dirs for some nodes (by index) instead of one in the cluster's
+    /// temp dir, e.g. on a filesystem a test can fill up.
+    pub data_dirs: std::collections::BTreeMap<usize, PathBuf>,
 }
 
 impl ClusterConfig {
@@ -73,6 +76,7 @@ impl ClusterConfig {
             log_dir: None,
             rust_log: std::env::var("CHAOS_RUST_LOG").unwrap_or_else(|_| "info".into()),
             daemon_config: None,
+            data_dirs: Default::default(),
         }
     }
 }
@@ -137,7 +141,11 @@ impl Cluster {
             .with_context(|| format!("cannot create {}", log_dir.display()))?;
         let nodes = (0..cfg.nodes)
             .map(|i| {
-                let data = tmp.path().join(format!("n{i}"));
+                let data = cfg
+                    .data_dirs
+                    .get(&i)
+                    .cloned()
+                    .unwrap_or_else(|| tmp.path().join(format!("n{i}")));
                 let bind = match &net {
                     Some(n) => SocketAddr::new(IpAddr::V4(n.node_ip(i)), NETNS_PEER_PORT),
                     None => SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0),

@@ -16,5 +16,6 @@ pub mod daemon;
 pub mod history;
 pub mod nemesis;
 pub mod netns;
+pub mod outage;
 pub mod rng;
 pub mod workload;

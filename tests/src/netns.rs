@@ -51,6 +51,11 @@ const PRIO_LOSS: &str = "20";
 /// Namespace sets made by this process so far (names stay unique).
 static NEXT_SET: AtomicU32 = AtomicU32::new(0);
 
+/// Whether this process runs as root.
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
 /// Why namespaces cannot be used here, or `None` if they can.
 pub fn unavailable_reason() -> Option<String> {
     if !rustix::process::geteuid().is_root() {

@@ -1,0 +1,30 @@
+//! Store outage: a node's data dir on a tmpfs that fills up while it takes
+//! sends. The harness is `mesh_tests::outage`; see `docs/reliability.md`.
+
+use std::path::Path;
+
+/// Fails today: after ENOSPC, redb refuses every later write ("Previous I/O
+/// error occurred. Please close and re-open the database.") and the store
+/// actor retries the same handle forever, so the node takes no sends until
+/// it is restarted, although the disk has room again. Nothing acknowledged
+/// is lost. Run it with `cargo test -p mesh --test store_outage -- --ignored`.
+#[test]
+#[ignore = "known bug: the store does not reopen redb after a write error, so a full disk needs a restart"]
+fn a_full_disk_refuses_sends_loses_nothing_and_recovers_by_itself() {
+    if !mesh_tests::netns::is_root() {
+        eprintln!("SKIPPED: the store outage test mounts a tmpfs, which needs root");
+        return;
+    }
+    let bin = Path::new(env!("CARGO_BIN_EXE_mesh"));
+    let out = bin
+        .parent()
+        .and_then(Path::parent)
+        .map_or_else(std::env::temp_dir, Path::to_owned)
+        .join("chaos")
+        .join("store-outage");
+    let report = match mesh_tests::outage::run_blocking(bin, &out) {
+        Ok(r) => r,
+        Err(e) => panic!("the store outage run could not be carried out: {e:#}"),
+    };
+    assert!(report.passed(), "{report:#?}");
+}
