@@ -1242,3 +1242,32 @@ fn removing_a_peer_forgets_it_durably_and_drops_its_connection_state() {
     p.a.restart();
     assert_eq!(p.a.core.own_stream(&id(2)).map(|o| o.next_seq), Some(2));
 }
+
+#[test]
+fn a_peer_change_sharing_a_commit_with_an_epoch_record_keeps_both() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.hold_commits = true;
+    // A commit in flight, so what follows waits for the next one together.
+    a.send(id(2), b"x");
+    a.hello_from(2, 5, ConnId(1), Vec::new());
+    let req = ReqId(903);
+    let addr: std::net::SocketAddr = "127.0.0.1:4002".parse().expect("addr");
+    let record = PeerRecord {
+        node: id(2),
+        addrs: vec![addr],
+        epoch: None,
+    };
+    a.run(Input::PeerAdded { req, record });
+    assert!(peer_changed(&a, req).is_none(), "not before its commit");
+    a.release_commit();
+    a.release_commit();
+    assert!(matches!(peer_changed(&a, req), Some(Ok(()))));
+    let stored = a.store.peers().expect("peers");
+    let two = stored.iter().find(|r| r.node == id(2)).expect("known");
+    assert_eq!(two.addrs, vec![addr], "the new addresses");
+    assert_eq!(
+        two.epoch,
+        Some(epoch(5)),
+        "the epoch the same commit recorded"
+    );
+}
