@@ -95,6 +95,13 @@ pub enum Command {
         #[arg(long, value_name = "ADDR")]
         bind: Option<SocketAddr>,
     },
+    /// Measure a mesh: send rates, catch-up, latency and queued memory.
+    ///
+    /// `mesh bench local` starts daemons in a temp dir, linked over
+    /// loopback; `mesh bench peer PEER_ID` measures from this node to a
+    /// peer it is linked with. Prints a table, or JSON with `--json`.
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
 }
 
 /// `mesh peer ...`.

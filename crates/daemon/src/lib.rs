@@ -6,6 +6,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod api;
+pub mod bench;
 pub mod cli;
 pub mod client;
 mod commands;

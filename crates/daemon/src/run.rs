@@ -35,9 +35,13 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     }
     let dir = DataDir::resolve(cli.data.as_deref())?;
     if let Command::Daemon { bind } = cli.command {
+        crate::bench::when_bench_child();
         init_tracing();
         let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
         return rt.block_on(daemon(dir, bind));
+    }
+    if let Command::Bench(cmd) = cli.command {
+        return crate::bench::run(cmd, &dir);
     }
     // Client commands need little: one thread answers one request at a time.
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -47,7 +51,9 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     let c = Client::new(dir.socket_path());
     rt.block_on(async move {
         match cli.command {
-            Command::Daemon { .. } | Command::Demo => unreachable!("handled above"),
+            Command::Daemon { .. } | Command::Bench(_) | Command::Demo => {
+                unreachable!("handled above")
+            }
             Command::Status { json } => commands::status(&c, json).await,
             Command::Id => commands::id(&c).await,
             Command::Ticket => commands::ticket(&c).await,

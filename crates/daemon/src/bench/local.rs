@@ -1,0 +1,544 @@
+//! `mesh bench local`: fresh daemons per run, node 0 sending to the others.
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use mesh_protocol::{Cursor, Epoch, NodeId};
+use tokio::time::Instant;
+
+use super::cluster::{Cluster, Daemon};
+use super::http::Conn;
+use super::measure::{self, ms};
+use super::progress::{Bar, Progress};
+use super::report::{Collector, Machine, Report};
+use super::send::{self, Msgs};
+use super::{Settings, Workload};
+use crate::api::json::{EventEntry, EventRecord};
+
+/// How often the sender's RSS is sampled in queued-memory.
+const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
+/// How long the sender idles before its idle RSS is read.
+const IDLE_SETTLE: Duration = Duration::from_millis(300);
+/// How long latency waits for the last messages after the last was sent.
+const LATENCY_DRAIN: Duration = Duration::from_secs(10);
+/// Bytes in a MiB.
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// The default outbox bounds the daemons run with: queued-memory sends at
+/// most what they admit.
+const OUTBOX_MSGS_MAX: u64 = 1_000_000;
+const OUTBOX_BYTES_MAX: u64 = 1 << 30;
+
+/// A `mesh bench local` run to make.
+pub(super) struct Local {
+    pub(super) nodes: usize,
+    pub(super) bin: PathBuf,
+    pub(super) parent: PathBuf,
+    pub(super) settings: Settings,
+}
+
+/// The longest a workload of `count` messages may take in one run.
+pub(super) fn time_bound(w: Workload, count: u64, rate: u32) -> Duration {
+    let base = Duration::from_secs(30);
+    base + match w {
+        Workload::SendEach => Duration::from_millis(10) * count as u32,
+        Workload::SendPipelined | Workload::QueuedMemory => Duration::from_millis(count),
+        Workload::Latency => Duration::from_secs_f64(count as f64 / f64::from(rate)),
+        Workload::CatchUp => Duration::from_millis(2 * count),
+    }
+}
+
+impl Local {
+    pub(super) async fn run(mut self) -> anyhow::Result<Report> {
+        let started = Instant::now();
+        let machine = Machine::read();
+        let progress = Progress::new();
+        let mut col = Collector::default();
+        if let Some(count) = self.settings.count(Workload::QueuedMemory) {
+            let fit = OUTBOX_MSGS_MAX.min(OUTBOX_BYTES_MAX / self.settings.size as u64);
+            if count > fit {
+                col.notes.push(format!(
+                    "queued-memory sends {fit}, not {count}: that is what the default outbox bounds admit at {} bytes",
+                    self.settings.size
+                ));
+                for (w, c) in &mut self.settings.plan {
+                    if *w == Workload::QueuedMemory {
+                        *c = fit;
+                    }
+                }
+            }
+        }
+        let s = &self.settings;
+        declare_probes(&mut col);
+        for (w, count) in &s.plan {
+            for (metric, unit) in metrics_of(*w) {
+                col.declare(w.name(), metric, unit, *count);
+            }
+        }
+        let mut data_dir = self.parent.display().to_string();
+        for run in 1..=s.runs {
+            let cluster = Cluster::start(&self.bin, &self.parent, self.nodes).await;
+            let mut cluster = match cluster {
+                Ok(c) => c,
+                Err(e) => {
+                    col.error(run, "starting the daemons", &e);
+                    continue;
+                }
+            };
+            data_dir = cluster.base().display().to_string();
+            let mut r = RunCtx {
+                run,
+                runs: s.runs,
+                settings: s,
+                progress,
+                col: &mut col,
+            };
+            r.probes(&cluster).await;
+            for (w, count) in &s.plan {
+                let bound = time_bound(*w, *count, s.rate);
+                let result =
+                    tokio::time::timeout(bound, r.workload(*w, *count, &mut cluster)).await;
+                let result = match result {
+                    Ok(r) => r,
+                    Err(_) => Err(anyhow::anyhow!("did not finish within {bound:?}")),
+                };
+                if let Err(e) = result {
+                    r.col.error(run, w.name(), &e);
+                    eprintln!("run {run}/{}: {}: {e:#}", s.runs, w.name());
+                    // The daemons' state is unknown now: the next run starts afresh.
+                    break;
+                }
+            }
+            drop(cluster);
+        }
+        let (figures, errors, notes) = col.finish();
+        Ok(Report {
+            mode: "local".into(),
+            nodes: self.nodes,
+            size: s.size,
+            runs: s.runs,
+            window: s.window,
+            rate: s.rate,
+            plan: Report::plan_of(&s.plan),
+            machine,
+            version: env!("CARGO_PKG_VERSION").into(),
+            data_dir,
+            figures,
+            errors,
+            notes,
+            seconds: started.elapsed().as_secs_f64(),
+        })
+    }
+}
+
+/// Puts the probes' figures first in the report.
+pub(super) fn declare_probes(col: &mut Collector) {
+    col.declare("disk-fsync", "rate", "fsyncs/s", 0);
+    col.declare("disk-write", "rate", "MiB/s", 0);
+    col.declare("store-commit", "rate", "commits/s", 0);
+}
+
+/// The figures a workload produces: (metric, unit).
+pub(super) fn metrics_of(w: Workload) -> &'static [(&'static str, &'static str)] {
+    match w {
+        Workload::SendEach => &[("rate", "msgs/s"), ("p50", "ms")],
+        Workload::SendPipelined => &[
+            ("rate", "msgs/s"),
+            ("sender_rate", "msgs/s"),
+            ("sender_disk/msg", "bytes"),
+            ("peer_disk/msg", "bytes"),
+        ],
+        Workload::Latency => &[("p50", "ms"), ("p99", "ms"), ("max", "ms")],
+        Workload::CatchUp => &[
+            ("rate", "msgs/s"),
+            ("peer_start", "ms"),
+            ("peer_disk/msg", "bytes"),
+        ],
+        Workload::QueuedMemory => &[
+            ("rss_over_idle", "MiB"),
+            ("disk", "MiB"),
+            ("idle_rss", "MiB"),
+            ("send_rate", "msgs/s"),
+        ],
+    }
+}
+
+/// One run's context.
+pub(super) struct RunCtx<'a> {
+    pub(super) run: u32,
+    pub(super) runs: u32,
+    pub(super) settings: &'a Settings,
+    pub(super) progress: Progress,
+    pub(super) col: &'a mut Collector,
+}
+
+impl RunCtx<'_> {
+    pub(super) fn bar(&self, what: &str, total: u64, unit: &'static str) -> Bar {
+        let label = format!("run {}/{} {what}", self.run, self.runs);
+        self.progress.bar(label, total, unit)
+    }
+
+    pub(super) fn msgs(&self, letter: char, to: Vec<String>) -> Arc<Msgs> {
+        Arc::new(Msgs {
+            to,
+            size: self.settings.size,
+            tag: format!("{letter}{}-", self.run),
+        })
+    }
+
+    /// The disk's fsync rate and the smallest store commit, in the run's dir.
+    pub(super) async fn probes_in(&mut self, dir: PathBuf) {
+        type Probe = fn(&Path, Duration) -> anyhow::Result<(u64, f64)>;
+        let probes: [(&str, &str, &str, Probe); 3] = [
+            (
+                "disk-fsync",
+                "fsyncs/s",
+                "4 KiB at one offset + fdatasync, in a row",
+                measure::fsync_rate,
+            ),
+            (
+                "disk-write",
+                "MiB/s",
+                "1 MiB writes, fdatasync every 8 MiB",
+                measure::write_rate,
+            ),
+            (
+                "store-commit",
+                "commits/s",
+                "the smallest redb transaction, in a row",
+                measure::store_commit_rate,
+            ),
+        ];
+        let time = self.settings.probe_time;
+        for (name, unit, what, probe) in probes {
+            let d = dir.clone();
+            let result = tokio::task::spawn_blocking(move || probe(&d, time))
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r);
+            match result {
+                Ok((n, rate)) => {
+                    self.col.add(name, "rate", unit, n, rate);
+                    eprintln!(
+                        "run {}/{} {name}: {rate:.0} {unit} ({what})",
+                        self.run, self.runs
+                    );
+                }
+                Err(e) => self.col.error(self.run, name, &e),
+            }
+        }
+    }
+
+    async fn probes(&mut self, cluster: &Cluster) {
+        self.probes_in(cluster.base().to_owned()).await;
+    }
+
+    async fn workload(
+        &mut self,
+        w: Workload,
+        count: u64,
+        cluster: &mut Cluster,
+    ) -> anyhow::Result<()> {
+        let (sender, receivers) = cluster
+            .nodes
+            .split_first_mut()
+            .context("a cluster has at least two nodes")?;
+        let to: Vec<String> = receivers.iter().map(|r| r.id.clone()).collect();
+        match w {
+            Workload::SendEach => self.send_each(sender.socket(), to, count).await,
+            Workload::SendPipelined => self.pipelined(sender, receivers, to, count).await,
+            Workload::Latency => self.latency(sender, receivers, to, count).await,
+            Workload::CatchUp => self.catch_up(sender, receivers, to, count).await,
+            Workload::QueuedMemory => self.queued(sender, receivers, to, count).await,
+        }
+    }
+
+    /// send-each on `sender`'s socket; shared with `bench peer`.
+    pub(super) async fn send_each(
+        &mut self,
+        socket: &Path,
+        to: Vec<String>,
+        count: u64,
+    ) -> anyhow::Result<()> {
+        let msgs = self.msgs('e', to);
+        let mut conn = Conn::open(socket).await?;
+        let bar = self.bar("send-each", count, "msgs");
+        let t0 = Instant::now();
+        let (mut times, _) = send::each(&mut conn, &msgs, count, &bar).await?;
+        let rate = count as f64 / t0.elapsed().as_secs_f64();
+        times.sort();
+        let p50 = measure::quantile(&times, 0.5).map_or(f64::NAN, ms);
+        self.col.add("send-each", "rate", "msgs/s", count, rate);
+        self.col.add("send-each", "p50", "ms", count, p50);
+        bar.finish(&format!("{rate:.0} msgs/s, p50 {p50:.2} ms per send"));
+        Ok(())
+    }
+
+    async fn pipelined(
+        &mut self,
+        sender: &Daemon,
+        receivers: &[Daemon],
+        to: Vec<String>,
+        count: u64,
+    ) -> anyhow::Result<()> {
+        let msgs = self.msgs('p', to);
+        let bar = self.bar("send-pipelined", count, "msgs");
+        let sender_w0 = written(std::slice::from_ref(sender));
+        let peers_w0 = written(receivers);
+        let t0 = Instant::now();
+        let last = send::stream(&sender.client, msgs, count, self.settings.window, &bar).await?;
+        let local = t0.elapsed();
+        let base = send::total(&last) - count;
+        send::wait_marks(receivers, sender, &last, base, &bar).await?;
+        let rate = count as f64 / t0.elapsed().as_secs_f64();
+        let sender_rate = count as f64 / local.as_secs_f64();
+        let per_msg = |w1: u64, w0: u64| w1.saturating_sub(w0) as f64 / count as f64;
+        let sender_w = per_msg(written(std::slice::from_ref(sender)), sender_w0);
+        let peers_w = per_msg(written(receivers), peers_w0);
+        let pl = "send-pipelined";
+        self.col
+            .add(pl, "sender_disk/msg", "bytes", count, sender_w);
+        self.col.add(pl, "peer_disk/msg", "bytes", count, peers_w);
+        self.col
+            .add("send-pipelined", "rate", "msgs/s", count, rate);
+        self.col.add(
+            "send-pipelined",
+            "sender_rate",
+            "msgs/s",
+            count,
+            sender_rate,
+        );
+        bar.finish(&format!(
+            "{rate:.0} msgs/s committed at the peers ({sender_rate:.0} msgs/s at the sender)"
+        ));
+        Ok(())
+    }
+
+    async fn latency(
+        &mut self,
+        sender: &Daemon,
+        receivers: &[Daemon],
+        to: Vec<String>,
+        count: u64,
+    ) -> anyhow::Result<()> {
+        let msgs = self.msgs('l', to);
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, std::time::Instant)>();
+        let mut readers = Vec::new();
+        for r in receivers {
+            let st = r.status().await?;
+            let node = NodeId::from_str(&st.node.node).context("the peer's node id")?;
+            let epoch = Epoch::from_str(&st.node.epoch).context("the peer's epoch")?;
+            let cursor = Cursor::new(&node, epoch, st.journal_head).to_string();
+            let mut sse = r
+                .client
+                .subscribe(&format!("/v1/subscribe?after={cursor}"))
+                .await
+                .with_context(|| format!("subscribing to {}", r.name))?;
+            let tx = tx.clone();
+            let msgs = msgs.clone();
+            readers.push(ReaderTask(tokio::spawn(async move {
+                while let Ok(Some(ev)) = sse.next().await {
+                    let at = std::time::Instant::now();
+                    if ev.event == "lagged" {
+                        // A gap in what the subscriber saw: those messages never arrive.
+                        break;
+                    }
+                    if ev.event != "entry" {
+                        continue;
+                    }
+                    let Ok(entry) = serde_json::from_str::<EventEntry>(&ev.data) else {
+                        continue;
+                    };
+                    if let EventRecord::Envelope { body, .. } = entry.record
+                        && let Some(k) = msgs.number_of(&body)
+                        && tx.send((k, at)).is_err()
+                    {
+                        break;
+                    }
+                }
+            })));
+        }
+        drop(tx);
+        let sent_at = Arc::new(Mutex::new(vec![None; count as usize]));
+        let bar = self.bar("latency", count, "msgs");
+        let sending = send::paced(
+            sender.socket(),
+            msgs.clone(),
+            count,
+            self.settings.rate,
+            sent_at.clone(),
+            &bar,
+        );
+        let mut got: Vec<Option<std::time::Instant>> = vec![None; count as usize];
+        let receiving = async {
+            let mut n = 0u64;
+            let mut drain_until: Option<Instant> = None;
+            while n < count {
+                let next = match drain_until {
+                    Some(t) => tokio::time::timeout_at(t, rx.recv()).await.ok().flatten(),
+                    None => rx.recv().await,
+                };
+                let Some((k, at)) = next else { break };
+                if let Some(slot) = got.get_mut(k as usize)
+                    && slot.is_none()
+                {
+                    *slot = Some(at);
+                    n += 1;
+                }
+                if drain_until.is_none()
+                    && sent_at
+                        .lock()
+                        .is_ok_and(|s| s.last().is_some_and(Option::is_some))
+                {
+                    drain_until = Some(Instant::now() + LATENCY_DRAIN);
+                }
+            }
+            anyhow::Ok(n)
+        };
+        let (_, received) = tokio::try_join!(sending, receiving)?;
+        drop(readers);
+        let sent = sent_at
+            .lock()
+            .map_err(|_| anyhow::anyhow!("the send times are poisoned"))?
+            .clone();
+        let mut lat: Vec<Duration> = sent
+            .iter()
+            .zip(&got)
+            .filter_map(|(s, g)| Some(g.as_ref()?.saturating_duration_since(*s.as_ref()?)))
+            .collect();
+        if received < count {
+            bail!("the peers' subscribers saw {received} of {count} messages");
+        }
+        lat.sort();
+        let q = |x| measure::quantile(&lat, x).map_or(f64::NAN, ms);
+        let (p50, p99, max) = (q(0.5), q(0.99), q(1.0));
+        self.col.add("latency", "p50", "ms", count, p50);
+        self.col.add("latency", "p99", "ms", count, p99);
+        self.col.add("latency", "max", "ms", count, max);
+        bar.finish(&format!(
+            "p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms at {} msgs/s",
+            self.settings.rate
+        ));
+        Ok(())
+    }
+
+    async fn catch_up(
+        &mut self,
+        sender: &Daemon,
+        receivers: &mut [Daemon],
+        to: Vec<String>,
+        count: u64,
+    ) -> anyhow::Result<()> {
+        for r in receivers.iter_mut() {
+            r.stop().await?;
+        }
+        let msgs = self.msgs('c', to);
+        let bar = self.bar("catch-up: sending, peers stopped", count, "msgs");
+        let last = send::stream(&sender.client, msgs, count, self.settings.window, &bar).await?;
+        bar.finish("queued");
+        let base = send::total(&last) - count;
+        let bar = self.bar("catch-up", count, "msgs");
+        let t0 = Instant::now();
+        for r in receivers.iter_mut() {
+            r.spawn()?;
+        }
+        for r in receivers.iter_mut() {
+            r.ready().await?;
+        }
+        let started = t0.elapsed();
+        send::wait_marks(receivers, sender, &last, base, &bar).await?;
+        let rate = count as f64 / t0.elapsed().as_secs_f64();
+        // The peers are new processes: all they wrote is startup and catch-up.
+        let peers_w = written(receivers) as f64 / count as f64;
+        self.col
+            .add("catch-up", "peer_disk/msg", "bytes", count, peers_w);
+        self.col.add("catch-up", "rate", "msgs/s", count, rate);
+        self.col
+            .add("catch-up", "peer_start", "ms", count, ms(started));
+        bar.finish(&format!(
+            "{rate:.0} msgs/s from the peers' start (they answered after {:.0} ms)",
+            ms(started)
+        ));
+        Ok(())
+    }
+
+    async fn queued(
+        &mut self,
+        sender: &Daemon,
+        receivers: &mut [Daemon],
+        to: Vec<String>,
+        count: u64,
+    ) -> anyhow::Result<()> {
+        for r in receivers.iter_mut() {
+            r.stop().await?;
+        }
+        let pid = sender.pid().context("the sender is not running")?;
+        tokio::time::sleep(IDLE_SETTLE).await;
+        let (idle, _) = measure::memory(pid).context("cannot read the sender's memory")?;
+        let peak_reset = measure::reset_peak(pid);
+        if !peak_reset {
+            self.col.notes.push(
+                "queued-memory: the kernel refused to reset VmHWM; the peak is the largest 50 ms sample".into(),
+            );
+        }
+        let disk0 = measure::disk_bytes(&sender.dir);
+        let sampled = Arc::new(AtomicU64::new(idle));
+        let sampler = {
+            let sampled = sampled.clone();
+            ReaderTask(tokio::spawn(async move {
+                loop {
+                    if let Some((rss, _)) = measure::memory(pid) {
+                        sampled.fetch_max(rss, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(RSS_SAMPLE_INTERVAL).await;
+                }
+            }))
+        };
+        let msgs = self.msgs('q', to);
+        let bar = self.bar("queued-memory", count, "msgs");
+        let t0 = Instant::now();
+        send::stream(&sender.client, msgs, count, self.settings.window, &bar).await?;
+        let send_rate = count as f64 / t0.elapsed().as_secs_f64();
+        drop(sampler);
+        let (rss, hwm) = measure::memory(pid).context("cannot read the sender's memory")?;
+        let mut peak = sampled.load(Ordering::Relaxed).max(rss);
+        if peak_reset {
+            peak = peak.max(hwm);
+        }
+        let over = peak.saturating_sub(idle) as f64 / MIB;
+        let disk = measure::disk_bytes(&sender.dir).saturating_sub(disk0) as f64 / MIB;
+        self.col
+            .add("queued-memory", "rss_over_idle", "MiB", count, over);
+        self.col.add("queued-memory", "disk", "MiB", count, disk);
+        self.col
+            .add("queued-memory", "idle_rss", "MiB", count, idle as f64 / MIB);
+        self.col
+            .add("queued-memory", "send_rate", "msgs/s", count, send_rate);
+        bar.finish(&format!(
+            "peak RSS {over:.1} MiB over idle ({:.1} MiB), {disk:.0} MiB on disk, sent at {send_rate:.0} msgs/s",
+            idle as f64 / MIB
+        ));
+        Ok(())
+    }
+}
+
+/// Bytes the running daemons among `nodes` have written to storage.
+fn written(nodes: &[Daemon]) -> u64 {
+    nodes
+        .iter()
+        .filter_map(|d| measure::written(d.pid()?))
+        .sum()
+}
+
+/// A helper task aborted when dropped.
+pub(super) struct ReaderTask(pub(super) tokio::task::JoinHandle<()>);
+
+impl Drop for ReaderTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

@@ -1,0 +1,336 @@
+//! `mesh bench`: measures a mesh the way people compare message brokers, and
+//! the way `iperf` measures a link.
+//!
+//! - `mesh bench local` starts `--nodes` daemons as child processes (this
+//!   executable re-run as `mesh daemon`) in a temp dir, links them over
+//!   127.0.0.1 with the default durable settings and drives their local APIs;
+//! - `mesh bench peer PEER_ID` drives this node's API towards a peer it is
+//!   already linked with.
+//!
+//! Workloads (node 0 sends to the others in turn; 1 KiB payloads unless
+//! `--size`): `send-each` (send, wait for the commit, send the next),
+//! `send-pipelined` (`--window` in flight, until the peers' marks cover
+//! every message), `latency` (sends at `--rate`, send → the peer's journal
+//! subscriber), `catch-up` (the peers are stopped while messages are sent,
+//! then started: until their marks cover every message) and
+//! `queued-memory` (the peers are stopped while messages are sent: the
+//! sender's peak RSS over idle and its disk use). Each run also measures the
+//! disk's serial fsync rate and the rate of the smallest store commit in
+//! the same data dir, the floors `send-each` and `latency` stand on.
+//!
+//! Every run has fresh daemons, and every step has a deadline. Child daemons
+//! are killed when the bench ends, however it ends: on drop, on SIGINT or
+//! SIGTERM, and (through a parent-death signal they set up themselves) when
+//! the bench process is killed.
+
+mod cluster;
+mod http;
+mod local;
+mod measure;
+mod peer;
+mod progress;
+mod report;
+mod send;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand, value_parser};
+
+use crate::paths::DataDir;
+
+pub use report::{Figure, Machine, Report};
+
+/// The environment variable that names the executable `mesh bench local`
+/// runs as `daemon` (default: the running executable).
+pub const DAEMON_BIN_ENV: &str = "MESH_BENCH_DAEMON";
+
+/// Set by `mesh bench` on the daemons it starts: the bench's pid.
+const PARENT_ENV: &str = "MESH_BENCH_PARENT";
+
+/// The `msg_kind` of every message a bench sends, so they can be told apart
+/// in a journal.
+pub const BENCH_MSG_KIND: u16 = 0x6d62;
+
+/// The largest `--size`: one message's payload limit.
+const SIZE_MAX: u64 = mesh_protocol::MAX_BATCH_PAYLOAD_BYTES;
+
+/// The smallest `--size`: room for the message's tag and number.
+const SIZE_MIN: u64 = 32;
+
+/// `mesh bench ...`.
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Start daemons in a temp dir, linked over 127.0.0.1, and measure them.
+    Local {
+        /// How many daemons (node 0 sends to the others in turn).
+        #[arg(long, default_value_t = 2, value_parser = value_parser!(u32).range(2..=8))]
+        nodes: u32,
+        /// Where to make the temp dir (it decides which disk is measured)
+        /// [default: $TMPDIR, else /tmp].
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// The executable to run as `daemon` [default: this one].
+        #[arg(long, value_name = "PATH", env = DAEMON_BIN_ENV)]
+        daemon_bin: Option<PathBuf>,
+        /// What to measure and how.
+        #[command(flatten)]
+        opts: BenchOptions,
+    },
+    /// Measure from this node (`--data`) to a peer it is linked with.
+    ///
+    /// Runs send-each, send-pipelined (until the peer has acknowledged every
+    /// message) and latency as send → the peer's ack; catch-up and
+    /// queued-memory need the peer stopped and are only in `bench local`.
+    /// The messages stay in both journals (kind 0x6d62).
+    Peer {
+        /// The peer's node id.
+        peer: String,
+        /// What to measure and how.
+        #[command(flatten)]
+        opts: BenchOptions,
+    },
+}
+
+/// The options both modes take.
+#[derive(Clone, Debug, Args)]
+pub struct BenchOptions {
+    /// Payload bytes per message.
+    #[arg(long, default_value_t = 1024, value_parser = value_parser!(u64).range(SIZE_MIN..=SIZE_MAX))]
+    pub size: u64,
+    /// Runs per workload; the table shows their median, min and max [default: 3; 1 with --quick].
+    #[arg(long, value_parser = value_parser!(u32).range(1..=20))]
+    pub runs: Option<u32>,
+    /// Messages in flight in send-pipelined, catch-up and queued-memory.
+    #[arg(long, default_value_t = 256, value_parser = value_parser!(u32).range(1..=4096))]
+    pub window: u32,
+    /// Messages per second in the latency workload.
+    #[arg(long, default_value_t = 1000, value_parser = value_parser!(u32).range(1..=20_000))]
+    pub rate: u32,
+    /// Tiny counts and one run: checks that everything works, in seconds.
+    #[arg(long)]
+    pub quick: bool,
+    /// Print the report as JSON on stdout.
+    #[arg(long)]
+    pub json: bool,
+    /// The workloads to run, each with an optional count, e.g.
+    /// `send-each=5000 catch-up` [default: all, default counts]. Workloads:
+    /// send-each, send-pipelined, latency, catch-up, queued-memory.
+    #[arg(value_name = "WORKLOAD[=COUNT]")]
+    pub counts: Vec<String>,
+}
+
+/// A workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Workload {
+    SendEach,
+    SendPipelined,
+    Latency,
+    CatchUp,
+    QueuedMemory,
+}
+
+impl Workload {
+    const ALL: [Workload; 5] = [
+        Workload::SendEach,
+        Workload::SendPipelined,
+        Workload::Latency,
+        Workload::CatchUp,
+        Workload::QueuedMemory,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Workload::SendEach => "send-each",
+            Workload::SendPipelined => "send-pipelined",
+            Workload::Latency => "latency",
+            Workload::CatchUp => "catch-up",
+            Workload::QueuedMemory => "queued-memory",
+        }
+    }
+
+    /// The default count, and the one of `--quick`.
+    fn default_count(self, quick: bool) -> u64 {
+        match (self, quick) {
+            (Workload::SendEach, false) => 2_000,
+            (Workload::SendEach, true) => 50,
+            (Workload::SendPipelined, false) => 100_000,
+            (Workload::SendPipelined, true) => 1_000,
+            (Workload::Latency, false) => 5_000,
+            (Workload::Latency, true) => 200,
+            (Workload::CatchUp, false) => 100_000,
+            (Workload::CatchUp, true) => 1_000,
+            (Workload::QueuedMemory, false) => 1_000_000,
+            (Workload::QueuedMemory, true) => 5_000,
+        }
+    }
+
+    fn parse(name: &str) -> Option<Workload> {
+        Workload::ALL.into_iter().find(|w| w.name() == name)
+    }
+}
+
+/// What one bench does, resolved from [`BenchOptions`].
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) size: usize,
+    pub(crate) runs: u32,
+    pub(crate) window: usize,
+    pub(crate) rate: u32,
+    /// The workloads to run with their counts, in the order they run.
+    pub(crate) plan: Vec<(Workload, u64)>,
+    /// How long the fsync and store-commit probes run at most.
+    pub(crate) probe_time: Duration,
+}
+
+impl Settings {
+    fn new(opts: &BenchOptions) -> anyhow::Result<Settings> {
+        let mut plan: Vec<(Workload, u64)> = Vec::new();
+        for arg in &opts.counts {
+            let (name, count) = match arg.split_once('=') {
+                Some((n, c)) => {
+                    let c: u64 = c
+                        .replace('_', "")
+                        .parse()
+                        .with_context(|| format!("{arg}: the count is not a number"))?;
+                    (n, Some(c))
+                }
+                None => (arg.as_str(), None),
+            };
+            let Some(w) = Workload::parse(name) else {
+                let names: Vec<&str> = Workload::ALL.iter().map(|w| w.name()).collect();
+                bail!(
+                    "unknown workload {name:?}; the workloads are {}",
+                    names.join(", ")
+                );
+            };
+            let count = count.unwrap_or_else(|| w.default_count(opts.quick));
+            if !(1..=10_000_000).contains(&count) {
+                bail!("{arg}: the count must be 1 to 10,000,000");
+            }
+            plan.retain(|(p, _)| *p != w);
+            plan.push((w, count));
+        }
+        if plan.is_empty() {
+            plan = Workload::ALL
+                .iter()
+                .map(|w| (*w, w.default_count(opts.quick)))
+                .collect();
+        }
+        plan.sort_by_key(|(w, _)| *w);
+        Ok(Settings {
+            size: usize::try_from(opts.size).context("--size does not fit in memory")?,
+            runs: opts.runs.unwrap_or(if opts.quick { 1 } else { 3 }),
+            window: opts.window as usize,
+            rate: opts.rate,
+            plan,
+            probe_time: if opts.quick {
+                Duration::from_millis(200)
+            } else {
+                Duration::from_millis(700)
+            },
+        })
+    }
+
+    pub(crate) fn count(&self, w: Workload) -> Option<u64> {
+        self.plan.iter().find(|(p, _)| *p == w).map(|(_, c)| *c)
+    }
+}
+
+/// Runs `mesh bench` and prints its report (a table, or JSON with `--json`).
+///
+/// Errors if the bench could not start, or if a workload produced no figure
+/// in any run (the report is printed first).
+pub fn run(cmd: BenchCommand, data: &DataDir) -> anyhow::Result<()> {
+    let json = match &cmd {
+        BenchCommand::Local { opts, .. } | BenchCommand::Peer { opts, .. } => opts.json,
+    };
+    let report = measure(cmd, data)?;
+    if json {
+        let text = serde_json::to_string_pretty(&report).context("cannot encode the report")?;
+        println!("{text}");
+    } else {
+        print!("{}", report.table());
+    }
+    let missing = report.missing();
+    if !missing.is_empty() {
+        bail!("no figure for {}: see the errors above", missing.join(", "));
+    }
+    Ok(())
+}
+
+/// Runs `mesh bench` and returns its report without printing it (progress
+/// still goes to stderr when it is a terminal).
+///
+/// A workload that fails in a run leaves that run's figure out and its error
+/// in [`Report::errors`]; this errors only if the bench cannot start at all.
+pub fn measure(cmd: BenchCommand, data: &DataDir) -> anyhow::Result<Report> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    rt.block_on(async move {
+        match cmd {
+            BenchCommand::Local {
+                nodes,
+                dir,
+                daemon_bin,
+                opts,
+            } => {
+                let settings = Settings::new(&opts)?;
+                let bin = match daemon_bin {
+                    Some(b) => b,
+                    None => std::env::current_exe()
+                        .context("cannot find this executable to start daemons with")?,
+                };
+                let parent = dir.unwrap_or_else(std::env::temp_dir);
+                let local = local::Local {
+                    nodes: nodes as usize,
+                    bin,
+                    parent,
+                    settings,
+                };
+                interruptible(local.run()).await
+            }
+            BenchCommand::Peer { peer, opts } => {
+                let settings = Settings::new(&opts)?;
+                interruptible(peer::run(data, &peer, settings)).await
+            }
+        }
+    })
+}
+
+/// Runs `work` until it ends or SIGINT/SIGTERM arrives; dropping it then
+/// kills the daemons it started.
+async fn interruptible(
+    work: impl std::future::Future<Output = anyhow::Result<Report>>,
+) -> anyhow::Result<Report> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
+    tokio::select! {
+        r = work => r,
+        _ = term.recv() => bail!("interrupted (SIGTERM); the daemons were stopped"),
+        _ = int.recv() => bail!("interrupted (SIGINT); the daemons were stopped"),
+    }
+}
+
+/// Called first by `mesh daemon`: a daemon that `mesh bench` started dies
+/// with the bench, even if the bench is killed with SIGKILL.
+pub fn when_bench_child() {
+    let Some(parent) = std::env::var(PARENT_ENV)
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok())
+    else {
+        return;
+    };
+    // Best effort: without it an interrupted bench may leave this daemon
+    // running, in a temp dir nobody reads.
+    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    let ppid = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
+    if ppid != Some(parent) {
+        // The bench died before the signal was set up.
+        std::process::exit(1);
+    }
+}
