@@ -13,6 +13,7 @@ pub mod chaos;
 pub mod checker;
 pub mod cluster;
 pub mod daemon;
+pub mod flood;
 pub mod history;
 pub mod nemesis;
 pub mod netns;
