@@ -376,6 +376,8 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
             &serde_json::json!({"step": step, "applied": applied}),
         )?;
         nemesis_log.write_all(b"\n")?;
+        // A person following a long run reads this file as it grows.
+        nemesis_log.flush()?;
         *faults.entry(applied.kind.clone()).or_default() += 1;
         tokio::time::sleep(Duration::from_millis(step.quiet_ms)).await;
     }
