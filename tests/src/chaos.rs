@@ -87,7 +87,12 @@ impl ChaosConfig {
             chaos_time: Duration::from_secs(100),
             converge_timeout: Duration::from_secs(60),
             workload: WorkloadConfig::default(),
-            isolation: Isolation::Auto,
+            // CHAOS_LOOPBACK=1 runs as a non-root user would, even as root.
+            isolation: if env_u64("CHAOS_LOOPBACK").is_some_and(|v| v != 0) {
+                Isolation::Loopback
+            } else {
+                Isolation::Auto
+            },
             daemon_config: outbox_config_from_env(),
         };
         if let Ok(out) = std::env::var("CHAOS_OUT") {
