@@ -21,7 +21,7 @@ pub use actor::{
 };
 pub use logic::CURSOR_NAME_BYTES_MAX;
 pub use mem::MemStore;
-pub use redb_store::{RedbStore, STORE_FILE_NAME};
+pub use redb_store::{CACHE_BYTES, RedbStore, STORE_FILE_NAME};
 pub use types::{
     Arrival, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord,
     Receipt, StoreMeta, StoredBatch, WriteOp,

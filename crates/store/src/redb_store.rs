@@ -39,6 +39,10 @@ use crate::{
 /// The store file's name inside the data dir.
 pub const STORE_FILE_NAME: &str = "mesh.redb";
 
+/// The most memory redb may use to cache the file's pages (reads and the
+/// write buffer of a transaction), in bytes.
+pub const CACHE_BYTES: usize = 32 << 20;
+
 const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta-v1");
 const OUTBOX: TableDefinition<'_, (&[u8], u64), &[u8]> = TableDefinition::new("outbox-v1");
 const OWN: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("own-streams-v1");
@@ -203,6 +207,15 @@ fn guarded<T>(name: &str, f: impl FnOnce() -> Result<T, StoreError>) -> Result<T
     })
 }
 
+/// A redb builder with this store's settings: redb's page cache is held to
+/// [`CACHE_BYTES`] (redb's default is 1 GiB, which a daemon with a large
+/// outbox would fill: the outbox must live on disk, not in memory).
+fn builder() -> Builder {
+    let mut b = Builder::new();
+    b.set_cache_size(CACHE_BYTES);
+    b
+}
+
 impl RedbStore {
     /// Opens the store in `data_dir`, creating `mesh.redb` with a new random
     /// epoch if it does not exist.
@@ -238,7 +251,7 @@ impl RedbStore {
             .len()
             .map_err(|e| unavailable(name, "cannot read", e))?;
         guarded(name, || {
-            let mut builder = Builder::new();
+            let mut builder = builder();
             if len > 0 {
                 builder.set_check_integrity_on_open(true);
             }
@@ -286,7 +299,7 @@ impl RedbStore {
                 Err(redb::DatabaseError::RepairAborted) => {}
                 Err(e) => return Err(from_redb(name, "cannot open", e)),
             }
-            let db = Builder::new()
+            let db = builder()
                 .set_check_integrity_on_open(true)
                 .open(path)
                 .map_err(|e| from_redb(name, "cannot open", e))?;
@@ -303,7 +316,7 @@ impl RedbStore {
             rand::random::<u64>()
         ));
         let made = guarded(name, || {
-            let db = Builder::new()
+            let db = builder()
                 .create(&tmp)
                 .map_err(|e| from_redb(name, "cannot create", e))?;
             init(&db, name)?;
