@@ -55,7 +55,7 @@ pub(super) fn time_bound(w: Workload, count: u64, rate: u32) -> Duration {
 impl Local {
     pub(super) async fn run(mut self) -> anyhow::Result<Report> {
         let started = Instant::now();
-        let machine = Machine::read();
+        let mut machine = Machine::read();
         let progress = Progress::new();
         let mut col = Collector::default();
         if let Some(count) = self.settings.count(Workload::QueuedMemory) {
@@ -124,7 +124,10 @@ impl Local {
             window: s.window,
             rate: s.rate,
             plan: Report::plan_of(&s.plan),
-            machine,
+            machine: {
+                machine.finish();
+                machine
+            },
             version: env!("CARGO_PKG_VERSION").into(),
             data_dir,
             figures,
@@ -145,10 +148,12 @@ pub(super) fn declare_probes(col: &mut Collector) {
 /// The figures a workload produces: (metric, unit).
 pub(super) fn metrics_of(w: Workload) -> &'static [(&'static str, &'static str)] {
     match w {
-        Workload::SendEach => &[("rate", "msgs/s"), ("p50", "ms")],
+        Workload::SendEach => &[("rate", "msgs/s"), ("p50", "ms"), ("sender_cpu/msg", "µs")],
         Workload::SendPipelined => &[
             ("rate", "msgs/s"),
             ("sender_rate", "msgs/s"),
+            ("sender_cpu/msg", "µs"),
+            ("peer_cpu/msg", "µs"),
             ("sender_disk/msg", "bytes"),
             ("peer_disk/msg", "bytes"),
         ],
@@ -156,6 +161,8 @@ pub(super) fn metrics_of(w: Workload) -> &'static [(&'static str, &'static str)]
         Workload::CatchUp => &[
             ("rate", "msgs/s"),
             ("peer_start", "ms"),
+            ("sender_cpu/msg", "µs"),
+            ("peer_cpu/msg", "µs"),
             ("peer_disk/msg", "bytes"),
         ],
         Workload::QueuedMemory => &[
@@ -249,7 +256,10 @@ impl RunCtx<'_> {
             .context("a cluster has at least two nodes")?;
         let to: Vec<String> = receivers.iter().map(|r| r.id.clone()).collect();
         match w {
-            Workload::SendEach => self.send_each(sender.socket(), to, count).await,
+            Workload::SendEach => {
+                self.send_each(sender.socket(), Some(sender), to, count)
+                    .await
+            }
             Workload::SendPipelined => self.pipelined(sender, receivers, to, count).await,
             Workload::Latency => self.latency(sender, receivers, to, count).await,
             Workload::CatchUp => self.catch_up(sender, receivers, to, count).await,
@@ -261,12 +271,15 @@ impl RunCtx<'_> {
     pub(super) async fn send_each(
         &mut self,
         socket: &Path,
+        sender: Option<&Daemon>,
         to: Vec<String>,
         count: u64,
     ) -> anyhow::Result<()> {
         let msgs = self.msgs('e', to);
         let mut conn = Conn::open(socket).await?;
         let bar = self.bar("send-each", count, "msgs");
+        let sender = sender.map(std::slice::from_ref).unwrap_or_default();
+        let u0 = Usage::of(sender);
         let t0 = Instant::now();
         let (mut times, _) = send::each(&mut conn, &msgs, count, &bar).await?;
         let rate = count as f64 / t0.elapsed().as_secs_f64();
@@ -274,6 +287,11 @@ impl RunCtx<'_> {
         let p50 = measure::quantile(&times, 0.5).map_or(f64::NAN, ms);
         self.col.add("send-each", "rate", "msgs/s", count, rate);
         self.col.add("send-each", "p50", "ms", count, p50);
+        if !sender.is_empty() {
+            let cpu = Usage::of(sender).cpu_per_msg(&u0, count);
+            self.col
+                .add("send-each", "sender_cpu/msg", "µs", count, cpu);
+        }
         bar.finish(&format!("{rate:.0} msgs/s, p50 {p50:.2} ms per send"));
         Ok(())
     }
@@ -287,8 +305,8 @@ impl RunCtx<'_> {
     ) -> anyhow::Result<()> {
         let msgs = self.msgs('p', to);
         let bar = self.bar("send-pipelined", count, "msgs");
-        let sender_w0 = written(std::slice::from_ref(sender));
-        let peers_w0 = written(receivers);
+        let sender_u0 = Usage::of(std::slice::from_ref(sender));
+        let peers_u0 = Usage::of(receivers);
         let t0 = Instant::now();
         let last = send::stream(&sender.client, msgs, count, self.settings.window, &bar).await?;
         let local = t0.elapsed();
@@ -296,22 +314,20 @@ impl RunCtx<'_> {
         send::wait_marks(receivers, sender, &last, base, &bar).await?;
         let rate = count as f64 / t0.elapsed().as_secs_f64();
         let sender_rate = count as f64 / local.as_secs_f64();
-        let per_msg = |w1: u64, w0: u64| w1.saturating_sub(w0) as f64 / count as f64;
-        let sender_w = per_msg(written(std::slice::from_ref(sender)), sender_w0);
-        let peers_w = per_msg(written(receivers), peers_w0);
+        let sender_u = Usage::of(std::slice::from_ref(sender));
+        let peers_u = Usage::of(receivers);
         let pl = "send-pipelined";
+        self.col.add(pl, "rate", "msgs/s", count, rate);
         self.col
-            .add(pl, "sender_disk/msg", "bytes", count, sender_w);
-        self.col.add(pl, "peer_disk/msg", "bytes", count, peers_w);
-        self.col
-            .add("send-pipelined", "rate", "msgs/s", count, rate);
-        self.col.add(
-            "send-pipelined",
-            "sender_rate",
-            "msgs/s",
-            count,
-            sender_rate,
-        );
+            .add(pl, "sender_rate", "msgs/s", count, sender_rate);
+        let cpu = sender_u.cpu_per_msg(&sender_u0, count);
+        self.col.add(pl, "sender_cpu/msg", "µs", count, cpu);
+        let cpu = peers_u.cpu_per_msg(&peers_u0, count);
+        self.col.add(pl, "peer_cpu/msg", "µs", count, cpu);
+        let disk = sender_u.disk_per_msg(&sender_u0, count);
+        self.col.add(pl, "sender_disk/msg", "bytes", count, disk);
+        let disk = peers_u.disk_per_msg(&peers_u0, count);
+        self.col.add(pl, "peer_disk/msg", "bytes", count, disk);
         bar.finish(&format!(
             "{rate:.0} msgs/s committed at the peers ({sender_rate:.0} msgs/s at the sender)"
         ));
@@ -442,6 +458,7 @@ impl RunCtx<'_> {
         bar.finish("queued");
         let base = send::total(&last) - count;
         let bar = self.bar("catch-up", count, "msgs");
+        let sender_u0 = Usage::of(std::slice::from_ref(sender));
         let t0 = Instant::now();
         for r in receivers.iter_mut() {
             r.spawn()?;
@@ -452,13 +469,17 @@ impl RunCtx<'_> {
         let started = t0.elapsed();
         send::wait_marks(receivers, sender, &last, base, &bar).await?;
         let rate = count as f64 / t0.elapsed().as_secs_f64();
-        // The peers are new processes: all they wrote is startup and catch-up.
-        let peers_w = written(receivers) as f64 / count as f64;
-        self.col
-            .add("catch-up", "peer_disk/msg", "bytes", count, peers_w);
-        self.col.add("catch-up", "rate", "msgs/s", count, rate);
-        self.col
-            .add("catch-up", "peer_start", "ms", count, ms(started));
+        // The peers are new processes: all they did is start and catch up.
+        let peers_u = Usage::of(receivers);
+        let sender_cpu = Usage::of(std::slice::from_ref(sender)).cpu_per_msg(&sender_u0, count);
+        let cu = "catch-up";
+        self.col.add(cu, "rate", "msgs/s", count, rate);
+        self.col.add(cu, "peer_start", "ms", count, ms(started));
+        self.col.add(cu, "sender_cpu/msg", "µs", count, sender_cpu);
+        let cpu = peers_u.cpu_per_msg(&Usage::default(), count);
+        self.col.add(cu, "peer_cpu/msg", "µs", count, cpu);
+        let disk = peers_u.disk_per_msg(&Usage::default(), count);
+        self.col.add(cu, "peer_disk/msg", "bytes", count, disk);
         bar.finish(&format!(
             "{rate:.0} msgs/s from the peers' start (they answered after {:.0} ms)",
             ms(started)
@@ -526,12 +547,34 @@ impl RunCtx<'_> {
     }
 }
 
-/// Bytes the running daemons among `nodes` have written to storage.
-fn written(nodes: &[Daemon]) -> u64 {
-    nodes
-        .iter()
-        .filter_map(|d| measure::written(d.pid()?))
-        .sum()
+/// What the running daemons among some nodes have used so far.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    /// Bytes written to storage.
+    written: u64,
+    /// CPU time, user and system.
+    cpu: Duration,
+}
+
+impl Usage {
+    fn of(nodes: &[Daemon]) -> Usage {
+        let mut u = Usage::default();
+        for pid in nodes.iter().filter_map(Daemon::pid) {
+            u.written += measure::written(pid).unwrap_or(0);
+            u.cpu += measure::cpu_time(pid).unwrap_or_default();
+        }
+        u
+    }
+
+    /// CPU µs per message since `before`.
+    fn cpu_per_msg(&self, before: &Usage, count: u64) -> f64 {
+        self.cpu.saturating_sub(before.cpu).as_secs_f64() * 1e6 / count as f64
+    }
+
+    /// Bytes written per message since `before`.
+    fn disk_per_msg(&self, before: &Usage, count: u64) -> f64 {
+        self.written.saturating_sub(before.written) as f64 / count as f64
+    }
 }
 
 /// A helper task aborted when dropped.

@@ -125,6 +125,28 @@ pub(super) fn written(pid: u32) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// CPU time (user + system, every thread) process `pid` has used.
+pub(super) fn cpu_time(pid: u32) -> Option<Duration> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which may hold spaces: state is field 3,
+    // utime 14 and stime 15, in clock ticks.
+    let (_, rest) = text.rsplit_once(')')?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // USER_HZ is 100 on every Linux architecture.
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// The share of the last minute some task waited for `what` (`cpu`, `io`),
+/// in percent, from `/proc/pressure`.
+pub(super) fn pressure(what: &str) -> Option<f64> {
+    let text = std::fs::read_to_string(format!("/proc/pressure/{what}")).ok()?;
+    let some = text.lines().find(|l| l.starts_with("some"))?;
+    some.split_whitespace()
+        .find_map(|f| f.strip_prefix("avg60="))
+        .and_then(|v| v.parse().ok())
+}
+
 /// Resets the peak RSS (`VmHWM`) of `pid` to its current RSS; false if the
 /// kernel refused.
 pub(super) fn reset_peak(pid: u32) -> bool {
@@ -247,5 +269,6 @@ mod tests {
         let (rss, hwm) = memory(me).unwrap();
         assert!(rss > 0 && hwm >= rss / 2);
         assert!(written(me).is_some());
+        assert!(cpu_time(me).is_some());
     }
 }

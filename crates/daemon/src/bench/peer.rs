@@ -47,7 +47,7 @@ pub(super) async fn run(
     mut settings: Settings,
 ) -> anyhow::Result<Report> {
     let started = Instant::now();
-    let machine = Machine::read();
+    let mut machine = Machine::read();
     let client = Client::new(data.socket_path());
     let st: StatusView = client
         .get("/v1/status")
@@ -84,7 +84,11 @@ pub(super) async fn run(
         if *w == Workload::Latency {
             col.declare(w.name(), "ack_p50", "ms", *count);
         } else {
-            for (metric, unit) in metrics_of(*w) {
+            // This process cannot see the peer's (or, here, the daemon's) CPU and disk.
+            let seen = metrics_of(*w)
+                .iter()
+                .filter(|(m, _)| !m.contains("cpu") && !m.contains("disk"));
+            for (metric, unit) in seen {
                 col.declare(w.name(), metric, unit, *count);
             }
         }
@@ -105,7 +109,7 @@ pub(super) async fn run(
             let work = async {
                 match w {
                     Workload::SendEach => {
-                        r.send_each(&data.socket_path(), vec![peer.to_owned()], *count)
+                        r.send_each(&data.socket_path(), None, vec![peer.to_owned()], *count)
                             .await
                     }
                     Workload::SendPipelined => pipelined(&mut r, &client, peer, *count).await,
@@ -144,7 +148,10 @@ pub(super) async fn run(
         window: settings.window,
         rate: settings.rate,
         plan: Report::plan_of(&settings.plan),
-        machine,
+        machine: {
+            machine.finish();
+            machine
+        },
         version: env!("CARGO_PKG_VERSION").into(),
         data_dir: data.root().display().to_string(),
         figures,

@@ -64,6 +64,13 @@ pub struct Machine {
     pub kernel: String,
     /// The load average (1 minute) when the bench started.
     pub load: Option<f64>,
+    /// The load average (1 minute) when it ended.
+    pub load_end: Option<f64>,
+    /// CPU pressure over the bench's last minute: the share of time some
+    /// task waited for a CPU, in percent (`/proc/pressure/cpu`, avg60).
+    pub cpu_pressure: Option<f64>,
+    /// IO pressure over the last minute, likewise (`/proc/pressure/io`).
+    pub io_pressure: Option<f64>,
 }
 
 impl Machine {
@@ -80,16 +87,29 @@ impl Machine {
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_owned())
             .unwrap_or_else(|_| "unknown".into());
-        let load = std::fs::read_to_string("/proc/loadavg")
-            .ok()
-            .and_then(|t| t.split_whitespace().next().and_then(|v| v.parse().ok()));
         Machine {
             nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
             cpu,
             kernel,
-            load,
+            load: load_average(),
+            load_end: None,
+            cpu_pressure: None,
+            io_pressure: None,
         }
     }
+
+    /// Notes how busy the machine was by the end of the bench.
+    pub(super) fn finish(&mut self) {
+        self.load_end = load_average();
+        self.cpu_pressure = super::measure::pressure("cpu");
+        self.io_pressure = super::measure::pressure("io");
+    }
+}
+
+fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|t| t.split_whitespace().next().and_then(|v| v.parse().ok()))
 }
 
 /// What `mesh bench` measured.
@@ -289,14 +309,18 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "machine: {} × {}, Linux {}{}; data in {}",
-            m.nproc,
-            m.cpu,
-            m.kernel,
-            m.load
-                .map(|l| format!(", load {l:.1} at start"))
-                .unwrap_or_default(),
-            self.data_dir
+            "machine: {} × {}, Linux {}; data in {}",
+            m.nproc, m.cpu, m.kernel, self.data_dir
+        );
+        let opt = |v: Option<f64>| v.map_or_else(|| "?".to_owned(), |v| format!("{v:.1}"));
+        let _ = writeln!(
+            out,
+            "load average {} at start, {} at end; in the last minute some task waited for a CPU {} % \
+             and for IO {} % of the time",
+            opt(m.load),
+            opt(m.load_end),
+            opt(m.cpu_pressure),
+            opt(m.io_pressure)
         );
         let _ = writeln!(out);
         let _ = writeln!(
