@@ -74,14 +74,15 @@ pub enum Fault {
         down_ms: u64,
     },
     /// `kill -9` a node, keep it down for `down_ms` while the others queue
-    /// messages for it, restart it, and `kill -9` it again `resync_ms` after
-    /// it answers, while it is catching up; then restart it.
+    /// messages for it, restart it, and `kill -9` it again as soon as the
+    /// others' queues for it start to shrink (it is catching up), or
+    /// `resync_ms` after it answers at the latest; then restart it.
     KillDuringResync {
         /// The node.
         node: usize,
         /// How long it stays down first.
         down_ms: u64,
-        /// How long after it is back the second kill comes.
+        /// How long after it is back the second kill comes at the latest.
         resync_ms: u64,
     },
 }
@@ -149,6 +150,10 @@ pub fn plan(seed: u64, nodes: usize, count: usize, network: bool) -> Vec<Step> {
     }
     let mut first = kinds.clone();
     rng.shuffle(&mut first);
+    // After one of each, kills during resync come twice as often: they are
+    // the fault the issue singles out.
+    let mut later = kinds.clone();
+    later.push(Kind::KillDuringResync);
     let ms = |rng: &mut SimRng, lo: u64, hi: u64| {
         rng.duration(Duration::from_millis(lo), Duration::from_millis(hi))
             .as_millis() as u64
@@ -158,7 +163,7 @@ pub fn plan(seed: u64, nodes: usize, count: usize, network: bool) -> Vec<Step> {
             let kind = first
                 .get(i)
                 .copied()
-                .unwrap_or_else(|| kinds[rng.index(kinds.len())]);
+                .unwrap_or_else(|| later[rng.index(later.len())]);
             let node = rng.index(nodes.max(1));
             let fault = match kind {
                 Kind::KillRestart => Fault::KillRestart {
@@ -172,7 +177,7 @@ pub fn plan(seed: u64, nodes: usize, count: usize, network: bool) -> Vec<Step> {
                 Kind::KillDuringResync => Fault::KillDuringResync {
                     node,
                     down_ms: ms(&mut rng, 1500, 4000),
-                    resync_ms: ms(&mut rng, 0, 300),
+                    resync_ms: ms(&mut rng, 300, 2000),
                 },
                 Kind::KillAfterAck => Fault::KillAfterAck {
                     node,
@@ -214,9 +219,12 @@ pub struct Applied {
     pub t_ms: u64,
     /// The fault's kind.
     pub kind: String,
+    /// For `kill_during_resync`: envelopes the other nodes had queued for
+    /// the node when it answered again after the first kill.
+    pub queued_at_restart: Option<u64>,
     /// For `kill_during_resync`: envelopes the other nodes still had queued
     /// for the node right after the second kill (above zero shows it was
-    /// killed while catching up).
+    /// killed before it caught up).
     pub queued_at_kill: Option<u64>,
     /// For network faults: packets the `tc` rules dropped while it lasted
     /// (above zero shows the cut bit on live traffic).
@@ -346,30 +354,49 @@ pub async fn apply(cluster: &mut Cluster, ctx: &mut Ctx, fault: &Fault) -> anyho
             cluster.kill(*node).await?;
             sleep(*down_ms).await;
             cluster.restart(*node).await?;
-            sleep(*resync_ms).await;
+            // Watch the others' queues for it (bounded by `resync_ms`) and
+            // kill it as soon as they shrink: it is catching up.
+            let at_restart = queued_for(cluster, *node).await;
+            let deadline = tokio::time::Instant::now() + Duration::from_millis(*resync_ms);
+            for _ in 0..RESYNC_POLLS_MAX {
+                let now = queued_for(cluster, *node).await;
+                if now == 0 || now < at_restart || tokio::time::Instant::now() >= deadline {
+                    break;
+                }
+                tokio::time::sleep(RESYNC_POLL).await;
+            }
             cluster.kill(*node).await?;
             // What the others still hold for it: not yet acknowledged.
-            let id = cluster.node_id(*node).to_owned();
-            let mut queued = 0;
-            for other in (0..cluster.len()).filter(|o| o != node) {
-                match cluster.status(other).await {
-                    Ok(st) => {
-                        queued += st
-                            .peers
-                            .iter()
-                            .filter(|p| p.node == id)
-                            .map(|p| p.queued_msgs)
-                            .sum::<u64>();
-                    }
-                    Err(e) => applied.note = format!("status of node {other}: {e:#}"),
-                }
-            }
-            applied.queued_at_kill = Some(queued);
+            applied.queued_at_restart = Some(at_restart);
+            applied.queued_at_kill = Some(queued_for(cluster, *node).await);
             sleep(*down_ms / 4).await;
             cluster.restart(*node).await?;
         }
     }
     Ok(applied)
+}
+
+/// How often, and how many times at most, `kill_during_resync` reads the
+/// others' queues while waiting for the catch-up to start.
+const RESYNC_POLL: Duration = Duration::from_millis(2);
+const RESYNC_POLLS_MAX: u32 = 2000;
+
+/// Envelopes the other nodes hold unacknowledged for `node` (a node whose
+/// status cannot be read counts 0).
+async fn queued_for(cluster: &Cluster, node: usize) -> u64 {
+    let id = cluster.node_id(node);
+    let mut queued = 0;
+    for other in (0..cluster.len()).filter(|o| *o != node) {
+        if let Ok(st) = cluster.status(other).await {
+            queued += st
+                .peers
+                .iter()
+                .filter(|p| p.node == id)
+                .map(|p| p.queued_msgs)
+                .sum::<u64>();
+        }
+    }
+    queued
 }
 
 /// Packets dropped on every port so far (a port that cannot be read counts 0).

@@ -32,6 +32,10 @@ fn a_short_seeded_chaos_run_loses_nothing() {
         "only {} faults were carried out\n{report}",
         report.faults_total
     );
+    assert!(
+        report.resync_kills_while_behind >= 1,
+        "no kill landed while the node was catching up\n{report}"
+    );
     judge(&report);
 }
 
