@@ -4,9 +4,11 @@
 //! The harness runs real `mesh daemon` processes ([`cluster`]), optionally in
 //! network namespaces ([`netns`]), drives them with a recorded [`workload`],
 //! injects seeded faults ([`nemesis`]) and judges the result ([`checker`]);
-//! [`chaos`] ties it together. The process-level tests live in
-//! `bin/mesh/tests/`, where the `mesh` executable's path is known. What it
-//! does and how to run it: `docs/reliability.md`.
+//! [`chaos`] ties it together. [`outage`] fills a node's disk and
+//! [`flood`] sends it hostile frames; [`daemon`] runs one daemon and the CLI
+//! as a person would. The process-level tests live in `bin/mesh/tests/`,
+//! where the `mesh` executable's path is known. What the fault harness does
+//! and how to run it: `docs/reliability.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod chaos;
