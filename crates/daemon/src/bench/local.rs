@@ -157,7 +157,12 @@ pub(super) fn metrics_of(w: Workload) -> &'static [(&'static str, &'static str)]
             ("sender_disk/msg", "bytes"),
             ("peer_disk/msg", "bytes"),
         ],
-        Workload::Latency => &[("p50", "ms"), ("p99", "ms"), ("max", "ms")],
+        Workload::Latency => &[
+            ("p50", "ms"),
+            ("p99", "ms"),
+            ("max", "ms"),
+            ("sender_p50", "ms"),
+        ],
         Workload::CatchUp => &[
             ("rate", "msgs/s"),
             ("peer_start", "ms"),
@@ -415,7 +420,7 @@ impl RunCtx<'_> {
             }
             anyhow::Ok(n)
         };
-        let (_, received) = tokio::try_join!(sending, receiving)?;
+        let (mut answered, received) = tokio::try_join!(sending, receiving)?;
         drop(readers);
         let sent = sent_at
             .lock()
@@ -435,6 +440,10 @@ impl RunCtx<'_> {
         self.col.add("latency", "p50", "ms", count, p50);
         self.col.add("latency", "p99", "ms", count, p99);
         self.col.add("latency", "max", "ms", count, max);
+        answered.sort();
+        let sender_p50 = measure::quantile(&answered, 0.5).map_or(f64::NAN, ms);
+        self.col
+            .add("latency", "sender_p50", "ms", count, sender_p50);
         bar.finish(&format!(
             "p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms at {} msgs/s",
             self.settings.rate

@@ -113,7 +113,8 @@ pub(super) async fn each(
 /// Sends message `k` at `k / rate` seconds from now, each on its own
 /// `POST /v1/send` (on a pool of kept-alive connections, at most
 /// [`PACED_IN_FLIGHT_MAX`] at once), as independent agents would; records
-/// when each went in `sent_at`.
+/// when each went in `sent_at`. Returns how long each waited for its
+/// commit at the sender, in no particular order.
 pub(super) async fn paced(
     socket: &Path,
     msgs: Arc<Msgs>,
@@ -121,19 +122,20 @@ pub(super) async fn paced(
     rate: u32,
     sent_at: Arc<Mutex<Vec<Option<std::time::Instant>>>>,
     bar: &Bar,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Duration>> {
     let pool: Arc<Mutex<Vec<Conn>>> = Arc::default();
-    let mut tasks: JoinSet<anyhow::Result<()>> = JoinSet::new();
+    let mut tasks: JoinSet<anyhow::Result<Duration>> = JoinSet::new();
+    let mut answered = Vec::with_capacity(count as usize);
     let start = Instant::now();
     for k in 0..count {
         tokio::time::sleep_until(start + Duration::from_secs_f64(k as f64 / f64::from(rate))).await;
         while let Some(done) = tasks.try_join_next() {
-            done??;
+            answered.push(done??);
             bar.inc(1);
         }
         while tasks.len() >= PACED_IN_FLIGHT_MAX {
             if let Some(done) = tasks.join_next().await {
-                done??;
+                answered.push(done??);
                 bar.inc(1);
             }
         }
@@ -157,17 +159,18 @@ pub(super) async fn paced(
                 .post("/v1/send", Bytes::from(body))
                 .await
                 .with_context(|| format!("message {k}"))?;
+            let took = at.elapsed();
             if let Ok(mut p) = pool.lock() {
                 p.push(conn);
             }
-            Ok(())
+            Ok(took)
         });
     }
     while let Some(done) = tasks.join_next().await {
-        done??;
+        answered.push(done??);
         bar.inc(1);
     }
-    Ok(())
+    Ok(answered)
 }
 
 /// One NDJSON answer line.
