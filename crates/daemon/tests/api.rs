@@ -5,10 +5,11 @@
 //! will, so everything the journal routes show was really committed.
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
+mod common;
+use common::{bounded, error_code, open_unread_subscription};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use hyper::{Method, StatusCode};
 use mesh_daemon::api::json::{EventEntry, EventRecord, EventsPage, LaggedEvent};
@@ -24,17 +25,8 @@ use mesh_store::{
     Arrival, MeshStore, OnFull, OutboxBounds, PeerRecord, RedbStore, StoreHandle, WriteOp,
 };
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::sync::{oneshot, watch};
-
-/// Every test finishes well within this, or fails.
-const TEST_TIMEOUT: Duration = Duration::from_secs(120);
-
-async fn bounded<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(TEST_TIMEOUT, f)
-        .await
-        .expect("test timed out")
-}
 
 fn random_key() -> SecretKey {
     SecretKey::from_bytes(&rand::random::<[u8; 32]>())
@@ -314,10 +306,6 @@ fn body_of(e: &EventEntry) -> Option<&str> {
     }
 }
 
-fn error_code(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("<none>")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paging_events_one_at_a_time_returns_each_of_1000_exactly_once_across_a_restart() {
     bounded(async {
@@ -481,23 +469,6 @@ async fn a_named_cursor_is_durable_across_a_restart() {
     .await
 }
 
-/// Reads the response head of a raw HTTP request, then leaves the rest unread.
-async fn open_raw_subscription(socket: &Path) -> tokio::net::UnixStream {
-    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
-    s.write_all(b"GET /v1/subscribe HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8(head).unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    s
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
     bounded(async {
@@ -512,7 +483,7 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
         let peer = d.add_peer().await;
 
         // The stopped subscriber: its response has started, then nobody reads.
-        let mut stopped = open_raw_subscription(&d.socket).await;
+        let mut stopped = open_unread_subscription(&d.socket).await;
         // The reading subscriber collects every message and the loss record.
         let mut sub = d.client.subscribe("/v1/subscribe").await.unwrap();
         let reader = tokio::spawn(async move {

@@ -7,6 +7,8 @@
 //! intervals and a bounded number of tries, and every test has a deadline.
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
+mod common;
+use common::{bounded, error_code, open_unread_subscription};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,21 +19,13 @@ use mesh_daemon::client::Client;
 use mesh_daemon::paths::DataDir;
 use mesh_daemon::run::Daemon;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 
-/// Every test finishes well within this, or fails.
-const TEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// How often a condition is polled.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// How many polls before a wait fails (about 60 s: two cores, debug build,
 /// other tests running).
 const POLLS_MAX: u32 = 3000;
-
-async fn bounded<T>(f: impl Future<Output = T>) -> T {
-    tokio::time::timeout(TEST_TIMEOUT, f)
-        .await
-        .expect("test timed out")
-}
 
 /// Polls `f` until it gives a value, at most [`POLLS_MAX`] times.
 async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
@@ -42,10 +36,6 @@ async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
         tokio::time::sleep(POLL_INTERVAL).await;
     }
     panic!("gave up waiting for {what}");
-}
-
-fn error_code(v: &Value) -> &str {
-    v["error"]["code"].as_str().unwrap_or("<none>")
 }
 
 /// One real daemon in `<tmp>/<name>`, restartable on the same port.
@@ -526,23 +516,6 @@ async fn bad_json_unknown_peer_oversized_body_and_full_outbox_give_the_documente
         a.stop().await;
     })
     .await
-}
-
-/// Reads the response head of a raw subscription request, then leaves the rest unread.
-async fn open_unread_subscription(socket: &Path) -> tokio::net::UnixStream {
-    let mut s = tokio::net::UnixStream::connect(socket).await.unwrap();
-    s.write_all(b"GET /v1/subscribe HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        .await
-        .unwrap();
-    let mut head = Vec::new();
-    let mut byte = [0u8; 1];
-    while !head.ends_with(b"\r\n\r\n") {
-        s.read_exact(&mut byte).await.unwrap();
-        head.push(byte[0]);
-    }
-    let head = String::from_utf8(head).unwrap();
-    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
