@@ -69,10 +69,7 @@ impl BusApi {
 
 fn peer_status(p: NodePeer, marks: &mut HashMap<NodeId, Vec<StreamMark>>) -> PeerStatus {
     let (queued_msgs, outbox_bytes) = match &p.own_stream {
-        Some(o) => (
-            o.next_seq.saturating_sub(1).saturating_sub(o.last_acked),
-            o.bytes,
-        ),
+        Some(o) => (queued(o), o.bytes),
         None => (0, 0),
     };
     PeerStatus {
@@ -84,6 +81,14 @@ fn peer_status(p: NodePeer, marks: &mut HashMap<NodeId, Vec<StreamMark>>) -> Pee
         queued_msgs,
         outbox_bytes,
     }
+}
+
+/// Envelopes of `o` that are unacknowledged and still in the outbox: from
+/// past the ack (or from the oldest retained, if `evict-oldest` dropped
+/// more) to the last one sent.
+fn queued(o: &mesh_store::OwnStream) -> u64 {
+    o.next_seq
+        .saturating_sub(o.first_retained.max(o.last_acked.saturating_add(1)))
 }
 
 fn node_error(e: NodeError) -> ApiError {
@@ -313,4 +318,33 @@ pub(crate) fn render_metrics(status: &mesh_bus::node::NodeStatus, out: &mut Stri
         "# HELP mesh_journal_head Last journal arrival written.\n# TYPE mesh_journal_head gauge\nmesh_journal_head {}",
         status.journal_head
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_protocol::{Epoch, SecretKey, StreamId};
+    use mesh_store::OwnStream;
+
+    use super::queued;
+
+    #[test]
+    fn queued_counts_only_unacknowledged_envelopes_still_in_the_outbox() {
+        let me = SecretKey::from_bytes(&[1; 32]).public();
+        let to = SecretKey::from_bytes(&[3; 32]).public();
+        let own = |first_retained, last_acked| OwnStream {
+            stream: StreamId::direct(me, Epoch([0; 16]), to),
+            next_seq: 101,
+            first_retained,
+            last_acked,
+            msgs: 101 - first_retained,
+            bytes: 0,
+        };
+        // 100 sent, 40 acknowledged, nothing evicted: 60 queued.
+        assert_eq!(queued(&own(1, 40)), 60);
+        // evict-oldest dropped everything before 71 (30 of it unacknowledged).
+        assert_eq!(queued(&own(71, 40)), 30);
+        // Acknowledged ones evicted too: still only what is unacknowledged.
+        assert_eq!(queued(&own(50, 60)), 40);
+        assert_eq!(queued(&own(1, 100)), 0);
+    }
 }
