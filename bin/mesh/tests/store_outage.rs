@@ -3,13 +3,11 @@
 
 use std::path::Path;
 
-/// Fails today: after ENOSPC, redb refuses every later write ("Previous I/O
-/// error occurred. Please close and re-open the database.") and the store
-/// actor retries the same handle forever, so the node takes no sends until
-/// it is restarted, although the disk has room again. Nothing acknowledged
-/// is lost. Run it with `cargo test -p mesh --test store_outage -- --ignored`.
+/// While the disk is full, sends are refused (503) and nothing acknowledged
+/// is lost; once it has room again the node takes sends again by itself:
+/// the store reopens redb after a failed write, because redb refuses every
+/// later write on the same handle ("Previous I/O error occurred").
 #[test]
-#[ignore = "known bug: the store does not reopen redb after a write error, so a full disk needs a restart"]
 fn a_full_disk_refuses_sends_loses_nothing_and_recovers_by_itself() {
     if !mesh_tests::netns::is_root() {
         eprintln!("SKIPPED: the store outage test mounts a tmpfs, which needs root");

@@ -19,6 +19,7 @@ use std::fmt;
 use std::fs;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
+use std::sync::RwLock;
 
 use mesh_protocol::{Epoch, Mark, Seq, SignedBatch, StreamId};
 use redb::backends::InMemoryBackend;
@@ -119,7 +120,10 @@ impl OwnCounters {
 /// Opened by one process at a time (redb's file lock); every commit is
 /// `Durability::Immediate`.
 pub struct RedbStore {
-    db: Database,
+    /// `None` only between dropping a failed handle and reopening the file.
+    db: RwLock<Option<Database>>,
+    /// The file, for reopening after an I/O error (`None` on other backends).
+    path: Option<PathBuf>,
     /// The file's path, or a name for a store on another backend; for messages.
     name: String,
     meta: StoreMeta,
@@ -261,7 +265,7 @@ impl RedbStore {
             if len == 0 {
                 init(&db, name)?;
             }
-            Self::load(db, name)
+            Self::load(db, name, None)
         })
     }
 
@@ -273,7 +277,12 @@ impl RedbStore {
     /// Runs redb's full integrity check (walks every page).
     pub fn check_integrity(&mut self) -> Result<bool, StoreError> {
         let name = self.name.clone();
+        let closed = self.closed();
         self.db
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_mut()
+            .ok_or(closed)?
             .check_integrity()
             .map_err(|e| from_redb(&name, "cannot check", e))
     }
@@ -303,7 +312,7 @@ impl RedbStore {
                 .set_check_integrity_on_open(true)
                 .open(path)
                 .map_err(|e| from_redb(name, "cannot open", e))?;
-            Self::load(db, name)
+            Self::load(db, name, Some(path))
         })
     }
 
@@ -336,7 +345,7 @@ impl RedbStore {
         match linked {
             Ok(()) => {
                 sync_dir(data_dir).map_err(|e| unavailable(name, "cannot sync the dir of", e))?;
-                Self::load(db, name)
+                Self::load(db, name, Some(path))
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 drop(db);
@@ -350,17 +359,73 @@ impl RedbStore {
     }
 
     /// Checks the store in `db` and wraps it.
-    fn load(db: Database, name: &str) -> Result<Self, StoreError> {
+    fn load(db: Database, name: &str, path: Option<&Path>) -> Result<Self, StoreError> {
         let rx = db
             .begin_read()
             .map_err(|e| from_redb(name, "cannot read", e))?;
         let meta = read_meta(&rx, name)?;
         drop(rx);
         Ok(RedbStore {
-            db,
+            db: RwLock::new(Some(db)),
+            path: path.map(Path::to_owned),
             name: name.to_owned(),
             meta,
         })
+    }
+
+    fn closed(&self) -> StoreError {
+        unavailable(
+            &self.name,
+            "cannot use",
+            std::io::Error::other("the store is being reopened after an I/O error"),
+        )
+    }
+
+    fn begin_read(&self) -> Result<redb::ReadTransaction, StoreError> {
+        let db = self.db.read().unwrap_or_else(|p| p.into_inner());
+        db.as_ref()
+            .ok_or_else(|| self.closed())?
+            .begin_read()
+            .map_err(|e| self.read_err(e))
+    }
+
+    /// Drops the handle and opens the file again.
+    ///
+    /// After one failed write (a full disk, say) redb refuses every later
+    /// write on the same handle ("Previous I/O error occurred"), so a store
+    /// that should recover when the disk has room again must reopen. Nothing
+    /// committed is lost: the file is opened like after a crash (repaired if
+    /// needed, integrity checked) and must hold the same epoch. If it cannot
+    /// be opened yet, the store stays closed and the next commit tries again.
+    fn reopen(&self) {
+        let Some(path) = &self.path else { return };
+        let mut db = self.db.write().unwrap_or_else(|p| p.into_inner());
+        // Release the file and its lock before opening it again.
+        drop(db.take());
+        let opened = builder()
+            .set_check_integrity_on_open(true)
+            .open(path)
+            .map_err(|e| from_redb(&self.name, "cannot reopen", e))
+            .and_then(|d| {
+                let rx = d
+                    .begin_read()
+                    .map_err(|e| from_redb(&self.name, "cannot read", e))?;
+                let meta = read_meta(&rx, &self.name)?;
+                drop(rx);
+                if meta.epoch != self.meta.epoch {
+                    return Err(corrupt(&self.name, "its epoch changed while it was open"));
+                }
+                Ok(d)
+            });
+        match opened {
+            Ok(d) => {
+                *db = Some(d);
+                tracing::info!(store = %self.name, "store reopened after a write error");
+            }
+            Err(e) => {
+                tracing::warn!(store = %self.name, error = %e, "store not reopened yet; the next commit tries again")
+            }
+        }
     }
 
     fn read_err(&self, e: impl Into<redb::Error>) -> StoreError {
@@ -373,7 +438,12 @@ impl RedbStore {
     ) -> Result<Vec<Result<Receipt, StoreError>>, StoreError> {
         let name = self.name.as_str();
         let werr = |e: redb::Error| from_redb(name, "cannot write", e);
-        let mut tx = self.db.begin_write().map_err(|e| werr(e.into()))?;
+        let db = self.db.read().unwrap_or_else(|p| p.into_inner());
+        let mut tx = db
+            .as_ref()
+            .ok_or_else(|| self.closed())?
+            .begin_write()
+            .map_err(|e| werr(e.into()))?;
         tx.set_durability(Durability::Immediate)
             .map_err(|e| werr(e.into()))?;
         let mut out = Vec::with_capacity(groups.len());
@@ -661,17 +731,23 @@ impl MeshStore for RedbStore {
 
     fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
         let n = groups.len();
+        if self.db.read().unwrap_or_else(|p| p.into_inner()).is_none() {
+            self.reopen();
+        }
         match self.try_commit(groups) {
             Ok(out) => out,
             Err(e) => {
                 tracing::warn!(store = %self.name, error = %e, groups = n, "store commit failed");
+                if matches!(e, StoreError::Unavailable(_)) {
+                    self.reopen();
+                }
                 vec![Err(e); n]
             }
         }
     }
 
     fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError> {
-        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let rx = self.begin_read()?;
         let t = rx.open_table(OWN).map_err(|e| self.read_err(e))?;
         let mut out = Vec::new();
         for row in t.iter().map_err(|e| self.read_err(e))? {
@@ -684,7 +760,7 @@ impl MeshStore for RedbStore {
     }
 
     fn marks(&self) -> Result<Vec<Mark>, StoreError> {
-        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let rx = self.begin_read()?;
         let t = rx.open_table(MARKS).map_err(|e| self.read_err(e))?;
         let mut out = Vec::new();
         for row in t.iter().map_err(|e| self.read_err(e))? {
@@ -708,7 +784,7 @@ impl MeshStore for RedbStore {
         };
         let k = stream_key(stream)?;
         let k = k.as_slice();
-        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let rx = self.begin_read()?;
         let t = rx.open_table(OUTBOX).map_err(|e| self.read_err(e))?;
         // The batch holding `next` starts at or before it; later ones start after it.
         let first = t
@@ -735,7 +811,7 @@ impl MeshStore for RedbStore {
         let Some(next) = after.checked_add(1) else {
             return Ok(Vec::new());
         };
-        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let rx = self.begin_read()?;
         let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
         let mut out = Vec::new();
         for row in t.range(next..).map_err(|e| self.read_err(e))?.take(limit) {
@@ -750,7 +826,7 @@ impl MeshStore for RedbStore {
     }
 
     fn journal_head(&self) -> Result<Arrival, StoreError> {
-        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let rx = self.begin_read()?;
         let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
         Ok(t.last()
             .map_err(|e| self.read_err(e))?
@@ -758,7 +834,7 @@ impl MeshStore for RedbStore {
     }
 
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
-        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let rx = self.begin_read()?;
         let t = rx.open_table(PEERS).map_err(|e| self.read_err(e))?;
         let mut out = Vec::new();
         for row in t.iter().map_err(|e| self.read_err(e))? {
@@ -769,7 +845,7 @@ impl MeshStore for RedbStore {
     }
 
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
-        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let rx = self.begin_read()?;
         let t = rx.open_table(CURSORS).map_err(|e| self.read_err(e))?;
         Ok(t.get(name)
             .map_err(|e| self.read_err(e))?
@@ -777,7 +853,7 @@ impl MeshStore for RedbStore {
     }
 
     fn max_lamport(&self) -> Result<u64, StoreError> {
-        let rx = self.db.begin_read().map_err(|e| self.read_err(e))?;
+        let rx = self.begin_read()?;
         let t = rx.open_table(META).map_err(|e| self.read_err(e))?;
         read_u64(&t, META_MAX_LAMPORT, &self.name)
     }
