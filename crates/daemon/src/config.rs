@@ -18,6 +18,12 @@ pub const SUBSCRIBER_BUFFER_DEFAULT: usize = 1024;
 /// The largest per-subscription buffer accepted, in journal entries.
 pub const SUBSCRIBER_BUFFER_MAX: usize = 1 << 20;
 
+/// The default time a live subscriber may take nothing from a full buffer, in ms.
+pub const SUBSCRIBER_STALL_MS_DEFAULT: u64 = 5_000;
+
+/// The accepted range of `api.subscriber_stall_ms`.
+pub const SUBSCRIBER_STALL_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=3_600_000;
+
 /// The daemon's configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -101,15 +107,20 @@ pub enum OnFullConfig {
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct ApiConfig {
-    /// Journal entries buffered per live subscription before it counts as lagged
+    /// Journal entries buffered per live subscription
     /// (1 to [`SUBSCRIBER_BUFFER_MAX`]).
     pub subscriber_buffer: usize,
+    /// How long a live subscriber may take nothing from its full buffer
+    /// before it counts as lagged, in milliseconds
+    /// ([`SUBSCRIBER_STALL_MS_RANGE`]).
+    pub subscriber_stall_ms: u64,
 }
 
 impl Default for ApiConfig {
     fn default() -> Self {
         ApiConfig {
             subscriber_buffer: SUBSCRIBER_BUFFER_DEFAULT,
+            subscriber_stall_ms: SUBSCRIBER_STALL_MS_DEFAULT,
         }
     }
 }
@@ -213,6 +224,16 @@ impl Config {
                 format!("must be between 1 and {SUBSCRIBER_BUFFER_MAX}"),
             ));
         }
+        if !SUBSCRIBER_STALL_MS_RANGE.contains(&self.api.subscriber_stall_ms) {
+            return Err(bad(
+                "api.subscriber_stall_ms",
+                format!(
+                    "must be between {} and {} (milliseconds)",
+                    SUBSCRIBER_STALL_MS_RANGE.start(),
+                    SUBSCRIBER_STALL_MS_RANGE.end()
+                ),
+            ));
+        }
         Ok(())
     }
 }
@@ -247,6 +268,7 @@ mod tests {
             "on_full",
             "[api]",
             "subscriber_buffer",
+            "subscriber_stall_ms",
             "[net]",
             "relays",
         ] {
@@ -310,6 +332,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("api.subscriber_buffer"), "{e}");
+        let e = parse("[api]\nsubscriber_stall_ms = 5\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("api.subscriber_stall_ms"), "{e}");
     }
 
     #[test]

@@ -214,6 +214,7 @@ impl Daemon {
             node_api: Arc::new(BusApi::new(node.clone(), store.clone(), store_file)),
             metrics: Some(Arc::new(metrics)),
             subscriber_buffer: config.api.subscriber_buffer,
+            subscriber_stall: std::time::Duration::from_millis(config.api.subscriber_stall_ms),
         });
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(crate::api::serve(socket, state, async move {

@@ -524,10 +524,14 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
         const N: usize = 2000;
         let tmp = tempfile::tempdir().unwrap();
         let mut a = Node::start(tmp.path(), "a", None).await;
-        // The stopped subscriber lags once b's journal runs a buffer's worth
-        // past what filled its buffer and socket: after about 2 x 512 entries
-        // plus a few hundred KiB.
-        let mut b = Node::start(tmp.path(), "b", Some("[api]\nsubscriber_buffer = 512\n")).await;
+        // The stopped subscriber lags once its 512-entry buffer and its
+        // socket are full and it has taken nothing for 3 s.
+        let mut b = Node::start(
+            tmp.path(),
+            "b",
+            Some("[api]\nsubscriber_buffer = 512\nsubscriber_stall_ms = 3000\n"),
+        )
+        .await;
         link(&a, &b).await;
 
         // On b, one subscriber stops reading after the response head, one reads.

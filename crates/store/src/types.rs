@@ -54,7 +54,7 @@ pub struct StoredBatch {
 pub enum LossReason {
     /// The author's outbox was full and its policy is `evict-oldest`.
     OutboxEvicted,
-    /// A live subscriber fell behind its buffer (the journal still has the entries).
+    /// A live subscriber stopped reading with its buffer full (the journal still has the entries).
     SubscriberLagged,
 }
 

@@ -93,6 +93,9 @@ pub struct ApiParts {
     pub metrics: Option<Arc<dyn RenderMetrics>>,
     /// Journal entries buffered per live subscription (`[api] subscriber_buffer`).
     pub subscriber_buffer: usize,
+    /// How long a live subscriber may take nothing from its full buffer
+    /// before it is lagged (`[api] subscriber_stall_ms`).
+    pub subscriber_stall: std::time::Duration,
 }
 
 /// The API's shared state; cheap to clone.
@@ -110,6 +113,7 @@ struct Inner {
     node_api: Arc<dyn NodeApi>,
     metrics: Option<Arc<dyn RenderMetrics>>,
     subscriber_buffer: usize,
+    subscriber_stall: std::time::Duration,
     daemon_uid: u32,
     /// Set to true when the server stops: live subscriptions end.
     closing: watch::Sender<bool>,
@@ -143,6 +147,7 @@ impl ApiState {
                 node_api: parts.node_api,
                 metrics: parts.metrics,
                 subscriber_buffer: parts.subscriber_buffer.max(1),
+                subscriber_stall: parts.subscriber_stall,
                 daemon_uid: daemon_uid(),
                 closing: watch::Sender::new(false),
                 counters: Counters::default(),

@@ -332,7 +332,7 @@ pub(super) async fn metrics(State(st): State<ApiState>) -> Response {
     family(
         "mesh_api_subscriber_lags_total",
         "counter",
-        "Times a live subscriber fell behind its buffer.",
+        "Times a live subscriber stopped reading and was lagged.",
         &[("", load(&c.subscriber_lags))],
     );
     family(

@@ -4,15 +4,22 @@
 //! (never from the writer's path) into the subscription's own bounded buffer
 //! of `subscriber_buffer` entries. Backlog — everything committed before the
 //! subscription was opened, or before it resumed after a lag — is paced by the
-//! reader. Entries committed later are live, and the subscriber must keep up with them: when its buffer is
-//! full and the journal has run more than `subscriber_buffer` entries past
-//! the last entry it was handed, it has lagged. Then the pump writes a
-//! durable loss record (`subscriber_lagged`, naming the skipped arrivals),
-//! and when the reader takes items again it gets a `lagged` event with the
-//! cursor to re-read from, and the stream goes on after the skipped range
-//! (if the loss record could not be written, the next entry carries
-//! `losses_unrecorded: true`). No writer and no other subscriber ever waits
-//! for a subscriber: the head is a watch, and each pump only reads.
+//! reader. Entries committed later are live: the pump waits for room in the
+//! buffer as long as the reader keeps taking entries, however slowly (it then
+//! falls behind the head, and memory stays bounded by the buffer because the
+//! pump reads from the durable journal). A subscriber whose buffer is full
+//! and who takes nothing from it for `subscriber_stall` has stopped reading:
+//! it has lagged. Then the pump writes a durable loss record
+//! (`subscriber_lagged`, naming the skipped arrivals), and when the reader
+//! takes items again it gets a `lagged` event with the cursor to re-read
+//! from, and the stream goes on after the skipped range (if the loss record
+//! could not be written, the next entry carries `losses_unrecorded: true`).
+//! No writer and no other subscriber ever waits for a subscriber: the head
+//! is a watch, and each pump only reads.
+//!
+//! An earlier rule lagged a subscriber once the head ran a buffer's worth
+//! past it while its buffer was full; one large commit could then lag a
+//! subscriber that was reading steadily, so progress, not distance, decides.
 //!
 //! Events: `entry` (data: an [`EventEntry`], id: its cursor) and `lagged`
 //! (data: a [`LaggedEvent`]). `Last-Event-ID` is honoured when `after` is absent.
@@ -174,7 +181,7 @@ impl Pump {
                 entry.losses_unrecorded = self.unrecorded;
                 let event = entry_event(&entry);
                 if item.arrival > self.backlog_to {
-                    match self.offer(event, head, closing).await {
+                    match self.offer(event, closing).await {
                         Offer::Taken => {}
                         Offer::Lagged => {
                             let head_now = *head.borrow();
@@ -195,36 +202,22 @@ impl Pump {
         }
     }
 
-    /// Hands a live entry to the buffer, waiting only while the journal has
-    /// run no more than a buffer's worth past the last entry handed over.
-    async fn offer(
-        &self,
-        event: Event,
-        head: &mut tokio::sync::watch::Receiver<Arrival>,
-        closing: &mut tokio::sync::watch::Receiver<bool>,
-    ) -> Offer {
-        let mut event = Some(event);
-        loop {
-            let Some(ev) = event.take() else {
-                return Offer::Stop;
-            };
-            match self.tx.try_send(ev) {
-                Ok(()) => return Offer::Taken,
-                Err(TrySendError::Closed(_)) => return Offer::Stop,
-                Err(TrySendError::Full(ev)) => event = Some(ev),
-            }
-            let ahead = head.borrow_and_update().saturating_sub(self.pos);
-            if ahead > self.st.inner.subscriber_buffer as u64 {
-                return Offer::Lagged;
-            }
-            tokio::select! {
-                permit = self.tx.reserve() => match (permit, event.take()) {
-                    (Ok(permit), Some(ev)) => { permit.send(ev); return Offer::Taken }
-                    _ => return Offer::Stop,
-                },
-                changed = head.changed() => if changed.is_err() { return Offer::Stop },
-                _ = closing.changed() => return Offer::Stop,
-            }
+    /// Hands a live entry to the buffer, waiting for room as long as the
+    /// reader takes something from it at least every `subscriber_stall`.
+    async fn offer(&self, event: Event, closing: &mut tokio::sync::watch::Receiver<bool>) -> Offer {
+        let ev = match self.tx.try_send(event) {
+            Ok(()) => return Offer::Taken,
+            Err(TrySendError::Closed(_)) => return Offer::Stop,
+            Err(TrySendError::Full(ev)) => ev,
+        };
+        // The buffer is full: any entry the reader takes makes room.
+        tokio::select! {
+            permit = self.tx.reserve() => match permit {
+                Ok(permit) => { permit.send(ev); Offer::Taken }
+                Err(_) => Offer::Stop,
+            },
+            () = tokio::time::sleep(self.st.inner.subscriber_stall) => Offer::Lagged,
+            _ = closing.changed() => Offer::Stop,
         }
     }
 
@@ -248,8 +241,9 @@ impl Pump {
             Some(uid) => format!("subscriber {} (uid {uid})", self.id),
             None => format!("subscriber {}", self.id),
         };
+        let stall_ms = st.inner.subscriber_stall.as_millis();
         let detail = format!(
-            "{who} fell behind its buffer of {buffer} entries; journal arrivals {from}..={to} were not \
+            "{who} stopped reading: its buffer of {buffer} entries stayed full for {stall_ms} ms; journal arrivals {from}..={to} were not \
              delivered to it live and are still in the journal: re-read them with GET /v1/events?after={resume}"
         );
         tracing::warn!(subscriber = self.id, from, to, "subscriber lagged");
