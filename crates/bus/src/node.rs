@@ -124,6 +124,8 @@ pub struct NodePeer {
     pub conn: Option<net::ConnId>,
     /// This node's stream to it, as committed (`None` before the first message).
     pub own_stream: Option<OwnStream>,
+    /// Whether the link to it is paused ([`Node::set_peer_paused`]).
+    pub paused: bool,
 }
 
 /// A request from the handle to the task.
@@ -339,6 +341,22 @@ impl Node {
         self.change(PeerChange::Remove { node }).await
     }
 
+    /// Pauses (`paused = true`) or resumes the link to the known peer
+    /// `node`, in the transport only: while paused it is not dialed and its
+    /// connections are refused, so to the bus it is offline and sends to it
+    /// wait in the outbox as for any offline peer. Resuming dials it at once.
+    /// The pause is not stored: a restarted node has no paused link.
+    ///
+    /// # Errors
+    /// [`NodeError::Peer`] with [`PeerError::UnknownPeer`] for a peer that is
+    /// not known, [`NodeError::Stopped`] if the transport has shut down.
+    pub async fn set_peer_paused(&self, node: NodeId, paused: bool) -> Result<(), NodeError> {
+        match self.net.set_paused(node, paused).await {
+            Err(PeerError::ShutDown) => Err(NodeError::Stopped),
+            other => other.map_err(NodeError::from),
+        }
+    }
+
     async fn change(&self, change: PeerChange) -> Result<(), NodeError> {
         let (reply, answer) = oneshot::channel();
         self.commands
@@ -380,6 +398,7 @@ impl Node {
                 node: p.node,
                 addrs: p.addrs,
                 conn: p.conn,
+                paused: p.paused,
             })
             .collect();
         Ok(NodeStatus {

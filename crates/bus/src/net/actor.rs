@@ -17,8 +17,8 @@ use super::conn::{self, Established};
 use super::outbox::Outbox;
 use super::{
     ALPN, Command, ConnId, Counters, DIAL_BACKOFF_MAX, DIAL_BACKOFF_MIN, DIAL_TIMEOUT,
-    DisconnectReason, HANDSHAKE_TIMEOUT, MAX_PENDING_ACCEPTS, NetEvent, STABLE_CONNECTION, Shared,
-    close_code,
+    DisconnectReason, HANDSHAKE_TIMEOUT, MAX_PENDING_ACCEPTS, NetEvent, PAUSED_REASON,
+    STABLE_CONNECTION, Shared, close_code,
 };
 
 /// How long closing the endpoint may take at shutdown.
@@ -338,6 +338,10 @@ impl Driver {
                 }
                 let _ = done.send(());
             }
+            Command::SetPaused { node, paused, done } => {
+                self.set_paused(node, paused);
+                let _ = done.send(());
+            }
             Command::Close {
                 peer,
                 conn,
@@ -352,6 +356,38 @@ impl Driver {
                         ps.live = Some(live);
                     }
                 }
+            }
+        }
+    }
+
+    /// Acts on a pause or resume of `node`, already recorded in the shared
+    /// set: a pause closes its connections and stops dialing it; a resume
+    /// dials it at once with the backoff reset.
+    fn set_paused(&mut self, node: NodeId, paused: bool) {
+        let Some(ps) = self.peers.get_mut(&node) else {
+            // Known to the allowlist but its command is still queued: it is
+            // dialed (or not, if paused) when that command arrives.
+            return;
+        };
+        ps.backoff = DIAL_BACKOFF_MIN;
+        if paused {
+            ps.cancel_timer();
+            ps.cancel_dial();
+            if let Some(p) = ps.pending.take() {
+                conn::close(&p.connection, close_code::PAUSED, PAUSED_REASON);
+            }
+            if let Some(mut live) = ps.live.take() {
+                self.close_live(node, &mut live, close_code::PAUSED, PAUSED_REASON);
+                if let Some(ps) = self.peers.get_mut(&node) {
+                    ps.live = Some(live);
+                }
+            }
+            info!(peer = %node.fmt_short(), "link paused");
+        } else {
+            info!(peer = %node.fmt_short(), "link resumed");
+            if ps.idle() {
+                ps.cancel_timer();
+                self.start_dial(node);
             }
         }
     }
@@ -401,6 +437,14 @@ impl Driver {
                     return;
                 }
             }
+        }
+        if self.shared.is_paused(&peer) {
+            // Accepted before the pause, or our own dial that was under way.
+            if !est.dialed_here {
+                self.shared.refused_paused(&peer);
+            }
+            conn::close(&est.connection, close_code::PAUSED, PAUSED_REASON);
+            return;
         }
         let me = self.me;
         let Some(ps) = self.peers.get_mut(&peer) else {
@@ -590,7 +634,11 @@ impl Driver {
     }
 
     /// Dials `peer` again after its jittered backoff, and grows the backoff.
+    /// A paused peer is not redialed.
     fn schedule_redial(&mut self, peer: NodeId) {
+        if self.shared.is_paused(&peer) {
+            return;
+        }
         let attempt = self.next_attempt;
         self.next_attempt += 1;
         let Some(ps) = self.peers.get_mut(&peer) else {
@@ -607,8 +655,12 @@ impl Driver {
         debug!(peer = %peer.fmt_short(), ?delay, "redial scheduled");
     }
 
-    /// Dials `peer` now. A peer without addresses waits to be dialed instead.
+    /// Dials `peer` now. A peer without addresses waits to be dialed instead;
+    /// a paused peer is not dialed.
     fn start_dial(&mut self, peer: NodeId) {
+        if self.shared.is_paused(&peer) {
+            return;
+        }
         let attempt = self.next_attempt;
         self.next_attempt += 1;
         let Some(ps) = self.peers.get_mut(&peer) else {

@@ -17,6 +17,19 @@
 //! the TLS handshake with [`close_code::UNKNOWN_NODE`] and the reason
 //! "unknown node", logged and counted in [`NetCounters::refused`].
 //!
+//! # Pausing a link
+//!
+//! [`Net::set_paused`] pauses the link to a known peer: its connection is
+//! closed with [`close_code::PAUSED`] and the reason "link paused", it is not
+//! dialed, and its incoming connections are closed the same way right after
+//! the TLS handshake (logged once per pause, counted in
+//! [`NetCounters::paused_refused`]). To the bus the peer is simply
+//! disconnected, so what is sent to it waits in the outbox. Resuming dials
+//! the peer at once with the backoff reset; the peer's own redials, slowed
+//! by their backoff, need not come first, and if both dial at once the rule
+//! below keeps one connection. A pause lives in memory only: a restarted
+//! transport has no paused link.
+//!
 //! # One connection per peer
 //!
 //! Both sides dial a known peer whenever they have no connection to it (with
@@ -69,7 +82,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use iroh::address_lookup::memory::MemoryLookup;
@@ -81,7 +94,7 @@ use iroh::{Endpoint, RelayMode};
 use mesh_protocol::{Frame, FrameError, MAX_TICKET_ADDRS, NodeId, NodeTicket, SecretKey};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::warn;
+use tracing::{debug, info, warn};
 
 pub use key::{NODE_KEY_BYTES, NODE_KEY_FILE, load_or_create_node_key};
 
@@ -147,6 +160,9 @@ pub const MAX_PENDING_ACCEPTS: usize = 32;
 /// Most peers one node knows.
 pub const MAX_PEERS: usize = 4096;
 
+/// The reason sent with [`close_code::PAUSED`].
+pub const PAUSED_REASON: &str = "link paused";
+
 /// Capacity of the command channel from [`Net`] to its driver task.
 const COMMANDS_CAPACITY: usize = 64;
 
@@ -166,6 +182,9 @@ pub mod close_code {
     pub const DUPLICATE: u32 = 409;
     /// The peer was removed from the known peers.
     pub const PEER_REMOVED: u32 = 410;
+    /// The link to the peer is paused on this side; it is dialed again when
+    /// it is resumed.
+    pub const PAUSED: u32 = 503;
     /// The peer did not take frames as fast as they came; it catches up
     /// after it reconnects.
     pub const SLOW_PEER: u32 = 429;
@@ -385,6 +404,9 @@ pub enum PeerError {
     /// A node cannot be its own peer.
     #[error("a node cannot be its own peer")]
     SelfPeer,
+    /// The peer is not known (to pause or resume it).
+    #[error("{0} is not a known peer")]
+    UnknownPeer(NodeId),
     /// The transport has shut down.
     #[error("the transport has shut down")]
     ShutDown,
@@ -410,6 +432,8 @@ pub struct NetCounters {
     pub connections: u64,
     /// Dials that failed or timed out.
     pub dial_failures: u64,
+    /// Incoming connections closed because the link to their peer is paused.
+    pub paused_refused: u64,
 }
 
 #[derive(Debug, Default)]
@@ -422,6 +446,7 @@ struct Counters {
     bad_frames: AtomicU64,
     connections: AtomicU64,
     dial_failures: AtomicU64,
+    paused_refused: AtomicU64,
 }
 
 impl Counters {
@@ -440,6 +465,7 @@ impl Counters {
             bad_frames: g(&self.bad_frames),
             connections: g(&self.connections),
             dial_failures: g(&self.dial_failures),
+            paused_refused: g(&self.paused_refused),
         }
     }
 }
@@ -456,6 +482,8 @@ pub struct PeerStatus {
     pub conn: Option<ConnId>,
     /// Whether this node dialed the live connection (false if the peer did).
     pub dialed_here: bool,
+    /// Whether the link is paused ([`Net::set_paused`]).
+    pub paused: bool,
 }
 
 /// State shared by the handle, the driver, the connection tasks and the hook.
@@ -465,6 +493,9 @@ struct Shared {
     peers: RwLock<HashMap<NodeId, Vec<SocketAddr>>>,
     /// The live connection's send queue per peer.
     live: RwLock<HashMap<NodeId, Arc<Outbox>>>,
+    /// Paused peers, each with whether a refused connection of this pause
+    /// has been logged (only the first is, at info).
+    paused: Mutex<HashMap<NodeId, bool>>,
     counters: Counters,
     /// Holds [`RECV_BUDGET_BYTES`] permits, one per received byte in flight.
     recv_budget: Arc<Semaphore>,
@@ -479,6 +510,30 @@ impl Shared {
         // A poisoned lock means a panic elsewhere; the map itself is still sound.
         let live = self.live.read().unwrap_or_else(|p| p.into_inner());
         live.get(peer).cloned()
+    }
+
+    fn is_paused(&self, peer: &NodeId) -> bool {
+        self.paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(peer)
+    }
+
+    /// Counts a connection of `peer` refused because its link is paused;
+    /// logs the first of each pause at info, the others at debug.
+    fn refused_paused(&self, peer: &NodeId) {
+        Counters::add(&self.counters.paused_refused, 1);
+        let first = self
+            .paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(peer)
+            .is_some_and(|logged| !std::mem::replace(logged, true));
+        if first {
+            info!(peer = %peer.fmt_short(), "refused a connection: the link is paused (logged once per pause)");
+        } else {
+            debug!(peer = %peer.fmt_short(), "refused a connection: the link is paused");
+        }
     }
 
     fn is_known(&self, peer: &NodeId) -> bool {
@@ -505,6 +560,13 @@ impl EndpointHooks for Allowlist {
                 reason: b"unknown node".to_vec(),
             };
         }
+        if conn.side() == Side::Server && self.0.is_paused(&remote) {
+            self.0.refused_paused(&remote);
+            return AfterHandshakeOutcome::Reject {
+                error_code: VarInt::from_u32(close_code::PAUSED),
+                reason: PAUSED_REASON.as_bytes().to_vec(),
+            };
+        }
         AfterHandshakeOutcome::accept()
     }
 }
@@ -520,6 +582,12 @@ enum Command {
     /// A peer was removed: close and forget it.
     PeerRemoved {
         node: NodeId,
+        done: oneshot::Sender<()>,
+    },
+    /// Pause or resume the link to a known peer.
+    SetPaused {
+        node: NodeId,
+        paused: bool,
         done: oneshot::Sender<()>,
     },
     /// Close `conn` to `peer` if it is the live connection.
@@ -560,6 +628,7 @@ impl Net {
         let shared = Arc::new(Shared {
             peers: RwLock::new(HashMap::new()),
             live: RwLock::new(HashMap::new()),
+            paused: Mutex::new(HashMap::new()),
             counters: Counters::default(),
             recv_budget: Arc::new(Semaphore::new(RECV_BUDGET_BYTES)),
             closing,
@@ -700,6 +769,11 @@ impl Net {
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&node);
+        self.shared
+            .paused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&node);
         self.lookup.remove_endpoint_info(node);
         let (done, wait) = oneshot::channel();
         self.commands
@@ -721,11 +795,47 @@ impl Net {
                     addrs: addrs.clone(),
                     conn: live.as_ref().map(|o| o.conn),
                     dialed_here: live.is_some_and(|o| o.dialed_here),
+                    paused: self.shared.is_paused(node),
                 }
             })
             .collect();
         out.sort_by_key(|p| *p.node.as_bytes());
         out
+    }
+
+    /// Pauses (`paused = true`) or resumes the link to the known peer `node`;
+    /// answers once the transport has acted. See "Pausing a link" in the
+    /// module doc. Pausing a paused link or resuming a live one does
+    /// nothing. The pause is not stored: a new transport starts unpaused.
+    ///
+    /// # Errors
+    /// [`PeerError::UnknownPeer`] if `node` is not a known peer,
+    /// [`PeerError::ShutDown`] if the transport has shut down.
+    pub async fn set_paused(&self, node: NodeId, paused: bool) -> Result<(), PeerError> {
+        if *self.shared.closing.borrow() {
+            return Err(PeerError::ShutDown);
+        }
+        {
+            // Under the peers lock, so a concurrent removal cannot leave a
+            // pause behind for a peer that is gone.
+            let peers = self.shared.peers.read().unwrap_or_else(|p| p.into_inner());
+            if !peers.contains_key(&node) {
+                return Err(PeerError::UnknownPeer(node));
+            }
+            let mut set = self.shared.paused.lock().unwrap_or_else(|p| p.into_inner());
+            if paused {
+                // Set before the driver acts, so the hook refuses at once.
+                set.entry(node).or_insert(false);
+            } else {
+                set.remove(&node);
+            }
+        }
+        let (done, wait) = oneshot::channel();
+        self.commands
+            .send(Command::SetPaused { node, paused, done })
+            .await
+            .map_err(|_| PeerError::ShutDown)?;
+        wait.await.map_err(|_| PeerError::ShutDown)
     }
 
     /// Queues `frame` for `peer` on `conn` without waiting.
