@@ -10,6 +10,10 @@
 //! load. A random workload of sends runs for a while, then everything is
 //! healed and run to quiescence.
 //!
+//! Half the seeds feed the inputs due at one moment for one node together
+//! (`Core::handle_many`), as the driver does with what is already queued;
+//! acks wait 0, 5 or 50 ms for company (`Config::ack_ride_ms`).
+//!
 //! Checked during the run: at most one commit in flight per core; marks
 //! never move backwards; a sender is answered Ok only once its message is
 //! committed, and with its journal arrival; an ack never runs ahead of the
@@ -64,6 +68,10 @@ struct Params {
     outages: usize,
     policy: OnFull,
     max_msgs: u64,
+    ack_ride_ms: u64,
+    /// Inputs due at the same moment for one node are fed together
+    /// (`Core::handle_many`), as the driver feeds what is already queued.
+    batch_inputs: bool,
 }
 
 impl Params {
@@ -85,6 +93,8 @@ impl Params {
                 OnFull::EvictOldest
             },
             max_msgs: rng.random_range(3..=12),
+            ack_ride_ms: [0, 5, 50][rng.random_range(0..3)],
+            batch_inputs: rng.random_bool(0.5),
         }
     }
 
@@ -101,6 +111,7 @@ impl Params {
             retransmit_ms: 300,
             resync_retry_ms: 150,
             store_retry_ms: 50,
+            ack_ride_ms: self.ack_ride_ms,
         }
     }
 }
@@ -209,6 +220,8 @@ struct Sim {
     healed: bool,
     trace: bool,
     coverage: Coverage,
+    /// While set, inputs for that node are gathered here instead of fed.
+    gathering: Option<(usize, Vec<Input>)>,
 }
 
 type Check = Result<(), String>;
@@ -330,6 +343,7 @@ impl Sim {
             healed: false,
             trace,
             coverage: Coverage::default(),
+            gathering: None,
         };
         sim.plan();
         sim
@@ -418,7 +432,10 @@ impl Sim {
             if self.trace {
                 println!("{:>6} {}", at.0, short(&ev));
             }
-            self.step(ev)?;
+            match input_node(&ev).filter(|_| self.p.batch_inputs) {
+                Some(node) => self.step_together(at, node, ev)?,
+                None => self.step(ev)?,
+            }
         }
         if !self.healed {
             self.heal()?;
@@ -448,6 +465,30 @@ impl Sim {
             }
         }
         Ok(())
+    }
+
+    /// Steps `ev` and every other event due at `at` for `node` that is an
+    /// input to it, then feeds their inputs to the node in one go.
+    fn step_together(&mut self, at: Millis, node: usize, ev: Ev) -> Check {
+        self.gathering = Some((node, Vec::new()));
+        let mut result = self.step(ev);
+        while result.is_ok() {
+            let Some(next) = self.queue.first_entry() else {
+                break;
+            };
+            if next.key().0 != at || input_node(next.get()) != Some(node) {
+                break;
+            }
+            let ev = next.remove();
+            self.events += 1;
+            if self.trace {
+                println!("{:>6} {} (together)", at.0, short(&ev));
+            }
+            result = self.step(ev);
+        }
+        let (_, inputs) = self.gathering.take().expect("set above");
+        result?;
+        self.feed(node, inputs)
     }
 
     fn step(&mut self, ev: Ev) -> Check {
@@ -719,13 +760,28 @@ impl Sim {
         Ok(())
     }
 
-    /// Feeds one input to a node and carries out its effects.
+    /// Feeds one input to a node and carries out its effects (or, while
+    /// gathering for that node, keeps it for [`Sim::feed`]).
     fn input(&mut self, node: usize, input: Input) -> Check {
+        if let Some((n, inputs)) = &mut self.gathering
+            && *n == node
+        {
+            inputs.push(input);
+            return Ok(());
+        }
+        self.feed(node, vec![input])
+    }
+
+    /// Feeds inputs to a node together and carries out its effects.
+    fn feed(&mut self, node: usize, inputs: Vec<Input>) -> Check {
         let now = self.now;
         let Some(core) = self.nodes[node].core.as_mut() else {
             return Ok(());
         };
-        core.handle(input, now);
+        if inputs.is_empty() {
+            return Ok(());
+        }
+        core.handle_many(inputs, now);
         let mut effects = Vec::new();
         while let Some(e) = core.poll_effect() {
             effects.push(e);
@@ -1022,6 +1078,19 @@ impl Sim {
             }
         }
         Ok(())
+    }
+}
+
+/// The node an event is an input to, for the events the driver may find
+/// already queued together: frames, store answers, timers, local sends.
+fn input_node(ev: &Ev) -> Option<usize> {
+    match ev {
+        Ev::Deliver { to, .. } => Some(*to),
+        Ev::CommitDone { node, .. }
+        | Ev::LoadDone { node, .. }
+        | Ev::Timer { node, .. }
+        | Ev::Send { node } => Some(*node),
+        _ => None,
     }
 }
 

@@ -107,6 +107,9 @@ pub(super) struct Waiting {
     pub(super) inbound: VecDeque<InboundWork>,
     pub(super) inbound_bytes: u64,
     pub(super) acks: BTreeMap<NodeId, AckWork>,
+    /// When the acks waiting were first seen by [`Core::flush`] (`None` when
+    /// none wait): they may wait for company until `ack_ride_ms` after it.
+    pub(super) acks_since: Option<Millis>,
     /// Sends per recipient not yet committed (waiting or in flight): messages, bytes.
     pub(super) queued: BTreeMap<NodeId, (u64, u64)>,
     /// Peer changes, in the order asked (at most [`super::WAITING_PEER_CHANGES_MAX`]).
@@ -173,6 +176,12 @@ impl InFlight {
 impl Core {
     /// Issues the next commit if none is in flight and anything waits.
     pub(super) fn flush(&mut self, now: Millis) {
+        let since = if self.waiting.acks.is_empty() {
+            None
+        } else {
+            Some(self.waiting.acks_since.unwrap_or(now))
+        };
+        self.waiting.acks_since = since;
         if self.in_flight.is_some() {
             return;
         }
@@ -182,12 +191,16 @@ impl Core {
             }
             self.store_retry_at = None;
         }
+        if self.acks_may_wait(now) {
+            return;
+        }
         let mut groups: Vec<Vec<WriteOp>> = Vec::new();
         let mut meta: Vec<Group> = Vec::new();
         // The epochs the acks below record, so a peer record written after
         // them in this commit keeps the newest.
         let mut epochs: BTreeMap<NodeId, Epoch> = BTreeMap::new();
         // Acks first: the appends after them may evict what they acknowledge.
+        self.waiting.acks_since = None;
         for (peer, work) in std::mem::take(&mut self.waiting.acks) {
             if let Some(epoch) = work.epoch {
                 epochs.insert(peer, epoch);
@@ -269,6 +282,28 @@ impl Core {
         self.in_flight = Some(InFlight { id, groups: meta });
         self.effects
             .push_back(Effect::Persist { commit: id, groups });
+    }
+
+    /// Whether the only work waiting is acks that may still wait for other
+    /// work to share their commit: plain acks (no reset, no new epoch, which
+    /// are written at once), seen less than `ack_ride_ms` ago.
+    ///
+    /// Nothing else waits for an ack record: the outbox pre-check counts a
+    /// waiting ack as acknowledged, and the ack rides first in the commit
+    /// of the sends it let in, so the store sees it before their appends; a
+    /// store whose mark lags only evicts less. A reset or an epoch record
+    /// is not delayed: until it is written, the store holds an acked mark
+    /// a new peer store no longer has.
+    fn acks_may_wait(&self, now: Millis) -> bool {
+        let w = &self.waiting;
+        let Some(since) = w.acks_since else {
+            return false;
+        };
+        w.sends.is_empty()
+            && w.inbound.is_empty()
+            && w.peers.is_empty()
+            && w.acks.values().all(|a| !a.reset && a.epoch.is_none())
+            && now < since.plus(self.config.ack_ride_ms)
     }
 
     /// Turns the waiting sends into signed batches, one group each: the

@@ -28,6 +28,9 @@ pub const REORDER_BYTES_MAX: u64 = 4 * MAX_BATCH_PAYLOAD_BYTES;
 /// The largest payload of one message.
 pub const PAYLOAD_BYTES_MAX: u64 = MAX_BATCH_PAYLOAD_BYTES;
 
+/// The default of [`Config::ack_ride_ms`].
+pub const ACK_RIDE_MS: u64 = 50;
+
 /// The configuration of a [`crate::core::Core`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -47,6 +50,11 @@ pub struct Config {
     pub resync_retry_ms: u64,
     /// After the store failed, wait this long before the next commit.
     pub store_retry_ms: u64,
+    /// A peer's ack that is all there is to commit waits at most this long
+    /// for other work (sends, peer batches, peer changes) to share its
+    /// commit. An ack record is advice: one not yet written only means the
+    /// peer may get duplicates it drops, and its next Hello restates it.
+    pub ack_ride_ms: u64,
 }
 
 impl Default for Config {
@@ -59,6 +67,7 @@ impl Default for Config {
             retransmit_ms: 10_000,
             resync_retry_ms: 2_000,
             store_retry_ms: 1_000,
+            ack_ride_ms: ACK_RIDE_MS,
         }
     }
 }

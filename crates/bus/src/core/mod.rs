@@ -26,8 +26,9 @@ use mesh_protocol::{
 use mesh_store::{OwnStream, PeerRecord};
 
 pub use config::{
-    Config, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX, WAITING_BATCH_BYTES_MAX,
-    WAITING_BATCHES_MAX, WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX,
+    ACK_RIDE_MS, Config, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
+    WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX, WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX,
+    WAITING_SENDS_MAX,
 };
 pub use io::{
     CloseReason, CommitId, ConnId, Effect, Input, LoadId, Millis, Recovered, ReqId, SendError,
@@ -45,7 +46,8 @@ use receiver::Inbound;
 /// The driver owns the connections, the clock, the store and one timer; the
 /// core owns every decision. Its loop:
 ///
-/// 1. Feed one [`Input`] to [`Core::handle`] with the current time.
+/// 1. Feed one [`Input`] to [`Core::handle`] with the current time, or every
+///    input already waiting (a bounded number) to [`Core::handle_many`].
 /// 2. Drain [`Core::poll_effect`] until it returns `None`, carrying out each
 ///    [`Effect`] in the order given:
 ///    - [`Effect::SendFrame`]: queue the frame on that connection (drop it if
@@ -233,6 +235,22 @@ impl Core {
 
     /// Feeds one input. Drain [`Core::poll_effect`] afterwards.
     pub fn handle(&mut self, input: Input, now: Millis) {
+        self.handle_many([input], now);
+    }
+
+    /// Feeds inputs that are already waiting, in order, as [`Core::handle`]
+    /// would one at a time, except that a commit starts only after the last
+    /// of them: a burst of sends or frames shares one commit instead of the
+    /// first going alone. Drain [`Core::poll_effect`] afterwards.
+    pub fn handle_many(&mut self, inputs: impl IntoIterator<Item = Input>, now: Millis) {
+        for input in inputs {
+            self.apply(input, now);
+        }
+        self.flush(now);
+        self.arm_timer(now);
+    }
+
+    fn apply(&mut self, input: Input, now: Millis) {
         match input {
             Input::PeerConnected { peer, conn } => self.on_connected(peer, conn, now),
             Input::PeerDisconnected { peer, conn } => self.on_disconnected(peer, conn),
@@ -249,8 +267,6 @@ impl Core {
             Input::PeerAdded { req, record } => self.on_peer_change(req, PeerChange::Put(record)),
             Input::PeerRemoved { req, node } => self.on_peer_change(req, PeerChange::Remove(node)),
         }
-        self.flush(now);
-        self.arm_timer(now);
     }
 
     /// The next effect to carry out, in order; `None` when drained.
@@ -466,6 +482,13 @@ impl Core {
     fn next_deadline(&self, now: Millis) -> Option<Millis> {
         let mut due = self.store_retry_at;
         let mut at = |t: Millis| due = Some(due.map_or(t, |d| d.min(t)));
+        if self.in_flight.is_none()
+            && self.store_retry_at.is_none()
+            && let Some(since) = self.waiting.acks_since
+        {
+            // Acks waiting for company: commit them alone at the latest then.
+            at(since.plus(self.config.ack_ride_ms));
+        }
         for p in self.peers.values() {
             let Some(c) = &p.conn else { continue };
             if c.peer_epoch.is_none() {

@@ -117,10 +117,15 @@ impl Node {
     /// Feeds `input` and carries out persists and loads until none remain.
     /// Returns the frames sent meanwhile.
     fn run(&mut self, input: Input) -> Vec<(NodeId, ConnId, Frame)> {
+        self.run_many(vec![input])
+    }
+
+    /// As [`Node::run`], with `first` fed together through `handle_many`.
+    fn run_many(&mut self, first: Vec<Input>) -> Vec<(NodeId, ConnId, Frame)> {
         let mark = self.sent.len();
-        let mut inputs = VecDeque::from([input]);
-        while let Some(input) = inputs.pop_front() {
-            self.core.handle(input, self.now);
+        self.core.handle_many(first, self.now);
+        let mut inputs = VecDeque::new();
+        loop {
             while let Some(e) = self.core.poll_effect() {
                 match e {
                     Effect::Persist { commit, groups } => {
@@ -151,8 +156,27 @@ impl Node {
                     other => self.other.push(other),
                 }
             }
+            let Some(input) = inputs.pop_front() else {
+                break;
+            };
+            self.core.handle(input, self.now);
         }
         self.sent[mark..].to_vec()
+    }
+
+    /// Lets the clock run to the end of the ride bound of the acks waiting
+    /// for company, if any, and fires the timer: they are committed alone.
+    /// Returns whether there were any.
+    fn ride_out_acks(&mut self) -> bool {
+        let Some(since) = self.core.waiting.acks_since else {
+            return false;
+        };
+        if self.core.in_flight.is_some() {
+            return false;
+        }
+        self.now = self.now.max(since.plus(self.config.ack_ride_ms));
+        self.run(Input::Timer);
+        true
     }
 
     /// Completes the oldest held commit.
@@ -201,6 +225,16 @@ impl Node {
                 _ => None,
             })
             .collect()
+    }
+
+    /// What the store holds as node 2's ack of this node's stream.
+    fn own_acked(&self) -> Seq {
+        self.store
+            .own_streams()
+            .expect("mem store reads")
+            .into_iter()
+            .find(|o| o.stream.channel == Channel::Direct(id(2)))
+            .map_or(0, |o| o.last_acked)
     }
 
     fn store_mark(&self, stream: &StreamId) -> Seq {
@@ -353,7 +387,7 @@ impl Pair {
                         to_b.extend(out);
                     }
                 }
-            } else {
+            } else if !self.a.ride_out_acks() && !self.b.ride_out_acks() {
                 return;
             }
         }
@@ -1270,4 +1304,151 @@ fn a_peer_change_sharing_a_commit_with_an_epoch_record_keeps_both() {
         Some(epoch(5)),
         "the epoch the same commit recorded"
     );
+}
+
+/// Node 1, connected to node 2 (whose Hello is committed), with `sent`
+/// messages to it committed and sent, and none acknowledged yet.
+fn sender_with(sent: usize, config: Config) -> (Node, ConnId) {
+    let mut a = Node::new(1, 1, &[2], config);
+    let conn = ConnId(7);
+    a.hello_from(2, 2, conn, Vec::new());
+    for i in 0..sent {
+        a.send(id(2), &[i as u8]);
+    }
+    (a, conn)
+}
+
+fn ack(upto: Seq) -> Frame {
+    Frame::Ack {
+        stream: stream(1, 1, 2),
+        upto,
+    }
+}
+
+fn acked_ops(groups: &[Vec<WriteOp>]) -> Vec<Seq> {
+    groups
+        .iter()
+        .flatten()
+        .filter_map(|op| match op {
+            WriteOp::Acked { upto, .. } => Some(*upto),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn an_ack_alone_does_not_start_a_commit_before_the_ride_bound() {
+    let (mut a, conn) = sender_with(2, Config::default());
+    let commits = a.persists.len();
+    a.frame(2, conn, ack(2));
+    assert_eq!(a.persists.len(), commits, "the ack waits for company");
+    assert!(a.core.is_committing(), "it is still owed a commit");
+    assert!(
+        a.other
+            .iter()
+            .any(|e| matches!(e, Effect::SetTimer { at } if *at == T0.plus(ACK_RIDE_MS))),
+        "the timer is set to the ride bound: {:?}",
+        a.other
+    );
+    a.now = T0.plus(ACK_RIDE_MS - 1);
+    a.run(Input::Timer);
+    assert_eq!(a.persists.len(), commits, "not before the bound");
+    assert_eq!(a.own_acked(), 0);
+}
+
+#[test]
+fn an_ack_alone_is_committed_at_the_latest_after_the_bound() {
+    let (mut a, conn) = sender_with(2, Config::default());
+    let commits = a.persists.len();
+    a.frame(2, conn, ack(1));
+    a.now = T0.plus(20);
+    // A later ack joins the one waiting; the bound runs from the first.
+    a.frame(2, conn, ack(2));
+    a.now = T0.plus(ACK_RIDE_MS);
+    a.run(Input::Timer);
+    assert_eq!(a.persists.len(), commits + 1);
+    assert_eq!(acked_ops(&a.persists[commits]), vec![2]);
+    assert_eq!(a.own_acked(), 2);
+    assert!(!a.core.is_committing());
+}
+
+#[test]
+fn an_ack_rides_in_the_next_commit_of_sends_ahead_of_their_appends() {
+    let (mut a, conn) = sender_with(2, Config::default());
+    let commits = a.persists.len();
+    a.frame(2, conn, ack(2));
+    a.now = T0.plus(10);
+    let req = a.send(id(2), b"three");
+    assert_eq!(a.persists.len(), commits + 1, "one commit for both");
+    let groups = &a.persists[commits];
+    assert!(matches!(groups[0][..], [WriteOp::Acked { upto: 2, .. }]));
+    assert_eq!(appends(&groups[1..]), vec![(3, 1)]);
+    assert_eq!(ok_seq(a.reply(req)), 3);
+    assert_eq!(a.own_acked(), 2);
+    assert!(!a.core.is_committing(), "nothing is left to commit");
+}
+
+#[test]
+fn a_waiting_ack_makes_room_under_reject_and_is_written_before_the_append() {
+    // One message fits; the peer's ack (not yet written) frees its place.
+    let (mut a, conn) = sender_with(1, bounds(1, OnFull::Reject));
+    a.frame(2, conn, ack(1));
+    let req = a.send(id(2), b"two");
+    assert_eq!(ok_seq(a.reply(req)), 2, "the store saw the ack first");
+    let own = a.core.own_stream(&id(2)).expect("stream").clone();
+    assert_eq!((own.first_retained, own.last_acked), (2, 1));
+}
+
+#[test]
+fn a_new_peer_epoch_is_written_at_once_not_held_for_company() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.hello_from(2, 2, ConnId(7), Vec::new());
+    assert_eq!(a.persists.len(), 1, "the epoch record went alone");
+    let peers = a.store.peers().expect("reads");
+    assert_eq!(peers[0].epoch, Some(epoch(2)));
+}
+
+#[test]
+fn inputs_fed_together_share_one_commit() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.hold_commits = true;
+    let sends: Vec<Input> = (0..3u8)
+        .map(|i| Input::Send {
+            req: ReqId(100 + u64::from(i)),
+            to: id(2),
+            kind: 0,
+            payload: vec![i],
+        })
+        .collect();
+    a.run_many(sends);
+    assert_eq!(a.persists.len(), 1);
+    assert_eq!(appends(&a.persists[0]), vec![(1, 3)], "one batch of three");
+    a.release_commit();
+    for (i, req) in (100..103).map(ReqId).enumerate() {
+        assert_eq!(ok_seq(a.reply(req)), i as u64 + 1);
+    }
+}
+
+#[test]
+fn an_ack_waiting_out_a_store_failure_sets_no_timer_in_the_past() {
+    let (mut a, conn) = sender_with(1, Config::default());
+    a.store.set_unavailable(true);
+    a.send(id(2), b"fails");
+    a.frame(2, conn, ack(1));
+    a.now = T0.plus(ACK_RIDE_MS + 1);
+    a.other.clear();
+    a.run(Input::Timer);
+    let timers: Vec<Millis> = a
+        .other
+        .iter()
+        .filter_map(|e| match e {
+            Effect::SetTimer { at } => Some(*at),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(timers, vec![T0.plus(a.config.store_retry_ms)]);
+    a.store.set_unavailable(false);
+    a.now = T0.plus(a.config.store_retry_ms);
+    a.run(Input::Timer);
+    assert_eq!(a.own_acked(), 1, "written once the store is back");
 }
