@@ -2,8 +2,10 @@
 //! the [`Net`] transport, and the handle the daemon talks to.
 //!
 //! The task runs one `select!` loop. Inputs to the core are the transport's
-//! events, local sends, store answers and the core's one timer; after each
-//! input it carries out every effect in order:
+//! events, local sends, store answers and the core's one timer; it feeds the
+//! input it woke for together with those already queued behind it (at most
+//! `INPUTS_PER_TURN_MAX` items, so a burst shares one commit), then carries
+//! out every effect in order:
 //!
 //! - `SendFrame`: queued on the connection; if its queue is full, the frame
 //!   waits in a per-peer backlog ([`BACKLOG_BYTES_MAX`]) drained as the queue
@@ -50,6 +52,11 @@ pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 /// Bytes a frame counts for in a backlog besides its payloads.
 const FRAME_OVERHEAD_BYTES: usize = 256;
+
+/// Items (store answers, transport events, local requests) already queued
+/// that the task takes in one turn, after the one it woke for, and feeds the
+/// core together: a burst then shares one commit.
+const INPUTS_PER_TURN_MAX: usize = 256;
 
 /// How to start a node.
 #[derive(Clone, Debug, Default)]
@@ -547,20 +554,25 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                     None => Step::Closing,
                 },
             };
+            let mut inputs = Vec::new();
             match step {
                 Step::Closing => {
                     if drain_until.is_none() {
                         drain_until = Some(tokio::time::Instant::now() + SHUTDOWN_DRAIN);
                     }
                 }
-                Step::Store(res) => self.on_store(res),
+                Step::Store(res) => self.on_store(res, &mut inputs),
                 Step::Writable(res) => self.on_writable(res),
                 Step::Timer => {
                     self.timer = None;
-                    self.core.handle(Input::Timer, now());
+                    inputs.push(Input::Timer);
                 }
-                Step::Net(ev) => self.on_net(ev),
-                Step::Cmd(cmd) => self.on_cmd(cmd),
+                Step::Net(ev) => self.on_net(ev, &mut inputs),
+                Step::Cmd(cmd) => self.on_cmd(cmd, &mut inputs),
+            }
+            if !inputs.is_empty() {
+                self.gather(&mut inputs, paused);
+                self.core.handle_many(inputs, now());
             }
             self.carry_out().await;
         }
@@ -576,7 +588,38 @@ impl<S: MeshStore + ?Sized> Driver<S> {
         info!("node stopped");
     }
 
-    fn on_store(&mut self, res: Result<(tokio::task::Id, Input), JoinError>) {
+    /// Takes what is already queued, at most [`INPUTS_PER_TURN_MAX`] items
+    /// and one of each source in turn (only store answers while `paused`),
+    /// adding their inputs to `inputs`.
+    fn gather(&mut self, inputs: &mut Vec<Input>, paused: bool) {
+        let mut taken = 0;
+        while taken < INPUTS_PER_TURN_MAX {
+            let before = taken;
+            if let Some(res) = self.store_tasks.try_join_next_with_id() {
+                self.on_store(res, inputs);
+                taken += 1;
+            }
+            if !paused {
+                if let Ok(ev) = self.events.try_recv() {
+                    self.on_net(ev, inputs);
+                    taken += 1;
+                }
+                if let Ok(cmd) = self.commands.try_recv() {
+                    self.on_cmd(cmd, inputs);
+                    taken += 1;
+                }
+            }
+            if taken == before {
+                break;
+            }
+        }
+    }
+
+    fn on_store(
+        &mut self,
+        res: Result<(tokio::task::Id, Input), JoinError>,
+        inputs: &mut Vec<Input>,
+    ) {
         let input = match res {
             Ok((id, answer)) => {
                 self.owed.remove(&id);
@@ -601,10 +644,10 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                 }
             }
         };
-        self.core.handle(input, now());
+        inputs.push(input);
     }
 
-    fn on_net(&mut self, ev: NetEvent) {
+    fn on_net(&mut self, ev: NetEvent, inputs: &mut Vec<Input>) {
         let input = match ev {
             NetEvent::Connected { peer, conn } => Input::PeerConnected {
                 peer,
@@ -631,10 +674,10 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                 }
             }
         };
-        self.core.handle(input, now());
+        inputs.push(input);
     }
 
-    fn on_cmd(&mut self, cmd: Cmd) {
+    fn on_cmd(&mut self, cmd: Cmd, inputs: &mut Vec<Input>) {
         match cmd {
             Cmd::Send {
                 to,
@@ -645,15 +688,12 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                 let req = ReqId(self.next_req);
                 self.next_req += 1;
                 self.replies.insert(req, reply);
-                self.core.handle(
-                    Input::Send {
-                        req,
-                        to,
-                        kind,
-                        payload,
-                    },
-                    now(),
-                );
+                inputs.push(Input::Send {
+                    req,
+                    to,
+                    kind,
+                    payload,
+                });
             }
             Cmd::Peer { change, reply } => {
                 let req = ReqId(self.next_req);
@@ -670,9 +710,13 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                     PeerChange::Remove { node } => Input::PeerRemoved { req, node: *node },
                 };
                 self.peer_replies.insert(req, (change, reply));
-                self.core.handle(input, now());
+                inputs.push(input);
             }
             Cmd::Status { reply } => {
+                // The answer reflects every input taken before it.
+                if !inputs.is_empty() {
+                    self.core.handle_many(inputs.drain(..), now());
+                }
                 let own = self
                     .net
                     .peers()
