@@ -181,6 +181,47 @@ fn mesh_send_says_the_outbox_is_full_when_the_peer_is_offline() {
 }
 
 #[test]
+fn mesh_peer_pause_and_resume_show_in_the_peer_list_and_an_unknown_peer_is_an_error() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    let out = ok(a.mesh(&["peer", "pause", b.node()]).unwrap());
+    assert!(
+        out.starts_with(&format!("paused peer {}: ", b.node())) && out.contains("restart"),
+        "{out}"
+    );
+    let text = ok(a.mesh(&["peer", "list"]).unwrap());
+    assert!(
+        text.starts_with(&format!("  {}  paused", b.node())),
+        "{text}"
+    );
+    let st = parse_json(&ok(a.mesh(&["status", "--json"]).unwrap())).unwrap();
+    assert_eq!(st["peers"][0]["paused"], true, "{st}");
+    // Sends are accepted while paused.
+    assert_eq!(ok(a.mesh(&["send", b.node(), "queued"]).unwrap()), "1\n");
+    let p = parse_json(&ok(a
+        .mesh(&["peer", "resume", b.node(), "--json"])
+        .unwrap()))
+    .unwrap();
+    assert_eq!(
+        (&p["node"], &p["paused"]),
+        (&b.node().into(), &false.into())
+    );
+
+    let stranger = "0".repeat(64);
+    for verb in ["pause", "resume"] {
+        let out = a.mesh(&["peer", verb, &stranger]).unwrap();
+        fails_saying(out, &["unknown peer", &stranger, "mesh peer add", "404"]);
+    }
+    let out = a.mesh(&["peer", "pause", "not-a-node-id"]).unwrap();
+    fails_saying(out, &["not a node id"]);
+    for d in [a, b] {
+        assert!(d.terminate().unwrap().success());
+    }
+}
+
+#[test]
 fn every_client_command_without_a_daemon_says_so_in_one_line_naming_the_socket() {
     let tmp = temp_dir().unwrap();
     let data = tmp.path().join("nobody-home");
@@ -197,6 +238,8 @@ fn every_client_command_without_a_daemon_says_so_in_one_line_naming_the_socket()
         &["peer", "list"],
         &["peer", "list", "--json"],
         &["peer", "remove", id],
+        &["peer", "pause", id],
+        &["peer", "resume", id, "--json"],
         &["send", id, "hi"],
         &["events"],
         &["events", "--json"],

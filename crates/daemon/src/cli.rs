@@ -123,6 +123,28 @@ pub enum PeerCommand {
         /// The peer's node id.
         id: String,
     },
+    /// Stop talking to a peer until `mesh peer resume` (maintenance, a metered link).
+    ///
+    /// Closes the connection to the peer, does not dial it and refuses its
+    /// connections (QUIC close code 503, "link paused"). Messages sent to it
+    /// are committed and queued in its outbox as for an offline peer, and go
+    /// out after the resume. The pause is not stored: it ends when this
+    /// daemon restarts.
+    Pause {
+        /// The peer's node id.
+        id: String,
+        /// Print the peer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Talk to a paused peer again: dials it at once, and what is queued goes out.
+    Resume {
+        /// The peer's node id.
+        id: String,
+        /// Print the peer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[cfg(test)]

@@ -36,7 +36,11 @@ pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
 
 fn print_peers(peers: &[PeerStatus]) {
     for p in peers {
-        let state = if p.connected { "connected" } else { "offline" };
+        let state = match (p.paused, p.connected) {
+            (true, _) => "paused",
+            (false, true) => "connected",
+            (false, false) => "offline",
+        };
         let marks: Vec<String> = p.marks.iter().map(|m| m.mark.to_string()).collect();
         println!(
             "  {}  {state:9}  queued {} msgs / {} bytes  received marks [{}]",
@@ -85,6 +89,28 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
         PeerCommand::Remove { id } => {
             let _: serde_json::Value = c.delete(&format!("/v1/peers/{id}")).await?;
             println!("removed peer {id}");
+        }
+        PeerCommand::Pause { id, json } => {
+            let p: serde_json::Value = c.post(&format!("/v1/peers/{id}/pause"), &()).await?;
+            if json {
+                return print_json(&p);
+            }
+            let p: PeerStatus = serde_json::from_value(p).context("unexpected peer answer")?;
+            println!(
+                "paused peer {}: {} msgs queued; `mesh peer resume {}` ends the pause (so does a restart)",
+                p.node, p.queued_msgs, p.node
+            );
+        }
+        PeerCommand::Resume { id, json } => {
+            let p: serde_json::Value = c.post(&format!("/v1/peers/{id}/resume"), &()).await?;
+            if json {
+                return print_json(&p);
+            }
+            let p: PeerStatus = serde_json::from_value(p).context("unexpected peer answer")?;
+            println!(
+                "resumed peer {}: dialing it; {} msgs queued",
+                p.node, p.queued_msgs
+            );
         }
     }
     Ok(())

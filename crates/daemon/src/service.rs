@@ -80,6 +80,7 @@ fn peer_status(p: NodePeer, marks: &mut HashMap<NodeId, Vec<StreamMark>>) -> Pee
         marks: marks.remove(&p.node).unwrap_or_default(),
         queued_msgs,
         outbox_bytes,
+        paused: p.paused,
     }
 }
 
@@ -231,6 +232,27 @@ impl NodeApi for BusApi {
             self.node.remove_peer(node).await.map_err(node_error)
         })
     }
+
+    fn set_peer_paused(
+        &self,
+        node: NodeId,
+        paused: bool,
+    ) -> BoxFuture<'_, Result<PeerStatus, ApiError>> {
+        Box::pin(async move {
+            match self.node.set_peer_paused(node, paused).await {
+                Err(NodeError::Peer(mesh_bus::net::PeerError::UnknownPeer(_))) => {
+                    return Err(ApiError::UnknownPeer(node));
+                }
+                other => other.map_err(node_error)?,
+            }
+            let id = node.to_string();
+            self.peers()
+                .await?
+                .into_iter()
+                .find(|p| p.node == id)
+                .ok_or(ApiError::UnknownPeer(node))
+        })
+    }
 }
 
 /// Prometheus text for the bus's counters.
@@ -289,6 +311,11 @@ pub(crate) fn render_metrics(status: &mesh_bus::node::NodeStatus, out: &mut Stri
         "retransmits_total",
         "Streams resent after a silence.",
         m.retransmits,
+    );
+    line(
+        "link_paused_refused_total",
+        "Incoming connections refused because the link to their peer is paused.",
+        status.net.paused_refused,
     );
     let _ = writeln!(
         out,

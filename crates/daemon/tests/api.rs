@@ -54,6 +54,7 @@ impl TestNode {
             marks: vec![],
             queued_msgs: 0,
             outbox_bytes: 0,
+            paused: false,
         }
     }
 }

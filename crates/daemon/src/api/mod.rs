@@ -6,7 +6,8 @@
 //! `{"error": {"code", "message"}}` with the status of [`ApiError::status`].
 //!
 //! Routes: `GET /v1/status`, `GET /v1/ticket`, `POST /v1/peers {ticket}`,
-//! `GET /v1/peers`, `DELETE /v1/peers/{id}`, `POST /v1/send`,
+//! `GET /v1/peers`, `DELETE /v1/peers/{id}`, `POST /v1/peers/{id}/pause`,
+//! `POST /v1/peers/{id}/resume`, `POST /v1/send`,
 //! `POST /v1/send/batch` (a JSON array, or NDJSON with
 //! `Content-Type: application/x-ndjson`), `GET /v1/events?after=&limit=`,
 //! `GET /v1/subscribe?after=` (SSE), `PUT`/`GET /v1/cursors/{name}`,
@@ -162,6 +163,8 @@ impl ApiState {
             .route("/v1/ticket", get(routes::ticket))
             .route("/v1/peers", post(routes::add_peer).get(routes::list_peers))
             .route("/v1/peers/{id}", axum::routing::delete(routes::remove_peer))
+            .route("/v1/peers/{id}/pause", post(routes::pause_peer))
+            .route("/v1/peers/{id}/resume", post(routes::resume_peer))
             .route("/v1/send", post(send::send_one))
             .route("/v1/send/batch", post(send::send_batch))
             .route("/v1/events", get(routes::events))

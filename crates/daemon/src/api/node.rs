@@ -74,6 +74,9 @@ pub struct PeerStatus {
     pub queued_msgs: u64,
     /// Payload bytes in the peer's outbox.
     pub outbox_bytes: u64,
+    /// Whether the link to it is paused (`mesh peer pause`); absent means no.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 /// A receive mark: every envelope of `stream` up to `mark` is committed here.
@@ -122,6 +125,23 @@ pub trait NodeApi: Send + Sync + 'static {
 
     /// Forgets a peer durably ([`ApiError::UnknownPeer`] if it is not known).
     fn remove_peer(&self, node: NodeId) -> BoxFuture<'_, Result<(), ApiError>>;
+
+    /// Pauses or resumes the link to a peer ([`ApiError::UnknownPeer`] if it
+    /// is not known) and answers the peer as it is then. Not durable: a
+    /// restarted node has no paused link. A node that cannot pause links
+    /// answers [`ApiError::NodeUnavailable`].
+    fn set_peer_paused(
+        &self,
+        node: NodeId,
+        paused: bool,
+    ) -> BoxFuture<'_, Result<PeerStatus, ApiError>> {
+        let _ = (node, paused);
+        Box::pin(async {
+            Err(ApiError::NodeUnavailable(
+                "this node cannot pause links".into(),
+            ))
+        })
+    }
 }
 
 /// Durable writes the API makes itself: named cursors and subscriber loss records.

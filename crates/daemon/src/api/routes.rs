@@ -111,6 +111,9 @@ pub(super) async fn status(State(st): State<ApiState>) -> Result<Response, ApiEr
             "subscribers".into(),
             st.inner.counters.subscribers.load(Ordering::Relaxed).into(),
         );
+        // The process serving this socket, so a local tool (`mesh bench
+        // peer`) can read its memory and CPU from /proc.
+        m.insert("pid".into(), std::process::id().into());
     }
     Ok(Json(v).into_response())
 }
@@ -147,6 +150,24 @@ pub(super) async fn remove_peer(
     let node = parse_node_id(&id)?;
     st.inner.node_api.remove_peer(node).await?;
     Ok(Json(serde_json::json!({ "removed": node.to_string() })).into_response())
+}
+
+pub(super) async fn pause_peer(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let node = parse_node_id(&id)?;
+    let peer = st.inner.node_api.set_peer_paused(node, true).await?;
+    Ok(Json(peer).into_response())
+}
+
+pub(super) async fn resume_peer(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let node = parse_node_id(&id)?;
+    let peer = st.inner.node_api.set_peer_paused(node, false).await?;
+    Ok(Json(peer).into_response())
 }
 
 /// Parses a node id, with a message naming what was wrong.
