@@ -5,7 +5,7 @@
 //!   executable re-run as `mesh daemon`) in a temp dir, links them over
 //!   127.0.0.1 with the default durable settings and drives their local APIs;
 //! - `mesh bench peer PEER_ID` drives this node's API towards a peer it is
-//!   already linked with.
+//!   already linked with; where `local` stops the peers, it pauses the link.
 //!
 //! Workloads (node 0 sends to the others in turn; 1 KiB payloads unless
 //! `--size`): `send-each` (send, wait for the commit, send the next),
@@ -81,9 +81,13 @@ pub enum BenchCommand {
     /// Measure from this node (`--data`) to a peer it is linked with.
     ///
     /// Runs send-each, send-pipelined (until the peer has acknowledged every
-    /// message) and latency as send → the peer's ack; catch-up and
-    /// queued-memory need the peer stopped and are only in `bench local`.
-    /// The messages stay in both journals (kind 0x6d62).
+    /// message), latency as send → the peer's ack, and catch-up and
+    /// queued-memory with the link paused (`mesh peer pause`) instead of the
+    /// peer stopped; the link is resumed after each, and on an error or
+    /// Ctrl-C (if the bench is killed, run `mesh peer resume PEER_ID`).
+    /// queued-memory waits after its measurement until the peer has
+    /// acknowledged everything. The messages stay in both journals (kind
+    /// 0x6d62).
     Peer {
         /// The peer's node id.
         peer: String,
@@ -295,7 +299,11 @@ pub fn measure(cmd: BenchCommand, data: &DataDir) -> anyhow::Result<Report> {
             }
             BenchCommand::Peer { peer, opts } => {
                 let settings = Settings::new(&opts)?;
-                interruptible(peer::run(data, &peer, settings)).await
+                let link = peer::Link::new(data, &peer);
+                let result = interruptible(peer::run(data, &link, settings)).await;
+                // However the bench ended (short of SIGKILL), the link is up again.
+                link.resume_if_paused().await;
+                result
             }
         }
     })

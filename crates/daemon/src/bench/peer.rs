@@ -5,10 +5,23 @@
 //! everything up to it. send-pipelined runs until the peer has acknowledged
 //! every message; latency is send → the ack committed here (three commits:
 //! ours, the peer's, and ours of the ack), an upper bound of send → the
-//! peer's subscriber. catch-up and queued-memory need the peer stopped and
-//! are left out.
+//! peer's subscriber.
+//!
+//! A remote daemon cannot be stopped from here, so catch-up and
+//! queued-memory pause the link to the peer instead (`POST
+//! /v1/peers/{id}/pause`): this node closes the connection and refuses the
+//! peer's, and what is sent waits in its outbox exactly as for a stopped
+//! peer. catch-up then resumes the link and times until the peer has
+//! acknowledged every message; queued-memory reads this daemon's memory
+//! (its pid is in `/v1/status`) and its data dir's disk use while the
+//! messages are queued, then resumes and waits until they are acknowledged,
+//! so a run leaves nothing queued. The link is resumed however the bench
+//! ends (an error, a time bound, Ctrl-C), except when it is killed outright:
+//! then `mesh peer resume PEER_ID` or a restart of the daemon resumes it.
 
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -16,7 +29,7 @@ use tokio::time::Instant;
 
 use super::cluster::StatusView;
 use super::http::Conn;
-use super::local::{RunCtx, declare_probes, metrics_of, time_bound};
+use super::local::{ReaderTask, RunCtx, declare_probes, metrics_of, time_bound};
 use super::measure::{self, ms};
 use super::progress::{Bar, Progress};
 use super::report::{Collector, Machine, Report};
@@ -31,6 +44,109 @@ const ACK_POLL_INTERVAL: Duration = Duration::from_millis(10);
 const ACK_LATENCY_MSGS_MAX: u64 = 1_000;
 /// How long one message may wait for its ack.
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often this daemon's RSS is sampled in queued-memory.
+const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
+/// How long this daemon idles (link paused) before its idle RSS is read.
+const IDLE_SETTLE: Duration = Duration::from_millis(300);
+/// Bytes in a MiB.
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// The figures each workload gives in `bench peer`: (metric, unit).
+fn peer_metrics(w: Workload) -> Vec<(&'static str, &'static str)> {
+    match w {
+        Workload::Latency => vec![("ack_p50", "ms"), ("ack_p99", "ms"), ("ack_max", "ms")],
+        Workload::CatchUp => vec![
+            ("rate", "msgs/s"),
+            ("connect", "ms"),
+            ("sender_cpu/msg", "µs"),
+        ],
+        Workload::QueuedMemory => vec![
+            ("rss_over_idle", "MiB"),
+            ("disk", "MiB"),
+            ("idle_rss", "MiB"),
+            ("send_rate", "msgs/s"),
+            ("drain_rate", "msgs/s"),
+        ],
+        // This process sees neither the peer's CPU and disk nor, in these
+        // two, this daemon's.
+        Workload::SendEach | Workload::SendPipelined => metrics_of(w)
+            .iter()
+            .copied()
+            .filter(|(m, _)| !m.contains("cpu") && !m.contains("disk"))
+            .collect(),
+    }
+}
+
+/// The link to the benched peer: paused and resumed through this node's
+/// API, remembering whether the bench paused it, so it can always resume.
+pub(super) struct Link {
+    client: Client,
+    peer: String,
+    paused: AtomicBool,
+}
+
+impl Link {
+    pub(super) fn new(data: &DataDir, peer: &str) -> Link {
+        Link {
+            client: Client::new(data.socket_path()),
+            peer: peer.to_owned(),
+            paused: AtomicBool::new(false),
+        }
+    }
+
+    async fn pause(&self) -> anyhow::Result<()> {
+        // Set first: a pause whose answer is lost is still resumed.
+        self.paused.store(true, Ordering::SeqCst);
+        let _: serde_json::Value = self
+            .client
+            .post(&format!("/v1/peers/{}/pause", self.peer), &())
+            .await
+            .context("cannot pause the link to the peer")?;
+        Ok(())
+    }
+
+    async fn resume(&self) -> anyhow::Result<()> {
+        let _: serde_json::Value = self
+            .client
+            .post(&format!("/v1/peers/{}/resume", self.peer), &())
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot resume the link to the peer; run `mesh peer resume {}`",
+                    self.peer
+                )
+            })?;
+        self.paused.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Resumes the link if the bench paused it; says so on stderr if that fails.
+    pub(super) async fn resume_if_paused(&self) {
+        if self.paused.load(Ordering::SeqCst)
+            && let Err(e) = self.resume().await
+        {
+            eprintln!("{e:#}");
+        }
+    }
+}
+
+/// This daemon's pid, from `/v1/status`.
+async fn daemon_pid(client: &Client) -> anyhow::Result<u32> {
+    #[derive(serde::Deserialize)]
+    struct Pid {
+        pid: Option<u32>,
+    }
+    let st: Pid = client.get("/v1/status").await?;
+    let pid = st
+        .pid
+        .context("the daemon does not report its pid in /v1/status (an older version?)")?;
+    if measure::memory(pid).is_none() {
+        bail!(
+            "cannot read /proc/{pid}/status of the daemon (another user, or another PID namespace?)"
+        );
+    }
+    Ok(pid)
+}
 
 /// Messages to `peer` this node has not had acknowledged.
 async fn queued(client: &Client, peer: &str) -> anyhow::Result<u64> {
@@ -41,11 +157,8 @@ async fn queued(client: &Client, peer: &str) -> anyhow::Result<u64> {
         .queued_msgs)
 }
 
-pub(super) async fn run(
-    data: &DataDir,
-    peer: &str,
-    mut settings: Settings,
-) -> anyhow::Result<Report> {
+pub(super) async fn run(data: &DataDir, link: &Link, settings: Settings) -> anyhow::Result<Report> {
+    let peer = link.peer.as_str();
     let started = Instant::now();
     let mut machine = Machine::read();
     let client = Client::new(data.socket_path());
@@ -56,22 +169,28 @@ pub(super) async fn run(
     let p = st.peer(peer).with_context(|| {
         format!("{peer} is not a peer of this node; link them first (`mesh peer add TICKET`)")
     })?;
+    if p.paused {
+        bail!("the link to {peer} is paused; `mesh peer resume {peer}` first");
+    }
     if !p.connected {
         bail!("peer {peer} is not connected now; bench peer needs it up");
     }
+    let needs_pid = settings
+        .plan
+        .iter()
+        .any(|(w, _)| matches!(w, Workload::CatchUp | Workload::QueuedMemory));
+    let pid = if needs_pid {
+        Some(daemon_pid(&client).await?)
+    } else {
+        None
+    };
     let mut col = Collector::default();
-    let mut left_out = Vec::new();
-    settings.plan.retain(|(w, _)| {
-        let keep = !matches!(w, Workload::CatchUp | Workload::QueuedMemory);
-        if !keep {
-            left_out.push(w.name());
-        }
-        keep
-    });
-    if !left_out.is_empty() {
+    if needs_pid {
         col.notes.push(format!(
-            "{} left out: they need the peer stopped, which only `mesh bench local` can do",
-            left_out.join(" and ")
+            "catch-up and queued-memory pause this node's link to the peer (`mesh peer pause`) \
+             instead of stopping it, and resume it after; their memory and CPU are this daemon's \
+             (pid {})",
+            pid.unwrap_or_default()
         ));
     }
     col.notes.push(
@@ -81,16 +200,8 @@ pub(super) async fn run(
     );
     declare_probes(&mut col);
     for (w, count) in &settings.plan {
-        if *w == Workload::Latency {
-            col.declare(w.name(), "ack_p50", "ms", *count);
-        } else {
-            // This process cannot see the peer's (or, here, the daemon's) CPU and disk.
-            let seen = metrics_of(*w)
-                .iter()
-                .filter(|(m, _)| !m.contains("cpu") && !m.contains("disk"));
-            for (metric, unit) in seen {
-                col.declare(w.name(), metric, unit, *count);
-            }
+        for (metric, unit) in peer_metrics(*w) {
+            col.declare(w.name(), metric, unit, *count);
         }
     }
     let progress = Progress::new();
@@ -116,13 +227,21 @@ pub(super) async fn run(
                     Workload::Latency => {
                         ack_latency(&mut r, &data.socket_path(), &client, peer, *count).await
                     }
-                    Workload::CatchUp | Workload::QueuedMemory => Ok(()),
+                    Workload::CatchUp => {
+                        catch_up(&mut r, &client, link, pid.unwrap_or_default(), *count).await
+                    }
+                    Workload::QueuedMemory => {
+                        queued_memory(&mut r, data, &client, link, pid.unwrap_or_default(), *count)
+                            .await
+                    }
                 }
             };
             let result = match tokio::time::timeout(bound, work).await {
                 Ok(r) => r,
                 Err(_) => Err(anyhow::anyhow!("did not finish within {bound:?}")),
             };
+            // Whatever happened, the next workload starts with the link up.
+            link.resume_if_paused().await;
             sent_total += if *w == Workload::Latency {
                 (*count).min(ACK_LATENCY_MSGS_MAX)
             } else {
@@ -136,7 +255,8 @@ pub(super) async fn run(
         }
     }
     col.notes.push(format!(
-        "this run wrote up to {sent_total} messages (msg_kind {}) to this node's and the peer's journals",
+        "this run wrote up to {sent_total} messages (msg_kind {:#06x}) to this node's journal and \
+         the peer's ({peer}); they stay there",
         super::BENCH_MSG_KIND
     ));
     let (figures, errors, notes) = col.finish();
@@ -245,6 +365,135 @@ async fn ack_latency(
     r.col.add("latency", "ack_max", "ms", count, max);
     bar.finish(&format!(
         "send → ack p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms"
+    ));
+    Ok(())
+}
+
+/// Waits until everything earlier to `peer` is acknowledged, so a workload
+/// starts from an empty outbox.
+async fn settle(r: &RunCtx<'_>, client: &Client, peer: &str, what: &str) -> anyhow::Result<()> {
+    let bar = r.bar(&format!("{what}: earlier messages acknowledged"), 0, "msgs");
+    wait_acked(client, peer, 0, &bar).await?;
+    bar.finish("none queued");
+    Ok(())
+}
+
+/// Pauses the link, sends `count` (queued at this node), resumes it: the
+/// time until the peer has acknowledged them all, and until it reconnected.
+async fn catch_up(
+    r: &mut RunCtx<'_>,
+    client: &Client,
+    link: &Link,
+    pid: u32,
+    count: u64,
+) -> anyhow::Result<()> {
+    let peer = link.peer.as_str();
+    settle(r, client, peer, "catch-up").await?;
+    link.pause().await?;
+    let msgs = r.msgs('c', vec![peer.to_owned()]);
+    let bar = r.bar("catch-up: sending, link paused", count, "msgs");
+    send::stream(client, msgs, count, r.settings.window, &bar).await?;
+    bar.finish("queued");
+    let bar = r.bar("catch-up", count, "msgs");
+    let cpu0 = measure::cpu_time(pid).unwrap_or_default();
+    let t0 = Instant::now();
+    link.resume().await?;
+    let connect = loop {
+        let st: StatusView = client.get("/v1/status").await?;
+        let p = st
+            .peer(peer)
+            .with_context(|| format!("{peer} is no longer a peer of this node"))?;
+        bar.set(count.saturating_sub(p.queued_msgs));
+        if p.connected {
+            break t0.elapsed();
+        }
+        tokio::time::sleep(ACK_POLL_INTERVAL).await;
+    };
+    wait_acked(client, peer, count, &bar).await?;
+    let total = t0.elapsed();
+    let cpu = measure::cpu_time(pid)
+        .unwrap_or_default()
+        .saturating_sub(cpu0);
+    let rate = count as f64 / total.as_secs_f64();
+    let cu = "catch-up";
+    r.col.add(cu, "rate", "msgs/s", count, rate);
+    r.col.add(cu, "connect", "ms", count, ms(connect));
+    let cpu_per_msg = cpu.as_secs_f64() * 1e6 / count as f64;
+    r.col.add(cu, "sender_cpu/msg", "µs", count, cpu_per_msg);
+    bar.finish(&format!(
+        "{rate:.0} msgs/s acknowledged from the resume (reconnected after {:.0} ms)",
+        ms(connect)
+    ));
+    Ok(())
+}
+
+/// Pauses the link and sends `count`: this daemon's peak RSS over idle and
+/// its data dir's growth while they are queued; then resumes and waits until
+/// the peer has acknowledged them all.
+async fn queued_memory(
+    r: &mut RunCtx<'_>,
+    data: &DataDir,
+    client: &Client,
+    link: &Link,
+    pid: u32,
+    count: u64,
+) -> anyhow::Result<()> {
+    let peer = link.peer.as_str();
+    settle(r, client, peer, "queued-memory").await?;
+    link.pause().await?;
+    tokio::time::sleep(IDLE_SETTLE).await;
+    let (idle, _) = measure::memory(pid).context("cannot read the daemon's memory")?;
+    let peak_reset = measure::reset_peak(pid);
+    if !peak_reset {
+        r.col.notes.push(
+            "queued-memory: the kernel refused to reset VmHWM; the peak is the largest 50 ms sample"
+                .into(),
+        );
+    }
+    let disk0 = measure::disk_bytes(data.root());
+    let sampled = Arc::new(AtomicU64::new(idle));
+    let sampler = {
+        let sampled = sampled.clone();
+        ReaderTask(tokio::spawn(async move {
+            loop {
+                if let Some((rss, _)) = measure::memory(pid) {
+                    sampled.fetch_max(rss, Ordering::Relaxed);
+                }
+                tokio::time::sleep(RSS_SAMPLE_INTERVAL).await;
+            }
+        }))
+    };
+    let msgs = r.msgs('q', vec![peer.to_owned()]);
+    let bar = r.bar("queued-memory: sending, link paused", count, "msgs");
+    let t0 = Instant::now();
+    send::stream(client, msgs, count, r.settings.window, &bar).await?;
+    let send_rate = count as f64 / t0.elapsed().as_secs_f64();
+    drop(sampler);
+    let (rss, hwm) = measure::memory(pid).context("cannot read the daemon's memory")?;
+    let mut peak = sampled.load(Ordering::Relaxed).max(rss);
+    if peak_reset {
+        peak = peak.max(hwm);
+    }
+    let over = peak.saturating_sub(idle) as f64 / MIB;
+    let disk = measure::disk_bytes(data.root()).saturating_sub(disk0) as f64 / MIB;
+    bar.finish(&format!(
+        "peak RSS {over:.1} MiB over idle ({:.1} MiB), {disk:.0} MiB on disk, sent at {send_rate:.0} msgs/s",
+        idle as f64 / MIB
+    ));
+    let qm = "queued-memory";
+    r.col.add(qm, "rss_over_idle", "MiB", count, over);
+    r.col.add(qm, "disk", "MiB", count, disk);
+    r.col.add(qm, "idle_rss", "MiB", count, idle as f64 / MIB);
+    r.col.add(qm, "send_rate", "msgs/s", count, send_rate);
+    // Leave nothing queued: the workload's time bound covers this wait.
+    let bar = r.bar("queued-memory: resumed, until acknowledged", count, "msgs");
+    let t1 = Instant::now();
+    link.resume().await?;
+    wait_acked(client, peer, count, &bar).await?;
+    let drain_rate = count as f64 / t1.elapsed().as_secs_f64();
+    r.col.add(qm, "drain_rate", "msgs/s", count, drain_rate);
+    bar.finish(&format!(
+        "{drain_rate:.0} msgs/s acknowledged after the resume"
     ));
     Ok(())
 }
