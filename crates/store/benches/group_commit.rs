@@ -8,6 +8,13 @@
 //! and signature); `16 x 16` is what the bus does under load, one batch per
 //! stream per group commit. Signing and store creation are outside the timed
 //! part. `fsync_4k` measures the disk's `pwrite(4 KiB) + fdatasync` rate.
+//!
+//! Two more groups mimic the node's bulk write paths, one commit per
+//! iteration: `catch_up_1k` is a receiver catching up on one stream (one
+//! commit of 256 verified batches of 16 envelopes, each batch its own
+//! `Accept` group, as the bus sends them), `pipelined_1k` a sender with a
+//! full window to one peer (one commit of 16 `AppendOwn` groups of 16
+//! envelopes on one stream).
 
 use std::fs::OpenOptions;
 use std::os::unix::fs::FileExt;
@@ -33,10 +40,14 @@ fn secret() -> SecretKey {
 
 /// Signs `len` batches of `per` envelopes from seq 1 on, of the stream to `to`.
 fn chain(epoch: Epoch, to: usize, len: usize, per: usize) -> Vec<OpenBatch> {
+    chain_by(&secret(), epoch, to, len, per)
+}
+
+/// [`chain`] by the author `sk`.
+fn chain_by(sk: &SecretKey, epoch: Epoch, to: usize, len: usize, per: usize) -> Vec<OpenBatch> {
     let mut seed = [9u8; 32];
     seed[..8].copy_from_slice(&(to as u64).to_le_bytes());
     let recipient = SecretKey::from_bytes(&seed).public();
-    let sk = secret();
     (0..len as u64)
         .map(|i| {
             let first = i * per as u64 + 1;
@@ -48,7 +59,7 @@ fn chain(epoch: Epoch, to: usize, len: usize, per: usize) -> Vec<OpenBatch> {
                     payload: vec![(seq % 251) as u8; PAYLOAD_BYTES],
                 })
                 .collect();
-            OpenBatch::sign(&sk, epoch, Channel::Direct(recipient), first, envs)
+            OpenBatch::sign(sk, epoch, Channel::Direct(recipient), first, envs)
                 .expect("the batch fits the limits")
         })
         .collect()
@@ -163,5 +174,96 @@ fn fsync(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fsync, group_commit);
+/// Batches in one catch-up commit (the bus's inbound cap per commit).
+const CATCH_UP_BATCHES: usize = 256;
+/// Batches in one pipelined-send commit.
+const PIPELINED_BATCHES: usize = 16;
+/// Envelopes per batch in both bulk shapes.
+const BULK_PER: usize = 16;
+
+/// Runs `rounds` commits of `per_commit` groups from one pre-signed chain of
+/// one stream, on fresh stores; `op` turns a batch into its group. Returns
+/// only the time spent committing.
+fn run_bulk(
+    rt: &tokio::runtime::Runtime,
+    rounds: u64,
+    per_commit: usize,
+    foreign: bool,
+    op: fn(OpenBatch) -> WriteOp,
+) -> Duration {
+    let len = (CHAIN_TOTAL_MAX / BULK_PER / per_commit).max(1);
+    let mut left = rounds as usize;
+    let mut spent = Duration::ZERO;
+    while left > 0 {
+        let n = left.min(len);
+        left -= n;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(RedbStore::open(dir.path()).expect("store opens"));
+        let batches = if foreign {
+            // Another node's stream, as a receiver sees it.
+            chain_by(
+                &SecretKey::from_bytes(&[3; 32]),
+                Epoch([5; 16]),
+                0,
+                n * per_commit,
+                BULK_PER,
+            )
+        } else {
+            chain(store.meta().epoch, 0, n * per_commit, BULK_PER)
+        };
+        let handle = StoreHandle::spawn(store).expect("writer starts");
+        spent += rt.block_on(async {
+            let mut batches = batches.into_iter();
+            let start = Instant::now();
+            for _ in 0..n {
+                let groups: Vec<_> = batches
+                    .by_ref()
+                    .take(per_commit)
+                    .map(|b| vec![op(b)])
+                    .collect();
+                for r in handle.commit_groups(groups).await {
+                    r.expect("bulk group commits");
+                }
+            }
+            let spent = start.elapsed();
+            handle.close().await;
+            spent
+        });
+    }
+    spent
+}
+
+fn bulk(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut g = c.benchmark_group("bulk_1k");
+    g.sample_size(10)
+        .measurement_time(Duration::from_secs(8))
+        .warm_up_time(Duration::from_secs(2));
+    g.throughput(Throughput::Elements((CATCH_UP_BATCHES * BULK_PER) as u64));
+    g.bench_function("catch_up_256x16", |b| {
+        b.iter_custom(|rounds| {
+            run_bulk(&rt, rounds, CATCH_UP_BATCHES, true, |batch| {
+                let from = batch.batch().first_seq();
+                WriteOp::Accept { batch, from }
+            })
+        });
+    });
+    g.throughput(Throughput::Elements((PIPELINED_BATCHES * BULK_PER) as u64));
+    g.bench_function("pipelined_16x16", |b| {
+        b.iter_custom(|rounds| {
+            run_bulk(&rt, rounds, PIPELINED_BATCHES, false, |batch| {
+                WriteOp::AppendOwn {
+                    batch,
+                    bounds: OutboxBounds::default(),
+                }
+            })
+        });
+    });
+    g.finish();
+}
+
+criterion_group!(benches, fsync, group_commit, bulk);
 criterion_main!(benches);

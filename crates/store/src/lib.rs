@@ -30,7 +30,7 @@ pub use types::{
 use mesh_protocol::{Mark, Seq, StreamId};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Errors from the store, grouped by who is at fault.
 #[derive(Clone, Debug, thiserror::Error)]

@@ -5,16 +5,27 @@
 //! | table            | key                          | value                                   |
 //! |------------------|------------------------------|-----------------------------------------|
 //! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"` | little-endian u32, 16 bytes, little-endian u64 |
-//! | `outbox-v1`      | (postcard `StreamId`, first seq) | postcard (last seq, msgs, bytes, `SignedBatch`, payloads) |
-//! | `own-streams-v1` | postcard `StreamId`          | postcard (next seq, first retained, last acked, msgs, bytes) |
-//! | `marks-v1`       | postcard `StreamId`          | mark                                    |
-//! | `journal-v1`     | arrival                      | postcard `JournalRecord`                |
-//! | `peers-v1`       | node id bytes                | postcard `PeerRecord`                   |
-//! | `cursors-v1`     | name                         | arrival                                 |
+//! | `outbox-v2`      | (postcard `StreamId`, first seq) | postcard (last seq, msgs, bytes, `SignedBatch`, payloads) |
+//! | `own-streams-v2` | postcard `StreamId`          | postcard (next seq, first retained, last acked, msgs, bytes) |
+//! | `marks-v2`       | postcard `StreamId`          | mark                                    |
+//! | `journal-v2`     | last arrival in the row      | postcard `Row`: a run of envelopes, or one other record |
+//! | `peers-v2`       | node id bytes                | postcard `PeerRecord`                   |
+//! | `cursors-v2`     | name                         | arrival                                 |
+//!
+//! The meta table keeps its name across schema versions, so that a file of
+//! another version is recognised and refused by its `schema_version`.
+//!
+//! A journal row holds consecutive envelopes of one stream written in one
+//! commit (up to [`JOURNAL_ROW_BYTES_MAX`]), the stream named once: one
+//! B-tree insert per row rather than per envelope is what lets a receiver
+//! journal a catch-up commit of thousands of envelopes quickly. A row is
+//! keyed by its last arrival, so the row holding arrival `a` is the first
+//! with a key `>= a`.
 //!
 //! Postcard is canonical for these types, so a stored `SignedBatch` decodes
 //! to the value that was signed and re-encodes to the same bytes.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::fs;
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -44,13 +55,24 @@ pub const STORE_FILE_NAME: &str = "mesh.redb";
 /// write buffer of a transaction), in bytes.
 pub const CACHE_BYTES: usize = 32 << 20;
 
+/// The most bytes (estimated before encoding) of one journal row: a run of
+/// envelopes stops growing before it would pass this, so that a row of
+/// small envelopes fills one 16 KiB redb page. A single larger envelope is
+/// a row of its own.
+pub(crate) const JOURNAL_ROW_BYTES_MAX: usize = (16 << 10) - 256;
+
+/// Bytes counted for a run's stream and framing, and for each entry besides
+/// its payload (varint lamport, clock, kind and length, with room to spare).
+const ROW_OVERHEAD_BYTES: usize = 128;
+const ROW_ENTRY_OVERHEAD_BYTES: usize = 32;
+
 const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta-v1");
-const OUTBOX: TableDefinition<'_, (&[u8], u64), &[u8]> = TableDefinition::new("outbox-v1");
-const OWN: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("own-streams-v1");
-const MARKS: TableDefinition<'_, &[u8], u64> = TableDefinition::new("marks-v1");
-const JOURNAL: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("journal-v1");
-const PEERS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("peers-v1");
-const CURSORS: TableDefinition<'_, &str, u64> = TableDefinition::new("cursors-v1");
+const OUTBOX: TableDefinition<'_, (&[u8], u64), &[u8]> = TableDefinition::new("outbox-v2");
+const OWN: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("own-streams-v2");
+const MARKS: TableDefinition<'_, &[u8], u64> = TableDefinition::new("marks-v2");
+const JOURNAL: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("journal-v2");
+const PEERS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("peers-v2");
+const CURSORS: TableDefinition<'_, &str, u64> = TableDefinition::new("cursors-v2");
 
 const META_SCHEMA: &str = "schema_version";
 const META_EPOCH: &str = "epoch";
@@ -80,6 +102,88 @@ struct BatchOwned {
     meta: StoredMeta,
     batch: SignedBatch,
     payloads: Vec<ByteBuf>,
+}
+
+/// One journal envelope in a run, borrowed for encoding.
+#[derive(Serialize)]
+struct EntryRef<'a> {
+    lamport: u64,
+    created_ms: u64,
+    kind: u16,
+    payload: &'a Bytes,
+}
+
+/// One journal row, borrowed for encoding. The variants' order is the
+/// encoding: it must match [`RowOwned`].
+#[derive(Serialize)]
+enum RowRef<'a> {
+    /// Envelopes `first_seq..` of `stream`, at consecutive arrivals.
+    Run {
+        stream: &'a StreamId,
+        first_seq: Seq,
+        entries: Vec<EntryRef<'a>>,
+    },
+    /// A record that is not an envelope (a gap or a loss).
+    Record(&'a JournalRecord),
+}
+
+/// One journal envelope in a run, decoded.
+#[derive(Deserialize)]
+struct EntryOwned {
+    lamport: u64,
+    created_ms: u64,
+    kind: u16,
+    payload: ByteBuf,
+}
+
+/// One journal row, decoded.
+#[derive(Deserialize)]
+enum RowOwned {
+    Run {
+        stream: StreamId,
+        first_seq: Seq,
+        entries: Vec<EntryOwned>,
+    },
+    Record(JournalRecord),
+}
+
+impl RowOwned {
+    /// The records of the row whose last arrival is `last`, with their arrivals.
+    fn into_items(self, last: Arrival) -> impl Iterator<Item = JournalItem> {
+        let (run, record) = match self {
+            RowOwned::Run {
+                stream,
+                first_seq,
+                entries,
+            } => (Some((stream, first_seq, entries)), None),
+            RowOwned::Record(r) => (None, Some(r)),
+        };
+        let n = run.as_ref().map_or(1, |(_, _, e)| e.len() as u64);
+        let first = (last + 1).saturating_sub(n);
+        let runs = run
+            .into_iter()
+            .flat_map(move |(stream, first_seq, entries)| {
+                entries
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(i, e)| JournalItem {
+                        arrival: first + i as u64,
+                        record: JournalRecord::Envelope {
+                            stream: stream.clone(),
+                            seq: first_seq + i as u64,
+                            lamport: e.lamport,
+                            created_ms: e.created_ms,
+                            kind: e.kind,
+                            payload: e.payload.into_vec(),
+                        },
+                    })
+            });
+        let records = record.into_iter().map(move |record| JournalItem {
+            arrival: last,
+            record,
+        });
+        runs.chain(records)
+    }
 }
 
 /// An own stream's counters; the stream is the row's key.
@@ -190,6 +294,15 @@ fn decode<'a, T: Deserialize<'a>>(
 ) -> Result<T, StoreError> {
     postcard::from_bytes(bytes)
         .map_err(|e| corrupt(name, format!("a stored {what} does not decode: {e}")))
+}
+
+/// Encodes `v` into `buf`, replacing what it held (the buffer is reused across rows).
+fn encode_into<T: Serialize + ?Sized>(buf: &mut Vec<u8>, v: &T) -> Result<(), StoreError> {
+    buf.clear();
+    let taken = std::mem::take(buf);
+    *buf = postcard::to_extend(v, taken)
+        .map_err(|e| StoreError::Unavailable(format!("encoding failed: {e}")))?;
+    Ok(())
 }
 
 fn stream_key(stream: &StreamId) -> Result<Vec<u8>, StoreError> {
@@ -458,6 +571,9 @@ impl RedbStore {
                 journal: tx.open_table(JOURNAL).map_err(|e| werr(e.into()))?,
                 peers: tx.open_table(PEERS).map_err(|e| werr(e.into()))?,
                 cursors: tx.open_table(CURSORS).map_err(|e| werr(e.into()))?,
+                journal_pending: Vec::new(),
+                marks_pending: HashMap::new(),
+                own_pending: HashMap::new(),
             };
             let journal_head = t
                 .journal
@@ -481,6 +597,7 @@ impl RedbStore {
                     Err(Fail::Fatal(e)) => return Err(e),
                 }
             }
+            t.flush()?;
             if counters.max_lamport != before.max_lamport {
                 meta.insert(
                     META_MAX_LAMPORT,
@@ -593,6 +710,14 @@ struct Tables<'tx> {
     journal: Table<'tx, u64, &'static [u8]>,
     peers: Table<'tx, &'static [u8], &'static [u8]>,
     cursors: Table<'tx, &'static str, u64>,
+    /// Journal records of the groups applied so far, in arrival order;
+    /// written as rows at [`Tables::flush`], when every run is complete.
+    journal_pending: Vec<(Arrival, JournalRecord)>,
+    /// The latest mark and own-stream state per stream, written once per
+    /// commit at [`Tables::flush`] however many groups moved them; reads
+    /// in the transaction look here first.
+    marks_pending: HashMap<StreamId, Seq>,
+    own_pending: HashMap<StreamId, OwnStream>,
 }
 
 impl Tables<'_> {
@@ -605,11 +730,7 @@ impl Tables<'_> {
         for w in writes {
             match w {
                 Write::OwnStream(o) => {
-                    let k = stream_key(&o.stream)?;
-                    let v = encode(&OwnCounters::of(&o))?;
-                    self.own
-                        .insert(k.as_slice(), v.as_slice())
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                    self.own_pending.insert(o.stream.clone(), o);
                 }
                 Write::PutBatch { first_seq, batch } => {
                     let stream = StreamId {
@@ -639,16 +760,10 @@ impl Tables<'_> {
                         .map_err(|e| from_redb(name, "cannot write", e))?;
                 }
                 Write::Mark { stream, seq } => {
-                    let k = stream_key(&stream)?;
-                    self.marks
-                        .insert(k.as_slice(), seq)
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                    self.marks_pending.insert(stream, seq);
                 }
                 Write::Journal { arrival, record } => {
-                    let v = encode(&record)?;
-                    self.journal
-                        .insert(arrival, v.as_slice())
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                    self.journal_pending.push((arrival, record));
                 }
                 Write::PutPeer(p) => {
                     let v = encode(&p)?;
@@ -673,6 +788,114 @@ impl Tables<'_> {
         }
         Ok(())
     }
+
+    /// Writes what [`Tables::apply`] deferred: marks, own streams, and the
+    /// journal packed into rows.
+    fn flush(&mut self) -> Result<(), StoreError> {
+        let name = self.name;
+        let werr = |e| from_redb(name, "cannot write", e);
+        let mut marks: Vec<_> = self.marks_pending.drain().collect();
+        marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (stream, seq) in marks {
+            let k = stream_key(&stream)?;
+            self.marks.insert(k.as_slice(), seq).map_err(werr)?;
+        }
+        let mut own: Vec<_> = self.own_pending.drain().map(|(_, o)| o).collect();
+        own.sort_unstable_by(|a, b| a.stream.cmp(&b.stream));
+        for o in own {
+            let k = stream_key(&o.stream)?;
+            let v = encode(&OwnCounters::of(&o))?;
+            self.own.insert(k.as_slice(), v.as_slice()).map_err(werr)?;
+        }
+        let pending = std::mem::take(&mut self.journal_pending);
+        let mut buf = Vec::new();
+        let mut rest = pending.as_slice();
+        while let Some(((arrival, record), _)) = rest.split_first() {
+            let n = run_len(rest);
+            let row = match record {
+                JournalRecord::Envelope { stream, seq, .. } if n > 0 => {
+                    let mut entries = Vec::with_capacity(n);
+                    let mut bytes = ROW_OVERHEAD_BYTES;
+                    for (_, r) in &rest[..n] {
+                        if let JournalRecord::Envelope {
+                            lamport,
+                            created_ms,
+                            kind,
+                            payload,
+                            ..
+                        } = r
+                        {
+                            bytes += payload.len() + ROW_ENTRY_OVERHEAD_BYTES;
+                            entries.push(EntryRef {
+                                lamport: *lamport,
+                                created_ms: *created_ms,
+                                kind: *kind,
+                                payload: Bytes::new(payload),
+                            });
+                        }
+                    }
+                    buf.reserve(bytes);
+                    RowRef::Run {
+                        stream,
+                        first_seq: *seq,
+                        entries,
+                    }
+                }
+                other => RowRef::Record(other),
+            };
+            encode_into(&mut buf, &row)?;
+            let taken = n.max(1);
+            let last = arrival + taken as u64 - 1;
+            self.journal.insert(last, buf.as_slice()).map_err(werr)?;
+            rest = &rest[taken..];
+        }
+        Ok(())
+    }
+}
+
+/// How many of `records` (consecutive arrivals) open a journal row of
+/// envelopes: consecutive seqs of one stream, within [`JOURNAL_ROW_BYTES_MAX`]
+/// (at least one). 0 if the first is not an envelope.
+fn run_len(records: &[(Arrival, JournalRecord)]) -> usize {
+    let Some((
+        (
+            arrival,
+            JournalRecord::Envelope {
+                stream,
+                seq,
+                payload,
+                ..
+            },
+        ),
+        more,
+    )) = records.split_first()
+    else {
+        return 0;
+    };
+    let mut bytes = ROW_OVERHEAD_BYTES + payload.len() + ROW_ENTRY_OVERHEAD_BYTES;
+    let mut n = 1;
+    for (a, r) in more {
+        let JournalRecord::Envelope {
+            stream: s,
+            seq: q,
+            payload: p,
+            ..
+        } = r
+        else {
+            break;
+        };
+        let add = p.len() + ROW_ENTRY_OVERHEAD_BYTES;
+        if s != stream
+            || Some(*q) != seq.checked_add(n as u64)
+            || Some(*a) != arrival.checked_add(n as u64)
+            || bytes + add > JOURNAL_ROW_BYTES_MAX
+        {
+            break;
+        }
+        bytes += add;
+        n += 1;
+    }
+    n
 }
 
 impl Base for Tables<'_> {
@@ -681,6 +904,9 @@ impl Base for Tables<'_> {
     }
 
     fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError> {
+        if let Some(o) = self.own_pending.get(stream) {
+            return Ok(Some(o.clone()));
+        }
         let k = stream_key(stream)?;
         let v = self.own.get(k.as_slice()).map_err(|e| self.err(e))?;
         let counters: Option<OwnCounters> = v
@@ -715,6 +941,9 @@ impl Base for Tables<'_> {
     }
 
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
+        if let Some(m) = self.marks_pending.get(stream) {
+            return Ok(Some(*m));
+        }
         let k = stream_key(stream)?;
         Ok(self
             .marks
@@ -811,16 +1040,22 @@ impl MeshStore for RedbStore {
         let Some(next) = after.checked_add(1) else {
             return Ok(Vec::new());
         };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let rx = self.begin_read()?;
         let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
         let mut out = Vec::new();
-        for row in t.range(next..).map_err(|e| self.read_err(e))?.take(limit) {
+        // Rows are keyed by their last arrival: the first row at or after
+        // `next` holds it (and maybe earlier arrivals, skipped).
+        for row in t.range(next..).map_err(|e| self.read_err(e))? {
             let (k, v) = row.map_err(|e| self.read_err(e))?;
-            let record: JournalRecord = decode(&self.name, "journal record", v.value())?;
-            out.push(JournalItem {
-                arrival: k.value(),
-                record,
-            });
+            let row: RowOwned = decode(&self.name, "journal row", v.value())?;
+            let items = row.into_items(k.value()).skip_while(|i| i.arrival < next);
+            out.extend(items.take(limit - out.len()));
+            if out.len() >= limit {
+                break;
+            }
         }
         Ok(out)
     }

@@ -1,6 +1,6 @@
 //! One suite of rules, run against every [`MeshStore`] implementation.
 
-use mesh_protocol::{Channel, Epoch};
+use mesh_protocol::{Channel, Epoch, StreamId};
 
 use super::util::*;
 use crate::{
@@ -31,6 +31,7 @@ macro_rules! suite {
                 ops_of_one_group_see_each_other,
                 read_outbox_starts_at_the_batch_holding_after_plus_one_and_caps_bytes,
                 the_journal_pages_in_arrival_order,
+                a_large_commit_of_many_streams_reads_back_entry_by_entry_from_any_position,
                 peers_and_cursors_round_trip,
                 a_cursor_must_be_named_and_point_into_the_journal,
                 max_lamport_is_the_highest_clock_ever_committed,
@@ -802,6 +803,94 @@ fn the_journal_pages_in_arrival_order(s: &dyn MeshStore) {
     assert_eq!(arrivals(u64::MAX, 10), Vec::<u64>::new());
     assert_eq!(arrivals(0, 0), Vec::<u64>::new());
     assert_eq!(s.journal_head().expect("head"), 5);
+}
+
+fn a_large_commit_of_many_streams_reads_back_entry_by_entry_from_any_position(s: &dyn MeshStore) {
+    let big = |author: u8, first_seq, sizes: &[usize]| {
+        batch(
+            author,
+            Epoch([author; 16]),
+            Channel::Direct(node(ME)),
+            first_seq,
+            sizes,
+        )
+    };
+    // Runs longer than a journal row, a gap between runs of one stream, an
+    // envelope larger than a row, and the store's own sends, in one commit.
+    let groups = vec![
+        vec![WriteOp::Accept {
+            batch: big(PEER, 1, &[1024; 12]),
+            from: 1,
+        }],
+        vec![WriteOp::Accept {
+            batch: big(PEER, 13, &[1024; 12]),
+            from: 15,
+        }],
+        vec![WriteOp::Gap {
+            stream: peer_stream(3),
+            earliest_available: 5,
+        }],
+        vec![WriteOp::Accept {
+            batch: big(PEER, 13, &[1024; 12]),
+            from: 13,
+        }],
+        vec![WriteOp::Accept {
+            batch: big(4, 1, &[10, 40_000, 10, 0]),
+            from: 1,
+        }],
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 1, 9, 3000),
+            bounds: OutboxBounds::default(),
+        }],
+    ];
+    let results = s.commit(groups);
+    assert!(results[1].is_err(), "an accept past the mark is refused");
+    assert!(results.iter().enumerate().all(|(i, r)| i == 1 || r.is_ok()));
+    let all = s.journal(0, usize::MAX).expect("read");
+    // (stream, seq, payload length, author) of each entry; a gap's seq is 0.
+    let mut want: Vec<(StreamId, u64, usize, u8)> = Vec::new();
+    want.extend((1..=12).map(|q| (peer_stream(PEER), q, 1024, PEER)));
+    want.push((peer_stream(3), 0, 0, 3));
+    want.extend((13..=24).map(|q| (peer_stream(PEER), q, 1024, PEER)));
+    let other = StreamId::direct(node(4), Epoch([4; 16]), node(ME));
+    want.extend([(1, 10), (2, 40_000), (3, 10), (4, 0)].map(|(q, l)| (other.clone(), q, l, 4)));
+    want.extend((1..=9).map(|q| (own_stream_id(s, PEER), q, 3000, ME)));
+    assert_eq!(all.len(), want.len());
+    for (i, (item, (stream, seq, len, author))) in all.iter().zip(&want).enumerate() {
+        assert_eq!(item.arrival, i as u64 + 1);
+        match &item.record {
+            JournalRecord::Envelope {
+                stream: st,
+                seq: q,
+                payload: p,
+                lamport,
+                ..
+            } => {
+                assert_eq!((st, q, lamport), (stream, seq, seq));
+                assert!(
+                    *p == payload(*seq, *author, *len),
+                    "payload of arrival {}",
+                    i + 1
+                );
+            }
+            JournalRecord::Gap {
+                stream: st,
+                from,
+                to,
+            } => {
+                assert_eq!((st, from, to), (stream, &1, &4));
+            }
+            other => panic!("unexpected record {other:?}"),
+        }
+    }
+    assert_eq!(s.journal_head().expect("head"), all.len() as u64);
+    for after in 0..=all.len() {
+        for limit in [1, 2, 7, 100] {
+            let got = s.journal(after as u64, limit).expect("read");
+            let end = (after + limit).min(all.len());
+            assert_eq!(got, all[after..end], "after {after}, limit {limit}");
+        }
+    }
 }
 
 fn peers_and_cursors_round_trip(s: &dyn MeshStore) {

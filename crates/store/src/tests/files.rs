@@ -6,7 +6,7 @@ use std::process::Command;
 use redb::{ReadableDatabase, TableDefinition};
 
 use super::util::*;
-use crate::{MeshStore, RedbStore, STORE_FILE_NAME, StoreError, WriteOp};
+use crate::{MeshStore, RedbStore, SCHEMA_VERSION, STORE_FILE_NAME, StoreError, WriteOp};
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
@@ -190,6 +190,7 @@ fn a_redb_file_that_is_not_a_mesh_store_is_refused_as_corrupt() {
 
 #[test]
 fn a_store_of_another_schema_version_is_refused() {
+    const NEXT: u32 = SCHEMA_VERSION + 1;
     let dir = tempdir();
     drop(RedbStore::open(dir.path()).expect("creates"));
     let db = redb::Database::open(dir.path().join(STORE_FILE_NAME)).expect("open");
@@ -198,15 +199,15 @@ fn a_store_of_another_schema_version_is_refused() {
         let mut t = tx
             .open_table(TableDefinition::<&str, &[u8]>::new("meta-v1"))
             .expect("table");
-        t.insert("schema_version", 2u32.to_le_bytes().as_slice())
+        t.insert("schema_version", NEXT.to_le_bytes().as_slice())
             .expect("insert");
     }
     tx.commit().expect("commit");
     drop(db);
     match RedbStore::open(dir.path()) {
         Err(StoreError::SchemaVersion {
-            found: 2,
-            supported: 1,
+            found: NEXT,
+            supported: SCHEMA_VERSION,
             ..
         }) => {}
         other => panic!("expected SchemaVersion, got {other:?}"),
@@ -219,8 +220,42 @@ fn a_store_of_another_schema_version_is_refused() {
         .expect("table");
     assert_eq!(
         t.get("schema_version").expect("get").expect("row").value(),
-        2u32.to_le_bytes()
+        NEXT.to_le_bytes()
     );
+}
+
+/// A version 1 file, as the first schema laid it out: the meta row and its
+/// tables, with one journal entry per row.
+fn write_v1_store(path: &Path) {
+    let db = redb::Database::create(path).expect("create");
+    let tx = db.begin_write().expect("tx");
+    {
+        let mut t = tx
+            .open_table(TableDefinition::<&str, &[u8]>::new("meta-v1"))
+            .expect("table");
+        t.insert("schema_version", 1u32.to_le_bytes().as_slice())
+            .expect("insert");
+        t.insert("epoch", [1u8; 16].as_slice()).expect("insert");
+        t.insert("max_lamport", 0u64.to_le_bytes().as_slice())
+            .expect("insert");
+        let mut j = tx
+            .open_table(TableDefinition::<u64, &[u8]>::new("journal-v1"))
+            .expect("table");
+        j.insert(1, [0u8; 8].as_slice()).expect("insert");
+    }
+    tx.commit().expect("commit");
+}
+
+#[test]
+fn a_version_1_store_is_refused_as_another_schema_not_misread() {
+    let dir = tempdir();
+    write_v1_store(&dir.path().join(STORE_FILE_NAME));
+    match RedbStore::open(dir.path()) {
+        Err(e @ StoreError::SchemaVersion { found: 1, .. }) => {
+            assert!(e.to_string().contains("schema version 1"), "{e}");
+        }
+        other => panic!("expected SchemaVersion, got {other:?}"),
+    }
 }
 
 const CRASH_DIR_ENV: &str = "MESH_STORE_TEST_CRASH_DIR";
