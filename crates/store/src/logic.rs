@@ -7,11 +7,11 @@
 
 use std::collections::BTreeMap;
 
-use mesh_protocol::{Channel, Epoch, NodeId, Seq, StreamId};
+use mesh_protocol::{Channel, Epoch, NodeId, Seq, SignedBatch, StreamId};
 
 use crate::{
     Arrival, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord, Receipt,
-    StoreError, StoredBatch, WriteOp,
+    StoreError, WriteOp,
 };
 
 /// The longest durable cursor name, in bytes.
@@ -52,9 +52,13 @@ pub(crate) trait Base {
 #[derive(Debug)]
 pub(crate) enum Write {
     OwnStream(OwnStream),
+    /// An own batch; its payloads are the journal's envelopes from
+    /// `first_arrival` on, written earlier in the same group (the journal
+    /// is never trimmed, so the outbox need not hold them again).
     PutBatch {
         first_seq: Seq,
-        batch: StoredBatch,
+        batch: SignedBatch,
+        first_arrival: Arrival,
     },
     DelBatch {
         stream: StreamId,
@@ -272,7 +276,8 @@ impl<B: Base> GroupView<'_, B> {
         }
         let first_seq = vb.first_seq();
         let last_seq = vb.last_seq();
-        for (i, (h, p)) in vb.entries().iter().zip(&payloads).enumerate() {
+        let first_arrival = self.counters.journal_head + 1;
+        for (i, (h, p)) in vb.entries().iter().zip(payloads).enumerate() {
             self.lamport(h.lamport);
             self.journal(JournalRecord::Envelope {
                 stream: stream.clone(),
@@ -280,17 +285,15 @@ impl<B: Base> GroupView<'_, B> {
                 lamport: h.lamport,
                 created_ms: h.created_ms,
                 kind: h.kind,
-                payload: p.clone(),
+                payload: p,
             });
         }
         let meta = BatchMeta::of(vb.signed());
         self.batches.insert((stream.clone(), first_seq), Some(meta));
         self.writes.push(Write::PutBatch {
             first_seq,
-            batch: StoredBatch {
-                batch: vb.into_signed(),
-                payloads,
-            },
+            batch: vb.into_signed(),
+            first_arrival,
         });
         if own.msgs == 0 {
             own.first_retained = first_seq;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use mesh_protocol::{Epoch, Mark, Seq, StreamId};
+use mesh_protocol::{Epoch, Mark, Seq, SignedBatch, StreamId};
 
 use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
 use crate::{
@@ -16,7 +16,9 @@ use crate::{
 #[derive(Clone, Debug, Default)]
 struct State {
     own: BTreeMap<StreamId, OwnStream>,
-    outbox: BTreeMap<(StreamId, Seq), StoredBatch>,
+    /// Own batches and the arrival of their first envelope, whose payloads
+    /// are read back from the journal as on disk.
+    outbox: BTreeMap<(StreamId, Seq), (SignedBatch, Arrival)>,
     marks: BTreeMap<StreamId, Seq>,
     journal: BTreeMap<Arrival, JournalRecord>,
     peers: BTreeMap<[u8; 32], PeerRecord>,
@@ -60,7 +62,7 @@ impl Base for MemBase<'_> {
             .state
             .outbox
             .get(&(stream.clone(), first_seq))
-            .map(|b| BatchMeta::of(&b.batch)))
+            .map(|(b, _)| BatchMeta::of(b)))
     }
 
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
@@ -75,13 +77,18 @@ impl State {
                 Write::OwnStream(o) => {
                     self.own.insert(o.stream.clone(), o);
                 }
-                Write::PutBatch { first_seq, batch } => {
+                Write::PutBatch {
+                    first_seq,
+                    batch,
+                    first_arrival,
+                } => {
                     let stream = StreamId {
-                        author: batch.batch.author,
-                        epoch: batch.batch.epoch,
-                        channel: batch.batch.channel.clone(),
+                        author: batch.author,
+                        epoch: batch.epoch,
+                        channel: batch.channel.clone(),
                     };
-                    self.outbox.insert((stream, first_seq), batch);
+                    self.outbox
+                        .insert((stream, first_seq), (batch, first_arrival));
                 }
                 Write::DelBatch { stream, first_seq } => {
                     self.outbox.remove(&(stream, first_seq));
@@ -225,8 +232,34 @@ impl MeshStore for MemStore {
             .into_iter()
             .chain(rest)
             .take_while(|((s, _), _)| s == stream)
-            .map(|(_, b)| b);
-        gather(candidates.cloned().map(Ok), after, max_bytes)
+            .map(|(_, b)| Ok(b));
+        gather(candidates, |(b, _)| b, after, max_bytes)?
+            .into_iter()
+            .map(|(batch, first_arrival)| {
+                let payloads = (0..batch.entries.len() as u64)
+                    .map(|i| match state.journal.get(&(first_arrival + i)) {
+                        Some(JournalRecord::Envelope {
+                            stream: s,
+                            seq,
+                            payload,
+                            ..
+                        }) if s == stream && *seq == batch.first_seq + i => Ok(payload.clone()),
+                        _ => Err(StoreError::Corrupt {
+                            path: "in-memory store".into(),
+                            why: format!(
+                                "outbox batch {stream:?} at {} has no journal envelope at arrival {}",
+                                batch.first_seq,
+                                first_arrival + i
+                            ),
+                        }),
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(StoredBatch {
+                    batch: batch.clone(),
+                    payloads,
+                })
+            })
+            .collect()
     }
 
     fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
@@ -263,20 +296,23 @@ impl MeshStore for MemStore {
 }
 
 /// Applies the `read_outbox` rule to batches of one stream in seq order,
-/// starting with the one that may hold `after + 1`.
-pub(crate) fn gather(
-    batches: impl Iterator<Item = Result<StoredBatch, StoreError>>,
+/// starting with the one that may hold `after + 1`; `batch` reaches the
+/// signed batch of an item.
+pub(crate) fn gather<T>(
+    batches: impl Iterator<Item = Result<T, StoreError>>,
+    batch: impl Fn(&T) -> &SignedBatch,
     after: Seq,
     max_bytes: u64,
-) -> Result<Vec<StoredBatch>, StoreError> {
+) -> Result<Vec<T>, StoreError> {
     let mut out = Vec::new();
     let mut total = 0u64;
     for b in batches {
         let b = b?;
-        if b.batch.last_seq() <= after {
+        let signed = batch(&b);
+        if signed.last_seq() <= after {
             continue;
         }
-        let bytes = BatchMeta::of(&b.batch).bytes;
+        let bytes = BatchMeta::of(signed).bytes;
         if !out.is_empty() && total.saturating_add(bytes) > max_bytes {
             break;
         }

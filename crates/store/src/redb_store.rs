@@ -5,7 +5,7 @@
 //! | table            | key                          | value                                   |
 //! |------------------|------------------------------|-----------------------------------------|
 //! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"` | little-endian u32, 16 bytes, little-endian u64 |
-//! | `outbox-v2`      | (postcard `StreamId`, first seq) | postcard (last seq, msgs, bytes, `SignedBatch`, payloads) |
+//! | `outbox-v2`      | (postcard `StreamId`, first seq) | postcard (last seq, msgs, bytes, `SignedBatch`, arrival of its first envelope) |
 //! | `own-streams-v2` | postcard `StreamId`          | postcard (next seq, first retained, last acked, msgs, bytes) |
 //! | `marks-v2`       | postcard `StreamId`          | mark                                    |
 //! | `journal-v2`     | last arrival in the row      | postcard `Row`: a run of envelopes, or one other record |
@@ -21,6 +21,11 @@
 //! journal a catch-up commit of thousands of envelopes quickly. A row is
 //! keyed by its last arrival, so the row holding arrival `a` is the first
 //! with a key `>= a`.
+//!
+//! An outbox row holds its batch's signed headers, not its payloads: the
+//! same commit journals every envelope of an own batch and the journal is
+//! never trimmed, so `read_outbox` takes the payloads from the journal
+//! (checking stream, seqs and lengths) and a send writes each payload once.
 //!
 //! Postcard is canonical for these types, so a stored `SignedBatch` decodes
 //! to the value that was signed and re-encodes to the same bytes.
@@ -39,7 +44,7 @@ use redb::{
     TableDefinition, TableError,
 };
 use serde::{Deserialize, Serialize};
-use serde_bytes::{ByteBuf, Bytes};
+use serde_bytes::Bytes;
 
 use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
 use crate::mem::gather;
@@ -87,12 +92,14 @@ struct StoredMeta {
     bytes: u64,
 }
 
-/// A stored outbox batch, borrowed for encoding.
+/// A stored outbox batch, borrowed for encoding. Its payloads are the
+/// journal's envelopes from `first_arrival` on (the journal is never
+/// trimmed; a batch is journaled in the commit that stores it).
 #[derive(Serialize)]
 struct BatchRef<'a> {
     meta: StoredMeta,
     batch: &'a SignedBatch,
-    payloads: Vec<&'a Bytes>,
+    first_arrival: Arrival,
 }
 
 /// A stored outbox batch, decoded.
@@ -101,7 +108,7 @@ struct BatchOwned {
     #[allow(dead_code)] // Decoded to reach the batch; read through `StoredMeta` alone.
     meta: StoredMeta,
     batch: SignedBatch,
-    payloads: Vec<ByteBuf>,
+    first_arrival: Arrival,
 }
 
 /// One journal envelope in a run, borrowed for encoding.
@@ -114,12 +121,13 @@ struct EntryRef<'a> {
 }
 
 /// One journal row, borrowed for encoding. The variants' order is the
-/// encoding: it must match [`RowOwned`].
+/// encoding: it must match [`RowView`].
 #[derive(Serialize)]
 enum RowRef<'a> {
-    /// Envelopes `first_seq..` of `stream`, at consecutive arrivals.
+    /// Envelopes `first_seq..` of a stream (its key bytes, so that a reader
+    /// can match it without decoding a node id), at consecutive arrivals.
     Run {
-        stream: &'a StreamId,
+        stream: &'a Bytes,
         first_seq: Seq,
         entries: Vec<EntryRef<'a>>,
     },
@@ -127,46 +135,60 @@ enum RowRef<'a> {
     Record(&'a JournalRecord),
 }
 
-/// One journal envelope in a run, decoded.
+/// One journal envelope in a run, decoded in place.
 #[derive(Deserialize)]
-struct EntryOwned {
+struct EntryView<'a> {
     lamport: u64,
     created_ms: u64,
     kind: u16,
-    payload: ByteBuf,
+    payload: &'a [u8],
 }
 
-/// One journal row, decoded.
+/// One journal row, decoded in place.
 #[derive(Deserialize)]
-enum RowOwned {
+enum RowView<'a> {
     Run {
-        stream: StreamId,
+        stream: &'a [u8],
         first_seq: Seq,
-        entries: Vec<EntryOwned>,
+        #[serde(borrow)]
+        entries: Vec<EntryView<'a>>,
     },
     Record(JournalRecord),
 }
 
-impl RowOwned {
-    /// The records of the row whose last arrival is `last`, with their arrivals.
-    fn into_items(self, last: Arrival) -> impl Iterator<Item = JournalItem> {
-        let (run, record) = match self {
-            RowOwned::Run {
+impl RowView<'_> {
+    /// The arrival of the row's first record, given its last.
+    fn first_arrival(&self, last: Arrival) -> Arrival {
+        let n = match self {
+            RowView::Run { entries, .. } => entries.len() as u64,
+            RowView::Record(_) => 1,
+        };
+        (last + 1).saturating_sub(n)
+    }
+
+    /// Appends the row's records at `from` or later to `out`, until it holds `limit`.
+    fn push_items(
+        self,
+        name: &str,
+        last: Arrival,
+        from: Arrival,
+        limit: usize,
+        out: &mut Vec<JournalItem>,
+    ) -> Result<(), StoreError> {
+        let first = self.first_arrival(last);
+        match self {
+            RowView::Run {
                 stream,
                 first_seq,
                 entries,
-            } => (Some((stream, first_seq, entries)), None),
-            RowOwned::Record(r) => (None, Some(r)),
-        };
-        let n = run.as_ref().map_or(1, |(_, _, e)| e.len() as u64);
-        let first = (last + 1).saturating_sub(n);
-        let runs = run
-            .into_iter()
-            .flat_map(move |(stream, first_seq, entries)| {
-                entries
-                    .into_iter()
-                    .enumerate()
-                    .map(move |(i, e)| JournalItem {
+            } => {
+                let stream: StreamId = decode(name, "stream id", stream)?;
+                let skip = usize::try_from(from.saturating_sub(first)).unwrap_or(usize::MAX);
+                for (i, e) in entries.into_iter().enumerate().skip(skip) {
+                    if out.len() >= limit {
+                        break;
+                    }
+                    out.push(JournalItem {
                         arrival: first + i as u64,
                         record: JournalRecord::Envelope {
                             stream: stream.clone(),
@@ -174,15 +196,21 @@ impl RowOwned {
                             lamport: e.lamport,
                             created_ms: e.created_ms,
                             kind: e.kind,
-                            payload: e.payload.into_vec(),
+                            payload: e.payload.to_vec(),
                         },
-                    })
-            });
-        let records = record.into_iter().map(move |record| JournalItem {
-            arrival: last,
-            record,
-        });
-        runs.chain(records)
+                    });
+                }
+            }
+            RowView::Record(record) => {
+                if last >= from && out.len() < limit {
+                    out.push(JournalItem {
+                        arrival: last,
+                        record,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -307,6 +335,14 @@ fn encode_into<T: Serialize + ?Sized>(buf: &mut Vec<u8>, v: &T) -> Result<(), St
 
 fn stream_key(stream: &StreamId) -> Result<Vec<u8>, StoreError> {
     encode(stream)
+}
+
+fn batch_stream(b: &SignedBatch) -> StreamId {
+    StreamId {
+        author: b.author,
+        epoch: b.epoch,
+        channel: b.channel.clone(),
+    }
 }
 
 /// Runs a redb open, turning a panic on a damaged file into [`StoreError::Corrupt`].
@@ -545,6 +581,65 @@ impl RedbStore {
         from_redb(&self.name, "cannot read", e)
     }
 
+    /// The payloads of own `batch` (of the stream with key `stream`), read
+    /// from its envelopes in the journal, journaled from `first_arrival` on.
+    fn journal_payloads(
+        &self,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        stream: &[u8],
+        batch: &SignedBatch,
+        first_arrival: Arrival,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let n = batch.entries.len();
+        let mut out: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let missing = |why: &str| {
+            corrupt(
+                &self.name,
+                format!(
+                    "the outbox batch at seq {} has {why} in the journal from arrival {first_arrival}",
+                    batch.first_seq
+                ),
+            )
+        };
+        let rows = journal
+            .range(first_arrival..)
+            .map_err(|e| self.read_err(e))?;
+        for row in rows {
+            if out.len() == n {
+                break;
+            }
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            let row: RowView = decode(&self.name, "journal row", v.value())?;
+            let first = row.first_arrival(k.value());
+            let RowView::Run {
+                stream: s,
+                first_seq,
+                entries,
+            } = row
+            else {
+                return Err(missing("another record"));
+            };
+            if s != stream {
+                return Err(missing("another stream's envelopes"));
+            }
+            let skip = usize::try_from(first_arrival.saturating_sub(first)).unwrap_or(usize::MAX);
+            for (i, e) in entries.iter().enumerate().skip(skip) {
+                let Some(h) = batch.entries.get(out.len()) else {
+                    break;
+                };
+                let seq = batch.first_seq + out.len() as u64;
+                if first_seq + i as u64 != seq || e.payload.len() != h.payload_len as usize {
+                    return Err(missing("other envelopes"));
+                }
+                out.push(e.payload.to_vec());
+            }
+        }
+        if out.len() != n {
+            return Err(missing("fewer envelopes"));
+        }
+        Ok(out)
+    }
+
     fn try_commit(
         &self,
         groups: Vec<Vec<WriteOp>>,
@@ -732,22 +827,21 @@ impl Tables<'_> {
                 Write::OwnStream(o) => {
                     self.own_pending.insert(o.stream.clone(), o);
                 }
-                Write::PutBatch { first_seq, batch } => {
-                    let stream = StreamId {
-                        author: batch.batch.author,
-                        epoch: batch.batch.epoch,
-                        channel: batch.batch.channel.clone(),
-                    };
-                    let k = stream_key(&stream)?;
-                    let m = BatchMeta::of(&batch.batch);
+                Write::PutBatch {
+                    first_seq,
+                    batch,
+                    first_arrival,
+                } => {
+                    let k = stream_key(&batch_stream(&batch))?;
+                    let m = BatchMeta::of(&batch);
                     let v = encode(&BatchRef {
                         meta: StoredMeta {
                             last_seq: m.last_seq,
                             msgs: m.msgs,
                             bytes: m.bytes,
                         },
-                        batch: &batch.batch,
-                        payloads: batch.payloads.iter().map(|p| Bytes::new(p)).collect(),
+                        batch: &batch,
+                        first_arrival,
                     })?;
                     self.outbox
                         .insert((k.as_slice(), first_seq), v.as_slice())
@@ -810,6 +904,7 @@ impl Tables<'_> {
         let pending = std::mem::take(&mut self.journal_pending);
         let mut buf = Vec::new();
         let mut rest = pending.as_slice();
+        let mut key = Vec::new();
         while let Some(((arrival, record), _)) = rest.split_first() {
             let n = run_len(rest);
             let row = match record {
@@ -835,8 +930,9 @@ impl Tables<'_> {
                         }
                     }
                     buf.reserve(bytes);
+                    encode_into(&mut key, stream)?;
                     RowRef::Run {
-                        stream,
+                        stream: Bytes::new(&key),
                         first_seq: *seq,
                         entries,
                     }
@@ -1027,13 +1123,20 @@ impl MeshStore for RedbStore {
         let rows = first.into_iter().chain(rest.into_iter().flatten());
         let batches = rows.map(|row| {
             let (_, v) = row.map_err(|e| self.read_err(e))?;
-            let b: BatchOwned = decode(&self.name, "outbox batch", v.value())?;
-            Ok(StoredBatch {
-                batch: b.batch,
-                payloads: b.payloads.into_iter().map(ByteBuf::into_vec).collect(),
-            })
+            decode::<BatchOwned>(&self.name, "outbox batch", v.value())
         });
-        gather(batches, after, max_bytes)
+        let chosen = gather(batches, |b| &b.batch, after, max_bytes)?;
+        let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        chosen
+            .into_iter()
+            .map(|b| {
+                let payloads = self.journal_payloads(&journal, k, &b.batch, b.first_arrival)?;
+                Ok(StoredBatch {
+                    batch: b.batch,
+                    payloads,
+                })
+            })
+            .collect()
     }
 
     fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
@@ -1050,9 +1153,8 @@ impl MeshStore for RedbStore {
         // `next` holds it (and maybe earlier arrivals, skipped).
         for row in t.range(next..).map_err(|e| self.read_err(e))? {
             let (k, v) = row.map_err(|e| self.read_err(e))?;
-            let row: RowOwned = decode(&self.name, "journal row", v.value())?;
-            let items = row.into_items(k.value()).skip_while(|i| i.arrival < next);
-            out.extend(items.take(limit - out.len()));
+            let row: RowView = decode(&self.name, "journal row", v.value())?;
+            row.push_items(&self.name, k.value(), next, limit, &mut out)?;
             if out.len() >= limit {
                 break;
             }

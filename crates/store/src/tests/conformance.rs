@@ -884,6 +884,12 @@ fn a_large_commit_of_many_streams_reads_back_entry_by_entry_from_any_position(s:
         }
     }
     assert_eq!(s.journal_head().expect("head"), all.len() as u64);
+    // The own batch spans journal rows; the outbox gives it back whole.
+    let sent = outbox(s, &own_stream_id(s, PEER));
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].batch, *own(s, PEER, 1, 9, 3000).batch().signed());
+    let payloads: Vec<_> = (1..=9).map(|q| payload(q, ME, 3000)).collect();
+    assert!(sent[0].payloads == payloads);
     for after in 0..=all.len() {
         for limit in [1, 2, 7, 100] {
             let got = s.journal(after as u64, limit).expect("read");
