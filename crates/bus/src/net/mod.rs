@@ -27,7 +27,9 @@
 //! disconnected, so what is sent to it waits in the outbox. Resuming dials
 //! the peer at once with the backoff reset; the peer's own redials, slowed
 //! by their backoff, need not come first, and if both dial at once the rule
-//! below keeps one connection. A pause lives in memory only: a restarted
+//! below keeps one connection. (A peer this node has no address for cannot
+//! be dialed: it gets back in with its own next redial, at most
+//! [`DIAL_BACKOFF_MAX`] later.) A pause lives in memory only: a restarted
 //! transport has no paused link.
 //!
 //! # One connection per peer

@@ -193,6 +193,14 @@ pub(super) async fn run(data: &DataDir, link: &Link, settings: Settings) -> anyh
             pid.unwrap_or_default()
         ));
     }
+    if settings.count(Workload::QueuedMemory).is_some() {
+        col.notes.push(
+            "queued-memory's idle RSS is this daemon's as it runs, warm from earlier work (unlike \
+             bench local's fresh daemons): memory it already holds is not counted over idle; its \
+             disk figure is the data dir's growth, less where the store reuses freed pages"
+                .into(),
+        );
+    }
     col.notes.push(
         "latency here is send → the peer's ack committed on this node (3 commits), an upper bound \
          of send → the peer's subscriber; the bus has no bench probe for the peer to answer"
