@@ -295,12 +295,16 @@ pub fn measure(cmd: BenchCommand, data: &DataDir) -> anyhow::Result<Report> {
                     parent,
                     settings,
                 };
-                interruptible(local.run()).await
+                interruptible(local.run(), "the daemons were stopped").await
             }
             BenchCommand::Peer { peer, opts } => {
                 let settings = Settings::new(&opts)?;
                 let link = peer::Link::new(data, &peer);
-                let result = interruptible(peer::run(data, &link, settings)).await;
+                let result = interruptible(
+                    peer::run(data, &link, settings),
+                    "a link the bench paused is resumed",
+                )
+                .await;
                 // However the bench ended (short of SIGKILL), the link is up again.
                 link.resume_if_paused().await;
                 result
@@ -310,17 +314,19 @@ pub fn measure(cmd: BenchCommand, data: &DataDir) -> anyhow::Result<Report> {
 }
 
 /// Runs `work` until it ends or SIGINT/SIGTERM arrives; dropping it then
-/// kills the daemons it started.
+/// kills the daemons it started (`bench local`), and the caller resumes a
+/// paused link (`bench peer`). `aftermath` says which, in the error.
 async fn interruptible(
     work: impl std::future::Future<Output = anyhow::Result<Report>>,
+    aftermath: &str,
 ) -> anyhow::Result<Report> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("cannot watch SIGTERM")?;
     let mut int = signal(SignalKind::interrupt()).context("cannot watch SIGINT")?;
     tokio::select! {
         r = work => r,
-        _ = term.recv() => bail!("interrupted (SIGTERM); the daemons were stopped"),
-        _ = int.recv() => bail!("interrupted (SIGINT); the daemons were stopped"),
+        _ = term.recv() => bail!("interrupted (SIGTERM); {aftermath}"),
+        _ = int.recv() => bail!("interrupted (SIGINT); {aftermath}"),
     }
 }
 
