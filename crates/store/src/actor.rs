@@ -4,6 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 use std::thread;
+use std::time::Instant;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -233,13 +234,16 @@ fn commit_batch<S: MeshStore + ?Sized>(
         replies.push((groups.len(), reply));
         all.extend(groups);
     }
+    let started = Instant::now();
+    let mut results = store.commit(all).into_iter();
+    // After the commit, so that a trace shows what each commit took.
     tracing::trace!(
         groups = groups_n,
         bytes = bytes_n,
         callers = replies.len(),
+        commit_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX),
         "group commit"
     );
-    let mut results = store.commit(all).into_iter();
     for (n, reply) in replies {
         let mine: Vec<_> = (0..n)
             .map(|_| {
