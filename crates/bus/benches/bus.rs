@@ -13,6 +13,9 @@
 //! - `rtt`: A sends one message to B; when B's journal has it, B sends one
 //!   back; the round trip ends when A's journal has the answer.
 //!
+//! Each case also prints the commits each node's core issued per 1,000
+//! messages (from `Node::status`): how full the group commits were.
+//!
 //! `cargo bench -p mesh-bus --bench bus` (env `BUS_BENCH_RUNS`, default 3;
 //! `BUS_BENCH_MSGS` for `throughput`, default 50,000; `BUS_BENCH_CATCHUP`,
 //! default 100,000).
@@ -153,27 +156,50 @@ fn env(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
+/// The commits `node`'s core has issued so far.
+async fn commits(node: &Node) -> u64 {
+    node.status().await.expect("status").core.commits
+}
+
+/// Commits per 1,000 of `n` messages.
+fn per_k(commits: u64, n: u64) -> f64 {
+    commits as f64 * 1e3 / n as f64
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-async fn throughput(n: u64) -> f64 {
+/// A run's rate and the commits per 1,000 messages of sender and receiver.
+struct Run {
+    rate: f64,
+    sender_per_k: f64,
+    receiver_per_k: f64,
+}
+
+async fn throughput(n: u64) -> Run {
     let root = tempfile::tempdir().expect("tempdir");
     let a = fresh(root.path(), "a").await;
     let b = fresh(root.path(), "b").await;
     link(&a, &b).await;
     let to = b.node.node_id();
+    let (a0, b0) = (commits(&a.node).await, commits(&b.node).await);
     let t0 = Instant::now();
     send_pipelined(&a.node, to, n).await;
     wait_head(&b.node, n).await;
     let secs = t0.elapsed().as_secs_f64();
+    let (a1, b1) = (commits(&a.node).await, commits(&b.node).await);
     a.stop().await;
     b.stop().await;
-    n as f64 / secs
+    Run {
+        rate: n as f64 / secs,
+        sender_per_k: per_k(a1 - a0, n),
+        receiver_per_k: per_k(b1 - b0, n),
+    }
 }
 
-async fn catchup(n: u64) -> f64 {
+async fn catchup(n: u64) -> Run {
     let root = tempfile::tempdir().expect("tempdir");
     let a = fresh(root.path(), "a").await;
     let b = fresh(root.path(), "b").await;
@@ -181,24 +207,35 @@ async fn catchup(n: u64) -> f64 {
     let to = b.node.node_id();
     let (dir, key) = b.stop().await;
     send_pipelined(&a.node, to, n).await;
+    let a0 = commits(&a.node).await;
     let t0 = Instant::now();
     let b = start(dir, key).await;
     wait_head(&b.node, n).await;
     let secs = t0.elapsed().as_secs_f64();
+    let (a1, b1) = (commits(&a.node).await, commits(&b.node).await);
     a.stop().await;
     b.stop().await;
-    n as f64 / secs
+    Run {
+        rate: n as f64 / secs,
+        sender_per_k: per_k(a1 - a0, n),
+        receiver_per_k: per_k(b1, n),
+    }
 }
 
-async fn rtt(samples: usize) -> (f64, f64) {
+/// p50 and p99 of the round trip in ms, and A's commits per round trip.
+async fn rtt(samples: usize) -> (f64, f64, f64) {
     let root = tempfile::tempdir().expect("tempdir");
     let a = fresh(root.path(), "a").await;
     let b = fresh(root.path(), "b").await;
     link(&a, &b).await;
     let (ida, idb) = (a.node.node_id(), b.node.node_id());
     let mut times = Vec::with_capacity(samples);
+    let mut a0 = 0;
     // A's journal holds its own sends and B's answers; B's the same.
     for i in 1..=(samples as u64 + 20) {
+        if i == 21 {
+            a0 = commits(&a.node).await;
+        }
         let t0 = Instant::now();
         a.node.send(idb, 0, payload()).await.expect("send");
         wait_head(&b.node, 2 * i - 1).await;
@@ -209,11 +246,12 @@ async fn rtt(samples: usize) -> (f64, f64) {
             times.push(t0.elapsed().as_secs_f64() * 1e3);
         }
     }
+    let a1 = commits(&a.node).await;
     a.stop().await;
     b.stop().await;
     times.sort_by(f64::total_cmp);
     let p = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)];
-    (p(0.5), p(0.99))
+    (p(0.5), p(0.99), (a1 - a0) as f64 / samples as f64)
 }
 
 fn main() {
@@ -232,8 +270,11 @@ fn main() {
             let mut v = Vec::new();
             for _ in 0..runs {
                 let r = throughput(n).await;
-                println!("throughput run: {r:.0} msg/s");
-                v.push(r);
+                println!(
+                    "throughput run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}",
+                    r.rate, r.sender_per_k, r.receiver_per_k
+                );
+                v.push(r.rate);
             }
             println!("bus/throughput/{n}x1KiB: median {:.0} msg/s", median(v));
         }
@@ -241,16 +282,21 @@ fn main() {
             let mut v = Vec::new();
             for _ in 0..runs {
                 let r = catchup(c).await;
-                println!("catchup run: {r:.0} msg/s");
-                v.push(r);
+                println!(
+                    "catchup run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}",
+                    r.rate, r.sender_per_k, r.receiver_per_k
+                );
+                v.push(r.rate);
             }
             println!("bus/catchup/{c}x1KiB: median {:.0} msg/s", median(v));
         }
         if on("rtt") {
             let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
             for _ in 0..runs {
-                let (p50, p99) = rtt(500).await;
-                println!("rtt run: p50 {p50:.2} ms, p99 {p99:.2} ms");
+                let (p50, p99, per_trip) = rtt(500).await;
+                println!(
+                    "rtt run: p50 {p50:.2} ms, p99 {p99:.2} ms, A's commits per round trip {per_trip:.2}"
+                );
                 p50s.push(p50);
                 p99s.push(p99);
             }
