@@ -3,15 +3,20 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::Poll;
 
 use mesh_bus::core::SendError as CoreSendError;
+use mesh_bus::core::SendReceipt;
 use mesh_bus::node::{Node, NodeError, NodePeer, SendError};
 use mesh_protocol::{NodeId, NodeTicket};
 use mesh_store::{MeshStore, RedbStore};
 
 use crate::api::ApiError;
 use crate::api::json::StreamJson;
-use crate::api::node::{BoxFuture, NodeApi, NodeStatus, OutMessage, PeerStatus, Sent, StreamMark};
+use crate::api::node::{
+    BoxFuture, NodeApi, NodeStatus, OutMessage, PeerStatus, PendingSends, Sent, StreamMark,
+};
 
 /// The [`NodeApi`] of a running bus [`Node`].
 pub struct BusApi {
@@ -134,6 +139,65 @@ fn with_note(e: ApiError, note: &str) -> ApiError {
     }
 }
 
+/// The answer to a batch of sends from the bus's receipts, in request order
+/// (`tos` names each message's recipient).
+fn batch_answer(
+    receipts: Vec<Result<SendReceipt, SendError>>,
+    tos: Vec<NodeId>,
+) -> Result<Vec<Sent>, ApiError> {
+    let results: Vec<Result<Sent, ApiError>> = receipts
+        .into_iter()
+        .zip(tos)
+        .map(|(r, to)| {
+            r.map(|r| Sent {
+                stream: r.stream,
+                seq: r.seq,
+                arrival: r.arrival,
+            })
+            .map_err(|e| send_error(to, e))
+        })
+        .collect();
+    let n = results.len();
+    let committed = results.iter().filter(|r| r.is_ok()).count();
+    if committed == n {
+        return Ok(results.into_iter().flatten().collect());
+    }
+    let (i, first) = results
+        .into_iter()
+        .enumerate()
+        .find_map(|(i, r)| r.err().map(|e| (i, e)))
+        .ok_or_else(|| ApiError::Internal("a failed send has no error".into()))?;
+    if n == 1 {
+        // A single send: which one and how many were committed go without saying.
+        return Err(first);
+    }
+    let note = format!(
+        "message {i} of {n} was refused; {committed} of the {n} were committed \
+         (GET /v1/events shows which)"
+    );
+    Err(with_note(first, &note))
+}
+
+/// The messages of a batch as the bus takes them, noting when the bus has
+/// taken the last one: `Node::send_many` asks for the next message only
+/// after it has queued the one before.
+struct HandOver<I> {
+    msgs: I,
+    done: Arc<AtomicBool>,
+}
+
+impl<I: Iterator<Item = OutMessage>> Iterator for HandOver<I> {
+    type Item = (NodeId, u16, Vec<u8>);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let next = self.msgs.next();
+        if next.is_none() {
+            self.done.store(true, Ordering::Release);
+        }
+        next.map(|m| (m.to, m.kind, m.body))
+    }
+}
+
 impl NodeApi for BusApi {
     fn send_batch(&self, msgs: Vec<OutMessage>) -> BoxFuture<'_, Result<Vec<Sent>, ApiError>> {
         Box::pin(async move {
@@ -144,37 +208,32 @@ impl NodeApi for BusApi {
                 .node
                 .send_many(msgs.into_iter().map(|m| (m.to, m.kind, m.body)))
                 .await;
-            let results: Vec<Result<Sent, ApiError>> = receipts
-                .into_iter()
-                .zip(tos)
-                .map(|(r, to)| {
-                    r.map(|r| Sent {
-                        stream: r.stream,
-                        seq: r.seq,
-                        arrival: r.arrival,
-                    })
-                    .map_err(|e| send_error(to, e))
-                })
-                .collect();
-            let n = results.len();
-            let committed = results.iter().filter(|r| r.is_ok()).count();
-            if committed == n {
-                return Ok(results.into_iter().flatten().collect());
+            batch_answer(receipts, tos)
+        })
+    }
+
+    fn submit_batch(self: Arc<Self>, msgs: Vec<OutMessage>) -> BoxFuture<'static, PendingSends> {
+        Box::pin(async move {
+            let tos: Vec<NodeId> = msgs.iter().map(|m| m.to).collect();
+            let handed = Arc::new(AtomicBool::new(false));
+            let msgs = HandOver {
+                msgs: msgs.into_iter(),
+                done: handed.clone(),
+            };
+            let node = self.node.clone();
+            let mut sending = Box::pin(async move { node.send_many(msgs).await });
+            // Drive the sends until the bus has queued every one (or answered
+            // them all); the answers are awaited by the caller.
+            let early = std::future::poll_fn(|cx| match sending.as_mut().poll(cx) {
+                Poll::Ready(receipts) => Poll::Ready(Some(receipts)),
+                Poll::Pending if handed.load(Ordering::Acquire) => Poll::Ready(None),
+                Poll::Pending => Poll::Pending,
+            })
+            .await;
+            match early {
+                Some(receipts) => PendingSends::ready(batch_answer(receipts, tos)),
+                None => PendingSends::new(async move { batch_answer(sending.await, tos) }),
             }
-            let (i, first) = results
-                .into_iter()
-                .enumerate()
-                .find_map(|(i, r)| r.err().map(|e| (i, e)))
-                .ok_or_else(|| ApiError::Internal("a failed send has no error".into()))?;
-            if n == 1 {
-                // A single send: which one and how many were committed go without saying.
-                return Err(first);
-            }
-            let note = format!(
-                "message {i} of {n} was refused; {committed} of the {n} were committed \
-                 (GET /v1/events shows which)"
-            );
-            Err(with_note(first, &note))
         })
     }
 

@@ -18,6 +18,29 @@ use super::json::StreamJson;
 /// A boxed, sendable future: what the object-safe traits here return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// Messages handed to the node ([`NodeApi::submit_batch`]): their answers,
+/// once committed, in the order they were handed over.
+pub struct PendingSends(pub(super) BoxFuture<'static, Result<Vec<Sent>, ApiError>>);
+
+impl PendingSends {
+    /// The answers `answers` will give.
+    pub fn new(
+        answers: impl Future<Output = Result<Vec<Sent>, ApiError>> + Send + 'static,
+    ) -> Self {
+        PendingSends(Box::pin(answers))
+    }
+
+    /// Answers already known.
+    pub fn ready(answers: Result<Vec<Sent>, ApiError>) -> Self {
+        PendingSends::new(std::future::ready(answers))
+    }
+
+    /// Waits for the answers.
+    pub async fn answers(self) -> Result<Vec<Sent>, ApiError> {
+        self.0.await
+    }
+}
+
 /// One message to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutMessage {
@@ -110,6 +133,16 @@ pub trait NodeApi: Send + Sync + 'static {
     /// any is refused, the error is the first refusal and its message says
     /// how many of the others were committed (the journal shows which).
     fn send_batch(&self, msgs: Vec<OutMessage>) -> BoxFuture<'_, Result<Vec<Sent>, ApiError>>;
+
+    /// Hands `msgs` to the node as [`NodeApi::send_batch`] does, resolving
+    /// once every one of them is handed over, with the future of their
+    /// answers. Messages handed over after it resolves are ordered after
+    /// these (their seqs follow), so a caller may hand over the next batch
+    /// while this one commits and the two may share a commit. The default
+    /// hands over and waits for the whole batch.
+    fn submit_batch(self: Arc<Self>, msgs: Vec<OutMessage>) -> BoxFuture<'static, PendingSends> {
+        Box::pin(async move { PendingSends::ready(self.send_batch(msgs).await) })
+    }
 
     /// The node's state.
     fn status(&self) -> BoxFuture<'_, Result<NodeStatus, ApiError>>;
