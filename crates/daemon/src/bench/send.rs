@@ -3,6 +3,7 @@
 //! paced at a rate), and waiting for peers' marks.
 
 use std::collections::HashMap;
+use std::io::Write as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +23,7 @@ use super::BENCH_MSG_KIND;
 use super::cluster::Daemon;
 use super::http::{Conn, LineReader, shown};
 use super::progress::Bar;
-use crate::api::json::{SendResponse, StreamJson};
+use crate::api::json::SendResponse;
 use crate::client::Client;
 
 /// The most lines the producer puts in one body frame.
@@ -50,14 +51,15 @@ impl Msgs {
 
     /// Appends message `k` as one JSON object (no line end) to `out`.
     pub(super) fn push_json(&self, k: u64, out: &mut Vec<u8>) {
-        let head = format!("{}{k}:", self.tag);
         out.extend_from_slice(b"{\"to\":\"");
         out.extend_from_slice(self.recipient(k).as_bytes());
         out.extend_from_slice(b"\",\"body\":\"");
-        let head = &head.as_bytes()[..head.len().min(self.size)];
-        out.extend_from_slice(head);
-        out.resize(out.len() + (self.size - head.len()), b'x');
-        out.extend_from_slice(format!("\",\"msg_kind\":{BENCH_MSG_KIND}}}").as_bytes());
+        let body_start = out.len();
+        // Writing to a Vec cannot fail.
+        let _ = write!(out, "{}{k}:", self.tag);
+        out.truncate(body_start + (out.len() - body_start).min(self.size));
+        out.resize(body_start + self.size, b'x');
+        let _ = write!(out, "\",\"msg_kind\":{BENCH_MSG_KIND}}}");
     }
 
     /// The number `k` of a body this run sent, if it is one.
@@ -71,11 +73,8 @@ impl Msgs {
 /// The highest seq committed so far per recipient.
 pub(super) type LastSeqs = HashMap<String, u64>;
 
-fn note_seq(last: &mut LastSeqs, stream: &StreamJson, seq: u64) {
-    let to = stream
-        .channel
-        .strip_prefix("direct:")
-        .unwrap_or(&stream.channel);
+fn note_seq(last: &mut LastSeqs, channel: &str, seq: u64) {
+    let to = channel.strip_prefix("direct:").unwrap_or(channel);
     match last.get_mut(to) {
         Some(v) => *v = (*v).max(seq),
         None => {
@@ -104,7 +103,7 @@ pub(super) async fn each(
             .await
             .with_context(|| format!("message {k} of {count}"))?;
         times.push(t.elapsed());
-        note_seq(&mut last, &r.stream, r.seq);
+        note_seq(&mut last, &r.stream.channel, r.seq);
         bar.inc(1);
     }
     Ok((times, last))
@@ -173,13 +172,21 @@ pub(super) async fn paced(
     Ok(answered)
 }
 
-/// One NDJSON answer line.
+/// One NDJSON answer line, read without copying what the bench does not use.
 #[derive(Deserialize)]
-struct AnswerLine {
+struct AnswerLine<'a> {
     seq: Option<u64>,
-    stream: Option<StreamJson>,
-    done: Option<serde_json::Value>,
+    #[serde(borrow)]
+    stream: Option<StreamChannel<'a>>,
+    done: Option<serde::de::IgnoredAny>,
     error: Option<serde_json::Value>,
+}
+
+/// The channel of an answer's stream.
+#[derive(Deserialize)]
+struct StreamChannel<'a> {
+    #[serde(borrow)]
+    channel: std::borrow::Cow<'a, str>,
 }
 
 /// Aborts a task when dropped.
@@ -208,7 +215,7 @@ pub(super) async fn stream(
         let credit = credit.clone();
         tokio::spawn(async move {
             let mut k = 0u64;
-            let mut buf = Vec::new();
+            let mut frame_bytes = 0;
             while k < count {
                 // Wait for a quarter window of credit (up to a frame's worth)
                 // rather than send a line per answer: the API commits what
@@ -228,12 +235,13 @@ pub(super) async fn stream(
                     }
                     n += 1;
                 }
-                buf.clear();
+                let mut buf = Vec::with_capacity(frame_bytes);
                 for j in k..k + n {
                     msgs.push_json(j, &mut buf);
                     buf.push(b'\n');
                 }
-                if tx.send(Ok(Bytes::copy_from_slice(&buf))).await.is_err() {
+                frame_bytes = frame_bytes.max(buf.len());
+                if tx.send(Ok(Bytes::from(buf))).await.is_err() {
                     return;
                 }
                 k += n;
@@ -270,7 +278,7 @@ pub(super) async fn stream(
         let a: AnswerLine = serde_json::from_slice(line)
             .with_context(|| format!("unexpected answer line: {}", shown(line)))?;
         if let (Some(seq), Some(stream)) = (a.seq, &a.stream) {
-            note_seq(&mut last, stream, seq);
+            note_seq(&mut last, &stream.channel, seq);
             answered += 1;
             credit.add_permits(1);
             bar.inc(1);
