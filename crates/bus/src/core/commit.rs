@@ -255,6 +255,8 @@ impl Core {
             }
         }
         self.waiting.inbound_bytes = 0;
+        // The queue is empty again.
+        self.ask_starved(now);
         // Peer changes after the acks: an ack's record carries the peer's
         // old addresses, so the change must be written last.
         for (req, change) in std::mem::take(&mut self.waiting.peers) {

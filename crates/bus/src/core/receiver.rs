@@ -28,6 +28,10 @@ pub(super) struct Inbound {
     known_last: Seq,
     /// The last `Resync` asked: its `after` and when.
     pub(super) asked: Option<(Seq, Millis)>,
+    /// The batch that followed the pending mark was dropped for want of
+    /// room in the commit queue: ask for it again as soon as a commit
+    /// empties the queue, not a resync interval later.
+    pub(super) starved: bool,
 }
 
 impl Inbound {
@@ -51,6 +55,8 @@ impl Inbound {
         self.held.clear();
         self.held_bytes = 0;
         self.asked = None;
+        // The next connection's Hello restates what is missing.
+        self.starved = false;
     }
 
     /// Drops held batches that end at or below `pending`.
@@ -154,6 +160,9 @@ impl Core {
             || self.waiting.inbound_bytes + bytes > WAITING_BATCH_BYTES_MAX
         {
             self.metrics.dropped.count(DropReason::QueueFull);
+            if let Some(inb) = self.inbound.get_mut(stream) {
+                inb.starved = true;
+            }
             return false;
         }
         let Some(inb) = self.inbound.get_mut(stream) else {
@@ -274,6 +283,23 @@ impl Core {
             after,
         };
         self.send_live(stream.author, frame);
+    }
+
+    /// Asks again, at once, for what was dropped for want of room in the
+    /// commit queue; call when the queue has just been emptied.
+    pub(super) fn ask_starved(&mut self, now: Millis) {
+        let starved: Vec<StreamId> = self
+            .inbound
+            .iter_mut()
+            .filter(|(_, i)| i.starved)
+            .map(|(s, i)| {
+                i.starved = false;
+                s.clone()
+            })
+            .collect();
+        for stream in starved {
+            self.ask_resync(&stream, now, true);
+        }
     }
 
     /// A commit moved the committed mark of `stream` to at least `mark`.

@@ -1452,3 +1452,31 @@ fn an_ack_waiting_out_a_store_failure_sets_no_timer_in_the_past() {
     a.run(Input::Timer);
     assert_eq!(a.own_acked(), 1, "written once the store is back");
 }
+
+#[test]
+fn a_batch_dropped_for_a_full_queue_is_asked_again_once_a_commit_empties_it() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    b.hold_commits = true;
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"in flight"]));
+    let big = vec![7u8; PAYLOAD_BYTES_MAX as usize];
+    let per_queue = WAITING_BATCH_BYTES_MAX / PAYLOAD_BYTES_MAX;
+    for seq in 2..2 + per_queue {
+        b.frame(1, conn, batch(1, 1, 2, seq, &[&big]));
+    }
+    let out = b.frame(1, conn, batch(1, 1, 2, 2 + per_queue, &[&big]));
+    assert!(out.is_empty(), "dropped, nothing asked yet: {out:?}");
+    assert_eq!(b.core.metrics().dropped.queue_full, 1);
+    // The commit in flight returns; the next one takes the queue, and the
+    // dropped batch is asked for at once, not a resync interval later.
+    let out = b.release_commit();
+    let asked: Vec<Seq> = out
+        .iter()
+        .filter_map(|(_, _, f)| match f {
+            Frame::Resync { after, .. } => Some(*after),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, vec![1 + per_queue]);
+}
