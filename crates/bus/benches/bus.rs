@@ -176,6 +176,30 @@ struct Run {
     rate: f64,
     sender_per_k: f64,
     receiver_per_k: f64,
+    /// What the receiver threw away: (queue full, outside the reorder
+    /// window, duplicate envelopes, resyncs it asked).
+    receiver_waste: (u64, u64, u64, u64),
+}
+
+impl Run {
+    fn waste_note(&self) -> String {
+        let (full, window, dups, resyncs) = self.receiver_waste;
+        format!(
+            "receiver dropped {full} batches (queue full), {window} (outside window), \
+             {dups} duplicate envelopes, asked {resyncs} resyncs"
+        )
+    }
+}
+
+/// The receiver's waste counters (see [`Run::receiver_waste`]).
+async fn waste(node: &Node) -> (u64, u64, u64, u64) {
+    let m = node.status().await.expect("status").core;
+    (
+        m.dropped.queue_full,
+        m.dropped.outside_window,
+        m.duplicate_envelopes,
+        m.resyncs_asked,
+    )
 }
 
 async fn throughput(n: u64) -> Run {
@@ -190,12 +214,14 @@ async fn throughput(n: u64) -> Run {
     wait_head(&b.node, n).await;
     let secs = t0.elapsed().as_secs_f64();
     let (a1, b1) = (commits(&a.node).await, commits(&b.node).await);
+    let receiver_waste = waste(&b.node).await;
     a.stop().await;
     b.stop().await;
     Run {
         rate: n as f64 / secs,
         sender_per_k: per_k(a1 - a0, n),
         receiver_per_k: per_k(b1 - b0, n),
+        receiver_waste,
     }
 }
 
@@ -213,12 +239,14 @@ async fn catchup(n: u64) -> Run {
     wait_head(&b.node, n).await;
     let secs = t0.elapsed().as_secs_f64();
     let (a1, b1) = (commits(&a.node).await, commits(&b.node).await);
+    let receiver_waste = waste(&b.node).await;
     a.stop().await;
     b.stop().await;
     Run {
         rate: n as f64 / secs,
         sender_per_k: per_k(a1 - a0, n),
         receiver_per_k: per_k(b1, n),
+        receiver_waste,
     }
 }
 
@@ -271,8 +299,11 @@ fn main() {
             for _ in 0..runs {
                 let r = throughput(n).await;
                 println!(
-                    "throughput run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}",
-                    r.rate, r.sender_per_k, r.receiver_per_k
+                    "throughput run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}; {}",
+                    r.rate,
+                    r.sender_per_k,
+                    r.receiver_per_k,
+                    r.waste_note()
                 );
                 v.push(r.rate);
             }
@@ -283,8 +314,11 @@ fn main() {
             for _ in 0..runs {
                 let r = catchup(c).await;
                 println!(
-                    "catchup run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}",
-                    r.rate, r.sender_per_k, r.receiver_per_k
+                    "catchup run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}; {}",
+                    r.rate,
+                    r.sender_per_k,
+                    r.receiver_per_k,
+                    r.waste_note()
                 );
                 v.push(r.rate);
             }
