@@ -32,6 +32,7 @@ macro_rules! suite {
                 read_outbox_starts_at_the_batch_holding_after_plus_one_and_caps_bytes,
                 the_journal_pages_in_arrival_order,
                 a_large_commit_of_many_streams_reads_back_entry_by_entry_from_any_position,
+                one_send_to_each_of_many_peers_in_one_commit_reads_back_per_peer,
                 peers_and_cursors_round_trip,
                 a_cursor_must_be_named_and_point_into_the_journal,
                 max_lamport_is_the_highest_clock_ever_committed,
@@ -896,6 +897,54 @@ fn a_large_commit_of_many_streams_reads_back_entry_by_entry_from_any_position(s:
             let end = (after + limit).min(all.len());
             assert_eq!(got, all[after..end], "after {after}, limit {limit}");
         }
+    }
+}
+
+fn one_send_to_each_of_many_peers_in_one_commit_reads_back_per_peer(s: &dyn MeshStore) {
+    // Enough one-envelope sends to fill several journal rows, twice.
+    let peers: Vec<u8> = (10..60).collect();
+    for round in 0..2u64 {
+        let groups = peers
+            .iter()
+            .map(|&to| {
+                vec![WriteOp::AppendOwn {
+                    batch: own(s, to, round + 1, 1, 700 + usize::from(to)),
+                    bounds: OutboxBounds::default(),
+                }]
+            })
+            .collect();
+        assert!(s.commit(groups).iter().all(Result::is_ok));
+    }
+    for &to in &peers {
+        let sent = outbox(s, &own_stream_id(s, to));
+        assert_eq!(sent.len(), 2, "peer {to}");
+        for (b, seq) in sent.iter().zip(1..) {
+            assert_eq!(b.batch.first_seq, seq);
+            assert!(b.payloads == vec![payload(seq, ME, 700 + usize::from(to))]);
+        }
+    }
+    let all = s.journal(0, usize::MAX).expect("read");
+    assert_eq!(all.len(), 2 * peers.len());
+    for (i, item) in all.iter().enumerate() {
+        let to = peers[i % peers.len()];
+        let seq = 1 + (i / peers.len()) as u64;
+        assert_eq!(item.arrival, i as u64 + 1);
+        match &item.record {
+            JournalRecord::Envelope {
+                stream,
+                seq: q,
+                payload: p,
+                ..
+            } => {
+                assert_eq!((stream, *q), (&own_stream_id(s, to), seq));
+                assert!(*p == payload(seq, ME, 700 + usize::from(to)));
+            }
+            other => panic!("unexpected record {other:?}"),
+        }
+    }
+    for after in 0..=all.len() {
+        let got = s.journal(after as u64, 3).expect("read");
+        assert_eq!(got, all[after..(after + 3).min(all.len())], "after {after}");
     }
 }
 
