@@ -631,6 +631,41 @@ async fn a_reading_subscriber_with_a_tiny_buffer_is_not_lagged_by_one_large_comm
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stopped_reading_does_not_hold_a_stopping_server() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let d = Daemon::start(tmp.path(), &random_key(), Opts::default()).await;
+        let peer = d.add_peer().await;
+        // Fill the unread subscription's socket: ~4 MiB of entries, far
+        // more than a Unix socket buffers, so its response stays mid-write.
+        let stopped = open_unread_subscription(&d.socket).await;
+        let pad = "x".repeat(4096);
+        d.send_many(peer, 1000, 100, |i| format!("{i:05}{pad}"))
+            .await;
+        let started = std::time::Instant::now();
+        d.stop().await;
+        // The server waited its grace period for the stuck response, then
+        // cut it; the client sees the stream end once it reads again.
+        assert!(
+            started.elapsed() >= mesh_daemon::api::SHUTDOWN_GRACE / 2,
+            "the stuck connection was given its grace period: {:?}",
+            started.elapsed()
+        );
+        let mut stopped = stopped;
+        let mut sink = vec![0u8; 1 << 16];
+        let mut total = 0usize;
+        loop {
+            match stopped.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+        assert!(total > 0, "the buffered part of the stream was readable");
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_sends_the_backlog_after_its_cursor_then_live_entries() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();

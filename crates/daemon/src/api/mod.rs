@@ -27,6 +27,7 @@ mod subscribe;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
@@ -193,8 +194,15 @@ impl ApiState {
     }
 }
 
+/// How long a stopping server lets open connections finish (a response
+/// still being written, a request still being read) before it cuts them.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
 /// Serves the API on `socket` until `shutdown` resolves, then ends live
-/// subscriptions, lets requests in flight finish and removes the socket file.
+/// subscriptions, lets requests in flight finish for up to
+/// [`SHUTDOWN_GRACE`], cuts the connections still open (a client that
+/// stopped reading would otherwise hold the daemon forever) and removes the
+/// socket file.
 pub async fn serve(
     socket: ApiSocket,
     state: ApiState,
@@ -210,14 +218,27 @@ pub async fn serve(
     let app = state
         .router()
         .into_make_service_with_connect_info::<PeerCred>();
+    let (abort, abort_rx) = watch::channel(false);
     let listener = socket::Bounded {
         listener,
         permits: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX)),
+        abort: abort_rx,
     };
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
             shutdown.await;
             closing.close_subscriptions();
+            tokio::spawn(async move {
+                tokio::time::sleep(SHUTDOWN_GRACE).await;
+                // Connections hold a receiver each while they live.
+                if abort.receiver_count() > 0 {
+                    tracing::warn!(
+                        "cutting local API connections still open {SHUTDOWN_GRACE:?} after \
+                         shutdown began (a client that stopped reading)"
+                    );
+                }
+                abort.send_replace(true);
+            });
         })
         .await;
     ApiSocket::remove_file(&path, ino);

@@ -1,5 +1,6 @@
 //! The control socket: binding it safely and telling who is on the other end.
 
+use std::future::Future;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
 /// The most connections served at once (each live subscription holds one);
 /// further clients wait in the listen backlog.
@@ -131,12 +132,54 @@ pub struct PeerCred {
 pub(super) struct Bounded {
     pub(super) listener: UnixListener,
     pub(super) permits: Arc<Semaphore>,
+    /// Turns true when connections still open must be cut (see [`Conn`]).
+    pub(super) abort: watch::Receiver<bool>,
 }
 
 /// A connection holding one of the [`CONNECTIONS_MAX`] permits until it closes.
+///
+/// Once the server's abort signal turns true, every read and write fails
+/// with `ConnectionAborted`, so a connection whose client stopped reading —
+/// its socket full, its response stuck mid-write — cannot hold a stopping
+/// daemon forever: the graceful shutdown lets it finish for a grace period,
+/// then cuts it.
 pub(super) struct Conn {
     stream: UnixStream,
     _permit: Option<OwnedSemaphorePermit>,
+    abort: Abort,
+}
+
+/// A connection's view of the abort signal.
+struct Abort {
+    /// Resolves when the signal turns true (or the server is gone).
+    signal: Pin<Box<dyn Future<Output = ()> + Send>>,
+    fired: bool,
+}
+
+impl Abort {
+    fn new(mut rx: watch::Receiver<bool>) -> Self {
+        Abort {
+            signal: Box::pin(async move {
+                // An error means the sender is gone: the server has ended.
+                let _ = rx.wait_for(|abort| *abort).await;
+            }),
+            fired: false,
+        }
+    }
+
+    /// `Err` once the connection must be cut; registers `cx` otherwise.
+    fn check(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
+        if !self.fired && self.signal.as_mut().poll(cx).is_ready() {
+            self.fired = true;
+        }
+        if self.fired {
+            return Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the daemon is stopping and this connection did not finish in time",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Listener for Bounded {
@@ -152,6 +195,7 @@ impl Listener for Bounded {
             Conn {
                 stream,
                 _permit: permit,
+                abort: Abort::new(self.abort.clone()),
             },
             addr,
         )
@@ -168,6 +212,7 @@ impl AsyncRead for Conn {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        self.abort.check(cx)?;
         Pin::new(&mut self.stream).poll_read(cx, buf)
     }
 }
@@ -178,10 +223,12 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        self.abort.check(cx)?;
         Pin::new(&mut self.stream).poll_write(cx, buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.abort.check(cx)?;
         Pin::new(&mut self.stream).poll_flush(cx)
     }
 
@@ -194,6 +241,7 @@ impl AsyncWrite for Conn {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        self.abort.check(cx)?;
         Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
     }
 
