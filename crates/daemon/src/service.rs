@@ -127,18 +127,6 @@ fn send_error(to: NodeId, e: SendError) -> ApiError {
     }
 }
 
-/// Adds `note` to the message of `e`, keeping its kind (and so its status).
-fn with_note(e: ApiError, note: &str) -> ApiError {
-    match e {
-        ApiError::OutboxFull(m) => ApiError::OutboxFull(format!("{m}; {note}")),
-        ApiError::StoreUnavailable(m) => ApiError::StoreUnavailable(format!("{m}; {note}")),
-        ApiError::NodeUnavailable(m) => ApiError::NodeUnavailable(format!("{m}; {note}")),
-        ApiError::BadRequest(m) => ApiError::BadRequest(format!("{m}; {note}")),
-        ApiError::Internal(m) => ApiError::Internal(format!("{m}; {note}")),
-        other => other,
-    }
-}
-
 /// The answer to a batch of sends from the bus's receipts, in request order
 /// (`tos` names each message's recipient).
 fn batch_answer(
@@ -175,7 +163,7 @@ fn batch_answer(
         "message {i} of {n} was refused; {committed} of the {n} were committed \
          (GET /v1/events shows which)"
     );
-    Err(with_note(first, &note))
+    Err(first.with_note(&note))
 }
 
 /// The messages of a batch as the bus takes them, noting when the bus has

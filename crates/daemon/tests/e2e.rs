@@ -8,10 +8,9 @@
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
 mod common;
-use common::{bounded, error_code, open_unread_subscription};
+use common::{bounded, error_code, open_unread_subscription, wait_for};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use hyper::{Method, StatusCode};
 use mesh_daemon::api::json::{EventEntry, EventRecord, EventsPage, LaggedEvent};
@@ -20,23 +19,6 @@ use mesh_daemon::paths::DataDir;
 use mesh_daemon::run::Daemon;
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
-
-/// How often a condition is polled.
-const POLL_INTERVAL: Duration = Duration::from_millis(20);
-/// How many polls before a wait fails (about 60 s: two cores, debug build,
-/// other tests running).
-const POLLS_MAX: u32 = 3000;
-
-/// Polls `f` until it gives a value, at most [`POLLS_MAX`] times.
-async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..POLLS_MAX {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(POLL_INTERVAL).await;
-    }
-    panic!("gave up waiting for {what}");
-}
 
 /// One real daemon in `<tmp>/<name>`, restartable on the same port.
 struct Node {

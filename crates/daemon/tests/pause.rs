@@ -6,10 +6,9 @@
 
 #[allow(dead_code)] // Not every shared helper is used here.
 mod common;
-use common::{bounded, error_code};
+use common::{bounded, error_code, wait_for};
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
 
 use hyper::{Method, StatusCode};
 use mesh_daemon::api::json::{EventRecord, EventsPage};
@@ -17,21 +16,6 @@ use mesh_daemon::client::Client;
 use mesh_daemon::paths::DataDir;
 use mesh_daemon::run::Daemon;
 use serde_json::{Value, json};
-
-/// How often a condition is polled.
-const POLL_INTERVAL: Duration = Duration::from_millis(20);
-/// How many polls before a wait fails (about 60 s).
-const POLLS_MAX: u32 = 3000;
-
-async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..POLLS_MAX {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(POLL_INTERVAL).await;
-    }
-    panic!("gave up waiting for {what}");
-}
 
 struct Node {
     id: String,

@@ -79,6 +79,19 @@ pub enum ApiError {
 }
 
 impl ApiError {
+    /// Adds `note` to the message, keeping the kind (and so the status).
+    pub fn with_note(self, note: &str) -> Self {
+        use ApiError::*;
+        match self {
+            OutboxFull(m) => OutboxFull(format!("{m}; {note}")),
+            StoreUnavailable(m) => StoreUnavailable(format!("{m}; {note}")),
+            NodeUnavailable(m) => NodeUnavailable(format!("{m}; {note}")),
+            BadRequest(m) => BadRequest(format!("{m}; {note}")),
+            Internal(m) => Internal(format!("{m}; {note}")),
+            other => other,
+        }
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         use ApiError::*;

@@ -524,21 +524,9 @@ impl NdjsonSends {
                 ));
             }
             note.push_str(" (GET /v1/events shows which)");
-            with_note(e, &note)
+            e.with_note(&note)
         };
         json_line(&e.to_json(Some(serde_json::json!({ "committed": self.committed }))))
-    }
-}
-
-/// Adds `note` to the message of `e`, keeping its kind (and so its status).
-fn with_note(e: ApiError, note: &str) -> ApiError {
-    match e {
-        ApiError::OutboxFull(m) => ApiError::OutboxFull(format!("{m}; {note}")),
-        ApiError::StoreUnavailable(m) => ApiError::StoreUnavailable(format!("{m}; {note}")),
-        ApiError::NodeUnavailable(m) => ApiError::NodeUnavailable(format!("{m}; {note}")),
-        ApiError::BadRequest(m) => ApiError::BadRequest(format!("{m}; {note}")),
-        ApiError::Internal(m) => ApiError::Internal(format!("{m}; {note}")),
-        other => other,
     }
 }
 

@@ -20,6 +20,26 @@ pub(crate) async fn bounded<T>(f: impl Future<Output = T>) -> T {
         .expect("test timed out")
 }
 
+/// How often a condition is polled.
+#[allow(dead_code)] // Not every test file polls.
+pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(20);
+/// How many polls before a wait fails (about 60 s: two cores, debug build,
+/// other tests running).
+#[allow(dead_code)]
+pub(crate) const POLLS_MAX: u32 = 3000;
+
+/// Polls `f` until it gives a value, at most [`POLLS_MAX`] times.
+#[allow(dead_code)]
+pub(crate) async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
+    for _ in 0..POLLS_MAX {
+        if let Some(v) = f().await {
+            return v;
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+    panic!("gave up waiting for {what}");
+}
+
 /// The `error.code` of an API error answer.
 pub(crate) fn error_code(v: &Value) -> &str {
     v["error"]["code"].as_str().unwrap_or("<none>")
