@@ -910,7 +910,6 @@ impl Tables<'_> {
             let row = match record {
                 JournalRecord::Envelope { stream, seq, .. } if n > 0 => {
                     let mut entries = Vec::with_capacity(n);
-                    let mut bytes = ROW_OVERHEAD_BYTES;
                     for (_, r) in &rest[..n] {
                         if let JournalRecord::Envelope {
                             lamport,
@@ -920,7 +919,6 @@ impl Tables<'_> {
                             ..
                         } = r
                         {
-                            bytes += payload.len() + ROW_ENTRY_OVERHEAD_BYTES;
                             entries.push(EntryRef {
                                 lamport: *lamport,
                                 created_ms: *created_ms,
@@ -929,7 +927,6 @@ impl Tables<'_> {
                             });
                         }
                     }
-                    buf.reserve(bytes);
                     encode_into(&mut key, stream)?;
                     RowRef::Run {
                         stream: Bytes::new(&key),
