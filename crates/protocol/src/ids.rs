@@ -208,28 +208,62 @@ impl fmt::Display for StreamId {
     }
 }
 
-/// Serde for node ids in binary encodings, with a bounded memo of keys
-/// already validated.
-///
-/// Decoding a node id checks that its 32 bytes are a point on the curve,
-/// which costs a point decompression (tens of microseconds). Every batch
-/// frame carries two ids and a mesh has few nodes, so remembering the ids
-/// already checked keeps that cost off the per-frame path. Human-readable
-/// formats and the encoding itself are unchanged.
-pub(crate) mod node_id_serde {
-    use std::cell::RefCell;
-    use std::collections::HashMap;
+/// The most node ids each per-thread memo below remembers; a memo is
+/// emptied when full.
+const NODE_ID_MEMO_MAX: usize = 1024;
 
+/// Looks `key` up in `memo`, else runs `parse` and remembers what it gave.
+///
+/// Checking a node id — that its 32 bytes are a point on the curve — costs
+/// a point decompression (tens of microseconds), and a mesh has few nodes:
+/// remembering the ids already checked keeps that cost off per-message paths.
+fn memoised<K, E>(
+    memo: &'static std::thread::LocalKey<std::cell::RefCell<std::collections::HashMap<K, NodeId>>>,
+    key: &K,
+    parse: impl FnOnce() -> Result<NodeId, E>,
+) -> Result<NodeId, E>
+where
+    K: Clone + Eq + std::hash::Hash,
+{
+    if let Some(id) = memo.with(|m| m.borrow().get(key).copied()) {
+        return Ok(id);
+    }
+    let id = parse()?;
+    memo.with(|m| {
+        let mut m = m.borrow_mut();
+        if m.len() >= NODE_ID_MEMO_MAX {
+            m.clear();
+        }
+        m.insert(key.clone(), id);
+    });
+    Ok(id)
+}
+
+thread_local! {
+    static NODE_IDS_BY_BYTES: std::cell::RefCell<std::collections::HashMap<[u8; 32], NodeId>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+    static NODE_IDS_BY_TEXT: std::cell::RefCell<std::collections::HashMap<Box<str>, NodeId>> =
+        std::cell::RefCell::new(std::collections::HashMap::new());
+}
+
+/// Parses a node id from its text form (as `NodeId`'s `FromStr` does),
+/// checking each distinct text once per thread: clients name the same few
+/// peers in every message.
+///
+/// # Errors
+/// What `NodeId::from_str` says of a text that is not a node id.
+pub fn parse_node_id(text: &str) -> Result<NodeId, <NodeId as FromStr>::Err> {
+    let key: Box<str> = text.into();
+    memoised(&NODE_IDS_BY_TEXT, &key, || text.parse::<NodeId>())
+}
+
+/// Serde for node ids in binary encodings, with a bounded memo of keys
+/// already validated ([`memoised`]): every batch frame carries two ids.
+/// Human-readable formats and the encoding itself are unchanged.
+pub(crate) mod node_id_serde {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-    use super::NodeId;
-
-    /// The most ids remembered per thread; the memo is emptied when full.
-    const NODE_ID_MEMO_MAX: usize = 1024;
-
-    thread_local! {
-        static MEMO: RefCell<HashMap<[u8; 32], NodeId>> = RefCell::new(HashMap::new());
-    }
+    use super::{NODE_IDS_BY_BYTES, NodeId, memoised};
 
     pub(crate) fn serialize<S: Serializer>(id: &NodeId, s: S) -> Result<S::Ok, S::Error> {
         id.serialize(s)
@@ -240,18 +274,9 @@ pub(crate) mod node_id_serde {
             return NodeId::deserialize(d);
         }
         let bytes = <[u8; 32]>::deserialize(d)?;
-        if let Some(id) = MEMO.with(|m| m.borrow().get(&bytes).copied()) {
-            return Ok(id);
-        }
-        let id = NodeId::from_bytes(&bytes).map_err(serde::de::Error::custom)?;
-        MEMO.with(|m| {
-            let mut m = m.borrow_mut();
-            if m.len() >= NODE_ID_MEMO_MAX {
-                m.clear();
-            }
-            m.insert(bytes, id);
-        });
-        Ok(id)
+        memoised(&NODE_IDS_BY_BYTES, &bytes, || {
+            NodeId::from_bytes(&bytes).map_err(serde::de::Error::custom)
+        })
     }
 }
 
@@ -296,6 +321,24 @@ mod tests {
         forged[..32].copy_from_slice(&bad);
         for _ in 0..2 {
             assert!(postcard::from_bytes::<StreamId>(&forged).is_err());
+        }
+    }
+
+    #[test]
+    fn a_node_id_parsed_from_text_is_checked_once_and_never_memoised_when_bad() {
+        let good = SecretKey::from_bytes(&[9; 32]).public();
+        let text = good.to_string();
+        for _ in 0..2 {
+            assert_eq!(parse_node_id(&text).unwrap(), good);
+        }
+        let bad = (0u8..=255)
+            .map(|b| [b; 32])
+            .find(|k| NodeId::from_bytes(k).is_err())
+            .expect("some constant 32-byte string is not a curve point");
+        let bad_text = data_encoding::HEXLOWER.encode(&bad);
+        for _ in 0..2 {
+            assert!(parse_node_id(&bad_text).is_err());
+            assert!(parse_node_id("not a node id").is_err());
         }
     }
 

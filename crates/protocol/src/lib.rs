@@ -32,5 +32,6 @@ pub use frame::{
 };
 pub use ids::{
     Channel, Epoch, IdError, MAX_TOPIC_NAME_BYTES, NodeId, SecretKey, Seq, StreamId, TopicName,
+    parse_node_id,
 };
 pub use ticket::{MAX_TICKET_ADDRS, NodeTicket, TicketError};

@@ -172,7 +172,8 @@ pub(super) async fn resume_peer(
 
 /// Parses a node id, with a message naming what was wrong.
 pub(super) fn parse_node_id(text: &str) -> Result<NodeId, ApiError> {
-    text.trim().parse::<NodeId>().map_err(|e| {
+    // Memoised per thread: a send names its recipient in every message.
+    mesh_protocol::parse_node_id(text.trim()).map_err(|e| {
         ApiError::BadRequest(format!(
             "{:?} is not a node id ({e}); node ids are printed by `mesh id`",
             cut(text)

@@ -15,8 +15,7 @@
 //! the node refuses a chunk while later ones were already handed to it,
 //! the error's message says how many of those were committed too.
 
-use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::io::Write as _;
 use std::sync::atomic::Ordering;
@@ -29,7 +28,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures_util::{FutureExt as _, StreamExt as _};
 use http_body_util::BodyExt as _;
-use mesh_protocol::{Cursor, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NodeId, StreamId};
+use mesh_protocol::{Cursor, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, StreamId};
 
 use super::json::{BatchResponse, SendRequest, StreamJson};
 use super::node::PendingSends;
@@ -46,35 +45,9 @@ use super::{
 /// (bigger commits), at the same rate.
 pub(super) const NDJSON_CHUNKS_IN_FLIGHT: usize = 4;
 
-/// Recipients remembered per thread by [`recipient`].
-const RECIPIENTS_CACHED_MAX: usize = 64;
-
-thread_local! {
-    /// Node ids already parsed from their text: parsing one checks it is a
-    /// point on the curve, which costs more than the rest of a send's
-    /// parsing together, and clients send to the same few peers again and again.
-    static RECIPIENTS: RefCell<HashMap<Box<str>, NodeId>> = RefCell::new(HashMap::new());
-}
-
-/// The node id `text` names, checked once per distinct text and thread.
-fn recipient(text: &str) -> Result<NodeId, ApiError> {
-    if let Some(id) = RECIPIENTS.with(|c| c.borrow().get(text).copied()) {
-        return Ok(id);
-    }
-    let id = parse_node_id(text)?;
-    RECIPIENTS.with(|c| {
-        let mut c = c.borrow_mut();
-        if c.len() >= RECIPIENTS_CACHED_MAX {
-            c.clear();
-        }
-        c.insert(text.into(), id);
-    });
-    Ok(id)
-}
-
 /// Checks one send request and turns it into a message.
 fn message(req: SendRequest) -> Result<OutMessage, ApiError> {
-    let to = recipient(&req.to)?;
+    let to = parse_node_id(&req.to)?;
     let body = req
         .encoding
         .decode(req.body)
@@ -581,6 +554,7 @@ async fn send_ndjson(st: ApiState, body: Body) -> Response {
 #[allow(clippy::unwrap_used)] // A test fails by panicking.
 mod tests {
     use super::*;
+    use mesh_protocol::NodeId;
 
     #[test]
     fn a_send_request_must_name_a_node_and_carry_a_decodable_body() {
