@@ -81,6 +81,27 @@ impl Node {
         self.client.get("/v1/status").await.unwrap()
     }
 
+    /// `raw`, asserting 200.
+    async fn ok(&self, method: Method, path: &str, body: Option<&Value>) -> Value {
+        let (s, v) = self.raw(method, path, body).await;
+        assert_eq!(s, StatusCode::OK, "{}: {path}: {v}", self.name);
+        v
+    }
+
+    /// The value of the Prometheus sample `name` in `GET /metrics`.
+    async fn metric(&self, name: &str) -> u64 {
+        let (s, bytes) = self
+            .client
+            .raw(Method::GET, "/metrics", None::<&Value>)
+            .await
+            .unwrap();
+        assert_eq!(s, StatusCode::OK);
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+    }
+
     async fn ticket(&self) -> String {
         let v: Value = self.client.get("/v1/ticket").await.unwrap();
         v["ticket"].as_str().unwrap().to_owned()
@@ -753,6 +774,74 @@ async fn mesh_demo_narrates_the_catch_up_and_the_gap_and_removes_its_dir() {
             .find_map(|l| l.strip_prefix("QUIC endpoint on 127.0.0.1 and API socket, in "))
             .unwrap();
         assert!(!Path::new(dir).exists(), "{dir} is left behind");
+    })
+    .await
+}
+
+/// `POST /v1/peers/{id}/pause` and `/resume`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_peer_gets_nothing_and_is_refused_then_everything_once_in_order_after_resume() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut a = Node::start(tmp.path(), "a", None).await;
+        let mut b = Node::start(tmp.path(), "b", None).await;
+        link(&a, &b).await;
+        let st = a.status().await;
+        assert_eq!(st["pid"], std::process::id(), "{st}");
+        assert_eq!(a.peer(&b.id).await["paused"], false);
+
+        let p = a
+            .ok(Method::POST, &format!("/v1/peers/{}/pause", b.id), None)
+            .await;
+        assert_eq!((&p["node"], &p["paused"]), (&json!(b.id), &json!(true)));
+        assert_eq!(p["connected"], false, "closed before the answer: {p}");
+        let listed = a.ok(Method::GET, "/v1/peers", None).await;
+        assert_eq!(listed["peers"][0]["paused"], true, "{listed}");
+
+        // Sends are committed and queued as for an offline peer.
+        let bodies = texts("p", 300);
+        a.send_all(&b.id, &bodies, 100).await;
+        assert_eq!(a.peer(&b.id).await["queued_msgs"], 300);
+
+        // B keeps dialing A (it has A's ticket); A refuses each dial.
+        wait_for("a to refuse b's dials", async || {
+            (a.metric("mesh_link_paused_refused_total").await >= 2).then_some(())
+        })
+        .await;
+        assert_eq!(b.peer(&a.id).await["connected"], false);
+        assert_eq!(a.peer(&b.id).await["connected"], false);
+        assert!(b.received_from(&a.id).await.is_empty(), "b got messages");
+        assert_eq!(a.peer(&b.id).await["queued_msgs"], 300);
+
+        let p = a
+            .ok(Method::POST, &format!("/v1/peers/{}/resume", b.id), None)
+            .await;
+        assert_eq!(p["paused"], false, "{p}");
+        wait_for("every message to be acknowledged", async || {
+            (a.peer(&b.id).await["queued_msgs"] == 0).then_some(())
+        })
+        .await;
+        assert!(
+            b.received_from(&a.id).await == in_order(&bodies),
+            "once each, in order"
+        );
+        wait_connected(&a, &b).await;
+
+        // An unknown peer, and a bad id, are the caller's errors.
+        let stranger = "0".repeat(64);
+        let (s, v) = a
+            .raw(Method::POST, &format!("/v1/peers/{stranger}/pause"), None)
+            .await;
+        assert_eq!((s, error_code(&v)), (StatusCode::NOT_FOUND, "unknown_peer"));
+        let (s, v) = a
+            .raw(Method::POST, "/v1/peers/not-an-id/resume", None)
+            .await;
+        assert_eq!(
+            (s, error_code(&v)),
+            (StatusCode::BAD_REQUEST, "bad_request")
+        );
+        a.stop().await;
+        b.stop().await;
     })
     .await
 }
