@@ -30,7 +30,7 @@ use crate::history::{History, Op};
 use crate::nemesis::{Ctx, apply, plan};
 use crate::rng::SimRng;
 use crate::workload::{ClientSpec, WorkloadConfig, run_client};
-use mesh_daemon::api::json::EventRecord;
+use mesh_api::EventRecord;
 
 /// The seed of the short run when `CHAOS_SEED` is not set.
 pub const SHORT_SEED: u64 = 20_261_129;

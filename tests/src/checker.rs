@@ -30,7 +30,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
-use mesh_daemon::api::json::{EventEntry, EventRecord, StreamJson};
+use mesh_api::{EventEntry, EventRecord, StreamJson};
 use mesh_protocol::Seq;
 use serde::Serialize;
 
@@ -427,7 +427,7 @@ fn check_receiver(
 #[cfg(test)]
 #[allow(clippy::unwrap_used)] // A test fails by panicking.
 mod tests {
-    use mesh_daemon::api::json::BodyEncoding;
+    use mesh_api::BodyEncoding;
 
     use super::*;
     use crate::history::body;

@@ -13,9 +13,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use mesh_daemon::api::NodeStatus;
-use mesh_daemon::api::json::{AddPeerRequest, EventEntry, EventsPage, TicketResponse};
-use mesh_daemon::client::Client;
+use mesh_api::NodeStatus;
+use mesh_api::client::Client;
+use mesh_api::{AddPeerRequest, EventEntry, EventsPage, TicketResponse};
 use rustix::process::{Pid, Signal, kill_process};
 
 use crate::netns::{self, Netns};
@@ -528,7 +528,7 @@ impl Drop for Cluster {
 /// # Errors
 /// The call's error, or a timeout.
 pub async fn call<T>(
-    f: impl Future<Output = Result<T, mesh_daemon::client::ClientError>>,
+    f: impl Future<Output = Result<T, mesh_api::client::ClientError>>,
 ) -> anyhow::Result<T> {
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
         Ok(r) => Ok(r?),

@@ -24,8 +24,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use mesh_api::{AddPeerRequest, EventRecord};
 use mesh_bus::net::{ConnId, Net, NetConfig, NetEvent};
-use mesh_daemon::api::json::{AddPeerRequest, EventRecord};
 use mesh_protocol::{
     Channel, Epoch, Frame, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads, SecretKey,
     Seq, StreamId,

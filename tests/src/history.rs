@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Context;
-use mesh_daemon::api::json::StreamJson;
+use mesh_api::StreamJson;
 use mesh_protocol::Seq;
 use serde::{Deserialize, Serialize};
 

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use mesh_daemon::api::json::{SendRequest, SendResponse};
-use mesh_daemon::client::{Client, ClientError};
+use mesh_api::client::{Client, ClientError};
+use mesh_api::{SendRequest, SendResponse};
 use tokio::sync::watch;
 
 use crate::history::{History, Op, body};

@@ -4,13 +4,13 @@ use std::io::{BufRead, Write};
 
 use anyhow::{Context, bail};
 
-use crate::api::json::{
+use crate::cli::PeerCommand;
+use mesh_api::client::Client;
+use mesh_api::{
     AddPeerRequest, BatchResponse, EventEntry, EventRecord, EventsPage, LaggedEvent, SendRequest,
     SendResponse, TicketResponse,
 };
-use crate::api::node::{NodeStatus, PeerStatus};
-use crate::cli::PeerCommand;
-use crate::client::Client;
+use mesh_api::{NodeStatus, PeerStatus};
 
 /// The most messages `mesh send --lines` puts in one request.
 const SEND_LINES_CHUNK: usize = 1000;
@@ -263,8 +263,8 @@ fn print_entry(e: &EventEntry, me: &str, json: bool) -> anyhow::Result<()> {
                 format!("from {}", short(&stream.author))
             };
             let enc = match encoding {
-                crate::api::json::BodyEncoding::Text => "",
-                crate::api::json::BodyEncoding::Base64 => " (base64)",
+                mesh_api::BodyEncoding::Text => "",
+                mesh_api::BodyEncoding::Base64 => " (base64)",
             };
             format!("{dir} #{seq}{enc}: {body}")
         }

@@ -17,14 +17,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 
-use crate::api::json::{
+use crate::run::Daemon;
+use mesh_api::client::Client;
+use mesh_api::paths::DataDir;
+use mesh_api::{
     AddPeerRequest, BatchResponse, EventEntry, EventRecord, EventsPage, SendRequest, SendResponse,
     TicketResponse,
 };
-use crate::api::node::{NodeStatus, PeerStatus};
-use crate::client::Client;
-use crate::paths::DataDir;
-use crate::run::Daemon;
+use mesh_api::{NodeStatus, PeerStatus};
 
 /// The whole demo finishes within this, or stops with an error.
 pub const DEMO_TIMEOUT: Duration = Duration::from_secs(60);

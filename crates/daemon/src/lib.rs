@@ -8,11 +8,9 @@
 pub mod api;
 pub mod bench;
 pub mod cli;
-pub mod client;
 mod commands;
 pub mod config;
 pub mod demo;
-pub mod paths;
 pub mod run;
 pub mod service;
 

@@ -15,11 +15,11 @@ use anyhow::Context;
 use crate::api::node::StoreWriter;
 use crate::api::{ApiParts, ApiSocket, ApiState, BindError};
 use crate::cli::{Cli, Command};
-use crate::client::Client;
 use crate::commands;
 use crate::config::{Config, ConfigError};
-use crate::paths::{DataDir, DataDirError};
 use crate::service::BusApi;
+use mesh_api::client::Client;
+use mesh_api::paths::{DataDir, DataDirError};
 
 /// How long [`Daemon::shutdown`] waits for the last reader of the store
 /// (a subscription finishing a read or its loss record) to let go of it.

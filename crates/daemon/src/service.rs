@@ -13,10 +13,10 @@ use mesh_protocol::{NodeId, NodeTicket};
 use mesh_store::{MeshStore, RedbStore};
 
 use crate::api::ApiError;
-use crate::api::json::StreamJson;
 use crate::api::node::{
     BoxFuture, NodeApi, NodeStatus, OutMessage, PeerStatus, PendingSends, Sent, StreamMark,
 };
+use mesh_api::StreamJson;
 
 /// The [`NodeApi`] of a running bus [`Node`].
 pub struct BusApi {

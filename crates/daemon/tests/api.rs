@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper::{Method, StatusCode};
-use mesh_daemon::api::json::{EventEntry, EventRecord, EventsPage, LaggedEvent};
+use mesh_api::client::{Client, ClientError};
+use mesh_api::{EventEntry, EventRecord, EventsPage, LaggedEvent};
 use mesh_daemon::api::{
     ApiError, ApiParts, ApiSocket, ApiState, BindError, BoxFuture, NodeApi, NodeStatus, OutMessage,
     PeerStatus, Sent, StoreWriter, publish_head, serve,
 };
-use mesh_daemon::client::{Client, ClientError};
 use mesh_protocol::{
     Channel, Cursor, Epoch, NewEnvelope, NodeId, NodeTicket, OpenBatch, SecretKey, Seq, StreamId,
 };
@@ -909,6 +909,7 @@ async fn an_ndjson_batch_commits_line_by_line_and_says_how_far_it_got() {
                 status: 400,
                 code,
                 message,
+                ..
             }) => {
                 assert_eq!(code, "bad_json");
                 assert!(message.contains("line 3"), "{message}");

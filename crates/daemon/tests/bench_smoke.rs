@@ -12,9 +12,9 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use clap::Parser as _;
+use mesh_api::client::Client;
+use mesh_api::paths::DataDir;
 use mesh_daemon::cli::{Cli, Command};
-use mesh_daemon::client::Client;
-use mesh_daemon::paths::DataDir;
 use serde_json::{Value, json};
 
 const TEST_NAMES: [&str; 2] = [

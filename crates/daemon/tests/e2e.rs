@@ -13,9 +13,9 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use hyper::{Method, StatusCode};
-use mesh_daemon::api::json::{EventEntry, EventRecord, EventsPage, LaggedEvent};
-use mesh_daemon::client::Client;
-use mesh_daemon::paths::DataDir;
+use mesh_api::client::Client;
+use mesh_api::paths::DataDir;
+use mesh_api::{EventEntry, EventRecord, EventsPage, LaggedEvent};
 use mesh_daemon::run::Daemon;
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;

@@ -4,7 +4,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use mesh_protocol::{CursorError, NodeId};
 use mesh_store::StoreError;
-use serde::Serialize;
 
 /// Every way a request can fail, grouped by who is at fault; each has a stable
 /// `code` and an HTTP status.
@@ -141,22 +140,6 @@ impl ApiError {
         }
         serde_json::json!({ "error": inner })
     }
-}
-
-/// The wire shape of an error, for clients.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct ErrorBody {
-    /// The error.
-    pub error: ErrorDetail,
-}
-
-/// `{code, message}` inside [`ErrorBody`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct ErrorDetail {
-    /// The stable code, e.g. `unknown_peer`.
-    pub code: String,
-    /// A sentence a person can act on.
-    pub message: String,
 }
 
 impl IntoResponse for ApiError {

@@ -1,177 +1,56 @@
-//! The JSON shapes of the local API: requests, answers and journal entries.
-//! Clients (the CLI, tests) decode the same types.
+//! The journal's entries in their JSON form (the wire types are `mesh_api`'s).
 
-use mesh_protocol::{Cursor, Epoch, NodeId, Seq, StreamId};
+use mesh_api::{BodyEncoding, EventEntry, EventRecord};
+use mesh_protocol::{Cursor, Epoch, NodeId};
 use mesh_store::{JournalItem, JournalRecord, LossReason};
-use serde::{Deserialize, Serialize};
 
-/// A stream in JSON: its author, the author's store epoch and its channel
-/// (`direct:<node id>` or `topic:<name>`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamJson {
-    /// The author's node id.
-    pub author: String,
-    /// The author's store epoch (hex).
-    pub epoch: String,
-    /// `direct:<node id>` or `topic:<name>`.
-    pub channel: String,
-}
-
-impl From<&StreamId> for StreamJson {
-    fn from(s: &StreamId) -> Self {
-        StreamJson {
-            author: s.author.to_string(),
-            epoch: s.epoch.to_string(),
-            channel: s.channel.to_string(),
-        }
-    }
-}
-
-/// How a message body is written in JSON.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BodyEncoding {
-    /// UTF-8 text, as is.
-    #[default]
-    Text,
-    /// Standard base64 (with padding) of the bytes.
-    Base64,
-}
-
-impl BodyEncoding {
-    /// Encodes `bytes` as text when they are UTF-8, else as base64.
-    pub fn encode(bytes: &[u8]) -> (BodyEncoding, String) {
-        match std::str::from_utf8(bytes) {
-            Ok(s) => (BodyEncoding::Text, s.to_owned()),
-            Err(_) => (BodyEncoding::Base64, data_encoding::BASE64.encode(bytes)),
-        }
-    }
-
-    /// Decodes `body` written in this encoding.
-    pub fn decode(self, body: String) -> Result<Vec<u8>, String> {
-        match self {
-            BodyEncoding::Text => Ok(body.into_bytes()),
-            BodyEncoding::Base64 => data_encoding::BASE64
-                .decode(body.as_bytes())
-                .map_err(|e| format!("body is not valid base64: {e}")),
-        }
-    }
-}
-
-/// One journal entry as `GET /v1/events` and `GET /v1/subscribe` show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EventEntry {
-    /// The cursor just after this entry: `after=` this resumes past it.
-    pub cursor: String,
-    /// The entry's local arrival position.
-    pub arrival: u64,
-    /// What the entry is.
-    #[serde(flatten)]
-    pub record: EventRecord,
-    /// Set on a live entry when a subscriber lag before it could not be
-    /// recorded durably.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub losses_unrecorded: bool,
-}
-
-/// The content of a journal entry; `kind` tells which.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum EventRecord {
-    /// A message this node sent or received.
-    Envelope {
-        /// Its stream.
-        stream: StreamJson,
-        /// Its seq in the stream.
-        seq: Seq,
-        /// The author's Lamport clock.
-        lamport: u64,
-        /// The author's wall clock, ms since the Unix epoch.
-        created_ms: u64,
-        /// Application-defined kind.
-        msg_kind: u16,
-        /// How `body` is written: UTF-8 `text` when valid, else `base64`.
-        encoding: BodyEncoding,
-        /// The payload.
-        body: String,
-    },
-    /// This node can never have `from..=to` of `stream`: the author no longer holds it.
-    Gap {
-        /// The stream.
-        stream: StreamJson,
-        /// First missing seq.
-        from: Seq,
-        /// Last missing seq.
-        to: Seq,
-    },
-    /// Entries were given up: `from..=to` of `stream` (`outbox_evicted`), or
-    /// journal arrivals `from..=to` not delivered live to a lagging subscriber
-    /// (`subscriber_lagged`; they are still in the journal).
-    Loss {
-        /// The stream the loss is reported against.
-        stream: StreamJson,
-        /// First seq (or arrival) concerned.
-        from: Seq,
-        /// Last seq (or arrival) concerned.
-        to: Seq,
-        /// `outbox_evicted` or `subscriber_lagged`.
-        reason: String,
-        /// Free text for a person.
-        detail: String,
-    },
-    /// An entry of a kind this build does not know.
-    Other {},
-}
-
-impl EventEntry {
-    /// The JSON form of `item` from the journal of `node` at `epoch`.
-    pub fn from_item(node: &NodeId, epoch: Epoch, item: &JournalItem) -> Self {
-        let record = match &item.record {
-            JournalRecord::Envelope {
-                stream,
-                seq,
-                lamport,
-                created_ms,
-                kind,
-                payload,
-            } => {
-                let (encoding, body) = BodyEncoding::encode(payload);
-                EventRecord::Envelope {
-                    stream: stream.into(),
-                    seq: *seq,
-                    lamport: *lamport,
-                    created_ms: *created_ms,
-                    msg_kind: *kind,
-                    encoding,
-                    body,
-                }
+/// The JSON form of `item` from the journal of `node` at `epoch`.
+pub fn entry(node: &NodeId, epoch: Epoch, item: &JournalItem) -> EventEntry {
+    let record = match &item.record {
+        JournalRecord::Envelope {
+            stream,
+            seq,
+            lamport,
+            created_ms,
+            kind,
+            payload,
+        } => {
+            let (encoding, body) = BodyEncoding::encode(payload);
+            EventRecord::Envelope {
+                stream: stream.into(),
+                seq: *seq,
+                lamport: *lamport,
+                created_ms: *created_ms,
+                msg_kind: *kind,
+                encoding,
+                body,
             }
-            JournalRecord::Gap { stream, from, to } => EventRecord::Gap {
-                stream: stream.into(),
-                from: *from,
-                to: *to,
-            },
-            JournalRecord::Loss {
-                stream,
-                from,
-                to,
-                reason,
-                detail,
-            } => EventRecord::Loss {
-                stream: stream.into(),
-                from: *from,
-                to: *to,
-                reason: loss_reason_name(*reason).to_owned(),
-                detail: detail.clone(),
-            },
-            _ => EventRecord::Other {},
-        };
-        EventEntry {
-            cursor: Cursor::new(node, epoch, item.arrival).to_string(),
-            arrival: item.arrival,
-            record,
-            losses_unrecorded: false,
         }
+        JournalRecord::Gap { stream, from, to } => EventRecord::Gap {
+            stream: stream.into(),
+            from: *from,
+            to: *to,
+        },
+        JournalRecord::Loss {
+            stream,
+            from,
+            to,
+            reason,
+            detail,
+        } => EventRecord::Loss {
+            stream: stream.into(),
+            from: *from,
+            to: *to,
+            reason: loss_reason_name(*reason).to_owned(),
+            detail: detail.clone(),
+        },
+        _ => EventRecord::Other {},
+    };
+    EventEntry {
+        cursor: Cursor::new(node, epoch, item.arrival).to_string(),
+        arrival: item.arrival,
+        record,
+        losses_unrecorded: false,
     }
 }
 
@@ -182,84 +61,4 @@ pub fn loss_reason_name(reason: LossReason) -> &'static str {
         LossReason::SubscriberLagged => "subscriber_lagged",
         _ => "other",
     }
-}
-
-/// A page of the journal.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EventsPage {
-    /// The entries, in arrival order.
-    pub entries: Vec<EventEntry>,
-    /// The cursor to pass as `after` for the next page: the last entry's, or
-    /// the request's when the page is empty.
-    pub next: String,
-}
-
-/// The `lagged` event of a live subscription.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LaggedEvent {
-    /// Re-read the journal from here (`GET /v1/events?after=`) to get what was skipped.
-    pub resume: String,
-    /// First arrival not delivered live.
-    pub skipped_from: u64,
-    /// Last arrival not delivered live; the stream goes on after it.
-    pub skipped_to: u64,
-    /// Whether the durable loss record was written.
-    pub loss_recorded: bool,
-}
-
-/// `POST /v1/send` (and each item of `POST /v1/send/batch`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SendRequest {
-    /// The recipient's node id.
-    pub to: String,
-    /// The message.
-    pub body: String,
-    /// How `body` is written: `text` (default) or `base64`.
-    #[serde(default)]
-    pub encoding: BodyEncoding,
-    /// Application-defined kind (default 0).
-    #[serde(default)]
-    pub msg_kind: u16,
-}
-
-/// The answer to a send: the message is committed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SendResponse {
-    /// The message's journal cursor on this node (as in `/v1/events`).
-    pub id: String,
-    /// Its stream.
-    pub stream: StreamJson,
-    /// Its seq in the stream.
-    pub seq: Seq,
-}
-
-/// The answer to a JSON-array batch send.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BatchResponse {
-    /// One answer per message, in request order.
-    pub sent: Vec<SendResponse>,
-}
-
-/// `PUT /v1/cursors/{name}` and the answer of `GET`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CursorBody {
-    /// The cursor.
-    pub cursor: String,
-}
-
-/// `POST /v1/peers`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AddPeerRequest {
-    /// The peer's ticket, as printed by `mesh ticket`.
-    pub ticket: String,
-}
-
-/// `GET /v1/ticket`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TicketResponse {
-    /// The ticket.
-    pub ticket: String,
 }

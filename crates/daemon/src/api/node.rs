@@ -3,17 +3,14 @@
 //! write to the store.
 
 use std::future::Future;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
 use mesh_protocol::{NodeId, NodeTicket, Seq, StreamId};
 use mesh_store::{Arrival, MeshStore, Receipt, StoreError, StoreHandle, WriteOp};
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::error::ApiError;
-use super::json::StreamJson;
 
 /// A boxed, sendable future: what the object-safe traits here return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -63,53 +60,7 @@ pub struct Sent {
     pub arrival: Arrival,
 }
 
-/// The node's state as `GET /v1/status` shows it (the API adds the journal head).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeStatus {
-    /// This node's id.
-    pub node: String,
-    /// This node's store epoch (hex).
-    pub epoch: String,
-    /// Addresses it listens on for peers.
-    pub addrs: Vec<SocketAddr>,
-    /// A ticket other nodes can add.
-    pub ticket: String,
-    /// Every known peer.
-    pub peers: Vec<PeerStatus>,
-    /// The store file's size in bytes, if known.
-    pub store_bytes: Option<u64>,
-}
-
-/// One peer as `GET /v1/peers` and `GET /v1/status` show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PeerStatus {
-    /// The peer's id.
-    pub node: String,
-    /// Addresses this node dials it at.
-    pub addrs: Vec<SocketAddr>,
-    /// Whether a connection is up now.
-    pub connected: bool,
-    /// The peer's store epoch as last seen (hex), if any.
-    pub epoch: Option<String>,
-    /// This node's receive marks for the peer's streams.
-    pub marks: Vec<StreamMark>,
-    /// Envelopes queued for the peer (unacknowledged, in the outbox).
-    pub queued_msgs: u64,
-    /// Payload bytes in the peer's outbox.
-    pub outbox_bytes: u64,
-    /// Whether the link to it is paused (`mesh peer pause`); absent means no.
-    #[serde(default)]
-    pub paused: bool,
-}
-
-/// A receive mark: every envelope of `stream` up to `mark` is committed here.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StreamMark {
-    /// The stream.
-    pub stream: StreamJson,
-    /// The mark.
-    pub mark: Seq,
-}
+pub use mesh_api::{NodeStatus, PeerStatus, StreamMark};
 
 /// The node operations behind the `/v1` routes that need the bus.
 ///

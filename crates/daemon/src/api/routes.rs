@@ -16,11 +16,11 @@ use mesh_store::{Arrival, JournalItem, MeshStore, WriteOp};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
-use super::json::{AddPeerRequest, CursorBody, EventEntry, EventsPage, TicketResponse};
 use super::{
     ApiError, ApiState, CURSOR_NAME_BYTES_MAX, EVENTS_LIMIT_DEFAULT, EVENTS_LIMIT_MAX,
     EVENTS_PAGE_BYTES_MAX, REQUEST_BYTES_MAX,
 };
+use mesh_api::{AddPeerRequest, CursorBody, EventEntry, EventsPage, TicketResponse};
 
 /// Reads a whole body of at most `limit` bytes.
 pub(super) async fn read_body(
@@ -97,7 +97,7 @@ impl ApiState {
 
     /// The JSON form of a journal entry.
     pub(super) fn entry(&self, item: &JournalItem) -> EventEntry {
-        EventEntry::from_item(&self.inner.node, self.inner.epoch, item)
+        super::json::entry(&self.inner.node, self.inner.epoch, item)
     }
 }
 

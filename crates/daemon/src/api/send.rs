@@ -30,13 +30,13 @@ use futures_util::{FutureExt as _, StreamExt as _};
 use http_body_util::BodyExt as _;
 use mesh_protocol::{Cursor, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, StreamId};
 
-use super::json::{BatchResponse, SendRequest, StreamJson};
 use super::node::PendingSends;
 use super::routes::{parse_json, parse_node_id, read_body};
 use super::{
     ApiError, ApiState, BATCH_MSGS_MAX, BATCH_REQUEST_BYTES_MAX, OutMessage,
     SEND_REQUEST_BYTES_MAX, Sent,
 };
+use mesh_api::{BatchResponse, SendRequest, StreamJson};
 
 /// NDJSON chunks handed to the node and not yet answered, at most: one
 /// committing and the rest waiting to share the next commit. Each holds at
@@ -200,8 +200,8 @@ async fn send_array(st: ApiState, body: Body) -> Result<Json<BatchResponse>, Api
 }
 
 impl ApiState {
-    fn answer(&self, sent: &Sent) -> super::json::SendResponse {
-        super::json::SendResponse {
+    fn answer(&self, sent: &Sent) -> mesh_api::SendResponse {
+        mesh_api::SendResponse {
             id: self.cursor_text(sent.arrival),
             stream: (&sent.stream).into(),
             seq: sent.seq,
@@ -562,7 +562,7 @@ mod tests {
         let ok = SendRequest {
             to: node.to_string(),
             body: "aGk=".into(),
-            encoding: super::super::json::BodyEncoding::Base64,
+            encoding: mesh_api::BodyEncoding::Base64,
             msg_kind: 3,
         };
         let m = message(ok.clone()).unwrap();
@@ -579,7 +579,7 @@ mod tests {
         assert_eq!(message(bad_b64).unwrap_err().code(), "bad_request");
         let big = SendRequest {
             body: "x".repeat(MAX_BATCH_PAYLOAD_BYTES as usize + 1),
-            encoding: super::super::json::BodyEncoding::Text,
+            encoding: mesh_api::BodyEncoding::Text,
             ..ok
         };
         assert_eq!(message(big).unwrap_err().code(), "bad_request");
@@ -591,9 +591,9 @@ mod tests {
     use mesh_store::{Arrival, MemStore, Receipt, StoreError, WriteOp};
     use tokio::sync::{Semaphore, mpsc, watch};
 
-    use super::super::json::SendResponse;
     use super::super::node::{BoxFuture, JournalWriter, NodeApi, NodeStatus, PeerStatus};
     use super::super::{ApiParts, ApiState};
+    use mesh_api::SendResponse;
 
     /// A node that takes messages at once and commits a chunk only when the
     /// test hands it a permit, so the test decides what is in flight.

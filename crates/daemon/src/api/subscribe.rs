@@ -40,9 +40,9 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
-use super::json::{EventEntry, LaggedEvent};
 use super::routes::JOURNAL_READ_ENTRIES;
 use super::{ApiError, ApiState, PeerCred};
+use mesh_api::{EventEntry, LaggedEvent};
 
 /// How often an idle stream sends an SSE comment, so a vanished client is noticed.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);

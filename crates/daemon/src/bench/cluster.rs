@@ -11,9 +11,9 @@ use tokio::time::Instant;
 
 use super::PARENT_ENV;
 use super::measure::TempDir;
-use crate::api::json::{AddPeerRequest, TicketResponse};
-use crate::api::node::{NodeStatus, PeerStatus};
-use crate::client::{Client, ClientError};
+use mesh_api::client::{Client, ClientError};
+use mesh_api::{AddPeerRequest, TicketResponse};
+use mesh_api::{NodeStatus, PeerStatus};
 
 /// How often a starting or stopping daemon is looked at.
 const POLL_INTERVAL: Duration = Duration::from_millis(10);

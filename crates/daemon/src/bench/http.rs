@@ -1,4 +1,4 @@
-//! What the bench needs beyond [`crate::client::Client`]: one kept-alive
+//! What the bench needs beyond [`mesh_api::client::Client`]: one kept-alive
 //! connection for request after request (as an agent library would hold
 //! one), and a line reader that does not copy the rest of its buffer per line.
 
@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use tokio::net::UnixStream;
 use tokio::task::JoinHandle;
 
-use crate::client::LINE_BYTES_MAX;
+use mesh_api::client::LINE_BYTES_MAX;
 
 /// Bytes of an error answer shown in a message.
 const ERROR_SHOWN_BYTES_MAX: usize = 300;

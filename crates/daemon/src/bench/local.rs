@@ -17,7 +17,7 @@ use super::progress::{Bar, Progress};
 use super::report::{Collector, Machine, Report};
 use super::send::{self, Msgs};
 use super::{Settings, Workload};
-use crate::api::json::{EventEntry, EventRecord};
+use mesh_api::{EventEntry, EventRecord};
 
 /// How often the sender's RSS is sampled in queued-memory.
 const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);

@@ -38,7 +38,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, value_parser};
 
-use crate::paths::DataDir;
+use mesh_api::paths::DataDir;
 
 pub use report::{Figure, Machine, Report};
 

@@ -35,8 +35,8 @@ use super::progress::{Bar, Progress};
 use super::report::{Collector, Machine, Report};
 use super::send;
 use super::{Settings, Workload};
-use crate::client::Client;
-use crate::paths::DataDir;
+use mesh_api::client::Client;
+use mesh_api::paths::DataDir;
 
 /// How often our own status is read while waiting for the peer's acks.
 const ACK_POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -350,7 +350,7 @@ async fn ack_latency(
         body.clear();
         msgs.push_json(k, &mut body);
         let t = Instant::now();
-        let _: crate::api::json::SendResponse = conn
+        let _: mesh_api::SendResponse = conn
             .post("/v1/send", bytes::Bytes::copy_from_slice(&body))
             .await?;
         loop {

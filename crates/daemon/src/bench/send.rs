@@ -23,8 +23,8 @@ use super::BENCH_MSG_KIND;
 use super::cluster::Daemon;
 use super::http::{Conn, LineReader, shown};
 use super::progress::Bar;
-use crate::api::json::SendResponse;
-use crate::client::Client;
+use mesh_api::SendResponse;
+use mesh_api::client::Client;
 
 /// The most lines the producer puts in one body frame.
 const LINES_PER_FRAME_MAX: usize = 64;
@@ -346,7 +346,7 @@ mod tests {
         };
         let mut out = Vec::new();
         msgs.push_json(7, &mut out);
-        let req: crate::api::json::SendRequest = serde_json::from_slice(&out).unwrap();
+        let req: mesh_api::SendRequest = serde_json::from_slice(&out).unwrap();
         assert_eq!(req.to, "b");
         assert_eq!(req.body.len(), 40);
         assert_eq!(req.msg_kind, BENCH_MSG_KIND);

@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::net::UnixStream;
 
-use crate::api::error::ErrorBody;
+use crate::error::{ErrorBody, Fault};
 
 /// The largest whole response read, in bytes.
 pub const RESPONSE_BYTES_MAX: usize = 64 << 20;
@@ -52,12 +52,44 @@ pub enum ClientError {
         status: u16,
         /// The stable error code, e.g. `unknown_peer`.
         code: String,
+        /// Who is at fault (from the answer, else from its status).
+        fault: Fault,
         /// The daemon's message.
         message: String,
     },
     /// The answer was not what the API promises.
     #[error("unexpected answer from the mesh daemon: {0}")]
     BadResponse(String),
+}
+
+impl ClientError {
+    /// Who is at fault: the daemon's word for an error answer; a daemon
+    /// that cannot be reached is unavailable; an answer the API does not
+    /// promise is a bug.
+    pub fn fault(&self) -> Fault {
+        match self {
+            ClientError::Api { fault, .. } => *fault,
+            ClientError::BadResponse(_) => Fault::Bug,
+            ClientError::NotRunning { .. } | ClientError::Connect { .. } | ClientError::Http(_) => {
+                Fault::Unavailable
+            }
+        }
+    }
+}
+
+/// `text` escaped for use as one path segment or one query value of a URL:
+/// every byte but the unreserved ones (`A-Z a-z 0-9 - . _ ~`) as `%XX`.
+pub fn path_segment(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        match b {
+            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(char::from(b))
+            }
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
 }
 
 /// A client of one node's socket.
@@ -105,10 +137,9 @@ impl Client {
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| ClientError::Http(e.to_string()))?;
+        // The connection's own errors reach the request as its error.
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!("control socket connection ended: {e}");
-            }
+            let _ = conn.await;
         });
         let mut req = Request::builder()
             .method(method)
@@ -252,11 +283,16 @@ fn api_error(status: StatusCode, bytes: &[u8]) -> ClientError {
         Ok(b) => ClientError::Api {
             status: status.as_u16(),
             code: b.error.code,
+            fault: b
+                .error
+                .fault
+                .unwrap_or_else(|| Fault::from_status(status.as_u16())),
             message: b.error.message,
         },
         Err(_) => ClientError::Api {
             status: status.as_u16(),
             code: "unknown".into(),
+            fault: Fault::from_status(status.as_u16()),
             message: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
         },
     }
@@ -419,5 +455,14 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, ClientError::NotRunning { .. }), "{err}");
+        assert_eq!(err.fault(), Fault::Unavailable);
+    }
+
+    #[test]
+    fn a_path_segment_keeps_ids_and_cursors_and_escapes_the_rest() {
+        let id = "8f46723240abcdef";
+        assert_eq!(path_segment(id), id);
+        assert_eq!(path_segment("a/b c?d&e"), "a%2Fb%20c%3Fd%26e");
+        assert_eq!(path_segment("é"), "%C3%A9");
     }
 }

@@ -1,0 +1,20 @@
+//! The local API of an agent-mesh node, as both sides see it: the JSON
+//! shapes of requests, answers, journal entries and errors ([`json`],
+//! [`error`]), where a node keeps its files ([`paths`]) and, with the
+//! `client` feature, a client of the node's Unix socket ([`client`]).
+//!
+//! The daemon serves these types; the CLI, the bench and the tests decode
+//! them. The design is in `docs/design.md` ("Local API").
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
+#[cfg(feature = "client")]
+pub mod client;
+pub mod error;
+pub mod json;
+pub mod paths;
+
+#[cfg(feature = "client")]
+pub use client::{Client, ClientError, Lines, SseEvent, SseStream, path_segment};
+pub use error::{EXIT_OTHER, EXIT_USAGE, ErrorBody, ErrorCode, ErrorDetail, Fault};
+pub use json::*;
+pub use paths::{DataDir, DataDirError};
