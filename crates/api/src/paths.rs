@@ -4,6 +4,12 @@ use std::path::{Path, PathBuf};
 
 /// The environment variable that names the data dir when `--data` is absent.
 pub const DATA_ENV: &str = "MESH_DATA";
+/// The control socket's file name in the data dir.
+pub const SOCKET_FILE: &str = "mesh.sock";
+/// The optional config file's name in the data dir.
+pub const CONFIG_FILE: &str = "config.toml";
+/// The node key's file name in the data dir.
+pub const KEY_FILE: &str = "node.key";
 
 /// The files of one node inside its data dir.
 #[derive(Clone, Debug)]
@@ -80,17 +86,17 @@ impl DataDir {
 
     /// The node's secret key file.
     pub fn key_path(&self) -> PathBuf {
-        self.root.join("node.key")
+        self.root.join(KEY_FILE)
     }
 
     /// The control socket.
     pub fn socket_path(&self) -> PathBuf {
-        self.root.join("mesh.sock")
+        self.root.join(SOCKET_FILE)
     }
 
     /// The optional config file.
     pub fn config_path(&self) -> PathBuf {
-        self.root.join("config.toml")
+        self.root.join(CONFIG_FILE)
     }
 }
 

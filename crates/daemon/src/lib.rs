@@ -1,4 +1,6 @@
-//! The agent-mesh daemon: configuration, service wiring, local API and CLI.
+//! The agent-mesh daemon: configuration, service wiring, the local API and
+//! its subscriptions. Clients (the CLI, the bench) are other crates and
+//! speak to it only through its socket.
 //!
 //! The design is in `docs/design.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -6,12 +8,10 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod api;
-pub mod bench;
-pub mod cli;
-mod commands;
 pub mod config;
-pub mod demo;
-pub mod run;
+mod daemon;
+mod foreground;
 pub mod service;
 
-pub use run::run;
+pub use daemon::{Daemon, STORE_RELEASE_WAIT, StartError};
+pub use foreground::{RunError, run_foreground};

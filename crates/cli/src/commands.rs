@@ -3,14 +3,13 @@
 use std::io::{BufRead, Write};
 
 use anyhow::{Context, bail};
-
-use crate::cli::PeerCommand;
 use mesh_api::client::Client;
 use mesh_api::{
-    AddPeerRequest, BatchResponse, EventEntry, EventRecord, EventsPage, LaggedEvent, SendRequest,
-    SendResponse, TicketResponse,
+    AddPeerRequest, BatchResponse, BodyEncoding, EventEntry, EventRecord, EventsPage, LaggedEvent,
+    NodeStatus, PeerStatus, PeersResponse, SendRequest, SendResponse, TicketResponse, path_segment,
 };
-use mesh_api::{NodeStatus, PeerStatus};
+
+use crate::{PeerCommand, UsageError};
 
 /// The most messages `mesh send --lines` puts in one request.
 const SEND_LINES_CHUNK: usize = 1000;
@@ -78,7 +77,7 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
             if json {
                 return print_json(&peers);
             }
-            let peers: PeersAnswer =
+            let peers: PeersResponse =
                 serde_json::from_value(peers).context("unexpected peers answer")?;
             let peers = peers.peers;
             if peers.is_empty() {
@@ -87,11 +86,14 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
             print_peers(&peers);
         }
         PeerCommand::Remove { id } => {
-            let _: serde_json::Value = c.delete(&format!("/v1/peers/{id}")).await?;
+            let _: serde_json::Value = c
+                .delete(&format!("/v1/peers/{}", path_segment(&id)))
+                .await?;
             println!("removed peer {id}");
         }
         PeerCommand::Pause { id, json } => {
-            let p: serde_json::Value = c.post(&format!("/v1/peers/{id}/pause"), &()).await?;
+            let path = format!("/v1/peers/{}/pause", path_segment(&id));
+            let p: serde_json::Value = c.post(&path, &()).await?;
             if json {
                 return print_json(&p);
             }
@@ -102,7 +104,8 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
             );
         }
         PeerCommand::Resume { id, json } => {
-            let p: serde_json::Value = c.post(&format!("/v1/peers/{id}/resume"), &()).await?;
+            let path = format!("/v1/peers/{}/resume", path_segment(&id));
+            let p: serde_json::Value = c.post(&path, &()).await?;
             if json {
                 return print_json(&p);
             }
@@ -116,12 +119,6 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The answer of `GET /v1/peers`.
-#[derive(serde::Deserialize)]
-struct PeersAnswer {
-    peers: Vec<PeerStatus>,
-}
-
 /// `mesh send`.
 pub(crate) async fn send(
     c: &Client,
@@ -132,7 +129,7 @@ pub(crate) async fn send(
 ) -> anyhow::Result<()> {
     if text != "-" {
         if lines {
-            bail!("--lines reads stdin: pass `-` as the text");
+            return Err(UsageError("--lines reads stdin: pass `-` as the text".into()).into());
         }
         let sent: SendResponse = c.post("/v1/send", &request(&peer, text)).await?;
         return print_sent(&sent, json);
@@ -191,7 +188,7 @@ pub(crate) async fn events(
 ) -> anyhow::Result<()> {
     let mut path = format!("/v1/events?limit={limit}");
     if let Some(a) = &after {
-        path.push_str(&format!("&after={}", urlencode(a)));
+        path.push_str(&format!("&after={}", path_segment(a)));
     }
     let page: EventsPage = c.get(&path).await?;
     let me = node_id(c).await?;
@@ -207,7 +204,7 @@ pub(crate) async fn tail(c: &Client, after: Option<String>, json: bool) -> anyho
     let me = node_id(c).await?;
     let mut path = "/v1/subscribe".to_owned();
     if let Some(a) = &after {
-        path.push_str(&format!("?after={}", urlencode(a)));
+        path.push_str(&format!("?after={}", path_segment(a)));
     }
     let mut sse = c.subscribe(&path).await?;
     while let Some(ev) = sse.next().await? {
@@ -263,8 +260,8 @@ fn print_entry(e: &EventEntry, me: &str, json: bool) -> anyhow::Result<()> {
                 format!("from {}", short(&stream.author))
             };
             let enc = match encoding {
-                mesh_api::BodyEncoding::Text => "",
-                mesh_api::BodyEncoding::Base64 => " (base64)",
+                BodyEncoding::Text => "",
+                BodyEncoding::Base64 => " (base64)",
             };
             format!("{dir} #{seq}{enc}: {body}")
         }
@@ -294,16 +291,4 @@ fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     serde_json::to_writer(&mut out, v)?;
     writeln!(out)?;
     Ok(())
-}
-
-/// Cursors are base32 text; escape anything else a person may paste.
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

@@ -27,7 +27,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use tokio::time::Instant;
 
-use super::cluster::StatusView;
 use super::http::Conn;
 use super::local::{ReaderTask, RunCtx, declare_probes, metrics_of, time_bound};
 use super::measure::{self, ms};
@@ -35,8 +34,9 @@ use super::progress::{Bar, Progress};
 use super::report::{Collector, Machine, Report};
 use super::send;
 use super::{Settings, Workload};
+use mesh_api::DataDir;
+use mesh_api::StatusResponse;
 use mesh_api::client::Client;
-use mesh_api::paths::DataDir;
 
 /// How often our own status is read while waiting for the peer's acks.
 const ACK_POLL_INTERVAL: Duration = Duration::from_millis(10);
@@ -150,9 +150,8 @@ async fn daemon_pid(client: &Client) -> anyhow::Result<u32> {
 
 /// Messages to `peer` this node has not had acknowledged.
 async fn queued(client: &Client, peer: &str) -> anyhow::Result<u64> {
-    let st: StatusView = client.get("/v1/status").await?;
-    Ok(st
-        .peer(peer)
+    let st: StatusResponse = client.get("/v1/status").await?;
+    Ok(super::status::peer(&st, peer)
         .with_context(|| format!("{peer} is no longer a peer of this node"))?
         .queued_msgs)
 }
@@ -162,11 +161,11 @@ pub(super) async fn run(data: &DataDir, link: &Link, settings: Settings) -> anyh
     let started = Instant::now();
     let mut machine = Machine::read();
     let client = Client::new(data.socket_path());
-    let st: StatusView = client
+    let st: StatusResponse = client
         .get("/v1/status")
         .await
         .context("bench peer measures from a running node")?;
-    let p = st.peer(peer).with_context(|| {
+    let p = super::status::peer(&st, peer).with_context(|| {
         format!("{peer} is not a peer of this node; link them first (`mesh peer add TICKET`)")
     })?;
     if p.paused {
@@ -407,9 +406,8 @@ async fn catch_up(
     let t0 = Instant::now();
     link.resume().await?;
     let connect = loop {
-        let st: StatusView = client.get("/v1/status").await?;
-        let p = st
-            .peer(peer)
+        let st: StatusResponse = client.get("/v1/status").await?;
+        let p = super::status::peer(&st, peer)
             .with_context(|| format!("{peer} is no longer a peer of this node"))?;
         bar.set(count.saturating_sub(p.queued_msgs));
         if p.connected {

@@ -1,26 +1,24 @@
 //! `mesh bench local --quick` and `mesh bench peer --quick` end to end: two
-//! real daemon processes, every workload, every figure present, nothing left
-//! behind. They assert no speed.
-//!
-//! This test has no libtest harness (see `Cargo.toml`): the daemons are
-//! this executable re-run as `daemon --data DIR --bind ADDR`, which `main`
-//! hands to the daemon like `mesh` would.
+//! real `mesh daemon` processes, every workload, every figure present,
+//! nothing left behind. They assert no speed.
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
 use std::path::Path;
 use std::process::{Child, Stdio};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use clap::Parser as _;
+use mesh_api::DataDir;
 use mesh_api::client::Client;
-use mesh_api::paths::DataDir;
-use mesh_daemon::cli::{Cli, Command};
+use mesh_cli::{Cli, Command};
 use serde_json::{Value, json};
 
-const TEST_NAMES: [&str; 2] = [
-    "a_quick_local_bench_gives_every_figure_and_leaves_nothing_behind",
-    "a_quick_peer_bench_pauses_the_link_gives_every_figure_and_leaves_nothing_queued",
-];
+const MESH: &str = env!("CARGO_BIN_EXE_mesh");
+
+/// The two benches run one at a time, as `mesh bench` runs: each measures
+/// the whole machine.
+static ONE_BENCH_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 /// Every figure of a quick bench (all workloads), besides the probes'.
 const WORKLOADS: [&str; 7] = [
@@ -33,36 +31,8 @@ const WORKLOADS: [&str; 7] = [
     "queued-memory",
 ];
 
-fn main() -> anyhow::Result<()> {
-    let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("daemon") {
-        return mesh_daemon::run(Cli::parse_from(&args));
-    }
-    // cargo-nextest lists the tests of a harness-less binary this way.
-    if args.iter().any(|a| a == "--list") {
-        for name in TEST_NAMES {
-            println!("{name}: test");
-        }
-        return Ok(());
-    }
-    // A name filter, as libtest takes one.
-    let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
-    let tests: [fn(); 2] = [
-        a_quick_local_bench_gives_every_figure_and_leaves_nothing_behind,
-        a_quick_peer_bench_pauses_the_link_gives_every_figure_and_leaves_nothing_queued,
-    ];
-    for (name, test) in TEST_NAMES.into_iter().zip(tests) {
-        if filter.is_some_and(|f| !name.contains(f.as_str())) {
-            continue;
-        }
-        test();
-        println!("test {name} ... ok");
-    }
-    Ok(())
-}
-
 /// Every workload has figures, each a finite non-negative median.
-fn assert_every_figure(report: &mesh_daemon::bench::Report) {
+fn assert_every_figure(report: &mesh_bench::Report) {
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert!(report.missing().is_empty(), "{:?}", report.missing());
     for workload in WORKLOADS {
@@ -79,9 +49,13 @@ fn assert_every_figure(report: &mesh_daemon::bench::Report) {
     }
 }
 
+#[test]
 fn a_quick_local_bench_gives_every_figure_and_leaves_nothing_behind() {
+    let _one = ONE_BENCH_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     let tmp = tempfile::tempdir().unwrap();
-    let exe = std::env::current_exe().unwrap();
+    let exe = Path::new(MESH);
     let cli = Cli::try_parse_from([
         "mesh".as_ref(),
         "bench".as_ref(),
@@ -97,23 +71,23 @@ fn a_quick_local_bench_gives_every_figure_and_leaves_nothing_behind() {
         panic!("not a bench command");
     };
     let data = DataDir::resolve(Some(tmp.path())).unwrap();
-    let report = mesh_daemon::bench::measure(cmd, &data).unwrap();
+    let report = mesh_bench::measure(cmd, &data).unwrap();
     eprintln!("{}", report.table());
     assert_every_figure(&report);
     let json = serde_json::to_string(&report).unwrap();
-    let back: mesh_daemon::bench::Report = serde_json::from_str(&json).unwrap();
+    let back: mesh_bench::Report = serde_json::from_str(&json).unwrap();
     assert_eq!(back.figures.len(), report.figures.len());
     // The daemons are gone and their temp dir with them.
     let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
-/// A daemon process (this executable run as `daemon`), killed on drop.
+/// A `mesh daemon` process, killed on drop.
 struct DaemonChild(Child);
 
 impl DaemonChild {
     fn start(dir: &Path) -> DaemonChild {
-        let child = std::process::Command::new(std::env::current_exe().unwrap())
+        let child = std::process::Command::new(MESH)
             .args(["daemon", "--data"])
             .arg(dir)
             .args(["--bind", "127.0.0.1:0"])
@@ -156,7 +130,11 @@ async fn peer_of(client: &Client, id: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
+#[test]
 fn a_quick_peer_bench_pauses_the_link_gives_every_figure_and_leaves_nothing_queued() {
+    let _one = ONE_BENCH_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     let tmp = tempfile::tempdir().unwrap();
     let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
     let _a = DaemonChild::start(&a_dir);
@@ -201,7 +179,7 @@ fn a_quick_peer_bench_pauses_the_link_gives_every_figure_and_leaves_nothing_queu
     let Command::Bench(cmd) = cli.command else {
         panic!("not a bench command");
     };
-    let report = mesh_daemon::bench::measure(cmd, &a_data).unwrap();
+    let report = mesh_bench::measure(cmd, &a_data).unwrap();
     eprintln!("{}", report.table());
     assert_every_figure(&report);
     for metric in ["rate", "connect", "sender_cpu/msg"] {

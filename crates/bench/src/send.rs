@@ -20,11 +20,12 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::BENCH_MSG_KIND;
-use super::cluster::Daemon;
 use super::http::{Conn, LineReader, shown};
 use super::progress::Bar;
 use mesh_api::SendResponse;
+use mesh_api::StatusResponse;
 use mesh_api::client::Client;
+use mesh_cluster::NodeProc;
 
 /// The most lines the producer puts in one body frame.
 const LINES_PER_FRAME_MAX: usize = 64;
@@ -298,8 +299,8 @@ pub(super) async fn stream(
 /// entry in `targets`; the bar shows the marks' sum above `base`. A receiver
 /// that does not answer yet (starting) counts as not there.
 pub(super) async fn wait_marks(
-    receivers: &[Daemon],
-    sender: &Daemon,
+    receivers: &[NodeProc],
+    sender: &NodeProc,
     targets: &LastSeqs,
     base: u64,
     bar: &Bar,
@@ -308,13 +309,9 @@ pub(super) async fn wait_marks(
         let mut done = true;
         let mut sum = 0u64;
         for r in receivers {
-            let target = targets.get(&r.id).copied().unwrap_or(0);
-            let mark = match r
-                .client
-                .get::<super::cluster::StatusView>("/v1/status")
-                .await
-            {
-                Ok(st) => st.mark_from(&sender.id, &sender.epoch),
+            let target = targets.get(r.id()).copied().unwrap_or(0);
+            let mark = match r.client().get::<StatusResponse>("/v1/status").await {
+                Ok(st) => super::status::mark_from(&st, sender.id(), sender.epoch()),
                 Err(_) => 0,
             };
             sum += mark.min(target);

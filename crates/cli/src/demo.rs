@@ -1,33 +1,30 @@
-//! `mesh demo`: three real nodes in a temp dir, in this process, narrated.
+//! `mesh demo`: three real nodes in a temp dir, narrated.
 //!
-//! Each node is a whole [`Daemon`] (its own key, redb store, iroh endpoint on
-//! 127.0.0.1 and API socket), driven only through its socket API, as `mesh`
-//! and agents drive one. The demo links the three, sends both ways, stops
-//! one, sends more to it, restarts it and shows the catch-up, and shows the
-//! gap a node journals when a sender's outbox overflowed while it was away.
-//! Every figure printed (ids, seqs, marks, cursors, arrivals) is read back
-//! from the nodes. It stops the nodes and removes its temp dir however it
-//! ends, and gives up after [`DEMO_TIMEOUT`].
+//! Each node is a `mesh daemon` process of the running executable (its own
+//! key, redb store, iroh endpoint on 127.0.0.1 and API socket), driven only
+//! through its socket API, as `mesh` and agents drive one. The demo links
+//! the three, sends both ways, stops one, sends more to it, restarts it and
+//! shows the catch-up, and shows the gap a node journals when a sender's
+//! outbox overflowed while it was away. Every figure printed (ids, seqs,
+//! marks, cursors, arrivals) is read back from the nodes. It stops the
+//! nodes and removes its temp dir however it ends, and gives up after
+//! [`DEMO_TIMEOUT`].
 
 use std::fmt::Write as _;
 use std::io::Write;
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-
-use crate::run::Daemon;
 use mesh_api::client::Client;
-use mesh_api::paths::DataDir;
 use mesh_api::{
-    AddPeerRequest, BatchResponse, EventEntry, EventRecord, EventsPage, SendRequest, SendResponse,
-    TicketResponse,
+    BatchResponse, EventEntry, EventRecord, EventsPage, PeerStatus, SendRequest, SendResponse,
+    StatusResponse,
 };
-use mesh_api::{NodeStatus, PeerStatus};
+use mesh_cluster::{NodeProc, NodeSpec, Placement, Stopped};
 
 /// The whole demo finishes within this, or stops with an error.
-pub const DEMO_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEMO_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often a node is asked whether what the demo waits for has happened.
 const POLL_INTERVAL: Duration = Duration::from_millis(20);
 /// How many times before a wait gives up (about 30 s).
@@ -41,54 +38,78 @@ const AWAY_FROM_BRAVO: usize = 6;
 /// The longest message text shown in a journal line.
 const SHOWN_BODY_CHARS_MAX: usize = 40;
 
-/// `mesh demo`: runs the demo on its own runtime, narrating to stdout.
-pub fn main() -> anyhow::Result<()> {
-    // Quiet unless asked: the narration is the output.
-    if std::env::var_os("RUST_LOG").is_some() {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .try_init();
-    }
-    let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-    let mut out = std::io::stdout().lock();
-    rt.block_on(run(&mut out))
-}
-
-/// Runs the demo in a new temp dir, writing the narration to `out`; the dir
-/// is removed however it ends.
+/// Runs the demo in a new temp dir with daemons of the `mesh` executable
+/// `bin`, writing the narration to `out`; the dir is removed however it ends.
 ///
-/// Needs a multi-threaded tokio runtime. Fails if a step does not happen
-/// within its wait, or the whole demo takes longer than [`DEMO_TIMEOUT`].
-pub async fn run(out: &mut impl Write) -> anyhow::Result<()> {
-    let tmp = TempDir::new()?;
-    match tokio::time::timeout(DEMO_TIMEOUT, demo(out, tmp.path())).await {
+/// # Errors
+/// If a node does not start, a step does not happen within its wait, or the
+/// whole demo takes longer than [`DEMO_TIMEOUT`].
+pub async fn run(bin: &Path, out: &mut impl Write) -> anyhow::Result<()> {
+    let tmp = tempfile::Builder::new()
+        .prefix("mesh-demo-")
+        .tempdir()
+        .context("cannot create the demo's temp dir")?;
+    match tokio::time::timeout(DEMO_TIMEOUT, demo(bin, out, tmp.path())).await {
         Ok(result) => result,
         Err(_) => bail!("the demo did not finish within {DEMO_TIMEOUT:?}"),
     }
 }
 
-async fn demo(out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
+async fn demo(bin: &Path, out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
     let started = Instant::now();
     let mut say = Narrator { out };
     say.line(format_args!(
-        "agent-mesh demo: three real nodes in this process, each with its own key, store,\n\
+        "agent-mesh demo: three real nodes, each a `mesh daemon` process with its own key, store,\n\
          QUIC endpoint on 127.0.0.1 and API socket, in {}\n",
         root.display()
     ))?;
+    let [alpha, bravo, mut charlie] = start_nodes(&mut say, bin, root).await?;
+    link(&mut say, [&alpha, &bravo, &charlie]).await?;
+    let cursor = send_each_way(&mut say, &alpha, &bravo, &charlie).await?;
 
+    say.line(format_args!(
+        "4. Stop charlie. Its key and store stay in {}.",
+        charlie.proc.data_dir().display()
+    ))?;
+    charlie.stop().await?;
+    say.line("")?;
+
+    send_while_away(&mut say, &alpha, &bravo, &charlie).await?;
+    catch_up(&mut say, &alpha, &bravo, &mut charlie, &cursor).await?;
+
+    say.line(format_args!(
+        "7. Stop all three nodes and remove {}.",
+        root.display()
+    ))?;
+    for mut n in [alpha, bravo, charlie] {
+        n.stop().await?;
+    }
+    say.line(format_args!(
+        "\nDone in {:.1} s. Run a node of your own with `mesh daemon`; the README shows a \
+         two-node session.",
+        started.elapsed().as_secs_f64()
+    ))?;
+    Ok(())
+}
+
+/// Step 1: alpha, bravo (with a tiny evicting outbox) and charlie.
+async fn start_nodes(
+    say: &mut Narrator<'_, impl Write>,
+    bin: &Path,
+    root: &Path,
+) -> anyhow::Result<[DemoNode; 3]> {
     say.line("1. Start three nodes.")?;
-    let alpha = DemoNode::start(root, "alpha", None).await?;
+    let alpha = DemoNode::start(bin, root, "alpha", None).await?;
     let bravo_config =
         format!("[outbox]\nmax_msgs = {BRAVO_OUTBOX_MSGS}\non_full = \"evict-oldest\"\n");
-    let bravo = DemoNode::start(root, "bravo", Some(&bravo_config)).await?;
-    let mut charlie = DemoNode::start(root, "charlie", None).await?;
+    let bravo = DemoNode::start(bin, root, "bravo", Some(&bravo_config)).await?;
+    let charlie = DemoNode::start(bin, root, "charlie", None).await?;
     for n in [&alpha, &bravo, &charlie] {
         say.line(format_args!(
             "   {:8} node {}  peers dial it at 127.0.0.1:{}",
             n.name,
-            n.short(),
-            n.port
+            short(n.id()),
+            n.proc.peer_addr().port()
         ))?;
     }
     say.line(format_args!(
@@ -96,27 +117,41 @@ async fn demo(out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
          and evicts the oldest when full\n   ([outbox] max_msgs = {BRAVO_OUTBOX_MSGS}, \
          on_full = \"evict-oldest\"); the default is a million, and refusing new sends.\n"
     ))?;
+    Ok([alpha, bravo, charlie])
+}
 
+/// Step 2: every pair adds each other's ticket and connects.
+async fn link(say: &mut Narrator<'_, impl Write>, nodes: [&DemoNode; 3]) -> anyhow::Result<()> {
+    let [alpha, bravo, charlie] = nodes;
     say.line("2. Link them: each node adds the others' tickets, as `mesh peer add TICKET` does.")?;
     let t = Instant::now();
-    for (a, b) in [(&alpha, &bravo), (&alpha, &charlie), (&bravo, &charlie)] {
-        a.add_peer(b).await?;
-        b.add_peer(a).await?;
+    let pairs = [(alpha, bravo), (alpha, charlie), (bravo, charlie)];
+    for (a, b) in pairs {
+        a.proc.add_peer(&b.proc).await?;
+        b.proc.add_peer(&a.proc).await?;
     }
-    for (a, b) in [(&alpha, &bravo), (&alpha, &charlie), (&bravo, &charlie)] {
+    for (a, b) in pairs {
         wait_connected(a, b).await?;
     }
     say.line(format_args!(
         "   alpha-bravo, alpha-charlie and bravo-charlie are connected ({:.1} s).\n",
         t.elapsed().as_secs_f64()
-    ))?;
+    ))
+}
 
+/// Step 3: one message each way; answers charlie's cursor after them.
+async fn send_each_way(
+    say: &mut Narrator<'_, impl Write>,
+    alpha: &DemoNode,
+    bravo: &DemoNode,
+    charlie: &DemoNode,
+) -> anyhow::Result<String> {
     say.line("3. Send, each way. A send answers once the message is committed to disk.")?;
     for (from, to, text) in [
-        (&alpha, &bravo, "hello bravo, alpha here"),
-        (&bravo, &alpha, "hi alpha, bravo here"),
-        (&alpha, &charlie, "hello charlie, alpha here"),
-        (&bravo, &charlie, "hello charlie, bravo here"),
+        (alpha, bravo, "hello bravo, alpha here"),
+        (bravo, alpha, "hi alpha, bravo here"),
+        (alpha, charlie, "hello charlie, alpha here"),
+        (bravo, charlie, "hello charlie, bravo here"),
     ] {
         let sent = from.send(to, vec![text.to_owned()]).await?;
         say.line(format_args!(
@@ -132,39 +167,41 @@ async fn demo(out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
     let first = charlie
         .wait_for_messages(
             "",
-            &[(&alpha, 1), (&bravo, 1)],
+            &[(alpha, 1), (bravo, 1)],
             "charlie to receive the first messages",
         )
         .await?;
     for (a, b) in [
-        (&alpha, &bravo),
-        (&bravo, &alpha),
-        (&alpha, &charlie),
-        (&bravo, &charlie),
+        (alpha, bravo),
+        (bravo, alpha),
+        (alpha, charlie),
+        (bravo, charlie),
     ] {
         wait_acknowledged(a, b).await?;
     }
     say.line("   charlie's journal (`mesh events` on charlie):")?;
-    say.entries(&first, &[&alpha, &bravo, &charlie])?;
+    say.entries(&first, &[alpha, bravo, charlie])?;
     let cursor = first.last().map(|e| e.cursor.clone()).unwrap_or_default();
     say.line(format_args!(
         "   Every sender's outbox is acknowledged; charlie's marks: {}.\n   \
          charlie's cursor after its last entry: {cursor}\n   \
          (`mesh events --after CURSOR` on charlie pages on from there, across restarts.)\n",
-        charlie.marks(&[&alpha, &bravo]).await?
+        charlie.marks(&[alpha, bravo]).await?
     ))?;
+    Ok(cursor)
+}
 
-    say.line(format_args!(
-        "4. Stop charlie. Its key and store stay in {}.",
-        charlie.dir.display()
-    ))?;
-    charlie.stop().await;
-    say.line("")?;
-
+/// Step 5: alpha and bravo send to the stopped charlie; bravo's outbox overflows.
+async fn send_while_away(
+    say: &mut Narrator<'_, impl Write>,
+    alpha: &DemoNode,
+    bravo: &DemoNode,
+    charlie: &DemoNode,
+) -> anyhow::Result<()> {
     say.line("5. Send to charlie while it is away.")?;
     let sent = alpha
         .send(
-            &charlie,
+            charlie,
             numbered("from alpha, while you were away", AWAY_FROM_ALPHA),
         )
         .await?;
@@ -172,13 +209,13 @@ async fn demo(out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
         "   alpha -> charlie: {} messages, seqs {}, committed to alpha's outbox; {} queued for charlie.",
         sent.len(),
         seq_range(&sent),
-        alpha.peer(&charlie).await?.queued_msgs
+        alpha.peer(charlie).await?.queued_msgs
     ))?;
     let bravo_head = bravo.journal_cursor().await?;
     // One at a time, as `mesh send` does: each is its own commit and batch.
     let mut sent = Vec::new();
     for body in numbered("from bravo, while you were away", AWAY_FROM_BRAVO) {
-        sent.extend(bravo.send(&charlie, vec![body]).await?);
+        sent.extend(bravo.send(charlie, vec![body]).await?);
     }
     say.line(format_args!(
         "   bravo -> charlie: {} messages, seqs {}. bravo keeps only {BRAVO_OUTBOX_MSGS}, so each send \
@@ -193,9 +230,18 @@ async fn demo(out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
         .into_iter()
         .filter(|e| matches!(e.record, EventRecord::Loss { .. }))
         .collect();
-    say.entries(&losses, &[&alpha, &bravo, &charlie])?;
-    say.line("")?;
+    say.entries(&losses, &[alpha, bravo, charlie])?;
+    say.line("")
+}
 
+/// Step 6: charlie restarts and catches up, with a gap where bravo evicted.
+async fn catch_up(
+    say: &mut Narrator<'_, impl Write>,
+    alpha: &DemoNode,
+    bravo: &DemoNode,
+    charlie: &mut DemoNode,
+    cursor: &str,
+) -> anyhow::Result<()> {
     say.line("6. Restart charlie from the same data dir: same key, same store, same port.")?;
     let t = Instant::now();
     charlie.restart().await?;
@@ -203,8 +249,8 @@ async fn demo(out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
     let bravo_last = AWAY_FROM_BRAVO as u64 + 1;
     let caught_up = charlie
         .wait_for_messages(
-            &cursor,
-            &[(&alpha, alpha_last), (&bravo, bravo_last)],
+            cursor,
+            &[(alpha, alpha_last), (bravo, bravo_last)],
             "charlie to catch up",
         )
         .await?;
@@ -213,26 +259,8 @@ async fn demo(out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
         "   It reconnected and sent each peer its marks; each peer sent what came after them.\n   \
          charlie's journal after the cursor above (`mesh events --after {cursor}`):"
     ))?;
-    say.entries(&caught_up, &[&alpha, &bravo, &charlie])?;
-    let from = |n: &DemoNode| -> Vec<u64> {
-        caught_up
-            .iter()
-            .filter_map(|e| match &e.record {
-                EventRecord::Envelope { stream, seq, .. } if stream.author == n.id => Some(*seq),
-                _ => None,
-            })
-            .collect()
-    };
-    let gaps: Vec<(u64, u64)> = caught_up
-        .iter()
-        .filter_map(|e| match &e.record {
-            EventRecord::Gap { stream, from, to } if stream.author == bravo.id => {
-                Some((*from, *to))
-            }
-            _ => None,
-        })
-        .collect();
-    let (from_alpha, from_bravo) = (from(&alpha), from(&bravo));
+    say.entries(&caught_up, &[alpha, bravo, charlie])?;
+    let (from_alpha, from_bravo) = (seqs_from(&caught_up, alpha), seqs_from(&caught_up, bravo));
     say.line(format_args!(
         "   Catch-up in {took:.1} s: {} messages from alpha ({}) and {} from bravo ({}).",
         from_alpha.len(),
@@ -240,36 +268,39 @@ async fn demo(out: &mut impl Write, root: &Path) -> anyhow::Result<()> {
         from_bravo.len(),
         span(&from_bravo)
     ))?;
-    match gaps.as_slice() {
-        [] => bail!("charlie journaled no gap for bravo's evicted messages"),
-        gaps => {
-            let ranges: Vec<String> = gaps.iter().map(|(f, t)| format!("#{f}..=#{t}")).collect();
-            say.line(format_args!(
-                "   And a gap: bravo no longer held {} of its stream to charlie, so charlie \
-                 journaled\n   a gap record in their place. Nothing was skipped silently: \
-                 every reader sees it.",
-                ranges.join(", ")
-            ))?;
-        }
+    let gaps: Vec<String> = caught_up
+        .iter()
+        .filter_map(|e| match &e.record {
+            EventRecord::Gap { stream, from, to } if stream.author == bravo.id() => {
+                Some(format!("#{from}..=#{to}"))
+            }
+            _ => None,
+        })
+        .collect();
+    if gaps.is_empty() {
+        bail!("charlie journaled no gap for bravo's evicted messages");
     }
+    say.line(format_args!(
+        "   And a gap: bravo no longer held {} of its stream to charlie, so charlie \
+         journaled\n   a gap record in their place. Nothing was skipped silently: \
+         every reader sees it.",
+        gaps.join(", ")
+    ))?;
     say.line(format_args!(
         "   charlie's marks now: {}.\n",
-        charlie.marks(&[&alpha, &bravo]).await?
-    ))?;
+        charlie.marks(&[alpha, bravo]).await?
+    ))
+}
 
-    say.line(format_args!(
-        "7. Stop all three nodes and remove {}.",
-        root.display()
-    ))?;
-    for mut n in [alpha, bravo, charlie] {
-        n.stop().await;
-    }
-    say.line(format_args!(
-        "\nDone in {:.1} s. Run a node of your own with `mesh daemon`; the README shows a \
-         two-node session.",
-        started.elapsed().as_secs_f64()
-    ))?;
-    Ok(())
+/// The seqs of the messages from `author` among `entries`.
+fn seqs_from(entries: &[EventEntry], author: &DemoNode) -> Vec<u64> {
+    entries
+        .iter()
+        .filter_map(|e| match &e.record {
+            EventRecord::Envelope { stream, seq, .. } if stream.author == author.id() => Some(*seq),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Writes the narration.
@@ -288,7 +319,7 @@ impl<W: Write> Narrator<'_, W> {
         let name = |id: &str| {
             nodes
                 .iter()
-                .find(|n| n.id == id)
+                .find(|n| n.id() == id)
                 .map_or_else(|| short(id), |n| n.name.to_owned())
         };
         let recipient = |channel: &str| name(channel.trim_start_matches("direct:"));
@@ -330,74 +361,65 @@ impl<W: Write> Narrator<'_, W> {
     }
 }
 
-/// One node of the demo.
+/// One node of the demo: a `mesh daemon` process on `<root>/<name>`.
 struct DemoNode {
     name: &'static str,
-    dir: PathBuf,
-    /// The port the first start picked; a restart binds it again, so the
-    /// node is found where its ticket says.
-    port: u16,
-    id: String,
-    client: Client,
-    daemon: Option<Daemon>,
+    proc: NodeProc,
 }
 
 impl DemoNode {
-    async fn start(root: &Path, name: &'static str, config: Option<&str>) -> anyhow::Result<Self> {
+    /// Starts a node on 127.0.0.1 (a port its first start picks and its
+    /// restarts keep); `config` is written to its `config.toml` first.
+    async fn start(
+        bin: &Path,
+        root: &Path,
+        name: &'static str,
+        config: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let dir = root.join(name);
         if let Some(text) = config {
             std::fs::create_dir(&dir)
                 .with_context(|| format!("cannot create {}", dir.display()))?;
-            std::fs::write(dir.join("config.toml"), text)
+            std::fs::write(dir.join(mesh_api::paths::CONFIG_FILE), text)
                 .with_context(|| format!("cannot write {name}'s config.toml"))?;
         }
-        let daemon = start_daemon(&dir, 0).await?;
-        let client = daemon.client();
-        let st: NodeStatus = client.get("/v1/status").await?;
-        let port = st
-            .addrs
-            .first()
-            .map(SocketAddr::port)
-            .with_context(|| format!("{name} listens nowhere"))?;
-        Ok(DemoNode {
-            name,
-            dir,
-            port,
-            id: st.node,
-            client,
-            daemon: Some(daemon),
-        })
+        let mut proc = NodeProc::new(NodeSpec {
+            name: name.to_owned(),
+            bin: bin.to_owned(),
+            data: dir,
+            log: root.join(format!("{name}.log")),
+            placement: Placement::default(),
+            rust_log: "warn".into(),
+        });
+        proc.start().await?;
+        Ok(DemoNode { name, proc })
     }
 
-    async fn stop(&mut self) {
-        if let Some(d) = self.daemon.take() {
-            d.shutdown().await;
+    fn id(&self) -> &str {
+        self.proc.id()
+    }
+
+    fn client(&self) -> &Client {
+        self.proc.client()
+    }
+
+    async fn stop(&mut self) -> anyhow::Result<()> {
+        match self.proc.stop().await? {
+            Stopped::Exited => Ok(()),
+            Stopped::Killed => bail!("{} did not stop on SIGTERM; killed", self.name),
         }
     }
 
     async fn restart(&mut self) -> anyhow::Result<()> {
-        self.daemon = Some(start_daemon(&self.dir, self.port).await?);
-        Ok(())
-    }
-
-    fn short(&self) -> String {
-        short(&self.id)
-    }
-
-    async fn add_peer(&self, other: &DemoNode) -> anyhow::Result<()> {
-        let t: TicketResponse = other.client.get("/v1/ticket").await?;
-        let _: PeerStatus = self
-            .client
-            .post("/v1/peers", &AddPeerRequest { ticket: t.ticket })
-            .await?;
-        Ok(())
+        self.proc.start().await.map(|_| ())
     }
 
     async fn peer(&self, other: &DemoNode) -> anyhow::Result<PeerStatus> {
-        let st: NodeStatus = self.client.get("/v1/status").await?;
-        st.peers
+        let st: StatusResponse = self.client().get("/v1/status").await?;
+        st.node
+            .peers
             .into_iter()
-            .find(|p| p.node == other.id)
+            .find(|p| p.node == other.id())
             .with_context(|| format!("{} does not list {}", self.name, other.name))
     }
 
@@ -406,13 +428,13 @@ impl DemoNode {
         let reqs: Vec<SendRequest> = bodies
             .into_iter()
             .map(|body| SendRequest {
-                to: to.id.clone(),
+                to: to.id().to_owned(),
                 body,
                 encoding: Default::default(),
                 msg_kind: 0,
             })
             .collect();
-        let res: BatchResponse = self.client.post("/v1/send/batch", &reqs).await?;
+        let res: BatchResponse = self.client().post("/v1/send/batch", &reqs).await?;
         Ok(res.sent)
     }
 
@@ -422,8 +444,11 @@ impl DemoNode {
         let mut after = after.to_owned();
         loop {
             let page: EventsPage = self
-                .client
-                .get(&format!("/v1/events?after={after}&limit=1000"))
+                .client()
+                .get(&format!(
+                    "/v1/events?after={}&limit=1000",
+                    mesh_api::path_segment(&after)
+                ))
                 .await?;
             if page.entries.is_empty() {
                 return Ok(entries);
@@ -452,7 +477,7 @@ impl DemoNode {
             let has = |author: &DemoNode, last: u64| {
                 entries.iter().any(|e| {
                     matches!(&e.record, EventRecord::Envelope { stream, seq, .. }
-                        if stream.author == author.id && *seq == last)
+                        if stream.author == author.id() && *seq == last)
                 })
             };
             if want.iter().all(|(n, last)| has(n, *last)) {
@@ -473,13 +498,6 @@ impl DemoNode {
         }
         Ok(parts.join(", "))
     }
-}
-
-async fn start_daemon(dir: &Path, port: u16) -> anyhow::Result<Daemon> {
-    let bind = SocketAddr::from(([127, 0, 0, 1], port));
-    Daemon::start(DataDir::resolve(Some(dir))?, Some(bind))
-        .await
-        .with_context(|| format!("cannot start the node in {}", dir.display()))
 }
 
 async fn wait_connected(a: &DemoNode, b: &DemoNode) -> anyhow::Result<()> {
@@ -529,39 +547,6 @@ fn span(seqs: &[u64]) -> String {
         _ => {
             let all: Vec<String> = seqs.iter().map(|s| format!("#{s}")).collect();
             all.join(", ")
-        }
-    }
-}
-
-/// A private temp dir, removed on drop.
-struct TempDir {
-    path: PathBuf,
-}
-
-impl TempDir {
-    fn new() -> anyhow::Result<TempDir> {
-        use std::os::unix::fs::DirBuilderExt;
-        let base = std::env::temp_dir();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        let path = base.join(format!("mesh-demo-{}-{nanos:08x}", std::process::id()));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .with_context(|| format!("cannot create the demo dir {}", path.display()))?;
-        Ok(TempDir { path })
-    }
-
-    fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.path) {
-            eprintln!("cannot remove the demo dir {}: {e}", self.path.display());
         }
     }
 }

@@ -1,113 +1,29 @@
-//! Runs the `mesh` subcommands, and [`Daemon`]: one node (store, bus node and
-//! local API) that `mesh daemon`, `mesh demo` and tests start and stop.
+//! [`Daemon`]: one node (store, bus node and local API) that `mesh daemon`
+//! and tests start and stop.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use mesh_api::{DataDir, DataDirError};
 use mesh_bus::node::{Node, NodeConfig, NodeError};
 use mesh_protocol::{Epoch, NodeId, NodeTicket};
 use mesh_store::{RedbStore, StoreError, StoreHandle};
 
-use anyhow::Context;
-
 use crate::api::node::StoreWriter;
 use crate::api::{ApiParts, ApiSocket, ApiState, BindError};
-use crate::cli::{Cli, Command};
-use crate::commands;
 use crate::config::{Config, ConfigError};
 use crate::service::BusApi;
-use mesh_api::client::Client;
-use mesh_api::paths::{DataDir, DataDirError};
 
 /// How long [`Daemon::shutdown`] waits for the last reader of the store
 /// (a subscription finishing a read or its loss record) to let go of it.
 /// It returns as soon as the store is released; the bound only matters on a
-/// machine so loaded that a blocking read waits seconds for a thread (seen
-/// in CI-like runs with 5 s).
+/// machine so loaded that a blocking read waits seconds for a thread.
 pub const STORE_RELEASE_WAIT: Duration = Duration::from_secs(30);
 
 /// How often [`Daemon::shutdown`] looks whether the store is released.
 const STORE_RELEASE_POLL: Duration = Duration::from_millis(10);
-
-/// Runs one parsed command line to completion.
-pub fn run(cli: Cli) -> anyhow::Result<()> {
-    if let Command::Demo = cli.command {
-        return crate::demo::main();
-    }
-    let dir = DataDir::resolve(cli.data.as_deref())?;
-    if let Command::Daemon { bind } = cli.command {
-        crate::bench::when_bench_child();
-        init_tracing();
-        let rt = tokio::runtime::Runtime::new().context("cannot start the async runtime")?;
-        return rt.block_on(daemon(dir, bind));
-    }
-    if let Command::Bench(cmd) = cli.command {
-        return crate::bench::run(cmd, &dir);
-    }
-    // Client commands need little: one thread answers one request at a time.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
-    let c = Client::new(dir.socket_path());
-    rt.block_on(async move {
-        match cli.command {
-            Command::Daemon { .. } | Command::Bench(_) | Command::Demo => {
-                unreachable!("handled above")
-            }
-            Command::Status { json } => commands::status(&c, json).await,
-            Command::Id => commands::id(&c).await,
-            Command::Ticket => commands::ticket(&c).await,
-            Command::Peer(cmd) => commands::peer(&c, cmd).await,
-            Command::Send {
-                peer,
-                text,
-                lines,
-                json,
-            } => commands::send(&c, peer, text, lines, json).await,
-            Command::Events { after, limit, json } => {
-                commands::events(&c, after, limit, json).await
-            }
-            Command::Tail { after, json } => commands::tail(&c, after, json).await,
-        }
-    })
-}
-
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
-/// `mesh daemon`: runs a node until SIGINT or SIGTERM.
-async fn daemon(dir: DataDir, bind: Option<SocketAddr>) -> anyhow::Result<()> {
-    // Watch before anything is printed: whoever reads the ticket line may
-    // send SIGTERM at once, and a signal during start-up stops the node
-    // cleanly once it is up.
-    let mut signals = Signals::watch()?;
-    let d = Daemon::start(dir, bind).await?;
-    println!("node    {}", d.node_id());
-    println!("epoch   {}", d.epoch());
-    println!("data    {}", d.dir().root().display());
-    println!("socket  {}", d.socket_path().display());
-    println!("ticket  {}", d.ticket());
-    signals.recv().await;
-    tracing::info!("signal received, shutting down (a second signal exits at once)");
-    // A second signal exits at once: everything acknowledged is already durable.
-    tokio::spawn(async move {
-        signals.recv().await;
-        eprintln!("second signal: exiting now");
-        std::process::exit(130);
-    });
-    d.shutdown().await;
-    tracing::info!("stopped");
-    Ok(())
-}
 
 /// Why a daemon could not start.
 #[derive(Debug, thiserror::Error)]
@@ -261,11 +177,6 @@ impl Daemon {
         self.dir.socket_path()
     }
 
-    /// A client of its control socket.
-    pub fn client(&self) -> Client {
-        Client::new(self.socket_path())
-    }
-
     /// Stops the API, then the node, then the store; returns once the store
     /// file is closed (or after [`STORE_RELEASE_WAIT`], with a warning, if a
     /// reader still holds it).
@@ -306,28 +217,4 @@ async fn wait_released(store: &Weak<RedbStore>, root: &Path) {
         data = %root.display(),
         "the store is still held {STORE_RELEASE_WAIT:?} after shutdown; it closes when its last reader finishes"
     );
-}
-
-/// SIGINT and SIGTERM, caught from [`Signals::watch`] on.
-struct Signals {
-    term: tokio::signal::unix::Signal,
-    int: tokio::signal::unix::Signal,
-}
-
-impl Signals {
-    fn watch() -> anyhow::Result<Signals> {
-        use tokio::signal::unix::{SignalKind, signal};
-        Ok(Signals {
-            term: signal(SignalKind::terminate()).context("cannot watch SIGTERM")?,
-            int: signal(SignalKind::interrupt()).context("cannot watch SIGINT")?,
-        })
-    }
-
-    /// Waits for the next SIGINT or SIGTERM.
-    async fn recv(&mut self) {
-        tokio::select! {
-            _ = self.term.recv() => {}
-            _ = self.int.recv() => {}
-        }
-    }
 }

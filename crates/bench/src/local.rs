@@ -10,7 +10,6 @@ use anyhow::{Context, bail};
 use mesh_protocol::{Cursor, Epoch, NodeId};
 use tokio::time::Instant;
 
-use super::cluster::{Cluster, Daemon};
 use super::http::Conn;
 use super::measure::{self, ms};
 use super::progress::{Bar, Progress};
@@ -18,6 +17,7 @@ use super::report::{Collector, Machine, Report};
 use super::send::{self, Msgs};
 use super::{Settings, Workload};
 use mesh_api::{EventEntry, EventRecord};
+use mesh_cluster::{Cluster, ClusterConfig, NodeProc, Stopped};
 
 /// How often the sender's RSS is sampled in queued-memory.
 const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
@@ -81,7 +81,7 @@ impl Local {
         }
         let mut data_dir = self.parent.display().to_string();
         for run in 1..=s.runs {
-            let cluster = Cluster::start(&self.bin, &self.parent, self.nodes).await;
+            let cluster = self.start_cluster().await;
             let mut cluster = match cluster {
                 Ok(c) => c,
                 Err(e) => {
@@ -136,6 +136,29 @@ impl Local {
             seconds: started.elapsed().as_secs_f64(),
         })
     }
+}
+
+impl Local {
+    /// Fresh daemons under a temp dir in the bench's dir, every pair connected.
+    async fn start_cluster(&self) -> anyhow::Result<Cluster> {
+        let mut cfg = ClusterConfig::new(&self.bin, self.nodes);
+        cfg.temp_parent = Some(self.parent.clone());
+        cfg.rust_log = std::env::var("MESH_BENCH_LOG").unwrap_or_else(|_| "warn".into());
+        cfg.keep_dir = std::env::var_os("MESH_BENCH_KEEP").is_some();
+        let mut cluster = Cluster::start(cfg).await?;
+        cluster.wait_connected().await?;
+        Ok(cluster)
+    }
+}
+
+/// Stops each of `nodes` with SIGTERM; an error if one had to be killed.
+pub(super) async fn stop_all(nodes: &mut [NodeProc]) -> anyhow::Result<()> {
+    for n in nodes {
+        if n.stop().await? == Stopped::Killed {
+            bail!("{} did not stop on SIGTERM; killed", n.name());
+        }
+    }
+    Ok(())
 }
 
 /// Puts the probes' figures first in the report.
@@ -256,10 +279,10 @@ impl RunCtx<'_> {
         cluster: &mut Cluster,
     ) -> anyhow::Result<()> {
         let (sender, receivers) = cluster
-            .nodes
+            .nodes_mut()
             .split_first_mut()
             .context("a cluster has at least two nodes")?;
-        let to: Vec<String> = receivers.iter().map(|r| r.id.clone()).collect();
+        let to: Vec<String> = receivers.iter().map(|r| r.id().to_owned()).collect();
         match w {
             Workload::SendEach => {
                 self.send_each(sender.socket(), Some(sender), to, count)
@@ -276,7 +299,7 @@ impl RunCtx<'_> {
     pub(super) async fn send_each(
         &mut self,
         socket: &Path,
-        sender: Option<&Daemon>,
+        sender: Option<&NodeProc>,
         to: Vec<String>,
         count: u64,
     ) -> anyhow::Result<()> {
@@ -303,8 +326,8 @@ impl RunCtx<'_> {
 
     async fn pipelined(
         &mut self,
-        sender: &Daemon,
-        receivers: &[Daemon],
+        sender: &NodeProc,
+        receivers: &[NodeProc],
         to: Vec<String>,
         count: u64,
     ) -> anyhow::Result<()> {
@@ -313,7 +336,7 @@ impl RunCtx<'_> {
         let sender_u0 = Usage::of(std::slice::from_ref(sender));
         let peers_u0 = Usage::of(receivers);
         let t0 = Instant::now();
-        let last = send::stream(&sender.client, msgs, count, self.settings.window, &bar).await?;
+        let last = send::stream(sender.client(), msgs, count, self.settings.window, &bar).await?;
         let local = t0.elapsed();
         let base = send::total(&last) - count;
         send::wait_marks(receivers, sender, &last, base, &bar).await?;
@@ -341,8 +364,8 @@ impl RunCtx<'_> {
 
     async fn latency(
         &mut self,
-        sender: &Daemon,
-        receivers: &[Daemon],
+        sender: &NodeProc,
+        receivers: &[NodeProc],
         to: Vec<String>,
         count: u64,
     ) -> anyhow::Result<()> {
@@ -355,10 +378,10 @@ impl RunCtx<'_> {
             let epoch = Epoch::from_str(&st.node.epoch).context("the peer's epoch")?;
             let cursor = Cursor::new(&node, epoch, st.journal_head).to_string();
             let mut sse = r
-                .client
+                .client()
                 .subscribe(&format!("/v1/subscribe?after={cursor}"))
                 .await
-                .with_context(|| format!("subscribing to {}", r.name))?;
+                .with_context(|| format!("subscribing to {}", r.name()))?;
             let tx = tx.clone();
             let msgs = msgs.clone();
             readers.push(ReaderTask(tokio::spawn(async move {
@@ -453,17 +476,15 @@ impl RunCtx<'_> {
 
     async fn catch_up(
         &mut self,
-        sender: &Daemon,
-        receivers: &mut [Daemon],
+        sender: &NodeProc,
+        receivers: &mut [NodeProc],
         to: Vec<String>,
         count: u64,
     ) -> anyhow::Result<()> {
-        for r in receivers.iter_mut() {
-            r.stop().await?;
-        }
+        stop_all(receivers).await?;
         let msgs = self.msgs('c', to);
         let bar = self.bar("catch-up: sending, peers stopped", count, "msgs");
-        let last = send::stream(&sender.client, msgs, count, self.settings.window, &bar).await?;
+        let last = send::stream(sender.client(), msgs, count, self.settings.window, &bar).await?;
         bar.finish("queued");
         let base = send::total(&last) - count;
         let bar = self.bar("catch-up", count, "msgs");
@@ -473,7 +494,7 @@ impl RunCtx<'_> {
             r.spawn()?;
         }
         for r in receivers.iter_mut() {
-            r.ready().await?;
+            r.wait_ready().await?;
         }
         let started = t0.elapsed();
         send::wait_marks(receivers, sender, &last, base, &bar).await?;
@@ -498,14 +519,12 @@ impl RunCtx<'_> {
 
     async fn queued(
         &mut self,
-        sender: &Daemon,
-        receivers: &mut [Daemon],
+        sender: &NodeProc,
+        receivers: &mut [NodeProc],
         to: Vec<String>,
         count: u64,
     ) -> anyhow::Result<()> {
-        for r in receivers.iter_mut() {
-            r.stop().await?;
-        }
+        stop_all(receivers).await?;
         let pid = sender.pid().context("the sender is not running")?;
         tokio::time::sleep(IDLE_SETTLE).await;
         let (idle, _) = measure::memory(pid).context("cannot read the sender's memory")?;
@@ -515,7 +534,7 @@ impl RunCtx<'_> {
                 "queued-memory: the kernel refused to reset VmHWM; the peak is the largest 50 ms sample".into(),
             );
         }
-        let disk0 = measure::disk_bytes(&sender.dir);
+        let disk0 = measure::disk_bytes(sender.data_dir());
         let sampled = Arc::new(AtomicU64::new(idle));
         let sampler = {
             let sampled = sampled.clone();
@@ -531,7 +550,7 @@ impl RunCtx<'_> {
         let msgs = self.msgs('q', to);
         let bar = self.bar("queued-memory", count, "msgs");
         let t0 = Instant::now();
-        send::stream(&sender.client, msgs, count, self.settings.window, &bar).await?;
+        send::stream(sender.client(), msgs, count, self.settings.window, &bar).await?;
         let send_rate = count as f64 / t0.elapsed().as_secs_f64();
         drop(sampler);
         let (rss, hwm) = measure::memory(pid).context("cannot read the sender's memory")?;
@@ -540,7 +559,7 @@ impl RunCtx<'_> {
             peak = peak.max(hwm);
         }
         let over = peak.saturating_sub(idle) as f64 / MIB;
-        let disk = measure::disk_bytes(&sender.dir).saturating_sub(disk0) as f64 / MIB;
+        let disk = measure::disk_bytes(sender.data_dir()).saturating_sub(disk0) as f64 / MIB;
         self.col
             .add("queued-memory", "rss_over_idle", "MiB", count, over);
         self.col.add("queued-memory", "disk", "MiB", count, disk);
@@ -566,9 +585,9 @@ struct Usage {
 }
 
 impl Usage {
-    fn of(nodes: &[Daemon]) -> Usage {
+    fn of(nodes: &[NodeProc]) -> Usage {
         let mut u = Usage::default();
-        for pid in nodes.iter().filter_map(Daemon::pid) {
+        for pid in nodes.iter().filter_map(NodeProc::pid) {
             u.written += measure::written(pid).unwrap_or(0);
             u.cpu += measure::cpu_time(pid).unwrap_or_default();
         }

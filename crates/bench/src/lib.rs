@@ -1,9 +1,10 @@
 //! `mesh bench`: measures a mesh the way people compare message brokers, and
 //! the way `iperf` measures a link.
 //!
-//! - `mesh bench local` starts `--nodes` daemons as child processes (this
-//!   executable re-run as `mesh daemon`) in a temp dir, links them over
-//!   127.0.0.1 with the default durable settings and drives their local APIs;
+//! - `mesh bench local` starts `--nodes` daemons as child processes (the
+//!   `mesh` executable run as `mesh daemon`, by `mesh-cluster`) in a temp
+//!   dir, links them over 127.0.0.1 with the default durable settings and
+//!   drives their local APIs;
 //! - `mesh bench peer PEER_ID` drives this node's API towards a peer it is
 //!   already linked with; where `local` stops the peers, it pauses the link.
 //!
@@ -20,10 +21,9 @@
 //!
 //! Every run has fresh daemons, and every step has a deadline. Child daemons
 //! are killed when the bench ends, however it ends: on drop, on SIGINT or
-//! SIGTERM, and (through a parent-death signal they set up themselves) when
-//! the bench process is killed.
+//! SIGTERM, and (where `setpriv` exists, through the parent-death signal
+//! `mesh-cluster` starts them with) when the bench process is killed.
 
-mod cluster;
 mod http;
 mod local;
 mod measure;
@@ -31,6 +31,7 @@ mod peer;
 mod progress;
 mod report;
 mod send;
+mod status;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -38,16 +39,13 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand, value_parser};
 
-use mesh_api::paths::DataDir;
+use mesh_api::DataDir;
 
 pub use report::{Figure, Machine, Report};
 
-/// The environment variable that names the executable `mesh bench local`
-/// runs as `daemon` (default: the running executable).
+/// The environment variable that names the `mesh` executable `mesh bench
+/// local` runs as `mesh daemon` (default: the running executable).
 pub const DAEMON_BIN_ENV: &str = "MESH_BENCH_DAEMON";
-
-/// Set by `mesh bench` on the daemons it starts: the bench's pid.
-const PARENT_ENV: &str = "MESH_BENCH_PARENT";
 
 /// The `msg_kind` of every message a bench sends, so they can be told apart
 /// in a journal.
@@ -71,7 +69,7 @@ pub enum BenchCommand {
         /// [default: $TMPDIR, else /tmp].
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
-        /// The executable to run as `daemon` [default: this one].
+        /// The `mesh` executable to run as `mesh daemon` [default: this one].
         #[arg(long, value_name = "PATH", env = DAEMON_BIN_ENV)]
         daemon_bin: Option<PathBuf>,
         /// What to measure and how.
@@ -327,24 +325,5 @@ async fn interruptible(
         r = work => r,
         _ = term.recv() => bail!("interrupted (SIGTERM); {aftermath}"),
         _ = int.recv() => bail!("interrupted (SIGINT); {aftermath}"),
-    }
-}
-
-/// Called first by `mesh daemon`: a daemon that `mesh bench` started dies
-/// with the bench, even if the bench is killed with SIGKILL.
-pub fn when_bench_child() {
-    let Some(parent) = std::env::var(PARENT_ENV)
-        .ok()
-        .and_then(|p| p.parse::<i32>().ok())
-    else {
-        return;
-    };
-    // Best effort: without it an interrupted bench may leave this daemon
-    // running, in a temp dir nobody reads.
-    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
-    let ppid = rustix::process::getppid().map(|p| p.as_raw_nonzero().get());
-    if ppid != Some(parent) {
-        // The bench died before the signal was set up.
-        std::process::exit(1);
     }
 }

@@ -3,8 +3,8 @@
 
 use std::io::Write as _;
 use std::os::unix::fs::{FileExt as _, MetadataExt as _};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::path::Path;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use mesh_store::{MeshStore, RedbStore, WriteOp};
@@ -193,54 +193,6 @@ pub(super) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// A directory removed on drop (unless `MESH_BENCH_KEEP` is set).
-#[derive(Debug)]
-pub(super) struct TempDir {
-    path: PathBuf,
-}
-
-impl TempDir {
-    /// A new, empty directory `mesh-bench-*` under `parent`.
-    pub(super) fn new(parent: &Path) -> anyhow::Result<TempDir> {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
-        for attempt in 0..16u32 {
-            let name = format!(
-                "mesh-bench-{}-{:x}",
-                std::process::id(),
-                nanos.wrapping_add(attempt)
-            );
-            let path = parent.join(name);
-            match std::fs::create_dir(&path) {
-                Ok(()) => return Ok(TempDir { path }),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot create {}", path.display()));
-                }
-            }
-        }
-        anyhow::bail!(
-            "cannot find a free temp dir name under {}",
-            parent.display()
-        )
-    }
-
-    pub(super) fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        if std::env::var_os("MESH_BENCH_KEEP").is_some() {
-            eprintln!("kept {}", self.path.display());
-            return;
-        }
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -257,7 +209,7 @@ mod tests {
 
     #[test]
     fn the_probes_measure_a_rate_in_a_dir() {
-        let tmp = TempDir::new(&std::env::temp_dir()).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
         let (n, rate) = fsync_rate(tmp.path(), Duration::from_millis(20)).unwrap();
         assert!(n >= 3 && rate > 0.0);
         let (n, rate) = write_rate(tmp.path(), Duration::from_millis(20)).unwrap();

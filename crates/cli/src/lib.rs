@@ -1,0 +1,306 @@
+//! The `mesh` command line: its parsing, the client commands (each a
+//! client of the node's socket API), `mesh demo`, and how a failure is
+//! printed (one line) and exited (one code per fault class).
+//!
+//! `mesh daemon` and `mesh bench` are parsed here and run by `mesh-daemon`
+//! and `mesh-bench`; the `mesh` executable dispatches.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+// Tests unwrap: a panic there is the failure report.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
+
+mod commands;
+pub mod demo;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
+use mesh_api::client::{Client, ClientError};
+use mesh_api::{DataDir, EXIT_OTHER, EXIT_USAGE, Fault};
+
+/// agent-mesh: a durable peer-to-peer message mesh for hosts that run AI agents.
+///
+/// One daemon runs on each host; local agents talk to it over a Unix socket
+/// in its data dir; daemons talk to each other over QUIC (iroh), dialed by
+/// public key. A message is delivered exactly once and in order, or the
+/// reader is told exactly what it cannot have.
+#[derive(Debug, Parser)]
+#[command(name = "mesh", version, propagate_version = true)]
+pub struct Cli {
+    /// The node's data dir (key, store, socket). Default: $MESH_DATA, else
+    /// $XDG_DATA_HOME/agent-mesh, else ~/.local/share/agent-mesh.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Show this node: id, epoch, addresses, peers, queues and store size.
+    Status {
+        /// Print JSON instead of a summary.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print this node's id alone.
+    Id,
+    /// Print a ticket other nodes pass to `mesh peer add`.
+    Ticket,
+    /// Manage the peers this node exchanges messages with.
+    #[command(subcommand)]
+    Peer(PeerCommand),
+    /// Send a message to a peer; prints its seq once it is durably committed.
+    ///
+    /// Exits non-zero with the reason if it was not committed: 3 for a bad
+    /// request, 4 for an unknown peer, 5 for a full peer outbox or a busy
+    /// node (retry later), 6 if the daemon is not running or its store is
+    /// down (see `mesh --help`).
+    Send {
+        /// The recipient's node id (as printed by `mesh id` on that node).
+        peer: String,
+        /// The message text, or `-` to read it from stdin.
+        text: String,
+        /// With `-`: send each line of stdin as its own message.
+        #[arg(long)]
+        lines: bool,
+        /// Print JSON (id, stream, seq) instead of the seq.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print journal entries (sent, received, gaps, losses) after a cursor.
+    ///
+    /// Prints the entries, then `next: CURSOR` on stderr: pass it as
+    /// `--after` to continue exactly where this page ended.
+    Events {
+        /// Start after this cursor (default: the beginning).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// The most entries to print (1..=1000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+        /// Print one JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow the journal live: the backlog after the cursor, then new entries.
+    Tail {
+        /// Start after this cursor (default: the beginning).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// Print one JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Watch three nodes at work: start, link, send, stop one, catch up, a gap.
+    ///
+    /// Starts three real nodes (`mesh daemon` processes of this executable,
+    /// each with its store, endpoint on 127.0.0.1 and API socket) in a temp
+    /// dir and narrates each step with the real ids, seqs, marks and
+    /// cursors, read through their socket APIs. Takes seconds; removes its
+    /// temp dir.
+    Demo,
+    /// Run a node in the foreground (logs to stderr; RUST_LOG is honoured).
+    ///
+    /// Creates the data dir (mode 0700), the node key and the store on first
+    /// run. Stops cleanly on SIGINT or SIGTERM; a second signal exits at once.
+    Daemon {
+        /// Address to listen on for peers [default: `bind` in config.toml, else 0.0.0.0:0].
+        #[arg(long, value_name = "ADDR")]
+        bind: Option<SocketAddr>,
+    },
+    /// Measure a mesh: send rates, catch-up, latency and queued memory.
+    ///
+    /// `mesh bench local` starts daemons in a temp dir, linked over
+    /// loopback; `mesh bench peer PEER_ID` measures from this node to a
+    /// peer it is linked with. Prints a table, or JSON with `--json`.
+    #[command(subcommand)]
+    Bench(mesh_bench::BenchCommand),
+}
+
+/// `mesh peer ...`.
+#[derive(Debug, Subcommand)]
+pub enum PeerCommand {
+    /// Add a peer from the ticket it printed with `mesh ticket`.
+    Add {
+        /// The peer's ticket.
+        ticket: String,
+    },
+    /// List known peers with their connection state and queues.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Forget a peer (what was exchanged stays in the journal).
+    Remove {
+        /// The peer's node id.
+        id: String,
+    },
+    /// Stop talking to a peer until `mesh peer resume` (maintenance, a metered link).
+    ///
+    /// Closes the connection to the peer, does not dial it and refuses its
+    /// connections (QUIC close code 503, "link paused"). Messages sent to it
+    /// are committed and queued in its outbox as for an offline peer, and go
+    /// out after the resume. The pause is not stored: it ends when this
+    /// daemon restarts.
+    Pause {
+        /// The peer's node id.
+        id: String,
+        /// Print the peer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Talk to a paused peer again: dials it at once, and what is queued goes out.
+    Resume {
+        /// The peer's node id.
+        id: String,
+        /// Print the peer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+impl Cli {
+    /// Parses the process's arguments; `--help` ends with the exit codes.
+    /// A bad command line prints clap's message and exits with
+    /// [`EXIT_USAGE`].
+    pub fn parse_args() -> Cli {
+        let matches = Cli::command()
+            .after_help(Fault::exit_code_help())
+            .get_matches();
+        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+
+    /// The data dir `--data`, `MESH_DATA` or the default names.
+    ///
+    /// # Errors
+    /// If none is given and there is no home dir to default to.
+    pub fn data_dir(&self) -> anyhow::Result<DataDir> {
+        Ok(DataDir::resolve(self.data.as_deref())?)
+    }
+}
+
+/// A command line that parsed but asks for something that cannot be done
+/// (`mesh send ID TEXT --lines`): exits with [`EXIT_USAGE`].
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct UsageError(pub String);
+
+/// Runs a client command or `mesh demo` against the node in `dir`; `bin`
+/// is the `mesh` executable the demo starts its daemons with.
+///
+/// # Errors
+/// The command's failure: a [`ClientError`] (with its fault) for what the
+/// daemon refused or could not be asked, a [`UsageError`], or another error.
+pub fn run(command: Command, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
+    // Client commands need little: one thread answers one request at a time.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    if let Command::Demo = command {
+        let mut out = std::io::stdout().lock();
+        return rt.block_on(demo::run(bin, &mut out));
+    }
+    let c = Client::new(dir.socket_path());
+    rt.block_on(async move {
+        match command {
+            Command::Daemon { .. } | Command::Bench(_) | Command::Demo => Err(UsageError(
+                "`mesh daemon` and `mesh bench` are not client commands".into(),
+            )
+            .into()),
+            Command::Status { json } => commands::status(&c, json).await,
+            Command::Id => commands::id(&c).await,
+            Command::Ticket => commands::ticket(&c).await,
+            Command::Peer(cmd) => commands::peer(&c, cmd).await,
+            Command::Send {
+                peer,
+                text,
+                lines,
+                json,
+            } => commands::send(&c, peer, text, lines, json).await,
+            Command::Events { after, limit, json } => {
+                commands::events(&c, after, limit, json).await
+            }
+            Command::Tail { after, json } => commands::tail(&c, after, json).await,
+        }
+    })
+}
+
+/// The exit code for `error`: its fault class's for what the daemon refused
+/// or could not be asked, [`EXIT_USAGE`] for a [`UsageError`],
+/// [`EXIT_OTHER`] for anything else.
+pub fn exit_code(error: &anyhow::Error) -> u8 {
+    for cause in error.chain() {
+        if let Some(e) = cause.downcast_ref::<ClientError>() {
+            return e.fault().exit_code();
+        }
+        if cause.is::<UsageError>() {
+            return EXIT_USAGE;
+        }
+    }
+    EXIT_OTHER
+}
+
+/// Ends `mesh`: exit 0, or the error on one line of stderr (never a
+/// backtrace, whatever `RUST_BACKTRACE` says) and its [`exit_code`].
+pub fn finish(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` is the chain of causes on one line; `{:?}` would add a
+            // backtrace when RUST_BACKTRACE is set.
+            let text = format!("{e:#}");
+            eprintln!("error: {}", text.replace('\n', " "));
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn an_error_exits_with_its_fault_class_and_a_usage_error_with_the_usage_code() {
+        let refused = ClientError::Api {
+            status: 429,
+            code: "outbox_full".into(),
+            fault: Fault::Capacity,
+            message: "full".into(),
+        };
+        let e = anyhow::Error::from(refused).context("sending");
+        assert_eq!(exit_code(&e), Fault::Capacity.exit_code());
+        let gone = ClientError::NotRunning { path: "/x".into() };
+        assert_eq!(exit_code(&gone.into()), Fault::Unavailable.exit_code());
+        assert_eq!(exit_code(&UsageError("no".into()).into()), EXIT_USAGE);
+        assert_eq!(exit_code(&anyhow::anyhow!("disk")), EXIT_OTHER);
+    }
+
+    #[test]
+    fn daemon_takes_data_and_bind() {
+        let cli = Cli::try_parse_from([
+            "mesh",
+            "daemon",
+            "--data",
+            "/tmp/x",
+            "--bind",
+            "127.0.0.1:7000",
+        ])
+        .unwrap();
+        assert_eq!(cli.data.as_deref(), Some(std::path::Path::new("/tmp/x")));
+        assert!(matches!(cli.command, Command::Daemon { bind: Some(bind) } if bind.port() == 7000));
+        assert!(Cli::try_parse_from(["mesh", "daemon", "--bind", "not-an-addr"]).is_err());
+    }
+}

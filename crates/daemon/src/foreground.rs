@@ -1,0 +1,100 @@
+//! `mesh daemon`: one node in the foreground until SIGINT or SIGTERM.
+
+use std::net::SocketAddr;
+
+use mesh_api::DataDir;
+
+use crate::daemon::{Daemon, StartError};
+
+/// Why `mesh daemon` failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The node could not start.
+    #[error(transparent)]
+    Start(#[from] StartError),
+    /// The async runtime or the signal handlers could not be set up.
+    #[error("cannot {what}: {source}")]
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Runs a node on `dir` (listening for peers on `bind`, default the
+/// config's) until SIGINT or SIGTERM, logging to stderr (`RUST_LOG`,
+/// default `info`). Prints the node's id, epoch, data dir, socket and
+/// ticket on stdout once it serves, one per line. A second signal exits
+/// the process at once (everything acknowledged is durable already).
+///
+/// # Errors
+/// [`RunError::Start`] if the node cannot start (another daemon on the same
+/// dir, a bad config, ...); [`RunError::Setup`] if the runtime cannot.
+pub fn run_foreground(dir: DataDir, bind: Option<SocketAddr>) -> Result<(), RunError> {
+    init_tracing();
+    let rt = tokio::runtime::Runtime::new().map_err(|source| RunError::Setup {
+        what: "start the async runtime",
+        source,
+    })?;
+    rt.block_on(foreground(dir, bind))
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A subscriber set already (a test process) keeps its own.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+async fn foreground(dir: DataDir, bind: Option<SocketAddr>) -> Result<(), RunError> {
+    // Watch before anything is printed: whoever reads the ticket line may
+    // send SIGTERM at once, and a signal during start-up stops the node
+    // cleanly once it is up.
+    let mut signals = Signals::watch()?;
+    let d = Daemon::start(dir, bind).await?;
+    println!("node    {}", d.node_id());
+    println!("epoch   {}", d.epoch());
+    println!("data    {}", d.dir().root().display());
+    println!("socket  {}", d.socket_path().display());
+    println!("ticket  {}", d.ticket());
+    signals.recv().await;
+    tracing::info!("signal received, shutting down (a second signal exits at once)");
+    tokio::spawn(async move {
+        signals.recv().await;
+        eprintln!("second signal: exiting now");
+        std::process::exit(130);
+    });
+    d.shutdown().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// SIGINT and SIGTERM, caught from [`Signals::watch`] on.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn watch() -> Result<Signals, RunError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let setup = |what| move |source| RunError::Setup { what, source };
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).map_err(setup("watch SIGTERM"))?,
+            int: signal(SignalKind::interrupt()).map_err(setup("watch SIGINT"))?,
+        })
+    }
+
+    /// Waits for the next SIGINT or SIGTERM.
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+        }
+    }
+}
