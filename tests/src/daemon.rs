@@ -68,6 +68,12 @@ pub fn run_command(mut cmd: Command, stdin: Option<&str>) -> anyhow::Result<Outp
     for var in ["RUST_LOG", "RUST_BACKTRACE", "RUST_LIB_BACKTRACE"] {
         cmd.env_remove(var);
     }
+    run_command_as_is(cmd, stdin)
+}
+
+/// As [`run_command`], with the environment `cmd` was given (e.g.
+/// `RUST_BACKTRACE=1`, to see that a user's error still prints one line).
+pub fn run_command_as_is(mut cmd: Command, stdin: Option<&str>) -> anyhow::Result<Output> {
     let what = format!("{cmd:?}");
     let mut child = cmd
         .stdin(if stdin.is_some() {

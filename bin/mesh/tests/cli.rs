@@ -9,7 +9,10 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mesh_tests::daemon::{DaemonProcess, Output, parse_json, run, run_command, temp_dir};
+use mesh_api::Fault;
+use mesh_tests::daemon::{
+    DaemonProcess, Output, parse_json, run, run_command, run_command_as_is, temp_dir,
+};
 
 const MESH: &str = env!("CARGO_BIN_EXE_mesh");
 /// How long `mesh tail` may take to show what was sent.
@@ -172,11 +175,21 @@ fn mesh_send_says_the_outbox_is_full_when_the_peer_is_offline() {
     ok(a.mesh(&["peer", "add", &b_ticket]).unwrap());
     assert_eq!(ok(a.mesh(&["send", &b_id, "one"]).unwrap()), "1\n");
     let out = a.mesh(&["send", &b_id, "two"]).unwrap();
-    fails_saying(out, &["outbox", "507"]);
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(Fault::Capacity.exit_code())),
+        "{out:?}"
+    );
+    fails_saying(out, &["outbox", "429"]);
     let out = a
         .mesh_stdin(&["send", &b_id, "-", "--lines"], Some("three\n"))
         .unwrap();
-    fails_saying(out, &["outbox", "507"]);
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(Fault::Capacity.exit_code())),
+        "{out:?}"
+    );
+    fails_saying(out, &["outbox", "429"]);
     assert!(a.terminate().unwrap().success());
 }
 
@@ -262,4 +275,86 @@ fn every_client_command_without_a_daemon_says_so_in_one_line_naming_the_socket()
     cmd.arg("status").env("MESH_DATA", data);
     let out = run_command(cmd, None).unwrap();
     assert!(!out.ok() && out.stderr.contains(socket), "{out:?}");
+}
+
+#[test]
+fn a_user_error_is_one_line_without_a_backtrace_and_exits_with_its_fault_class() {
+    let tmp = temp_dir().unwrap();
+    let a_dir = tmp.path().join("a");
+    let a = start(&a_dir);
+    let data = a_dir.to_str().unwrap();
+    let stranger = "0".repeat(64);
+    let cases: [(&[&str], &[&str], Fault); 4] = [
+        (
+            &["send", "nothing", "x"],
+            &["\"nothing\" is not a node id"],
+            Fault::Caller,
+        ),
+        // A path segment is escaped: the id reaches the daemon whole.
+        (
+            &["peer", "pause", "a/b c"],
+            &["\"a/b c\" is not a node id"],
+            Fault::Caller,
+        ),
+        (
+            &["send", &stranger, "x"],
+            &["unknown peer", "mesh peer add"],
+            Fault::NotFound,
+        ),
+        (
+            &["peer", "remove", &stranger],
+            &["unknown peer"],
+            Fault::NotFound,
+        ),
+    ];
+    for (args, words, fault) in cases {
+        let mut cmd = std::process::Command::new(MESH);
+        cmd.arg("--data").arg(data).args(args);
+        cmd.env("RUST_BACKTRACE", "1").env_remove("RUST_LOG");
+        let out = run_command_as_is(cmd, None).unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(i32::from(fault.exit_code())),
+            "{args:?}: {out:?}"
+        );
+        assert_eq!(out.stderr.lines().count(), 1, "{args:?}: {out:?}");
+        assert!(out.stderr.starts_with("error: "), "{args:?}: {out:?}");
+        fails_saying(out, words);
+    }
+    assert!(a.terminate().unwrap().success());
+
+    // No daemon: unavailable.
+    let mut cmd = std::process::Command::new(MESH);
+    cmd.args(["--data", data, "status"])
+        .env("RUST_BACKTRACE", "1");
+    let out = run_command_as_is(cmd, None).unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(Fault::Unavailable.exit_code())),
+        "{out:?}"
+    );
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+    // A command line that parses but cannot be done is a usage error.
+    let out = run(
+        Path::new(MESH),
+        &["--data", data, "send", "x", "y", "--lines"],
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(i32::from(mesh_api::EXIT_USAGE)),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn mesh_help_lists_an_exit_code_for_each_fault_class() {
+    let out = run(Path::new(MESH), &["--help"], None).unwrap();
+    assert!(out.ok(), "{out:?}");
+    assert!(out.stdout.contains("Exit codes:"), "{}", out.stdout);
+    for f in Fault::ALL {
+        let line = format!("  {}  {}: ", f.exit_code(), f);
+        assert!(out.stdout.contains(&line), "no {line:?} in {}", out.stdout);
+    }
 }

@@ -6,6 +6,8 @@
 //! The daemon serves these types; the CLI, the bench and the tests decode
 //! them. The design is in `docs/design.md` ("Local API").
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+// Tests unwrap: a panic there is the failure report.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 #[cfg(feature = "client")]
 pub mod client;

@@ -23,6 +23,9 @@
 //! are killed when the bench ends, however it ends: on drop, on SIGINT or
 //! SIGTERM, and (where `setpriv` exists, through the parent-death signal
 //! `mesh-cluster` starts them with) when the bench process is killed.
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+// Tests unwrap: a panic there is the failure report.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod http;
 mod local;

@@ -13,6 +13,8 @@
 //! The daemon itself knows nothing of this: it is started exactly as a
 //! person starts it, `mesh daemon --data DIR --bind ADDR`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
+// Tests unwrap: a panic there is the failure report.
+#![cfg_attr(test, allow(clippy::unwrap_used))]
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;

@@ -7,14 +7,12 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use mesh_api::{DataDir, DataDirError};
-use mesh_bus::node::{Node, NodeConfig, NodeError};
 use mesh_protocol::{Epoch, NodeId, NodeTicket};
 use mesh_store::{RedbStore, StoreError, StoreHandle};
 
-use crate::api::node::StoreWriter;
 use crate::api::{ApiParts, ApiSocket, ApiState, BindError};
+use crate::bus::{Bus, CoreConfig, NetConfig, Node, NodeConfig, NodeError};
 use crate::config::{Config, ConfigError};
-use crate::service::BusApi;
 
 /// How long [`Daemon::shutdown`] waits for the last reader of the store
 /// (a subscription finishing a read or its loss record) to let go of it.
@@ -78,8 +76,7 @@ pub struct Daemon {
 impl Daemon {
     /// Starts a node in `dir` (created with mode 0700 if missing), with its
     /// optional `config.toml`, listening for peers on `bind` (default: the
-    /// config's `bind`). Needs a multi-threaded tokio runtime for
-    /// `GET /metrics` to include the bus's counters.
+    /// config's `bind`).
     ///
     /// # Errors
     /// See [`StartError`]; a second daemon on the same dir is
@@ -93,44 +90,26 @@ impl Daemon {
             });
         }
         let bind = bind.unwrap_or(config.bind);
-        let key = mesh_bus::net::load_or_create_node_key(dir.root()).map_err(NodeError::from)?;
+        let key = crate::bus::load_or_create_node_key(dir.root()).map_err(NodeError::from)?;
         // The store lock is what refuses a second daemon on the same data dir.
         let store = Arc::new(RedbStore::open(dir.root())?);
         let store_file = dir.root().join(mesh_store::STORE_FILE_NAME);
         let handle = StoreHandle::spawn(store.clone())?;
         let socket = ApiSocket::bind(&dir.socket_path()).await?;
         let node_config = NodeConfig {
-            net: mesh_bus::net::NetConfig::with_bind_addr(bind),
-            core: mesh_bus::core::Config {
+            net: NetConfig::with_bind_addr(bind),
+            core: CoreConfig {
                 outbox: config.outbox.bounds(),
                 ..Default::default()
             },
         };
         let node = Arc::new(Node::start(node_config, key, handle.clone()).await?);
-        let metrics_node = node.clone();
-        let metrics = move |out: &mut String| {
-            // The bus answers status on its task; metrics are rendered in a
-            // request handler of the multi-threaded runtime, where blocking this
-            // worker briefly is allowed.
-            let rt = tokio::runtime::Handle::current();
-            if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
-                return;
-            }
-            let status = tokio::task::block_in_place(|| rt.block_on(metrics_node.status()));
-            if let Ok(status) = status {
-                crate::service::render_metrics(&status, out);
-            }
-        };
         let state = ApiState::new(ApiParts {
-            node: node.node_id(),
-            epoch: node.epoch(),
+            bus: Bus::new(node.clone(), handle.clone()),
             store: store.clone(),
-            writer: Arc::new(StoreWriter::new(handle.clone(), node.journal_head_sender())),
-            head: node.journal_head(),
-            node_api: Arc::new(BusApi::new(node.clone(), store.clone(), store_file)),
-            metrics: Some(Arc::new(metrics)),
+            store_file,
             subscriber_buffer: config.api.subscriber_buffer,
-            subscriber_stall: std::time::Duration::from_millis(config.api.subscriber_stall_ms),
+            subscriber_stall: Duration::from_millis(config.api.subscriber_stall_ms),
         });
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(crate::api::serve(socket, state, async move {

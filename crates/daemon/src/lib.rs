@@ -8,10 +8,10 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 pub mod api;
+mod bus;
 pub mod config;
 mod daemon;
 mod foreground;
-pub mod service;
 
 pub use daemon::{Daemon, STORE_RELEASE_WAIT, StartError};
 pub use foreground::{RunError, run_foreground};

@@ -1,182 +1,31 @@
-//! The local API on a real Unix socket in front of a real redb store.
-//!
-//! The bus is not here yet: `TestNode` is a minimal `NodeApi` that signs and
-//! commits sends through the store's group-commit actor, the way the driver
-//! will, so everything the journal routes show was really committed.
+//! The local API on a real Unix socket in front of a real daemon: redb
+//! store, bus node on 127.0.0.1, in this process (`common::TestNode`).
+//! Peers that matter only as recipients are absent: what is sent to them
+//! stays committed in the outbox.
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
 mod common;
-use common::{bounded, error_code, open_unread_subscription};
-use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use common::{
+    TestNode, body_of, bounded, error_code, open_unread_subscription, parse_prometheus, random_key,
+    read_until_lagged,
+};
 use std::time::Duration;
 
 use hyper::{Method, StatusCode};
 use mesh_api::client::{Client, ClientError};
-use mesh_api::{EventEntry, EventRecord, EventsPage, LaggedEvent};
-use mesh_daemon::api::{
-    ApiError, ApiParts, ApiSocket, ApiState, BindError, BoxFuture, NodeApi, NodeStatus, OutMessage,
-    PeerStatus, Sent, StoreWriter, publish_head, serve,
-};
-use mesh_protocol::{
-    Channel, Cursor, Epoch, NewEnvelope, NodeId, NodeTicket, OpenBatch, SecretKey, Seq, StreamId,
-};
-use mesh_store::{
-    Arrival, MeshStore, OnFull, OutboxBounds, PeerRecord, RedbStore, StoreHandle, WriteOp,
-};
+use mesh_api::{EventEntry, EventRecord, EventsPage};
+use mesh_daemon::api::{ApiSocket, BindError};
+use mesh_protocol::{Cursor, Epoch, NodeId, NodeTicket};
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
-use tokio::sync::{oneshot, watch};
 
-fn random_key() -> SecretKey {
-    SecretKey::from_bytes(&rand::random::<[u8; 32]>())
-}
-
-/// A minimal node: sends are signed and committed through the store actor.
-struct TestNode {
-    secret: SecretKey,
-    epoch: Epoch,
-    handle: StoreHandle<RedbStore>,
-    head: Arc<watch::Sender<Arrival>>,
-    bounds: OutboxBounds,
-    next_seq: tokio::sync::Mutex<HashMap<NodeId, Seq>>,
-    peers: Mutex<HashSet<NodeId>>,
-}
-
-impl TestNode {
-    fn peer_status(node: NodeId) -> PeerStatus {
-        PeerStatus {
-            node: node.to_string(),
-            addrs: vec![],
-            connected: false,
-            epoch: None,
-            marks: vec![],
-            queued_msgs: 0,
-            outbox_bytes: 0,
-            paused: false,
-        }
-    }
-}
-
-impl NodeApi for TestNode {
-    fn send_batch(&self, msgs: Vec<OutMessage>) -> BoxFuture<'_, Result<Vec<Sent>, ApiError>> {
-        Box::pin(async move {
-            {
-                let peers = self.peers.lock().unwrap();
-                if let Some(m) = msgs.iter().find(|m| !peers.contains(&m.to)) {
-                    return Err(ApiError::UnknownPeer(m.to));
-                }
-            }
-            // One sender at a time keeps the seqs dense, as the bus does.
-            let mut next = self.next_seq.lock().await;
-            let mut planned = next.clone();
-            let mut ops = Vec::new();
-            let mut sent = Vec::new();
-            for m in &msgs {
-                let seq = planned.entry(m.to).or_insert(1);
-                let batch = OpenBatch::sign(
-                    &self.secret,
-                    self.epoch,
-                    Channel::Direct(m.to),
-                    *seq,
-                    vec![NewEnvelope {
-                        lamport: *seq,
-                        created_ms: 1,
-                        kind: m.kind,
-                        payload: m.body.clone(),
-                    }],
-                )
-                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-                ops.push(WriteOp::AppendOwn {
-                    batch,
-                    bounds: self.bounds,
-                });
-                sent.push((
-                    StreamId::direct(self.secret.public(), self.epoch, m.to),
-                    *seq,
-                ));
-                *seq += 1;
-            }
-            let receipt = self.handle.commit(ops).await?;
-            publish_head(&self.head, &receipt);
-            *next = planned;
-            let (first, _) = receipt
-                .arrivals
-                .ok_or_else(|| ApiError::Internal("no arrivals".into()))?;
-            Ok(sent
-                .into_iter()
-                .enumerate()
-                .map(|(i, (stream, seq))| Sent {
-                    stream,
-                    seq,
-                    arrival: first + i as u64,
-                })
-                .collect())
-        })
-    }
-
-    fn status(&self) -> BoxFuture<'_, Result<NodeStatus, ApiError>> {
-        Box::pin(async move {
-            Ok(NodeStatus {
-                node: self.secret.public().to_string(),
-                epoch: self.epoch.to_string(),
-                addrs: vec![],
-                ticket: NodeTicket::new(self.secret.public(), vec![])
-                    .unwrap()
-                    .to_string(),
-                peers: vec![],
-                store_bytes: None,
-            })
-        })
-    }
-
-    fn ticket(&self) -> BoxFuture<'_, Result<NodeTicket, ApiError>> {
-        Box::pin(async move {
-            NodeTicket::new(self.secret.public(), vec![])
-                .map_err(|e| ApiError::Internal(e.to_string()))
-        })
-    }
-
-    fn add_peer(&self, ticket: NodeTicket) -> BoxFuture<'_, Result<PeerStatus, ApiError>> {
-        Box::pin(async move {
-            self.handle
-                .commit(vec![WriteOp::PutPeer(PeerRecord {
-                    node: ticket.node,
-                    addrs: ticket.addrs.clone(),
-                    epoch: None,
-                })])
-                .await?;
-            self.peers.lock().unwrap().insert(ticket.node);
-            Ok(Self::peer_status(ticket.node))
-        })
-    }
-
-    fn list_peers(&self) -> BoxFuture<'_, Result<Vec<PeerStatus>, ApiError>> {
-        Box::pin(async move {
-            let peers = self.peers.lock().unwrap();
-            Ok(peers.iter().map(|p| Self::peer_status(*p)).collect())
-        })
-    }
-
-    fn remove_peer(&self, node: NodeId) -> BoxFuture<'_, Result<(), ApiError>> {
-        Box::pin(async move {
-            if !self.peers.lock().unwrap().contains(&node) {
-                return Err(ApiError::UnknownPeer(node));
-            }
-            self.handle.commit(vec![WriteOp::RemovePeer(node)]).await?;
-            self.peers.lock().unwrap().remove(&node);
-            Ok(())
-        })
-    }
-}
-
-/// Options of a test daemon.
+/// Options of a test daemon, written to its `config.toml`.
 #[derive(Clone, Copy)]
 struct Opts {
     subscriber_buffer: usize,
     subscriber_stall: Duration,
-    bounds: OutboxBounds,
+    /// `[outbox] max_msgs`, if not the default.
+    outbox_msgs_max: Option<u64>,
 }
 
 impl Default for Opts {
@@ -184,141 +33,43 @@ impl Default for Opts {
         Opts {
             subscriber_buffer: 1024,
             subscriber_stall: Duration::from_secs(5),
-            bounds: OutboxBounds::default(),
+            outbox_msgs_max: None,
         }
     }
 }
 
-/// A daemon's API on a real socket over a real store in `dir`.
-struct Daemon {
-    client: Client,
-    socket: PathBuf,
-    node: NodeId,
-    epoch: Epoch,
-    handle: StoreHandle<RedbStore>,
-    stop: oneshot::Sender<()>,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Daemon {
-    async fn start(dir: &Path, secret: &SecretKey, opts: Opts) -> Daemon {
-        let store = Arc::new(RedbStore::open(dir).unwrap());
-        let epoch = store.meta().epoch;
-        let head = Arc::new(watch::Sender::new(store.journal_head().unwrap()));
-        let handle = StoreHandle::spawn(store.clone()).unwrap();
-        let peers = store.peers().unwrap().into_iter().map(|p| p.node).collect();
-        let next_seq = store
-            .own_streams()
-            .unwrap()
-            .into_iter()
-            .filter_map(|s| Some((s.stream.recipient()?, s.next_seq)))
-            .collect();
-        let node_api = Arc::new(TestNode {
-            secret: secret.clone(),
-            epoch,
-            handle: handle.clone(),
-            head: head.clone(),
-            bounds: opts.bounds,
-            next_seq: tokio::sync::Mutex::new(next_seq),
-            peers: Mutex::new(peers),
-        });
-        let state = ApiState::new(ApiParts {
-            node: secret.public(),
-            epoch,
-            store: store.clone(),
-            writer: Arc::new(StoreWriter::new(handle.clone(), head.clone())),
-            head: head.subscribe(),
-            node_api,
-            metrics: Some(Arc::new(|out: &mut String| {
-                out.push_str("# TYPE mesh_test_extra counter\nmesh_test_extra 7\n")
-            })),
-            subscriber_buffer: opts.subscriber_buffer,
-            subscriber_stall: opts.subscriber_stall,
-        });
-        let socket = dir.join("mesh.sock");
-        let bound = ApiSocket::bind(&socket).await.unwrap();
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(serve(bound, state, async move {
-            let _ = stopped.await;
-        }));
-        Daemon {
-            client: Client::new(&socket),
-            socket,
-            node: secret.public(),
-            epoch,
-            handle,
-            stop,
-            server,
+impl Opts {
+    fn config(&self) -> String {
+        let mut text = format!(
+            "[api]\nsubscriber_buffer = {}\nsubscriber_stall_ms = {}\n",
+            self.subscriber_buffer,
+            self.subscriber_stall.as_millis()
+        );
+        if let Some(n) = self.outbox_msgs_max {
+            text.push_str(&format!("[outbox]\nmax_msgs = {n}\non_full = \"reject\"\n"));
         }
-    }
-
-    /// Stops the API and closes the store, so the same dir can be reopened.
-    async fn stop(self) {
-        let _ = self.stop.send(());
-        self.server.await.unwrap().unwrap();
-        self.handle.close().await;
-    }
-
-    async fn raw(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
-        let (status, bytes) = self.client.raw(method, path, body).await.unwrap();
-        let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (status, v)
-    }
-
-    async fn add_peer(&self) -> NodeId {
-        let peer = random_key().public();
-        let ticket = NodeTicket::new(peer, vec!["127.0.0.1:1".parse().unwrap()]).unwrap();
-        let (status, v) = self
-            .raw(
-                Method::POST,
-                "/v1/peers",
-                Some(&json!({ "ticket": ticket.to_string() })),
-            )
-            .await;
-        assert_eq!(status, StatusCode::OK, "{v}");
-        peer
-    }
-
-    /// Sends `n` messages to `to` through the JSON-array batch route, `per` a request.
-    async fn send_many(&self, to: NodeId, n: usize, per: usize, body: impl Fn(usize) -> String) {
-        let mut i = 0;
-        while i < n {
-            let items: Vec<Value> = (i..(i + per).min(n))
-                .map(|k| json!({ "to": to.to_string(), "body": body(k) }))
-                .collect();
-            let (status, v) = self
-                .raw(
-                    Method::POST,
-                    "/v1/send/batch",
-                    Some(&Value::Array(items.clone())),
-                )
-                .await;
-            assert_eq!(status, StatusCode::OK, "{v}");
-            assert_eq!(v["sent"].as_array().unwrap().len(), items.len());
-            i += items.len();
-        }
-    }
-
-    fn cursor(&self, arrival: Arrival) -> String {
-        Cursor::new(&self.node, self.epoch, arrival).to_string()
+        text
     }
 }
 
-fn body_of(e: &EventEntry) -> Option<&str> {
-    match &e.record {
-        EventRecord::Envelope { body, .. } => Some(body),
-        _ => None,
-    }
+/// Starts a daemon `d` in `dir` with `opts`.
+async fn start(dir: &std::path::Path, opts: Opts) -> TestNode {
+    TestNode::start(dir, "d", Some(&opts.config())).await
+}
+
+/// Sends `n` messages to `to` through the JSON-array batch route, `per` a request.
+async fn send_many(d: &TestNode, to: NodeId, n: usize, per: usize, body: impl Fn(usize) -> String) {
+    let bodies: Vec<String> = (0..n).map(body).collect();
+    d.send_all(&to.to_string(), &bodies, per).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paging_events_one_at_a_time_returns_each_of_1000_exactly_once_across_a_restart() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let secret = random_key();
-        let d = Daemon::start(tmp.path(), &secret, Opts::default()).await;
-        let peer = d.add_peer().await;
-        d.send_many(peer, 1000, 100, |i| format!("msg-{i}")).await;
+        let mut d = start(tmp.path(), Opts::default()).await;
+        let peer = d.add_absent_peer().await;
+        send_many(&d, peer, 1000, 100, |i| format!("msg-{i}")).await;
 
         let mut seen = Vec::new();
         let mut after = String::new();
@@ -335,7 +86,7 @@ async fn paging_events_one_at_a_time_returns_each_of_1000_exactly_once_across_a_
         }
         d.stop().await;
 
-        let d = Daemon::start(tmp.path(), &secret, Opts::default()).await;
+        d.restart().await;
         loop {
             let page: EventsPage = d
                 .client
@@ -376,9 +127,9 @@ async fn paging_events_one_at_a_time_returns_each_of_1000_exactly_once_across_a_
 async fn a_cursor_from_another_node_or_epoch_is_refused_with_409_and_garbage_with_400() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let d = Daemon::start(tmp.path(), &random_key(), Opts::default()).await;
+        let mut d = start(tmp.path(), Opts::default()).await;
         let other_node = Cursor::new(&random_key().public(), d.epoch, 1).to_string();
-        let other_epoch = Cursor::new(&d.node, Epoch([9; 16]), 1).to_string();
+        let other_epoch = Cursor::new(&d.node_id(), Epoch([9; 16]), 1).to_string();
         let cases = [
             (
                 other_node.as_str(),
@@ -424,10 +175,9 @@ async fn a_cursor_from_another_node_or_epoch_is_refused_with_409_and_garbage_wit
 async fn a_named_cursor_is_durable_across_a_restart() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let secret = random_key();
-        let d = Daemon::start(tmp.path(), &secret, Opts::default()).await;
-        let peer = d.add_peer().await;
-        d.send_many(peer, 3, 3, |i| format!("m{i}")).await;
+        let mut d = start(tmp.path(), Opts::default()).await;
+        let peer = d.add_absent_peer().await;
+        send_many(&d, peer, 3, 3, |i| format!("m{i}")).await;
         let c2 = d.cursor(2);
         let v: Value = d
             .client
@@ -457,7 +207,7 @@ async fn a_named_cursor_is_durable_across_a_restart() {
         );
         d.stop().await;
 
-        let d = Daemon::start(tmp.path(), &secret, Opts::default()).await;
+        d.restart().await;
         let v: Value = d.client.get("/v1/cursors/planner.inbox").await.unwrap();
         assert_eq!(v["cursor"], c2.as_str());
         let page: EventsPage = d
@@ -479,7 +229,6 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
     bounded(async {
         const N: usize = 3000;
         let tmp = tempfile::tempdir().unwrap();
-        let secret = random_key();
         // The stopped subscriber lags once its buffer and socket are full
         // and it has taken nothing for the stall time; the reading one,
         // however slowed by a busy machine, keeps taking entries.
@@ -488,11 +237,11 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
             subscriber_stall: Duration::from_secs(3),
             ..Opts::default()
         };
-        let d = Daemon::start(tmp.path(), &secret, opts).await;
-        let peer = d.add_peer().await;
+        let mut d = start(tmp.path(), opts).await;
+        let peer = d.add_absent_peer().await;
 
         // The stopped subscriber: its response has started, then nobody reads.
-        let mut stopped = open_unread_subscription(&d.socket).await;
+        let mut stopped = open_unread_subscription(d.socket()).await;
         // The reading subscriber collects every message and the loss record.
         let mut sub = d.client.subscribe("/v1/subscribe").await.unwrap();
         let reader = tokio::spawn(async move {
@@ -525,7 +274,7 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
 
         // Writers are never held up by the stopped subscriber.
         let pad = "x".repeat(2048);
-        d.send_many(peer, N, 50, |i| format!("{i:05}{pad}")).await;
+        send_many(&d, peer, N, 50, |i| format!("{i:05}{pad}")).await;
 
         let (bodies, lagged) = reader.await.unwrap();
         assert_eq!(lagged, 0, "the reading subscriber never lagged");
@@ -537,31 +286,14 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
 
         // The stopped one, once it reads again, drains what was buffered and
         // is told where to resume.
-        let mut seen = Vec::new();
-        let mut chunk = vec![0u8; 64 * 1024];
-        let lagged: LaggedEvent = loop {
-            let n = stopped.read(&mut chunk).await.unwrap();
-            assert!(n > 0, "stream ended before a lagged event");
-            seen.extend_from_slice(&chunk[..n]);
-            let text = String::from_utf8_lossy(&seen);
-            if let Some(at) = text.find("event: lagged\n") {
-                let rest = &text[at..];
-                if let Some(end) = rest.find("\n\n") {
-                    let data = rest[..end]
-                        .lines()
-                        .find_map(|l| l.strip_prefix("data: "))
-                        .unwrap();
-                    break serde_json::from_str(data).unwrap();
-                }
-            }
-        };
+        let lagged = read_until_lagged(&mut stopped).await;
         assert!(lagged.loss_recorded);
         assert!(lagged.skipped_from >= 1 && lagged.skipped_to >= lagged.skipped_from);
         assert_eq!(lagged.resume, d.cursor(lagged.skipped_from - 1));
         d.stop().await;
 
         // The loss record is in the journal after a restart.
-        let d = Daemon::start(tmp.path(), &secret, opts).await;
+        d.restart().await;
         let mut after = String::new();
         let mut losses = Vec::new();
         loop {
@@ -612,10 +344,10 @@ async fn a_reading_subscriber_with_a_tiny_buffer_is_not_lagged_by_one_large_comm
             subscriber_buffer: 2,
             ..Opts::default()
         };
-        let d = Daemon::start(tmp.path(), &random_key(), opts).await;
-        let peer = d.add_peer().await;
+        let mut d = start(tmp.path(), opts).await;
+        let peer = d.add_absent_peer().await;
         let mut sub = d.client.subscribe("/v1/subscribe").await.unwrap();
-        d.send_many(peer, N, N, |i| format!("{i:05}")).await;
+        send_many(&d, peer, N, N, |i| format!("{i:05}")).await;
         let mut bodies = Vec::new();
         while bodies.len() < N {
             let ev = sub.next().await.unwrap().expect("stream ended");
@@ -634,14 +366,13 @@ async fn a_reading_subscriber_with_a_tiny_buffer_is_not_lagged_by_one_large_comm
 async fn a_client_that_stopped_reading_does_not_hold_a_stopping_server() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let d = Daemon::start(tmp.path(), &random_key(), Opts::default()).await;
-        let peer = d.add_peer().await;
+        let mut d = start(tmp.path(), Opts::default()).await;
+        let peer = d.add_absent_peer().await;
         // Fill the unread subscription's socket: ~4 MiB of entries, far
         // more than a Unix socket buffers, so its response stays mid-write.
-        let stopped = open_unread_subscription(&d.socket).await;
+        let stopped = open_unread_subscription(d.socket()).await;
         let pad = "x".repeat(4096);
-        d.send_many(peer, 1000, 100, |i| format!("{i:05}{pad}"))
-            .await;
+        send_many(&d, peer, 1000, 100, |i| format!("{i:05}{pad}")).await;
         let started = std::time::Instant::now();
         d.stop().await;
         // The server waited its grace period for the stuck response, then
@@ -669,15 +400,15 @@ async fn a_client_that_stopped_reading_does_not_hold_a_stopping_server() {
 async fn a_subscription_sends_the_backlog_after_its_cursor_then_live_entries() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let d = Daemon::start(tmp.path(), &random_key(), Opts::default()).await;
-        let peer = d.add_peer().await;
-        d.send_many(peer, 5, 5, |i| format!("old-{i}")).await;
+        let mut d = start(tmp.path(), Opts::default()).await;
+        let peer = d.add_absent_peer().await;
+        send_many(&d, peer, 5, 5, |i| format!("old-{i}")).await;
         let mut sub = d
             .client
             .subscribe(&format!("/v1/subscribe?after={}", d.cursor(3)))
             .await
             .unwrap();
-        d.send_many(peer, 2, 1, |i| format!("new-{i}")).await;
+        send_many(&d, peer, 2, 1, |i| format!("new-{i}")).await;
         let mut bodies = Vec::new();
         while bodies.len() < 4 {
             let ev = sub.next().await.unwrap().unwrap();
@@ -696,15 +427,11 @@ async fn bad_input_unknown_peers_and_a_full_outbox_get_the_documented_errors() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
         let opts = Opts {
-            bounds: OutboxBounds {
-                max_msgs: 2,
-                max_bytes: 1 << 20,
-                on_full: OnFull::Reject,
-            },
+            outbox_msgs_max: Some(2),
             ..Opts::default()
         };
-        let d = Daemon::start(tmp.path(), &random_key(), opts).await;
-        let peer = d.add_peer().await;
+        let mut d = start(tmp.path(), opts).await;
+        let peer = d.add_absent_peer().await;
         let to = peer.to_string();
         let post = |path: &'static str, ct: Option<&'static str>, body: Vec<u8>| {
             let c = d.client.clone();
@@ -806,7 +533,7 @@ async fn bad_input_unknown_peers_and_a_full_outbox_get_the_documented_errors() {
         .await;
         assert_eq!(
             (s, error_code(&v)),
-            (StatusCode::INSUFFICIENT_STORAGE, "outbox_full"),
+            (StatusCode::TOO_MANY_REQUESTS, "outbox_full"),
             "{v}"
         );
         let err = d
@@ -814,7 +541,17 @@ async fn bad_input_unknown_peers_and_a_full_outbox_get_the_documented_errors() {
             .post::<Value>("/v1/send", &json!({ "to": to, "body": "m2" }))
             .await
             .unwrap_err();
-        assert!(matches!(err, ClientError::Api { status: 507, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ClientError::Api {
+                    status: 429,
+                    fault: mesh_api::Fault::Capacity,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         // Nothing of the refused sends reached the journal.
         let page: EventsPage = d.client.get("/v1/events").await.unwrap();
         assert_eq!(
@@ -830,8 +567,8 @@ async fn bad_input_unknown_peers_and_a_full_outbox_get_the_documented_errors() {
 async fn an_ndjson_batch_commits_line_by_line_and_says_how_far_it_got() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let d = Daemon::start(tmp.path(), &random_key(), Opts::default()).await;
-        let peer = d.add_peer().await;
+        let mut d = start(tmp.path(), Opts::default()).await;
+        let peer = d.add_absent_peer().await;
         let line = |i: usize| {
             format!(
                 "{}\n",
@@ -932,14 +669,14 @@ async fn an_ndjson_batch_commits_line_by_line_and_says_how_far_it_got() {
 async fn status_ticket_peers_and_metrics_answer_json_and_prometheus_text() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let d = Daemon::start(tmp.path(), &random_key(), Opts::default()).await;
-        let peer = d.add_peer().await;
+        let mut d = start(tmp.path(), Opts::default()).await;
+        let peer = d.add_absent_peer().await;
         let v: Value = d.client.get("/v1/status").await.unwrap();
-        assert_eq!(v["node"], d.node.to_string());
+        assert_eq!(v["node"], d.id);
         assert!(v["journal_head"].is_u64());
         let v: Value = d.client.get("/v1/ticket").await.unwrap();
         let t: NodeTicket = v["ticket"].as_str().unwrap().parse().unwrap();
-        assert_eq!(t.node, d.node);
+        assert_eq!(t.node, d.node_id());
         let v: Value = d.client.get("/v1/peers").await.unwrap();
         assert_eq!(v["peers"][0]["node"], peer.to_string());
         let (s, v) = d
@@ -966,7 +703,48 @@ async fn status_ticket_peers_and_metrics_answer_json_and_prometheus_text() {
             text.contains("mesh_api_requests_total{class=\"ok\"}"),
             "{text}"
         );
-        assert!(text.contains("mesh_test_extra 7"), "{text}");
+        // The bus's counters are there too.
+        assert!(text.contains("\nmesh_commits_total "), "{text}");
+        d.stop().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_prometheus_text_with_each_family_once() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut d = start(tmp.path(), Opts::default()).await;
+        let peer = d.add_absent_peer().await;
+        send_many(&d, peer, 3, 3, |i| format!("m{i}")).await;
+        let text = d.metrics_text().await;
+        let families = parse_prometheus(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+        for (name, kind) in [
+            ("mesh_api_requests_total", "counter"),
+            ("mesh_api_sent_total", "counter"),
+            ("mesh_api_subscribers", "gauge"),
+            ("mesh_journal_head", "gauge"),
+            ("mesh_commits_total", "counter"),
+            ("mesh_sends_ok_total", "counter"),
+            ("mesh_frames_dropped_total", "counter"),
+        ] {
+            let f = families
+                .get(name)
+                .unwrap_or_else(|| panic!("no {name} in\n{text}"));
+            assert_eq!(f.kind, kind, "{name}");
+        }
+        assert_eq!(
+            families["mesh_journal_head"].samples,
+            [(String::new(), 3.0)]
+        );
+        assert_eq!(
+            families["mesh_api_sent_total"].samples,
+            [(String::new(), 3.0)]
+        );
+        assert_eq!(families["mesh_frames_dropped_total"].samples.len(), 13);
+        // The checker itself refuses a family given twice.
+        let twice = format!("{text}# TYPE mesh_journal_head gauge\nmesh_journal_head 3\n");
+        assert!(parse_prometheus(&twice).is_err());
         d.stop().await;
     })
     .await
@@ -1003,9 +781,9 @@ async fn a_live_socket_is_refused_as_another_daemon_and_a_stale_one_is_replaced(
 async fn a_stopped_daemon_removes_its_socket_and_clients_say_it_is_not_running() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let d = Daemon::start(tmp.path(), &random_key(), Opts::default()).await;
+        let mut d = start(tmp.path(), Opts::default()).await;
         let client = d.client.clone();
-        let socket = d.socket.clone();
+        let socket = d.socket().to_owned();
         // An open subscription does not hold the shutdown up.
         let mut sub = client.subscribe("/v1/subscribe").await.unwrap();
         d.stop().await;
@@ -1058,11 +836,13 @@ async fn another_uid_is_refused_with_403_and_changes_nothing() {
         use std::os::unix::fs::PermissionsExt;
         use std::os::unix::process::CommandExt;
         let tmp = tempfile::tempdir().unwrap();
-        let d = Daemon::start(tmp.path(), &random_key(), Opts::default()).await;
+        let mut d = start(tmp.path(), Opts::default()).await;
         // The 0700 dir and 0600 socket already keep other users out; open
         // both up to prove the SO_PEERCRED check refuses them on its own.
-        std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+        for dir in [tmp.path(), d.dir.as_path()] {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::fs::set_permissions(d.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
         let exe = std::env::current_exe().unwrap();
         let mut cmd = std::process::Command::new(exe);
         cmd.args([
@@ -1071,7 +851,7 @@ async fn another_uid_is_refused_with_403_and_changes_nothing() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(HELPER_ENV, &d.socket)
+        .env(HELPER_ENV, d.socket())
         .env(HELPER_CURSOR_ENV, d.cursor(0))
         .uid(OTHER_UID)
         .gid(OTHER_UID);

@@ -1,242 +1,29 @@
-//! Real daemons end to end: each node is a full [`Daemon`] (redb store, bus
-//! node on an iroh endpoint bound to 127.0.0.1, local API on a real Unix
-//! socket in a temp dir), started and stopped in this process and driven
-//! only through its socket API.
+//! Real daemons end to end: each node is a full `mesh_daemon::Daemon` (redb
+//! store, bus node on an iroh endpoint bound to 127.0.0.1, local API on a
+//! real Unix socket in a temp dir), started and stopped in this process and
+//! driven only through its socket API (`common::TestNode`).
 //!
 //! Nothing here sleeps to synchronise: every wait polls the API with short
 //! intervals and a bounded number of tries, and every test has a deadline.
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
 mod common;
-use common::{bounded, error_code, open_unread_subscription, wait_for};
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use common::{
+    TestNode, bounded, error_code, in_order, link, open_unread_subscription, read_until_lagged,
+    texts, wait_connected, wait_for,
+};
 
 use hyper::{Method, StatusCode};
 use mesh_api::client::Client;
-use mesh_api::paths::DataDir;
-use mesh_api::{EventEntry, EventRecord, EventsPage, LaggedEvent};
-use mesh_daemon::Daemon;
+use mesh_api::{EventEntry, EventRecord, EventsPage};
 use serde_json::{Value, json};
-use tokio::io::AsyncReadExt;
-
-/// One real daemon in `<tmp>/<name>`, restartable on the same port.
-struct Node {
-    name: &'static str,
-    dir: PathBuf,
-    /// The UDP port the first start picked; restarts bind it again, so peers
-    /// find the node where its ticket says.
-    port: u16,
-    id: String,
-    client: Client,
-    daemon: Option<Daemon>,
-}
-
-impl Node {
-    /// Starts a node; `config` is written to its `config.toml` first.
-    async fn start(tmp: &Path, name: &'static str, config: Option<&str>) -> Node {
-        let dir = tmp.join(name);
-        if let Some(text) = config {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(dir.join("config.toml"), text).unwrap();
-        }
-        let daemon = run_daemon(&dir, 0).await;
-        let client = Client::new(daemon.socket_path());
-        let mut node = Node {
-            name,
-            dir,
-            port: 0,
-            id: String::new(),
-            client,
-            daemon: Some(daemon),
-        };
-        let st = node.status().await;
-        node.id = st["node"].as_str().unwrap().to_owned();
-        let addr: SocketAddr = st["addrs"][0].as_str().unwrap().parse().unwrap();
-        assert!(addr.ip().is_loopback(), "{st}");
-        node.port = addr.port();
-        node
-    }
-
-    async fn stop(&mut self) {
-        self.daemon
-            .take()
-            .expect("the node is running")
-            .shutdown()
-            .await;
-    }
-
-    async fn restart(&mut self) {
-        assert!(self.daemon.is_none(), "{} is running", self.name);
-        self.daemon = Some(run_daemon(&self.dir, self.port).await);
-    }
-
-    async fn raw(&self, method: Method, path: &str, body: Option<&Value>) -> (StatusCode, Value) {
-        let (status, bytes) = self.client.raw(method, path, body).await.unwrap();
-        let v = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (status, v)
-    }
-
-    async fn status(&self) -> Value {
-        self.client.get("/v1/status").await.unwrap()
-    }
-
-    /// `raw`, asserting 200.
-    async fn ok(&self, method: Method, path: &str, body: Option<&Value>) -> Value {
-        let (s, v) = self.raw(method, path, body).await;
-        assert_eq!(s, StatusCode::OK, "{}: {path}: {v}", self.name);
-        v
-    }
-
-    /// The value of the Prometheus sample `name` in `GET /metrics`.
-    async fn metric(&self, name: &str) -> u64 {
-        let (s, bytes) = self
-            .client
-            .raw(Method::GET, "/metrics", None::<&Value>)
-            .await
-            .unwrap();
-        assert_eq!(s, StatusCode::OK);
-        let text = String::from_utf8(bytes.to_vec()).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-            .unwrap_or_else(|| panic!("no {name} in {text}"))
-    }
-
-    async fn ticket(&self) -> String {
-        let v: Value = self.client.get("/v1/ticket").await.unwrap();
-        v["ticket"].as_str().unwrap().to_owned()
-    }
-
-    async fn add_peer(&self, ticket: &str) {
-        let (s, v) = self
-            .raw(
-                Method::POST,
-                "/v1/peers",
-                Some(&json!({ "ticket": ticket })),
-            )
-            .await;
-        assert_eq!(s, StatusCode::OK, "{}: {v}", self.name);
-    }
-
-    /// The peer `id` as this node's status shows it.
-    async fn peer(&self, id: &str) -> Value {
-        let st = self.status().await;
-        st["peers"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["node"] == id)
-            .cloned()
-            .unwrap_or_else(|| panic!("{} does not list peer {id}: {st}", self.name))
-    }
-
-    /// Sends `bodies` to `to` through `POST /v1/send/batch`, `per` a request;
-    /// returns the seqs the node answered.
-    async fn send_all(&self, to: &str, bodies: &[String], per: usize) -> Vec<u64> {
-        let mut seqs = Vec::new();
-        for chunk in bodies.chunks(per) {
-            let items: Vec<Value> = chunk
-                .iter()
-                .map(|b| json!({ "to": to, "body": b }))
-                .collect();
-            let (s, v) = self
-                .raw(Method::POST, "/v1/send/batch", Some(&Value::Array(items)))
-                .await;
-            assert_eq!(s, StatusCode::OK, "{}: {v}", self.name);
-            for sent in v["sent"].as_array().unwrap() {
-                seqs.push(sent["seq"].as_u64().unwrap());
-            }
-        }
-        seqs
-    }
-
-    /// The whole journal, paged 1,000 at a time.
-    async fn journal(&self) -> Vec<EventEntry> {
-        let mut entries = Vec::new();
-        let mut after = String::new();
-        loop {
-            let page: EventsPage = self
-                .client
-                .get(&format!("/v1/events?after={after}&limit=1000"))
-                .await
-                .unwrap();
-            if page.entries.is_empty() {
-                return entries;
-            }
-            entries.extend(page.entries);
-            after = page.next;
-        }
-    }
-
-    /// `(seq, body)` of every message from `author` in the journal, in journal order.
-    async fn received_from(&self, author: &str) -> Vec<(u64, String)> {
-        self.journal()
-            .await
-            .into_iter()
-            .filter_map(|e| match e.record {
-                EventRecord::Envelope {
-                    stream, seq, body, ..
-                } if stream.author == author => Some((seq, body)),
-                _ => None,
-            })
-            .collect()
-    }
-
-    /// Waits until `count` messages from `author` are in the journal.
-    async fn wait_received(&self, author: &str, count: usize) -> Vec<(u64, String)> {
-        let what = format!("{} to hold {count} messages from {author}", self.name);
-        wait_for(&what, async || {
-            let got = self.received_from(author).await;
-            assert!(
-                got.len() <= count,
-                "{}: more than {count}: {got:?}",
-                self.name
-            );
-            (got.len() == count).then_some(got)
-        })
-        .await
-    }
-}
-
-async fn run_daemon(dir: &Path, port: u16) -> Daemon {
-    let bind = SocketAddr::from(([127, 0, 0, 1], port));
-    Daemon::start(DataDir::resolve(Some(dir)).unwrap(), Some(bind))
-        .await
-        .unwrap()
-}
-
-/// Adds each node's ticket to the other and waits until both say connected.
-async fn link(a: &Node, b: &Node) {
-    a.add_peer(&b.ticket().await).await;
-    b.add_peer(&a.ticket().await).await;
-    wait_connected(a, b).await;
-}
-
-async fn wait_connected(a: &Node, b: &Node) {
-    let what = format!("{} and {} to be connected", a.name, b.name);
-    wait_for(&what, async || {
-        let up =
-            a.peer(&b.id).await["connected"] == true && b.peer(&a.id).await["connected"] == true;
-        up.then_some(())
-    })
-    .await
-}
-
-fn texts(prefix: &str, n: usize) -> Vec<String> {
-    (0..n).map(|i| format!("{prefix}-{i:04}")).collect()
-}
-
-/// `(seq, body)` for seqs `1..` of `bodies`.
-fn in_order(bodies: &[String]) -> Vec<(u64, String)> {
-    (1..).zip(bodies.iter().cloned()).collect()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_linked_daemons_send_both_ways_exactly_once_and_in_order() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let mut a = Node::start(tmp.path(), "a", None).await;
-        let mut b = Node::start(tmp.path(), "b", None).await;
+        let mut a = TestNode::start(tmp.path(), "a", None).await;
+        let mut b = TestNode::start(tmp.path(), "b", None).await;
         link(&a, &b).await;
 
         let (s, v) = a
@@ -282,8 +69,8 @@ async fn two_linked_daemons_send_both_ways_exactly_once_and_in_order() {
 async fn a_batch_of_1000_gets_its_seqs_in_request_order() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let mut a = Node::start(tmp.path(), "a", None).await;
-        let mut b = Node::start(tmp.path(), "b", None).await;
+        let mut a = TestNode::start(tmp.path(), "a", None).await;
+        let mut b = TestNode::start(tmp.path(), "b", None).await;
         a.add_peer(&b.ticket().await).await;
         b.stop().await;
         let bodies = texts("o", 1000);
@@ -309,8 +96,8 @@ async fn a_batch_of_1000_gets_its_seqs_in_request_order() {
 async fn a_peer_stopped_while_1000_messages_are_sent_to_it_gets_all_exactly_once_in_order() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let mut a = Node::start(tmp.path(), "a", None).await;
-        let mut b = Node::start(tmp.path(), "b", None).await;
+        let mut a = TestNode::start(tmp.path(), "a", None).await;
+        let mut b = TestNode::start(tmp.path(), "b", None).await;
         link(&a, &b).await;
         let bodies = texts("m", 1000);
         // The first 300 go while b is up (some may still be in flight when it stops).
@@ -343,8 +130,8 @@ async fn paging_events_one_at_a_time_over_1000_received_returns_each_exactly_onc
 {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let mut a = Node::start(tmp.path(), "a", None).await;
-        let mut b = Node::start(tmp.path(), "b", None).await;
+        let mut a = TestNode::start(tmp.path(), "a", None).await;
+        let mut b = TestNode::start(tmp.path(), "b", None).await;
         link(&a, &b).await;
         let bodies = texts("p", 1000);
         a.send_all(&b.id, &bodies, 250).await;
@@ -353,7 +140,7 @@ async fn paging_events_one_at_a_time_over_1000_received_returns_each_exactly_onc
         let mut seen = Vec::new();
         let mut arrivals = Vec::new();
         let mut after = String::new();
-        let mut page_of_one = async |b: &Node, after: &mut String| {
+        let mut page_of_one = async |b: &TestNode, after: &mut String| {
             let page: EventsPage = b
                 .client
                 .get(&format!("/v1/events?after={after}&limit=1"))
@@ -399,8 +186,8 @@ async fn paging_events_one_at_a_time_over_1000_received_returns_each_exactly_onc
 async fn a_cursor_from_another_node_is_refused_with_409_and_changes_nothing() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let mut a = Node::start(tmp.path(), "a", None).await;
-        let mut b = Node::start(tmp.path(), "b", None).await;
+        let mut a = TestNode::start(tmp.path(), "a", None).await;
+        let mut b = TestNode::start(tmp.path(), "b", None).await;
         link(&a, &b).await;
         a.send_all(&b.id, &texts("c", 2), 2).await;
         let page: EventsPage = a.client.get("/v1/events").await.unwrap();
@@ -455,27 +242,20 @@ async fn bad_json_unknown_peer_oversized_body_and_full_outbox_give_the_documente
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
         let config = "[outbox]\nmax_msgs = 3\n";
-        let mut a = Node::start(tmp.path(), "a", Some(config)).await;
+        let mut a = TestNode::start(tmp.path(), "a", Some(config)).await;
         // b exists but is offline: nothing a sends it is ever acknowledged.
-        let mut b = Node::start(tmp.path(), "b", None).await;
+        let mut b = TestNode::start(tmp.path(), "b", None).await;
         let b_ticket = b.ticket().await;
         b.stop().await;
         a.add_peer(&b_ticket).await;
-        let post = async |path: &str, body: Vec<u8>| {
-            let (s, bytes) = a
-                .client
-                .raw_bytes(Method::POST, path, Some("application/json"), body.into())
-                .await
-                .unwrap();
-            (s, serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null))
-        };
+        let post = async |path: &str, body: Vec<u8>| a.post_bytes(path, body).await;
 
         let (s, v) = post("/v1/send", b"{\"to\": ".to_vec()).await;
         assert_eq!((s, error_code(&v)), (StatusCode::BAD_REQUEST, "bad_json"), "{v}");
         let (s, v) = post("/v1/peers", b"[1, 2]".to_vec()).await;
         assert_eq!((s, error_code(&v)), (StatusCode::BAD_REQUEST, "bad_json"), "{v}");
 
-        let stranger = Node::start(tmp.path(), "stranger", None).await;
+        let stranger = TestNode::start(tmp.path(), "stranger", None).await;
         let (s, v) = post(
             "/v1/send",
             serde_json::to_vec(&json!({ "to": stranger.id, "body": "hi" })).unwrap(),
@@ -487,7 +267,8 @@ async fn bad_json_unknown_peer_oversized_body_and_full_outbox_give_the_documente
             .raw(Method::DELETE, &format!("/v1/peers/{}", stranger.id), None)
             .await;
         assert_eq!((s, error_code(&v)), (StatusCode::NOT_FOUND, "unknown_peer"), "{v}");
-        stranger.daemon.unwrap().shutdown().await;
+        let mut stranger = stranger;
+        stranger.stop().await;
 
         let huge = json!({ "to": b.id, "body": "x".repeat(mesh_daemon::api::SEND_REQUEST_BYTES_MAX) });
         let (s, v) = post("/v1/send", serde_json::to_vec(&huge).unwrap()).await;
@@ -504,7 +285,7 @@ async fn bad_json_unknown_peer_oversized_body_and_full_outbox_give_the_documente
             serde_json::to_vec(&json!({ "to": b.id, "body": "f-0003" })).unwrap(),
         )
         .await;
-        assert_eq!((s, error_code(&v)), (StatusCode::INSUFFICIENT_STORAGE, "outbox_full"), "{v}");
+        assert_eq!((s, error_code(&v)), (StatusCode::TOO_MANY_REQUESTS, "outbox_full"), "{v}");
         let bodies: Vec<String> = a
             .journal()
             .await
@@ -526,10 +307,10 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
     bounded(async {
         const N: usize = 2000;
         let tmp = tempfile::tempdir().unwrap();
-        let mut a = Node::start(tmp.path(), "a", None).await;
+        let mut a = TestNode::start(tmp.path(), "a", None).await;
         // The stopped subscriber lags once its 512-entry buffer and its
         // socket are full and it has taken nothing for 3 s.
-        let mut b = Node::start(
+        let mut b = TestNode::start(
             tmp.path(),
             "b",
             Some("[api]\nsubscriber_buffer = 512\nsubscriber_stall_ms = 3000\n"),
@@ -599,23 +380,7 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
         assert!(losses <= 1, "{losses}");
 
         // Once the stopped one reads again, it is told what it missed.
-        let mut seen = Vec::new();
-        let mut chunk = vec![0u8; 64 * 1024];
-        let lagged: LaggedEvent = loop {
-            let n = stopped.read(&mut chunk).await.unwrap();
-            assert!(n > 0, "stream ended before a lagged event");
-            seen.extend_from_slice(&chunk[..n]);
-            let text = String::from_utf8_lossy(&seen);
-            if let Some(at) = text.find("event: lagged\n")
-                && let Some(end) = text[at..].find("\n\n")
-            {
-                let data = text[at..at + end]
-                    .lines()
-                    .find_map(|l| l.strip_prefix("data: "))
-                    .unwrap();
-                break serde_json::from_str(data).unwrap();
-            }
-        };
+        let lagged = read_until_lagged(&mut stopped).await;
         assert!(lagged.loss_recorded, "{lagged:?}");
         assert!(lagged.skipped_to >= lagged.skipped_from, "{lagged:?}");
         drop(stopped);
@@ -701,7 +466,7 @@ async fn another_uid_is_refused_with_403_and_changes_nothing() {
         use std::os::unix::fs::PermissionsExt;
         use std::os::unix::process::CommandExt;
         let tmp = tempfile::tempdir().unwrap();
-        let mut a = Node::start(tmp.path(), "a", None).await;
+        let mut a = TestNode::start(tmp.path(), "a", None).await;
         // The 0700 dirs and the 0600 socket keep other users out already;
         // open them up to prove the SO_PEERCRED check refuses on its own.
         let socket = a.client.socket().to_owned();
@@ -754,8 +519,8 @@ async fn another_uid_is_refused_with_403_and_changes_nothing() {
 async fn a_paused_peer_gets_nothing_and_is_refused_then_everything_once_in_order_after_resume() {
     bounded(async {
         let tmp = tempfile::tempdir().unwrap();
-        let mut a = Node::start(tmp.path(), "a", None).await;
-        let mut b = Node::start(tmp.path(), "b", None).await;
+        let mut a = TestNode::start(tmp.path(), "a", None).await;
+        let mut b = TestNode::start(tmp.path(), "b", None).await;
         link(&a, &b).await;
         let st = a.status().await;
         assert_eq!(st["pid"], std::process::id(), "{st}");

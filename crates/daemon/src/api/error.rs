@@ -1,20 +1,64 @@
-//! The API's one error type and its JSON form `{"error": {"code", "message"}}`.
+//! The API's errors, grouped by who is at fault, and their one mapping to an
+//! HTTP status, a stable code and a fault class (which decides the CLI's
+//! exit code): `{"error": {"code", "fault", "message"}}`.
+//!
+//! | fault | status | what |
+//! |---|---|---|
+//! | [`CallerError`] | 400, 403, 405, 409 | bad input, not allowed, a cursor of another node |
+//! | [`NotFound`] | 404 | unknown peer, cursor or route |
+//! | [`Capacity`] | 429, 409 | a full peer outbox, a busy node; too many peers |
+//! | [`Unavailable`] | 503 | the store or the node cannot serve now |
+//! | [`Bug`] | 500 | nothing the caller can change |
+//!
+//! A full peer outbox is 429, not 409: the request is right and the same
+//! request succeeds once the peer has caught up, which is what 429 tells a
+//! client (slow down, retry later), while 409 says the request itself must
+//! change. Too many peers is 409: waiting does not help, removing one does.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use mesh_api::{ErrorCode, Fault};
 use mesh_protocol::{CursorError, NodeId};
-use mesh_store::StoreError;
+use mesh_store::{Arrival, StoreError};
 
-/// Every way a request can fail, grouped by who is at fault; each has a stable
-/// `code` and an HTTP status.
-///
-/// The caller's fault: 400 (bad input), 404 (unknown peer, cursor or route),
-/// 405, 409 (a cursor from another node or store epoch). Not allowed: 403. The
-/// environment: 507 (a peer's outbox is full), 503 (the store or the node is
-/// unavailable). A bug: 500.
+use crate::bus::{CoreSendError, NodeError, PeerError, SendError};
+
+/// Why a request failed: what went wrong, where (an item or line of a
+/// batch), and a note on what else the request did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    kind: ErrorKind,
+    /// Where in the request, e.g. `line 3`.
+    place: Option<String>,
+    /// What else happened, e.g. how many of a batch were committed.
+    note: Option<String>,
+}
+
+/// What went wrong, by who is at fault.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ApiError {
+pub enum ErrorKind {
+    /// The request was wrong or not allowed.
+    #[error(transparent)]
+    Caller(#[from] CallerError),
+    /// What the request names does not exist.
+    #[error(transparent)]
+    NotFound(#[from] NotFound),
+    /// A bound was reached; the same request may succeed later.
+    #[error(transparent)]
+    Capacity(#[from] Capacity),
+    /// The node cannot serve now.
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
+    /// A bug.
+    #[error(transparent)]
+    Bug(#[from] Bug),
+}
+
+/// The caller's fault: change the request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CallerError {
     /// The body is not JSON, or not the expected shape (a missing field, a wrong type).
     #[error("bad JSON body: {0}")]
     BadJson(String),
@@ -26,12 +70,51 @@ pub enum ApiError {
         /// What to do instead, starting with "; " (or empty).
         hint: &'static str,
     },
-    /// A value has the right type but is not acceptable (a bad node id, base64, limit…).
+    /// The body could not be read to its end.
+    #[error("cannot read the request body: {0}")]
+    BodyUnreadable(String),
+    /// The text is not a node id.
+    #[error("{text:?} is not a node id ({why}); node ids are printed by `mesh id`")]
+    BadNodeId {
+        /// The text, cut to a length fit for a message.
+        text: String,
+        /// Why not.
+        why: String,
+    },
+    /// A value of the right type that is not acceptable (a ticket, base64, a limit, a name).
     #[error("{0}")]
-    BadRequest(String),
+    BadValue(String),
+    /// The message's payload can never be sent.
+    #[error("the message body is {len} bytes, more than the {max} a message may carry")]
+    PayloadTooLarge {
+        /// The payload's length.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
+    /// A node does not send to itself over the mesh.
+    #[error("cannot send to this node itself")]
+    ToSelf,
+    /// The peer cannot be added as asked (this node itself, too many addresses).
+    #[error("{0}")]
+    BadPeer(String),
     /// The text is not a cursor.
     #[error("{0}")]
     BadCursor(String),
+    /// A cursor of this node and epoch past the journal head: forged or damaged.
+    #[error("cursor points at arrival {arrival}, past the journal head {head}")]
+    CursorPastHead {
+        /// Where it points.
+        arrival: Arrival,
+        /// The journal head.
+        head: Arrival,
+    },
+    /// The cursor was issued by another node.
+    #[error("{0}; cursors are only valid on the node that issued them")]
+    CursorOtherNode(String),
+    /// The cursor was issued under another store epoch of this node.
+    #[error("{0}; the store was recreated since, so page from the start (omit `after`)")]
+    CursorOtherEpoch(String),
     /// The connecting uid may not use this node.
     #[error("uid {uid} may not use this node's socket; only root and uid {daemon_uid} may")]
     Forbidden {
@@ -40,6 +123,15 @@ pub enum ApiError {
         /// The daemon's uid.
         daemon_uid: u32,
     },
+    /// The route exists but not with this method.
+    #[error("method not allowed for this route")]
+    MethodNotAllowed,
+}
+
+/// What the request names does not exist.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotFound {
     /// The peer is not known to this node.
     #[error("unknown peer {0}; add it first with `mesh peer add TICKET`")]
     UnknownPeer(NodeId),
@@ -54,85 +146,145 @@ pub enum ApiError {
         /// The request path.
         path: String,
     },
-    /// The route exists but not with this method.
-    #[error("method not allowed for this route")]
-    MethodNotAllowed,
-    /// The cursor was issued by another node.
-    #[error("{0}; cursors are only valid on the node that issued them")]
-    CursorOtherNode(String),
-    /// The cursor was issued under another store epoch of this node.
-    #[error("{0}; the store was recreated since, so page from the start (omit `after`)")]
-    CursorOtherEpoch(String),
-    /// The peer's outbox is full of unacknowledged envelopes and the policy is `reject`.
+}
+
+/// A bound was reached: the same request may succeed later (or once
+/// something is removed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Capacity {
+    /// The peer's outbox is full of unacknowledged envelopes and its policy
+    /// is `reject`; nothing was written.
     #[error("{0}")]
     OutboxFull(String),
-    /// The store cannot be read or written right now.
+    /// The node has as many requests of this kind waiting as it holds.
     #[error("{0}")]
-    StoreUnavailable(String),
-    /// The node (bus) cannot take the request right now (starting, stopping).
+    Busy(String),
+    /// The node knows as many peers as it may.
     #[error("{0}")]
-    NodeUnavailable(String),
-    /// A bug: a store conflict or a task that died.
+    TooManyPeers(String),
+}
+
+/// The node cannot serve now; nothing the caller did, and nothing was written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Unavailable {
+    /// The store cannot be read or written.
+    #[error("{0}")]
+    Store(String),
+    /// The node (bus) is stopping or has stopped.
+    #[error("{0}")]
+    Node(String),
+}
+
+/// A bug in the node: a store conflict, a task that died, an answer that
+/// does not add up.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Bug {
+    /// What went wrong.
     #[error("internal error: {0}")]
     Internal(String),
 }
 
+impl Bug {
+    /// A bug described by `what`.
+    pub fn new(what: impl Into<String>) -> Bug {
+        Bug::Internal(what.into())
+    }
+}
+
 impl ApiError {
+    /// What went wrong.
+    pub fn kind(&self) -> &ErrorKind {
+        &self.kind
+    }
+
+    /// Who is at fault.
+    pub fn fault(&self) -> Fault {
+        match &self.kind {
+            ErrorKind::Caller(_) => Fault::Caller,
+            ErrorKind::NotFound(_) => Fault::NotFound,
+            ErrorKind::Capacity(_) => Fault::Capacity,
+            ErrorKind::Unavailable(_) => Fault::Unavailable,
+            ErrorKind::Bug(_) => Fault::Bug,
+        }
+    }
+
+    /// Says where in the request it went wrong (`line 3`, `item 0`); the
+    /// message starts with it.
+    pub fn at(mut self, place: String) -> Self {
+        self.place = Some(place);
+        self
+    }
+
     /// Adds `note` to the message, keeping the kind (and so the status).
-    pub fn with_note(self, note: &str) -> Self {
-        use ApiError::*;
-        match self {
-            OutboxFull(m) => OutboxFull(format!("{m}; {note}")),
-            StoreUnavailable(m) => StoreUnavailable(format!("{m}; {note}")),
-            NodeUnavailable(m) => NodeUnavailable(format!("{m}; {note}")),
-            BadRequest(m) => BadRequest(format!("{m}; {note}")),
-            Internal(m) => Internal(format!("{m}; {note}")),
-            other => other,
+    pub fn with_note(mut self, note: &str) -> Self {
+        self.note = Some(match self.note.take() {
+            Some(n) => format!("{n}; {note}"),
+            None => note.to_owned(),
+        });
+        self
+    }
+
+    /// The HTTP status and the stable code.
+    pub fn status_and_code(&self) -> (StatusCode, ErrorCode) {
+        use StatusCode as S;
+        match &self.kind {
+            ErrorKind::Caller(e) => match e {
+                CallerError::BadJson(_) => (S::BAD_REQUEST, ErrorCode::BadJson),
+                CallerError::BodyTooLarge { .. } => (S::BAD_REQUEST, ErrorCode::BodyTooLarge),
+                CallerError::BadCursor(_) | CallerError::CursorPastHead { .. } => {
+                    (S::BAD_REQUEST, ErrorCode::BadCursor)
+                }
+                CallerError::CursorOtherNode(_) => (S::CONFLICT, ErrorCode::CursorOtherNode),
+                CallerError::CursorOtherEpoch(_) => (S::CONFLICT, ErrorCode::CursorOtherEpoch),
+                CallerError::Forbidden { .. } => (S::FORBIDDEN, ErrorCode::Forbidden),
+                CallerError::MethodNotAllowed => {
+                    (S::METHOD_NOT_ALLOWED, ErrorCode::MethodNotAllowed)
+                }
+                CallerError::BodyUnreadable(_)
+                | CallerError::BadNodeId { .. }
+                | CallerError::BadValue(_)
+                | CallerError::PayloadTooLarge { .. }
+                | CallerError::ToSelf
+                | CallerError::BadPeer(_) => (S::BAD_REQUEST, ErrorCode::BadRequest),
+            },
+            ErrorKind::NotFound(e) => match e {
+                NotFound::UnknownPeer(_) => (S::NOT_FOUND, ErrorCode::UnknownPeer),
+                NotFound::UnknownCursor(_) => (S::NOT_FOUND, ErrorCode::UnknownCursor),
+                NotFound::NoRoute { .. } => (S::NOT_FOUND, ErrorCode::NoRoute),
+            },
+            ErrorKind::Capacity(e) => match e {
+                Capacity::OutboxFull(_) => (S::TOO_MANY_REQUESTS, ErrorCode::OutboxFull),
+                Capacity::Busy(_) => (S::TOO_MANY_REQUESTS, ErrorCode::Busy),
+                Capacity::TooManyPeers(_) => (S::CONFLICT, ErrorCode::TooManyPeers),
+            },
+            ErrorKind::Unavailable(e) => match e {
+                Unavailable::Store(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::StoreUnavailable),
+                Unavailable::Node(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::NodeUnavailable),
+            },
+            ErrorKind::Bug(_) => (S::INTERNAL_SERVER_ERROR, ErrorCode::Internal),
         }
     }
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        use ApiError::*;
-        match self {
-            BadJson(_) | BodyTooLarge { .. } | BadRequest(_) | BadCursor(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            Forbidden { .. } => StatusCode::FORBIDDEN,
-            UnknownPeer(_) | UnknownCursor(_) | NoRoute { .. } => StatusCode::NOT_FOUND,
-            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            CursorOtherNode(_) | CursorOtherEpoch(_) => StatusCode::CONFLICT,
-            OutboxFull(_) => StatusCode::INSUFFICIENT_STORAGE,
-            StoreUnavailable(_) | NodeUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+        self.status_and_code().0
     }
 
     /// The stable machine-readable code.
-    pub fn code(&self) -> &'static str {
-        use ApiError::*;
-        match self {
-            BadJson(_) => "bad_json",
-            BodyTooLarge { .. } => "body_too_large",
-            BadRequest(_) => "bad_request",
-            BadCursor(_) => "bad_cursor",
-            Forbidden { .. } => "forbidden",
-            UnknownPeer(_) => "unknown_peer",
-            UnknownCursor(_) => "unknown_cursor",
-            NoRoute { .. } => "no_route",
-            MethodNotAllowed => "method_not_allowed",
-            CursorOtherNode(_) => "cursor_other_node",
-            CursorOtherEpoch(_) => "cursor_other_epoch",
-            OutboxFull(_) => "outbox_full",
-            StoreUnavailable(_) => "store_unavailable",
-            NodeUnavailable(_) => "node_unavailable",
-            Internal(_) => "internal",
-        }
+    pub fn code(&self) -> ErrorCode {
+        self.status_and_code().1
     }
 
     /// The JSON body, with `extra` fields (if an object) merged into `error`.
     pub fn to_json(&self, extra: Option<serde_json::Value>) -> serde_json::Value {
-        let mut inner = serde_json::json!({ "code": self.code(), "message": self.to_string() });
+        let mut inner = serde_json::json!({
+            "code": self.code().as_str(),
+            "fault": self.fault(),
+            "message": self.to_string(),
+        });
         if let (Some(serde_json::Value::Object(extra)), serde_json::Value::Object(inner)) =
             (extra, &mut inner)
         {
@@ -142,76 +294,244 @@ impl ApiError {
     }
 }
 
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some(place) = &self.place {
+            write!(f, "{place}: ")?;
+        }
+        write!(f, "{}", self.kind)?;
+        if let Some(note) = &self.note {
+            write!(f, "; {note}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl From<ErrorKind> for ApiError {
+    fn from(kind: ErrorKind) -> Self {
+        ApiError {
+            kind,
+            place: None,
+            note: None,
+        }
+    }
+}
+
+/// `From` for each error that is an [`ErrorKind`], through it.
+macro_rules! api_error_from {
+    ($($t:ty),*) => {$(
+        impl From<$t> for ApiError {
+            fn from(e: $t) -> Self {
+                ErrorKind::from(e).into()
+            }
+        }
+    )*};
+}
+
+api_error_from!(
+    CallerError,
+    NotFound,
+    Capacity,
+    Unavailable,
+    Bug,
+    StoreError,
+    CursorError
+);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         if status.is_server_error() {
-            tracing::warn!(code = self.code(), "api error: {self}");
+            tracing::warn!(code = %self.code(), "api error: {self}");
         } else {
-            tracing::debug!(code = self.code(), "api error: {self}");
+            tracing::debug!(code = %self.code(), "api error: {self}");
         }
         (status, axum::Json(self.to_json(None))).into_response()
     }
 }
 
-impl From<StoreError> for ApiError {
+impl From<StoreError> for ErrorKind {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::OutboxFull { .. } => ApiError::OutboxFull(e.to_string()),
-            StoreError::Conflict(_) => ApiError::Internal(e.to_string()),
+            StoreError::OutboxFull { .. } => Capacity::OutboxFull(e.to_string()).into(),
+            StoreError::Conflict(_) => Bug::new(e.to_string()).into(),
             // Unavailable, Closed, and a store that failed to open or is damaged:
             // nothing the caller did, and nothing was written.
-            _ => ApiError::StoreUnavailable(e.to_string()),
+            _ => Unavailable::Store(e.to_string()).into(),
         }
     }
 }
 
-impl From<CursorError> for ApiError {
+impl From<CursorError> for ErrorKind {
     fn from(e: CursorError) -> Self {
         match e {
-            CursorError::OtherNode { .. } => ApiError::CursorOtherNode(e.to_string()),
-            CursorError::OtherEpoch { .. } => ApiError::CursorOtherEpoch(e.to_string()),
-            _ => ApiError::BadCursor(e.to_string()),
+            CursorError::OtherNode { .. } => CallerError::CursorOtherNode(e.to_string()).into(),
+            CursorError::OtherEpoch { .. } => CallerError::CursorOtherEpoch(e.to_string()).into(),
+            _ => CallerError::BadCursor(e.to_string()).into(),
         }
+    }
+}
+
+/// The API error for a failed node operation (peers, status, the API's own
+/// writes): the one mapping of the bus's errors outside sends.
+pub(crate) fn node_error(e: NodeError) -> ApiError {
+    match e {
+        // The core reports its own refusal of a peer change (too many
+        // changes waiting for the next commit) as a store conflict.
+        NodeError::Store(StoreError::Conflict(why)) => Capacity::Busy(why).into(),
+        NodeError::Store(s) => ErrorKind::from(s).into(),
+        NodeError::Peer(p) => match p {
+            PeerError::UnknownPeer(id) => NotFound::UnknownPeer(id).into(),
+            PeerError::TooManyPeers => Capacity::TooManyPeers(p.to_string()).into(),
+            PeerError::SelfPeer | PeerError::TooManyAddrs(_) => {
+                CallerError::BadPeer(p.to_string()).into()
+            }
+            PeerError::ShutDown => Unavailable::Node(p.to_string()).into(),
+            other => Bug::new(other.to_string()).into(),
+        },
+        NodeError::Stopped => Unavailable::Node("the node is stopping".into()).into(),
+        NodeError::Net(n) => Unavailable::Node(n.to_string()).into(),
+        other => Bug::new(other.to_string()).into(),
+    }
+}
+
+/// The API error for a send to `to` the bus refused or failed: the one
+/// mapping of the bus's send errors.
+pub(crate) fn send_error(to: NodeId, e: SendError) -> ApiError {
+    match e {
+        SendError::Refused(r) => match r {
+            CoreSendError::UnknownPeer(_) => NotFound::UnknownPeer(to).into(),
+            CoreSendError::ToSelf => CallerError::ToSelf.into(),
+            CoreSendError::TooLarge { len, max } => {
+                CallerError::PayloadTooLarge { len, max }.into()
+            }
+            e @ CoreSendError::Busy { .. } => Capacity::Busy(e.to_string()).into(),
+            e @ CoreSendError::OutboxFull { .. } => Capacity::OutboxFull(e.to_string()).into(),
+            e @ CoreSendError::Store(_) => Unavailable::Store(e.to_string()).into(),
+            e => Bug::new(e.to_string()).into(),
+        },
+        e @ SendError::Stopped => Unavailable::Node(e.to_string()).into(),
+        e => Bug::new(e.to_string()).into(),
     }
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)] // A test fails by panicking.
 mod tests {
     use super::*;
 
-    #[test]
-    fn store_errors_map_to_their_statuses() {
-        let full = StoreError::OutboxFull {
-            peer: "abc".into(),
-            msgs: 1,
-            bytes: 2,
-        };
-        assert_eq!(
-            ApiError::from(full).status(),
-            StatusCode::INSUFFICIENT_STORAGE
-        );
-        assert_eq!(
-            ApiError::from(StoreError::Unavailable("disk".into())).status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        assert_eq!(
-            ApiError::from(StoreError::Closed).status(),
-            StatusCode::SERVICE_UNAVAILABLE
-        );
-        assert_eq!(
-            ApiError::from(StoreError::Conflict("x".into())).status(),
-            StatusCode::INTERNAL_SERVER_ERROR
-        );
+    fn one_of_each() -> Vec<ApiError> {
+        let id = mesh_protocol::SecretKey::from_bytes(&[1; 32]).public();
+        let kinds: Vec<ErrorKind> = vec![
+            CallerError::BadJson("x".into()).into(),
+            CallerError::BodyTooLarge {
+                limit_bytes: 1,
+                hint: "",
+            }
+            .into(),
+            CallerError::CursorOtherNode("c".into()).into(),
+            CallerError::Forbidden {
+                uid: 1,
+                daemon_uid: 2,
+            }
+            .into(),
+            CallerError::MethodNotAllowed.into(),
+            NotFound::UnknownPeer(id).into(),
+            NotFound::NoRoute {
+                method: "GET".into(),
+                path: "/x".into(),
+            }
+            .into(),
+            Capacity::OutboxFull("full".into()).into(),
+            Capacity::Busy("busy".into()).into(),
+            Capacity::TooManyPeers("many".into()).into(),
+            Unavailable::Store("disk".into()).into(),
+            Unavailable::Node("stopping".into()).into(),
+            Bug::new("oops").into(),
+        ];
+        kinds.into_iter().map(ApiError::from).collect()
     }
 
     #[test]
-    fn the_error_body_has_code_and_message_and_extra_fields() {
-        let v = ApiError::BadRequest("nope".into())
-            .to_json(Some(serde_json::json!({ "committed": 3 })));
-        assert_eq!(v["error"]["code"], "bad_request");
-        assert_eq!(v["error"]["message"], "nope");
-        assert_eq!(v["error"]["committed"], 3);
+    fn each_fault_class_has_its_statuses() {
+        for e in one_of_each() {
+            let status = e.status().as_u16();
+            let ok = match e.fault() {
+                Fault::Caller => [400, 403, 405, 409].contains(&status),
+                Fault::NotFound => status == 404,
+                Fault::Capacity => [429, 409].contains(&status),
+                Fault::Unavailable => status == 503,
+                Fault::Bug => status == 500,
+                _ => false,
+            };
+            assert!(ok, "{e}: {status} for {:?}", e.fault());
+            // A client that only sees the status infers the same class,
+            // except for the two 409s, which name their fault in the body.
+            if status != 409 {
+                assert_eq!(Fault::from_status(status), e.fault(), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_note_and_a_place_are_kept_for_every_kind() {
+        for e in one_of_each() {
+            let (status, code) = e.status_and_code();
+            let noted = e.clone().at("line 3".into()).with_note("2 of 5 committed");
+            assert_eq!(noted.status_and_code(), (status, code));
+            let text = noted.to_string();
+            assert!(text.starts_with("line 3: "), "{text}");
+            assert!(text.ends_with("; 2 of 5 committed"), "{text}");
+            let body = noted.to_json(Some(serde_json::json!({ "committed": 2 })));
+            assert_eq!(body["error"]["message"], text.as_str());
+            assert_eq!(body["error"]["code"], code.as_str());
+            assert_eq!(body["error"]["fault"], e.fault().as_str());
+            assert_eq!(body["error"]["committed"], 2);
+        }
+    }
+
+    #[test]
+    fn the_bus_and_the_store_errors_map_to_their_fault_classes() {
+        let to = mesh_protocol::SecretKey::from_bytes(&[3; 32]).public();
+        let send = |e| send_error(to, SendError::Refused(e)).fault();
+        assert_eq!(
+            send(CoreSendError::UnknownPeer("x".into())),
+            Fault::NotFound
+        );
+        assert_eq!(send(CoreSendError::Busy { waiting: 9 }), Fault::Capacity);
+        let full = CoreSendError::OutboxFull {
+            peer: "p".into(),
+            msgs: 1,
+            bytes: 2,
+        };
+        assert_eq!(send(full), Fault::Capacity);
+        assert_eq!(
+            send(CoreSendError::Store("disk".into())),
+            Fault::Unavailable
+        );
+        assert_eq!(send(CoreSendError::ToSelf), Fault::Caller);
+        assert_eq!(send(CoreSendError::Internal("x".into())), Fault::Bug);
+        assert_eq!(
+            send_error(to, SendError::Stopped).fault(),
+            Fault::Unavailable
+        );
+
+        let node = |e| node_error(e).status().as_u16();
+        let waiting = StoreError::Conflict("64 peer changes are already waiting".into());
+        assert_eq!(node(NodeError::Store(waiting)), 429);
+        assert_eq!(
+            node(NodeError::Store(StoreError::Unavailable("disk".into()))),
+            503
+        );
+        assert_eq!(node(NodeError::Peer(PeerError::ShutDown)), 503);
+        assert_eq!(node(NodeError::Peer(PeerError::TooManyPeers)), 409);
+        assert_eq!(node(NodeError::Peer(PeerError::SelfPeer)), 400);
+        assert_eq!(node(NodeError::Peer(PeerError::UnknownPeer(to))), 404);
+        assert_eq!(node(NodeError::Stopped), 503);
+        assert_eq!(
+            ApiError::from(StoreError::Closed).fault(),
+            Fault::Unavailable
+        );
     }
 }

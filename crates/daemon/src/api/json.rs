@@ -5,7 +5,7 @@ use mesh_protocol::{Cursor, Epoch, NodeId};
 use mesh_store::{JournalItem, JournalRecord, LossReason};
 
 /// The JSON form of `item` from the journal of `node` at `epoch`.
-pub fn entry(node: &NodeId, epoch: Epoch, item: &JournalItem) -> EventEntry {
+pub(super) fn entry(node: &NodeId, epoch: Epoch, item: &JournalItem) -> EventEntry {
     let record = match &item.record {
         JournalRecord::Envelope {
             stream,
@@ -55,7 +55,7 @@ pub fn entry(node: &NodeId, epoch: Epoch, item: &JournalItem) -> EventEntry {
 }
 
 /// The wire name of a loss reason.
-pub fn loss_reason_name(reason: LossReason) -> &'static str {
+pub(super) fn loss_reason_name(reason: LossReason) -> &'static str {
     match reason {
         LossReason::OutboxEvicted => "outbox_evicted",
         LossReason::SubscriberLagged => "subscriber_lagged",

@@ -3,7 +3,8 @@
 //!
 //! Every connection is checked with SO_PEERCRED: root and the daemon's own
 //! uid may use the node, anyone else gets 403 and changes nothing. Errors are
-//! `{"error": {"code", "message"}}` with the status of [`ApiError::status`].
+//! `{"error": {"code", "fault", "message"}}` with the status of
+//! [`ApiError::status`] (the classes are in [`error`]).
 //!
 //! Routes: `GET /v1/status`, `GET /v1/ticket`, `POST /v1/peers {ticket}`,
 //! `GET /v1/peers`, `DELETE /v1/peers/{id}`, `POST /v1/peers/{id}/pause`,
@@ -13,18 +14,23 @@
 //! `GET /v1/subscribe?after=` (SSE), `PUT`/`GET /v1/cursors/{name}`,
 //! `GET /metrics`.
 //!
-//! Wiring: build an [`ApiState`] from [`ApiParts`], bind an [`ApiSocket`],
-//! then [`serve`] until the shutdown future resolves.
+//! Wiring (`Daemon::start`): build an `ApiState` from `ApiParts`, bind an
+//! [`ApiSocket`], then `serve` until the shutdown future resolves. A send
+//! goes route (`send`, `ndjson`) → `ApiState::submit` → the node's one
+//! submit call (`crate::bus`).
 
 pub mod error;
-pub mod json;
-pub mod node;
+mod json;
+mod metrics;
+mod ndjson;
+mod peers;
 mod routes;
 mod send;
 mod socket;
 mod subscribe;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -35,14 +41,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use mesh_protocol::{Epoch, NodeId};
-use mesh_store::{Arrival, MeshStore};
+use mesh_store::{Arrival, RedbStore};
 use tokio::sync::watch;
 
-pub use error::ApiError;
-pub use node::{
-    BoxFuture, JournalWriter, NodeApi, NodeStatus, OutMessage, PeerStatus, Sent, StoreWriter,
-    StreamMark, publish_head,
-};
+use crate::bus::Bus;
+
+pub use error::{ApiError, Bug, CallerError, Capacity, ErrorKind, NotFound, Unavailable};
 pub use socket::{ApiSocket, BindError, CONNECTIONS_MAX, PeerCred, daemon_uid};
 
 /// The largest body of a plain JSON request (peers, cursors), in bytes.
@@ -64,56 +68,34 @@ pub const EVENTS_PAGE_BYTES_MAX: usize = 8 << 20;
 /// The longest named cursor, in bytes (the store's limit).
 pub const CURSOR_NAME_BYTES_MAX: usize = mesh_store::CURSOR_NAME_BYTES_MAX;
 
-/// Renders extra Prometheus text for `GET /metrics` (the bus's counters).
-pub trait RenderMetrics: Send + Sync + 'static {
-    /// Appends metric families in the Prometheus text format to `out`.
-    fn render(&self, out: &mut String);
-}
-
-impl<F: Fn(&mut String) + Send + Sync + 'static> RenderMetrics for F {
-    fn render(&self, out: &mut String) {
-        self(out)
-    }
-}
-
 /// What the API is built from.
-pub struct ApiParts {
-    /// This node's id.
-    pub node: NodeId,
-    /// This node's store epoch.
-    pub epoch: Epoch,
-    /// Reads: journal pages, named cursors.
-    pub store: Arc<dyn MeshStore>,
-    /// Writes: named cursors, subscriber loss records.
-    pub writer: Arc<dyn JournalWriter>,
-    /// The journal head: the last arrival committed. Must advance after
-    /// every commit that journals something.
-    pub head: watch::Receiver<Arrival>,
-    /// The node operations (send, peers, status).
-    pub node_api: Arc<dyn NodeApi>,
-    /// Extra metrics for `GET /metrics`, if any.
-    pub metrics: Option<Arc<dyn RenderMetrics>>,
+pub(crate) struct ApiParts {
+    /// The node: sends, peers, status, and the API's own durable writes.
+    pub(crate) bus: Bus,
+    /// Reads: journal pages, named cursors, marks.
+    pub(crate) store: Arc<RedbStore>,
+    /// The store's file, for its size in `GET /v1/status`.
+    pub(crate) store_file: PathBuf,
     /// Journal entries buffered per live subscription (`[api] subscriber_buffer`).
-    pub subscriber_buffer: usize,
+    pub(crate) subscriber_buffer: usize,
     /// How long a live subscriber may take nothing from its full buffer
     /// before it is lagged (`[api] subscriber_stall_ms`).
-    pub subscriber_stall: std::time::Duration,
+    pub(crate) subscriber_stall: Duration,
 }
 
 /// The API's shared state; cheap to clone.
 #[derive(Clone)]
-pub struct ApiState {
+pub(crate) struct ApiState {
     inner: Arc<Inner>,
 }
 
 struct Inner {
     node: NodeId,
     epoch: Epoch,
-    store: Arc<dyn MeshStore>,
-    writer: Arc<dyn JournalWriter>,
+    bus: Bus,
+    store: Arc<RedbStore>,
+    store_file: PathBuf,
     head: watch::Receiver<Arrival>,
-    node_api: Arc<dyn NodeApi>,
-    metrics: Option<Arc<dyn RenderMetrics>>,
     subscriber_buffer: usize,
     subscriber_stall: std::time::Duration,
     daemon_uid: u32,
@@ -138,16 +120,15 @@ struct Counters {
 
 impl ApiState {
     /// The state for `parts`.
-    pub fn new(parts: ApiParts) -> Self {
+    pub(crate) fn new(parts: ApiParts) -> Self {
         ApiState {
             inner: Arc::new(Inner {
-                node: parts.node,
-                epoch: parts.epoch,
+                node: parts.bus.node_id(),
+                epoch: parts.bus.epoch(),
+                head: parts.bus.journal_head(),
+                bus: parts.bus,
                 store: parts.store,
-                writer: parts.writer,
-                head: parts.head,
-                node_api: parts.node_api,
-                metrics: parts.metrics,
+                store_file: parts.store_file,
                 subscriber_buffer: parts.subscriber_buffer.max(1),
                 subscriber_stall: parts.subscriber_stall,
                 daemon_uid: daemon_uid(),
@@ -158,14 +139,14 @@ impl ApiState {
     }
 
     /// The routes, with the peer-credential check in front of all of them.
-    pub fn router(&self) -> Router {
+    fn router(&self) -> Router {
         Router::new()
-            .route("/v1/status", get(routes::status))
-            .route("/v1/ticket", get(routes::ticket))
-            .route("/v1/peers", post(routes::add_peer).get(routes::list_peers))
-            .route("/v1/peers/{id}", axum::routing::delete(routes::remove_peer))
-            .route("/v1/peers/{id}/pause", post(routes::pause_peer))
-            .route("/v1/peers/{id}/resume", post(routes::resume_peer))
+            .route("/v1/status", get(peers::status))
+            .route("/v1/ticket", get(peers::ticket))
+            .route("/v1/peers", post(peers::add_peer).get(peers::list_peers))
+            .route("/v1/peers/{id}", axum::routing::delete(peers::remove_peer))
+            .route("/v1/peers/{id}/pause", post(peers::pause_peer))
+            .route("/v1/peers/{id}/resume", post(peers::resume_peer))
             .route("/v1/send", post(send::send_one))
             .route("/v1/send/batch", post(send::send_batch))
             .route("/v1/events", get(routes::events))
@@ -174,7 +155,7 @@ impl ApiState {
                 "/v1/cursors/{name}",
                 put(routes::put_cursor).get(routes::get_cursor),
             )
-            .route("/metrics", get(routes::metrics))
+            .route("/metrics", get(metrics::metrics))
             .fallback(routes::no_route)
             .method_not_allowed_fallback(routes::method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(
@@ -185,7 +166,7 @@ impl ApiState {
     }
 
     /// Ends every live subscription (the server is stopping).
-    pub fn close_subscriptions(&self) {
+    fn close_subscriptions(&self) {
         self.inner.closing.send_replace(true);
     }
 
@@ -203,7 +184,7 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 /// [`SHUTDOWN_GRACE`], cuts the connections still open (a client that
 /// stopped reading would otherwise hold the daemon forever) and removes the
 /// socket file.
-pub async fn serve(
+pub(crate) async fn serve(
     socket: ApiSocket,
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -267,10 +248,10 @@ async fn authorize(State(state): State<ApiState>, mut req: Request, next: Next) 
                 "refused a local API request from another user"
             );
             // Without credentials we fail closed; report the uid as unknown.
-            ApiError::Forbidden {
+            ApiError::from(CallerError::Forbidden {
                 uid: uid.unwrap_or(u32::MAX),
                 daemon_uid: state.inner.daemon_uid,
-            }
+            })
             .into_response()
         }
     };

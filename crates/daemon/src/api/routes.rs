@@ -1,26 +1,24 @@
-//! The request/response routes: status, peers, journal pages, named cursors, metrics.
+//! The journal routes (pages, named cursors), the request-reading helpers
+//! every route uses, and the answers to unknown routes.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use axum::Json;
 use axum::body::Body;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::header;
-use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
-use mesh_protocol::{Cursor, NodeId, NodeTicket};
-use mesh_store::{Arrival, JournalItem, MeshStore, WriteOp};
+use mesh_api::{CursorBody, EventEntry, EventsPage};
+use mesh_protocol::{Cursor, NodeId};
+use mesh_store::{Arrival, JournalItem, MeshStore, RedbStore};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use super::error::node_error;
 use super::{
-    ApiError, ApiState, CURSOR_NAME_BYTES_MAX, EVENTS_LIMIT_DEFAULT, EVENTS_LIMIT_MAX,
-    EVENTS_PAGE_BYTES_MAX, REQUEST_BYTES_MAX,
+    ApiError, ApiState, Bug, CURSOR_NAME_BYTES_MAX, CallerError, EVENTS_LIMIT_DEFAULT,
+    EVENTS_LIMIT_MAX, EVENTS_PAGE_BYTES_MAX, NotFound, REQUEST_BYTES_MAX,
 };
-use mesh_api::{AddPeerRequest, CursorBody, EventEntry, EventsPage, TicketResponse};
 
 /// Reads a whole body of at most `limit` bytes.
 pub(super) async fn read_body(
@@ -30,19 +28,18 @@ pub(super) async fn read_body(
 ) -> Result<bytes::Bytes, ApiError> {
     match http_body_util::Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(ApiError::BodyTooLarge {
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(CallerError::BodyTooLarge {
             limit_bytes: limit,
             hint,
-        }),
-        Err(e) => Err(ApiError::BadRequest(format!(
-            "cannot read the request body: {e}"
-        ))),
+        }
+        .into()),
+        Err(e) => Err(CallerError::BodyUnreadable(e.to_string()).into()),
     }
 }
 
 /// Decodes JSON, naming the field and position of the first problem.
 pub(super) fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| ApiError::BadJson(e.to_string()))
+    serde_json::from_slice(bytes).map_err(|e| CallerError::BadJson(e.to_string()).into())
 }
 
 /// Reads and decodes a JSON body of at most `limit` bytes.
@@ -56,20 +53,20 @@ pub(super) async fn read_json<T: DeserializeOwned>(
 
 /// Runs a store read on the blocking pool.
 pub(super) async fn read_store<T: Send + 'static>(
-    store: &Arc<dyn MeshStore>,
-    f: impl FnOnce(&dyn MeshStore) -> Result<T, mesh_store::StoreError> + Send + 'static,
+    store: &Arc<RedbStore>,
+    f: impl FnOnce(&RedbStore) -> Result<T, mesh_store::StoreError> + Send + 'static,
 ) -> Result<T, ApiError> {
     let store = store.clone();
-    tokio::task::spawn_blocking(move || f(store.as_ref()))
+    tokio::task::spawn_blocking(move || f(&store))
         .await
-        .map_err(|e| ApiError::Internal(format!("store read task failed: {e}")))?
+        .map_err(|e| Bug::new(format!("store read task failed: {e}")))?
         .map_err(ApiError::from)
 }
 
 /// Maps a query-string rejection to a 400.
-fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+pub(super) fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
     q.map(|Query(t)| t)
-        .map_err(|e| ApiError::BadRequest(format!("bad query string: {}", e.body_text())))
+        .map_err(|e| CallerError::BadValue(format!("bad query string: {}", e.body_text())).into())
 }
 
 impl ApiState {
@@ -101,83 +98,15 @@ impl ApiState {
     }
 }
 
-pub(super) async fn status(State(st): State<ApiState>) -> Result<Response, ApiError> {
-    let status = st.inner.node_api.status().await?;
-    let mut v = serde_json::to_value(status)
-        .map_err(|e| ApiError::Internal(format!("status does not serialize: {e}")))?;
-    if let serde_json::Value::Object(m) = &mut v {
-        m.insert("journal_head".into(), st.read_head().into());
-        m.insert(
-            "subscribers".into(),
-            st.inner.counters.subscribers.load(Ordering::Relaxed).into(),
-        );
-        // The process serving this socket, so a local tool (`mesh bench
-        // peer`) can read its memory and CPU from /proc.
-        m.insert("pid".into(), std::process::id().into());
-    }
-    Ok(Json(v).into_response())
-}
-
-pub(super) async fn ticket(State(st): State<ApiState>) -> Result<Json<TicketResponse>, ApiError> {
-    let ticket = st.inner.node_api.ticket().await?;
-    Ok(Json(TicketResponse {
-        ticket: ticket.to_string(),
-    }))
-}
-
-pub(super) async fn add_peer(
-    State(st): State<ApiState>,
-    req: Request,
-) -> Result<Response, ApiError> {
-    let body: AddPeerRequest = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
-    let ticket: NodeTicket = body
-        .ticket
-        .parse()
-        .map_err(|e: mesh_protocol::TicketError| ApiError::BadRequest(e.to_string()))?;
-    let peer = st.inner.node_api.add_peer(ticket).await?;
-    Ok(Json(peer).into_response())
-}
-
-pub(super) async fn list_peers(State(st): State<ApiState>) -> Result<Response, ApiError> {
-    let peers = st.inner.node_api.list_peers().await?;
-    Ok(Json(serde_json::json!({ "peers": peers })).into_response())
-}
-
-pub(super) async fn remove_peer(
-    State(st): State<ApiState>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let node = parse_node_id(&id)?;
-    st.inner.node_api.remove_peer(node).await?;
-    Ok(Json(serde_json::json!({ "removed": node.to_string() })).into_response())
-}
-
-pub(super) async fn pause_peer(
-    State(st): State<ApiState>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let node = parse_node_id(&id)?;
-    let peer = st.inner.node_api.set_peer_paused(node, true).await?;
-    Ok(Json(peer).into_response())
-}
-
-pub(super) async fn resume_peer(
-    State(st): State<ApiState>,
-    Path(id): Path<String>,
-) -> Result<Response, ApiError> {
-    let node = parse_node_id(&id)?;
-    let peer = st.inner.node_api.set_peer_paused(node, false).await?;
-    Ok(Json(peer).into_response())
-}
-
 /// Parses a node id, with a message naming what was wrong.
 pub(super) fn parse_node_id(text: &str) -> Result<NodeId, ApiError> {
     // Memoised per thread: a send names its recipient in every message.
     mesh_protocol::parse_node_id(text.trim()).map_err(|e| {
-        ApiError::BadRequest(format!(
-            "{:?} is not a node id ({e}); node ids are printed by `mesh id`",
-            cut(text)
-        ))
+        CallerError::BadNodeId {
+            text: cut(text),
+            why: e.to_string(),
+        }
+        .into()
     })
 }
 
@@ -209,10 +138,11 @@ pub(super) async fn events(
         Some(text) => match text.parse::<usize>() {
             Ok(n) if (1..=EVENTS_LIMIT_MAX).contains(&n) => n,
             _ => {
-                return Err(ApiError::BadRequest(format!(
+                return Err(CallerError::BadValue(format!(
                     "limit must be a number from 1 to {EVENTS_LIMIT_MAX}, not {:?}",
                     cut(text)
-                )));
+                ))
+                .into());
             }
         },
     };
@@ -264,10 +194,11 @@ fn check_cursor_name(name: &str) -> Result<(), ApiError> {
     if ok {
         Ok(())
     } else {
-        Err(ApiError::BadRequest(format!(
+        Err(CallerError::BadValue(format!(
             "bad cursor name {:?}: use 1 to {CURSOR_NAME_BYTES_MAX} characters of A-Z a-z 0-9 . _ -",
             cut(name)
-        )))
+        ))
+        .into())
     }
 }
 
@@ -282,17 +213,13 @@ pub(super) async fn put_cursor(
     let head = read_store(&st.inner.store, |s| s.journal_head()).await?;
     if arrival > head {
         // Only a forged or damaged cursor of this node and epoch gets here.
-        return Err(ApiError::BadCursor(format!(
-            "cursor points at arrival {arrival}, past the journal head {head}"
-        )));
+        return Err(CallerError::CursorPastHead { arrival, head }.into());
     }
     st.inner
-        .writer
-        .commit(vec![WriteOp::PutCursor {
-            name: name.clone(),
-            arrival,
-        }])
-        .await?;
+        .bus
+        .put_cursor(name.clone(), arrival)
+        .await
+        .map_err(node_error)?;
     Ok(Json(
         serde_json::json!({ "name": name, "cursor": st.cursor_text(arrival) }),
     ))
@@ -308,87 +235,18 @@ pub(super) async fn get_cursor(
         Some(arrival) => Ok(Json(
             serde_json::json!({ "name": name, "cursor": st.cursor_text(arrival) }),
         )),
-        None => Err(ApiError::UnknownCursor(name)),
+        None => Err(NotFound::UnknownCursor(name).into()),
     }
-}
-
-pub(super) async fn metrics(State(st): State<ApiState>) -> Response {
-    let c = &st.inner.counters;
-    let mut out = String::new();
-    let mut family = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
-        // Writing to a String cannot fail.
-        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        for (labels, v) in samples {
-            let _ = writeln!(out, "{name}{labels} {v}");
-        }
-    };
-    let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
-    family(
-        "mesh_api_requests_total",
-        "counter",
-        "Local API requests answered, by status class.",
-        &[
-            ("{class=\"ok\"}", load(&c.requests_ok)),
-            ("{class=\"client_error\"}", load(&c.requests_client_error)),
-            ("{class=\"server_error\"}", load(&c.requests_server_error)),
-        ],
-    );
-    family(
-        "mesh_api_refused_uid_total",
-        "counter",
-        "Local API requests refused because the connecting uid is not allowed.",
-        &[("", load(&c.refused_uid))],
-    );
-    family(
-        "mesh_api_sent_total",
-        "counter",
-        "Messages committed through the local API.",
-        &[("", load(&c.sent))],
-    );
-    family(
-        "mesh_api_subscribers",
-        "gauge",
-        "Live subscriptions open now.",
-        &[("", load(&c.subscribers))],
-    );
-    family(
-        "mesh_api_subscriber_lags_total",
-        "counter",
-        "Times a live subscriber stopped reading and was lagged.",
-        &[("", load(&c.subscriber_lags))],
-    );
-    family(
-        "mesh_api_loss_records_failed_total",
-        "counter",
-        "Subscriber lags whose durable loss record could not be written.",
-        &[("", load(&c.loss_records_failed))],
-    );
-    family(
-        "mesh_journal_head",
-        "gauge",
-        "The last journal arrival committed.",
-        &[("", st.read_head())],
-    );
-    if let Some(extra) = &st.inner.metrics {
-        extra.render(&mut out);
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        out,
-    )
-        .into_response()
 }
 
 pub(super) async fn no_route(req: Request) -> ApiError {
-    ApiError::NoRoute {
+    NotFound::NoRoute {
         method: req.method().to_string(),
         path: cut(req.uri().path()),
     }
+    .into()
 }
 
 pub(super) async fn method_not_allowed() -> ApiError {
-    ApiError::MethodNotAllowed
+    CallerError::MethodNotAllowed.into()
 }

@@ -15,11 +15,9 @@
 //! from, and the stream goes on after the skipped range (if the loss record
 //! could not be written, the next entry carries `losses_unrecorded: true`).
 //! No writer and no other subscriber ever waits for a subscriber: the head
-//! is a watch, and each pump only reads.
-//!
-//! An earlier rule lagged a subscriber once the head ran a buffer's worth
-//! past it while its buffer was full; one large commit could then lag a
-//! subscriber that was reading steadily, so progress, not distance, decides.
+//! is a watch, and each pump only reads. Progress, not distance, decides a
+//! lag: a reader far behind the head after one large commit, still taking
+//! entries, is not lagged.
 //!
 //! Events: `entry` (data: an [`EventEntry`], id: its cursor) and `lagged`
 //! (data: a [`LaggedEvent`]). `Last-Event-ID` is honoured when `after` is absent.
@@ -34,20 +32,18 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use mesh_protocol::{Channel, StreamId, TopicName};
-use mesh_store::{Arrival, LossReason, WriteOp};
+use mesh_store::Arrival;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 
 use super::routes::JOURNAL_READ_ENTRIES;
+use super::routes::query;
 use super::{ApiError, ApiState, PeerCred};
 use mesh_api::{EventEntry, LaggedEvent};
 
 /// How often an idle stream sends an SSE comment, so a vanished client is noticed.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
-/// The topic name that subscriber loss records are reported against.
-const JOURNAL_TOPIC: &str = "local.journal";
 
 /// `GET /v1/subscribe` query.
 #[derive(Debug, Deserialize)]
@@ -61,8 +57,7 @@ pub(super) async fn subscribe(
     headers: HeaderMap,
     q: Result<Query<SubscribeQuery>, QueryRejection>,
 ) -> Result<Response, ApiError> {
-    let Query(q) =
-        q.map_err(|e| ApiError::BadRequest(format!("bad query string: {}", e.body_text())))?;
+    let q = query(q)?;
     let after = q.after.or_else(|| {
         headers
             .get("last-event-id")
@@ -128,12 +123,6 @@ struct Pump {
     tx: mpsc::Sender<Event>,
 }
 
-/// Why a pump stops.
-enum Stop {
-    /// The client went away, the server is closing, or the head watch is gone.
-    Done,
-}
-
 impl Pump {
     async fn run(mut self) {
         let st = self.st.clone();
@@ -144,7 +133,7 @@ impl Pump {
         let mut closing = st.inner.closing.subscribe();
         let result = self.pump(&mut head, &mut closing).await;
         match result {
-            Ok(Stop::Done) => tracing::debug!(subscriber = self.id, "subscription closed"),
+            Ok(()) => tracing::debug!(subscriber = self.id, "subscription closed"),
             Err(e) => {
                 tracing::warn!(subscriber = self.id, "subscription failed: {e}");
                 // Best effort: the stream ends either way.
@@ -153,14 +142,16 @@ impl Pump {
         }
     }
 
+    /// Hands entries to the buffer until the client goes away, the server
+    /// closes, or the head watch is gone (`Ok`), or a read fails.
     async fn pump(
         &mut self,
         head: &mut tokio::sync::watch::Receiver<Arrival>,
         closing: &mut tokio::sync::watch::Receiver<bool>,
-    ) -> Result<Stop, ApiError> {
+    ) -> Result<(), ApiError> {
         loop {
             if *closing.borrow_and_update() {
-                return Ok(Stop::Done);
+                return Ok(());
             }
             let h = *head.borrow_and_update();
             let page = if self.pos < h {
@@ -170,9 +161,9 @@ impl Pump {
             };
             if page.is_empty() {
                 tokio::select! {
-                    changed = head.changed() => if changed.is_err() { return Ok(Stop::Done) },
-                    _ = self.tx.closed() => return Ok(Stop::Done),
-                    _ = closing.changed() => return Ok(Stop::Done),
+                    changed = head.changed() => if changed.is_err() { return Ok(()) },
+                    _ = self.tx.closed() => return Ok(()),
+                    _ = closing.changed() => return Ok(()),
                 }
                 continue;
             }
@@ -188,12 +179,12 @@ impl Pump {
                             self.lag(item.arrival, head_now, closing).await?;
                             break;
                         }
-                        Offer::Stop => return Ok(Stop::Done),
+                        Offer::Stop => return Ok(()),
                     }
                 } else {
                     tokio::select! {
-                        sent = self.tx.send(event) => if sent.is_err() { return Ok(Stop::Done) },
-                        _ = closing.changed() => return Ok(Stop::Done),
+                        sent = self.tx.send(event) => if sent.is_err() { return Ok(()) },
+                        _ = closing.changed() => return Ok(()),
                     }
                 }
                 self.unrecorded = false;
@@ -242,26 +233,15 @@ impl Pump {
             None => format!("subscriber {}", self.id),
         };
         let stall_ms = st.inner.subscriber_stall.as_millis();
-        let detail = format!(
-            "{who} stopped reading: its buffer of {buffer} entries stayed full for {stall_ms} ms; journal arrivals {from}..={to} were not \
-             delivered to it live and are still in the journal: re-read them with GET /v1/events?after={resume}"
-        );
-        tracing::warn!(subscriber = self.id, from, to, "subscriber lagged");
-        let channel = TopicName::new(JOURNAL_TOPIC)
-            .map(Channel::Topic)
-            .unwrap_or(Channel::Direct(st.inner.node));
-        let op = WriteOp::RecordLoss {
-            stream: StreamId {
-                author: st.inner.node,
-                epoch: st.inner.epoch,
-                channel,
-            },
+        tracing::warn!(
+            subscriber = self.id,
             from,
             to,
-            reason: LossReason::SubscriberLagged,
-            detail,
-        };
-        let recorded = match st.inner.writer.commit(vec![op]).await {
+            buffer,
+            stall_ms,
+            "subscriber lagged: its buffer stayed full"
+        );
+        let recorded = match st.inner.bus.record_subscriber_lag(who, from, to).await {
             Ok(_) => true,
             Err(e) => {
                 st.inner

@@ -1,0 +1,193 @@
+//! `GET /metrics`: the API's and the bus's counters as Prometheus text, each
+//! metric family once.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use super::ApiState;
+use crate::bus::{DropReason, NodeStatus};
+
+/// Each drop reason's label value.
+const DROP_REASONS: [(DropReason, &str); 13] = [
+    (DropReason::BadSignature, "bad_signature"),
+    (DropReason::Malformed, "malformed"),
+    (DropReason::CidMismatch, "cid_mismatch"),
+    (DropReason::WrongAuthor, "wrong_author"),
+    (DropReason::WrongRecipient, "wrong_recipient"),
+    (DropReason::StaleEpoch, "stale_epoch"),
+    (DropReason::Duplicate, "duplicate"),
+    (DropReason::OutsideWindow, "outside_window"),
+    (DropReason::QueueFull, "queue_full"),
+    (DropReason::BeforeHello, "before_hello"),
+    (DropReason::StaleConnection, "stale_connection"),
+    (DropReason::UnknownStream, "unknown_stream"),
+    (DropReason::BogusSeq, "bogus_seq"),
+];
+
+pub(super) async fn metrics(State(st): State<ApiState>) -> Response {
+    // A node that has stopped has no counters to give; the API's still count.
+    let bus = st.inner.bus.status().await.ok();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        render(&st, bus.as_ref()),
+    )
+        .into_response()
+}
+
+/// Prometheus text: metric families, each `# HELP` and `# TYPE` line once
+/// with all its samples after them.
+#[derive(Default)]
+struct Text {
+    out: String,
+}
+
+impl Text {
+    fn family(&mut self, name: &str, kind: &str, help: &str, samples: &[(&str, u64)]) {
+        // Writing to a String cannot fail.
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, v) in samples {
+            let _ = writeln!(self.out, "{name}{labels} {v}");
+        }
+    }
+
+    fn counter(&mut self, name: &str, help: &str, v: u64) {
+        self.family(name, "counter", help, &[("", v)]);
+    }
+}
+
+/// The text of `GET /metrics`: the API's counters, the journal head, and
+/// the bus's counters from `bus` if the node answered.
+fn render(st: &ApiState, bus: Option<&NodeStatus>) -> String {
+    let c = &st.inner.counters;
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut t = Text::default();
+    t.family(
+        "mesh_api_requests_total",
+        "counter",
+        "Local API requests answered, by status class.",
+        &[
+            ("{class=\"ok\"}", load(&c.requests_ok)),
+            ("{class=\"client_error\"}", load(&c.requests_client_error)),
+            ("{class=\"server_error\"}", load(&c.requests_server_error)),
+        ],
+    );
+    t.counter(
+        "mesh_api_refused_uid_total",
+        "Local API requests refused because the connecting uid is not allowed.",
+        load(&c.refused_uid),
+    );
+    t.counter(
+        "mesh_api_sent_total",
+        "Messages committed through the local API.",
+        load(&c.sent),
+    );
+    t.family(
+        "mesh_api_subscribers",
+        "gauge",
+        "Live subscriptions open now.",
+        &[("", load(&c.subscribers))],
+    );
+    t.counter(
+        "mesh_api_subscriber_lags_total",
+        "Times a live subscriber stopped reading and was lagged.",
+        load(&c.subscriber_lags),
+    );
+    t.counter(
+        "mesh_api_loss_records_failed_total",
+        "Subscriber lags whose durable loss record could not be written.",
+        load(&c.loss_records_failed),
+    );
+    let head = bus.map_or_else(|| st.read_head(), |b| b.journal_head);
+    t.family(
+        "mesh_journal_head",
+        "gauge",
+        "The last journal arrival committed.",
+        &[("", head)],
+    );
+    if let Some(bus) = bus {
+        render_bus(&mut t, bus);
+    }
+    t.out
+}
+
+fn render_bus(t: &mut Text, status: &NodeStatus) {
+    let m = &status.core;
+    t.counter(
+        "mesh_commits_total",
+        "Commits issued by the bus core.",
+        m.commits,
+    );
+    t.counter("mesh_sends_ok_total", "Local sends committed.", m.sends_ok);
+    t.counter(
+        "mesh_sends_refused_total",
+        "Local sends refused before the store.",
+        m.sends_refused,
+    );
+    t.counter(
+        "mesh_sends_failed_total",
+        "Local sends the store refused or failed.",
+        m.sends_failed,
+    );
+    t.counter(
+        "mesh_batches_accepted_total",
+        "Peer batches accepted into a commit.",
+        m.batches_accepted,
+    );
+    t.counter(
+        "mesh_duplicate_envelopes_total",
+        "Envelopes received at or below the mark.",
+        m.duplicate_envelopes,
+    );
+    t.counter(
+        "mesh_resyncs_asked_total",
+        "Resync frames sent.",
+        m.resyncs_asked,
+    );
+    t.counter(
+        "mesh_resyncs_served_total",
+        "Resync requests served.",
+        m.resyncs_served,
+    );
+    t.counter(
+        "mesh_gaps_sent_total",
+        "ResyncGap frames sent.",
+        m.gaps_sent,
+    );
+    t.counter(
+        "mesh_gaps_recorded_total",
+        "Gaps committed to the journal.",
+        m.gaps_recorded,
+    );
+    t.counter(
+        "mesh_retransmits_total",
+        "Streams resent after a silence.",
+        m.retransmits,
+    );
+    t.counter(
+        "mesh_link_paused_refused_total",
+        "Incoming connections refused because the link to their peer is paused.",
+        status.net.paused_refused,
+    );
+    let labels: Vec<String> = DROP_REASONS
+        .iter()
+        .map(|(_, name)| format!("{{reason=\"{name}\"}}"))
+        .collect();
+    let samples: Vec<(&str, u64)> = DROP_REASONS
+        .iter()
+        .zip(&labels)
+        .map(|((reason, _), label)| (label.as_str(), m.dropped.get(*reason)))
+        .collect();
+    t.family(
+        "mesh_frames_dropped_total",
+        "counter",
+        "Frames dropped, by reason.",
+        &samples,
+    );
+}

@@ -1,0 +1,214 @@
+//! The node routes: status, ticket, and the peers (add, list, remove, pause,
+//! resume), answered from the bus node and the store's marks.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use axum::Json;
+use axum::extract::{Path, Request, State};
+use mesh_api::{
+    AddPeerRequest, NodeStatus, PeerStatus, PeersResponse, StatusResponse, StreamJson, StreamMark,
+    TicketResponse,
+};
+use mesh_protocol::{NodeId, NodeTicket};
+use mesh_store::{MeshStore, OwnStream};
+
+use super::error::node_error;
+use super::routes::{parse_node_id, read_json, read_store};
+use super::{ApiError, ApiState, CallerError, NotFound, REQUEST_BYTES_MAX};
+use crate::bus::{NodePeer, NodeStatus as BusStatus};
+
+impl ApiState {
+    /// Every known peer, with its marks and last seen epoch from the store.
+    async fn peers(&self) -> Result<Vec<PeerStatus>, ApiError> {
+        let status = self.inner.bus.status().await.map_err(node_error)?;
+        self.peers_of(status).await
+    }
+
+    async fn peers_of(&self, status: BusStatus) -> Result<Vec<PeerStatus>, ApiError> {
+        let (marks, records) =
+            read_store(&self.inner.store, |s| Ok((s.marks()?, s.peers()?))).await?;
+        let epochs: HashMap<NodeId, String> = records
+            .into_iter()
+            .filter_map(|r| Some((r.node, r.epoch?.to_string())))
+            .collect();
+        let mut by_author: HashMap<NodeId, Vec<StreamMark>> = HashMap::new();
+        for m in marks {
+            by_author
+                .entry(m.stream.author)
+                .or_default()
+                .push(StreamMark {
+                    stream: StreamJson::from(&m.stream),
+                    mark: m.seq,
+                });
+        }
+        Ok(status
+            .peers
+            .into_iter()
+            .map(|p| peer_status(p, &epochs, &mut by_author))
+            .collect())
+    }
+
+    /// The peer `node` as it is now ([`NotFound::UnknownPeer`] if it is not known).
+    async fn peer(&self, node: NodeId) -> Result<PeerStatus, ApiError> {
+        let id = node.to_string();
+        self.peers()
+            .await?
+            .into_iter()
+            .find(|p| p.node == id)
+            .ok_or_else(|| NotFound::UnknownPeer(node).into())
+    }
+}
+
+fn peer_status(
+    p: NodePeer,
+    epochs: &HashMap<NodeId, String>,
+    marks: &mut HashMap<NodeId, Vec<StreamMark>>,
+) -> PeerStatus {
+    let (queued_msgs, outbox_bytes) = match &p.own_stream {
+        Some(o) => (queued(o), o.bytes),
+        None => (0, 0),
+    };
+    PeerStatus {
+        node: p.node.to_string(),
+        addrs: p.addrs,
+        connected: p.conn.is_some(),
+        epoch: epochs.get(&p.node).cloned(),
+        marks: marks.remove(&p.node).unwrap_or_default(),
+        queued_msgs,
+        outbox_bytes,
+        paused: p.paused,
+    }
+}
+
+/// Envelopes of `o` that are unacknowledged and still in the outbox: from
+/// past the ack (or from the oldest retained, if `evict-oldest` dropped
+/// more) to the last one sent.
+fn queued(o: &OwnStream) -> u64 {
+    o.next_seq
+        .saturating_sub(o.first_retained.max(o.last_acked.saturating_add(1)))
+}
+
+pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResponse>, ApiError> {
+    let bus = st.inner.bus.status().await.map_err(node_error)?;
+    let ticket = bus.ticket.clone();
+    let node = NodeStatus {
+        node: bus.node.to_string(),
+        epoch: bus.epoch.to_string(),
+        addrs: ticket.addrs.clone(),
+        ticket: ticket.to_string(),
+        peers: st.peers_of(bus).await?,
+        store_bytes: std::fs::metadata(&st.inner.store_file)
+            .ok()
+            .map(|m| m.len()),
+    };
+    Ok(Json(StatusResponse {
+        node,
+        journal_head: st.read_head(),
+        subscribers: st.inner.counters.subscribers.load(Ordering::Relaxed),
+        pid: std::process::id(),
+    }))
+}
+
+pub(super) async fn ticket(State(st): State<ApiState>) -> Json<TicketResponse> {
+    Json(TicketResponse {
+        ticket: st.inner.bus.ticket().to_string(),
+    })
+}
+
+pub(super) async fn add_peer(
+    State(st): State<ApiState>,
+    req: Request,
+) -> Result<Json<PeerStatus>, ApiError> {
+    let body: AddPeerRequest = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
+    let ticket: NodeTicket = body
+        .ticket
+        .parse()
+        .map_err(|e: mesh_protocol::TicketError| CallerError::BadValue(e.to_string()))?;
+    st.inner
+        .bus
+        .add_peer(ticket.node, ticket.addrs)
+        .await
+        .map_err(node_error)?;
+    let peer = st.peer(ticket.node).await.map_err(|e| match e.kind() {
+        super::ErrorKind::NotFound(_) => super::Bug::new("the added peer is not listed").into(),
+        _ => e,
+    })?;
+    Ok(Json(peer))
+}
+
+pub(super) async fn list_peers(
+    State(st): State<ApiState>,
+) -> Result<Json<PeersResponse>, ApiError> {
+    Ok(Json(PeersResponse {
+        peers: st.peers().await?,
+    }))
+}
+
+pub(super) async fn remove_peer(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let node = parse_node_id(&id)?;
+    let status = st.inner.bus.status().await.map_err(node_error)?;
+    if !status.peers.iter().any(|p| p.node == node) {
+        return Err(NotFound::UnknownPeer(node).into());
+    }
+    st.inner.bus.remove_peer(node).await.map_err(node_error)?;
+    Ok(Json(serde_json::json!({ "removed": node.to_string() })))
+}
+
+pub(super) async fn pause_peer(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<PeerStatus>, ApiError> {
+    set_paused(st, &id, true).await
+}
+
+pub(super) async fn resume_peer(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<PeerStatus>, ApiError> {
+    set_paused(st, &id, false).await
+}
+
+/// Pauses or resumes the link to the peer `id` and answers the peer as it
+/// is then. Not durable: a restarted node has no paused link.
+async fn set_paused(st: ApiState, id: &str, paused: bool) -> Result<Json<PeerStatus>, ApiError> {
+    let node = parse_node_id(id)?;
+    st.inner
+        .bus
+        .set_peer_paused(node, paused)
+        .await
+        .map_err(node_error)?;
+    Ok(Json(st.peer(node).await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_protocol::{Epoch, SecretKey, StreamId};
+    use mesh_store::OwnStream;
+
+    use super::queued;
+
+    #[test]
+    fn queued_counts_only_unacknowledged_envelopes_still_in_the_outbox() {
+        let me = SecretKey::from_bytes(&[1; 32]).public();
+        let to = SecretKey::from_bytes(&[3; 32]).public();
+        let own = |first_retained, last_acked| OwnStream {
+            stream: StreamId::direct(me, Epoch([0; 16]), to),
+            next_seq: 101,
+            first_retained,
+            last_acked,
+            msgs: 101 - first_retained,
+            bytes: 0,
+        };
+        // 100 sent, 40 acknowledged, nothing evicted: 60 queued.
+        assert_eq!(queued(&own(1, 40)), 60);
+        // evict-oldest dropped everything before 71 (30 of it unacknowledged).
+        assert_eq!(queued(&own(71, 40)), 30);
+        // Acknowledged ones evicted too: still only what is unacknowledged.
+        assert_eq!(queued(&own(50, 60)), 40);
+        assert_eq!(queued(&own(1, 100)), 0);
+    }
+}
