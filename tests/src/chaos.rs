@@ -25,7 +25,7 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::checker::{Summary, check};
-use crate::cluster::{Cluster, ClusterConfig, Isolation, JournalTail, create_file};
+use crate::cluster::{Cluster, ClusterConfig, Isolation, JournalTail, create_file, write_journal};
 use crate::history::{History, Op};
 use crate::nemesis::{Ctx, apply, plan};
 use crate::rng::SimRng;
@@ -411,14 +411,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
             .await
             .with_context(|| format!("reading node {i}'s journal"))?;
         let journal = std::mem::take(&mut follower.tails[i].entries);
-        let mut f = std::io::BufWriter::new(create_file(
-            &cfg.out_dir.join(format!("journal-node-{i}.jsonl")),
-        )?);
-        for e in &journal {
-            serde_json::to_writer(&mut f, e)?;
-            f.write_all(b"\n")?;
-        }
-        f.flush()?;
+        write_journal(&cfg.out_dir, i, &journal)?;
         journals.insert(cluster.node_id(i).to_owned(), journal);
     }
     drop(cluster);

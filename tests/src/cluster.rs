@@ -13,7 +13,7 @@ use std::ops::{Deref, DerefMut};
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use mesh_api::NodeStatus;
+use mesh_api::{EventEntry, NodeStatus};
 use mesh_cluster::{Placement, Stopped};
 
 use crate::netns::{self, Netns};
@@ -176,6 +176,21 @@ impl DerefMut for Cluster {
     fn deref_mut(&mut self) -> &mut Self::Target {
         &mut self.inner
     }
+}
+
+/// Writes node `i`'s journal to `dir/journal-node-I.jsonl`, one entry a line.
+///
+/// # Errors
+/// If the file cannot be written.
+pub fn write_journal(dir: &Path, i: usize, journal: &[EventEntry]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut f = std::io::BufWriter::new(create_file(&dir.join(format!("journal-node-{i}.jsonl")))?);
+    for e in journal {
+        serde_json::to_writer(&mut f, e)?;
+        f.write_all(b"\n")?;
+    }
+    f.flush()?;
+    Ok(())
 }
 
 /// Creates `path`'s file for writing, with its parent dirs.

@@ -22,3 +22,15 @@ pub mod netns;
 pub mod outage;
 pub mod rng;
 pub mod workload;
+
+use std::path::{Path, PathBuf};
+
+/// Where a process-level run of the `mesh` executable `bin` keeps its files:
+/// `<target>/chaos/<name>` beside the build, else the temp dir.
+pub fn run_dir(bin: &Path, name: &str) -> PathBuf {
+    bin.parent()
+        .and_then(Path::parent)
+        .map_or_else(std::env::temp_dir, Path::to_owned)
+        .join("chaos")
+        .join(name)
+}

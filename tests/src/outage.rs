@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::chaos::{Follower, converge};
 use crate::checker::{Summary, check};
-use crate::cluster::{Cluster, ClusterConfig, Isolation, create_file};
+use crate::cluster::{Cluster, ClusterConfig, Isolation, write_journal};
 use crate::history::History;
 use crate::workload::{Ended, Send};
 
@@ -309,14 +309,7 @@ async fn run(bin: &Path, out_dir: &Path) -> anyhow::Result<OutageReport> {
     for i in 0..2 {
         follower.read(&cluster, i).await?;
         let journal = std::mem::take(&mut follower.tails[i].entries);
-        let mut f = std::io::BufWriter::new(create_file(
-            &out_dir.join(format!("journal-node-{i}.jsonl")),
-        )?);
-        for e in &journal {
-            serde_json::to_writer(&mut f, e)?;
-            f.write_all(b"\n")?;
-        }
-        f.flush()?;
+        write_journal(out_dir, i, &journal)?;
         journals.insert(cluster.node_id(i).to_owned(), journal);
     }
     drop(cluster);

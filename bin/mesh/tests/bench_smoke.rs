@@ -4,15 +4,13 @@
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use clap::Parser as _;
 use mesh_api::DataDir;
-use mesh_api::client::Client;
 use mesh_cli::{Cli, Command};
-use serde_json::{Value, json};
+use mesh_cluster::{Cluster, ClusterConfig};
+use serde_json::json;
 
 const MESH: &str = env!("CARGO_BIN_EXE_mesh");
 
@@ -51,9 +49,7 @@ fn assert_every_figure(report: &mesh_bench::Report) {
 
 #[test]
 fn a_quick_local_bench_gives_every_figure_and_leaves_nothing_behind() {
-    let _one = ONE_BENCH_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let _one = one_bench_at_a_time();
     let tmp = tempfile::tempdir().unwrap();
     let exe = Path::new(MESH);
     let cli = Cli::try_parse_from([
@@ -82,99 +78,33 @@ fn a_quick_local_bench_gives_every_figure_and_leaves_nothing_behind() {
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
-/// A `mesh daemon` process, killed on drop.
-struct DaemonChild(Child);
-
-impl DaemonChild {
-    fn start(dir: &Path) -> DaemonChild {
-        let child = std::process::Command::new(MESH)
-            .args(["daemon", "--data"])
-            .arg(dir)
-            .args(["--bind", "127.0.0.1:0"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        DaemonChild(child)
-    }
-}
-
-impl Drop for DaemonChild {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Polls `f` every 20 ms, for at most 60 s.
-async fn wait_for<T>(what: &str, mut f: impl AsyncFnMut() -> Option<T>) -> T {
-    for _ in 0..3000 {
-        if let Some(v) = f().await {
-            return v;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("gave up waiting for {what}");
-}
-
-/// The peer `id` in `client`'s status.
-async fn peer_of(client: &Client, id: &str) -> Value {
-    let st: Value = client.get("/v1/status").await.unwrap();
-    st["peers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["node"] == id)
-        .cloned()
-        .unwrap_or(Value::Null)
+/// The bench's lock, held by one test at a time.
+fn one_bench_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    ONE_BENCH_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
 }
 
 #[test]
 fn a_quick_peer_bench_pauses_the_link_gives_every_figure_and_leaves_nothing_queued() {
-    let _one = ONE_BENCH_AT_A_TIME
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
-    let tmp = tempfile::tempdir().unwrap();
-    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
-    let _a = DaemonChild::start(&a_dir);
-    let _b = DaemonChild::start(&b_dir);
-    let a_data = DataDir::resolve(Some(&a_dir)).unwrap();
-    let a = Client::new(a_data.socket_path());
-    let b = Client::new(DataDir::resolve(Some(&b_dir)).unwrap().socket_path());
+    let _one = one_bench_at_a_time();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let (a_id, b_id) = rt.block_on(async {
-        let mut ids = Vec::new();
-        let mut tickets = Vec::new();
-        for c in [&a, &b] {
-            let st: Value = wait_for("a daemon to answer", async || {
-                c.get::<Value>("/v1/status").await.ok()
-            })
-            .await;
-            ids.push(st["node"].as_str().unwrap().to_owned());
-            let t: Value = c.get("/v1/ticket").await.unwrap();
-            tickets.push(t["ticket"].clone());
-        }
-        let _: Value = a
-            .post("/v1/peers", &json!({ "ticket": tickets[1] }))
-            .await
-            .unwrap();
-        let _: Value = b
-            .post("/v1/peers", &json!({ "ticket": tickets[0] }))
-            .await
-            .unwrap();
-        let (a_id, b_id) = (ids[0].clone(), ids[1].clone());
-        wait_for("a and b to connect", async || {
-            let up = peer_of(&a, &b_id).await["connected"] == true
-                && peer_of(&b, &a_id).await["connected"] == true;
-            up.then_some(())
-        })
-        .await;
-        (a_id, b_id)
+    // Two linked `mesh daemon` processes, a and b.
+    let cluster = rt.block_on(async {
+        let mut c = Cluster::start(ClusterConfig::new(MESH, 2)).await.unwrap();
+        c.wait_connected().await.unwrap();
+        c
     });
+    let (a_id, b_id) = (cluster.node_id(0).to_owned(), cluster.node_id(1).to_owned());
+    let a_data = DataDir::resolve(Some(cluster.data_dir(0))).unwrap();
+    let peer_of = async |i: usize, id: &str| {
+        let st = cluster.status(i).await.unwrap();
+        let p = st.node.peers.into_iter().find(|p| p.node == id);
+        serde_json::to_value(p).unwrap()
+    };
     let cli = Cli::try_parse_from(["mesh", "bench", "peer", "--quick", &b_id]).unwrap();
     let Command::Bench(cmd) = cli.command else {
         panic!("not a bench command");
@@ -199,13 +129,13 @@ fn a_quick_peer_bench_pauses_the_link_gives_every_figure_and_leaves_nothing_queu
     // The link is resumed and everything was acknowledged: the peer holds
     // every message the bench sent, and a holds none unacknowledged.
     rt.block_on(async {
-        let p = peer_of(&a, &b_id).await;
+        let p = peer_of(0, &b_id).await;
         assert_eq!(
             (&p["paused"], &p["queued_msgs"]),
             (&json!(false), &json!(0)),
             "{p}"
         );
-        let q = peer_of(&b, &a_id).await;
+        let q = peer_of(1, &a_id).await;
         assert!(q["marks"][0]["mark"].as_u64().unwrap() > 0, "{q}");
     });
 }

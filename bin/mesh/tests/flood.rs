@@ -15,12 +15,7 @@ fn a_flood_of_hostile_frames_changes_nothing_and_honest_traffic_flows() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(FRAMES_DEFAULT);
-    let out = bin
-        .parent()
-        .and_then(Path::parent)
-        .map_or_else(std::env::temp_dir, Path::to_owned)
-        .join("chaos")
-        .join("flood");
+    let out = mesh_tests::run_dir(bin, "flood");
     let report = match mesh_tests::flood::run_blocking(bin, &out, frames) {
         Ok(r) => r,
         Err(e) => panic!("the flood could not be carried out: {e:#}"),

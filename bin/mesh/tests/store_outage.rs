@@ -14,12 +14,7 @@ fn a_full_disk_refuses_sends_loses_nothing_and_recovers_by_itself() {
         return;
     }
     let bin = Path::new(env!("CARGO_BIN_EXE_mesh"));
-    let out = bin
-        .parent()
-        .and_then(Path::parent)
-        .map_or_else(std::env::temp_dir, Path::to_owned)
-        .join("chaos")
-        .join("store-outage");
+    let out = mesh_tests::run_dir(bin, "store-outage");
     let report = match mesh_tests::outage::run_blocking(bin, &out) {
         Ok(r) => r,
         Err(e) => panic!("the store outage run could not be carried out: {e:#}"),

@@ -526,15 +526,40 @@ impl RunCtx<'_> {
     ) -> anyhow::Result<()> {
         stop_all(receivers).await?;
         let pid = sender.pid().context("the sender is not running")?;
+        self.queued_memory(
+            pid,
+            sender.data_dir(),
+            sender.client(),
+            to,
+            count,
+            "queued-memory",
+        )
+        .await
+    }
+
+    /// queued-memory, in both modes: sends `count` messages to `to` through
+    /// `client` while they cannot be delivered, and measures the sending
+    /// daemon `pid` (data dir `dir`): its peak RSS over idle, its disk
+    /// growth and the send rate. `label` names the progress bar.
+    pub(super) async fn queued_memory(
+        &mut self,
+        pid: u32,
+        dir: &Path,
+        client: &mesh_api::client::Client,
+        to: Vec<String>,
+        count: u64,
+        label: &str,
+    ) -> anyhow::Result<()> {
         tokio::time::sleep(IDLE_SETTLE).await;
-        let (idle, _) = measure::memory(pid).context("cannot read the sender's memory")?;
+        let memory = || measure::memory(pid).context("cannot read the sending daemon's memory");
+        let (idle, _) = memory()?;
         let peak_reset = measure::reset_peak(pid);
         if !peak_reset {
             self.col.notes.push(
                 "queued-memory: the kernel refused to reset VmHWM; the peak is the largest 50 ms sample".into(),
             );
         }
-        let disk0 = measure::disk_bytes(sender.data_dir());
+        let disk0 = measure::disk_bytes(dir);
         let sampled = Arc::new(AtomicU64::new(idle));
         let sampler = {
             let sampled = sampled.clone();
@@ -548,25 +573,24 @@ impl RunCtx<'_> {
             }))
         };
         let msgs = self.msgs('q', to);
-        let bar = self.bar("queued-memory", count, "msgs");
+        let bar = self.bar(label, count, "msgs");
         let t0 = Instant::now();
-        send::stream(sender.client(), msgs, count, self.settings.window, &bar).await?;
+        send::stream(client, msgs, count, self.settings.window, &bar).await?;
         let send_rate = count as f64 / t0.elapsed().as_secs_f64();
         drop(sampler);
-        let (rss, hwm) = measure::memory(pid).context("cannot read the sender's memory")?;
+        let (rss, hwm) = memory()?;
         let mut peak = sampled.load(Ordering::Relaxed).max(rss);
         if peak_reset {
             peak = peak.max(hwm);
         }
         let over = peak.saturating_sub(idle) as f64 / MIB;
-        let disk = measure::disk_bytes(sender.data_dir()).saturating_sub(disk0) as f64 / MIB;
+        let disk = measure::disk_bytes(dir).saturating_sub(disk0) as f64 / MIB;
+        let qm = "queued-memory";
+        self.col.add(qm, "rss_over_idle", "MiB", count, over);
+        self.col.add(qm, "disk", "MiB", count, disk);
         self.col
-            .add("queued-memory", "rss_over_idle", "MiB", count, over);
-        self.col.add("queued-memory", "disk", "MiB", count, disk);
-        self.col
-            .add("queued-memory", "idle_rss", "MiB", count, idle as f64 / MIB);
-        self.col
-            .add("queued-memory", "send_rate", "msgs/s", count, send_rate);
+            .add(qm, "idle_rss", "MiB", count, idle as f64 / MIB);
+        self.col.add(qm, "send_rate", "msgs/s", count, send_rate);
         bar.finish(&format!(
             "peak RSS {over:.1} MiB over idle ({:.1} MiB), {disk:.0} MiB on disk, sent at {send_rate:.0} msgs/s",
             idle as f64 / MIB

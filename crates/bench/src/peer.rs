@@ -20,15 +20,14 @@
 //! then `mesh peer resume PEER_ID` or a restart of the daemon resumes it.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use tokio::time::Instant;
 
 use super::http::Conn;
-use super::local::{ReaderTask, RunCtx, declare_probes, metrics_of, time_bound};
+use super::local::{RunCtx, declare_probes, metrics_of, time_bound};
 use super::measure::{self, ms};
 use super::progress::{Bar, Progress};
 use super::report::{Collector, Machine, Report};
@@ -44,12 +43,6 @@ const ACK_POLL_INTERVAL: Duration = Duration::from_millis(10);
 const ACK_LATENCY_MSGS_MAX: u64 = 1_000;
 /// How long one message may wait for its ack.
 const ACK_TIMEOUT: Duration = Duration::from_secs(10);
-/// How often this daemon's RSS is sampled in queued-memory.
-const RSS_SAMPLE_INTERVAL: Duration = Duration::from_millis(50);
-/// How long this daemon idles (link paused) before its idle RSS is read.
-const IDLE_SETTLE: Duration = Duration::from_millis(300);
-/// Bytes in a MiB.
-const MIB: f64 = 1024.0 * 1024.0;
 
 /// The figures each workload gives in `bench peer`: (metric, unit).
 fn peer_metrics(w: Workload) -> Vec<(&'static str, &'static str)> {
@@ -447,50 +440,17 @@ async fn queued_memory(
     let peer = link.peer.as_str();
     settle(r, client, peer, "queued-memory").await?;
     link.pause().await?;
-    tokio::time::sleep(IDLE_SETTLE).await;
-    let (idle, _) = measure::memory(pid).context("cannot read the daemon's memory")?;
-    let peak_reset = measure::reset_peak(pid);
-    if !peak_reset {
-        r.col.notes.push(
-            "queued-memory: the kernel refused to reset VmHWM; the peak is the largest 50 ms sample"
-                .into(),
-        );
-    }
-    let disk0 = measure::disk_bytes(data.root());
-    let sampled = Arc::new(AtomicU64::new(idle));
-    let sampler = {
-        let sampled = sampled.clone();
-        ReaderTask(tokio::spawn(async move {
-            loop {
-                if let Some((rss, _)) = measure::memory(pid) {
-                    sampled.fetch_max(rss, Ordering::Relaxed);
-                }
-                tokio::time::sleep(RSS_SAMPLE_INTERVAL).await;
-            }
-        }))
-    };
-    let msgs = r.msgs('q', vec![peer.to_owned()]);
-    let bar = r.bar("queued-memory: sending, link paused", count, "msgs");
-    let t0 = Instant::now();
-    send::stream(client, msgs, count, r.settings.window, &bar).await?;
-    let send_rate = count as f64 / t0.elapsed().as_secs_f64();
-    drop(sampler);
-    let (rss, hwm) = measure::memory(pid).context("cannot read the daemon's memory")?;
-    let mut peak = sampled.load(Ordering::Relaxed).max(rss);
-    if peak_reset {
-        peak = peak.max(hwm);
-    }
-    let over = peak.saturating_sub(idle) as f64 / MIB;
-    let disk = measure::disk_bytes(data.root()).saturating_sub(disk0) as f64 / MIB;
-    bar.finish(&format!(
-        "peak RSS {over:.1} MiB over idle ({:.1} MiB), {disk:.0} MiB on disk, sent at {send_rate:.0} msgs/s",
-        idle as f64 / MIB
-    ));
+    let label = "queued-memory: sending, link paused";
+    r.queued_memory(
+        pid,
+        data.root(),
+        client,
+        vec![peer.to_owned()],
+        count,
+        label,
+    )
+    .await?;
     let qm = "queued-memory";
-    r.col.add(qm, "rss_over_idle", "MiB", count, over);
-    r.col.add(qm, "disk", "MiB", count, disk);
-    r.col.add(qm, "idle_rss", "MiB", count, idle as f64 / MIB);
-    r.col.add(qm, "send_rate", "msgs/s", count, send_rate);
     // Leave nothing queued: the workload's time bound covers this wait.
     let bar = r.bar("queued-memory: resumed, until acknowledged", count, "msgs");
     let t1 = Instant::now();

@@ -92,31 +92,41 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
             println!("removed peer {id}");
         }
         PeerCommand::Pause { id, json } => {
-            let path = format!("/v1/peers/{}/pause", path_segment(&id));
-            let p: serde_json::Value = c.post(&path, &()).await?;
-            if json {
-                return print_json(&p);
+            if let Some(p) = set_paused(c, &id, "pause", json).await? {
+                println!(
+                    "paused peer {}: {} msgs queued; `mesh peer resume {}` ends the pause (so does a restart)",
+                    p.node, p.queued_msgs, p.node
+                );
             }
-            let p: PeerStatus = serde_json::from_value(p).context("unexpected peer answer")?;
-            println!(
-                "paused peer {}: {} msgs queued; `mesh peer resume {}` ends the pause (so does a restart)",
-                p.node, p.queued_msgs, p.node
-            );
         }
         PeerCommand::Resume { id, json } => {
-            let path = format!("/v1/peers/{}/resume", path_segment(&id));
-            let p: serde_json::Value = c.post(&path, &()).await?;
-            if json {
-                return print_json(&p);
+            if let Some(p) = set_paused(c, &id, "resume", json).await? {
+                println!(
+                    "resumed peer {}: dialing it; {} msgs queued",
+                    p.node, p.queued_msgs
+                );
             }
-            let p: PeerStatus = serde_json::from_value(p).context("unexpected peer answer")?;
-            println!(
-                "resumed peer {}: dialing it; {} msgs queued",
-                p.node, p.queued_msgs
-            );
         }
     }
     Ok(())
+}
+
+/// `POST /v1/peers/{id}/{verb}` (pause or resume): prints the JSON answer
+/// with `json`, else returns the peer for the caller to describe.
+async fn set_paused(
+    c: &Client,
+    id: &str,
+    verb: &str,
+    json: bool,
+) -> anyhow::Result<Option<PeerStatus>> {
+    let path = format!("/v1/peers/{}/{verb}", path_segment(id));
+    let p: serde_json::Value = c.post(&path, &()).await?;
+    if json {
+        print_json(&p)?;
+        return Ok(None);
+    }
+    let p = serde_json::from_value(p).context("unexpected peer answer")?;
+    Ok(Some(p))
 }
 
 /// `mesh send`.

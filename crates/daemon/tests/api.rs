@@ -6,14 +6,14 @@
 
 mod common;
 use common::{
-    TestNode, body_of, bounded, error_code, open_unread_subscription, parse_prometheus, random_key,
-    read_until_lagged,
+    TestNode, body_of, bounded, open_unread_subscription, parse_prometheus, random_key,
+    read_until_lagged, spawn_reader,
 };
 use std::time::Duration;
 
 use hyper::{Method, StatusCode};
-use mesh_api::client::{Client, ClientError};
-use mesh_api::{EventEntry, EventRecord, EventsPage};
+use mesh_api::client::ClientError;
+use mesh_api::{EventEntry, EventsPage, Fault};
 use mesh_daemon::api::{ApiSocket, BindError};
 use mesh_protocol::{Cursor, Epoch, NodeId, NodeTicket};
 use serde_json::{Value, json};
@@ -52,9 +52,18 @@ impl Opts {
     }
 }
 
-/// Starts a daemon `d` in `dir` with `opts`.
-async fn start(dir: &std::path::Path, opts: Opts) -> TestNode {
-    TestNode::start(dir, "d", Some(&opts.config())).await
+/// Runs `test` on a daemon with `opts` in a temp dir, then stops it; fails
+/// the test after `common::TEST_TIMEOUT`.
+async fn with_node(opts: Opts, test: impl AsyncFnOnce(&mut TestNode)) {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut d = TestNode::start(tmp.path(), "d", Some(&opts.config())).await;
+        test(&mut d).await;
+        if d.is_running() {
+            d.stop().await;
+        }
+    })
+    .await
 }
 
 /// Sends `n` messages to `to` through the JSON-array batch route, `per` a request.
@@ -65,45 +74,19 @@ async fn send_many(d: &TestNode, to: NodeId, n: usize, per: usize, body: impl Fn
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paging_events_one_at_a_time_returns_each_of_1000_exactly_once_across_a_restart() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
+    with_node(Opts::default(), async |d| {
         let peer = d.add_absent_peer().await;
-        send_many(&d, peer, 1000, 100, |i| format!("msg-{i}")).await;
+        send_many(d, peer, 1000, 100, |i| format!("msg-{i}")).await;
 
-        let mut seen = Vec::new();
         let mut after = String::new();
-        for _ in 0..400 {
-            let page: EventsPage = d
-                .client
-                .get(&format!("/v1/events?after={after}&limit=1"))
-                .await
-                .unwrap();
-            assert_eq!(page.entries.len(), 1);
-            assert_eq!(page.next, page.entries[0].cursor);
-            seen.push(body_of(&page.entries[0]).unwrap().to_owned());
-            after = page.next;
-        }
+        let mut seen = d.page_one_by_one(&mut after, 400).await;
+        assert_eq!(seen.len(), 400);
         d.stop().await;
-
         d.restart().await;
-        loop {
-            let page: EventsPage = d
-                .client
-                .get(&format!("/v1/events?after={after}&limit=1"))
-                .await
-                .unwrap();
-            if page.entries.is_empty() {
-                assert_eq!(page.next, after, "an empty page returns the input cursor");
-                break;
-            }
-            assert_eq!(page.entries.len(), 1);
-            seen.push(body_of(&page.entries[0]).unwrap().to_owned());
-            after = page.next;
-            assert!(seen.len() <= 1000, "more entries than were sent");
-        }
+        seen.extend(d.page_one_by_one(&mut after, 1001).await);
+        let seen: Vec<&str> = seen.iter().filter_map(body_of).collect();
         let want: Vec<String> = (0..1000).map(|i| format!("msg-{i}")).collect();
-        assert_eq!(seen, want);
+        assert_eq!(seen, want, "each once, in order, and nothing more");
 
         // No `after` pages from the start; limits are enforced.
         let page: EventsPage = d.client.get("/v1/events").await.unwrap();
@@ -112,22 +95,21 @@ async fn paging_events_one_at_a_time_returns_each_of_1000_exactly_once_across_a_
         let page: EventsPage = d.client.get("/v1/events?limit=1000").await.unwrap();
         assert_eq!(page.entries.len(), 1000);
         for bad in ["0", "1001", "lots"] {
-            let (status, v) = d
-                .raw(Method::GET, &format!("/v1/events?limit={bad}"), None)
-                .await;
-            assert_eq!(status, StatusCode::BAD_REQUEST, "limit={bad}");
-            assert_eq!(error_code(&v), "bad_request");
+            let path = format!("/v1/events?limit={bad}");
+            d.expect_error(
+                (Method::GET, &path),
+                None,
+                (StatusCode::BAD_REQUEST, "bad_request"),
+            )
+            .await;
         }
-        d.stop().await;
     })
     .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cursor_from_another_node_or_epoch_is_refused_with_409_and_garbage_with_400() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
+    with_node(Opts::default(), async |d| {
         let other_node = Cursor::new(&random_key().public(), d.epoch, 1).to_string();
         let other_epoch = Cursor::new(&d.node_id(), Epoch([9; 16]), 1).to_string();
         let cases = [
@@ -148,36 +130,28 @@ async fn a_cursor_from_another_node_or_epoch_is_refused_with_409_and_garbage_wit
                 format!("/v1/events?after={cursor}"),
                 format!("/v1/subscribe?after={cursor}"),
             ] {
-                let (s, v) = d.raw(Method::GET, &path, None).await;
-                assert_eq!((s, error_code(&v)), (status, code), "{path}: {v}");
+                d.expect_error((Method::GET, &path), None, (status, code))
+                    .await;
             }
-            let (s, v) = d
-                .raw(
-                    Method::PUT,
-                    "/v1/cursors/agent",
-                    Some(&json!({ "cursor": cursor })),
-                )
-                .await;
-            assert_eq!((s, error_code(&v)), (status, code), "PUT: {v}");
+            let body = json!({ "cursor": cursor });
+            d.expect_error(
+                (Method::PUT, "/v1/cursors/agent"),
+                Some(&body),
+                (status, code),
+            )
+            .await;
         }
         // Nothing was written by the refused PUTs.
-        let (s, v) = d.raw(Method::GET, "/v1/cursors/agent", None).await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::NOT_FOUND, "unknown_cursor")
-        );
-        d.stop().await;
+        d.assert_no_cursor("agent").await;
     })
     .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_named_cursor_is_durable_across_a_restart() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
+    with_node(Opts::default(), async |d| {
         let peer = d.add_absent_peer().await;
-        send_many(&d, peer, 3, 3, |i| format!("m{i}")).await;
+        send_many(d, peer, 3, 3, |i| format!("m{i}")).await;
         let c2 = d.cursor(2);
         let v: Value = d
             .client
@@ -186,101 +160,65 @@ async fn a_named_cursor_is_durable_across_a_restart() {
             .unwrap();
         assert_eq!(v["cursor"], c2.as_str());
         // A cursor past the journal head can only be forged: refused, not stored.
-        let (s, v) = d
-            .raw(
-                Method::PUT,
-                "/v1/cursors/planner.inbox",
-                Some(&json!({ "cursor": d.cursor(99) })),
-            )
-            .await;
-        assert_eq!((s, error_code(&v)), (StatusCode::BAD_REQUEST, "bad_cursor"));
-        let (s, v) = d
-            .raw(
-                Method::PUT,
-                "/v1/cursors/bad%20name",
-                Some(&json!({ "cursor": c2 })),
-            )
-            .await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::BAD_REQUEST, "bad_request")
-        );
+        let forged = json!({ "cursor": d.cursor(99) });
+        let path = "/v1/cursors/planner.inbox";
+        d.expect_error(
+            (Method::PUT, path),
+            Some(&forged),
+            (StatusCode::BAD_REQUEST, "bad_cursor"),
+        )
+        .await;
+        let body = json!({ "cursor": c2 });
+        let path = "/v1/cursors/bad%20name";
+        d.expect_error(
+            (Method::PUT, path),
+            Some(&body),
+            (StatusCode::BAD_REQUEST, "bad_request"),
+        )
+        .await;
         d.stop().await;
 
         d.restart().await;
         let v: Value = d.client.get("/v1/cursors/planner.inbox").await.unwrap();
         assert_eq!(v["cursor"], c2.as_str());
-        let page: EventsPage = d
-            .client
-            .get(&format!("/v1/events?after={c2}"))
-            .await
-            .unwrap();
+        let page = d.page(&c2, 100).await;
         assert_eq!(
             page.entries.iter().filter_map(body_of).collect::<Vec<_>>(),
             ["m2"]
         );
-        d.stop().await;
     })
     .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
-    bounded(async {
-        const N: usize = 3000;
-        let tmp = tempfile::tempdir().unwrap();
-        // The stopped subscriber lags once its buffer and socket are full
-        // and it has taken nothing for the stall time; the reading one,
-        // however slowed by a busy machine, keeps taking entries.
-        let opts = Opts {
-            subscriber_buffer: 256,
-            subscriber_stall: Duration::from_secs(3),
-            ..Opts::default()
-        };
-        let mut d = start(tmp.path(), opts).await;
+    const N: usize = 3000;
+    // The stopped subscriber lags once its buffer and socket are full
+    // and it has taken nothing for the stall time; the reading one,
+    // however slowed by a busy machine, keeps taking entries.
+    let opts = Opts {
+        subscriber_buffer: 256,
+        subscriber_stall: Duration::from_secs(3),
+        ..Opts::default()
+    };
+    with_node(opts, async |d| {
         let peer = d.add_absent_peer().await;
 
         // The stopped subscriber: its response has started, then nobody reads.
         let mut stopped = open_unread_subscription(d.socket()).await;
         // The reading subscriber collects every message and the loss record.
-        let mut sub = d.client.subscribe("/v1/subscribe").await.unwrap();
-        let reader = tokio::spawn(async move {
-            let mut bodies = Vec::new();
-            let mut lagged = 0;
-            let mut saw_loss = false;
-            loop {
-                let ev = sub.next().await.unwrap().expect("stream ended");
-                match ev.event.as_str() {
-                    "lagged" => lagged += 1,
-                    "entry" => {
-                        let e: EventEntry = serde_json::from_str(&ev.data).unwrap();
-                        assert_eq!(ev.id.as_deref(), Some(e.cursor.as_str()));
-                        match &e.record {
-                            EventRecord::Envelope { body, .. } => bodies.push(body.clone()),
-                            // The loss lands in the journal among the messages.
-                            EventRecord::Loss { reason, .. } if reason == "subscriber_lagged" => {
-                                saw_loss = true
-                            }
-                            _ => {}
-                        }
-                        if saw_loss && bodies.len() == N {
-                            return (bodies, lagged);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        });
+        let sub = d.client.subscribe("/v1/subscribe").await.unwrap();
+        let reader = spawn_reader(sub, None, |s| s.losses > 0 && s.bodies.len() == N);
 
         // Writers are never held up by the stopped subscriber.
         let pad = "x".repeat(2048);
-        send_many(&d, peer, N, 50, |i| format!("{i:05}{pad}")).await;
+        send_many(d, peer, N, 50, |i| format!("{i:05}{pad}")).await;
 
-        let (bodies, lagged) = reader.await.unwrap();
-        assert_eq!(lagged, 0, "the reading subscriber never lagged");
+        let seen = reader.await.unwrap();
+        assert_eq!(seen.lagged, 0, "the reading subscriber never lagged");
         let want: Vec<String> = (0..N).map(|i| format!("{i:05}{pad}")).collect();
         assert!(
-            bodies == want,
+            seen.bodies == want,
             "the reading subscriber got every message once, in order"
         );
 
@@ -294,85 +232,48 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
 
         // The loss record is in the journal after a restart.
         d.restart().await;
-        let mut after = String::new();
-        let mut losses = Vec::new();
-        loop {
-            let page: EventsPage = d
-                .client
-                .get(&format!("/v1/events?after={after}&limit=1000"))
-                .await
-                .unwrap();
-            if page.entries.is_empty() {
-                break;
-            }
-            for e in &page.entries {
-                if let EventRecord::Loss {
-                    reason,
-                    from,
-                    to,
-                    detail,
-                    ..
-                } = &e.record
-                {
-                    losses.push((reason.clone(), *from, *to, detail.clone()));
-                }
-            }
-            after = page.next;
-        }
+        let losses = d.losses().await;
         assert!(
-            losses
-                .iter()
-                .any(|(reason, from, to, detail)| reason == "subscriber_lagged"
-                    && *from == lagged.skipped_from
-                    && *to == lagged.skipped_to
-                    && detail.contains("stopped reading")),
+            losses.iter().any(|l| l.reason == "subscriber_lagged"
+                && (l.from, l.to) == (lagged.skipped_from, lagged.skipped_to)
+                && l.detail.contains("stopped reading")),
             "{losses:?}"
         );
-        d.stop().await;
     })
     .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reading_subscriber_with_a_tiny_buffer_is_not_lagged_by_one_large_commit() {
-    bounded(async {
-        const N: usize = 400;
-        let tmp = tempfile::tempdir().unwrap();
-        // One commit puts 400 entries past a 2-entry buffer at once: the
-        // reader is far behind the head, but it is reading, so it gets all.
-        let opts = Opts {
-            subscriber_buffer: 2,
-            ..Opts::default()
-        };
-        let mut d = start(tmp.path(), opts).await;
+    const N: usize = 400;
+    // One commit puts 400 entries past a 2-entry buffer at once: the
+    // reader is far behind the head, but it is reading, so it gets all.
+    let opts = Opts {
+        subscriber_buffer: 2,
+        ..Opts::default()
+    };
+    with_node(opts, async |d| {
         let peer = d.add_absent_peer().await;
-        let mut sub = d.client.subscribe("/v1/subscribe").await.unwrap();
-        send_many(&d, peer, N, N, |i| format!("{i:05}")).await;
-        let mut bodies = Vec::new();
-        while bodies.len() < N {
-            let ev = sub.next().await.unwrap().expect("stream ended");
-            assert_eq!(ev.event, "entry", "{}: {}", ev.event, ev.data);
-            let e: EventEntry = serde_json::from_str(&ev.data).unwrap();
-            bodies.extend(body_of(&e).map(str::to_owned));
-        }
+        let sub = d.client.subscribe("/v1/subscribe").await.unwrap();
+        let reader = spawn_reader(sub, Some(d.id.clone()), |s| s.bodies.len() == N);
+        send_many(d, peer, N, N, |i| format!("{i:05}")).await;
+        let seen = reader.await.unwrap();
+        assert_eq!((seen.lagged, seen.losses), (0, 0), "nothing but entries");
         let want: Vec<String> = (0..N).map(|i| format!("{i:05}")).collect();
-        assert_eq!(bodies, want);
-        d.stop().await;
+        assert_eq!(seen.bodies, want);
     })
     .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stopped_reading_does_not_hold_a_stopping_server() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
+    with_node(Opts::default(), async |d| {
         let peer = d.add_absent_peer().await;
         // Fill the unread subscription's socket: ~4 MiB of entries, far
         // more than a Unix socket buffers, so its response stays mid-write.
-        let stopped = open_unread_subscription(d.socket()).await;
+        let mut stopped = open_unread_subscription(d.socket()).await;
         let pad = "x".repeat(4096);
-        send_many(&d, peer, 1000, 100, |i| format!("{i:05}{pad}")).await;
+        send_many(d, peer, 1000, 100, |i| format!("{i:05}{pad}")).await;
         let started = std::time::Instant::now();
         d.stop().await;
         // The server waited its grace period for the stuck response, then
@@ -382,7 +283,6 @@ async fn a_client_that_stopped_reading_does_not_hold_a_stopping_server() {
             "the stuck connection was given its grace period: {:?}",
             started.elapsed()
         );
-        let mut stopped = stopped;
         let mut sink = vec![0u8; 1 << 16];
         let mut total = 0usize;
         loop {
@@ -398,17 +298,12 @@ async fn a_client_that_stopped_reading_does_not_hold_a_stopping_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscription_sends_the_backlog_after_its_cursor_then_live_entries() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
+    with_node(Opts::default(), async |d| {
         let peer = d.add_absent_peer().await;
-        send_many(&d, peer, 5, 5, |i| format!("old-{i}")).await;
-        let mut sub = d
-            .client
-            .subscribe(&format!("/v1/subscribe?after={}", d.cursor(3)))
-            .await
-            .unwrap();
-        send_many(&d, peer, 2, 1, |i| format!("new-{i}")).await;
+        send_many(d, peer, 5, 5, |i| format!("old-{i}")).await;
+        let path = format!("/v1/subscribe?after={}", d.cursor(3));
+        let mut sub = d.client.subscribe(&path).await.unwrap();
+        send_many(d, peer, 2, 1, |i| format!("new-{i}")).await;
         let mut bodies = Vec::new();
         while bodies.len() < 4 {
             let ev = sub.next().await.unwrap().unwrap();
@@ -417,104 +312,70 @@ async fn a_subscription_sends_the_backlog_after_its_cursor_then_live_entries() {
             bodies.push(body_of(&e).unwrap().to_owned());
         }
         assert_eq!(bodies, ["old-3", "old-4", "new-0", "new-1"]);
-        d.stop().await;
     })
     .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_unknown_peers_and_a_full_outbox_get_the_documented_errors() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let opts = Opts {
-            outbox_msgs_max: Some(2),
-            ..Opts::default()
-        };
-        let mut d = start(tmp.path(), opts).await;
+    let opts = Opts {
+        outbox_msgs_max: Some(2),
+        ..Opts::default()
+    };
+    with_node(opts, async |d| {
         let peer = d.add_absent_peer().await;
         let to = peer.to_string();
-        let post = |path: &'static str, ct: Option<&'static str>, body: Vec<u8>| {
-            let c = d.client.clone();
-            async move {
-                let (s, b) = c
-                    .raw_bytes(Method::POST, path, ct, body.into())
-                    .await
-                    .unwrap();
-                (
-                    s,
-                    serde_json::from_slice::<Value>(&b).unwrap_or(Value::Null),
-                )
-            }
-        };
+        let send = |v: Value| serde_json::to_vec(&v).unwrap();
+        let bad = StatusCode::BAD_REQUEST;
 
-        let (s, v) = post("/v1/send", None, b"{not json".to_vec()).await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::BAD_REQUEST, "bad_json"),
-            "{v}"
-        );
-        let (s, v) = post("/v1/send", None, br#"{"body":"hi"}"#.to_vec()).await;
-        assert_eq!((s, error_code(&v)), (StatusCode::BAD_REQUEST, "bad_json"));
+        d.post_expect_error("/v1/send", b"{not json".to_vec(), (bad, "bad_json"))
+            .await;
+        let v = d
+            .post_expect_error("/v1/send", br#"{"body":"hi"}"#.to_vec(), (bad, "bad_json"))
+            .await;
         assert!(
             v["error"]["message"].as_str().unwrap().contains("`to`"),
             "{v}"
         );
         let huge =
             json!({ "to": to, "body": "x".repeat(mesh_daemon::api::SEND_REQUEST_BYTES_MAX) });
-        let (s, v) = post("/v1/send", None, serde_json::to_vec(&huge).unwrap()).await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::BAD_REQUEST, "body_too_large"),
-            "{v}"
-        );
-        let (s, v) = post(
-            "/v1/send",
-            None,
-            serde_json::to_vec(&json!({"to": "nobody", "body": "x"})).unwrap(),
-        )
-        .await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::BAD_REQUEST, "bad_request"),
-            "{v}"
-        );
-        let stranger = random_key().public().to_string();
-        let (s, v) = post(
-            "/v1/send",
-            None,
-            serde_json::to_vec(&json!({"to": stranger, "body": "x"})).unwrap(),
-        )
-        .await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::NOT_FOUND, "unknown_peer"),
-            "{v}"
-        );
-        let (s, v) = d
-            .raw(Method::DELETE, &format!("/v1/peers/{stranger}"), None)
+        d.post_expect_error("/v1/send", send(huge), (bad, "body_too_large"))
             .await;
-        assert_eq!(
-            (s, error_code(&v)),
+        let nobody = json!({"to": "nobody", "body": "x"});
+        d.post_expect_error("/v1/send", send(nobody), (bad, "bad_request"))
+            .await;
+        let stranger = random_key().public().to_string();
+        let unknown = json!({"to": stranger, "body": "x"});
+        let v = d
+            .post_expect_error(
+                "/v1/send",
+                send(unknown),
+                (StatusCode::NOT_FOUND, "unknown_peer"),
+            )
+            .await;
+        assert_eq!(v["error"]["fault"], "not_found", "{v}");
+        let path = format!("/v1/peers/{stranger}");
+        d.expect_error(
+            (Method::DELETE, &path),
+            None,
             (StatusCode::NOT_FOUND, "unknown_peer"),
-            "{v}"
-        );
-        let (s, v) = d.raw(Method::GET, "/v1/nothing", None).await;
-        assert_eq!(
-            (s, error_code(&v)),
+        )
+        .await;
+        d.expect_error(
+            (Method::GET, "/v1/nothing"),
+            None,
             (StatusCode::NOT_FOUND, "no_route"),
-            "{v}"
-        );
-        let (s, v) = d.raw(Method::DELETE, "/v1/events", None).await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
-        );
-        let (s, v) = post("/v1/send/batch", None, b"[]".to_vec()).await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::BAD_REQUEST, "bad_request"),
-            "{v}"
-        );
+        )
+        .await;
+        let not_allowed = StatusCode::METHOD_NOT_ALLOWED;
+        d.expect_error(
+            (Method::DELETE, "/v1/events"),
+            None,
+            (not_allowed, "method_not_allowed"),
+        )
+        .await;
+        d.post_expect_error("/v1/send/batch", b"[]".to_vec(), (bad, "bad_request"))
+            .await;
 
         // Two fit; the third finds the outbox full of unacknowledged messages.
         for i in 0..2 {
@@ -525,28 +386,22 @@ async fn bad_input_unknown_peers_and_a_full_outbox_get_the_documented_errors() {
                 .unwrap();
             assert_eq!(v["seq"], i + 1);
         }
-        let (s, v) = post(
-            "/v1/send",
-            None,
-            serde_json::to_vec(&json!({"to": to, "body": "m2"})).unwrap(),
-        )
-        .await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::TOO_MANY_REQUESTS, "outbox_full"),
-            "{v}"
-        );
-        let err = d
-            .client
-            .post::<Value>("/v1/send", &json!({ "to": to, "body": "m2" }))
-            .await
-            .unwrap_err();
+        let full = json!({"to": to, "body": "m2"});
+        let v = d
+            .post_expect_error(
+                "/v1/send",
+                send(full.clone()),
+                (StatusCode::TOO_MANY_REQUESTS, "outbox_full"),
+            )
+            .await;
+        assert_eq!(v["error"]["fault"], "capacity", "{v}");
+        let err = d.client.post::<Value>("/v1/send", &full).await.unwrap_err();
         assert!(
             matches!(
                 err,
                 ClientError::Api {
                     status: 429,
-                    fault: mesh_api::Fault::Capacity,
+                    fault: Fault::Capacity,
                     ..
                 }
             ),
@@ -558,16 +413,13 @@ async fn bad_input_unknown_peers_and_a_full_outbox_get_the_documented_errors() {
             page.entries.iter().filter_map(body_of).collect::<Vec<_>>(),
             ["m0", "m1"]
         );
-        d.stop().await;
     })
     .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ndjson_batch_commits_line_by_line_and_says_how_far_it_got() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
+    with_node(Opts::default(), async |d| {
         let peer = d.add_absent_peer().await;
         let line = |i: usize| {
             format!(
@@ -660,16 +512,13 @@ async fn an_ndjson_batch_commits_line_by_line_and_says_how_far_it_got() {
             602,
             "nothing of a refused chunk was committed"
         );
-        d.stop().await;
     })
     .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_ticket_peers_and_metrics_answer_json_and_prometheus_text() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
+    with_node(Opts::default(), async |d| {
         let peer = d.add_absent_peer().await;
         let v: Value = d.client.get("/v1/status").await.unwrap();
         assert_eq!(v["node"], d.id);
@@ -679,44 +528,31 @@ async fn status_ticket_peers_and_metrics_answer_json_and_prometheus_text() {
         assert_eq!(t.node, d.node_id());
         let v: Value = d.client.get("/v1/peers").await.unwrap();
         assert_eq!(v["peers"][0]["node"], peer.to_string());
-        let (s, v) = d
-            .raw(
-                Method::POST,
-                "/v1/peers",
-                Some(&json!({ "ticket": "meshnode1nope" })),
-            )
-            .await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::BAD_REQUEST, "bad_request")
-        );
+        let bad_ticket = json!({ "ticket": "meshnode1nope" });
+        d.expect_error(
+            (Method::POST, "/v1/peers"),
+            Some(&bad_ticket),
+            (StatusCode::BAD_REQUEST, "bad_request"),
+        )
+        .await;
         let v: Value = d.client.delete(&format!("/v1/peers/{peer}")).await.unwrap();
         assert_eq!(v["removed"], peer.to_string());
-        let (s, bytes) = d
-            .client
-            .raw(Method::GET, "/metrics", None::<&()>)
-            .await
-            .unwrap();
-        let text = String::from_utf8(bytes.to_vec()).unwrap();
-        assert_eq!(s, StatusCode::OK);
+        let text = d.metrics_text().await;
         assert!(
             text.contains("mesh_api_requests_total{class=\"ok\"}"),
             "{text}"
         );
         // The bus's counters are there too.
         assert!(text.contains("\nmesh_commits_total "), "{text}");
-        d.stop().await;
     })
     .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_parse_as_prometheus_text_with_each_family_once() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
+    with_node(Opts::default(), async |d| {
         let peer = d.add_absent_peer().await;
-        send_many(&d, peer, 3, 3, |i| format!("m{i}")).await;
+        send_many(d, peer, 3, 3, |i| format!("m{i}")).await;
         let text = d.metrics_text().await;
         let families = parse_prometheus(&text).unwrap_or_else(|e| panic!("{e}\n{text}"));
         for (name, kind) in [
@@ -745,7 +581,6 @@ async fn metrics_parse_as_prometheus_text_with_each_family_once() {
         // The checker itself refuses a family given twice.
         let twice = format!("{text}# TYPE mesh_journal_head gauge\nmesh_journal_head 3\n");
         assert!(parse_prometheus(&twice).is_err());
-        d.stop().await;
     })
     .await
 }
@@ -779,9 +614,7 @@ async fn a_live_socket_is_refused_as_another_daemon_and_a_stale_one_is_replaced(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_daemon_removes_its_socket_and_clients_say_it_is_not_running() {
-    bounded(async {
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
+    with_node(Opts::default(), async |d| {
         let client = d.client.clone();
         let socket = d.socket().to_owned();
         // An open subscription does not hold the shutdown up.
@@ -792,95 +625,7 @@ async fn a_stopped_daemon_removes_its_socket_and_clients_say_it_is_not_running()
         let err = client.get::<Value>("/v1/status").await.unwrap_err();
         assert!(err.to_string().contains("not running"), "{err}");
         assert!(err.to_string().contains(&socket.display().to_string()));
-    })
-    .await
-}
-
-/// Set in the helper process that connects as another uid.
-const HELPER_ENV: &str = "MESH_TEST_OTHER_UID_SOCKET";
-const HELPER_CURSOR_ENV: &str = "MESH_TEST_OTHER_UID_CURSOR";
-/// The uid the helper runs as ("nobody").
-const OTHER_UID: u32 = 65534;
-
-/// Not a test on its own: the body of the helper process (a no-op otherwise).
-#[test]
-fn other_uid_helper() {
-    let Ok(socket) = std::env::var(HELPER_ENV) else {
-        return;
-    };
-    let cursor = std::env::var(HELPER_CURSOR_ENV).unwrap();
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(async {
-        let (s, b) = Client::new(socket)
-            .raw(
-                Method::PUT,
-                "/v1/cursors/intruder",
-                Some(&json!({ "cursor": cursor })),
-            )
-            .await
-            .unwrap();
-        let v: Value = serde_json::from_slice(&b).unwrap_or(Value::Null);
-        println!("HELPER STATUS={} CODE={}", s.as_u16(), error_code(&v));
-    });
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_uid_is_refused_with_403_and_changes_nothing() {
-    if mesh_daemon::api::daemon_uid() != 0 {
-        println!(
-            "skipped: connecting as another uid needs root to start the helper as uid {OTHER_UID}"
-        );
-        return;
-    }
-    bounded(async {
-        use std::os::unix::fs::PermissionsExt;
-        use std::os::unix::process::CommandExt;
-        let tmp = tempfile::tempdir().unwrap();
-        let mut d = start(tmp.path(), Opts::default()).await;
-        // The 0700 dir and 0600 socket already keep other users out; open
-        // both up to prove the SO_PEERCRED check refuses them on its own.
-        for dir in [tmp.path(), d.dir.as_path()] {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
-        }
-        std::fs::set_permissions(d.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
-        let exe = std::env::current_exe().unwrap();
-        let mut cmd = std::process::Command::new(exe);
-        cmd.args([
-            "--exact",
-            "other_uid_helper",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env(HELPER_ENV, d.socket())
-        .env(HELPER_CURSOR_ENV, d.cursor(0))
-        .uid(OTHER_UID)
-        .gid(OTHER_UID);
-        let out = tokio::task::spawn_blocking(move || cmd.output())
-            .await
-            .unwrap()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            stdout.contains("HELPER STATUS=403 CODE=forbidden"),
-            "helper said: {stdout}\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let (s, v) = d.raw(Method::GET, "/v1/cursors/intruder", None).await;
-        assert_eq!(
-            (s, error_code(&v)),
-            (StatusCode::NOT_FOUND, "unknown_cursor")
-        );
-        let text = String::from_utf8(
-            d.client
-                .raw(Method::GET, "/metrics", None::<&()>)
-                .await
-                .unwrap()
-                .1
-                .to_vec(),
-        )
-        .unwrap();
-        assert!(text.contains("mesh_api_refused_uid_total 1"), "{text}");
-        d.stop().await;
+        assert_eq!(err.fault(), Fault::Unavailable);
     })
     .await
 }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper::{Method, StatusCode};
-use mesh_api::client::Client;
+use mesh_api::client::{Client, SseStream};
 use mesh_api::{DataDir, EventEntry, EventRecord, EventsPage, StatusResponse};
 use mesh_daemon::Daemon;
 use mesh_protocol::{Cursor, Epoch, NodeId, NodeTicket, SecretKey};
@@ -147,6 +147,11 @@ impl TestNode {
             .await;
     }
 
+    /// Whether the daemon runs (it was not stopped).
+    pub(crate) fn is_running(&self) -> bool {
+        self.daemon.is_some()
+    }
+
     /// Starts the stopped daemon again on the same dir and port.
     pub(crate) async fn restart(&mut self) {
         assert!(self.daemon.is_none(), "{} is running", self.name);
@@ -188,6 +193,37 @@ impl TestNode {
             .await
             .unwrap();
         (s, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// `raw`, asserting the error answer `want` (status, code); the answer.
+    pub(crate) async fn expect_error(
+        &self,
+        (method, path): (Method, &str),
+        body: Option<&Value>,
+        want: (StatusCode, &str),
+    ) -> Value {
+        let (s, v) = self.raw(method, path, body).await;
+        assert_eq!((s, error_code(&v)), want, "{path}: {v}");
+        v
+    }
+
+    /// `post_bytes`, asserting the error answer `want` (status, code); the answer.
+    pub(crate) async fn post_expect_error(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        want: (StatusCode, &str),
+    ) -> Value {
+        let (s, v) = self.post_bytes(path, body).await;
+        assert_eq!((s, error_code(&v)), want, "{path}: {v}");
+        v
+    }
+
+    /// Asserts that no named cursor `name` is stored.
+    pub(crate) async fn assert_no_cursor(&self, name: &str) {
+        let path = format!("/v1/cursors/{name}");
+        let want = (StatusCode::NOT_FOUND, "unknown_cursor");
+        self.expect_error((Method::GET, &path), None, want).await;
     }
 
     /// `raw`, asserting 200.
@@ -328,10 +364,113 @@ impl TestNode {
         .await
     }
 
-    /// The process that serves the socket (from its status).
+    /// Its status, typed.
     pub(crate) async fn typed_status(&self) -> StatusResponse {
         self.client.get("/v1/status").await.unwrap()
     }
+
+    /// Pages the journal one entry a time from `after` (moving it on), for
+    /// at most `max` entries or until a page is empty; each page of one
+    /// ends at its entry, and an empty page returns the cursor it was given.
+    pub(crate) async fn page_one_by_one(&self, after: &mut String, max: usize) -> Vec<EventEntry> {
+        let mut entries = Vec::new();
+        while entries.len() < max {
+            let mut page = self.page(after, 1).await;
+            let Some(e) = page.entries.pop() else {
+                assert_eq!(&page.next, after, "an empty page returns its cursor");
+                break;
+            };
+            assert!(page.entries.is_empty(), "a page of one has one entry");
+            assert_eq!(page.next, e.cursor);
+            *after = page.next;
+            entries.push(e);
+        }
+        entries
+    }
+
+    /// The loss records in the whole journal.
+    pub(crate) async fn losses(&self) -> Vec<Loss> {
+        self.journal()
+            .await
+            .into_iter()
+            .filter_map(|e| match e.record {
+                EventRecord::Loss {
+                    from,
+                    to,
+                    reason,
+                    detail,
+                    ..
+                } => Some(Loss {
+                    arrival: e.arrival,
+                    from,
+                    to,
+                    reason,
+                    detail,
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// A loss record of a journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Loss {
+    pub(crate) arrival: u64,
+    pub(crate) from: u64,
+    pub(crate) to: u64,
+    pub(crate) reason: String,
+    pub(crate) detail: String,
+}
+
+/// What a live subscriber read.
+#[derive(Debug, Default)]
+pub(crate) struct Seen {
+    /// Message bodies, in order.
+    pub(crate) bodies: Vec<String>,
+    /// `lagged` events.
+    pub(crate) lagged: usize,
+    /// `subscriber_lagged` loss records among the entries.
+    pub(crate) losses: usize,
+}
+
+/// Reads the subscription `sub` on a task until `done` says it has seen
+/// enough. Every entry's SSE id is its cursor; messages are from `author`
+/// (if given) and the only other entries are subscriber loss records.
+pub(crate) fn spawn_reader(
+    mut sub: SseStream,
+    author: Option<String>,
+    done: impl Fn(&Seen) -> bool + Send + 'static,
+) -> tokio::task::JoinHandle<Seen> {
+    tokio::spawn(async move {
+        let mut seen = Seen::default();
+        while !done(&seen) {
+            let ev = sub.next().await.unwrap().expect("stream ended");
+            match ev.event.as_str() {
+                "lagged" => seen.lagged += 1,
+                "entry" => {
+                    let e: EventEntry = serde_json::from_str(&ev.data).unwrap();
+                    assert_eq!(ev.id.as_deref(), Some(e.cursor.as_str()));
+                    match e.record {
+                        EventRecord::Envelope { stream, body, .. } => {
+                            if let Some(a) = &author {
+                                assert_eq!(&stream.author, a);
+                            }
+                            seen.bodies.push(body)
+                        }
+                        // The loss lands in the journal among the messages.
+                        EventRecord::Loss { reason, .. } => {
+                            assert_eq!(reason, "subscriber_lagged");
+                            seen.losses += 1
+                        }
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+                _ => {}
+            }
+        }
+        seen
+    })
 }
 
 async fn run_daemon(dir: &Path, port: u16) -> Daemon {
