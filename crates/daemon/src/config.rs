@@ -130,7 +130,8 @@ impl Default for ApiConfig {
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct NetConfig {
-    /// Use iroh relay servers to reach peers behind NAT (off: direct addresses only).
+    /// Use iroh relay servers to reach peers behind NAT. Not yet built: `true`
+    /// is refused at start-up (`StartError::RelaysUnsupported`).
     pub relays: bool,
 }
 
