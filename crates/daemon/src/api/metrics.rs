@@ -118,63 +118,9 @@ fn render(st: &ApiState, bus: Option<&NodeStatus>) -> String {
 }
 
 fn render_bus(t: &mut Text, status: &NodeStatus) {
-    let m = &status.core;
-    t.counter(
-        "mesh_commits_total",
-        "Commits issued by the bus core.",
-        m.commits,
-    );
-    t.counter("mesh_sends_ok_total", "Local sends committed.", m.sends_ok);
-    t.counter(
-        "mesh_sends_refused_total",
-        "Local sends refused before the store.",
-        m.sends_refused,
-    );
-    t.counter(
-        "mesh_sends_failed_total",
-        "Local sends the store refused or failed.",
-        m.sends_failed,
-    );
-    t.counter(
-        "mesh_batches_accepted_total",
-        "Peer batches accepted into a commit.",
-        m.batches_accepted,
-    );
-    t.counter(
-        "mesh_duplicate_envelopes_total",
-        "Envelopes received at or below the mark.",
-        m.duplicate_envelopes,
-    );
-    t.counter(
-        "mesh_resyncs_asked_total",
-        "Resync frames sent.",
-        m.resyncs_asked,
-    );
-    t.counter(
-        "mesh_resyncs_served_total",
-        "Resync requests served.",
-        m.resyncs_served,
-    );
-    t.counter(
-        "mesh_gaps_sent_total",
-        "ResyncGap frames sent.",
-        m.gaps_sent,
-    );
-    t.counter(
-        "mesh_gaps_recorded_total",
-        "Gaps committed to the journal.",
-        m.gaps_recorded,
-    );
-    t.counter(
-        "mesh_retransmits_total",
-        "Streams resent after a silence.",
-        m.retransmits,
-    );
-    t.counter(
-        "mesh_link_paused_refused_total",
-        "Incoming connections refused because the link to their peer is paused.",
-        status.net.paused_refused,
-    );
+    for (name, help, v) in bus_counters(status) {
+        t.counter(&format!("mesh_{name}"), help, v);
+    }
     let labels: Vec<String> = DROP_REASONS
         .iter()
         .map(|(_, name)| format!("{{reason=\"{name}\"}}"))
@@ -182,7 +128,7 @@ fn render_bus(t: &mut Text, status: &NodeStatus) {
     let samples: Vec<(&str, u64)> = DROP_REASONS
         .iter()
         .zip(&labels)
-        .map(|((reason, _), label)| (label.as_str(), m.dropped.get(*reason)))
+        .map(|((reason, _), label)| (label.as_str(), status.core.dropped.get(*reason)))
         .collect();
     t.family(
         "mesh_frames_dropped_total",
@@ -190,4 +136,63 @@ fn render_bus(t: &mut Text, status: &NodeStatus) {
         "Frames dropped, by reason.",
         &samples,
     );
+}
+
+/// The bus's counters: (name after `mesh_`, help, value).
+fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 12] {
+    let m = &status.core;
+    [
+        (
+            "commits_total",
+            "Commits issued by the bus core.",
+            m.commits,
+        ),
+        ("sends_ok_total", "Local sends committed.", m.sends_ok),
+        (
+            "sends_refused_total",
+            "Local sends refused before the store.",
+            m.sends_refused,
+        ),
+        (
+            "sends_failed_total",
+            "Local sends the store refused or failed.",
+            m.sends_failed,
+        ),
+        (
+            "batches_accepted_total",
+            "Peer batches accepted into a commit.",
+            m.batches_accepted,
+        ),
+        (
+            "duplicate_envelopes_total",
+            "Envelopes received at or below the mark.",
+            m.duplicate_envelopes,
+        ),
+        (
+            "resyncs_asked_total",
+            "Resync frames sent.",
+            m.resyncs_asked,
+        ),
+        (
+            "resyncs_served_total",
+            "Resync requests served.",
+            m.resyncs_served,
+        ),
+        ("gaps_sent_total", "ResyncGap frames sent.", m.gaps_sent),
+        (
+            "gaps_recorded_total",
+            "Gaps committed to the journal.",
+            m.gaps_recorded,
+        ),
+        (
+            "retransmits_total",
+            "Streams resent after a silence.",
+            m.retransmits,
+        ),
+        (
+            "link_paused_refused_total",
+            "Incoming connections refused because the link to their peer is paused.",
+            status.net.paused_refused,
+        ),
+    ]
 }
