@@ -780,6 +780,8 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                     });
                 }
                 Effect::SetTimer { at } => self.timer = Some(at),
+                // Nothing asks for a local write yet.
+                Effect::Written { .. } => {}
                 Effect::PeerChanged { req, node, result } => {
                     self.on_peer_changed(req, node, result).await;
                 }
