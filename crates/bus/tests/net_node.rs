@@ -1,19 +1,20 @@
 //! Nodes (core + store actor + iroh transport) talking over 127.0.0.1.
 //! Every wait is bounded by [`T`].
 
-use std::net::SocketAddr;
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_bus::net::NetConfig;
-use mesh_bus::node::{Node, NodeConfig, SendError};
-use mesh_protocol::{Epoch, SecretKey};
-use mesh_store::{Arrival, JournalRecord, MemStore, MeshStore, StoreHandle};
+use common::{Got, T, link, node_config, received, wait_head};
+use mesh_bus::net::ConnId;
+use mesh_bus::{CoreConfig, Node, SendError};
+use mesh_protocol::{Epoch, NodeId, SecretKey};
+use mesh_store::{MemStore, StoreHandle};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
-
-/// The bound on every wait in these tests.
-const T: Duration = Duration::from_secs(30);
 
 struct Running {
     node: Arc<Node>,
@@ -22,10 +23,7 @@ struct Running {
 
 async fn start(store: Arc<MemStore>, key: SecretKey) -> Running {
     let handle = StoreHandle::spawn(store.clone()).expect("store actor");
-    let config = NodeConfig {
-        net: NetConfig::with_bind_addr(SocketAddr::from(([127, 0, 0, 1], 0))),
-        ..NodeConfig::default()
-    };
+    let config = node_config(CoreConfig::default());
     let node = Node::start(config, key, handle).await.expect("start");
     Running {
         node: Arc::new(node),
@@ -38,36 +36,13 @@ async fn fresh() -> Running {
     start(Arc::new(MemStore::new(epoch)), SecretKey::generate()).await
 }
 
-async fn link(a: &Running, b: &Running) {
-    let (ra, rb) = tokio::join!(
-        a.node.add_peer(b.node.node_id(), b.node.ticket().addrs),
-        b.node.add_peer(a.node.node_id(), a.node.ticket().addrs),
-    );
-    ra.expect("a adds b");
-    rb.expect("b adds a");
-}
-
-async fn wait_head(node: &Node, at_least: Arrival) {
-    let mut head = node.journal_head();
-    timeout(T, head.wait_for(|h| *h >= at_least))
-        .await
-        .expect("journal head in time")
-        .expect("node running");
-}
-
-/// The payloads of the envelopes `store` journaled from `author`, in order.
-fn received(store: &MemStore, author: mesh_protocol::NodeId) -> Vec<(u64, Vec<u8>)> {
-    let items = store.journal(0, 100_000).expect("journal");
-    items
+/// The seqs and payloads of what `store` journaled from `author`, in order.
+fn messages(store: &MemStore, author: NodeId) -> Vec<(u64, Vec<u8>)> {
+    received(store, author)
         .into_iter()
-        .filter_map(|i| match i.record {
-            JournalRecord::Envelope {
-                stream,
-                seq,
-                payload,
-                ..
-            } if stream.author == author => Some((seq, payload)),
-            _ => None,
+        .filter_map(|g| match g {
+            Got::Msg(seq, payload) => Some((seq, payload)),
+            Got::Gap(..) => None,
         })
         .collect()
 }
@@ -77,7 +52,7 @@ async fn messages_sent_on_one_node_are_journaled_in_order_on_the_other() {
     const N: u64 = 2_000;
     let a = fresh().await;
     let b = fresh().await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let to = b.node.node_id();
 
     let start = Instant::now();
@@ -107,7 +82,7 @@ async fn messages_sent_on_one_node_are_journaled_in_order_on_the_other() {
         N as f64 / secs
     );
 
-    let got = received(&b.store, a.node.node_id());
+    let got = messages(&b.store, a.node.node_id());
     assert_eq!(got.len() as u64, N);
     for (i, (seq, _)) in got.iter().enumerate() {
         assert_eq!(*seq, i as u64 + 1, "in stream order");
@@ -126,7 +101,7 @@ async fn a_node_that_restarts_receives_what_was_sent_while_it_was_away() {
     let b_key = SecretKey::generate();
     let b_store = Arc::new(MemStore::new(Epoch(rand::random())));
     let b = start(b_store.clone(), b_key.clone()).await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let to = b.node.node_id();
     a.node.send(to, 0, b"before".to_vec()).await.expect("send");
     wait_head(&b.node, 1).await;
@@ -148,7 +123,7 @@ async fn a_node_that_restarts_receives_what_was_sent_while_it_was_away() {
         .await
         .expect("new address");
     wait_head(&b.node, 51).await;
-    let got = received(&b.store, a.node.node_id());
+    let got = messages(&b.store, a.node.node_id());
     assert_eq!(got.len(), 51);
     assert_eq!(got[0].1, b"before");
     assert_eq!(got[50].1, b"while away 49");
@@ -173,7 +148,7 @@ async fn a_send_to_an_unknown_peer_is_refused_and_a_stopped_node_says_so() {
 }
 
 /// The live connection `node` holds to `peer`, once there is one.
-async fn conn_to(node: &Node, peer: mesh_protocol::NodeId) -> mesh_bus::net::ConnId {
+async fn conn_to(node: &Node, peer: NodeId) -> ConnId {
     let deadline = Instant::now() + T;
     let mut head = node.journal_head();
     loop {
@@ -226,7 +201,7 @@ async fn adding_and_removing_a_peer_leaves_a_live_stream_to_another_flowing() {
                 .expect("send");
         }
     });
-    link(&a, &c).await;
+    link(&a.node, &c.node).await;
     let to_c = c.node.node_id();
     a.node
         .send(to_c, 0, b"to c".to_vec())
@@ -245,7 +220,7 @@ async fn adding_and_removing_a_peer_leaves_a_live_stream_to_another_flowing() {
         before,
         "the connection to B was never replaced"
     );
-    let got = received(&b.store, a.node.node_id());
+    let got = messages(&b.store, a.node.node_id());
     assert_eq!(got.len(), 301);
     assert!(
         got.iter()
@@ -265,4 +240,29 @@ async fn adding_and_removing_a_peer_leaves_a_live_stream_to_another_flowing() {
     a.node.shutdown().await;
     b.node.shutdown().await;
     c.node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peers_acks_are_committed_even_when_nothing_else_happens() {
+    let a = fresh().await;
+    let b = fresh().await;
+    link(&a.node, &b.node).await;
+    let to = b.node.node_id();
+    for i in 0..10u32 {
+        a.node
+            .send(to, 0, i.to_be_bytes().to_vec())
+            .await
+            .expect("send");
+    }
+    // The acks alone wait at most `ack_ride_ms` for company, then commit.
+    common::until("a to record b's ack of all 10", || async {
+        let status = a.node.status().await.expect("status");
+        status.peers[0]
+            .own_stream
+            .as_ref()
+            .is_some_and(|o| o.last_acked == 10)
+    })
+    .await;
+    a.node.shutdown().await;
+    b.node.shutdown().await;
 }

@@ -6,13 +6,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use mesh_bus::node::{Node, NodeConfig, NodeError};
+use mesh_bus::{CoreConfig, NetConfig, Node, NodeConfig, NodeError};
 use mesh_protocol::{Epoch, NodeId, NodeTicket};
 use mesh_store::{RedbStore, StoreError, StoreHandle};
 
 use anyhow::Context;
 
-use crate::api::node::StoreWriter;
 use crate::api::{ApiParts, ApiSocket, ApiState, BindError};
 use crate::cli::{Cli, Command};
 use crate::client::Client;
@@ -177,15 +176,15 @@ impl Daemon {
             });
         }
         let bind = bind.unwrap_or(config.bind);
-        let key = mesh_bus::net::load_or_create_node_key(dir.root()).map_err(NodeError::from)?;
+        let key = mesh_bus::load_or_create_node_key(dir.root()).map_err(NodeError::from)?;
         // The store lock is what refuses a second daemon on the same data dir.
         let store = Arc::new(RedbStore::open(dir.root())?);
         let store_file = dir.root().join(mesh_store::STORE_FILE_NAME);
         let handle = StoreHandle::spawn(store.clone())?;
         let socket = ApiSocket::bind(&dir.socket_path()).await?;
         let node_config = NodeConfig {
-            net: mesh_bus::net::NetConfig::with_bind_addr(bind),
-            core: mesh_bus::core::Config {
+            net: NetConfig::with_bind_addr(bind),
+            core: CoreConfig {
                 outbox: config.outbox.bounds(),
                 ..Default::default()
             },
@@ -209,7 +208,6 @@ impl Daemon {
             node: node.node_id(),
             epoch: node.epoch(),
             store: store.clone(),
-            writer: Arc::new(StoreWriter::new(handle.clone(), node.journal_head_sender())),
             head: node.journal_head(),
             node_api: Arc::new(BusApi::new(node.clone(), store.clone(), store_file)),
             metrics: Some(Arc::new(metrics)),

@@ -3,14 +3,12 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Poll;
 
-use mesh_bus::core::SendError as CoreSendError;
-use mesh_bus::core::SendReceipt;
-use mesh_bus::node::{Node, NodeError, NodePeer, SendError};
+use mesh_bus::{
+    CoreSendError, Node, NodeError, NodePeer, Outgoing, PeerError, SendError, SendReceipt,
+};
 use mesh_protocol::{NodeId, NodeTicket};
-use mesh_store::{MeshStore, RedbStore};
+use mesh_store::{Arrival, MeshStore, RedbStore};
 
 use crate::api::ApiError;
 use crate::api::json::StreamJson;
@@ -166,23 +164,23 @@ fn batch_answer(
     Err(first.with_note(&note))
 }
 
-/// The messages of a batch as the bus takes them, noting when the bus has
-/// taken the last one: `Node::send_many` asks for the next message only
-/// after it has queued the one before.
-struct HandOver<I> {
-    msgs: I,
-    done: Arc<AtomicBool>,
+/// The messages as the bus takes them.
+fn outgoing(msgs: Vec<OutMessage>) -> Vec<Outgoing> {
+    msgs.into_iter()
+        .map(|m| Outgoing {
+            to: m.to,
+            kind: m.kind,
+            payload: m.body,
+        })
+        .collect()
 }
 
-impl<I: Iterator<Item = OutMessage>> Iterator for HandOver<I> {
-    type Item = (NodeId, u16, Vec<u8>);
-
-    fn next(&mut self) -> Option<Self::Item> {
-        let next = self.msgs.next();
-        if next.is_none() {
-            self.done.store(true, Ordering::Release);
-        }
-        next.map(|m| (m.to, m.kind, m.body))
+/// A node error from a write the API asked for: the store's refusal is
+/// the store's error, as if the API had committed it itself.
+fn write_error(e: NodeError) -> ApiError {
+    match e {
+        NodeError::Store(e) => ApiError::from(e),
+        other => node_error(other),
     }
 }
 
@@ -192,10 +190,7 @@ impl NodeApi for BusApi {
             // Handed to the bus in request order (so the seqs follow it) and
             // answered together: the messages share the bus's next group commit.
             let tos: Vec<NodeId> = msgs.iter().map(|m| m.to).collect();
-            let receipts = self
-                .node
-                .send_many(msgs.into_iter().map(|m| (m.to, m.kind, m.body)))
-                .await;
+            let receipts = self.node.submit(outgoing(msgs)).await.await;
             batch_answer(receipts, tos)
         })
     }
@@ -203,25 +198,32 @@ impl NodeApi for BusApi {
     fn submit_batch(self: Arc<Self>, msgs: Vec<OutMessage>) -> BoxFuture<'static, PendingSends> {
         Box::pin(async move {
             let tos: Vec<NodeId> = msgs.iter().map(|m| m.to).collect();
-            let handed = Arc::new(AtomicBool::new(false));
-            let msgs = HandOver {
-                msgs: msgs.into_iter(),
-                done: handed.clone(),
-            };
-            let node = self.node.clone();
-            let mut sending = Box::pin(async move { node.send_many(msgs).await });
-            // Drive the sends until the bus has queued every one (or answered
-            // them all); the answers are awaited by the caller.
-            let early = std::future::poll_fn(|cx| match sending.as_mut().poll(cx) {
-                Poll::Ready(receipts) => Poll::Ready(Some(receipts)),
-                Poll::Pending if handed.load(Ordering::Acquire) => Poll::Ready(None),
-                Poll::Pending => Poll::Pending,
-            })
-            .await;
-            match early {
-                Some(receipts) => PendingSends::ready(batch_answer(receipts, tos)),
-                None => PendingSends::new(async move { batch_answer(sending.await, tos) }),
-            }
+            // Resolves once every message is queued with the node.
+            let receipts = self.node.submit(outgoing(msgs)).await;
+            PendingSends::new(async move { batch_answer(receipts.await, tos) })
+        })
+    }
+
+    fn put_cursor(&self, name: String, arrival: Arrival) -> BoxFuture<'_, Result<(), ApiError>> {
+        Box::pin(async move {
+            self.node
+                .put_cursor(name, arrival)
+                .await
+                .map_err(write_error)
+        })
+    }
+
+    fn record_subscriber_lag(
+        &self,
+        subscriber: String,
+        from: Arrival,
+        to: Arrival,
+    ) -> BoxFuture<'_, Result<Arrival, ApiError>> {
+        Box::pin(async move {
+            self.node
+                .record_subscriber_lag(subscriber, from, to)
+                .await
+                .map_err(write_error)
         })
     }
 
@@ -287,7 +289,7 @@ impl NodeApi for BusApi {
     ) -> BoxFuture<'_, Result<PeerStatus, ApiError>> {
         Box::pin(async move {
             match self.node.set_peer_paused(node, paused).await {
-                Err(NodeError::Peer(mesh_bus::net::PeerError::UnknownPeer(_))) => {
+                Err(NodeError::Peer(PeerError::UnknownPeer(_))) => {
                     return Err(ApiError::UnknownPeer(node));
                 }
                 other => other.map_err(node_error)?,
@@ -303,7 +305,7 @@ impl NodeApi for BusApi {
 }
 
 /// Prometheus text for the bus's counters.
-pub(crate) fn render_metrics(status: &mesh_bus::node::NodeStatus, out: &mut String) {
+pub(crate) fn render_metrics(status: &mesh_bus::NodeStatus, out: &mut String) {
     use std::fmt::Write;
     let m = &status.core;
     let mut line = |name: &str, help: &str, v: u64| {

@@ -16,14 +16,15 @@ use hyper::{Method, StatusCode};
 use mesh_daemon::api::json::{EventEntry, EventRecord, EventsPage, LaggedEvent};
 use mesh_daemon::api::{
     ApiError, ApiParts, ApiSocket, ApiState, BindError, BoxFuture, NodeApi, NodeStatus, OutMessage,
-    PeerStatus, Sent, StoreWriter, publish_head, serve,
+    PeerStatus, Sent, serve,
 };
 use mesh_daemon::client::{Client, ClientError};
 use mesh_protocol::{
     Channel, Cursor, Epoch, NewEnvelope, NodeId, NodeTicket, OpenBatch, SecretKey, Seq, StreamId,
 };
 use mesh_store::{
-    Arrival, MeshStore, OnFull, OutboxBounds, PeerRecord, RedbStore, StoreHandle, WriteOp,
+    Arrival, LossReason, MeshStore, OnFull, OutboxBounds, PeerRecord, Receipt, RedbStore,
+    StoreHandle, WriteOp,
 };
 use serde_json::{Value, json};
 use tokio::io::AsyncReadExt;
@@ -44,7 +45,26 @@ struct TestNode {
     peers: Mutex<HashSet<NodeId>>,
 }
 
+/// Moves the journal head watch to the last arrival `receipt` wrote, if that
+/// is past it (commits may be answered out of order; the head never moves back).
+fn publish_head(head: &watch::Sender<Arrival>, receipt: &Receipt) {
+    if let Some((_, last)) = receipt.arrivals {
+        head.send_if_modified(|h| {
+            let moved = last > *h;
+            *h = (*h).max(last);
+            moved
+        });
+    }
+}
+
 impl TestNode {
+    /// Commits `ops` as the node does a local write, then moves the head.
+    async fn write(&self, op: WriteOp) -> Result<Receipt, ApiError> {
+        let receipt = self.handle.commit(vec![op]).await?;
+        publish_head(&self.head, &receipt);
+        Ok(receipt)
+    }
+
     fn peer_status(node: NodeId) -> PeerStatus {
         PeerStatus {
             node: node.to_string(),
@@ -169,6 +189,41 @@ impl NodeApi for TestNode {
             Ok(())
         })
     }
+
+    fn put_cursor(&self, name: String, arrival: Arrival) -> BoxFuture<'_, Result<(), ApiError>> {
+        Box::pin(async move {
+            self.write(WriteOp::PutCursor { name, arrival }).await?;
+            Ok(())
+        })
+    }
+
+    fn record_subscriber_lag(
+        &self,
+        subscriber: String,
+        from: Arrival,
+        to: Arrival,
+    ) -> BoxFuture<'_, Result<Arrival, ApiError>> {
+        Box::pin(async move {
+            // Filed as the bus files it.
+            let channel = Channel::Topic(mesh_protocol::TopicName::new("local.journal").unwrap());
+            let op = WriteOp::RecordLoss {
+                stream: StreamId {
+                    author: self.secret.public(),
+                    epoch: self.epoch,
+                    channel,
+                },
+                from,
+                to,
+                reason: LossReason::SubscriberLagged,
+                detail: subscriber,
+            };
+            let receipt = self.write(op).await?;
+            receipt
+                .arrivals
+                .map(|(first, _)| first)
+                .ok_or_else(|| ApiError::Internal("no arrival".into()))
+        })
+    }
 }
 
 /// Options of a test daemon.
@@ -226,7 +281,6 @@ impl Daemon {
             node: secret.public(),
             epoch,
             store: store.clone(),
-            writer: Arc::new(StoreWriter::new(handle.clone(), head.clone())),
             head: head.subscribe(),
             node_api,
             metrics: Some(Arc::new(|out: &mut String| {

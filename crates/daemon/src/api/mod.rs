@@ -39,10 +39,7 @@ use mesh_store::{Arrival, MeshStore};
 use tokio::sync::watch;
 
 pub use error::ApiError;
-pub use node::{
-    BoxFuture, JournalWriter, NodeApi, NodeStatus, OutMessage, PeerStatus, Sent, StoreWriter,
-    StreamMark, publish_head,
-};
+pub use node::{BoxFuture, NodeApi, NodeStatus, OutMessage, PeerStatus, Sent, StreamMark};
 pub use socket::{ApiSocket, BindError, CONNECTIONS_MAX, PeerCred, daemon_uid};
 
 /// The largest body of a plain JSON request (peers, cursors), in bytes.
@@ -82,14 +79,12 @@ pub struct ApiParts {
     pub node: NodeId,
     /// This node's store epoch.
     pub epoch: Epoch,
-    /// Reads: journal pages, named cursors.
+    /// Reads only: journal pages, named cursors.
     pub store: Arc<dyn MeshStore>,
-    /// Writes: named cursors, subscriber loss records.
-    pub writer: Arc<dyn JournalWriter>,
     /// The journal head: the last arrival committed. Must advance after
     /// every commit that journals something.
     pub head: watch::Receiver<Arrival>,
-    /// The node operations (send, peers, status).
+    /// The node operations (send, peers, status) and every write.
     pub node_api: Arc<dyn NodeApi>,
     /// Extra metrics for `GET /metrics`, if any.
     pub metrics: Option<Arc<dyn RenderMetrics>>,
@@ -110,7 +105,6 @@ struct Inner {
     node: NodeId,
     epoch: Epoch,
     store: Arc<dyn MeshStore>,
-    writer: Arc<dyn JournalWriter>,
     head: watch::Receiver<Arrival>,
     node_api: Arc<dyn NodeApi>,
     metrics: Option<Arc<dyn RenderMetrics>>,
@@ -144,7 +138,6 @@ impl ApiState {
                 node: parts.node,
                 epoch: parts.epoch,
                 store: parts.store,
-                writer: parts.writer,
                 head: parts.head,
                 node_api: parts.node_api,
                 metrics: parts.metrics,

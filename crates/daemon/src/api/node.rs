@@ -1,6 +1,6 @@
 //! What the API needs from the running node (the bus driver), as a trait so
-//! the HTTP layer is built and tested apart from it, and what it needs to
-//! write to the store.
+//! the HTTP layer is built and tested apart from it. Every write, the API's
+//! own cursors and lag records included, goes through the node.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -8,9 +8,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use mesh_protocol::{NodeId, NodeTicket, Seq, StreamId};
-use mesh_store::{Arrival, MeshStore, Receipt, StoreError, StoreHandle, WriteOp};
+use mesh_store::Arrival;
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 
 use super::error::ApiError;
 use super::json::StreamJson;
@@ -159,6 +158,20 @@ pub trait NodeApi: Send + Sync + 'static {
     /// Forgets a peer durably ([`ApiError::UnknownPeer`] if it is not known).
     fn remove_peer(&self, node: NodeId) -> BoxFuture<'_, Result<(), ApiError>>;
 
+    /// Sets the named durable cursor `name` to `arrival`; answers once it is
+    /// committed.
+    fn put_cursor(&self, name: String, arrival: Arrival) -> BoxFuture<'_, Result<(), ApiError>>;
+
+    /// Journals that a live subscriber (`subscriber` says which, for a
+    /// person) missed the journal arrivals `from..=to`; answers with the
+    /// record's own arrival once it is committed.
+    fn record_subscriber_lag(
+        &self,
+        subscriber: String,
+        from: Arrival,
+        to: Arrival,
+    ) -> BoxFuture<'_, Result<Arrival, ApiError>>;
+
     /// Pauses or resumes the link to a peer ([`ApiError::UnknownPeer`] if it
     /// is not known) and answers the peer as it is then. Not durable: a
     /// restarted node has no paused link. A node that cannot pause links
@@ -174,52 +187,5 @@ pub trait NodeApi: Send + Sync + 'static {
                 "this node cannot pause links".into(),
             ))
         })
-    }
-}
-
-/// Durable writes the API makes itself: named cursors and subscriber loss records.
-///
-/// The daemon passes its group-commit store actor; the answer comes after
-/// the ops are committed. The journal head watch given to the API must
-/// advance after every commit that journals something, these included.
-pub trait JournalWriter: Send + Sync + 'static {
-    /// Commits `ops` in one group, all or nothing.
-    fn commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'_, Result<Receipt, StoreError>>;
-}
-
-/// The [`JournalWriter`] the daemon uses: commits through the store's
-/// group-commit actor, then moves the journal head watch forward.
-pub struct StoreWriter<S: MeshStore + ?Sized> {
-    handle: StoreHandle<S>,
-    head: Arc<watch::Sender<Arrival>>,
-}
-
-impl<S: MeshStore + ?Sized> StoreWriter<S> {
-    /// Writes through `handle`, announcing new journal heads on `head` (the
-    /// sender the bus driver also announces its commits on).
-    pub fn new(handle: StoreHandle<S>, head: Arc<watch::Sender<Arrival>>) -> Self {
-        StoreWriter { handle, head }
-    }
-}
-
-impl<S: MeshStore + ?Sized> JournalWriter for StoreWriter<S> {
-    fn commit(&self, ops: Vec<WriteOp>) -> BoxFuture<'_, Result<Receipt, StoreError>> {
-        Box::pin(async move {
-            let receipt = self.handle.commit(ops).await?;
-            publish_head(&self.head, &receipt);
-            Ok(receipt)
-        })
-    }
-}
-
-/// Moves the journal head watch to the last arrival `receipt` wrote, if that
-/// is past it (commits may be answered out of order; the head never moves back).
-pub fn publish_head(head: &watch::Sender<Arrival>, receipt: &Receipt) {
-    if let Some((_, last)) = receipt.arrivals {
-        head.send_if_modified(|h| {
-            let moved = last > *h;
-            *h = (*h).max(last);
-            moved
-        });
     }
 }

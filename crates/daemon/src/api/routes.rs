@@ -12,7 +12,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use http_body_util::BodyExt;
 use mesh_protocol::{Cursor, NodeId, NodeTicket};
-use mesh_store::{Arrival, JournalItem, MeshStore, WriteOp};
+use mesh_store::{Arrival, JournalItem, MeshStore};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -286,13 +286,7 @@ pub(super) async fn put_cursor(
             "cursor points at arrival {arrival}, past the journal head {head}"
         )));
     }
-    st.inner
-        .writer
-        .commit(vec![WriteOp::PutCursor {
-            name: name.clone(),
-            arrival,
-        }])
-        .await?;
+    st.inner.node_api.put_cursor(name.clone(), arrival).await?;
     Ok(Json(
         serde_json::json!({ "name": name, "cursor": st.cursor_text(arrival) }),
     ))

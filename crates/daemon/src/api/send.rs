@@ -588,11 +588,11 @@ mod tests {
     use std::sync::Arc;
 
     use mesh_protocol::{Epoch, SecretKey};
-    use mesh_store::{Arrival, MemStore, Receipt, StoreError, WriteOp};
+    use mesh_store::{Arrival, MemStore};
     use tokio::sync::{Semaphore, mpsc, watch};
 
     use super::super::json::SendResponse;
-    use super::super::node::{BoxFuture, JournalWriter, NodeApi, NodeStatus, PeerStatus};
+    use super::super::node::{BoxFuture, NodeApi, NodeStatus, PeerStatus};
     use super::super::{ApiParts, ApiState};
 
     /// A node that takes messages at once and commits a chunk only when the
@@ -666,14 +666,18 @@ mod tests {
         fn remove_peer(&self, _: NodeId) -> BoxFuture<'_, Result<(), ApiError>> {
             not_here()
         }
-    }
 
-    /// The API writes nothing itself in these tests.
-    struct NoWrites;
+        fn put_cursor(&self, _: String, _: Arrival) -> BoxFuture<'_, Result<(), ApiError>> {
+            not_here()
+        }
 
-    impl JournalWriter for NoWrites {
-        fn commit(&self, _: Vec<WriteOp>) -> BoxFuture<'_, Result<Receipt, StoreError>> {
-            Box::pin(std::future::pending())
+        fn record_subscriber_lag(
+            &self,
+            _: String,
+            _: Arrival,
+            _: Arrival,
+        ) -> BoxFuture<'_, Result<Arrival, ApiError>> {
+            not_here()
         }
     }
 
@@ -691,7 +695,6 @@ mod tests {
             node: me,
             epoch,
             store: Arc::new(MemStore::new(epoch)),
-            writer: Arc::new(NoWrites),
             head,
             node_api: node.clone(),
             metrics: None,

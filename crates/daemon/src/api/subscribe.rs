@@ -34,8 +34,7 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use mesh_protocol::{Channel, StreamId, TopicName};
-use mesh_store::{Arrival, LossReason, WriteOp};
+use mesh_store::Arrival;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
@@ -46,8 +45,6 @@ use super::{ApiError, ApiState, PeerCred};
 
 /// How often an idle stream sends an SSE comment, so a vanished client is noticed.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
-/// The topic name that subscriber loss records are reported against.
-const JOURNAL_TOPIC: &str = "local.journal";
 
 /// `GET /v1/subscribe` query.
 #[derive(Debug, Deserialize)]
@@ -247,21 +244,8 @@ impl Pump {
              delivered to it live and are still in the journal: re-read them with GET /v1/events?after={resume}"
         );
         tracing::warn!(subscriber = self.id, from, to, "subscriber lagged");
-        let channel = TopicName::new(JOURNAL_TOPIC)
-            .map(Channel::Topic)
-            .unwrap_or(Channel::Direct(st.inner.node));
-        let op = WriteOp::RecordLoss {
-            stream: StreamId {
-                author: st.inner.node,
-                epoch: st.inner.epoch,
-                channel,
-            },
-            from,
-            to,
-            reason: LossReason::SubscriberLagged,
-            detail,
-        };
-        let recorded = match st.inner.writer.commit(vec![op]).await {
+        let lag = st.inner.node_api.record_subscriber_lag(detail, from, to);
+        let recorded = match lag.await {
             Ok(_) => true,
             Err(e) => {
                 st.inner
