@@ -8,11 +8,13 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{Got, T, link, node_config, received, wait_head};
-use mesh_bus::net::ConnId;
-use mesh_bus::{CoreConfig, Node, SendError};
-use mesh_protocol::{Epoch, NodeId, SecretKey};
-use mesh_store::{MemStore, StoreHandle};
+use common::{Got, NetNode, T, link, node_config, received, wait_head};
+use mesh_bus::net::{ConnId, DisconnectReason, NetEvent, close_code};
+use mesh_bus::{CoreConfig, Node, NodeError, Outgoing, SendError};
+use mesh_protocol::{
+    Channel, Epoch, Frame, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads, SecretKey,
+};
+use mesh_store::{JournalRecord, LossReason, MemStore, MeshStore, StoreError, StoreHandle};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
@@ -34,6 +36,65 @@ async fn start(store: Arc<MemStore>, key: SecretKey) -> Running {
 async fn fresh() -> Running {
     let epoch = Epoch(rand::random());
     start(Arc::new(MemStore::new(epoch)), SecretKey::generate()).await
+}
+
+/// A raw peer of `node` that speaks frames by hand, and its connection.
+/// Only the raw peer dials, so that connection is never replaced.
+async fn raw_peer(node: &Node, key: SecretKey) -> (NetNode, ConnId) {
+    let mut raw = NetNode::bind(key).await;
+    node.add_peer(raw.id(), Vec::new())
+        .await
+        .expect("node adds raw");
+    raw.net
+        .add_peer(node.node_id(), node.ticket().addrs)
+        .await
+        .expect("raw adds node");
+    let conn = raw.connected(node.node_id()).await;
+    (raw, conn)
+}
+
+/// A Hello from `from` (epoch `epoch`) speaking `version`.
+fn hello(from: NodeId, epoch: Epoch, version: u32) -> Frame {
+    Frame::Hello {
+        version,
+        node: from,
+        epoch,
+        marks: Vec::new(),
+    }
+}
+
+/// Message `seq` of `key`'s stream in `epoch` to `to`, signed.
+fn signed(key: &SecretKey, epoch: Epoch, to: NodeId, seq: u64, payload: &[u8]) -> Frame {
+    let open = OpenBatch::sign(
+        key,
+        epoch,
+        Channel::Direct(to),
+        seq,
+        vec![NewEnvelope {
+            lamport: seq,
+            created_ms: 0,
+            kind: 0,
+            payload: payload.to_vec(),
+        }],
+    )
+    .expect("a small batch");
+    Frame::Batch {
+        batch: open.batch().signed().clone(),
+        payloads: Payloads(open.payloads().to_vec()),
+    }
+}
+
+/// Skips events until `conn` ends; returns why.
+async fn ended(raw: &mut NetNode, conn: ConnId) -> DisconnectReason {
+    loop {
+        if let NetEvent::Disconnected {
+            conn: c, reason, ..
+        } = raw.next().await
+            && c == conn
+        {
+            return reason;
+        }
+    }
 }
 
 /// The seqs and payloads of what `store` journaled from `author`, in order.
@@ -263,6 +324,174 @@ async fn the_peers_acks_are_committed_even_when_nothing_else_happens() {
             .is_some_and(|o| o.last_acked == 10)
     })
     .await;
+    a.node.shutdown().await;
+    b.node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_a_bad_signature_is_refused_at_the_edge_and_counted() {
+    let a = fresh().await;
+    let key = SecretKey::generate();
+    let epoch = Epoch([5; 16]);
+    let me = a.node.node_id();
+    let (raw, conn) = raw_peer(&a.node, key.clone()).await;
+    let to = |frame: Frame| {
+        let net = &raw.net;
+        async move { net.send(me, conn, &frame).await.expect("raw sends") }
+    };
+    to(hello(raw.id(), epoch, PROTOCOL_VERSION)).await;
+    let Frame::Batch {
+        mut batch,
+        payloads,
+    } = signed(&key, epoch, me, 1, b"forged")
+    else {
+        unreachable!("signed builds a batch")
+    };
+    batch.sig[0] ^= 1;
+    to(Frame::Batch { batch, payloads }).await;
+    to(signed(&key, epoch, me, 1, b"genuine")).await;
+    wait_head(&a.node, 1).await;
+    let status = a.node.status().await.expect("status");
+    assert_eq!(status.core.dropped.bad_signature, 1);
+    assert_eq!(messages(&a.store, raw.id()), vec![(1, b"genuine".to_vec())]);
+    a.node.shutdown().await;
+    raw.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_speaking_another_protocol_version_is_closed_with_a_code_naming_both() {
+    let a = fresh().await;
+    let (mut raw, conn) = raw_peer(&a.node, SecretKey::generate()).await;
+    let theirs = PROTOCOL_VERSION + 1;
+    let frame = hello(raw.id(), Epoch([6; 16]), theirs);
+    raw.net
+        .send(a.node.node_id(), conn, &frame)
+        .await
+        .expect("raw sends");
+    match ended(&mut raw, conn).await {
+        DisconnectReason::ClosedByPeer { code, reason } => {
+            assert_eq!(code, u64::from(close_code::VERSION_MISMATCH));
+            assert!(
+                reason.contains(&theirs.to_string())
+                    && reason.contains(&PROTOCOL_VERSION.to_string()),
+                "{reason}"
+            );
+        }
+        other => panic!("expected a close by the node, got {other:?}"),
+    }
+    a.node.shutdown().await;
+    raw.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_is_disconnected_as_too_slow() {
+    const PAYLOAD_BYTES: usize = 512 * 1024;
+    // Far more than the peer's receive budget, QUIC's windows and the
+    // node's send queue together.
+    const SENDS: usize = 160;
+    let a = fresh().await;
+    let (mut raw, conn) = raw_peer(&a.node, SecretKey::generate()).await;
+    let me = a.node.node_id();
+    raw.net
+        .send(me, conn, &hello(raw.id(), Epoch([7; 16]), PROTOCOL_VERSION))
+        .await
+        .expect("raw sends");
+    // From here on the raw peer takes no event: its reader stops, and QUIC
+    // flow control stops the node's writer.
+    let to = raw.id();
+    let mut slow = false;
+    for i in 0..SENDS {
+        let payload = vec![(i % 251) as u8; PAYLOAD_BYTES];
+        a.node.send(to, 0, payload).await.expect("committed");
+        let status = a.node.status().await.expect("status");
+        if status
+            .peers
+            .iter()
+            .any(|p| p.node == to && p.conn != Some(conn))
+        {
+            slow = true;
+            break;
+        }
+    }
+    assert!(slow, "the node kept a peer that read nothing");
+    match ended(&mut raw, conn).await {
+        DisconnectReason::ClosedByPeer { code, .. } => {
+            assert_eq!(code, u64::from(close_code::SLOW_PEER))
+        }
+        other => panic!("expected a close by the node, got {other:?}"),
+    }
+    a.node.shutdown().await;
+    raw.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursor_and_lag_writes_go_through_the_node_and_move_its_journal_head() {
+    let a = fresh().await;
+    let arrival = a
+        .node
+        .record_subscriber_lag("subscriber 1".into(), 1, 1)
+        .await
+        .expect("lag recorded");
+    assert_eq!(arrival, 1);
+    wait_head(&a.node, 1).await;
+    let journal = a.store.journal(0, 10).expect("journal");
+    assert!(
+        matches!(
+            &journal[..],
+            [item] if matches!(
+                &item.record,
+                JournalRecord::Loss { reason: LossReason::SubscriberLagged, detail, from: 1, to: 1, .. }
+                    if detail == "subscriber 1"
+            )
+        ),
+        "{journal:?}"
+    );
+    a.node.put_cursor("c".into(), 1).await.expect("cursor set");
+    assert_eq!(a.store.cursor("c").expect("read"), Some(1));
+    // Past the journal head: the store refuses it, and says so.
+    match a.node.put_cursor("c".into(), 5).await {
+        Err(NodeError::Store(StoreError::Conflict(_))) => {}
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(a.store.cursor("c").expect("read"), Some(1));
+    a.node.shutdown().await;
+    assert!(matches!(
+        a.node.put_cursor("c".into(), 1).await,
+        Err(NodeError::Stopped)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_peer_that_floods_the_node_answers_at_once() {
+    const N: u64 = 5_000;
+    let a = fresh().await;
+    let b = fresh().await;
+    link(&a.node, &b.node).await;
+    let to = a.node.node_id();
+    let sender = b.node.clone();
+    let flood = tokio::spawn(async move {
+        let msgs = (0..N)
+            .map(|i| Outgoing {
+                to,
+                kind: 0,
+                payload: i.to_be_bytes().to_vec(),
+            })
+            .collect();
+        sender.submit(msgs).await.await
+    });
+    wait_head(&a.node, 1).await;
+    timeout(T, a.node.remove_peer(b.node.node_id()))
+        .await
+        .expect("removed in time")
+        .expect("removed");
+    let status = timeout(T, a.node.status()).await.expect("status in time");
+    assert!(status.expect("status").peers.is_empty());
+    // Every message is still committed at B, waiting in its outbox.
+    let receipts = timeout(T, flood)
+        .await
+        .expect("sent in time")
+        .expect("task");
+    assert!(receipts.iter().all(Result::is_ok));
     a.node.shutdown().await;
     b.node.shutdown().await;
 }
