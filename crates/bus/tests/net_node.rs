@@ -12,9 +12,13 @@ use common::{Got, NetNode, T, link, node_config, received, wait_head};
 use mesh_bus::net::{ConnId, DisconnectReason, NetEvent, close_code};
 use mesh_bus::{CoreConfig, Node, NodeError, Outgoing, SendError};
 use mesh_protocol::{
-    Channel, Epoch, Frame, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads, SecretKey,
+    Channel, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads,
+    SecretKey, Seq, StreamId,
 };
-use mesh_store::{JournalRecord, LossReason, MemStore, MeshStore, StoreError, StoreHandle};
+use mesh_store::{
+    Arrival, JournalItem, JournalRecord, LossReason, MemStore, MeshStore, OwnStream, PeerRecord,
+    Receipt, StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
+};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
@@ -494,4 +498,106 @@ async fn removing_a_peer_that_floods_the_node_answers_at_once() {
     assert!(receipts.iter().all(Result::is_ok));
     a.node.shutdown().await;
     b.node.shutdown().await;
+}
+
+/// A [`MemStore`] whose every commit takes [`SlowStore::COMMIT`], like a
+/// slow disk: a receiver whose commits lag behind what its peer sends.
+struct SlowStore(MemStore);
+
+impl SlowStore {
+    const COMMIT: Duration = Duration::from_millis(1000);
+}
+
+impl MeshStore for SlowStore {
+    fn meta(&self) -> StoreMeta {
+        self.0.meta()
+    }
+    fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
+        // The writer thread stands for the disk here: it is what is slow.
+        std::thread::sleep(Self::COMMIT);
+        self.0.commit(groups)
+    }
+    fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError> {
+        self.0.own_streams()
+    }
+    fn marks(&self) -> Result<Vec<Mark>, StoreError> {
+        self.0.marks()
+    }
+    fn read_outbox(
+        &self,
+        s: &StreamId,
+        after: Seq,
+        max: u64,
+    ) -> Result<Vec<StoredBatch>, StoreError> {
+        self.0.read_outbox(s, after, max)
+    }
+    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
+        self.0.journal(after, limit)
+    }
+    fn journal_head(&self) -> Result<Arrival, StoreError> {
+        self.0.journal_head()
+    }
+    fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
+        self.0.peers()
+    }
+    fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
+        self.0.cursor(name)
+    }
+    fn max_lamport(&self) -> Result<u64, StoreError> {
+        self.0.max_lamport()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_with_slow_commits_holds_its_peer_back_instead_of_dropping_batches() {
+    // 40 MiB in batches of 256 KiB: far more than the core's queue for the
+    // next commit (16 MiB) while each commit takes a second.
+    const N: u64 = 40 * 1024;
+    let a = fresh().await;
+    let b_store = Arc::new(SlowStore(MemStore::new(Epoch(rand::random()))));
+    let handle = StoreHandle::spawn(b_store.clone()).expect("store actor");
+    let b = Node::start(
+        node_config(CoreConfig::default()),
+        SecretKey::generate(),
+        handle,
+    )
+    .await
+    .expect("start b");
+    // B is known to A but not yet linked: A's outbox fills first.
+    a.node
+        .add_peer(b.node_id(), b.ticket().addrs)
+        .await
+        .expect("a adds b");
+    let to = b.node_id();
+    let mut sent = 0;
+    while sent < N {
+        let msgs = (0..256)
+            .map(|i| Outgoing {
+                to,
+                kind: 0,
+                payload: vec![(i % 251) as u8; 1024],
+            })
+            .collect();
+        for r in a.node.submit(msgs).await.await {
+            r.expect("queued in a's outbox");
+        }
+        sent += 256;
+    }
+    b.add_peer(a.node.node_id(), a.node.ticket().addrs)
+        .await
+        .expect("b adds a");
+    wait_head(&b, N).await;
+    let m = b.status().await.expect("status").core;
+    assert_eq!(
+        (
+            m.dropped.queue_full,
+            m.dropped.outside_window,
+            m.resyncs_asked
+        ),
+        (0, 0, 0),
+        "{m:?}"
+    );
+    assert_eq!(received(&b_store.0, a.node.node_id()).len() as u64, N);
+    a.node.shutdown().await;
+    b.shutdown().await;
 }

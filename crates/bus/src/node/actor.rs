@@ -18,6 +18,7 @@ use super::receipts::PartAnswer;
 use super::{NodeError, NodePeer, NodeStatus, Outgoing, SHUTDOWN_DRAIN};
 use crate::core::{
     self, BadBatch, CommitId, ConnId, Core, Input, LoadId, LocalWrite, Millis, ReqId,
+    WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX,
 };
 use crate::net::{Event, PeerError, Transport};
 
@@ -148,6 +149,10 @@ pub(super) struct Actor<S: MeshStore + ?Sized> {
     store_rx: mpsc::UnboundedReceiver<StoreAnswer>,
     /// The commit the store owes an answer for.
     pub(super) committing: Option<CommitId>,
+    /// Peer batches (count, payload bytes) fed to the core since it last
+    /// issued a commit or had nothing waiting: an upper bound of what waits
+    /// in it for the next commit.
+    pub(super) fed_since_commit: (usize, u64),
     /// The core's one deadline, and a timer set to it.
     pub(super) deadline: Option<Millis>,
     pub(super) timer: Pin<Box<Sleep>>,
@@ -180,6 +185,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             store_tx,
             store_rx,
             committing: None,
+            fed_since_commit: (0, 0),
             deadline: None,
             timer: Box::pin(tokio::time::sleep(Duration::ZERO)),
             waiters: HashMap::new(),
@@ -222,14 +228,33 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 self.core.handle_many(inputs, now());
             }
             self.carry_out();
+            if !self.core.is_committing() {
+                // Nothing waits in the core (what was fed was duplicates, or is
+                // committed): a commit may never come to reset this.
+                self.fed_since_commit = (0, 0);
+            }
         }
         self.stop().await;
     }
 
+    /// Whether the core may have no room for another peer batch before its
+    /// next commit takes what waits (a turn's batches wait until the turn
+    /// ends, later ones until the commit in flight returns). Then the loop
+    /// takes nothing from the transport: the readers fill the receive budget
+    /// and stop, and QUIC flow control holds the peers back, instead of the
+    /// core dropping batches it must ask for again.
+    fn inbound_full(&self) -> bool {
+        let (batches, bytes) = self.fed_since_commit;
+        batches >= WAITING_BATCHES_MAX
+            || bytes + mesh_protocol::MAX_BATCH_PAYLOAD_BYTES > WAITING_BATCH_BYTES_MAX
+    }
+
     /// Waits for the next thing to do. While draining (`drain_until` set),
-    /// neither the transport nor new requests are taken.
+    /// neither the transport nor new requests are taken; while the core's
+    /// inbound queue may be full, the transport is not.
     async fn next_step(&mut self, drain_until: Option<Instant>) -> Step {
         let draining = drain_until.is_some();
+        let net = !draining && !self.inbound_full();
         let drained = tokio::time::sleep_until(drain_until.unwrap_or_else(Instant::now));
         tokio::select! {
             _ = self.closing.wait_for(|c| *c), if !draining => Step::Closing,
@@ -237,7 +262,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             // The task holds a sender, so this never closes.
             Some(answer) = self.store_rx.recv() => Step::Store(answer),
             () = &mut self.timer, if self.deadline.is_some() => Step::Timer,
-            ev = self.transport.next(), if !draining => Step::Net(ev),
+            ev = self.transport.next(), if net => Step::Net(ev),
             cmd = self.commands.recv(), if !draining => match cmd {
                 Some(cmd) => Step::Cmd(cmd),
                 // Every handle is gone.
@@ -257,7 +282,9 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 took = true;
             }
             if !paused {
-                if let Some(ev) = self.transport.try_next() {
+                if !self.inbound_full()
+                    && let Some(ev) = self.transport.try_next()
+                {
                     self.on_net(ev, inputs);
                     took = true;
                 }
@@ -292,7 +319,14 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 peer, conn, item, ..
             } => match item {
                 Received::Frame(frame) => Input::Frame { peer, conn, frame },
-                Received::Batch(batch) => Input::Batch { peer, conn, batch },
+                Received::Batch(batch) => {
+                    if let Ok(open) = &batch {
+                        let (n, bytes) = &mut self.fed_since_commit;
+                        *n += 1;
+                        *bytes += open.batch().payload_bytes();
+                    }
+                    Input::Batch { peer, conn, batch }
+                }
             },
             Event::Disconnected { peer, conn, reason } => {
                 debug!(peer = %peer.fmt_short(), %conn, %reason, "peer disconnected");

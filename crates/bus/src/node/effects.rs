@@ -86,6 +86,8 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             "the core has one commit in flight"
         );
         self.committing = Some(commit);
+        // What was fed so far is in this commit (or was dropped as stale).
+        self.fed_since_commit = (0, 0);
         let tx = self.store_tx.clone();
         self.store.commit_then(groups, move |results| {
             // A closed channel means the task is gone: nobody waits.
