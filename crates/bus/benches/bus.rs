@@ -5,7 +5,7 @@
 //! A plain bench (`harness = false`): each case is end to end and takes
 //! seconds, so it is run a few times and the median printed.
 //!
-//! - `throughput`: sends pipelined from two tasks (`Node::send_many`, 1,024
+//! - `throughput`: sends pipelined from two tasks (`Node::submit`, 1,024
 //!   at a time each), timed from the first send until the peer's journal
 //!   holds every message;
 //! - `catchup`: 100,000 messages committed while the peer was stopped, timed
