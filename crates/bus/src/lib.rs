@@ -4,7 +4,7 @@
 //! outbox policy, acks, resync, gaps, replay defense, reorder buffer);
 //! [`net`] is the iroh transport; [`node`] is the one task that drives both
 //! with the store. The daemon uses what this root re-exports. The design is
-//! in `docs/design.md`, the wire protocol in `docs/protocol.md`.
+//! in `docs/design.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod core;

@@ -1,5 +1,5 @@
 //! QUIC application close codes this transport sends (HTTP-like numbers),
-//! one per reason; `docs/protocol.md` lists them.
+//! one per reason.
 
 use crate::core::CloseReason;
 

@@ -14,8 +14,8 @@ pub const PREAMBLE: [u8; 8] = *b"amesh/1\n";
 
 /// Bytes of the instance that follows [`PREAMBLE`]: a big-endian `u64`, the
 /// microseconds since the Unix epoch when the sender's transport was bound.
-/// It only orders the instances of one node (`docs/protocol.md`, "One
-/// connection per peer").
+/// It only orders the instances of one node, so that a connection to a
+/// restarted peer wins over one to its old process.
 pub const INSTANCE_BYTES: usize = 8;
 
 /// QUIC idle timeout: a peer silent this long (keep-alives included) is gone.

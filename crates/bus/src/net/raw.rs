@@ -29,7 +29,9 @@ pub const NET_EVENTS_MAX: usize = 1024;
 /// Requests from the handle waiting for its task.
 const COMMANDS_MAX: usize = 64;
 
-/// What a [`Net`] reports, in order per peer (see `docs/protocol.md`).
+/// What a [`Net`] reports, in order per peer: a connection's `Connected`,
+/// its frames, then its `Disconnected`; a replacing connection only after
+/// the one it replaces has been reported gone.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum NetEvent {

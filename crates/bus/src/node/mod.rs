@@ -1,6 +1,6 @@
 //! The node: one task, the only actor of the bus, that owns the [`Core`],
 //! the transport and the store's answers, and the handle the daemon talks
-//! to. `docs/design.md` ("The bus driver") describes its loop.
+//! to.
 //!
 //! The handle only sends requests to the task and waits for answers; the
 //! task never waits for anything that could wait for it (its store requests

@@ -48,8 +48,10 @@ impl<T: Send + 'static> Transport<T> {
         );
     }
 
-    /// Keeps or refuses a connection whose frame stream is open, by the rule
-    /// in `docs/protocol.md` ("One connection per peer").
+    /// Keeps or refuses a connection whose frame stream is open: against the
+    /// one the peer has (or the one chosen to replace it), a connection to a
+    /// newer instance of the peer wins, then the newer of two from one
+    /// dialer, then the one the lower node id dialed ([`new_wins`]).
     pub(super) fn on_established(&mut self, est: Established) {
         let peer = est.peer;
         let Some(ps) = self.peers.get_mut(&peer) else {
