@@ -467,21 +467,20 @@ async fn cursor_and_lag_writes_go_through_the_node_and_move_its_journal_head() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn removing_a_peer_that_floods_the_node_answers_at_once() {
-    const N: u64 = 5_000;
+    // One frame per message: far more frames than the node takes at once.
+    const N: u32 = 3_000;
     let a = fresh().await;
     let b = fresh().await;
     link(&a.node, &b.node).await;
     let to = a.node.node_id();
     let sender = b.node.clone();
     let flood = tokio::spawn(async move {
-        let msgs = (0..N)
-            .map(|i| Outgoing {
-                to,
-                kind: 0,
-                payload: i.to_be_bytes().to_vec(),
-            })
-            .collect();
-        sender.submit(msgs).await.await
+        for i in 0..N {
+            sender
+                .send(to, 0, i.to_be_bytes().to_vec())
+                .await
+                .expect("committed at b");
+        }
     });
     wait_head(&a.node, 1).await;
     timeout(T, a.node.remove_peer(b.node.node_id()))
@@ -490,12 +489,11 @@ async fn removing_a_peer_that_floods_the_node_answers_at_once() {
         .expect("removed");
     let status = timeout(T, a.node.status()).await.expect("status in time");
     assert!(status.expect("status").peers.is_empty());
-    // Every message is still committed at B, waiting in its outbox.
-    let receipts = timeout(T, flood)
+    // B goes on committing to its outbox for A.
+    timeout(T, flood)
         .await
         .expect("sent in time")
-        .expect("task");
-    assert!(receipts.iter().all(Result::is_ok));
+        .expect("sends");
     a.node.shutdown().await;
     b.node.shutdown().await;
 }
