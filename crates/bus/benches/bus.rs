@@ -5,49 +5,49 @@
 //! A plain bench (`harness = false`): each case is end to end and takes
 //! seconds, so it is run a few times and the median printed.
 //!
-//! - `throughput`: sends pipelined from two tasks (`Node::send_many`, 1,024
+//! - `throughput`: sends pipelined from two tasks (`Node::submit`, 1,024
 //!   at a time each), timed from the first send until the peer's journal
 //!   holds every message;
 //! - `catchup`: 100,000 messages committed while the peer was stopped, timed
 //!   from the peer's restart until its journal holds all of them;
 //! - `rtt`: A sends one message to B; when B's journal has it, B sends one
-//!   back; the round trip ends when A's journal has the answer.
+//!   back; the round trip ends when A's journal has the answer;
+//! - `frames`: the transport alone ([`mesh_bus::net::Net`]): 200,000 batch
+//!   frames of 1 KiB one way, unverified, timed until the last arrives.
 //!
 //! Each case also prints the commits each node's core issued per 1,000
 //! messages (from `Node::status`): how full the group commits were.
 //!
 //! `cargo bench -p mesh-bus --bench bus` (env `BUS_BENCH_RUNS`, default 3;
 //! `BUS_BENCH_MSGS` for `throughput`, default 50,000; `BUS_BENCH_CATCHUP`,
-//! default 100,000).
+//! default 100,000; `BUS_BENCH_FRAMES`, default 200,000). A name after `--`
+//! runs only the cases it names part of, e.g. `-- rtt`.
 
-use std::net::SocketAddr;
+#[path = "../tests/common/mod.rs"]
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_bus::core::Config;
-use mesh_bus::net::NetConfig;
-use mesh_bus::node::{Node, NodeConfig};
-use mesh_protocol::Epoch;
+use common::{NetNode, link, link_one_way, node_config, wait_head_within};
+use mesh_bus::{CoreConfig as Config, Node, NodeConfig, Outgoing};
+use mesh_protocol::{Channel, EntryHeader, Epoch, Frame, Payloads, SignedBatch};
 use mesh_protocol::{NodeId, SecretKey};
 use mesh_store::{MemStore, MeshStore, OnFull, OutboxBounds, RedbStore, StoreHandle};
-use tokio::time::timeout;
 
 /// The bound on every wait.
 const T: Duration = Duration::from_secs(600);
 
 fn config() -> NodeConfig {
-    NodeConfig {
-        net: NetConfig::with_bind_addr(SocketAddr::from(([127, 0, 0, 1], 0))),
-        core: Config {
-            outbox: OutboxBounds {
-                max_msgs: 10_000_000,
-                max_bytes: 1 << 34,
-                on_full: OnFull::Reject,
-            },
-            ..Config::default()
+    node_config(Config {
+        outbox: OutboxBounds {
+            max_msgs: 10_000_000,
+            max_bytes: 1 << 34,
+            on_full: OnFull::Reject,
         },
-    }
+        ..Config::default()
+    })
 }
 
 struct Running {
@@ -106,21 +106,8 @@ impl Running {
     }
 }
 
-async fn link(a: &Running, b: &Running) {
-    let (ra, rb) = tokio::join!(
-        a.node.add_peer(b.node.node_id(), b.node.ticket().addrs),
-        b.node.add_peer(a.node.node_id(), a.node.ticket().addrs),
-    );
-    ra.expect("a adds b");
-    rb.expect("b adds a");
-}
-
 async fn wait_head(node: &Node, at_least: u64) {
-    let mut head = node.journal_head();
-    timeout(T, head.wait_for(|h| *h >= at_least))
-        .await
-        .expect("in time")
-        .expect("running");
+    wait_head_within(node, at_least, T).await;
 }
 
 fn payload() -> Vec<u8> {
@@ -136,8 +123,14 @@ async fn send_pipelined(node: &Arc<Node>, to: NodeId, n: u64) {
             let mut left = part;
             while left > 0 {
                 let k = left.min(1024);
-                let msgs = (0..k).map(|_| (to, 0, payload()));
-                for r in node.send_many(msgs).await {
+                let msgs = (0..k)
+                    .map(|_| Outgoing {
+                        to,
+                        kind: 0,
+                        payload: payload(),
+                    })
+                    .collect();
+                for r in node.submit(msgs).await.await {
                     r.expect("send");
                 }
                 left -= k;
@@ -206,7 +199,7 @@ async fn throughput(n: u64) -> Run {
     let root = tempfile::tempdir().expect("tempdir");
     let a = fresh(root.path(), "a").await;
     let b = fresh(root.path(), "b").await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let to = b.node.node_id();
     let (a0, b0) = (commits(&a.node).await, commits(&b.node).await);
     let t0 = Instant::now();
@@ -229,7 +222,7 @@ async fn catchup(n: u64) -> Run {
     let root = tempfile::tempdir().expect("tempdir");
     let a = fresh(root.path(), "a").await;
     let b = fresh(root.path(), "b").await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let to = b.node.node_id();
     let (dir, key) = b.stop().await;
     send_pipelined(&a.node, to, n).await;
@@ -255,7 +248,7 @@ async fn rtt(samples: usize) -> (f64, f64, f64) {
     let root = tempfile::tempdir().expect("tempdir");
     let a = fresh(root.path(), "a").await;
     let b = fresh(root.path(), "b").await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let (ida, idb) = (a.node.node_id(), b.node.node_id());
     let mut times = Vec::with_capacity(samples);
     let mut a0 = 0;
@@ -282,6 +275,44 @@ async fn rtt(samples: usize) -> (f64, f64, f64) {
     (p(0.5), p(0.99), (a1 - a0) as f64 / samples as f64)
 }
 
+/// Frames per second of `n` 1 KiB batch frames one way through the raw transport.
+async fn frames(n: u64) -> f64 {
+    let mut a = NetNode::new().await;
+    let mut b = NetNode::new().await;
+    link_one_way(&a, &b).await;
+    let ca = a.connected(b.id()).await;
+    b.connected(a.id()).await;
+    let payload = vec![0xAB; 1024];
+    let frame = Frame::Batch {
+        batch: SignedBatch {
+            author: a.id(),
+            epoch: Epoch([1; 16]),
+            channel: Channel::Direct(b.id()),
+            first_seq: 1,
+            entries: vec![EntryHeader::for_payload(1, 0, 0, &payload)],
+            sig: [0; 64],
+        },
+        payloads: Payloads(vec![payload]),
+    };
+    let t0 = Instant::now();
+    let (net, to) = (&a.net, b.id());
+    let send = async move {
+        for _ in 0..n {
+            net.send(to, ca, &frame).await.expect("send");
+        }
+    };
+    let recv = async {
+        for _ in 0..n {
+            b.frame().await;
+        }
+    };
+    tokio::join!(send, recv);
+    let secs = t0.elapsed().as_secs_f64();
+    a.net.shutdown().await;
+    b.net.shutdown().await;
+    n as f64 / secs
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -291,6 +322,7 @@ fn main() {
     let runs = env("BUS_BENCH_RUNS", 3).max(1);
     let n = env("BUS_BENCH_MSGS", 50_000);
     let c = env("BUS_BENCH_CATCHUP", 100_000);
+    let f = env("BUS_BENCH_FRAMES", 200_000);
     let which = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let on = |name: &str| which.as_deref().is_none_or(|w| name.contains(w));
     rt.block_on(async {
@@ -339,6 +371,15 @@ fn main() {
                 median(p50s),
                 median(p99s)
             );
+        }
+        if on("frames") {
+            let mut v = Vec::new();
+            for _ in 0..runs {
+                let rate = frames(f).await;
+                println!("frames run: {rate:.0} frames/s");
+                v.push(rate);
+            }
+            println!("bus/frames/{f}x1KiB: median {:.0} frames/s", median(v));
         }
     });
 }

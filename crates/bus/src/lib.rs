@@ -2,11 +2,20 @@
 //!
 //! [`core`] is the sans-IO state machine that makes every decision (streams,
 //! outbox policy, acks, resync, gaps, replay defense, reorder buffer);
-//! [`net`] carries frames between daemons over iroh; [`node`] runs the two
-//! together with the store. The design is in
-//! `docs/design.md`.
+//! [`net`] is the iroh transport; [`node`] is the one task that drives both
+//! with the store. The daemon uses what this root re-exports. The design is
+//! in `docs/design.md`.
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod core;
 pub mod net;
 pub mod node;
+
+pub use crate::core::{
+    Config as CoreConfig, DropCounts, DropReason, FrameCounts, Metrics, SendError as CoreSendError,
+    SendReceipt,
+};
+pub use crate::net::{NetConfig, NetCounters, PeerError, close_code, load_or_create_node_key};
+pub use crate::node::{
+    Node, NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, Receipts, SendError,
+};

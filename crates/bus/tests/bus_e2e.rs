@@ -6,31 +6,22 @@
 //! flight, reorder buffers) is lost and nothing is closed; only what the
 //! store committed survives.
 
-use std::net::SocketAddr;
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_bus::core::Config;
-use mesh_bus::net::NetConfig;
-use mesh_bus::node::{Node, NodeConfig};
+use common::{Got, T, link, node_config, received, wait_head};
+use mesh_bus::{CoreConfig as Config, Node, Outgoing};
 use mesh_protocol::{Channel, NodeId, SecretKey, Seq, StreamId};
 use mesh_store::{
-    Arrival, JournalRecord, LossReason, MeshStore, OnFull, OutboxBounds, RedbStore, StoreError,
-    StoreHandle,
+    JournalRecord, LossReason, MeshStore, OnFull, OutboxBounds, RedbStore, StoreError, StoreHandle,
 };
 use tokio::runtime::Runtime;
 use tokio::time::timeout;
-
-/// The bound on every wait in these tests.
-const T: Duration = Duration::from_secs(60);
-
-fn config(core: Config) -> NodeConfig {
-    NodeConfig {
-        net: NetConfig::with_bind_addr(SocketAddr::from(([127, 0, 0, 1], 0))),
-        core,
-    }
-}
 
 /// A node on a data dir; `rt` is set when it runs on its own runtime (so it
 /// can be crashed).
@@ -68,7 +59,7 @@ async fn start_in(dir: PathBuf, key: SecretKey, core: Config, own_runtime: bool)
             .enable_all()
             .build()
             .expect("runtime");
-        let started = rt.spawn(Node::start(config(core), key.clone(), handle.clone()));
+        let started = rt.spawn(Node::start(node_config(core), key.clone(), handle.clone()));
         let node = timeout(T, started)
             .await
             .expect("started in time")
@@ -76,7 +67,7 @@ async fn start_in(dir: PathBuf, key: SecretKey, core: Config, own_runtime: bool)
             .expect("start");
         (node, Some(rt))
     } else {
-        let node = Node::start(config(core), key.clone(), handle.clone())
+        let node = Node::start(node_config(core), key.clone(), handle.clone())
             .await
             .expect("start");
         (node, None)
@@ -119,56 +110,6 @@ impl Running {
     }
 }
 
-async fn link(a: &Running, b: &Running) {
-    let (ra, rb) = tokio::join!(
-        a.node.add_peer(b.id(), b.node.ticket().addrs),
-        b.node.add_peer(a.id(), a.node.ticket().addrs),
-    );
-    ra.expect("a adds b");
-    rb.expect("b adds a");
-}
-
-async fn wait_head(node: &Node, at_least: Arrival) {
-    let mut head = node.journal_head();
-    timeout(T, head.wait_for(|h| *h >= at_least))
-        .await
-        .expect("journal head in time")
-        .expect("node running");
-}
-
-/// What `store` journaled of the streams `author` wrote to it, in order.
-#[derive(Debug, PartialEq, Eq)]
-enum Got {
-    Msg(Seq, Vec<u8>),
-    Gap(Seq, Seq),
-}
-
-fn received(store: &dyn MeshStore, author: NodeId) -> Vec<Got> {
-    let mut out = Vec::new();
-    let mut after = 0;
-    // Bounded: at most 100 pages of 1,000.
-    for _ in 0..100 {
-        let page = store.journal(after, 1_000).expect("journal");
-        let Some(last) = page.last() else { break };
-        after = last.arrival;
-        for item in page {
-            match item.record {
-                JournalRecord::Envelope {
-                    stream,
-                    seq,
-                    payload,
-                    ..
-                } if stream.author == author => out.push(Got::Msg(seq, payload)),
-                JournalRecord::Gap { stream, from, to } if stream.author == author => {
-                    out.push(Got::Gap(from, to))
-                }
-                _ => {}
-            }
-        }
-    }
-    out
-}
-
 fn payload(i: u64) -> Vec<u8> {
     let mut p = format!("message {i:06} ").into_bytes();
     p.resize(1024, b'.');
@@ -185,8 +126,14 @@ async fn send_numbered(node: &Node, to: NodeId, from: u64, n: u64) {
     let mut i = from;
     while i < from + n {
         let end = (i + 50).min(from + n);
-        let msgs: Vec<_> = (i..end).map(|k| (to, 0, payload(k))).collect();
-        for r in node.send_many(msgs).await {
+        let msgs: Vec<_> = (i..end)
+            .map(|k| Outgoing {
+                to,
+                kind: 0,
+                payload: payload(k),
+            })
+            .collect();
+        for r in node.submit(msgs).await.await {
             r.expect("send");
         }
         i = end;
@@ -198,7 +145,7 @@ async fn two_nodes_on_redb_deliver_both_ways_exactly_once_in_order() {
     let root = tempfile::tempdir().expect("tempdir");
     let a = fresh(root.path(), "a", Config::default()).await;
     let b = fresh(root.path(), "b", Config::default()).await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let (sa, sb) = tokio::join!(
         send_numbered(&a.node, b.id(), 1, 200),
         send_numbered(&b.node, a.id(), 1, 200),
@@ -219,9 +166,9 @@ async fn three_nodes_each_receive_every_others_stream_in_order() {
     let a = fresh(root.path(), "a", Config::default()).await;
     let b = fresh(root.path(), "b", Config::default()).await;
     let c = fresh(root.path(), "c", Config::default()).await;
-    link(&a, &b).await;
-    link(&b, &c).await;
-    link(&a, &c).await;
+    link(&a.node, &b.node).await;
+    link(&b.node, &c.node).await;
+    link(&a.node, &c.node).await;
     let nodes = [&a, &b, &c];
     let mut sends = Vec::new();
     for from in nodes {
@@ -253,7 +200,7 @@ async fn a_peer_stopped_while_1000_are_sent_gets_all_exactly_once_in_order_after
     let root = tempfile::tempdir().expect("tempdir");
     let a = fresh(root.path(), "a", Config::default()).await;
     let b = fresh(root.path(), "b", Config::default()).await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let to = b.id();
     send_numbered(&a.node, to, 1, 10).await;
     wait_head(&b.node, 10).await;
@@ -284,7 +231,7 @@ async fn a_peer_that_loses_its_process_state_mid_resync_still_gets_each_message_
     };
     let a = fresh(root.path(), "a", slow_feed).await;
     let b = fresh(root.path(), "b", Config::default()).await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let to = b.id();
     let (dir, key) = b.stop().await;
     for i in 1..=1_000 {
@@ -332,7 +279,7 @@ async fn a_peer_past_retention_gets_a_gap_with_the_right_earliest_available_then
     };
     let a = fresh(root.path(), "a", bounded).await;
     let b = fresh(root.path(), "b", Config::default()).await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let to = b.id();
     send_numbered(&a.node, to, 1, 5).await;
     wait_head(&b.node, 5).await;

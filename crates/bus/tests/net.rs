@@ -1,9 +1,13 @@
 //! The iroh transport against real endpoints on 127.0.0.1 (relays, address
 //! lookup and the portmapper off). Every wait is bounded by [`T`].
 
-use std::net::SocketAddr;
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+mod common;
+
 use std::time::{Duration, Instant};
 
+use common::{NetNode, T, ack, link_one_way, loopback};
 use iroh::endpoint::{ConnectionError, PortmapperConfig, presets};
 use iroh::{Endpoint, EndpointAddr, RelayMode};
 use mesh_bus::net::{
@@ -12,106 +16,9 @@ use mesh_bus::net::{
 };
 use mesh_protocol::{
     Channel, EntryHeader, Epoch, Frame, FrameError, NodeId, Payloads, SecretKey, SignedBatch,
-    StreamId,
 };
 use tokio::sync::mpsc;
 use tokio::time::timeout;
-
-/// The bound on every wait in these tests.
-const T: Duration = Duration::from_secs(15);
-
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 0))
-}
-
-struct Node {
-    net: Net,
-    events: mpsc::Receiver<NetEvent>,
-}
-
-impl Node {
-    async fn bind(key: SecretKey) -> Node {
-        let (net, events) = Net::bind(NetConfig::with_bind_addr(loopback()), key)
-            .await
-            .expect("bind on 127.0.0.1:0");
-        Node { net, events }
-    }
-
-    async fn new() -> Node {
-        Node::bind(SecretKey::generate()).await
-    }
-
-    fn id(&self) -> NodeId {
-        self.net.node_id()
-    }
-
-    async fn next(&mut self) -> NetEvent {
-        timeout(T, self.events.recv())
-            .await
-            .expect("no event in time")
-            .expect("event channel closed")
-    }
-
-    /// Skips events until `peer` is connected; returns the connection.
-    async fn connected(&mut self, peer: NodeId) -> ConnId {
-        loop {
-            if let NetEvent::Connected { peer: p, conn } = self.next().await
-                && p == peer
-            {
-                return conn;
-            }
-        }
-    }
-
-    /// Skips events until `conn` to `peer` is reported disconnected.
-    async fn disconnected(&mut self, peer: NodeId, conn: ConnId) -> DisconnectReason {
-        loop {
-            if let NetEvent::Disconnected {
-                peer: p,
-                conn: c,
-                reason,
-            } = self.next().await
-                && p == peer
-                && c == conn
-            {
-                return reason;
-            }
-        }
-    }
-
-    /// The next frame; any other event fails the test.
-    async fn frame(&mut self) -> (NodeId, ConnId, Frame) {
-        match self.next().await {
-            NetEvent::Frame {
-                peer, conn, frame, ..
-            } => (peer, conn, frame),
-            other => panic!("expected a frame, got {other:?}"),
-        }
-    }
-}
-
-/// `dialer` knows `acceptor`'s address; `acceptor` only allows `dialer`. So
-/// exactly one connection is made, dialed by `dialer`.
-async fn link_one_way(dialer: &Node, acceptor: &Node) {
-    acceptor
-        .net
-        .add_peer(dialer.id(), Vec::new())
-        .await
-        .expect("add dialer");
-    dialer
-        .net
-        .add_peer(acceptor.id(), acceptor.net.local_addrs())
-        .await
-        .expect("add acceptor");
-}
-
-fn ack(n: u64) -> Frame {
-    let a = SecretKey::from_bytes(&[7; 32]).public();
-    Frame::Ack {
-        stream: StreamId::direct(a, Epoch([7; 16]), a),
-        upto: n,
-    }
-}
 
 /// A batch frame carrying one payload of `len` bytes, numbered `seq`.
 fn batch(author: NodeId, to: NodeId, seq: u64, payload: &[u8]) -> Frame {
@@ -122,7 +29,7 @@ fn batch(author: NodeId, to: NodeId, seq: u64, payload: &[u8]) -> Frame {
             channel: Channel::Direct(to),
             first_seq: seq,
             entries: vec![EntryHeader::for_payload(seq, 0, 0, payload)],
-            // The transport does not verify; the core does.
+            // A raw transport does not verify; the node does.
             sig: [0; 64],
         },
         payloads: Payloads(vec![payload.to_vec()]),
@@ -150,7 +57,7 @@ async fn raw_endpoint() -> Endpoint {
         .expect("raw endpoint")
 }
 
-fn addr_of(node: &Node) -> EndpointAddr {
+fn addr_of(node: &NetNode) -> EndpointAddr {
     let mut addr = EndpointAddr::new(node.id());
     for a in node.net.local_addrs() {
         addr = addr.with_ip_addr(a);
@@ -170,13 +77,13 @@ fn app_close(e: ConnectionError) -> (u64, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_connect_and_exchange_frames_both_ways() {
-    let mut a = Node::new().await;
-    let mut b = Node::new().await;
+    let mut a = NetNode::new().await;
+    let mut b = NetNode::new().await;
     link_one_way(&a, &b).await;
     let ca = a.connected(b.id()).await;
     let cb = b.connected(a.id()).await;
 
-    a.net.try_send(b.id(), ca, &ack(1)).expect("a -> b");
+    a.net.try_send(b.id(), ca, &ack(1)).await.expect("a -> b");
     assert_eq!(b.frame().await, (a.id(), cb, ack(1)));
     b.net.send(a.id(), cb, &ack(2)).await.expect("b -> a");
     assert_eq!(a.frame().await, (b.id(), ca, ack(2)));
@@ -184,16 +91,17 @@ async fn two_nodes_connect_and_exchange_frames_both_ways() {
     // A stale connection id is refused, not sent on the live one.
     let stale = ConnId(ca.0 + 1000);
     assert_eq!(
-        a.net.try_send(b.id(), stale, &ack(3)),
+        a.net.try_send(b.id(), stale, &ack(3)).await,
         Err(SendError::NotConnected)
     );
 
-    let status = a.net.peers();
+    let status = a.net.peers().await;
     assert_eq!(status.len(), 1);
     assert_eq!(status[0].conn, Some(ca));
     assert!(status[0].dialed_here);
-    assert_eq!(b.net.peers()[0].conn, Some(cb));
-    assert!(!b.net.peers()[0].dialed_here);
+    let status = b.net.peers().await;
+    assert_eq!(status[0].conn, Some(cb));
+    assert!(!status[0].dialed_here);
 
     let counters = a.net.counters();
     assert_eq!((counters.frames_out, counters.frames_in), (1, 1));
@@ -212,8 +120,8 @@ async fn two_nodes_connect_and_exchange_frames_both_ways() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_frames_arrive_in_order() {
     const N: u64 = 10_000;
-    let mut a = Node::new().await;
-    let mut b = Node::new().await;
+    let mut a = NetNode::new().await;
+    let mut b = NetNode::new().await;
     link_one_way(&a, &b).await;
     let ca = a.connected(b.id()).await;
     let cb = b.connected(a.id()).await;
@@ -249,7 +157,7 @@ async fn ten_thousand_frames_arrive_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_node_is_refused_with_403_and_never_reported() {
-    let mut a = Node::new().await;
+    let mut a = NetNode::new().await;
     let raw = raw_endpoint().await;
     let conn = timeout(T, raw.connect(addr_of(&a), ALPN))
         .await
@@ -277,7 +185,7 @@ async fn an_unknown_node_is_refused_with_403_and_never_reported() {
 
     // A removed peer is refused the same way from then on, and its live
     // connection is closed with its own code.
-    let mut b = Node::new().await;
+    let mut b = NetNode::new().await;
     link_one_way(&b, &a).await;
     let ca = a.connected(b.id()).await;
     let cb = b.connected(a.id()).await;
@@ -295,16 +203,16 @@ async fn an_unknown_node_is_refused_with_403_and_never_reported() {
         }
         other => panic!("unexpected reason {other:?}"),
     }
-    assert!(a.net.peers().is_empty());
+    assert!(a.net.peers().await.is_empty());
     a.net.shutdown().await;
     b.net.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_peer_is_reconnected_with_a_new_conn_id() {
-    let mut a = Node::new().await;
+    let mut a = NetNode::new().await;
     let b_key = SecretKey::generate();
-    let b = Node::bind(b_key.clone()).await;
+    let b = NetNode::bind(b_key.clone()).await;
     link_one_way(&a, &b).await;
     let first = a.connected(b.id()).await;
     let old_addrs = b.net.local_addrs();
@@ -315,7 +223,7 @@ async fn a_restarted_peer_is_reconnected_with_a_new_conn_id() {
     a.disconnected(b_id, first).await;
 
     // B comes back with the same key on a new port; A learns the new address.
-    let mut b = Node::bind(b_key).await;
+    let mut b = NetNode::bind(b_key).await;
     assert_eq!(b.id(), b_id);
     assert_ne!(b.net.local_addrs(), old_addrs);
     b.net.add_peer(a.id(), Vec::new()).await.expect("allow a");
@@ -328,6 +236,7 @@ async fn a_restarted_peer_is_reconnected_with_a_new_conn_id() {
     let cb = b.connected(a.id()).await;
     a.net
         .try_send(b_id, second, &ack(9))
+        .await
         .expect("send on the new connection");
     assert_eq!(b.frame().await, (a.id(), cb, ack(9)));
     a.net.shutdown().await;
@@ -336,7 +245,7 @@ async fn a_restarted_peer_is_reconnected_with_a_new_conn_id() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_sends_a_bad_frame_is_closed_and_counted() {
-    let mut a = Node::new().await;
+    let mut a = NetNode::new().await;
     let raw = raw_endpoint().await;
     a.net
         .add_peer(raw.id(), Vec::new())
@@ -388,8 +297,8 @@ async fn a_peer_that_sends_a_bad_frame_is_closed_and_counted() {
 async fn when_both_sides_dial_they_keep_the_same_single_connection() {
     let mut collisions = 0;
     for _ in 0..4 {
-        let mut a = Node::new().await;
-        let mut b = Node::new().await;
+        let mut a = NetNode::new().await;
+        let mut b = NetNode::new().await;
         let (a_id, b_id) = (a.id(), b.id());
         let (ra, rb) = tokio::join!(
             a.net.add_peer(b_id, b.net.local_addrs()),
@@ -403,18 +312,18 @@ async fn when_both_sides_dial_they_keep_the_same_single_connection() {
         let mut sa = Side::default();
         let mut sb = Side::default();
         timeout(T, async {
-            while !(sa.settled(&a, b_id) && sb.settled(&b, a_id)) {
+            while !(sa.settled(&a.net, b_id).await && sb.settled(&b.net, a_id).await) {
                 tokio::select! {
-                    Some(ev) = a.events.recv() => sa.on(&a.net, ev, 1),
-                    Some(ev) = b.events.recv() => sb.on(&b.net, ev, 2),
+                    Some(ev) = a.events.recv() => sa.on(&a.net, ev, 1).await,
+                    Some(ev) = b.events.recv() => sb.on(&b.net, ev, 2).await,
                 }
             }
         })
         .await
         .expect("settled in time");
 
-        let pa = &a.net.peers()[0];
-        let pb = &b.net.peers()[0];
+        let pa = &a.net.peers().await[0];
+        let pb = &b.net.peers().await[0];
         assert_ne!(
             pa.dialed_here, pb.dialed_here,
             "both sides keep the same connection"
@@ -441,14 +350,14 @@ struct Side {
 }
 
 impl Side {
-    fn on(&mut self, net: &Net, ev: NetEvent, tag: u64) {
+    async fn on(&mut self, net: &Net, ev: NetEvent, tag: u64) {
         match ev {
             NetEvent::Connected { peer, conn } => {
                 self.connections += 1;
                 self.live = Some(conn);
                 self.heard = false;
                 // The connection may be replaced at once; then this is lost.
-                let _ = net.try_send(peer, conn, &ack(tag));
+                let _ = net.try_send(peer, conn, &ack(tag)).await;
             }
             NetEvent::Frame { conn, .. } if Some(conn) == self.live => self.heard = true,
             NetEvent::Disconnected { conn, .. } if Some(conn) == self.live => {
@@ -459,11 +368,11 @@ impl Side {
         }
     }
 
-    fn settled(&self, node: &Node, peer: NodeId) -> bool {
+    async fn settled(&self, net: &Net, peer: NodeId) -> bool {
         self.heard
-            && node
-                .net
+            && net
                 .peers()
+                .await
                 .iter()
                 .any(|p| p.node == peer && p.conn == self.live)
     }
@@ -509,7 +418,7 @@ fn the_node_key_persists_and_a_wrong_size_key_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binding_a_taken_address_names_it() {
-    let a = Node::new().await;
+    let a = NetNode::new().await;
     let taken = a.net.local_addrs()[0];
     match Net::bind(NetConfig::with_bind_addr(taken), SecretKey::generate()).await {
         Err(e @ NetError::AddrInUse { .. }) => assert!(e.to_string().contains(&taken.to_string())),
@@ -519,46 +428,10 @@ async fn binding_a_taken_address_names_it() {
     a.net.shutdown().await;
 }
 
-/// Throughput of 1 KiB batch frames one way on loopback. Meaningful only in
-/// a release build: `cargo test --release -p mesh-bus --test net -- --ignored`.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a measurement, not a check; run in release"]
-async fn throughput_of_1kib_frames_on_loopback() {
-    const N: u64 = 200_000;
-    let mut a = Node::new().await;
-    let mut b = Node::new().await;
-    link_one_way(&a, &b).await;
-    let ca = a.connected(b.id()).await;
-    b.connected(a.id()).await;
-    let frame = batch(a.id(), b.id(), 1, &[0xAB; 1024]);
-    let start = Instant::now();
-    let (net, to) = (&a.net, b.id());
-    let send = async move {
-        for _ in 0..N {
-            net.send(to, ca, &frame).await.expect("send");
-        }
-    };
-    let recv = async {
-        for _ in 0..N {
-            b.frame().await;
-        }
-    };
-    tokio::join!(send, recv);
-    let secs = start.elapsed().as_secs_f64();
-    let c = b.net.counters();
-    println!(
-        "{N} frames of 1 KiB in {secs:.3} s = {:.0} frames/s, {:.0} MB/s",
-        N as f64 / secs,
-        c.bytes_in as f64 / secs / 1e6
-    );
-    a.net.shutdown().await;
-    b.net.shutdown().await;
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_closed_by_the_bus_is_redialed_with_a_new_conn_id() {
-    let mut a = Node::new().await;
-    let mut b = Node::new().await;
+    let mut a = NetNode::new().await;
+    let mut b = NetNode::new().await;
     link_one_way(&a, &b).await;
     let first = a.connected(b.id()).await;
     let cb = b.connected(a.id()).await;
@@ -586,7 +459,7 @@ async fn a_connection_closed_by_the_bus_is_redialed_with_a_new_conn_id() {
     let second = a.connected(b.id()).await;
     assert_ne!(second, first);
     assert_eq!(
-        a.net.try_send(b.id(), first, &ack(1)),
+        a.net.try_send(b.id(), first, &ack(1)).await,
         Err(SendError::NotConnected)
     );
     a.net.shutdown().await;
@@ -606,11 +479,7 @@ async fn a_crashed_higher_id_peer_that_restarts_is_reconnected_before_the_idle_t
         idle_timeout: Duration::from_secs(60),
         ..NetConfig::with_bind_addr(loopback())
     };
-    let (low_net, low_events) = Net::bind(config, low_key).await.expect("bind low");
-    let mut low = Node {
-        net: low_net,
-        events: low_events,
-    };
+    let mut low = NetNode::bind_with(config, low_key).await;
     // High runs on its own runtime, so it can die without closing anything.
     let crash_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -618,7 +487,7 @@ async fn a_crashed_higher_id_peer_that_restarts_is_reconnected_before_the_idle_t
         .build()
         .expect("runtime");
     let key = high_key.clone();
-    let bound = crash_rt.spawn(async move { Node::bind(key).await });
+    let bound = crash_rt.spawn(async move { NetNode::bind(key).await });
     let high = timeout(T, bound)
         .await
         .expect("bound in time")
@@ -627,7 +496,7 @@ async fn a_crashed_higher_id_peer_that_restarts_is_reconnected_before_the_idle_t
     link_one_way(&low, &high).await;
     let first = low.connected(high_id).await;
     assert!(
-        low.net.peers()[0].dialed_here,
+        low.net.peers().await[0].dialed_here,
         "low dialed the live connection"
     );
 
@@ -638,7 +507,7 @@ async fn a_crashed_higher_id_peer_that_restarts_is_reconnected_before_the_idle_t
     // High restarts with the same key and dials low, which still holds the
     // dead connection (its idle timeout is 60 s).
     let restarted = Instant::now();
-    let mut high = Node::bind(high_key).await;
+    let mut high = NetNode::bind(high_key).await;
     high.net
         .add_peer(low.id(), low.net.local_addrs())
         .await
@@ -651,6 +520,7 @@ async fn a_crashed_higher_id_peer_that_restarts_is_reconnected_before_the_idle_t
     println!("reconnected {:?} after the restart", restarted.elapsed());
     low.net
         .try_send(high_id, second, &ack(5))
+        .await
         .expect("send on the new connection");
     assert_eq!(high.frame().await, (low.id(), ch, ack(5)));
     low.net.shutdown().await;

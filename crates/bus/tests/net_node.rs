@@ -1,19 +1,26 @@
 //! Nodes (core + store actor + iroh transport) talking over 127.0.0.1.
 //! Every wait is bounded by [`T`].
 
-use std::net::SocketAddr;
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+mod common;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_bus::net::NetConfig;
-use mesh_bus::node::{Node, NodeConfig, SendError};
-use mesh_protocol::{Epoch, SecretKey};
-use mesh_store::{Arrival, JournalRecord, MemStore, MeshStore, StoreHandle};
+use common::{Got, NetNode, T, link, node_config, received, wait_head};
+use mesh_bus::net::{ConnId, DisconnectReason, NetEvent, close_code};
+use mesh_bus::{CoreConfig, Node, NodeError, Outgoing, SendError};
+use mesh_protocol::{
+    Channel, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads,
+    SecretKey, Seq, StreamId,
+};
+use mesh_store::{
+    Arrival, JournalItem, JournalRecord, LossReason, MemStore, MeshStore, OwnStream, PeerRecord,
+    Receipt, StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
+};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
-
-/// The bound on every wait in these tests.
-const T: Duration = Duration::from_secs(30);
 
 struct Running {
     node: Arc<Node>,
@@ -22,10 +29,7 @@ struct Running {
 
 async fn start(store: Arc<MemStore>, key: SecretKey) -> Running {
     let handle = StoreHandle::spawn(store.clone()).expect("store actor");
-    let config = NodeConfig {
-        net: NetConfig::with_bind_addr(SocketAddr::from(([127, 0, 0, 1], 0))),
-        ..NodeConfig::default()
-    };
+    let config = node_config(CoreConfig::default());
     let node = Node::start(config, key, handle).await.expect("start");
     Running {
         node: Arc::new(node),
@@ -38,36 +42,72 @@ async fn fresh() -> Running {
     start(Arc::new(MemStore::new(epoch)), SecretKey::generate()).await
 }
 
-async fn link(a: &Running, b: &Running) {
-    let (ra, rb) = tokio::join!(
-        a.node.add_peer(b.node.node_id(), b.node.ticket().addrs),
-        b.node.add_peer(a.node.node_id(), a.node.ticket().addrs),
-    );
-    ra.expect("a adds b");
-    rb.expect("b adds a");
-}
-
-async fn wait_head(node: &Node, at_least: Arrival) {
-    let mut head = node.journal_head();
-    timeout(T, head.wait_for(|h| *h >= at_least))
+/// A raw peer of `node` that speaks frames by hand, and its connection.
+/// Only the raw peer dials, so that connection is never replaced.
+async fn raw_peer(node: &Node, key: SecretKey) -> (NetNode, ConnId) {
+    let mut raw = NetNode::bind(key).await;
+    node.add_peer(raw.id(), Vec::new())
         .await
-        .expect("journal head in time")
-        .expect("node running");
+        .expect("node adds raw");
+    raw.net
+        .add_peer(node.node_id(), node.ticket().addrs)
+        .await
+        .expect("raw adds node");
+    let conn = raw.connected(node.node_id()).await;
+    (raw, conn)
 }
 
-/// The payloads of the envelopes `store` journaled from `author`, in order.
-fn received(store: &MemStore, author: mesh_protocol::NodeId) -> Vec<(u64, Vec<u8>)> {
-    let items = store.journal(0, 100_000).expect("journal");
-    items
+/// A Hello from `from` (epoch `epoch`) speaking `version`.
+fn hello(from: NodeId, epoch: Epoch, version: u32) -> Frame {
+    Frame::Hello {
+        version,
+        node: from,
+        epoch,
+        marks: Vec::new(),
+    }
+}
+
+/// Message `seq` of `key`'s stream in `epoch` to `to`, signed.
+fn signed(key: &SecretKey, epoch: Epoch, to: NodeId, seq: u64, payload: &[u8]) -> Frame {
+    let open = OpenBatch::sign(
+        key,
+        epoch,
+        Channel::Direct(to),
+        seq,
+        vec![NewEnvelope {
+            lamport: seq,
+            created_ms: 0,
+            kind: 0,
+            payload: payload.to_vec(),
+        }],
+    )
+    .expect("a small batch");
+    Frame::Batch {
+        batch: open.batch().signed().clone(),
+        payloads: Payloads(open.payloads().to_vec()),
+    }
+}
+
+/// Skips events until `conn` ends; returns why.
+async fn ended(raw: &mut NetNode, conn: ConnId) -> DisconnectReason {
+    loop {
+        if let NetEvent::Disconnected {
+            conn: c, reason, ..
+        } = raw.next().await
+            && c == conn
+        {
+            return reason;
+        }
+    }
+}
+
+/// The seqs and payloads of what `store` journaled from `author`, in order.
+fn messages(store: &MemStore, author: NodeId) -> Vec<(u64, Vec<u8>)> {
+    received(store, author)
         .into_iter()
-        .filter_map(|i| match i.record {
-            JournalRecord::Envelope {
-                stream,
-                seq,
-                payload,
-                ..
-            } if stream.author == author => Some((seq, payload)),
-            _ => None,
+        .filter_map(|g| match g {
+            Got::Msg(seq, payload) => Some((seq, payload)),
+            Got::Gap(..) => None,
         })
         .collect()
 }
@@ -77,7 +117,7 @@ async fn messages_sent_on_one_node_are_journaled_in_order_on_the_other() {
     const N: u64 = 2_000;
     let a = fresh().await;
     let b = fresh().await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let to = b.node.node_id();
 
     let start = Instant::now();
@@ -107,7 +147,7 @@ async fn messages_sent_on_one_node_are_journaled_in_order_on_the_other() {
         N as f64 / secs
     );
 
-    let got = received(&b.store, a.node.node_id());
+    let got = messages(&b.store, a.node.node_id());
     assert_eq!(got.len() as u64, N);
     for (i, (seq, _)) in got.iter().enumerate() {
         assert_eq!(*seq, i as u64 + 1, "in stream order");
@@ -126,7 +166,7 @@ async fn a_node_that_restarts_receives_what_was_sent_while_it_was_away() {
     let b_key = SecretKey::generate();
     let b_store = Arc::new(MemStore::new(Epoch(rand::random())));
     let b = start(b_store.clone(), b_key.clone()).await;
-    link(&a, &b).await;
+    link(&a.node, &b.node).await;
     let to = b.node.node_id();
     a.node.send(to, 0, b"before".to_vec()).await.expect("send");
     wait_head(&b.node, 1).await;
@@ -148,7 +188,7 @@ async fn a_node_that_restarts_receives_what_was_sent_while_it_was_away() {
         .await
         .expect("new address");
     wait_head(&b.node, 51).await;
-    let got = received(&b.store, a.node.node_id());
+    let got = messages(&b.store, a.node.node_id());
     assert_eq!(got.len(), 51);
     assert_eq!(got[0].1, b"before");
     assert_eq!(got[50].1, b"while away 49");
@@ -173,7 +213,7 @@ async fn a_send_to_an_unknown_peer_is_refused_and_a_stopped_node_says_so() {
 }
 
 /// The live connection `node` holds to `peer`, once there is one.
-async fn conn_to(node: &Node, peer: mesh_protocol::NodeId) -> mesh_bus::net::ConnId {
+async fn conn_to(node: &Node, peer: NodeId) -> ConnId {
     let deadline = Instant::now() + T;
     let mut head = node.journal_head();
     loop {
@@ -226,7 +266,7 @@ async fn adding_and_removing_a_peer_leaves_a_live_stream_to_another_flowing() {
                 .expect("send");
         }
     });
-    link(&a, &c).await;
+    link(&a.node, &c.node).await;
     let to_c = c.node.node_id();
     a.node
         .send(to_c, 0, b"to c".to_vec())
@@ -245,7 +285,7 @@ async fn adding_and_removing_a_peer_leaves_a_live_stream_to_another_flowing() {
         before,
         "the connection to B was never replaced"
     );
-    let got = received(&b.store, a.node.node_id());
+    let got = messages(&b.store, a.node.node_id());
     assert_eq!(got.len(), 301);
     assert!(
         got.iter()
@@ -265,4 +305,297 @@ async fn adding_and_removing_a_peer_leaves_a_live_stream_to_another_flowing() {
     a.node.shutdown().await;
     b.node.shutdown().await;
     c.node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_peers_acks_are_committed_even_when_nothing_else_happens() {
+    let a = fresh().await;
+    let b = fresh().await;
+    link(&a.node, &b.node).await;
+    let to = b.node.node_id();
+    for i in 0..10u32 {
+        a.node
+            .send(to, 0, i.to_be_bytes().to_vec())
+            .await
+            .expect("send");
+    }
+    // The acks alone wait at most `ack_ride_ms` for company, then commit.
+    common::until("a to record b's ack of all 10", || async {
+        let status = a.node.status().await.expect("status");
+        status.peers[0]
+            .own_stream
+            .as_ref()
+            .is_some_and(|o| o.last_acked == 10)
+    })
+    .await;
+    a.node.shutdown().await;
+    b.node.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_with_a_bad_signature_is_refused_at_the_edge_and_counted() {
+    let a = fresh().await;
+    let key = SecretKey::generate();
+    let epoch = Epoch([5; 16]);
+    let me = a.node.node_id();
+    let (raw, conn) = raw_peer(&a.node, key.clone()).await;
+    let to = |frame: Frame| {
+        let net = &raw.net;
+        async move { net.send(me, conn, &frame).await.expect("raw sends") }
+    };
+    to(hello(raw.id(), epoch, PROTOCOL_VERSION)).await;
+    let Frame::Batch {
+        mut batch,
+        payloads,
+    } = signed(&key, epoch, me, 1, b"forged")
+    else {
+        unreachable!("signed builds a batch")
+    };
+    batch.sig[0] ^= 1;
+    to(Frame::Batch { batch, payloads }).await;
+    to(signed(&key, epoch, me, 1, b"genuine")).await;
+    wait_head(&a.node, 1).await;
+    let status = a.node.status().await.expect("status");
+    assert_eq!(status.core.dropped.bad_signature, 1);
+    assert_eq!(messages(&a.store, raw.id()), vec![(1, b"genuine".to_vec())]);
+    a.node.shutdown().await;
+    raw.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_speaking_another_protocol_version_is_closed_with_a_code_naming_both() {
+    let a = fresh().await;
+    let (mut raw, conn) = raw_peer(&a.node, SecretKey::generate()).await;
+    let theirs = PROTOCOL_VERSION + 1;
+    let frame = hello(raw.id(), Epoch([6; 16]), theirs);
+    raw.net
+        .send(a.node.node_id(), conn, &frame)
+        .await
+        .expect("raw sends");
+    match ended(&mut raw, conn).await {
+        DisconnectReason::ClosedByPeer { code, reason } => {
+            assert_eq!(code, u64::from(close_code::VERSION_MISMATCH));
+            assert!(
+                reason.contains(&theirs.to_string())
+                    && reason.contains(&PROTOCOL_VERSION.to_string()),
+                "{reason}"
+            );
+        }
+        other => panic!("expected a close by the node, got {other:?}"),
+    }
+    a.node.shutdown().await;
+    raw.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_that_stops_reading_is_disconnected_as_too_slow() {
+    const PAYLOAD_BYTES: usize = 512 * 1024;
+    // Far more than the peer's receive budget, QUIC's windows and the
+    // node's send queue together.
+    const SENDS: usize = 160;
+    let a = fresh().await;
+    let (mut raw, conn) = raw_peer(&a.node, SecretKey::generate()).await;
+    let me = a.node.node_id();
+    raw.net
+        .send(me, conn, &hello(raw.id(), Epoch([7; 16]), PROTOCOL_VERSION))
+        .await
+        .expect("raw sends");
+    // From here on the raw peer takes no event: its reader stops, and QUIC
+    // flow control stops the node's writer.
+    let to = raw.id();
+    let mut slow = false;
+    for i in 0..SENDS {
+        let payload = vec![(i % 251) as u8; PAYLOAD_BYTES];
+        a.node.send(to, 0, payload).await.expect("committed");
+        let status = a.node.status().await.expect("status");
+        if status
+            .peers
+            .iter()
+            .any(|p| p.node == to && p.conn != Some(conn))
+        {
+            slow = true;
+            break;
+        }
+    }
+    assert!(slow, "the node kept a peer that read nothing");
+    match ended(&mut raw, conn).await {
+        DisconnectReason::ClosedByPeer { code, .. } => {
+            assert_eq!(code, u64::from(close_code::SLOW_PEER))
+        }
+        other => panic!("expected a close by the node, got {other:?}"),
+    }
+    a.node.shutdown().await;
+    raw.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cursor_and_lag_writes_go_through_the_node_and_move_its_journal_head() {
+    let a = fresh().await;
+    let arrival = a
+        .node
+        .record_subscriber_lag("subscriber 1".into(), 1, 1)
+        .await
+        .expect("lag recorded");
+    assert_eq!(arrival, 1);
+    wait_head(&a.node, 1).await;
+    let journal = a.store.journal(0, 10).expect("journal");
+    assert!(
+        matches!(
+            &journal[..],
+            [item] if matches!(
+                &item.record,
+                JournalRecord::Loss { reason: LossReason::SubscriberLagged, detail, from: 1, to: 1, .. }
+                    if detail == "subscriber 1"
+            )
+        ),
+        "{journal:?}"
+    );
+    a.node.put_cursor("c".into(), 1).await.expect("cursor set");
+    assert_eq!(a.store.cursor("c").expect("read"), Some(1));
+    // Past the journal head: the store refuses it, and says so.
+    match a.node.put_cursor("c".into(), 5).await {
+        Err(NodeError::Store(StoreError::Conflict(_))) => {}
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(a.store.cursor("c").expect("read"), Some(1));
+    a.node.shutdown().await;
+    assert!(matches!(
+        a.node.put_cursor("c".into(), 1).await,
+        Err(NodeError::Stopped)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_peer_that_floods_the_node_answers_at_once() {
+    // One frame per message: far more frames than the node takes at once.
+    const N: u32 = 3_000;
+    let a = fresh().await;
+    let b = fresh().await;
+    link(&a.node, &b.node).await;
+    let to = a.node.node_id();
+    let sender = b.node.clone();
+    let flood = tokio::spawn(async move {
+        for i in 0..N {
+            sender
+                .send(to, 0, i.to_be_bytes().to_vec())
+                .await
+                .expect("committed at b");
+        }
+    });
+    wait_head(&a.node, 1).await;
+    timeout(T, a.node.remove_peer(b.node.node_id()))
+        .await
+        .expect("removed in time")
+        .expect("removed");
+    let status = timeout(T, a.node.status()).await.expect("status in time");
+    assert!(status.expect("status").peers.is_empty());
+    // B goes on committing to its outbox for A.
+    timeout(T, flood)
+        .await
+        .expect("sent in time")
+        .expect("sends");
+    a.node.shutdown().await;
+    b.node.shutdown().await;
+}
+
+/// A [`MemStore`] whose every commit takes [`SlowStore::COMMIT`], like a
+/// slow disk: a receiver whose commits lag behind what its peer sends.
+struct SlowStore(MemStore);
+
+impl SlowStore {
+    const COMMIT: Duration = Duration::from_millis(1000);
+}
+
+impl MeshStore for SlowStore {
+    fn meta(&self) -> StoreMeta {
+        self.0.meta()
+    }
+    fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
+        // The writer thread stands for the disk here: it is what is slow.
+        std::thread::sleep(Self::COMMIT);
+        self.0.commit(groups)
+    }
+    fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError> {
+        self.0.own_streams()
+    }
+    fn marks(&self) -> Result<Vec<Mark>, StoreError> {
+        self.0.marks()
+    }
+    fn read_outbox(
+        &self,
+        s: &StreamId,
+        after: Seq,
+        max: u64,
+    ) -> Result<Vec<StoredBatch>, StoreError> {
+        self.0.read_outbox(s, after, max)
+    }
+    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
+        self.0.journal(after, limit)
+    }
+    fn journal_head(&self) -> Result<Arrival, StoreError> {
+        self.0.journal_head()
+    }
+    fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
+        self.0.peers()
+    }
+    fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
+        self.0.cursor(name)
+    }
+    fn max_lamport(&self) -> Result<u64, StoreError> {
+        self.0.max_lamport()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_receiver_with_slow_commits_holds_its_peer_back_instead_of_dropping_batches() {
+    // 40 MiB in batches of 256 KiB: far more than the core's queue for the
+    // next commit (16 MiB) while each commit takes a second.
+    const N: u64 = 40 * 1024;
+    let a = fresh().await;
+    let b_store = Arc::new(SlowStore(MemStore::new(Epoch(rand::random()))));
+    let handle = StoreHandle::spawn(b_store.clone()).expect("store actor");
+    let b = Node::start(
+        node_config(CoreConfig::default()),
+        SecretKey::generate(),
+        handle,
+    )
+    .await
+    .expect("start b");
+    // B is known to A but not yet linked: A's outbox fills first.
+    a.node
+        .add_peer(b.node_id(), b.ticket().addrs)
+        .await
+        .expect("a adds b");
+    let to = b.node_id();
+    let mut sent = 0;
+    while sent < N {
+        let msgs = (0..256)
+            .map(|i| Outgoing {
+                to,
+                kind: 0,
+                payload: vec![(i % 251) as u8; 1024],
+            })
+            .collect();
+        for r in a.node.submit(msgs).await.await {
+            r.expect("queued in a's outbox");
+        }
+        sent += 256;
+    }
+    b.add_peer(a.node.node_id(), a.node.ticket().addrs)
+        .await
+        .expect("b adds a");
+    wait_head(&b, N).await;
+    let m = b.status().await.expect("status").core;
+    assert_eq!(
+        (
+            m.dropped.queue_full,
+            m.dropped.outside_window,
+            m.resyncs_asked
+        ),
+        (0, 0, 0),
+        "{m:?}"
+    );
+    assert_eq!(received(&b_store.0, a.node.node_id()).len() as u64, N);
+    a.node.shutdown().await;
+    b.shutdown().await;
 }

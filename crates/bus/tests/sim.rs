@@ -907,7 +907,7 @@ impl Sim {
                 }
             },
             // The simulated peer sets are fixed.
-            Effect::Journaled { .. } | Effect::PeerChanged { .. } => {}
+            Effect::Journaled { .. } | Effect::PeerChanged { .. } | Effect::Written { .. } => {}
             Effect::SetTimer { at } => {
                 self.nodes[node].timer = Some(at);
                 let when = at.0.max(self.now.0);

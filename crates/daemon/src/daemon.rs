@@ -105,7 +105,7 @@ impl Daemon {
         };
         let node = Arc::new(Node::start(node_config, key, handle.clone()).await?);
         let state = ApiState::new(ApiParts {
-            bus: Bus::new(node.clone(), handle.clone()),
+            bus: Bus::new(node.clone()),
             store: store.clone(),
             store_file,
             subscriber_buffer: config.api.subscriber_buffer,

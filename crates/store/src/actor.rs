@@ -1,5 +1,10 @@
 //! The writer actor: one thread owns every write and groups whatever callers
 //! have queued into one durable transaction.
+//!
+//! In the daemon the bus node is the only caller, with at most one commit
+//! outstanding ([`StoreHandle::commit_then`]), so each transaction holds one
+//! request; the grouping of several callers is kept for other users of the
+//! handle (tools, tests), and costs a single caller one empty `try_recv`.
 
 use std::fmt;
 use std::sync::Arc;
@@ -27,13 +32,57 @@ const OP_OVERHEAD_BYTES: u64 = 128;
 type GroupResult = Result<Receipt, StoreError>;
 
 /// One caller's groups and where to send their results.
-type Caller = (Vec<Vec<WriteOp>>, oneshot::Sender<Vec<GroupResult>>);
+type Caller = (Vec<Vec<WriteOp>>, Reply);
+
+/// Where one request's results go.
+enum Reply {
+    /// To a caller awaiting them ([`StoreHandle::commit_groups`]).
+    Wait(oneshot::Sender<Vec<GroupResult>>),
+    /// To a callback the writer thread calls ([`StoreHandle::commit_then`]).
+    Call(Answer),
+}
+
+impl Reply {
+    fn send(self, results: Vec<GroupResult>) {
+        match self {
+            // A caller that gave up waiting is not an error.
+            Reply::Wait(tx) => {
+                let _ = tx.send(results);
+            }
+            Reply::Call(answer) => answer.call(results),
+        }
+    }
+}
+
+/// A callback owed one answer: if it is dropped unanswered (the writer
+/// stopped or panicked), it is called with [`StoreError::Closed`] for every
+/// group, so its caller never waits for an answer that cannot come.
+struct Answer {
+    groups: usize,
+    call: Option<Box<dyn FnOnce(Vec<GroupResult>) + Send>>,
+}
+
+impl Answer {
+    fn call(mut self, results: Vec<GroupResult>) {
+        if let Some(call) = self.call.take() {
+            call(results);
+        }
+    }
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some(call) = self.call.take() {
+            call((0..self.groups).map(|_| Err(StoreError::Closed)).collect());
+        }
+    }
+}
 
 enum Request {
     Commit {
         groups: Vec<Vec<WriteOp>>,
         bytes: u64,
-        reply: oneshot::Sender<Vec<GroupResult>>,
+        reply: Reply,
     },
     /// Stop after answering everything queued before this; the reply comes
     /// once the writer has dropped its reference to the store.
@@ -124,7 +173,7 @@ impl<S: MeshStore + ?Sized> StoreHandle<S> {
                 .send(Request::Commit {
                     groups: chunk,
                     bytes,
-                    reply,
+                    reply: Reply::Wait(reply),
                 })
                 .await;
             pending.push((n, sent.ok().map(|()| rx)));
@@ -140,6 +189,50 @@ impl<S: MeshStore + ?Sized> StoreHandle<S> {
             }
         }
         out
+    }
+
+    /// Queues `groups` for the writer without waiting, as one request (not
+    /// split at [`GROUP_COMMIT_GROUPS_MAX`]: one request larger than a group
+    /// commit's caps gets a transaction of its own), and returns at once. The
+    /// writer thread calls `reply` with one result per group once the
+    /// transaction returns: a caller that must never block (an event loop)
+    /// gets its answers on its own channel without a task per commit.
+    ///
+    /// `reply` is called exactly once: with [`StoreError::Closed`] for every
+    /// group if the writer has stopped (or stops before answering), and with
+    /// [`StoreError::Unavailable`] at once if [`WRITE_QUEUE_REQUESTS_MAX`]
+    /// requests are already queued.
+    pub fn commit_then(
+        &self,
+        groups: Vec<Vec<WriteOp>>,
+        reply: impl FnOnce(Vec<GroupResult>) + Send + 'static,
+    ) {
+        let bytes = groups.iter().flatten().map(op_bytes).sum();
+        let answer = Answer {
+            groups: groups.len(),
+            call: Some(Box::new(reply)),
+        };
+        let request = Request::Commit {
+            groups,
+            bytes,
+            reply: Reply::Call(answer),
+        };
+        match self.tx.try_send(request) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(Request::Commit { groups, reply, .. })) => {
+                let why = format!(
+                    "the store's write queue holds {WRITE_QUEUE_REQUESTS_MAX} requests already"
+                );
+                reply.send(
+                    (0..groups.len())
+                        .map(|_| Err(StoreError::Unavailable(why.clone())))
+                        .collect(),
+                );
+            }
+            // Closed (or Full of a close request, which is never built here):
+            // dropping the request answers Closed.
+            Err(_) => {}
+        }
     }
 
     /// The store, for reads from any thread (reads see committed state only).
@@ -254,7 +347,65 @@ fn commit_batch<S: MeshStore + ?Sized>(
                 })
             })
             .collect();
-        // A caller that gave up waiting is not an error.
-        let _ = reply.send(mine);
+        reply.send(mine);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc as std_mpsc;
+    use std::time::Duration;
+
+    use mesh_protocol::{Epoch, SecretKey};
+
+    use super::*;
+    use crate::{MemStore, PeerRecord};
+
+    fn put_peer(n: u8) -> Vec<WriteOp> {
+        vec![WriteOp::PutPeer(PeerRecord {
+            node: SecretKey::from_bytes(&[n; 32]).public(),
+            addrs: Vec::new(),
+            epoch: None,
+        })]
+    }
+
+    /// A callback that hands its results to the test thread.
+    fn answers() -> (
+        impl FnOnce(Vec<GroupResult>) + Send + 'static,
+        std_mpsc::Receiver<Vec<GroupResult>>,
+    ) {
+        let (tx, rx) = std_mpsc::channel();
+        (move |r| tx.send(r).expect("test waits"), rx)
+    }
+
+    const T: Duration = Duration::from_secs(10);
+
+    #[tokio::test]
+    async fn commit_then_answers_each_group_on_the_writer_thread_without_a_task() {
+        let store = Arc::new(MemStore::new(Epoch([4; 16])));
+        let handle = StoreHandle::spawn(store.clone()).expect("writer");
+        let (reply, rx) = answers();
+        handle.commit_then(vec![put_peer(1), put_peer(2)], reply);
+        let results = rx.recv_timeout(T).expect("answered");
+        assert_eq!(results.len(), 2);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        assert_eq!(store.peers().expect("peers").len(), 2);
+        handle.close().await;
+    }
+
+    #[tokio::test]
+    async fn commit_then_after_the_writer_stopped_answers_closed_for_every_group() {
+        let store = Arc::new(MemStore::new(Epoch([5; 16])));
+        let handle = StoreHandle::spawn(store).expect("writer");
+        let other = handle.clone();
+        handle.close().await;
+        let (reply, rx) = answers();
+        other.commit_then(vec![put_peer(1), put_peer(2), put_peer(3)], reply);
+        let results = rx.recv_timeout(T).expect("answered");
+        assert_eq!(results.len(), 3);
+        assert!(
+            results.iter().all(|r| matches!(r, Err(StoreError::Closed))),
+            "{results:?}"
+        );
     }
 }

@@ -5,11 +5,17 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use mesh_protocol::{
     Channel, Epoch, Frame, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NewEnvelope, NodeId,
-    OpenBatch, Seq, StreamId,
+    OpenBatch, Seq, StreamId, TopicName,
 };
-use mesh_store::{PeerRecord, Receipt, StoreError, WriteOp};
+use mesh_store::{LossReason, PeerRecord, Receipt, StoreError, WriteOp};
 
-use super::{CommitId, Core, Effect, Millis, ReqId, SendError, SendReceipt};
+use super::{
+    CommitId, Core, Effect, LocalWrite, Millis, ReqId, SendError, SendReceipt, WAITING_WRITES_MAX,
+};
+
+/// The topic a subscriber's lag record is filed under until the store has a
+/// record of its own for it.
+const LAG_TOPIC: &str = "local.journal";
 
 /// A peer added (or its addresses changed) or removed, to be committed.
 #[derive(Clone, Debug)]
@@ -114,6 +120,8 @@ pub(super) struct Waiting {
     pub(super) queued: BTreeMap<NodeId, (u64, u64)>,
     /// Peer changes, in the order asked (at most [`super::WAITING_PEER_CHANGES_MAX`]).
     pub(super) peers: VecDeque<(ReqId, PeerChange)>,
+    /// Local writes, in the order asked (at most [`WAITING_WRITES_MAX`]).
+    pub(super) writes: VecDeque<(ReqId, LocalWrite)>,
 }
 
 impl Waiting {
@@ -122,6 +130,7 @@ impl Waiting {
             && self.inbound.is_empty()
             && self.acks.is_empty()
             && self.peers.is_empty()
+            && self.writes.is_empty()
     }
 }
 
@@ -153,6 +162,9 @@ pub(super) enum Group {
     Peer {
         req: ReqId,
         change: PeerChange,
+    },
+    Write {
+        req: ReqId,
     },
 }
 
@@ -274,6 +286,10 @@ impl Core {
             groups.push(vec![op]);
             meta.push(Group::Peer { req, change });
         }
+        for (req, write) in std::mem::take(&mut self.waiting.writes) {
+            groups.push(vec![self.write_op(write)]);
+            meta.push(Group::Write { req });
+        }
         self.sign_sends(&mut groups, &mut meta);
         if groups.is_empty() {
             return;
@@ -304,8 +320,50 @@ impl Core {
         w.sends.is_empty()
             && w.inbound.is_empty()
             && w.peers.is_empty()
+            && w.writes.is_empty()
             && w.acks.values().all(|a| !a.reset && a.epoch.is_none())
             && now < since.plus(self.config.ack_ride_ms)
+    }
+
+    /// Queues a local write for the next commit, or refuses it at once when
+    /// [`WAITING_WRITES_MAX`] already wait.
+    pub(super) fn on_write(&mut self, req: ReqId, write: LocalWrite) {
+        if self.waiting.writes.len() >= WAITING_WRITES_MAX {
+            let why = format!("{WAITING_WRITES_MAX} local writes are already waiting; retry later");
+            self.effects.push_back(Effect::Written {
+                req,
+                result: Err(StoreError::Unavailable(why)),
+            });
+            return;
+        }
+        self.waiting.writes.push_back((req, write));
+    }
+
+    /// The store op of a local write.
+    fn write_op(&self, write: LocalWrite) -> WriteOp {
+        match write {
+            LocalWrite::PutCursor { name, arrival } => WriteOp::PutCursor { name, arrival },
+            LocalWrite::SubscriberLagged {
+                subscriber,
+                from,
+                to,
+            } => {
+                let channel = TopicName::new(LAG_TOPIC)
+                    .map(Channel::Topic)
+                    .unwrap_or(Channel::Direct(self.me));
+                WriteOp::RecordLoss {
+                    stream: StreamId {
+                        author: self.me,
+                        epoch: self.epoch,
+                        channel,
+                    },
+                    from,
+                    to,
+                    reason: LossReason::SubscriberLagged,
+                    detail: subscriber,
+                }
+            }
+        }
     }
 
     /// Turns the waiting sends into signed batches, one group each: the
@@ -518,6 +576,9 @@ impl Core {
                     let result = result.map(|_| ());
                     self.effects
                         .push_back(Effect::PeerChanged { req, node, result });
+                }
+                Group::Write { req } => {
+                    self.effects.push_back(Effect::Written { req, result });
                 }
                 Group::Append {
                     to,

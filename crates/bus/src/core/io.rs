@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use mesh_protocol::{Epoch, Frame, Mark, NodeId, Seq, StreamId};
+use mesh_protocol::{
+    Epoch, Frame, Mark, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
+};
 use mesh_store::{
     Arrival, MeshStore, OwnStream, PeerRecord, Receipt, StoreError, StoredBatch, WriteOp,
 };
@@ -63,7 +65,7 @@ pub enum Input {
         /// The connection.
         conn: ConnId,
     },
-    /// A decoded frame arrived from `peer` on `conn`.
+    /// A decoded frame other than a batch arrived from `peer` on `conn`.
     Frame {
         /// The peer (the connection's authenticated key).
         peer: NodeId,
@@ -71,6 +73,16 @@ pub enum Input {
         conn: ConnId,
         /// The frame.
         frame: Frame,
+    },
+    /// A batch frame from `peer` on `conn`, already checked by [`open_batch`]
+    /// (`Err`: refused at the edge; the core only counts it).
+    Batch {
+        /// The peer (the connection's authenticated key).
+        peer: NodeId,
+        /// The connection it came on.
+        conn: ConnId,
+        /// The opened batch, or why it was refused.
+        batch: Result<OpenBatch, BadBatch>,
     },
     /// A local client wants to send `payload` to `to`.
     Send {
@@ -113,6 +125,14 @@ pub enum Input {
         req: ReqId,
         /// The peer and where to dial it.
         record: PeerRecord,
+    },
+    /// A local durable write, queued for the next commit; the answer is an
+    /// [`Effect::Written`] with `req` once that commit returns.
+    Write {
+        /// Names the request.
+        req: ReqId,
+        /// What to write.
+        write: LocalWrite,
     },
     /// Forget `node` as a peer (its streams and marks stay in the store).
     /// Written with the next commit; once that returns, the core drops the
@@ -193,6 +213,14 @@ pub enum Effect {
         /// `Ok` once committed.
         result: Result<(), StoreError>,
     },
+    /// The answer to [`Input::Write`] `req`, after the commit that holds it
+    /// returned (or at once if it was refused).
+    Written {
+        /// The request.
+        req: ReqId,
+        /// The write's receipt (its journal arrival, if it journaled one).
+        result: Result<Receipt, StoreError>,
+    },
     /// Close `conn` to `peer`: the peer broke the protocol. The core already
     /// ignores the connection; a later [`Input::PeerDisconnected`] is harmless.
     CloseConnection {
@@ -203,6 +231,58 @@ pub enum Effect {
         /// Why.
         reason: CloseReason,
     },
+}
+
+/// A durable write a local client asks for, sequenced with every other commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LocalWrite {
+    /// Set the named durable cursor `name` to `arrival` (≤ the journal head).
+    PutCursor {
+        /// The cursor's name.
+        name: String,
+        /// Where it points.
+        arrival: Arrival,
+    },
+    /// Journal that the local subscriber `subscriber` missed the live
+    /// journal entries `from..=to` (arrivals, not seqs): it must re-read them.
+    SubscriberLagged {
+        /// Names the subscriber, for a person reading the journal.
+        subscriber: String,
+        /// The first arrival it missed.
+        from: Arrival,
+        /// The last arrival it missed.
+        to: Arrival,
+    },
+}
+
+/// Why a peer's batch frame was refused before it reached the core's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadBatch {
+    /// The signature does not verify under the author's key.
+    #[error("bad signature")]
+    BadSignature,
+    /// The batch breaks a shape limit (entries, bytes, first seq).
+    #[error("malformed batch")]
+    Malformed,
+    /// A payload does not match its signed hash (or the count differs).
+    #[error("a payload does not match its signed hash")]
+    CidMismatch,
+}
+
+/// Verifies a received batch's signature and every payload's hash: the only
+/// way a peer's batch reaches the core. Pure and thread-safe; the driver runs
+/// it in each connection's reader task, in parallel, off the node task.
+///
+/// # Errors
+/// The [`BadBatch`] that names the first check that failed.
+pub fn open_batch(batch: SignedBatch, payloads: Vec<Vec<u8>>) -> Result<OpenBatch, BadBatch> {
+    let verified = batch.verify().map_err(|e| match e {
+        VerifyError::BadSignature(_) => BadBatch::BadSignature,
+        _ => BadBatch::Malformed,
+    })?;
+    verified.open(payloads).map_err(|_| BadBatch::CidMismatch)
 }
 
 /// Where a sent message went: its stream and seq, durable at the author.

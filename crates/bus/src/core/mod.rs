@@ -28,11 +28,11 @@ use mesh_store::{OwnStream, PeerRecord};
 pub use config::{
     ACK_RIDE_MS, Config, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
     WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX, WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX,
-    WAITING_SENDS_MAX,
+    WAITING_SENDS_MAX, WAITING_WRITES_MAX,
 };
 pub use io::{
-    CloseReason, CommitId, ConnId, Effect, Input, LoadId, Millis, Recovered, ReqId, SendError,
-    SendReceipt,
+    BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis, Recovered,
+    ReqId, SendError, SendReceipt, open_batch,
 };
 pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
 
@@ -255,6 +255,7 @@ impl Core {
             Input::PeerConnected { peer, conn } => self.on_connected(peer, conn, now),
             Input::PeerDisconnected { peer, conn } => self.on_disconnected(peer, conn),
             Input::Frame { peer, conn, frame } => self.on_frame(peer, conn, frame, now),
+            Input::Batch { peer, conn, batch } => self.on_opened(peer, conn, batch, now),
             Input::Send {
                 req,
                 to,
@@ -266,6 +267,7 @@ impl Core {
             Input::Timer => self.on_timer(now),
             Input::PeerAdded { req, record } => self.on_peer_change(req, PeerChange::Put(record)),
             Input::PeerRemoved { req, node } => self.on_peer_change(req, PeerChange::Remove(node)),
+            Input::Write { req, write } => self.on_write(req, write),
         }
     }
 

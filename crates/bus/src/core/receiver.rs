@@ -10,8 +10,8 @@ use mesh_protocol::{
 
 use super::commit::InboundWork;
 use super::{
-    Core, DropReason, Millis, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX, WAITING_BATCH_BYTES_MAX,
-    WAITING_BATCHES_MAX,
+    BadBatch, ConnId, Core, DropReason, Millis, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
+    WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX,
 };
 
 /// The receiver state of one stream.
@@ -119,6 +119,47 @@ impl Core {
             self.metrics.dropped.count(DropReason::CidMismatch);
             return;
         };
+        self.on_open_batch(peer, stream, open, now);
+    }
+
+    /// A batch frame the driver opened at the edge ([`super::open_batch`]).
+    pub(super) fn on_opened(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        batch: Result<OpenBatch, BadBatch>,
+        now: Millis,
+    ) {
+        if self.live_conn(peer) != Some(conn) {
+            self.metrics.dropped.count(DropReason::StaleConnection);
+            return;
+        }
+        self.metrics.frames_in.batch += 1;
+        let Some(peer_epoch) = self.peer_epoch(peer) else {
+            self.metrics.dropped.count(DropReason::BeforeHello);
+            return;
+        };
+        let open = match batch {
+            Ok(open) => open,
+            Err(e) => {
+                let reason = match e {
+                    BadBatch::BadSignature => DropReason::BadSignature,
+                    BadBatch::CidMismatch => DropReason::CidMismatch,
+                    BadBatch::Malformed => DropReason::Malformed,
+                };
+                self.metrics.dropped.count(reason);
+                return;
+            }
+        };
+        let stream = open.batch().stream().clone();
+        if !self.check_incoming(peer, peer_epoch, &stream) {
+            return;
+        }
+        self.on_open_batch(peer, stream, open, now);
+    }
+
+    /// Sequences a verified batch of `stream`, which `peer` may feed us.
+    fn on_open_batch(&mut self, peer: NodeId, stream: StreamId, open: OpenBatch, now: Millis) {
         let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
         let inb = self.inbound.entry(stream.clone()).or_default();
         inb.known_last = inb.known_last.max(last);

@@ -1,5 +1,5 @@
-//! One live connection: the handshake on its frame stream, then a reader and
-//! a writer until it ends.
+//! One live connection: a reader task that decodes (and opens) the peer's
+//! frames and a writer task that drains the connection's send queue.
 
 use std::sync::Arc;
 
@@ -7,31 +7,54 @@ use iroh::endpoint::{
     Connection, ConnectionError, ReadError, ReadExactError, RecvStream, SendStream, VarInt,
     WriteError,
 };
-use mesh_protocol::{FRAME_HEADER_BYTES, FrameError, NodeId, decode_frame, frame_body_len};
-use tokio::sync::mpsc;
+use mesh_protocol::{FRAME_HEADER_BYTES, Frame, FrameError, NodeId, decode_frame, frame_body_len};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tracing::warn;
 
-use super::outbox::Outbox;
-use super::{
-    ConnId, Counters, DisconnectReason, INSTANCE_BYTES, NetEvent, PREAMBLE, READ_BUFFER_BYTES,
-    RecvLease, Shared, close_code,
-};
+use super::counters::Counters;
+use super::queue::SendQueue;
+use super::{DisconnectReason, INSTANCE_BYTES, PREAMBLE, READ_BUFFER_BYTES, close_code};
+use crate::core::ConnId;
 
 /// A connection whose frame stream is open and whose preamble was read.
 #[derive(Debug)]
-pub(super) struct Established {
-    pub(super) peer: NodeId,
-    pub(super) connection: Connection,
-    pub(super) send: SendStream,
-    pub(super) recv: RecvStream,
+pub(crate) struct Established {
+    pub(crate) peer: NodeId,
+    pub(crate) connection: Connection,
+    pub(crate) send: SendStream,
+    pub(crate) recv: RecvStream,
     /// Whether this node dialed it (and so has read the acceptor's preamble).
-    pub(super) dialed_here: bool,
+    pub(crate) dialed_here: bool,
     /// The peer's instance, from its preamble.
-    pub(super) peer_instance: u64,
+    pub(crate) peer_instance: u64,
+}
+
+/// A received frame's hold on [`super::RECEIVED_BYTES_MAX`]; dropping it (or
+/// the event carrying it) lets the readers take in that many more bytes.
+#[derive(Debug)]
+pub struct RecvLease {
+    _permit: OwnedSemaphorePermit,
+}
+
+/// What a connection's reader hands the transport's owner, in order: its
+/// frames, then once how it ended.
+#[derive(Debug)]
+pub(crate) struct ConnEvent<T> {
+    pub(crate) peer: NodeId,
+    pub(crate) conn: ConnId,
+    pub(crate) what: ConnWhat<T>,
+}
+
+#[derive(Debug)]
+pub(crate) enum ConnWhat<T> {
+    /// A frame, as the transport's `open` function made it.
+    Frame(T, RecvLease),
+    /// Nothing more comes on this connection.
+    Ended(DisconnectReason),
 }
 
 /// Our preamble: [`PREAMBLE`] then `instance`, big-endian.
-pub(super) fn preamble(instance: u64) -> [u8; PREAMBLE.len() + INSTANCE_BYTES] {
+pub(crate) fn preamble(instance: u64) -> [u8; PREAMBLE.len() + INSTANCE_BYTES] {
     let mut out = [0u8; PREAMBLE.len() + INSTANCE_BYTES];
     out[..PREAMBLE.len()].copy_from_slice(&PREAMBLE);
     out[PREAMBLE.len()..].copy_from_slice(&instance.to_be_bytes());
@@ -39,12 +62,12 @@ pub(super) fn preamble(instance: u64) -> [u8; PREAMBLE.len() + INSTANCE_BYTES] {
 }
 
 /// Closes `connection` with `code` and `reason`.
-pub(super) fn close(connection: &Connection, code: u32, reason: &str) {
+pub(crate) fn close(connection: &Connection, code: u32, reason: &str) {
     connection.close(VarInt::from_u32(code), reason.as_bytes());
 }
 
 /// Reads the peer's preamble from `recv` and returns its instance.
-pub(super) async fn read_preamble(recv: &mut RecvStream) -> Result<u64, String> {
+async fn read_preamble(recv: &mut RecvStream) -> Result<u64, String> {
     let mut got = [0u8; PREAMBLE.len() + INSTANCE_BYTES];
     recv.read_exact(&mut got).await.map_err(|e| match e {
         ReadExactError::FinishedEarly(n) => format!("stream ended after {n} preamble bytes"),
@@ -62,7 +85,7 @@ pub(super) async fn read_preamble(recv: &mut RecvStream) -> Result<u64, String> 
 /// Dialer side of the handshake: opens the frame stream, writes the preamble
 /// (which makes the stream visible to the peer) and waits for the peer's.
 /// Returns the streams and the acceptor's instance.
-pub(super) async fn open_frame_stream(
+pub(crate) async fn open_frame_stream(
     connection: &Connection,
     instance: u64,
 ) -> Result<(SendStream, RecvStream, u64), String> {
@@ -80,7 +103,7 @@ pub(super) async fn open_frame_stream(
 /// Acceptor side of the handshake: accepts the frame stream and reads the
 /// dialer's preamble. Our preamble is written once the connection is live.
 /// Returns the streams and the dialer's instance.
-pub(super) async fn accept_frame_stream(
+pub(crate) async fn accept_frame_stream(
     connection: &Connection,
 ) -> Result<(SendStream, RecvStream, u64), String> {
     let (send, mut recv) = connection
@@ -91,185 +114,224 @@ pub(super) async fn accept_frame_stream(
     Ok((send, recv, theirs))
 }
 
-/// Runs a live connection until it ends and returns why. Frames go to
-/// `events` in order; the acceptor writes its preamble first.
-pub(super) async fn run(
-    est: Established,
-    conn: ConnId,
-    outbox: Arc<Outbox>,
-    events: mpsc::Sender<NetEvent>,
-    shared: Arc<Shared>,
-) -> DisconnectReason {
-    let Established {
-        peer,
-        connection,
-        mut send,
-        mut recv,
-        dialed_here,
-        peer_instance: _,
-    } = est;
-    let reason = tokio::select! {
-        r = read_loop(peer, conn, &connection, &mut recv, &events, &shared) => r,
-        r = write_loop(&mut send, &outbox, !dialed_here, &shared) => r,
-    };
-    outbox.close();
-    if connection.close_reason().is_none() {
-        // The stream ended but the connection did not: it is of no more use.
-        close(&connection, close_code::SHUTDOWN, "frame stream ended");
-    }
-    reason
+/// The reader task of one live connection.
+pub(crate) struct Reader<T> {
+    pub(crate) peer: NodeId,
+    pub(crate) conn: ConnId,
+    pub(crate) connection: Connection,
+    pub(crate) recv: RecvStream,
+    /// Turns each decoded frame into what the owner takes (the node opens
+    /// batches here, so their signatures are checked in parallel).
+    pub(crate) open: fn(Frame) -> T,
+    pub(crate) events: mpsc::Sender<ConnEvent<T>>,
+    pub(crate) budget: Arc<Semaphore>,
+    pub(crate) counters: Arc<Counters>,
+    pub(crate) queue: Arc<SendQueue>,
+    /// Why the writer failed, if it does.
+    pub(crate) writer_failed: oneshot::Receiver<DisconnectReason>,
 }
 
-/// Reads frames until the stream or the connection ends, or the peer sends a
-/// bad frame (then closes the connection with a code).
-async fn read_loop(
+impl<T: Send + 'static> Reader<T> {
+    /// Reads until the stream or the connection ends, the peer sends a bad
+    /// frame or the writer fails; then stops the writer, closes the
+    /// connection if it is still open and reports how it ended.
+    pub(crate) async fn run(self) {
+        let Reader {
+            peer,
+            conn,
+            connection,
+            mut recv,
+            open,
+            events,
+            budget,
+            counters,
+            queue,
+            mut writer_failed,
+        } = self;
+        let frames = Frames {
+            peer,
+            conn,
+            connection: &connection,
+            open,
+            events: &events,
+            budget: &budget,
+            counters: &counters,
+        };
+        let reason = tokio::select! {
+            r = frames.read_all(&mut recv) => r,
+            Ok(r) = &mut writer_failed => r,
+        };
+        queue.close();
+        if connection.close_reason().is_none() {
+            // The stream ended but the connection did not: it is of no more use.
+            close(&connection, close_code::SHUTDOWN, "frame stream ended");
+        }
+        let ended = ConnEvent {
+            peer,
+            conn,
+            what: ConnWhat::Ended(reason),
+        };
+        // A closed channel means the owner is gone: nobody wants to know.
+        let _ = events.send(ended).await;
+    }
+}
+
+/// What the read loop needs, borrowed from the reader.
+struct Frames<'a, T> {
     peer: NodeId,
     conn: ConnId,
-    connection: &Connection,
-    recv: &mut RecvStream,
-    events: &mpsc::Sender<NetEvent>,
-    shared: &Shared,
-) -> DisconnectReason {
-    let counters = &shared.counters;
-    // Invariant: buf[start..end] holds received bytes not yet decoded, and
-    // end < buf.len() before every read.
-    let mut buf = vec![0u8; READ_BUFFER_BYTES];
-    let (mut start, mut end) = (0usize, 0usize);
-    loop {
-        // Decode every whole frame in the buffer.
-        while end - start >= FRAME_HEADER_BYTES {
-            let mut header = [0u8; FRAME_HEADER_BYTES];
-            header.copy_from_slice(&buf[start..start + FRAME_HEADER_BYTES]);
-            // The length is checked before anything is allocated for the body.
-            let len = match frame_body_len(header) {
-                Ok(len) => len,
-                Err(e) => {
-                    return bad_frame(peer, connection, shared, close_code::FRAME_TOO_LARGE, e);
-                }
-            };
-            let whole = FRAME_HEADER_BYTES + len;
-            if end - start < whole {
-                if buf.len() < whole {
-                    // Make room for this one frame (at most MAX_FRAME_BYTES + 4).
-                    buf.copy_within(start..end, 0);
-                    end -= start;
-                    start = 0;
-                    buf.resize(whole, 0);
-                }
-                break;
-            }
-            // Whole frames are at most MAX_FRAME_BYTES + 4, far below both
-            // u32::MAX and the budget, so this always fits and never waits forever.
-            let cost = u32::try_from(whole).unwrap_or(u32::MAX);
-            let Ok(permit) = shared.recv_budget.clone().acquire_many_owned(cost).await else {
-                // The semaphore is never closed; treat it as a shutdown anyway.
-                return DisconnectReason::ClosedLocally {
-                    code: close_code::SHUTDOWN,
-                    reason: "shutdown".to_owned(),
+    connection: &'a Connection,
+    open: fn(Frame) -> T,
+    events: &'a mpsc::Sender<ConnEvent<T>>,
+    budget: &'a Arc<Semaphore>,
+    counters: &'a Counters,
+}
+
+impl<T> Frames<'_, T> {
+    /// Reads frames until the stream or the connection ends, or the peer
+    /// sends a bad frame (then closes the connection with a code).
+    async fn read_all(&self, recv: &mut RecvStream) -> DisconnectReason {
+        // Invariant: buf[start..end] holds received bytes not yet decoded, and
+        // end < buf.len() before every read.
+        let mut buf = vec![0u8; READ_BUFFER_BYTES];
+        let (mut start, mut end) = (0usize, 0usize);
+        loop {
+            // Decode every whole frame in the buffer.
+            while end - start >= FRAME_HEADER_BYTES {
+                let mut header = [0u8; FRAME_HEADER_BYTES];
+                header.copy_from_slice(&buf[start..start + FRAME_HEADER_BYTES]);
+                // The length is checked before anything is allocated for the body.
+                let len = match frame_body_len(header) {
+                    Ok(len) => len,
+                    Err(e) => return self.bad_frame(close_code::FRAME_TOO_LARGE, e),
                 };
-            };
-            let lease = RecvLease { _permit: permit };
-            let body = &buf[start + FRAME_HEADER_BYTES..start + whole];
-            let frame = match decode_frame(body) {
-                Ok(frame) => frame,
-                Err(e) => return bad_frame(peer, connection, shared, close_code::BAD_FRAME, e),
-            };
-            start += whole;
-            Counters::add(&counters.frames_in, 1);
-            if events
-                .send(NetEvent::Frame {
-                    peer,
-                    conn,
-                    frame,
-                    lease,
-                })
-                .await
-                .is_err()
-            {
-                // Nobody listens any more: the transport is going away.
-                close(connection, close_code::SHUTDOWN, "shutdown");
-                return DisconnectReason::ClosedLocally {
-                    code: close_code::SHUTDOWN,
-                    reason: "event receiver dropped".to_owned(),
-                };
+                let whole = FRAME_HEADER_BYTES + len;
+                if end - start < whole {
+                    if buf.len() < whole {
+                        // Make room for this one frame (at most MAX_FRAME_BYTES + 4).
+                        buf.copy_within(start..end, 0);
+                        end -= start;
+                        start = 0;
+                        buf.resize(whole, 0);
+                    }
+                    break;
+                }
+                let body = &buf[start + FRAME_HEADER_BYTES..start + whole];
+                if let Err(reason) = self.deliver(whole, body).await {
+                    return reason;
+                }
+                start += whole;
+            }
+            if start == end {
+                start = 0;
+                end = 0;
+                if buf.len() > READ_BUFFER_BYTES {
+                    // A large frame grew the buffer; don't keep it for idle peers.
+                    buf.truncate(READ_BUFFER_BYTES);
+                    buf.shrink_to_fit();
+                }
+            } else if start > 0 {
+                // Keep the partial frame at the front so the free tail is largest.
+                buf.copy_within(start..end, 0);
+                end -= start;
+                start = 0;
+            }
+            match recv.read(&mut buf[end..]).await {
+                Ok(Some(n)) => {
+                    end += n;
+                    Counters::add(&self.counters.bytes_in, n as u64);
+                }
+                Ok(None) => return DisconnectReason::StreamEnded,
+                Err(e) => return read_error(e),
             }
         }
-        if start == end {
-            start = 0;
-            end = 0;
-            if buf.len() > READ_BUFFER_BYTES {
-                // A large frame grew the buffer; don't keep it for idle peers.
-                buf.truncate(READ_BUFFER_BYTES);
-                buf.shrink_to_fit();
-            }
-        } else if start > 0 {
-            // Keep the partial frame at the front so the free tail is largest.
-            buf.copy_within(start..end, 0);
-            end -= start;
-            start = 0;
+    }
+
+    /// Takes `whole` bytes of the receive budget, decodes and opens `body`
+    /// and hands it to the owner.
+    async fn deliver(&self, whole: usize, body: &[u8]) -> Result<(), DisconnectReason> {
+        // Whole frames are at most MAX_FRAME_BYTES + 4, far below both
+        // u32::MAX and the budget, so this always fits and never waits forever.
+        let cost = u32::try_from(whole).unwrap_or(u32::MAX);
+        let Ok(permit) = self.budget.clone().acquire_many_owned(cost).await else {
+            // The semaphore is never closed; treat it as a shutdown anyway.
+            return Err(DisconnectReason::ClosedLocally {
+                code: close_code::SHUTDOWN,
+                reason: "shutdown".to_owned(),
+            });
+        };
+        let frame = match decode_frame(body) {
+            Ok(frame) => frame,
+            Err(e) => return Err(self.bad_frame(close_code::BAD_FRAME, e)),
+        };
+        Counters::add(&self.counters.frames_in, 1);
+        let item = (self.open)(frame);
+        let event = ConnEvent {
+            peer: self.peer,
+            conn: self.conn,
+            what: ConnWhat::Frame(item, RecvLease { _permit: permit }),
+        };
+        if self.events.send(event).await.is_err() {
+            // Nobody listens any more: the transport is going away.
+            close(self.connection, close_code::SHUTDOWN, "shutdown");
+            return Err(DisconnectReason::ClosedLocally {
+                code: close_code::SHUTDOWN,
+                reason: "the transport's owner is gone".to_owned(),
+            });
         }
-        match recv.read(&mut buf[end..]).await {
-            Ok(Some(n)) => {
-                end += n;
-                Counters::add(&counters.bytes_in, n as u64);
-            }
-            Ok(None) => return DisconnectReason::StreamEnded,
-            Err(e) => return read_error(e),
-        }
+        Ok(())
+    }
+
+    fn bad_frame(&self, code: u32, e: FrameError) -> DisconnectReason {
+        Counters::add(&self.counters.bad_frames, 1);
+        warn!(error = %e, "peer sent a bad frame; closing the connection");
+        let reason = match code {
+            close_code::FRAME_TOO_LARGE => "frame too large",
+            _ => "bad frame",
+        };
+        close(self.connection, code, reason);
+        DisconnectReason::BadFrame(e)
     }
 }
 
-/// Writes the preamble (acceptor only), then whatever is queued, each time
-/// all of it in one write.
-async fn write_loop(
-    send: &mut SendStream,
-    outbox: &Outbox,
-    with_preamble: bool,
-    shared: &Shared,
-) -> DisconnectReason {
-    let counters = &shared.counters;
-    if with_preamble {
-        let ours = preamble(shared.instance);
+/// The writer task of one live connection: writes our preamble (the
+/// acceptor's, which tells the dialer its connection was taken), then
+/// whatever is queued, each time all of it in one write. Ends when the queue
+/// closes, or tells the reader why writing failed.
+pub(crate) async fn write_task(
+    mut send: SendStream,
+    queue: Arc<SendQueue>,
+    preamble: Option<[u8; PREAMBLE.len() + INSTANCE_BYTES]>,
+    counters: Arc<Counters>,
+    failed: oneshot::Sender<DisconnectReason>,
+) {
+    if let Some(ours) = preamble {
         if let Err(e) = send.write_all(&ours).await {
-            return write_error(e);
+            let _ = failed.send(write_error(e));
+            return;
         }
         Counters::add(&counters.bytes_out, ours.len() as u64);
     }
     let mut out = Vec::new();
     loop {
         out.clear();
-        let Some(frames) = outbox.take(&mut out).await else {
-            // Closed by the driver, which closes the connection too: let the
-            // reader report how it ended.
-            return std::future::pending().await;
+        let Some(frames) = queue.take(&mut out).await else {
+            // Closed by the reader or the owner, which close the connection
+            // too: the reader reports how it ended.
+            return;
         };
         if let Err(e) = send.write_all(&out).await {
-            return write_error(e);
+            // The reader may have ended already; then nobody needs to know.
+            let _ = failed.send(write_error(e));
+            return;
         }
         Counters::add(&counters.frames_out, frames);
         Counters::add(&counters.bytes_out, out.len() as u64);
     }
 }
 
-fn bad_frame(
-    peer: NodeId,
-    connection: &Connection,
-    shared: &Shared,
-    code: u32,
-    e: FrameError,
-) -> DisconnectReason {
-    Counters::add(&shared.counters.bad_frames, 1);
-    warn!(peer = %peer.fmt_short(), error = %e, "peer sent a bad frame; closing the connection");
-    let reason = match code {
-        close_code::FRAME_TOO_LARGE => "frame too large",
-        _ => "bad frame",
-    };
-    close(connection, code, reason);
-    DisconnectReason::BadFrame(e)
-}
-
 /// Why a connection ended, from the connection's own error.
-pub(super) fn conn_error(e: ConnectionError) -> DisconnectReason {
+pub(crate) fn conn_error(e: ConnectionError) -> DisconnectReason {
     match e {
         ConnectionError::ApplicationClosed(close) => DisconnectReason::ClosedByPeer {
             code: close.error_code.into_inner(),

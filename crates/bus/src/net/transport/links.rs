@@ -1,0 +1,364 @@
+//! How connections come and go: refusing unknown and paused peers, the
+//! one-connection rule, starting a live connection's tasks, reporting its
+//! end, dialing and redialing with backoff, and shutting down.
+
+use std::sync::Arc;
+
+use tokio::sync::oneshot;
+use tokio::task::JoinError;
+use tokio::time::{Instant, timeout};
+use tracing::{Instrument, debug, error_span, info, warn};
+
+use super::{
+    Authenticated, ConnTask, DIAL_BACKOFF_MAX, Dialed, DisconnectReason, Event, Live,
+    PAUSED_REASON, PeerState, Reader, SHUTDOWN_TIMEOUT, STABLE_CONNECTION, SendQueue, Transport,
+    cancel_redial, close_code, conn, endpoint, jitter, new_wins,
+};
+use crate::core::ConnId;
+use crate::net::conn::Established;
+use crate::net::counters::Counters;
+use crate::net::peers::Dial;
+use mesh_protocol::NodeId;
+
+impl<T: Send + 'static> Transport<T> {
+    /// An incoming connection past TLS: refused at once if its key is not a
+    /// known peer's (with [`close_code::UNKNOWN_NODE`]) or its link is paused,
+    /// else its frame stream is accepted.
+    pub(super) fn on_authenticated(&mut self, a: Authenticated) {
+        let Authenticated { connection, slot } = a;
+        let peer = connection.remote_id();
+        let Some(ps) = self.peers.get_mut(&peer) else {
+            Counters::add(&self.counters.refused, 1);
+            warn!(peer = %peer, "refused a connection from an unknown node");
+            conn::close(&connection, close_code::UNKNOWN_NODE, "unknown node");
+            return;
+        };
+        if ps.paused.is_some() {
+            refused_paused(&self.counters, peer, ps);
+            conn::close(&connection, close_code::PAUSED, PAUSED_REASON);
+            return;
+        }
+        let span = error_span!("accept", peer = %peer.fmt_short());
+        self.handshakes.spawn(
+            async move {
+                let _slot = slot;
+                endpoint::accept_stream(connection).await
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Keeps or refuses a connection whose frame stream is open: against the
+    /// one the peer has (or the one chosen to replace it), a connection to a
+    /// newer instance of the peer wins, then the newer of two from one
+    /// dialer, then the one the lower node id dialed ([`new_wins`]).
+    pub(super) fn on_established(&mut self, est: Established) {
+        let peer = est.peer;
+        let Some(ps) = self.peers.get_mut(&peer) else {
+            // Removed while the handshake ran (or our dial's peer is gone).
+            let (code, why) = if est.dialed_here {
+                (close_code::PEER_REMOVED, "peer removed")
+            } else {
+                Counters::add(&self.counters.refused, 1);
+                (close_code::UNKNOWN_NODE, "unknown node")
+            };
+            conn::close(&est.connection, code, why);
+            return;
+        };
+        if ps.paused.is_some() {
+            // Accepted before the pause, or our own dial that was under way.
+            if !est.dialed_here {
+                refused_paused(&self.counters, peer, ps);
+            }
+            conn::close(&est.connection, close_code::PAUSED, PAUSED_REASON);
+            return;
+        }
+        let live_open = ps
+            .live
+            .as_ref()
+            .filter(|l| self.conns.get(&l.conn).is_some_and(|c| c.local.is_none()));
+        let rival = match (&ps.pending, live_open) {
+            (Some(p), _) => Some((p.dialed_here, p.peer_instance)),
+            (None, Some(l)) => Some((l.dialed_here, l.peer_instance)),
+            (None, None) => None,
+        };
+        let new = (est.dialed_here, est.peer_instance);
+        if let Some(rival) = rival
+            && !new_wins(self.me, peer, new, rival)
+        {
+            debug!(peer = %peer.fmt_short(), dialed_here = est.dialed_here, "duplicate connection refused");
+            conn::close(
+                &est.connection,
+                close_code::DUPLICATE,
+                "duplicate connection",
+            );
+            return;
+        }
+        if let Some(old) = ps.pending.take() {
+            conn::close(
+                &old.connection,
+                close_code::DUPLICATE,
+                "duplicate connection",
+            );
+        }
+        cancel_redial(&mut self.redials, peer, ps);
+        if let Some(live) = ps.live.as_ref().map(|l| l.conn) {
+            // The new one takes over once the old one is reported gone.
+            ps.pending = Some(est);
+            self.close_conn(
+                live,
+                close_code::DUPLICATE,
+                "replaced by a newer connection",
+            );
+            return;
+        }
+        self.activate(est);
+    }
+
+    /// Makes `est` the live connection of its peer and starts its reader and
+    /// writer; `Connected` goes out before any of its frames.
+    fn activate(&mut self, est: Established) {
+        let Established {
+            peer,
+            connection,
+            send,
+            recv,
+            dialed_here,
+            peer_instance,
+        } = est;
+        let Some(ps) = self.peers.get_mut(&peer) else {
+            conn::close(&connection, close_code::PEER_REMOVED, "peer removed");
+            return;
+        };
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        ps.live = Some(Live {
+            conn,
+            dialed_here,
+            peer_instance,
+            since: Instant::now(),
+        });
+        Counters::add(&self.counters.connections, 1);
+        info!(peer = %peer.fmt_short(), %conn, dialed_here, "connected");
+        self.ready.push_back(Event::Connected { peer, conn });
+        let queue = Arc::new(SendQueue::new(conn, self.taken_tx.clone()));
+        let (failed_tx, failed_rx) = oneshot::channel();
+        let span = error_span!("conn", peer = %peer.fmt_short(), %conn);
+        // The acceptor's preamble tells the dialer its connection was taken.
+        let preamble = (!dialed_here).then(|| conn::preamble(self.instance));
+        let writer = conn::write_task(
+            send,
+            queue.clone(),
+            preamble,
+            self.counters.clone(),
+            failed_tx,
+        );
+        let writer = tokio::spawn(writer.instrument(span.clone())).abort_handle();
+        let reader = Reader {
+            peer,
+            conn,
+            connection: connection.clone(),
+            recv,
+            open: self.open,
+            events: self.events_tx.clone(),
+            budget: self.budget.clone(),
+            counters: self.counters.clone(),
+            queue: queue.clone(),
+            writer_failed: failed_rx,
+        };
+        let handle = self.readers.spawn(reader.run().instrument(span));
+        self.reader_conns.insert(handle.id(), (peer, conn));
+        let task = ConnTask {
+            peer,
+            connection,
+            queue,
+            writer,
+            local: None,
+        };
+        self.conns.insert(conn, task);
+    }
+
+    /// `conn` to `peer` ended: report it, then let a connection that won
+    /// against it take over, or redial.
+    pub(super) fn on_ended(&mut self, peer: NodeId, conn: ConnId, mut reason: DisconnectReason) {
+        let Some(task) = self.conns.remove(&conn) else {
+            // Reported already (a reader that failed after its last word).
+            return;
+        };
+        task.writer.abort();
+        task.queue.close();
+        if let (Some(local), DisconnectReason::ClosedLocally { .. }) = (task.local, &reason) {
+            reason = local;
+        }
+        info!(peer = %peer.fmt_short(), %conn, %reason, "disconnected");
+        self.ready
+            .push_back(Event::Disconnected { peer, conn, reason });
+        let Some(ps) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        let Some(live) = ps.live.take_if(|l| l.conn == conn) else {
+            return;
+        };
+        if live.since.elapsed() >= STABLE_CONNECTION {
+            ps.backoff = super::DIAL_BACKOFF_MIN;
+        }
+        if let Some(next) = ps.pending.take() {
+            self.activate(next);
+        } else if ps.idle() {
+            self.schedule_redial(peer);
+        }
+    }
+
+    /// A reader task ended; one that panicked never reported its end, so it
+    /// is reported here.
+    pub(super) fn on_reader_done(&mut self, res: Result<(tokio::task::Id, ()), JoinError>) {
+        let (id, failure) = match res {
+            Ok((id, ())) => (id, None),
+            Err(e) => (e.id(), Some(e)),
+        };
+        let Some((peer, conn)) = self.reader_conns.remove(&id) else {
+            return;
+        };
+        if let Some(e) = failure
+            && self.conns.contains_key(&conn)
+        {
+            warn!(peer = %peer.fmt_short(), %conn, error = %e, "connection task failed");
+            let reason = DisconnectReason::Transport(format!("connection task failed: {e}"));
+            self.on_ended(peer, conn, reason);
+        }
+    }
+
+    pub(super) fn on_dialed(&mut self, dialed: Dialed) {
+        let (peer, attempt, result) = dialed;
+        let Some(ps) = self.peers.get_mut(&peer) else {
+            if let Ok(est) = result {
+                conn::close(&est.connection, close_code::PEER_REMOVED, "peer removed");
+            }
+            return;
+        };
+        if ps.dial.as_ref().is_some_and(|d| d.attempt == attempt) {
+            ps.dial = None;
+        }
+        match result {
+            // Even a superseded dial may have become the peer's live
+            // connection, so it goes through the same rule as any other.
+            Ok(est) => self.on_established(est),
+            Err(e) => {
+                Counters::add(&self.counters.dial_failures, 1);
+                debug!(peer = %peer.fmt_short(), error = %e, "dial failed");
+                if ps.idle() {
+                    self.schedule_redial(peer);
+                }
+            }
+        }
+    }
+
+    /// Starts the redials that are due.
+    pub(super) fn on_redials_due(&mut self) {
+        let now = Instant::now();
+        while let Some(&(at, peer)) = self.redials.first() {
+            if at > now {
+                break;
+            }
+            self.redials.pop_first();
+            let Some(ps) = self.peers.get_mut(&peer) else {
+                continue;
+            };
+            debug_assert_eq!(ps.redial_at, Some(at), "a cancelled redial left the queue");
+            ps.redial_at = None;
+            if ps.idle() {
+                self.start_dial(peer);
+            }
+        }
+    }
+
+    /// Dials `peer` again after its jittered backoff, and grows the backoff.
+    /// A paused peer is not redialed.
+    pub(super) fn schedule_redial(&mut self, peer: NodeId) {
+        let Some(ps) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        if ps.paused.is_some() {
+            return;
+        }
+        cancel_redial(&mut self.redials, peer, ps);
+        let delay = jitter(&mut self.rng, ps.backoff);
+        ps.backoff = (ps.backoff * 2).min(DIAL_BACKOFF_MAX);
+        let at = Instant::now() + delay;
+        ps.redial_at = Some(at);
+        self.redials.insert((at, peer));
+        debug!(peer = %peer.fmt_short(), ?delay, "redial scheduled");
+    }
+
+    /// Dials `peer` now. A peer without addresses waits to be dialed instead;
+    /// a paused peer is not dialed.
+    pub(super) fn start_dial(&mut self, peer: NodeId) {
+        let Some(ps) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        if ps.paused.is_some() || ps.addrs.is_empty() {
+            return;
+        }
+        let attempt = self.next_attempt;
+        self.next_attempt += 1;
+        let (ep, addrs, instance) = (self.endpoint.clone(), ps.addrs.clone(), self.instance);
+        let span = error_span!("dial", peer = %peer.fmt_short(), attempt);
+        let dial = async move {
+            (
+                peer,
+                attempt,
+                endpoint::dial(ep, peer, addrs, instance).await,
+            )
+        };
+        let abort = self.dials.spawn(dial.instrument(span));
+        ps.dial = Some(Dial { attempt, abort });
+        debug!(peer = %peer.fmt_short(), attempt, "dialing");
+    }
+
+    /// Closes every connection (code [`close_code::SHUTDOWN`]) and the
+    /// endpoint, waits (bounded) until the close frames are flushed, and
+    /// stops every task.
+    pub(crate) async fn shutdown(mut self) {
+        self.dials.abort_all();
+        self.handshakes.abort_all();
+        for ps in self.peers.values_mut() {
+            if let Some(p) = ps.pending.take() {
+                conn::close(&p.connection, close_code::SHUTDOWN, "shutdown");
+            }
+        }
+        for c in self.conns.values() {
+            conn::close(&c.connection, close_code::SHUTDOWN, "shutdown");
+            c.queue.close();
+        }
+        // Flushes the close frames; bounded in case the network stack hangs.
+        if timeout(SHUTDOWN_TIMEOUT, self.endpoint.close())
+            .await
+            .is_err()
+        {
+            warn!("closing the endpoint timed out");
+        }
+        self.accept.abort();
+        for c in self.conns.values() {
+            c.writer.abort();
+        }
+        self.readers.shutdown().await;
+        self.dials.shutdown().await;
+        self.handshakes.shutdown().await;
+        debug!("transport shut down");
+    }
+}
+
+/// Counts a connection of `peer` refused because its link is paused; logs
+/// the first of each pause at info, the others at debug.
+fn refused_paused(counters: &Counters, peer: NodeId, ps: &mut PeerState) {
+    Counters::add(&counters.paused_refused, 1);
+    let first = ps
+        .paused
+        .as_mut()
+        .is_some_and(|logged| !std::mem::replace(logged, true));
+    if first {
+        info!(peer = %peer.fmt_short(), "refused a connection: the link is paused (logged once per pause)");
+    } else {
+        debug!(peer = %peer.fmt_short(), "refused a connection: the link is paused");
+    }
+}

@@ -1,0 +1,428 @@
+//! The node: one task, the only actor of the bus, that owns the [`Core`],
+//! the transport and the store's answers, and the handle the daemon talks
+//! to.
+//!
+//! The handle only sends requests to the task and waits for answers; the
+//! task never waits for anything that could wait for it (its store requests
+//! and frame sends never block, and every answer comes back on a channel
+//! its `select!` loop takes from).
+
+mod actor;
+mod effects;
+mod receipts;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use iroh::Endpoint;
+use mesh_protocol::{Epoch, MAX_TICKET_ADDRS, NodeId, NodeTicket, SecretKey};
+use mesh_store::{Arrival, MeshStore, OwnStream, Receipt, StoreError, StoreHandle};
+use tokio::sync::{Semaphore, mpsc, oneshot, watch};
+use tokio::task::JoinHandle;
+use tracing::{Instrument, error_span, info};
+
+use crate::core::{self, Core, LocalWrite, Metrics, Recovered, SendReceipt};
+use crate::net::{ConnId, NetConfig, NetCounters, NetError, PeerError, Transport, endpoint_addrs};
+
+pub use receipts::Receipts;
+
+use actor::{Actor, Cmd, PeerChange};
+
+/// Requests from the handle waiting for the node task.
+pub const COMMANDS_MAX: usize = 1024;
+
+/// Payload bytes of messages handed to [`Node::submit`] that the node task
+/// has not taken yet; a submit beyond it waits.
+pub const COMMAND_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// The most messages of a submit handed to the task in one request; a larger
+/// submit is handed over in parts of this size, in order.
+pub const SUBMIT_PART_MSGS_MAX: usize = 256;
+
+/// How long shutdown waits for commits under way to be answered.
+pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
+
+/// How to start a node.
+#[derive(Clone, Debug, Default)]
+pub struct NodeConfig {
+    /// The transport.
+    pub net: NetConfig,
+    /// The core.
+    pub core: core::Config,
+}
+
+/// Why the node could not start or do what was asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The transport could not bind.
+    #[error(transparent)]
+    Net(#[from] NetError),
+    /// The store could not be read or written.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The peer could not be added, removed, paused or resumed.
+    #[error(transparent)]
+    Peer(#[from] PeerError),
+    /// The node has stopped.
+    #[error("the node has stopped")]
+    Stopped,
+}
+
+/// Why a local send got no receipt.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The bus refused or failed it; nothing was written.
+    #[error(transparent)]
+    Refused(#[from] core::SendError),
+    /// The node stopped before it answered.
+    #[error(
+        "the node stopped before answering; read the journal to see whether the message was written"
+    )]
+    Stopped,
+}
+
+/// One message to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outgoing {
+    /// The recipient node.
+    pub to: NodeId,
+    /// Application-defined kind; 0 is a plain message.
+    pub kind: u16,
+    /// The payload.
+    pub payload: Vec<u8>,
+}
+
+/// A snapshot of the node for status pages and metrics, taken by the node
+/// task between two of its turns.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct NodeStatus {
+    /// This node's id.
+    pub node: NodeId,
+    /// Its store epoch.
+    pub epoch: Epoch,
+    /// A ticket other nodes can add.
+    pub ticket: NodeTicket,
+    /// Every known peer, by id.
+    pub peers: Vec<NodePeer>,
+    /// The last journal position written.
+    pub journal_head: Arrival,
+    /// Transport counters.
+    pub net: NetCounters,
+    /// Core counters.
+    pub core: Metrics,
+}
+
+/// One peer in a [`NodeStatus`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct NodePeer {
+    /// The peer.
+    pub node: NodeId,
+    /// Where it is dialed.
+    pub addrs: Vec<SocketAddr>,
+    /// Its live connection, if any.
+    pub conn: Option<ConnId>,
+    /// This node's stream to it, as committed (`None` before the first message).
+    pub own_stream: Option<OwnStream>,
+    /// Whether the link to it is paused ([`Node::set_peer_paused`]).
+    pub paused: bool,
+}
+
+/// The running node. Dropping it stops the node in the background; prefer
+/// [`Node::shutdown`], which waits.
+#[derive(Debug)]
+pub struct Node {
+    id: NodeId,
+    epoch: Epoch,
+    /// For tickets: the addresses it is bound to.
+    endpoint: Endpoint,
+    commands: mpsc::Sender<Cmd>,
+    /// Holds [`COMMAND_BYTES_MAX`] permits, one per payload byte handed over
+    /// and not yet taken by the task.
+    budget: Arc<Semaphore>,
+    head: watch::Receiver<Arrival>,
+    closing: watch::Sender<bool>,
+    task: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Node {
+    /// Reads the committed state from `store`, binds the transport with
+    /// `secret`, makes every stored peer known to it and starts the task.
+    ///
+    /// # Errors
+    /// [`NodeError::Store`] if the store cannot be read, [`NodeError::Net`] if
+    /// the transport cannot bind, [`NodeError::Peer`] if a stored peer cannot
+    /// be added (more than [`crate::net::PEERS_MAX`]).
+    pub async fn start<S: MeshStore + ?Sized>(
+        config: NodeConfig,
+        secret: SecretKey,
+        store: StoreHandle<S>,
+    ) -> Result<Node, NodeError> {
+        let reader = store.reader();
+        let (recovered, head) = blocking(move || {
+            let recovered = Recovered::read(&*reader)?;
+            Ok((recovered, reader.journal_head()?))
+        })
+        .await?;
+        let id = secret.public();
+        let span = error_span!("node", me = %id.fmt_short());
+        let mut transport = Transport::bind(&config.net, secret.clone(), actor::open)
+            .instrument(span.clone())
+            .await?;
+        let added = span.in_scope(|| {
+            recovered
+                .peers
+                .iter()
+                .filter(|p| p.node != id)
+                .try_for_each(|p| {
+                    let addrs = p.addrs.iter().copied().take(MAX_TICKET_ADDRS).collect();
+                    transport.add_peer(p.node, addrs)
+                })
+        });
+        if let Err(e) = added {
+            transport.shutdown().await;
+            return Err(e.into());
+        }
+        let epoch = recovered.epoch;
+        let endpoint = transport.endpoint().clone();
+        let core = Core::new(config.core.clone(), secret, recovered);
+        let (commands, commands_rx) = mpsc::channel(COMMANDS_MAX);
+        let (head_tx, head_rx) = watch::channel(head);
+        let (closing, closing_rx) = watch::channel(false);
+        let actor = Actor::new(core, store, transport, commands_rx, closing_rx, head_tx);
+        let task = tokio::spawn(actor.run().instrument(span));
+        info!(node = %id.fmt_short(), epoch = %epoch.fmt_short(), addrs = ?endpoint_addrs(&endpoint), "node started");
+        Ok(Node {
+            id,
+            epoch,
+            endpoint,
+            commands,
+            budget: Arc::new(Semaphore::new(COMMAND_BYTES_MAX)),
+            head: head_rx,
+            closing,
+            task: Mutex::new(Some(task)),
+        })
+    }
+
+    /// This node's id.
+    pub fn node_id(&self) -> NodeId {
+        self.id
+    }
+
+    /// This node's store epoch.
+    pub fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// A ticket other nodes can add to reach this one.
+    pub fn ticket(&self) -> NodeTicket {
+        NodeTicket {
+            node: self.id,
+            addrs: endpoint_addrs(&self.endpoint),
+        }
+    }
+
+    /// Sends `payload` to `to`; answers once it is committed to the outbox
+    /// (or refused, with nothing written). [`Node::submit`] of one message.
+    ///
+    /// # Errors
+    /// [`SendError::Refused`] with the core's reason, [`SendError::Stopped`]
+    /// if the node stopped before answering.
+    pub async fn send(
+        &self,
+        to: NodeId,
+        kind: u16,
+        payload: Vec<u8>,
+    ) -> Result<SendReceipt, SendError> {
+        let msg = Outgoing { to, kind, payload };
+        let mut receipts = self.submit(vec![msg]).await.await;
+        receipts.pop().unwrap_or(Err(SendError::Stopped))
+    }
+
+    /// Hands `msgs` to the node in the order given (messages to one peer get
+    /// ascending seqs in that order; they may share a commit) and returns once
+    /// every one is queued with the node; the returned [`Receipts`] resolves
+    /// to one result per message, in order, each after its commit.
+    ///
+    /// Messages handed over by a later call are ordered after these, so a
+    /// caller may submit the next batch while this one commits.
+    pub async fn submit(&self, msgs: Vec<Outgoing>) -> Receipts {
+        let mut receipts = Receipts::new(msgs.len());
+        let mut msgs = msgs.into_iter().peekable();
+        while msgs.peek().is_some() {
+            let part: Vec<Outgoing> = msgs.by_ref().take(SUBMIT_PART_MSGS_MAX).collect();
+            let n = part.len();
+            let bytes = part.iter().map(|m| m.payload.len()).sum::<usize>();
+            // A part larger than the whole budget waits for all of it.
+            let permits = u32::try_from(bytes.min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
+            let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
+                receipts.stopped(n);
+                continue;
+            };
+            let (reply, rx) = oneshot::channel();
+            let cmd = Cmd::Submit {
+                msgs: part,
+                reply,
+                budget,
+            };
+            match self.commands.send(cmd).await {
+                Ok(()) => receipts.queued(n, rx),
+                Err(_) => receipts.stopped(n),
+            }
+        }
+        receipts
+    }
+
+    /// Adds `node` at `addrs` (or updates its addresses), durably; answers
+    /// once the record is committed and the transport knows the peer. Other
+    /// peers' connections are not touched.
+    ///
+    /// # Errors
+    /// [`NodeError::Peer`] for a bad peer, [`NodeError::Store`] if the record
+    /// cannot be written, [`NodeError::Stopped`].
+    pub async fn add_peer(&self, node: NodeId, addrs: Vec<SocketAddr>) -> Result<(), NodeError> {
+        if node == self.id {
+            return Err(PeerError::SelfPeer.into());
+        }
+        if addrs.len() > MAX_TICKET_ADDRS {
+            return Err(PeerError::TooManyAddrs(addrs.len()).into());
+        }
+        self.ask(|reply| Cmd::Peer {
+            change: PeerChange::Add { node, addrs },
+            reply,
+        })
+        .await?
+    }
+
+    /// Forgets `node`, durably, and closes its connection; its streams and
+    /// marks stay in the store.
+    ///
+    /// # Errors
+    /// As [`Node::add_peer`].
+    pub async fn remove_peer(&self, node: NodeId) -> Result<(), NodeError> {
+        self.ask(|reply| Cmd::Peer {
+            change: PeerChange::Remove { node },
+            reply,
+        })
+        .await?
+    }
+
+    /// Pauses (`paused = true`) or resumes the link to the known peer
+    /// `node`, in the transport only: while paused it is not dialed and its
+    /// connections are refused, so to the bus it is offline and sends to it
+    /// wait in the outbox as for any offline peer. Resuming dials it at once.
+    /// The pause is not stored: a restarted node has no paused link.
+    ///
+    /// # Errors
+    /// [`NodeError::Peer`] with [`PeerError::UnknownPeer`] for a peer that is
+    /// not known, [`NodeError::Stopped`] if the node has stopped.
+    pub async fn set_peer_paused(&self, node: NodeId, paused: bool) -> Result<(), NodeError> {
+        let r = self
+            .ask(|reply| Cmd::Pause {
+                node,
+                paused,
+                reply,
+            })
+            .await?;
+        r.map_err(NodeError::from)
+    }
+
+    /// Sets the named durable cursor `name` to `arrival`, sequenced with the
+    /// node's other commits; answers once it is committed.
+    ///
+    /// # Errors
+    /// [`NodeError::Store`] if the store refuses it (a name out of bounds, an
+    /// arrival past the journal head) or fails, [`NodeError::Stopped`].
+    pub async fn put_cursor(&self, name: String, arrival: Arrival) -> Result<(), NodeError> {
+        self.write(LocalWrite::PutCursor { name, arrival }).await?;
+        Ok(())
+    }
+
+    /// Journals that the local subscriber `subscriber` missed the live
+    /// journal entries `from..=to` (arrivals); answers with the record's own
+    /// arrival once it is committed.
+    ///
+    /// # Errors
+    /// As [`Node::put_cursor`].
+    pub async fn record_subscriber_lag(
+        &self,
+        subscriber: String,
+        from: Arrival,
+        to: Arrival,
+    ) -> Result<Arrival, NodeError> {
+        let write = LocalWrite::SubscriberLagged {
+            subscriber,
+            from,
+            to,
+        };
+        let receipt = self.write(write).await?;
+        receipt.arrivals.map(|(first, _)| first).ok_or_else(|| {
+            NodeError::Store(StoreError::Unavailable(
+                "the lag record was committed without a journal arrival".into(),
+            ))
+        })
+    }
+
+    async fn write(&self, write: LocalWrite) -> Result<Receipt, NodeError> {
+        let r = self.ask(|reply| Cmd::Write { write, reply }).await?;
+        r.map_err(NodeError::from)
+    }
+
+    /// Sends the command `cmd` builds and waits for its answer.
+    async fn ask<R>(&self, cmd: impl FnOnce(oneshot::Sender<R>) -> Cmd) -> Result<R, NodeError> {
+        let (reply, answer) = oneshot::channel();
+        self.commands
+            .send(cmd(reply))
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        answer.await.map_err(|_| NodeError::Stopped)
+    }
+
+    /// A watch of the last journal position written; it moves after every
+    /// commit that journals something. The node task is its only writer.
+    pub fn journal_head(&self) -> watch::Receiver<Arrival> {
+        self.head.clone()
+    }
+
+    /// The node's state now, as the node task sees it after every input
+    /// taken before this request.
+    ///
+    /// # Errors
+    /// [`NodeError::Stopped`] if the node has stopped.
+    pub async fn status(&self) -> Result<NodeStatus, NodeError> {
+        self.ask(|reply| Cmd::Status { reply }).await
+    }
+
+    /// Stops taking requests, waits (at most [`SHUTDOWN_DRAIN`]) until what
+    /// is being committed is answered, then closes the transport. Later
+    /// calls return at once.
+    pub async fn shutdown(&self) {
+        self.closing.send_replace(true);
+        let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(task) = task {
+            // A panic in the task has been logged by tokio already.
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.closing.send_replace(true);
+    }
+}
+
+/// Runs `f` on the blocking pool (store reads block).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(StoreError::Unavailable(format!(
+            "store read task failed: {e}"
+        )))
+    })
+}
