@@ -467,10 +467,13 @@ impl Core {
                 }
             }
         }
+        // A stream's ask is due at its deadline (see `next_deadline`), not
+        // whenever another timer happens to fire.
+        let retry = self.config.resync_retry_ms;
         let behind: Vec<StreamId> = self
             .inbound
             .iter()
-            .filter(|(_, i)| i.behind())
+            .filter(|(_, i)| i.behind() && i.asked.is_none_or(|(_, t)| now >= t.plus(retry)))
             .map(|(s, _)| s.clone())
             .collect();
         for stream in behind {
