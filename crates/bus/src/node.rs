@@ -657,10 +657,14 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                 peer, conn, frame, ..
             } => {
                 // The event's receive lease is dropped here: the core owns its own bounds.
-                Input::Frame {
-                    peer,
-                    conn: core::ConnId(conn.0),
-                    frame,
+                let conn = core::ConnId(conn.0);
+                match frame {
+                    Frame::Batch { batch, payloads } => Input::Batch {
+                        peer,
+                        conn,
+                        batch: core::open_batch(batch, payloads.0),
+                    },
+                    frame => Input::Frame { peer, conn, frame },
                 }
             }
             NetEvent::Disconnected { peer, conn, reason } => {

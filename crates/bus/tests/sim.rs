@@ -38,7 +38,7 @@ use std::time::Instant;
 
 use mesh_bus::core::{
     CommitId, Config, ConnId, Core, Effect, Input, LoadId, Metrics, Millis, Recovered, ReqId,
-    SendError,
+    SendError, open_batch,
 };
 use mesh_protocol::{Channel, Epoch, Frame, NodeId, SecretKey, Seq, StreamId};
 use mesh_store::{
@@ -513,7 +513,16 @@ impl Sim {
                 }
                 let conn = l.conns[&to];
                 let peer = self.nodes[from].id;
-                self.input(to, Input::Frame { peer, conn, frame })
+                // The simulated driver verifies at its edge, as the real one does.
+                let input = match frame {
+                    Frame::Batch { batch, payloads } => Input::Batch {
+                        peer,
+                        conn,
+                        batch: open_batch(batch, payloads.0),
+                    },
+                    frame => Input::Frame { peer, conn, frame },
+                };
+                self.input(to, input)
             }
             Ev::CommitDone {
                 node,

@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use mesh_protocol::{Epoch, Frame, Mark, NodeId, Seq, StreamId};
+use mesh_protocol::{
+    Epoch, Frame, Mark, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
+};
 use mesh_store::{
     Arrival, MeshStore, OwnStream, PeerRecord, Receipt, StoreError, StoredBatch, WriteOp,
 };
@@ -44,6 +46,32 @@ pub struct CommitId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LoadId(pub u64);
 
+/// Why a peer's batch frame was refused before it reached the core's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadBatch {
+    /// The signature does not verify under the author's key.
+    #[error("bad signature")]
+    BadSignature,
+    /// The batch breaks a shape limit (entries, bytes, first seq).
+    #[error("malformed batch")]
+    Malformed,
+    /// A payload does not match its signed hash, or the count differs.
+    #[error("a payload does not match its signed hash")]
+    CidMismatch,
+}
+
+/// Verifies a received batch's signature and every payload's hash: the only
+/// way a peer's batch reaches the core. Pure and thread-safe; the driver runs
+/// it in each connection's reader task, in parallel, off the node task.
+pub fn open_batch(batch: SignedBatch, payloads: Vec<Vec<u8>>) -> Result<OpenBatch, BadBatch> {
+    let verified = batch.verify().map_err(|e| match e {
+        VerifyError::BadSignature(_) => BadBatch::BadSignature,
+        _ => BadBatch::Malformed,
+    })?;
+    verified.open(payloads).map_err(|_| BadBatch::CidMismatch)
+}
+
 /// Something that happened, fed to [`crate::core::Core::handle`].
 #[derive(Debug)]
 pub enum Input {
@@ -63,7 +91,9 @@ pub enum Input {
         /// The connection.
         conn: ConnId,
     },
-    /// A decoded frame arrived from `peer` on `conn`.
+    /// A decoded frame other than a batch arrived from `peer` on `conn`
+    /// (batches come as [`Input::Batch`]; a `Frame::Batch` here is dropped
+    /// as malformed).
     Frame {
         /// The peer (the connection's authenticated key).
         peer: NodeId,
@@ -71,6 +101,16 @@ pub enum Input {
         conn: ConnId,
         /// The frame.
         frame: Frame,
+    },
+    /// A batch frame from `peer` on `conn`, already checked by [`open_batch`]
+    /// (`Err`: refused at the edge; the core only counts it).
+    Batch {
+        /// The peer (the connection's authenticated key).
+        peer: NodeId,
+        /// The connection it came on.
+        conn: ConnId,
+        /// The opened batch, or why it was refused.
+        batch: Result<OpenBatch, BadBatch>,
     },
     /// A local client wants to send `payload` to `to`.
     Send {

@@ -65,6 +65,16 @@ pub enum DropReason {
     BogusSeq,
 }
 
+impl From<crate::core::BadBatch> for DropReason {
+    fn from(bad: crate::core::BadBatch) -> Self {
+        match bad {
+            crate::core::BadBatch::BadSignature => DropReason::BadSignature,
+            crate::core::BadBatch::Malformed => DropReason::Malformed,
+            crate::core::BadBatch::CidMismatch => DropReason::CidMismatch,
+        }
+    }
+}
+
 /// Dropped frames (or batches) by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DropCounts {

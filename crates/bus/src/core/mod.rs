@@ -20,8 +20,8 @@ mod tests;
 use std::collections::{BTreeMap, VecDeque};
 
 use mesh_protocol::{
-    Channel, Epoch, Frame, MAX_HELLO_MARKS, Mark, NodeId, PROTOCOL_VERSION, SecretKey, Seq,
-    StreamId,
+    Channel, Epoch, Frame, MAX_HELLO_MARKS, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, SecretKey,
+    Seq, StreamId,
 };
 use mesh_store::{OwnStream, PeerRecord};
 
@@ -31,8 +31,8 @@ pub use config::{
     WAITING_SENDS_MAX,
 };
 pub use io::{
-    CloseReason, CommitId, ConnId, Effect, Input, LoadId, Millis, Recovered, ReqId, SendError,
-    SendReceipt,
+    BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, Millis, Recovered, ReqId,
+    SendError, SendReceipt, open_batch,
 };
 pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
 
@@ -255,6 +255,7 @@ impl Core {
             Input::PeerConnected { peer, conn } => self.on_connected(peer, conn, now),
             Input::PeerDisconnected { peer, conn } => self.on_disconnected(peer, conn),
             Input::Frame { peer, conn, frame } => self.on_frame(peer, conn, frame, now),
+            Input::Batch { peer, conn, batch } => self.on_batch_input(peer, conn, batch, now),
             Input::Send {
                 req,
                 to,
@@ -381,8 +382,9 @@ impl Core {
             return;
         };
         match frame {
-            Frame::Batch { batch, payloads } => {
-                self.on_batch(peer, peer_epoch, batch, payloads.0, now)
+            Frame::Batch { .. } => {
+                debug_assert!(false, "a batch frame must come as Input::Batch");
+                self.metrics.dropped.count(DropReason::Malformed);
             }
             Frame::Ack { stream, upto } => self.on_ack(peer, stream, upto, now),
             Frame::Resync { stream, after } => self.on_resync(peer, stream, after, now),
@@ -395,6 +397,28 @@ impl Core {
             }
             // Handled above.
             Frame::Hello { .. } => {}
+        }
+    }
+
+    fn on_batch_input(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        batch: Result<OpenBatch, BadBatch>,
+        now: Millis,
+    ) {
+        if self.live_conn(peer) != Some(conn) {
+            self.metrics.dropped.count(DropReason::StaleConnection);
+            return;
+        }
+        self.metrics.frames_in.batch += 1;
+        let Some(peer_epoch) = self.peer_epoch(peer) else {
+            self.metrics.dropped.count(DropReason::BeforeHello);
+            return;
+        };
+        match batch {
+            Ok(open) => self.on_batch(peer, peer_epoch, open, now),
+            Err(bad) => self.metrics.dropped.count(DropReason::from(bad)),
         }
     }
 

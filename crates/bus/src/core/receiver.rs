@@ -1,12 +1,10 @@
-//! The receiver side: verify, sequence, hold early batches, record gaps,
+//! The receiver side: sequence, hold early batches, record gaps,
 //! ask for what is missing.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
 
-use mesh_protocol::{
-    Channel, Epoch, Frame, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
-};
+use mesh_protocol::{Channel, Epoch, Frame, NodeId, OpenBatch, Seq, StreamId};
 
 use super::commit::InboundWork;
 use super::{
@@ -91,34 +89,13 @@ impl Core {
         &mut self,
         peer: NodeId,
         peer_epoch: Epoch,
-        batch: SignedBatch,
-        payloads: Vec<Vec<u8>>,
+        open: OpenBatch,
         now: Millis,
     ) {
-        let stream = StreamId {
-            author: batch.author,
-            epoch: batch.epoch,
-            channel: batch.channel.clone(),
-        };
+        let stream = open.batch().stream().clone();
         if !self.check_incoming(peer, peer_epoch, &stream) {
             return;
         }
-        // Nothing below changes state before the signature and every payload check out.
-        let verified = match batch.verify() {
-            Ok(v) => v,
-            Err(VerifyError::BadSignature(_)) => {
-                self.metrics.dropped.count(DropReason::BadSignature);
-                return;
-            }
-            Err(_) => {
-                self.metrics.dropped.count(DropReason::Malformed);
-                return;
-            }
-        };
-        let Ok(open) = verified.open(payloads) else {
-            self.metrics.dropped.count(DropReason::CidMismatch);
-            return;
-        };
         let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
         let inb = self.inbound.entry(stream.clone()).or_default();
         inb.known_last = inb.known_last.max(last);

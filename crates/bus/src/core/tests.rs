@@ -265,11 +265,19 @@ impl Node {
     }
 
     fn frame(&mut self, peer: u8, conn: ConnId, frame: Frame) -> Vec<(NodeId, ConnId, Frame)> {
-        self.run(Input::Frame {
-            peer: id(peer),
+        self.run(frame_input(id(peer), conn, frame))
+    }
+}
+
+/// The input a driver makes of `frame` from `peer`: a batch is opened at the edge.
+fn frame_input(peer: NodeId, conn: ConnId, frame: Frame) -> Input {
+    match frame {
+        Frame::Batch { batch, payloads } => Input::Batch {
+            peer,
             conn,
-            frame,
-        })
+            batch: open_batch(batch, payloads.0),
+        },
+        frame => Input::Frame { peer, conn, frame },
     }
 }
 
@@ -368,22 +376,14 @@ impl Pair {
             if !to_b.is_empty() {
                 for (_, c, frame) in std::mem::take(to_b) {
                     if c == conn {
-                        let out = self.b.run(Input::Frame {
-                            peer: a,
-                            conn,
-                            frame,
-                        });
+                        let out = self.b.run(frame_input(a, conn, frame));
                         to_a.extend(out);
                     }
                 }
             } else if !to_a.is_empty() {
                 for (_, c, frame) in std::mem::take(to_a) {
                     if c == conn {
-                        let out = self.a.run(Input::Frame {
-                            peer: b,
-                            conn,
-                            frame,
-                        });
+                        let out = self.a.run(frame_input(b, conn, frame));
                         to_b.extend(out);
                     }
                 }
