@@ -7,23 +7,34 @@
 //! [`Effect::LoadOutbox`] and [`Effect::Persist`] and come back as inputs.
 //! That is what lets the deterministic simulator (`tests/sim.rs`) drive
 //! several cores through loss, reordering, partitions and crashes.
+//!
+//! `Core` itself only routes, as iroh-gossip's `proto::State` does: the
+//! work is done by four machines, each with its own state and invariants —
+//! [`Peers`](peers::Peers) (the peer table and each connection's phase),
+//! [`Author`](author::Author) (own streams, signing, feeding peers, their
+//! acks), [`Receiver`](receiver::Receiver) (marks, the reorder buffer,
+//! resync asks, gaps) and [`Committer`](commit::Committer) (the waiting
+//! queues and the one commit in flight) — and their deadlines live in one
+//! [`TimerTable`](timers::TimerTable).
 
 mod author;
 mod commit;
 mod config;
 mod io;
 mod metrics;
+mod peers;
 mod receiver;
 #[cfg(test)]
 mod tests;
+mod timers;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use mesh_protocol::{
-    Channel, Epoch, Frame, MAX_HELLO_MARKS, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, SecretKey,
-    Seq, StreamId,
+    Epoch, Frame, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, Mark, NewEnvelope, NodeId, OpenBatch,
+    PROTOCOL_VERSION, SecretKey, Seq, StreamId,
 };
-use mesh_store::{OwnStream, PeerRecord};
+use mesh_store::{OnFull, OwnStream, PeerRecord, Receipt, StoreError, WriteOp};
 
 pub use config::{
     ACK_RIDE_MS, Config, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
@@ -36,8 +47,35 @@ pub use io::{
 };
 pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
 
-use commit::{InFlight, PeerChange, Waiting};
-use receiver::Inbound;
+use author::Author;
+use commit::{AckWork, Batch, Committer, Group, InboundWork, WaitingSend};
+use peers::{HelloStep, PeerChange, Peers};
+use receiver::{Receiver, send_live};
+use timers::{PeerTimer, Timer, TimerTable};
+
+/// What the machines hand the driver, in order, and the counters they keep.
+#[derive(Debug, Default)]
+struct Out {
+    effects: VecDeque<Effect>,
+    metrics: Metrics,
+}
+
+impl Out {
+    fn push(&mut self, effect: Effect) {
+        self.effects.push_back(effect);
+    }
+
+    /// Sends `frame` to `peer` on `conn`, counted by kind.
+    fn send(&mut self, peer: NodeId, conn: ConnId, frame: Frame) {
+        self.metrics.frames_out.count(&frame);
+        self.push(Effect::SendFrame { peer, conn, frame });
+    }
+
+    /// Counts an input dropped without changing state.
+    fn drop(&mut self, reason: DropReason) {
+        self.metrics.dropped.count(reason);
+    }
+}
 
 /// The state machine of one node's bus.
 ///
@@ -90,65 +128,16 @@ use receiver::Inbound;
 #[derive(Debug)]
 pub struct Core {
     config: Config,
-    secret: SecretKey,
     me: NodeId,
     epoch: Epoch,
-    /// The highest Lamport clock seen or given out.
-    lamport: u64,
-    peers: BTreeMap<NodeId, Peer>,
-    /// This node's current-epoch stream to each recipient, as committed.
-    own: BTreeMap<NodeId, OwnStream>,
-    /// Receiver state of every stream this node receives.
-    inbound: BTreeMap<StreamId, Inbound>,
-    waiting: Waiting,
-    in_flight: Option<InFlight>,
-    next_commit: u64,
-    next_load: u64,
-    /// After a store failure: no commit before this.
-    store_retry_at: Option<Millis>,
-    effects: VecDeque<Effect>,
+    peers: Peers,
+    author: Author,
+    receiver: Receiver,
+    committer: Committer,
+    timers: TimerTable,
     /// The deadline last handed out with [`Effect::SetTimer`].
-    timer: Option<Millis>,
-    metrics: Metrics,
-}
-
-/// A known peer.
-#[derive(Debug)]
-struct Peer {
-    /// As committed.
-    record: PeerRecord,
-    /// The newest store epoch the peer announced (committed or not yet).
-    epoch_seen: Option<Epoch>,
-    conn: Option<Conn>,
-}
-
-/// The live connection to a peer.
-#[derive(Debug)]
-struct Conn {
-    id: ConnId,
-    /// The epoch from the peer's Hello on this connection; `None` until then.
-    peer_epoch: Option<Epoch>,
-    hello_sent_at: Millis,
-    hellos_sent: u32,
-    /// Feeding this node's stream to the peer (meaningful once `peer_epoch` is set).
-    feed: Feed,
-}
-
-/// How far this node's stream to a peer has been sent on one connection.
-#[derive(Debug, Default)]
-struct Feed {
-    /// The highest seq handed to the connection (or known to be at the peer).
-    cursor: Seq,
-    /// The highest seq the peer has acknowledged on this connection.
-    acked: Seq,
-    /// The outbox read in flight, if any.
-    load: Option<LoadId>,
-    /// A read failed; try again then.
-    retry_at: Option<Millis>,
-    /// Send `ResyncDone` once the cursor reaches the end.
-    announce_done: bool,
-    /// When the peer last made progress (or we started waiting for it).
-    progress_at: Millis,
+    armed: Option<Millis>,
+    out: Out,
 }
 
 impl Core {
@@ -156,50 +145,17 @@ impl Core {
     pub fn new(config: Config, secret: SecretKey, state: Recovered) -> Core {
         let me = secret.public();
         let epoch = state.epoch;
-        let peers = state
-            .peers
-            .into_iter()
-            .filter(|p| p.node != me)
-            .map(|record| {
-                let peer = Peer {
-                    epoch_seen: record.epoch,
-                    record,
-                    conn: None,
-                };
-                (peer.record.node, peer)
-            })
-            .collect();
-        let own = state
-            .own_streams
-            .into_iter()
-            .filter(|o| o.stream.author == me && o.stream.epoch == epoch)
-            .filter_map(|o| match o.stream.channel {
-                Channel::Direct(to) => Some((to, o)),
-                Channel::Topic(_) => None,
-            })
-            .collect();
-        let inbound = state
-            .marks
-            .into_iter()
-            .map(|m| (m.stream, Inbound::at(m.seq)))
-            .collect();
         Core {
             config,
-            secret,
             me,
             epoch,
-            lamport: state.max_lamport,
-            peers,
-            own,
-            inbound,
-            waiting: Waiting::default(),
-            in_flight: None,
-            next_commit: 1,
-            next_load: 1,
-            store_retry_at: None,
-            effects: VecDeque::new(),
-            timer: None,
-            metrics: Metrics::default(),
+            peers: Peers::new(me, state.peers),
+            author: Author::new(secret, epoch, state.own_streams, state.max_lamport),
+            receiver: Receiver::new(me, state.marks),
+            committer: Committer::new(),
+            timers: TimerTable::default(),
+            armed: None,
+            out: Out::default(),
         }
     }
 
@@ -215,22 +171,22 @@ impl Core {
 
     /// The counters.
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        &self.out.metrics
     }
 
     /// The committed mark of a stream this node receives (0 if none).
     pub fn mark(&self, stream: &StreamId) -> Seq {
-        self.inbound.get(stream).map_or(0, |i| i.committed)
+        self.receiver.mark(stream)
     }
 
     /// This node's stream to `to`, as committed (`None` before its first message).
     pub fn own_stream(&self, to: &NodeId) -> Option<&OwnStream> {
-        self.own.get(to)
+        self.author.own(to)
     }
 
     /// Whether a commit is outstanding or anything waits for one.
     pub fn is_committing(&self) -> bool {
-        self.in_flight.is_some() || !self.waiting.is_empty()
+        self.committer.is_committing()
     }
 
     /// Feeds one input. Drain [`Core::poll_effect`] afterwards.
@@ -250,12 +206,22 @@ impl Core {
         self.arm_timer(now);
     }
 
+    /// The next effect to carry out, in order; `None` when drained.
+    #[must_use = "every effect must be carried out"]
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.out.effects.pop_front()
+    }
+
     fn apply(&mut self, input: Input, now: Millis) {
         match input {
             Input::PeerConnected { peer, conn } => self.on_connected(peer, conn, now),
-            Input::PeerDisconnected { peer, conn } => self.on_disconnected(peer, conn),
+            Input::PeerDisconnected { peer, conn } => {
+                if self.peers.live_conn(peer) == Some(conn) {
+                    self.forget_conn(peer);
+                }
+            }
             Input::Frame { peer, conn, frame } => self.on_frame(peer, conn, frame, now),
-            Input::Batch { peer, conn, batch } => self.on_batch_input(peer, conn, batch, now),
+            Input::Batch { peer, conn, batch } => self.on_batch(peer, conn, batch, now),
             Input::Send {
                 req,
                 to,
@@ -263,110 +229,137 @@ impl Core {
                 payload,
             } => self.on_send(req, to, kind, payload, now),
             Input::Committed { commit, results } => self.on_committed(commit, results, now),
-            Input::OutboxLoaded { load, result } => self.on_loaded(load, result, now),
+            Input::OutboxLoaded { load, result } => {
+                let (config, out) = (&self.config, &mut self.out);
+                self.author.on_loaded(load, result, now, config, out);
+            }
             Input::Timer => self.on_timer(now),
             Input::PeerAdded { req, record } => self.on_peer_change(req, PeerChange::Put(record)),
             Input::PeerRemoved { req, node } => self.on_peer_change(req, PeerChange::Remove(node)),
         }
     }
 
-    /// The next effect to carry out, in order; `None` when drained.
-    pub fn poll_effect(&mut self) -> Option<Effect> {
-        self.effects.pop_front()
-    }
-
     fn on_connected(&mut self, peer: NodeId, conn: ConnId, now: Millis) {
-        if peer == self.me || !self.peers.contains_key(&peer) {
-            self.effects.push_back(Effect::CloseConnection {
-                peer,
-                conn,
-                reason: CloseReason::UnknownPeer,
-            });
+        if peer == self.me || !self.peers.is_peer(peer) {
+            let reason = CloseReason::UnknownPeer;
+            self.out
+                .push(Effect::CloseConnection { peer, conn, reason });
             return;
         }
         self.forget_conn(peer);
         let hello = self.hello_frame(peer);
-        if let Some(p) = self.peers.get_mut(&peer) {
-            p.conn = Some(Conn {
-                id: conn,
-                peer_epoch: None,
-                hello_sent_at: now,
-                hellos_sent: 1,
-                feed: Feed::default(),
-            });
-        }
-        self.send_frame(peer, conn, hello);
+        self.peers.open(peer, conn, now);
+        self.out.send(peer, conn, hello);
+    }
+
+    /// Drops the peer's connection state and what was held for it.
+    fn forget_conn(&mut self, peer: NodeId) {
+        self.peers.close(peer);
+        self.author.drop_feed(peer);
+        self.receiver.forget_held(peer, None);
+    }
+
+    fn close(&mut self, peer: NodeId, conn: ConnId, reason: CloseReason) {
+        self.out
+            .push(Effect::CloseConnection { peer, conn, reason });
+        self.forget_conn(peer);
     }
 
     /// Queues a peer change for the next commit; it takes effect once committed.
     fn on_peer_change(&mut self, req: ReqId, change: PeerChange) {
         let node = change.node();
-        if node == self.me || self.waiting.peers.len() >= WAITING_PEER_CHANGES_MAX {
+        let waiting = self.committer.peer_changes_waiting();
+        if node == self.me || waiting >= WAITING_PEER_CHANGES_MAX {
             let why = if node == self.me {
                 "a node cannot be its own peer".to_owned()
             } else {
                 format!("{WAITING_PEER_CHANGES_MAX} peer changes are already waiting; retry later")
             };
-            let result = Err(mesh_store::StoreError::Conflict(why));
-            self.effects
-                .push_back(Effect::PeerChanged { req, node, result });
+            let result = Err(StoreError::Conflict(why));
+            self.out.push(Effect::PeerChanged { req, node, result });
             return;
         }
-        self.waiting.peers.push_back((req, change));
+        self.committer.queue_peer_change(req, change);
     }
 
     /// Applies a committed peer change.
     fn apply_peer_change(&mut self, change: PeerChange) {
-        match change {
-            PeerChange::Put(record) => match self.peers.get_mut(&record.node) {
-                Some(p) => p.record.addrs = record.addrs,
-                None => {
-                    let peer = Peer {
-                        epoch_seen: record.epoch,
-                        record,
-                        conn: None,
-                    };
-                    self.peers.insert(peer.record.node, peer);
-                }
-            },
-            PeerChange::Remove(node) => {
-                self.forget_conn(node);
-                self.peers.remove(&node);
-                self.waiting.acks.remove(&node);
-            }
+        if let PeerChange::Remove(node) = change {
+            self.forget_conn(node);
+            self.committer.drop_acks(node);
         }
+        self.peers.apply(change);
     }
 
-    fn on_disconnected(&mut self, peer: NodeId, conn: ConnId) {
-        if self.live_conn(peer) == Some(conn) {
-            self.forget_conn(peer);
+    fn on_send(&mut self, req: ReqId, to: NodeId, kind: u16, payload: Vec<u8>, now: Millis) {
+        if let Err(e) = self.check_send(to, payload.len() as u64) {
+            self.out.metrics.sends_refused += 1;
+            self.out.push(Effect::Reply {
+                req,
+                result: Err(e),
+            });
+            return;
         }
+        self.committer.queue_send(WaitingSend {
+            req,
+            to,
+            kind,
+            payload,
+            created_ms: now.0,
+        });
     }
 
-    /// Drops the peer's connection state and what was held for it.
-    fn forget_conn(&mut self, peer: NodeId) {
-        if let Some(p) = self.peers.get_mut(&peer) {
-            p.conn = None;
+    /// Refuses a send early: a bad request, a full queue, or (under
+    /// `reject`) an outbox that cannot take it. The store checks again.
+    fn check_send(&self, to: NodeId, len: u64) -> Result<(), SendError> {
+        if to == self.me {
+            return Err(SendError::ToSelf);
         }
-        for (stream, inb) in self.inbound.iter_mut() {
-            if stream.author == peer {
-                inb.forget_held();
-            }
+        if !self.peers.is_peer(to) {
+            return Err(SendError::UnknownPeer(to.fmt_short().to_string()));
         }
-    }
-
-    fn close(&mut self, peer: NodeId, conn: ConnId, reason: CloseReason) {
-        self.effects
-            .push_back(Effect::CloseConnection { peer, conn, reason });
-        self.forget_conn(peer);
+        let bounds = self.config.outbox;
+        let max = PAYLOAD_BYTES_MAX.min(bounds.max_bytes);
+        if len > max {
+            return Err(SendError::TooLarge { len, max });
+        }
+        let (waiting, waiting_bytes) = self.committer.sends_waiting();
+        if waiting >= WAITING_SENDS_MAX || waiting_bytes + len > WAITING_SEND_BYTES_MAX {
+            return Err(SendError::Busy { waiting });
+        }
+        if bounds.on_full == OnFull::EvictOldest {
+            return Ok(());
+        }
+        let own = self.author.own_view(to);
+        let acked = own.last_acked.max(self.committer.ack_in_progress(to));
+        // Retained and unacknowledged: seqs above both the ack and the eviction point.
+        let unacked_msgs = (own.next_seq - 1).saturating_sub(acked.max(own.first_retained - 1));
+        // Bytes are known per stream only; they are all unacknowledged if no
+        // retained seq is acknowledged, and otherwise unknown (0 is a lower bound).
+        let unacked_bytes = if acked < own.first_retained {
+            own.bytes
+        } else {
+            0
+        };
+        let (qm, qb) = self.committer.queued(to);
+        let msgs = unacked_msgs + qm;
+        let bytes = unacked_bytes + qb;
+        if msgs + 1 > bounds.max_msgs || bytes + len > bounds.max_bytes {
+            return Err(SendError::OutboxFull {
+                peer: to.fmt_short().to_string(),
+                msgs,
+                bytes,
+            });
+        }
+        Ok(())
     }
 
     fn on_frame(&mut self, peer: NodeId, conn: ConnId, frame: Frame, now: Millis) {
-        if self.live_conn(peer) != Some(conn) {
-            self.metrics.dropped.count(DropReason::StaleConnection);
+        if self.peers.live_conn(peer) != Some(conn) {
+            self.out.drop(DropReason::StaleConnection);
             return;
         }
-        self.metrics.frames_in.count(&frame);
+        self.out.metrics.frames_in.count(&frame);
         if let Frame::Hello {
             version,
             node,
@@ -377,69 +370,138 @@ impl Core {
             self.on_hello(peer, conn, version, node, epoch, marks, now);
             return;
         }
-        let Some(peer_epoch) = self.peer_epoch(peer) else {
-            self.metrics.dropped.count(DropReason::BeforeHello);
+        let Some(peer_epoch) = self.peers.peer_epoch(peer) else {
+            self.out.drop(DropReason::BeforeHello);
             return;
         };
+        let (config, out) = (&self.config, &mut self.out);
         match frame {
-            Frame::Batch { .. } => {
-                debug_assert!(false, "a batch frame must come as Input::Batch");
-                self.metrics.dropped.count(DropReason::Malformed);
+            Frame::Ack { stream, upto } => {
+                if self.author.on_ack(peer, &stream, upto, now, out) {
+                    self.note_ack(peer, upto);
+                }
             }
-            Frame::Ack { stream, upto } => self.on_ack(peer, stream, upto, now),
-            Frame::Resync { stream, after } => self.on_resync(peer, stream, after, now),
+            Frame::Resync { stream, after } => self
+                .author
+                .on_resync(peer, &stream, after, now, config, out),
             Frame::ResyncGap {
                 stream,
                 earliest_available,
-            } => self.on_resync_gap(peer, peer_epoch, stream, earliest_available),
+            } => {
+                let queue = &mut self.committer.inbound;
+                let top = self.receiver.on_resync_gap(
+                    peer,
+                    peer_epoch,
+                    stream,
+                    earliest_available,
+                    queue,
+                    out,
+                );
+                self.author.observe_lamport(top);
+            }
             Frame::ResyncDone { stream, upto } => {
-                self.on_resync_done(peer, peer_epoch, stream, upto, now)
+                let peers = &self.peers;
+                self.receiver
+                    .on_resync_done(peer, peer_epoch, stream, upto, peers, now, config, out);
+            }
+            Frame::Batch { .. } => {
+                debug_assert!(false, "a batch frame must come as Input::Batch");
+                self.out.drop(DropReason::Malformed);
             }
             // Handled above.
             Frame::Hello { .. } => {}
         }
     }
 
-    fn on_batch_input(
+    fn on_batch(
         &mut self,
         peer: NodeId,
         conn: ConnId,
         batch: Result<OpenBatch, BadBatch>,
         now: Millis,
     ) {
-        if self.live_conn(peer) != Some(conn) {
-            self.metrics.dropped.count(DropReason::StaleConnection);
+        if self.peers.live_conn(peer) != Some(conn) {
+            self.out.drop(DropReason::StaleConnection);
             return;
         }
-        self.metrics.frames_in.batch += 1;
-        let Some(peer_epoch) = self.peer_epoch(peer) else {
-            self.metrics.dropped.count(DropReason::BeforeHello);
+        self.out.metrics.frames_in.batch += 1;
+        let Some(peer_epoch) = self.peers.peer_epoch(peer) else {
+            self.out.drop(DropReason::BeforeHello);
             return;
         };
-        match batch {
-            Ok(open) => self.on_batch(peer, peer_epoch, open, now),
-            Err(bad) => self.metrics.dropped.count(DropReason::from(bad)),
+        let open = match batch {
+            Ok(open) => open,
+            Err(bad) => return self.out.drop(DropReason::from(bad)),
+        };
+        let (queue, peers) = (&mut self.committer.inbound, &self.peers);
+        let top = self.receiver.on_batch(
+            peer,
+            peer_epoch,
+            open,
+            queue,
+            peers,
+            now,
+            &self.config,
+            &mut self.out,
+        );
+        self.author.observe_lamport(top);
+    }
+
+    #[allow(clippy::too_many_arguments)] // The fields of one Hello frame, taken apart.
+    fn on_hello(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        version: u32,
+        node: NodeId,
+        epoch: Epoch,
+        marks: Vec<Mark>,
+        now: Millis,
+    ) {
+        if version != PROTOCOL_VERSION {
+            let reason = CloseReason::VersionMismatch {
+                theirs: version,
+                ours: PROTOCOL_VERSION,
+            };
+            return self.close(peer, conn, reason);
         }
+        if node != peer {
+            return self.close(peer, conn, CloseReason::WrongNode);
+        }
+        let mark = self.author.mark_in(peer, &marks);
+        match self.peers.see_epoch(peer, epoch) {
+            // A peer whose store is new holds nothing of ours, whatever it
+            // acknowledged before: its acked state is reset to what it says now.
+            Some(reset) => {
+                if reset {
+                    self.out.metrics.peer_epoch_changes += 1;
+                    self.receiver.forget_held(peer, Some(epoch));
+                }
+                let work = AckWork {
+                    upto: mark,
+                    reset,
+                    epoch: Some(epoch),
+                };
+                self.committer.new_epoch_ack(peer, work);
+            }
+            None if mark > 0 => self.note_ack(peer, mark),
+            None => {}
+        }
+        self.peers.go_live(peer, epoch);
+        let (config, out) = (&self.config, &mut self.out);
+        self.author.start_feed(peer, conn, mark, now, config, out);
+    }
+
+    /// Remembers that `peer` holds everything of our stream up to `upto`.
+    fn note_ack(&mut self, peer: NodeId, upto: Seq) {
+        let last_acked = self.author.own(&peer).map_or(0, |o| o.last_acked);
+        self.committer.note_ack(peer, upto, last_acked);
     }
 
     /// The Hello this node sends `peer`: its committed marks for the
     /// streams `peer` authors, the peer's newest known epoch first.
     fn hello_frame(&self, peer: NodeId) -> Frame {
-        let newest = self.peers.get(&peer).and_then(|p| p.epoch_seen);
-        let mut marks: Vec<Mark> = self
-            .inbound
-            .iter()
-            .filter(|(s, i)| {
-                s.author == peer && s.channel == Channel::Direct(self.me) && i.committed > 0
-            })
-            .map(|(s, i)| Mark {
-                stream: s.clone(),
-                seq: i.committed,
-            })
-            .collect();
-        // Only the newest epoch's mark matters to the peer; keep it if cut.
-        marks.sort_by_key(|m| Some(m.stream.epoch) != newest);
-        marks.truncate(MAX_HELLO_MARKS);
+        let marks = self.receiver.hello_marks(peer, self.peers.epoch_seen(peer));
         Frame::Hello {
             version: PROTOCOL_VERSION,
             node: self.me,
@@ -450,124 +512,468 @@ impl Core {
 
     fn on_timer(&mut self, now: Millis) {
         // The timer that brought us here is spent; arm_timer sets the next.
-        self.timer = None;
-        let peers: Vec<NodeId> = self.peers.keys().copied().collect();
-        for peer in peers {
-            let Some(c) = self.peers.get_mut(&peer).and_then(|p| p.conn.as_mut()) else {
-                continue;
-            };
-            let conn = c.id;
-            if c.peer_epoch.is_none() {
-                if now < c.hello_sent_at.plus(self.config.hello_retry_ms) {
-                    continue;
-                }
-                if c.hellos_sent >= self.config.hello_attempts_max {
-                    let attempts = c.hellos_sent;
-                    self.close(peer, conn, CloseReason::NoHello { attempts });
-                    continue;
-                }
-                c.hellos_sent += 1;
-                c.hello_sent_at = now;
-                let hello = self.hello_frame(peer);
-                self.send_frame(peer, conn, hello);
-                continue;
-            }
-            let feed = &mut c.feed;
-            if feed.retry_at.is_some_and(|t| now >= t) {
-                feed.retry_at = None;
-                self.pump(peer, now);
-            }
-            if let Some(c) = self.peers.get(&peer).and_then(|p| p.conn.as_ref()) {
-                let feed = &c.feed;
-                let silent = now >= feed.progress_at.plus(self.config.retransmit_ms);
-                if feed.load.is_none()
-                    && feed.retry_at.is_none()
-                    && feed.acked < feed.cursor
-                    && silent
-                {
-                    let from = feed.acked;
-                    self.metrics.retransmits += 1;
-                    self.serve(peer, from, now);
-                }
-            }
-        }
-        // A stream's ask is due at its deadline (see `next_deadline`), not
-        // whenever another timer happens to fire.
-        let retry = self.config.resync_retry_ms;
-        let behind: Vec<StreamId> = self
-            .inbound
-            .iter()
-            .filter(|(_, i)| i.behind() && i.asked.is_none_or(|(_, t)| now >= t.plus(retry)))
-            .map(|(s, _)| s.clone())
-            .collect();
-        for stream in behind {
-            self.ask_resync(&stream, now, false);
+        self.armed = None;
+        // Inputs earlier in this turn may have moved deadlines.
+        self.refresh_timers(now);
+        for timer in self.timers.due(now) {
+            self.on_due(timer, now);
         }
     }
 
-    /// The earliest moment something is due, if anything is.
-    fn next_deadline(&self, now: Millis) -> Option<Millis> {
-        let mut due = self.store_retry_at;
-        let mut at = |t: Millis| due = Some(due.map_or(t, |d| d.min(t)));
-        if self.in_flight.is_none()
-            && self.store_retry_at.is_none()
-            && let Some(since) = self.waiting.acks_since
-        {
-            // Acks waiting for company: commit them alone at the latest then.
-            at(since.plus(self.config.ack_ride_ms));
-        }
-        for p in self.peers.values() {
-            let Some(c) = &p.conn else { continue };
-            if c.peer_epoch.is_none() {
-                at(c.hello_sent_at.plus(self.config.hello_retry_ms));
-                continue;
+    /// Handles one due timer.
+    fn on_due(&mut self, timer: Timer, now: Millis) {
+        let (config, out) = (&self.config, &mut self.out);
+        match timer {
+            Timer::Peer(peer, PeerTimer::Hello) => match self.peers.hello_due(peer, now, config) {
+                Some(HelloStep::Resend(conn)) => {
+                    let hello = self.hello_frame(peer);
+                    self.out.send(peer, conn, hello);
+                }
+                Some(HelloStep::GiveUp(conn, attempts)) => {
+                    self.close(peer, conn, CloseReason::NoHello { attempts });
+                }
+                None => {}
+            },
+            Timer::Peer(peer, PeerTimer::Feed) => {
+                self.author.on_feed_timer(peer, now, config, out);
             }
-            if let Some(t) = c.feed.retry_at {
-                at(t);
-            } else if c.feed.load.is_none() && c.feed.acked < c.feed.cursor {
-                at(c.feed.progress_at.plus(self.config.retransmit_ms));
+            Timer::Resync(stream) => {
+                self.receiver
+                    .on_resync_timer(&stream, &self.peers, now, config, out);
             }
+            // Handled by the flush that ends every turn.
+            Timer::StoreRetry | Timer::AckRide => {}
         }
-        for (stream, inb) in &self.inbound {
-            if inb.behind() && self.peer_epoch(stream.author) == Some(stream.epoch) {
-                at(inb
-                    .asked
-                    .map_or(now, |(_, t)| t.plus(self.config.resync_retry_ms)));
-            }
+    }
+
+    /// Brings the timers of every peer and stream touched since the last
+    /// call up to date (each machine says when its timers are due).
+    fn refresh_timers(&mut self, now: Millis) {
+        let config = &self.config;
+        for peer in self.peers.take_touched() {
+            let hello = self.peers.hello_deadline(peer, config);
+            self.timers.set(Timer::Peer(peer, PeerTimer::Hello), hello);
+            // Whether a stream may be asked for depends on its author's link.
+            self.receiver.touch_author(peer);
         }
-        due
+        for peer in self.author.take_touched() {
+            let feed = self.author.feed_deadline(peer, config);
+            self.timers.set(Timer::Peer(peer, PeerTimer::Feed), feed);
+        }
+        for stream in self.receiver.take_touched() {
+            let linked = self.peers.peer_epoch(stream.author) == Some(stream.epoch);
+            let at = if linked {
+                self.receiver.resync_deadline(&stream, now, config)
+            } else {
+                None
+            };
+            self.timers.set(Timer::Resync(stream), at);
+        }
+        let retry = self.committer.store_retry_deadline();
+        self.timers.set(Timer::StoreRetry, retry);
+        let ride = self.committer.ack_ride_deadline(config);
+        self.timers.set(Timer::AckRide, ride);
     }
 
     fn arm_timer(&mut self, now: Millis) {
-        let next = self.next_deadline(now);
+        self.refresh_timers(now);
+        let next = self.timers.next();
         if let Some(at) = next
-            && self.timer != Some(at)
+            && self.armed != Some(at)
         {
-            self.effects.push_back(Effect::SetTimer { at });
+            self.out.push(Effect::SetTimer { at });
         }
-        self.timer = next;
+        self.armed = next;
+    }
+}
+
+/// What a finished commit leaves to do once every group is handled.
+#[derive(Debug, Default)]
+struct AfterCommit {
+    /// The last journal position written.
+    journaled: Option<mesh_store::Arrival>,
+    /// A group failed for want of a working store: wait before the next commit.
+    store_down: bool,
+    /// Streams whose committed mark moved: their authors get an Ack.
+    acks: BTreeSet<(NodeId, StreamId)>,
+    /// Streams whose accept or gap failed: roll back and ask again.
+    failed_streams: BTreeSet<StreamId>,
+    /// Own streams whose append failed, and why: later batches of the
+    /// stream in the same commit could not follow it.
+    failed_sends: BTreeMap<NodeId, SendError>,
+}
+
+impl Core {
+    /// Issues the next commit if none is in flight and anything waits:
+    /// acks first (the appends after them may evict what they
+    /// acknowledge), then peer batches and gaps, peer changes, and the
+    /// sends, signed into batches.
+    fn flush(&mut self, now: Millis) {
+        if !self.committer.ready(now, &self.config) {
+            return;
+        }
+        let mut batch = Batch::default();
+        let epochs = self.build_acks(&mut batch);
+        for work in self.committer.take_inbound() {
+            batch_inbound(&mut batch, work);
+        }
+        // The queue is empty again.
+        let (config, out) = (&self.config, &mut self.out);
+        self.receiver.ask_starved(&self.peers, now, config, out);
+        self.build_peer_changes(&mut batch, &epochs);
+        self.build_appends(&mut batch);
+        self.committer.start(batch, &mut self.out);
     }
 
-    /// The live connection to `peer`, if any.
-    fn live_conn(&self, peer: NodeId) -> Option<ConnId> {
-        self.peers.get(&peer)?.conn.as_ref().map(|c| c.id)
+    /// One group per peer whose ack (or new epoch) waits; returns the
+    /// epochs they record, so a peer record written later in the same
+    /// commit keeps the newest.
+    fn build_acks(&mut self, batch: &mut Batch) -> BTreeMap<NodeId, Epoch> {
+        let mut epochs = BTreeMap::new();
+        for (peer, work) in self.committer.take_acks() {
+            let mut ops = Vec::new();
+            if let Some(epoch) = work.epoch {
+                epochs.insert(peer, epoch);
+                if let Some(record) = self.peers.record(peer) {
+                    ops.push(WriteOp::PutPeer(PeerRecord {
+                        epoch: Some(epoch),
+                        ..record.clone()
+                    }));
+                }
+            }
+            if let Some(own) = self.author.own(&peer) {
+                // The peer may name a seq whose commit answer we have not
+                // processed yet; never past what the store holds.
+                let upto = work.upto.min(own.next_seq - 1);
+                if upto > own.last_acked || (work.reset && upto != own.last_acked) {
+                    ops.push(WriteOp::Acked {
+                        stream: own.stream.clone(),
+                        upto,
+                        reset: work.reset,
+                    });
+                }
+            }
+            if !ops.is_empty() {
+                batch.push(ops, Group::Ack { peer, work });
+            }
+        }
+        epochs
     }
 
-    /// The epoch `peer` announced on its live connection, once it has.
-    fn peer_epoch(&self, peer: NodeId) -> Option<Epoch> {
-        self.peers.get(&peer)?.conn.as_ref()?.peer_epoch
+    /// One group per peer change, after the acks: an ack's record carries
+    /// the peer's old addresses, so the change must be written last.
+    fn build_peer_changes(&mut self, batch: &mut Batch, epochs: &BTreeMap<NodeId, Epoch>) {
+        for (req, change) in self.committer.take_peer_changes() {
+            let op = match &change {
+                PeerChange::Put(r) => {
+                    let known = self.peers.record(r.node).and_then(|p| p.epoch);
+                    WriteOp::PutPeer(PeerRecord {
+                        node: r.node,
+                        addrs: r.addrs.clone(),
+                        epoch: epochs.get(&r.node).copied().or(known),
+                    })
+                }
+                PeerChange::Remove(node) => WriteOp::RemovePeer(*node),
+            };
+            batch.push(vec![op], Group::Peer { req, change });
+        }
     }
 
-    fn send_frame(&mut self, peer: NodeId, conn: ConnId, frame: Frame) {
-        self.metrics.frames_out.count(&frame);
-        self.effects
-            .push_back(Effect::SendFrame { peer, conn, frame });
+    /// Turns the waiting sends into signed batches, one group each: the
+    /// sends of one stream become one batch, split at the batch and outbox limits.
+    fn build_appends(&mut self, batch: &mut Batch) {
+        let bounds = self.config.outbox;
+        let max_entries = (MAX_BATCH_ENTRIES as u64).min(bounds.max_msgs).max(1);
+        let max_bytes = MAX_BATCH_PAYLOAD_BYTES.min(bounds.max_bytes);
+        let mut by_peer: BTreeMap<NodeId, Vec<WaitingSend>> = BTreeMap::new();
+        for s in self.committer.take_sends() {
+            by_peer.entry(s.to).or_default().push(s);
+        }
+        for (to, sends) in by_peer {
+            let mut next_seq = self.author.own_view(to).next_seq;
+            let mut chunk: Vec<WaitingSend> = Vec::new();
+            let mut chunk_bytes = 0u64;
+            let mut sends = sends.into_iter().peekable();
+            while let Some(s) = sends.next() {
+                chunk_bytes += s.payload.len() as u64;
+                chunk.push(s);
+                let full = sends.peek().is_none_or(|n| {
+                    chunk.len() as u64 >= max_entries
+                        || chunk_bytes + n.payload.len() as u64 > max_bytes
+                });
+                if !full {
+                    continue;
+                }
+                let taken = std::mem::take(&mut chunk);
+                let bytes = std::mem::take(&mut chunk_bytes);
+                let n = taken.len() as u64;
+                if self.sign_chunk(batch, to, next_seq, taken, bytes) {
+                    next_seq += n;
+                }
+            }
+        }
     }
 
-    /// Sends on the peer's live connection, if there is one.
-    fn send_live(&mut self, peer: NodeId, frame: Frame) {
-        if let Some(conn) = self.live_conn(peer) {
-            self.send_frame(peer, conn, frame);
+    /// Signs one batch of sends starting at `first_seq` into `batch`;
+    /// answers the senders at once if it cannot be signed (a bug: the
+    /// limits were checked). Returns whether it was signed.
+    fn sign_chunk(
+        &mut self,
+        batch: &mut Batch,
+        to: NodeId,
+        first_seq: Seq,
+        sends: Vec<WaitingSend>,
+        bytes: u64,
+    ) -> bool {
+        let mut senders = Vec::with_capacity(sends.len());
+        let envelopes: Vec<NewEnvelope> = sends
+            .into_iter()
+            .map(|s| {
+                senders.push(s.req);
+                NewEnvelope {
+                    lamport: 0,
+                    created_ms: s.created_ms,
+                    kind: s.kind,
+                    payload: s.payload,
+                }
+            })
+            .collect();
+        match self.author.sign(to, first_seq, envelopes) {
+            Ok(signed) => {
+                let ops = vec![WriteOp::AppendOwn {
+                    batch: signed.clone(),
+                    bounds: self.config.outbox,
+                }];
+                let group = Group::Append {
+                    to,
+                    batch: signed,
+                    senders,
+                    bytes,
+                };
+                batch.push(ops, group);
+                true
+            }
+            Err(e) => {
+                self.committer.unqueue(to, senders.len() as u64, bytes);
+                self.fail_senders(senders, &SendError::Internal(e.to_string()));
+                false
+            }
+        }
+    }
+
+    fn fail_senders(&mut self, senders: Vec<ReqId>, err: &SendError) {
+        self.out.metrics.sends_failed += senders.len() as u64;
+        for req in senders {
+            self.out.push(Effect::Reply {
+                req,
+                result: Err(err.clone()),
+            });
+        }
+    }
+
+    /// The answer to the commit in flight: each group's outcome goes to the
+    /// machine it was for, then acks, rollbacks and feeds follow.
+    fn on_committed(
+        &mut self,
+        commit: CommitId,
+        results: Vec<Result<Receipt, StoreError>>,
+        now: Millis,
+    ) {
+        let Some(outcomes) = self.committer.finish(commit, results, &mut self.out) else {
+            return;
+        };
+        let mut after = AfterCommit::default();
+        for (group, result) in outcomes {
+            match &result {
+                Ok(receipt) => {
+                    if let Some((_, last)) = receipt.arrivals {
+                        after.journaled = Some(last);
+                    }
+                    self.author.committed(&receipt.own_streams);
+                }
+                Err(e) => {
+                    self.out.metrics.groups_failed += 1;
+                    after.store_down |=
+                        matches!(e, StoreError::Unavailable(_) | StoreError::Closed);
+                }
+            }
+            self.on_group(group, result, &mut after, now);
+        }
+        self.after_commit(after, now);
+    }
+
+    /// Routes one group's outcome.
+    fn on_group(
+        &mut self,
+        group: Group,
+        result: Result<Receipt, StoreError>,
+        after: &mut AfterCommit,
+        now: Millis,
+    ) {
+        match group {
+            Group::Ack { peer, work } => match result {
+                Ok(_) => {
+                    if let Some(epoch) = work.epoch {
+                        self.peers.record_epoch(peer, epoch);
+                    }
+                }
+                Err(StoreError::Conflict(_)) => {}
+                Err(_) => self.committer.retry_ack(peer, work),
+            },
+            Group::Accept { peer, stream, last } => match result {
+                Ok(_) => {
+                    if self.receiver.committed(&stream, last) {
+                        after.acks.insert((peer, stream));
+                    }
+                }
+                Err(_) => {
+                    after.failed_streams.insert(stream);
+                }
+            },
+            Group::Gap {
+                peer,
+                stream,
+                earliest,
+            } => match result {
+                Ok(_) => {
+                    self.out.metrics.gaps_recorded += 1;
+                    if self.receiver.committed(&stream, earliest - 1) {
+                        after.acks.insert((peer, stream));
+                    }
+                }
+                Err(_) => {
+                    after.failed_streams.insert(stream);
+                }
+            },
+            Group::Peer { req, change } => self.on_peer_committed(req, change, result),
+            Group::Append {
+                to,
+                batch,
+                senders,
+                bytes,
+            } => {
+                self.committer.unqueue(to, senders.len() as u64, bytes);
+                self.on_append_committed(to, batch, senders, result, after, now);
+            }
+        }
+    }
+
+    fn on_peer_committed(
+        &mut self,
+        req: ReqId,
+        mut change: PeerChange,
+        result: Result<Receipt, StoreError>,
+    ) {
+        let node = change.node();
+        if result.is_ok() {
+            // The ack that may have shared this commit set the epoch.
+            if let PeerChange::Put(r) = &mut change {
+                r.epoch = self.peers.record(node).and_then(|p| p.epoch);
+            }
+            self.apply_peer_change(change);
+        }
+        let result = result.map(|_| ());
+        self.out.push(Effect::PeerChanged { req, node, result });
+    }
+
+    /// Answers the senders of one own batch, and sends it to the peer if
+    /// its feed is right before it.
+    fn on_append_committed(
+        &mut self,
+        to: NodeId,
+        batch: OpenBatch,
+        senders: Vec<ReqId>,
+        result: Result<Receipt, StoreError>,
+        after: &mut AfterCommit,
+        now: Millis,
+    ) {
+        if let Some(err) = after.failed_sends.get(&to).cloned() {
+            // An earlier batch of this stream failed, so this one could
+            // not follow it; say why the first failed.
+            return self.fail_senders(senders, &err);
+        }
+        let receipt = match result {
+            Ok(receipt) => receipt,
+            Err(e) => {
+                let err = SendError::from_store(&e);
+                self.fail_senders(senders, &err);
+                after.failed_sends.insert(to, err);
+                return;
+            }
+        };
+        let stream = batch.batch().stream().clone();
+        let first = batch.batch().first_seq();
+        // The store journals a batch's envelopes last in its group, in seq
+        // order: they end at `last`.
+        let n = batch.batch().entries().len() as u64;
+        let first_arrival = receipt
+            .arrivals
+            .map_or(0, |(_, last)| (last + 1).saturating_sub(n));
+        self.out.metrics.sends_ok += senders.len() as u64;
+        for (i, req) in senders.into_iter().enumerate() {
+            let receipt = SendReceipt {
+                stream: stream.clone(),
+                seq: first + i as u64,
+                arrival: first_arrival + i as u64,
+            };
+            self.out.push(Effect::Reply {
+                req,
+                result: Ok(receipt),
+            });
+        }
+        self.author.send_fresh(to, batch, now, &mut self.out);
+    }
+
+    /// What follows a commit once its groups are handled.
+    fn after_commit(&mut self, after: AfterCommit, now: Millis) {
+        if after.store_down {
+            self.committer.store_failed(now, &self.config);
+        }
+        let (config, out) = (&self.config, &mut self.out);
+        for stream in &after.failed_streams {
+            let queue = &mut self.committer.inbound;
+            self.receiver
+                .roll_back(stream, queue, &self.peers, now, config, out);
+        }
+        for (peer, stream) in after.acks {
+            let upto = self.receiver.mark(&stream);
+            send_live(&self.peers, peer, Frame::Ack { stream, upto }, out);
+        }
+        if let Some(upto) = after.journaled {
+            out.push(Effect::Journaled { upto });
+        }
+        self.author.pump_all(config, out);
+    }
+}
+
+/// The group of one peer batch or gap.
+fn batch_inbound(batch: &mut Batch, work: InboundWork) {
+    match work {
+        InboundWork::Accept {
+            peer,
+            from,
+            batch: open,
+        } => {
+            let stream = open.batch().stream().clone();
+            let last = open.batch().last_seq();
+            let ops = vec![WriteOp::Accept { batch: open, from }];
+            batch.push(ops, Group::Accept { peer, stream, last });
+        }
+        InboundWork::Gap {
+            peer,
+            stream,
+            earliest,
+        } => {
+            let ops = vec![WriteOp::Gap {
+                stream: stream.clone(),
+                earliest_available: earliest,
+            }];
+            let group = Group::Gap {
+                peer,
+                stream,
+                earliest,
+            };
+            batch.push(ops, group);
         }
     }
 }

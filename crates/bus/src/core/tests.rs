@@ -168,12 +168,9 @@ impl Node {
     /// for company, if any, and fires the timer: they are committed alone.
     /// Returns whether there were any.
     fn ride_out_acks(&mut self) -> bool {
-        let Some(since) = self.core.waiting.acks_since else {
+        let (Some(since), false) = self.core.committer.acks_waiting() else {
             return false;
         };
-        if self.core.in_flight.is_some() {
-            return false;
-        }
         self.now = self.now.max(since.plus(self.config.ack_ride_ms));
         self.run(Input::Timer);
         true
