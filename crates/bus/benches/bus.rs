@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mesh_bus::core::Config;
+use mesh_bus::core::{Config, DropReason};
 use mesh_bus::net::NetConfig;
 use mesh_bus::node::{Node, NodeConfig};
 use mesh_protocol::Epoch;
@@ -195,8 +195,8 @@ impl Run {
 async fn waste(node: &Node) -> (u64, u64, u64, u64) {
     let m = node.status().await.expect("status").core;
     (
-        m.dropped.queue_full,
-        m.dropped.outside_window,
+        m.dropped.get(DropReason::QueueFull),
+        m.dropped.get(DropReason::OutsideWindow),
         m.duplicate_envelopes,
         m.resyncs_asked,
     )

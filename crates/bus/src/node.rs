@@ -36,7 +36,8 @@ use tokio::task::{JoinError, JoinHandle, JoinSet};
 use tracing::{debug, error, info, warn};
 
 use crate::core::{
-    self, CommitId, Core, Effect, Input, LoadId, Metrics, Millis, Recovered, ReqId, SendReceipt,
+    self, CommitId, Core, Effect, Input, LoadId, Metrics, Millis, PeerChangeError, Recovered,
+    ReqId, SendReceipt,
 };
 use crate::net::{self, Net, NetConfig, NetCounters, NetError, NetEvent, PeerError, close_code};
 
@@ -80,6 +81,9 @@ pub enum NodeError {
     /// The peer could not be added or removed.
     #[error(transparent)]
     Peer(#[from] PeerError),
+    /// The core refused the peer change.
+    #[error(transparent)]
+    PeerChange(#[from] core::PeerChangeError),
     /// The node has stopped.
     #[error("the node has stopped")]
     Stopped,
@@ -895,12 +899,18 @@ impl<S: MeshStore + ?Sized> Driver<S> {
 
     /// The core committed (or failed to commit) a peer change: tell the
     /// transport, then the caller.
-    async fn on_peer_changed(&mut self, req: ReqId, node: NodeId, result: Result<(), StoreError>) {
+    async fn on_peer_changed(
+        &mut self,
+        req: ReqId,
+        node: NodeId,
+        result: Result<(), PeerChangeError>,
+    ) {
         let Some((change, reply)) = self.peer_replies.remove(&req) else {
             return;
         };
         let result = match result {
-            Err(e) => Err(NodeError::Store(e)),
+            Err(PeerChangeError::Store(e)) => Err(NodeError::Store(e)),
+            Err(e) => Err(NodeError::PeerChange(e)),
             Ok(()) => match change {
                 PeerChange::Add { node, addrs } => {
                     info!(peer = %node.fmt_short(), ?addrs, "peer added");

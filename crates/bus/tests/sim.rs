@@ -37,8 +37,8 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::time::Instant;
 
 use mesh_bus::core::{
-    CommitId, Config, ConnId, Core, Effect, Input, LoadId, Metrics, Millis, Recovered, ReqId,
-    SendError, open_batch,
+    CommitId, Config, ConnId, Core, DropReason, Effect, Input, LoadId, Metrics, Millis, Recovered,
+    ReqId, SendError, open_batch,
 };
 use mesh_protocol::{Channel, Epoch, Frame, NodeId, SecretKey, Seq, StreamId};
 use mesh_store::{
@@ -258,8 +258,8 @@ impl Coverage {
         self.sends_failed += m.sends_failed;
         self.held += m.batches_held;
         self.duplicates += m.duplicate_envelopes;
-        self.dropped_before_hello += m.dropped.before_hello;
-        self.dropped_outside_window += m.dropped.outside_window;
+        self.dropped_before_hello += m.dropped.get(DropReason::BeforeHello);
+        self.dropped_outside_window += m.dropped.get(DropReason::OutsideWindow);
         self.resyncs_asked += m.resyncs_asked;
         self.gaps_sent += m.gaps_sent;
         self.gaps_recorded += m.gaps_recorded;

@@ -368,23 +368,7 @@ pub(crate) fn render_metrics(status: &mesh_bus::node::NodeStatus, out: &mut Stri
         out,
         "# HELP mesh_frames_dropped_total Frames dropped, by reason.\n# TYPE mesh_frames_dropped_total counter"
     );
-    let d = &m.dropped;
-    let reasons = [
-        ("bad_signature", d.bad_signature),
-        ("malformed", d.malformed),
-        ("cid_mismatch", d.cid_mismatch),
-        ("wrong_author", d.wrong_author),
-        ("wrong_recipient", d.wrong_recipient),
-        ("stale_epoch", d.stale_epoch),
-        ("duplicate", d.duplicate),
-        ("outside_window", d.outside_window),
-        ("queue_full", d.queue_full),
-        ("before_hello", d.before_hello),
-        ("stale_connection", d.stale_connection),
-        ("unknown_stream", d.unknown_stream),
-        ("bogus_seq", d.bogus_seq),
-    ];
-    for (reason, v) in reasons {
+    for (reason, v) in m.dropped.iter() {
         let _ = writeln!(out, "mesh_frames_dropped_total{{reason=\"{reason}\"}} {v}");
     }
     let _ = writeln!(

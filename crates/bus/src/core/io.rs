@@ -231,7 +231,7 @@ pub enum Effect {
         /// The peer.
         node: NodeId,
         /// `Ok` once committed.
-        result: Result<(), StoreError>,
+        result: Result<(), PeerChangeError>,
     },
     /// Close `conn` to `peer`: the peer broke the protocol. The core already
     /// ignores the connection; a later [`Input::PeerDisconnected`] is harmless.
@@ -261,8 +261,8 @@ pub struct SendReceipt {
 #[non_exhaustive]
 pub enum SendError {
     /// The caller's fault: the recipient is not a known peer.
-    #[error("unknown peer {0}: add it as a peer before sending to it")]
-    UnknownPeer(String),
+    #[error("unknown peer {}: add it as a peer before sending to it", .0.fmt_short())]
+    UnknownPeer(NodeId),
     /// The caller's fault: a node does not send to itself over the mesh.
     #[error("cannot send to this node itself")]
     ToSelf,
@@ -283,11 +283,12 @@ pub enum SendError {
     /// Capacity: the peer's outbox is full of unacknowledged messages and its
     /// policy is `reject`. Nothing was written.
     #[error(
-        "outbox for peer {peer} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first"
+        "outbox for peer {} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first",
+        .peer.fmt_short()
     )]
     OutboxFull {
-        /// The recipient, short form.
-        peer: String,
+        /// The recipient.
+        peer: NodeId,
         /// Unacknowledged messages (written or waiting).
         msgs: u64,
         /// Unacknowledged payload bytes known (written or waiting).
@@ -302,10 +303,11 @@ pub enum SendError {
 }
 
 impl SendError {
-    pub(crate) fn from_store(e: &StoreError) -> SendError {
+    /// Why the store did not write a send to `to`.
+    pub(crate) fn from_store(e: &StoreError, to: NodeId) -> SendError {
         match e {
-            StoreError::OutboxFull { peer, msgs, bytes } => SendError::OutboxFull {
-                peer: peer.clone(),
+            StoreError::OutboxFull { msgs, bytes, .. } => SendError::OutboxFull {
+                peer: to,
                 msgs: *msgs,
                 bytes: *bytes,
             },
@@ -313,6 +315,24 @@ impl SendError {
             other => SendError::Store(other.to_string()),
         }
     }
+}
+
+/// Why a peer change ([`Input::PeerAdded`], [`Input::PeerRemoved`]) was not made.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerChangeError {
+    /// The caller's fault: a node cannot be its own peer.
+    #[error("a node cannot be its own peer")]
+    SelfPeer,
+    /// Capacity: too many peer changes wait for the next commit; retry later.
+    #[error("{waiting} peer changes are already waiting; retry later")]
+    Busy {
+        /// Peer changes waiting.
+        waiting: usize,
+    },
+    /// The store did not write the change; nothing changed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// Why the core closes a connection: the peer broke the protocol.

@@ -42,8 +42,8 @@ pub use config::{
     WAITING_SENDS_MAX,
 };
 pub use io::{
-    BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, Millis, Recovered, ReqId,
-    SendError, SendReceipt, open_batch,
+    BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, Millis, PeerChangeError,
+    Recovered, ReqId, SendError, SendReceipt, open_batch,
 };
 pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
 
@@ -269,13 +269,15 @@ impl Core {
     fn on_peer_change(&mut self, req: ReqId, change: PeerChange) {
         let node = change.node();
         let waiting = self.committer.peer_changes_waiting();
-        if node == self.me || waiting >= WAITING_PEER_CHANGES_MAX {
-            let why = if node == self.me {
-                "a node cannot be its own peer".to_owned()
-            } else {
-                format!("{WAITING_PEER_CHANGES_MAX} peer changes are already waiting; retry later")
-            };
-            let result = Err(StoreError::Conflict(why));
+        let refused = if node == self.me {
+            Some(PeerChangeError::SelfPeer)
+        } else if waiting >= WAITING_PEER_CHANGES_MAX {
+            Some(PeerChangeError::Busy { waiting })
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            let result = Err(e);
             self.out.push(Effect::PeerChanged { req, node, result });
             return;
         }
@@ -316,7 +318,7 @@ impl Core {
             return Err(SendError::ToSelf);
         }
         if !self.peers.is_peer(to) {
-            return Err(SendError::UnknownPeer(to.fmt_short().to_string()));
+            return Err(SendError::UnknownPeer(to));
         }
         let bounds = self.config.outbox;
         let max = PAYLOAD_BYTES_MAX.min(bounds.max_bytes);
@@ -346,7 +348,7 @@ impl Core {
         let bytes = unacked_bytes + qb;
         if msgs + 1 > bounds.max_msgs || bytes + len > bounds.max_bytes {
             return Err(SendError::OutboxFull {
-                peer: to.fmt_short().to_string(),
+                peer: to,
                 msgs,
                 bytes,
             });
@@ -872,7 +874,7 @@ impl Core {
             }
             self.apply_peer_change(change);
         }
-        let result = result.map(|_| ());
+        let result = result.map(|_| ()).map_err(PeerChangeError::Store);
         self.out.push(Effect::PeerChanged { req, node, result });
     }
 
@@ -895,7 +897,7 @@ impl Core {
         let receipt = match result {
             Ok(receipt) => receipt,
             Err(e) => {
-                let err = SendError::from_store(&e);
+                let err = SendError::from_store(&e, to);
                 self.fail_senders(senders, &err);
                 after.failed_sends.insert(to, err);
                 return;

@@ -556,7 +556,7 @@ fn a_batch_far_past_the_mark_is_not_held() {
         conn,
         batch(1, 1, 2, REORDER_ENVELOPES_MAX + 1, &[b"far"]),
     );
-    assert_eq!(b.core.metrics().dropped.outside_window, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::OutsideWindow), 1);
     assert_eq!(b.core.metrics().batches_held, 0);
 }
 
@@ -575,7 +575,7 @@ fn a_duplicate_batch_changes_nothing_and_is_counted() {
         commits,
         "no commit for a duplicate"
     );
-    assert_eq!(b.core.metrics().dropped.duplicate, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::Duplicate), 1);
     assert_eq!(b.core.metrics().duplicate_envelopes, 1);
     assert!(
         out.iter()
@@ -612,9 +612,9 @@ fn a_batch_from_the_wrong_author_changes_no_state() {
     // Node 1's batch of another epoch than it announced.
     b.frame(1, conn, batch(1, 9, 2, 1, &[b"old epoch"]));
     let m = b.core.metrics();
-    assert_eq!(m.dropped.wrong_author, 1);
-    assert_eq!(m.dropped.wrong_recipient, 1);
-    assert_eq!(m.dropped.stale_epoch, 1);
+    assert_eq!(m.dropped.get(DropReason::WrongAuthor), 1);
+    assert_eq!(m.dropped.get(DropReason::WrongRecipient), 1);
+    assert_eq!(m.dropped.get(DropReason::StaleEpoch), 1);
     assert_eq!(m.commits, commits);
     assert!(b.journal().is_empty());
     assert_eq!(b.core.mark(&stream(3, 3, 2)), 0);
@@ -653,8 +653,8 @@ fn a_bad_signature_changes_no_state() {
         },
     );
     let m = b.core.metrics();
-    assert_eq!(m.dropped.bad_signature, 1);
-    assert_eq!(m.dropped.cid_mismatch, 1);
+    assert_eq!(m.dropped.get(DropReason::BadSignature), 1);
+    assert_eq!(m.dropped.get(DropReason::CidMismatch), 1);
     assert_eq!(m.commits, commits);
     assert!(b.journal().is_empty());
     assert_eq!(b.core.mark(&stream(1, 1, 2)), 0);
@@ -669,8 +669,8 @@ fn frames_before_the_hello_or_on_a_stale_connection_are_dropped() {
     });
     b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"early"]));
     b.frame(1, ConnId(6), batch(1, 1, 2, 1, &[b"stale"]));
-    assert_eq!(b.core.metrics().dropped.before_hello, 1);
-    assert_eq!(b.core.metrics().dropped.stale_connection, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::BeforeHello), 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::StaleConnection), 1);
     assert!(b.journal().is_empty());
 }
 
@@ -700,7 +700,7 @@ fn a_hello_naming_another_node_closes_the_connection() {
     )));
     // The connection is ignored from now on.
     b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"x"]));
-    assert_eq!(b.core.metrics().dropped.stale_connection, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::StaleConnection), 1);
 }
 
 #[test]
@@ -864,7 +864,7 @@ fn an_authors_new_epoch_starts_a_new_stream_at_seq_1() {
     let new = p.b.received(&stream(1, 11, 2));
     assert_eq!(old.len(), 3);
     assert_eq!(new, vec![(1, b"new".to_vec())], "not mistaken for a replay");
-    assert_eq!(p.b.core.metrics().dropped.duplicate, 0);
+    assert_eq!(p.b.core.metrics().dropped.get(DropReason::Duplicate), 0);
 }
 
 #[test]
@@ -1158,11 +1158,50 @@ fn a_hello_claiming_more_than_was_sent_harms_only_that_peer() {
     );
 }
 
-fn peer_changed(node: &Node, req: ReqId) -> Option<Result<(), mesh_store::StoreError>> {
+fn peer_changed(node: &Node, req: ReqId) -> Option<Result<(), PeerChangeError>> {
     node.other.iter().find_map(|e| match e {
         Effect::PeerChanged { req: r, result, .. } if *r == req => Some(result.clone()),
         _ => None,
     })
+}
+
+#[test]
+fn a_node_is_refused_as_its_own_peer_and_peer_changes_past_the_bound_as_busy() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.run(Input::PeerRemoved {
+        req: ReqId(1),
+        node: id(1),
+    });
+    let err = peer_changed(&a, ReqId(1))
+        .expect("answered")
+        .expect_err("refused");
+    assert!(matches!(err, PeerChangeError::SelfPeer), "{err:?}");
+    assert_eq!(err.to_string(), "a node cannot be its own peer");
+    // A commit in flight, so the changes that follow wait for the next one.
+    a.hold_commits = true;
+    a.send(id(2), b"x");
+    let max = WAITING_PEER_CHANGES_MAX as u64;
+    for req in 10..=10 + max {
+        a.run(Input::PeerRemoved {
+            req: ReqId(req),
+            node: id(3),
+        });
+    }
+    assert!(
+        peer_changed(&a, ReqId(10 + max - 1)).is_none(),
+        "the last that fits waits"
+    );
+    let err = peer_changed(&a, ReqId(10 + max))
+        .expect("answered at once")
+        .expect_err("refused");
+    assert!(
+        matches!(err, PeerChangeError::Busy { waiting } if waiting == WAITING_PEER_CHANGES_MAX),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("{WAITING_PEER_CHANGES_MAX} peer changes are already waiting; retry later")
+    );
 }
 
 #[test]
@@ -1464,7 +1503,7 @@ fn a_batch_dropped_for_a_full_queue_is_asked_again_once_a_commit_empties_it() {
     }
     let out = b.frame(1, conn, batch(1, 1, 2, 2 + per_queue, &[&big]));
     assert!(out.is_empty(), "dropped, nothing asked yet: {out:?}");
-    assert_eq!(b.core.metrics().dropped.queue_full, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::QueueFull), 1);
     // The commit in flight returns; the next one takes the queue, and the
     // dropped batch is asked for at once, not a resync interval later.
     let out = b.release_commit();
