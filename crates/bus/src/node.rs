@@ -791,6 +791,8 @@ impl<S: MeshStore + ?Sized> Driver<S> {
                 Effect::PeerChanged { req, node, result } => {
                     self.on_peer_changed(req, node, result).await;
                 }
+                // This driver feeds no Input::Write yet, so none is owed an answer.
+                Effect::Written { .. } => {}
                 Effect::CloseConnection { peer, conn, reason } => {
                     warn!(peer = %peer.fmt_short(), %conn, %reason, "closing a connection: the peer broke the protocol");
                     let reason = reason.to_string();

@@ -19,7 +19,7 @@ mod tests;
 pub use actor::{
     GROUP_COMMIT_BYTES_MAX, GROUP_COMMIT_GROUPS_MAX, StoreHandle, WRITE_QUEUE_REQUESTS_MAX,
 };
-pub use logic::CURSOR_NAME_BYTES_MAX;
+pub use logic::{CURSOR_NAME_BYTES_MAX, SUBSCRIBER_NAME_BYTES_MAX};
 pub use mem::MemStore;
 pub use redb_store::{CACHE_BYTES, RedbStore, STORE_FILE_NAME};
 pub use types::{
@@ -80,6 +80,13 @@ pub enum StoreError {
         msgs: u64,
         /// Payload bytes in the outbox.
         bytes: u64,
+    },
+    /// Capacity: too many writes already wait for the store (refused
+    /// before it was reached); nothing was written, retry later.
+    #[error("{waiting} writes are already waiting for the store; retry later")]
+    Busy {
+        /// Writes waiting.
+        waiting: usize,
     },
     /// The disk or the database failed; the transaction was not committed.
     #[error("store unavailable: {0}")]

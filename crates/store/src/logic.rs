@@ -17,6 +17,9 @@ use crate::{
 /// The longest durable cursor name, in bytes.
 pub const CURSOR_NAME_BYTES_MAX: usize = 64;
 
+/// The longest subscriber name in a lag record, in bytes.
+pub const SUBSCRIBER_NAME_BYTES_MAX: usize = 256;
+
 /// What the rules need to know about one stored outbox batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BatchMeta {
@@ -376,6 +379,27 @@ impl<B: Base> GroupView<'_, B> {
         Ok(())
     }
 
+    fn record_lag(&mut self, subscriber: String, from: Arrival, to: Arrival) -> Result<(), Fail> {
+        if subscriber.is_empty() || subscriber.len() > SUBSCRIBER_NAME_BYTES_MAX {
+            return refuse(format!(
+                "lag record of a subscriber named in {} bytes; it must be 1..={SUBSCRIBER_NAME_BYTES_MAX}",
+                subscriber.len()
+            ));
+        }
+        let head = self.counters.journal_head;
+        if from == 0 || from > to || to > head {
+            return refuse(format!(
+                "lag record of {subscriber:?} for arrivals {from}..={to}, but the journal holds 1..={head}"
+            ));
+        }
+        self.journal(JournalRecord::SubscriberLagged {
+            subscriber,
+            from,
+            to,
+        });
+        Ok(())
+    }
+
     fn apply(&mut self, op: WriteOp) -> Result<(), Fail> {
         match op {
             WriteOp::AppendOwn { batch, bounds } => self.append_own(batch, bounds),
@@ -408,6 +432,11 @@ impl<B: Base> GroupView<'_, B> {
                 });
                 Ok(())
             }
+            WriteOp::RecordLag {
+                subscriber,
+                from,
+                to,
+            } => self.record_lag(subscriber, from, to),
             WriteOp::PutPeer(p) => {
                 self.writes.push(Write::PutPeer(p));
                 Ok(())

@@ -100,6 +100,17 @@ pub enum JournalRecord {
         /// Free text for a person (e.g. which subscriber lagged).
         detail: String,
     },
+    /// The local subscriber `subscriber` missed the live journal entries at
+    /// arrivals `from..=to`; they are still in the journal, to be re-read.
+    // Appended last: a variant's place is its stored encoding.
+    SubscriberLagged {
+        /// Who lagged, for a person.
+        subscriber: String,
+        /// First arrival not delivered live.
+        from: Arrival,
+        /// Last arrival not delivered live.
+        to: Arrival,
+    },
 }
 
 /// A journal entry with its arrival position.
@@ -191,6 +202,18 @@ pub enum WriteOp {
         reason: LossReason,
         /// Free text for a person.
         detail: String,
+    },
+    /// Journal that the local subscriber `subscriber` missed the journal
+    /// entries at arrivals `from..=to` (a [`JournalRecord::SubscriberLagged`]).
+    /// Checks: `subscriber` is 1..=[`crate::SUBSCRIBER_NAME_BYTES_MAX`] bytes
+    /// and `1 <= from <= to <=` the journal head before the record.
+    RecordLag {
+        /// Who lagged.
+        subscriber: String,
+        /// First arrival missed.
+        from: Arrival,
+        /// Last arrival missed.
+        to: Arrival,
     },
     /// Add or update a peer.
     PutPeer(PeerRecord),

@@ -8,7 +8,8 @@ use mesh_store::{Receipt, StoreError, WriteOp};
 
 use super::peers::PeerChange;
 use super::{
-    CommitId, Config, Effect, Millis, Out, ReqId, WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX,
+    CommitId, Config, Effect, LocalWrite, Millis, Out, ReqId, WAITING_BATCH_BYTES_MAX,
+    WAITING_BATCHES_MAX,
 };
 
 /// A local send waiting for the next commit.
@@ -164,6 +165,9 @@ pub(super) enum Group {
         req: ReqId,
         change: PeerChange,
     },
+    Write {
+        req: ReqId,
+    },
 }
 
 /// A commit being built: the store's groups and what each is for.
@@ -206,6 +210,8 @@ pub(super) struct Committer {
     acks_since: Option<Millis>,
     /// Peer changes, in the order asked (at most [`super::WAITING_PEER_CHANGES_MAX`]).
     peer_changes: VecDeque<(ReqId, PeerChange)>,
+    /// Local writes, in the order asked (at most [`super::WAITING_WRITES_MAX`]).
+    writes: VecDeque<(ReqId, LocalWrite)>,
     in_flight: Option<InFlight>,
     next_commit: u64,
     /// After a store failure: no commit before this.
@@ -222,6 +228,7 @@ impl Committer {
             acks: BTreeMap::new(),
             acks_since: None,
             peer_changes: VecDeque::new(),
+            writes: VecDeque::new(),
             in_flight: None,
             next_commit: 1,
             store_retry_at: None,
@@ -238,6 +245,7 @@ impl Committer {
             && self.inbound.work.is_empty()
             && self.acks.is_empty()
             && self.peer_changes.is_empty()
+            && self.writes.is_empty()
     }
 
     /// Sends waiting, and their payload bytes.
@@ -331,6 +339,20 @@ impl Committer {
         self.peer_changes.push_back((req, change));
     }
 
+    /// The number of local writes waiting.
+    pub(super) fn writes_waiting(&self) -> usize {
+        self.writes.len()
+    }
+
+    pub(super) fn queue_write(&mut self, req: ReqId, write: LocalWrite) {
+        self.writes.push_back((req, write));
+    }
+
+    /// The local writes waiting, taken for the next commit.
+    pub(super) fn take_writes(&mut self) -> VecDeque<(ReqId, LocalWrite)> {
+        std::mem::take(&mut self.writes)
+    }
+
     /// Whether the next commit may start now. Keeps the clock of acks
     /// waiting for company, and the store's retry bound.
     pub(super) fn ready(&mut self, now: Millis, config: &Config) -> bool {
@@ -353,7 +375,7 @@ impl Committer {
     }
 
     /// Whether the only work waiting is acks that may still wait for other
-    /// work to share their commit: plain acks (no reset, no new epoch, which
+    /// work (sends, peer batches, peer changes, local writes) to share their commit: plain acks (no reset, no new epoch, which
     /// are written at once), seen less than `ack_ride_ms` ago.
     ///
     /// Nothing else waits for an ack record: the outbox pre-check counts a
@@ -369,6 +391,7 @@ impl Committer {
         self.sends.is_empty()
             && self.inbound.work.is_empty()
             && self.peer_changes.is_empty()
+            && self.writes.is_empty()
             && self.acks.values().all(|a| !a.reset && a.epoch.is_none())
             && now < since.plus(config.ack_ride_ms)
     }

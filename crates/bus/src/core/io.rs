@@ -6,7 +6,8 @@ use mesh_protocol::{
     Epoch, Frame, Mark, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
 };
 use mesh_store::{
-    Arrival, MeshStore, OwnStream, PeerRecord, Receipt, StoreError, StoredBatch, WriteOp,
+    Arrival, CURSOR_NAME_BYTES_MAX, MeshStore, OwnStream, PeerRecord, Receipt,
+    SUBSCRIBER_NAME_BYTES_MAX, StoreError, StoredBatch, WriteOp,
 };
 
 /// A point in time: milliseconds on the driver's clock.
@@ -141,6 +142,14 @@ pub enum Input {
     },
     /// The deadline of the last [`Effect::SetTimer`] has passed.
     Timer,
+    /// A local write, queued for the next commit; the answer is an
+    /// [`Effect::Written`] with `req` once it is committed (or refused).
+    Write {
+        /// Names the request.
+        req: ReqId,
+        /// What to write.
+        write: LocalWrite,
+    },
     /// Add `record.node` as a peer at `record.addrs`, or update the addresses
     /// of a known peer (the epoch the core recorded for it is kept; the one in
     /// `record` is ignored). The record is written with the next commit and
@@ -233,6 +242,16 @@ pub enum Effect {
         /// `Ok` once committed.
         result: Result<(), PeerChangeError>,
     },
+    /// The answer to [`Input::Write`] `req`: given only after the commit
+    /// that holds the write returned, or when it was refused.
+    Written {
+        /// The request.
+        req: ReqId,
+        /// The receipt (a lag record's arrival is in `arrivals`), or why
+        /// nothing was written: [`StoreError::Conflict`] for a write the
+        /// store's rules refuse, [`StoreError::Busy`] when too many wait.
+        result: Result<Receipt, StoreError>,
+    },
     /// Close `conn` to `peer`: the peer broke the protocol. The core already
     /// ignores the connection; a later [`Input::PeerDisconnected`] is harmless.
     CloseConnection {
@@ -243,6 +262,57 @@ pub enum Effect {
         /// Why.
         reason: CloseReason,
     },
+}
+
+/// A write of local state, sequenced with every other commit of the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LocalWrite {
+    /// Set the named durable cursor `name` to `arrival` (≤ the journal head).
+    PutCursor {
+        /// The cursor's name (1..=[`mesh_store::CURSOR_NAME_BYTES_MAX`] bytes).
+        name: String,
+        /// The journal position.
+        arrival: Arrival,
+    },
+    /// Journal that the local subscriber `subscriber` missed the live
+    /// journal entries `from..=to` (arrivals, not seqs): it must re-read them.
+    SubscriberLagged {
+        /// Who lagged (1..=[`mesh_store::SUBSCRIBER_NAME_BYTES_MAX`] bytes).
+        subscriber: String,
+        /// First arrival missed.
+        from: Arrival,
+        /// Last arrival missed.
+        to: Arrival,
+    },
+}
+
+impl LocalWrite {
+    /// The name it carries, and the longest the store takes.
+    pub(crate) fn name(&self) -> (&str, usize) {
+        match self {
+            LocalWrite::PutCursor { name, .. } => (name, CURSOR_NAME_BYTES_MAX),
+            LocalWrite::SubscriberLagged { subscriber, .. } => {
+                (subscriber, SUBSCRIBER_NAME_BYTES_MAX)
+            }
+        }
+    }
+
+    /// The store op that writes it.
+    pub(crate) fn into_op(self) -> WriteOp {
+        match self {
+            LocalWrite::PutCursor { name, arrival } => WriteOp::PutCursor { name, arrival },
+            LocalWrite::SubscriberLagged {
+                subscriber,
+                from,
+                to,
+            } => WriteOp::RecordLag {
+                subscriber,
+                from,
+                to,
+            },
+        }
+    }
 }
 
 /// Where a sent message went: its stream and seq, durable at the author.

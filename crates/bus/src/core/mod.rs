@@ -39,11 +39,11 @@ use mesh_store::{OnFull, OwnStream, PeerRecord, Receipt, StoreError, WriteOp};
 pub use config::{
     ACK_RIDE_MS, Config, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
     WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX, WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX,
-    WAITING_SENDS_MAX,
+    WAITING_SENDS_MAX, WAITING_WRITES_MAX,
 };
 pub use io::{
-    BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, Millis, PeerChangeError,
-    Recovered, ReqId, SendError, SendReceipt, open_batch,
+    BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis,
+    PeerChangeError, Recovered, ReqId, SendError, SendReceipt, open_batch,
 };
 pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
 
@@ -104,12 +104,18 @@ impl Out {
 ///    - [`Effect::PeerChanged`]: the peer change is durable and in effect:
 ///      add the peer to (or remove it from) the transport, then answer the
 ///      local client;
+///    - [`Effect::Written`]: answer the local client of that write;
 ///    - [`Effect::CloseConnection`]: close it (the core already ignores it).
 /// 3. Repeat with the next input. Answers to `Persist` and `LoadOutbox` may
 ///    be fed whenever they are ready, interleaved with other inputs.
 ///
+/// Local writes (named cursors, subscriber lag records) are inputs too,
+/// [`Input::Write`]: the core sequences them with every other commit, so
+/// the journal head it reports with [`Effect::Journaled`] is the only one.
+///
 /// Connections: report a connection with [`Input::PeerConnected`] once it is
-/// live, then its frames in order with [`Input::Frame`], then
+/// live, then its frames in order ([`Input::Frame`], and [`Input::Batch`]
+/// for a batch, opened with [`open_batch`] at the edge), then
 /// [`Input::PeerDisconnected`]; at most one live connection per peer (a
 /// replacing one only after the old one's disconnect).
 ///
@@ -236,6 +242,31 @@ impl Core {
             Input::Timer => self.on_timer(now),
             Input::PeerAdded { req, record } => self.on_peer_change(req, PeerChange::Put(record)),
             Input::PeerRemoved { req, node } => self.on_peer_change(req, PeerChange::Remove(node)),
+            Input::Write { req, write } => self.on_write(req, write),
+        }
+    }
+
+    /// Queues a local write for the next commit; a name the store could
+    /// never take, or a full queue, is refused at once.
+    fn on_write(&mut self, req: ReqId, write: LocalWrite) {
+        let (name, max) = write.name();
+        let waiting = self.committer.writes_waiting();
+        let refused = if name.len() > max {
+            Some(StoreError::Conflict(format!(
+                "a name of {} bytes is longer than the {max} the store takes",
+                name.len()
+            )))
+        } else if waiting >= WAITING_WRITES_MAX {
+            Some(StoreError::Busy { waiting })
+        } else {
+            None
+        };
+        match refused {
+            Some(e) => self.out.push(Effect::Written {
+                req,
+                result: Err(e),
+            }),
+            None => self.committer.queue_write(req, write),
         }
     }
 
@@ -624,6 +655,9 @@ impl Core {
         self.receiver.ask_starved(&self.peers, now, config, out);
         self.build_peer_changes(&mut batch, &epochs);
         self.build_appends(&mut batch);
+        for (req, write) in self.committer.take_writes() {
+            batch.push(vec![write.into_op()], Group::Write { req });
+        }
         self.committer.start(batch, &mut self.out);
     }
 
@@ -848,6 +882,7 @@ impl Core {
                 }
             },
             Group::Peer { req, change } => self.on_peer_committed(req, change, result),
+            Group::Write { req } => self.out.push(Effect::Written { req, result }),
             Group::Append {
                 to,
                 batch,

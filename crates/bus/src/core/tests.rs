@@ -8,7 +8,8 @@ use mesh_protocol::{
     SecretKey, Seq, StreamId,
 };
 use mesh_store::{
-    JournalRecord, LossReason, MemStore, MeshStore, OnFull, OutboxBounds, PeerRecord, WriteOp,
+    JournalRecord, LossReason, MemStore, MeshStore, OnFull, OutboxBounds, PeerRecord, Receipt,
+    StoreError, WriteOp,
 };
 
 use super::*;
@@ -1515,4 +1516,114 @@ fn a_batch_dropped_for_a_full_queue_is_asked_again_once_a_commit_empties_it() {
         })
         .collect();
     assert_eq!(asked, vec![1 + per_queue]);
+}
+
+fn written(node: &Node, req: ReqId) -> Option<Result<Receipt, StoreError>> {
+    node.other.iter().find_map(|e| match e {
+        Effect::Written { req: r, result } if *r == req => Some(result.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_local_write_is_answered_only_after_the_commit_it_shares() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.send(id(2), b"one");
+    a.hold_commits = true;
+    a.send(id(2), b"two");
+    let cursor = LocalWrite::PutCursor {
+        name: "reader".into(),
+        arrival: 1,
+    };
+    let lag = LocalWrite::SubscriberLagged {
+        subscriber: "subscriber 3".into(),
+        from: 1,
+        to: 1,
+    };
+    a.run_many(vec![
+        Input::Write {
+            req: ReqId(50),
+            write: cursor,
+        },
+        Input::Write {
+            req: ReqId(51),
+            write: lag,
+        },
+    ]);
+    assert!(written(&a, ReqId(50)).is_none(), "not before its commit");
+    a.release_commit();
+    assert_eq!(a.persists.len(), 3, "both writes share the next commit");
+    assert!(written(&a, ReqId(50)).is_none());
+    a.release_commit();
+    assert!(matches!(written(&a, ReqId(50)), Some(Ok(_))));
+    assert_eq!(a.store.cursor("reader").expect("reads"), Some(1));
+    let receipt = written(&a, ReqId(51)).expect("answered").expect("written");
+    let (first, last) = receipt.arrivals.expect("journaled");
+    assert_eq!(first, last);
+    assert_eq!(
+        a.journal()[last as usize - 1],
+        JournalRecord::SubscriberLagged {
+            subscriber: "subscriber 3".into(),
+            from: 1,
+            to: 1
+        }
+    );
+    assert!(
+        a.other
+            .iter()
+            .any(|e| matches!(e, Effect::Journaled { upto } if *upto == last)),
+        "subscribers are woken for the lag record"
+    );
+}
+
+#[test]
+fn a_local_write_the_store_cannot_take_is_refused_and_a_full_queue_is_busy() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    let past_head = LocalWrite::PutCursor {
+        name: "reader".into(),
+        arrival: 7,
+    };
+    a.run(Input::Write {
+        req: ReqId(1),
+        write: past_head,
+    });
+    let err = written(&a, ReqId(1))
+        .expect("answered")
+        .expect_err("refused");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    let long = LocalWrite::SubscriberLagged {
+        subscriber: "x".repeat(mesh_store::SUBSCRIBER_NAME_BYTES_MAX + 1),
+        from: 1,
+        to: 1,
+    };
+    let commits = a.core.metrics().commits;
+    a.run(Input::Write {
+        req: ReqId(2),
+        write: long,
+    });
+    let err = written(&a, ReqId(2))
+        .expect("answered")
+        .expect_err("refused");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_eq!(
+        a.core.metrics().commits,
+        commits,
+        "refused before the store"
+    );
+    a.hold_commits = true;
+    a.send(id(2), b"in flight");
+    let cursor = |n: u64| Input::Write {
+        req: ReqId(100 + n),
+        write: LocalWrite::PutCursor {
+            name: format!("c{n}"),
+            arrival: 0,
+        },
+    };
+    a.run_many((0..=WAITING_WRITES_MAX as u64).map(cursor).collect());
+    let busy = written(&a, ReqId(100 + WAITING_WRITES_MAX as u64));
+    assert!(
+        matches!(busy, Some(Err(StoreError::Busy { waiting })) if waiting == WAITING_WRITES_MAX),
+        "{busy:?}"
+    );
+    assert!(written(&a, ReqId(100)).is_none(), "the others wait");
 }

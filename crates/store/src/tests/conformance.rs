@@ -36,7 +36,8 @@ macro_rules! suite {
                 peers_and_cursors_round_trip,
                 a_cursor_must_be_named_and_point_into_the_journal,
                 max_lamport_is_the_highest_clock_ever_committed,
-                a_loss_record_is_a_journal_entry
+                a_loss_record_is_a_journal_entry,
+                a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written
             );
         }
     };
@@ -1098,4 +1099,49 @@ fn a_loss_record_is_a_journal_entry(s: &dyn MeshStore) {
     .expect_err("empty range");
     assert!(matches!(err, StoreError::Conflict(_)), "{err}");
     assert_eq!(s.journal_head().expect("head"), 1);
+}
+
+fn a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written(s: &dyn MeshStore) {
+    append_ok(s, own(s, PEER, 1, 3, 10));
+    let lag = |subscriber: &str, from, to| WriteOp::RecordLag {
+        subscriber: subscriber.into(),
+        from,
+        to,
+    };
+    let r = receipt_of(s, vec![lag("subscriber 7 (uid 1000)", 2, 3)]);
+    assert_eq!(r.arrivals, Some((4, 4)));
+    assert_eq!(
+        journal(s)[3].record,
+        JournalRecord::SubscriberLagged {
+            subscriber: "subscriber 7 (uid 1000)".into(),
+            from: 2,
+            to: 3,
+        }
+    );
+    // The record itself may be named by a later one.
+    receipt_of(s, vec![lag("again", 4, 4)]);
+    let long = "x".repeat(crate::SUBSCRIBER_NAME_BYTES_MAX + 1);
+    for bad in [
+        lag("s", 0, 1),
+        lag("s", 3, 2),
+        lag("s", 1, 6),
+        lag("", 1, 1),
+        lag(&long, 1, 1),
+    ] {
+        let err = commit1(s, vec![bad.clone()]).expect_err("refused");
+        assert!(matches!(err, StoreError::Conflict(_)), "{bad:?}: {err}");
+    }
+    assert_eq!(s.journal_head().expect("head"), 5);
+    // Within one group, an entry written earlier may be named.
+    let r = receipt_of(
+        s,
+        vec![
+            WriteOp::AppendOwn {
+                batch: own(s, PEER, 4, 1, 10),
+                bounds: OutboxBounds::default(),
+            },
+            lag("s", 6, 6),
+        ],
+    );
+    assert_eq!(r.arrivals, Some((6, 7)));
 }

@@ -227,6 +227,16 @@ impl Workload {
                     WriteOp::RemovePeer(node(n))
                 }
             }
+            96..98 => {
+                // Now and then past the head, which both stores must refuse.
+                let head = model.journal_head().expect("head");
+                let from = r.random_range(1..=head + 1);
+                WriteOp::RecordLag {
+                    subscriber: format!("subscriber {}", r.random_range(0..3)),
+                    from,
+                    to: (from + r.random_range(0..5)).min(head + 1),
+                }
+            }
             _ => {
                 let from = r.random_range(1..50);
                 WriteOp::RecordLoss {
