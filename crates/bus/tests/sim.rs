@@ -77,6 +77,8 @@ struct Params {
     outages: usize,
     policy: OnFull,
     max_msgs: u64,
+    /// Payloads are 9 to 32 bytes, so a small bound here binds before `max_msgs`.
+    max_bytes: u64,
     ack_ride_ms: u64,
     /// Inputs due at the same moment for one node are fed together
     /// (`Core::handle_many`), as the driver feeds what is already queued.
@@ -107,6 +109,11 @@ impl Params {
             ack_ride_ms: [0, 5, 50][rng.random_range(0..3)],
             batch_inputs: rng.random_bool(0.5),
             writes: rng.random_range(0..=6),
+            max_bytes: if rng.random_bool(0.5) {
+                1 << 20
+            } else {
+                rng.random_range(60..=300)
+            },
         }
     }
 
@@ -114,7 +121,7 @@ impl Params {
         Config {
             outbox: OutboxBounds {
                 max_msgs: self.max_msgs,
-                max_bytes: 1 << 20,
+                max_bytes: self.max_bytes,
                 on_full: self.policy,
             },
             catchup_chunk_bytes: 48,

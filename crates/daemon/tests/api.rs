@@ -75,6 +75,15 @@ impl NodeApi for TestNode {
             let mut sent = Vec::new();
             for m in &msgs {
                 let seq = planned.entry(m.to).or_insert(1);
+                // Nothing is ever acknowledged here: the outbox holds every seq
+                // sent. The bus core would refuse the send the same way.
+                if *seq > self.bounds.max_msgs {
+                    return Err(ApiError::OutboxFull(format!(
+                        "outbox for peer {} is full ({} msgs unacknowledged)",
+                        m.to.fmt_short(),
+                        *seq - 1
+                    )));
+                }
                 let batch = OpenBatch::sign(
                     &self.secret,
                     self.epoch,
@@ -88,10 +97,7 @@ impl NodeApi for TestNode {
                     }],
                 )
                 .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-                ops.push(WriteOp::AppendOwn {
-                    batch,
-                    bounds: self.bounds,
-                });
+                ops.push(WriteOp::AppendOwn { batch, evict: None });
                 sent.push((
                     StreamId::direct(self.secret.public(), self.epoch, m.to),
                     *seq,

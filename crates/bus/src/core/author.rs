@@ -35,18 +35,6 @@ struct Feed {
     progress_at: Millis,
 }
 
-/// The committed state of an own stream that has no message yet.
-fn empty_stream(stream: StreamId) -> OwnStream {
-    OwnStream {
-        stream,
-        next_seq: 1,
-        first_retained: 1,
-        last_acked: 0,
-        msgs: 0,
-        bytes: 0,
-    }
-}
-
 impl Feed {
     /// The next deadline of this feed: a read to retry, or the moment the
     /// peer's silence about outstanding messages makes us resend.
@@ -153,7 +141,7 @@ impl Author {
         self.own
             .get(&to)
             .cloned()
-            .unwrap_or_else(|| empty_stream(self.stream_id(to)))
+            .unwrap_or_else(|| OwnStream::empty(self.stream_id(to)))
     }
 
     /// The Lamport clock moves past one seen on a peer's envelope.

@@ -9,7 +9,7 @@ use mesh_store::{Receipt, StoreError, WriteOp};
 use super::peers::PeerChange;
 use super::{
     CommitId, Config, Effect, LocalWrite, Millis, Out, ReqId, WAITING_BATCH_BYTES_MAX,
-    WAITING_BATCHES_MAX,
+    WAITING_BATCHES_MAX, WAITING_SENDS_MAX,
 };
 
 /// A local send waiting for the next commit.
@@ -159,7 +159,6 @@ pub(super) enum Group {
         to: NodeId,
         batch: OpenBatch,
         senders: Vec<ReqId>,
-        bytes: u64,
     },
     Peer {
         req: ReqId,
@@ -194,14 +193,11 @@ struct InFlight {
 /// The queues of work waiting for the next commit, and the one in flight.
 ///
 /// Invariants: at most one commit is in flight; `send_bytes` is the payload
-/// bytes of `sends` and `queued` their count and bytes per recipient (plus
-/// those of the commit in flight); each queue stays within its bound.
+/// bytes of `sends`; each queue stays within its bound.
 #[derive(Debug)]
 pub(super) struct Committer {
     sends: VecDeque<WaitingSend>,
     send_bytes: u64,
-    /// Sends per recipient not yet committed (waiting or in flight): messages, bytes.
-    queued: BTreeMap<NodeId, (u64, u64)>,
     /// Peer batches and gaps.
     pub(super) inbound: InboundQueue,
     acks: BTreeMap<NodeId, AckWork>,
@@ -223,7 +219,6 @@ impl Committer {
         Committer {
             sends: VecDeque::new(),
             send_bytes: 0,
-            queued: BTreeMap::new(),
             inbound: InboundQueue::default(),
             acks: BTreeMap::new(),
             acks_since: None,
@@ -253,36 +248,37 @@ impl Committer {
         (self.sends.len(), self.send_bytes)
     }
 
-    /// Sends to `to` not yet committed: messages and payload bytes.
-    pub(super) fn queued(&self, to: NodeId) -> (u64, u64) {
-        self.queued.get(&to).copied().unwrap_or_default()
-    }
-
     pub(super) fn queue_send(&mut self, send: WaitingSend) {
-        let len = send.payload.len() as u64;
-        self.send_bytes += len;
-        let q = self.queued.entry(send.to).or_default();
-        q.0 += 1;
-        q.1 += len;
+        self.send_bytes += send.payload.len() as u64;
         self.sends.push_back(send);
+        self.check();
     }
 
-    /// The sends waiting, taken for the next commit (they stay counted as
-    /// queued until [`Committer::unqueue`]).
+    /// The sends waiting, taken for the next commit.
     pub(super) fn take_sends(&mut self) -> VecDeque<WaitingSend> {
         self.send_bytes = 0;
         std::mem::take(&mut self.sends)
     }
 
-    /// `msgs` sends to `to` of `bytes` are answered.
-    pub(super) fn unqueue(&mut self, to: NodeId, msgs: u64, bytes: u64) {
-        if let Some(q) = self.queued.get_mut(&to) {
-            q.0 = q.0.saturating_sub(msgs);
-            q.1 = q.1.saturating_sub(bytes);
-            if q.0 == 0 {
-                self.queued.remove(&to);
-            }
+    /// Sends taken for a commit that must wait for the next one after all,
+    /// in their order, ahead of any that came since.
+    pub(super) fn wait_again(&mut self, sends: Vec<WaitingSend>) {
+        for s in sends.into_iter().rev() {
+            self.send_bytes += s.payload.len() as u64;
+            self.sends.push_front(s);
         }
+        self.check();
+    }
+
+    fn check(&self) {
+        debug_assert_eq!(
+            self.send_bytes,
+            self.sends
+                .iter()
+                .map(|s| s.payload.len() as u64)
+                .sum::<u64>()
+        );
+        debug_assert!(self.sends.len() <= WAITING_SENDS_MAX);
     }
 
     /// The highest ack of `to` waiting for or in the current commit (0 if none, or a reset).
@@ -378,10 +374,9 @@ impl Committer {
     /// work (sends, peer batches, peer changes, local writes) to share their commit: plain acks (no reset, no new epoch, which
     /// are written at once), seen less than `ack_ride_ms` ago.
     ///
-    /// Nothing else waits for an ack record: the outbox pre-check counts a
-    /// waiting ack as acknowledged, and the ack rides first in the commit
-    /// of the sends it let in, so the store sees it before their appends; a
-    /// store whose mark lags only evicts less. A reset or an epoch record
+    /// Nothing else waits for an ack record: sends that need the room an
+    /// ack makes wait for the commit after the ack's, which any send
+    /// starts at once. A reset or an epoch record
     /// is not delayed: until it is written, the store holds an acked mark
     /// a new peer store no longer has.
     fn acks_may_wait(&self, now: Millis, config: &Config) -> bool {

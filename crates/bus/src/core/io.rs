@@ -351,7 +351,8 @@ pub enum SendError {
         waiting: usize,
     },
     /// Capacity: the peer's outbox is full of unacknowledged messages and its
-    /// policy is `reject`. Nothing was written.
+    /// policy is `reject`. Nothing was written. Decided by the core, exactly,
+    /// from the committed outbox and the sends ahead of this one.
     #[error(
         "outbox for peer {} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first",
         .peer.fmt_short()
@@ -359,9 +360,10 @@ pub enum SendError {
     OutboxFull {
         /// The recipient.
         peer: NodeId,
-        /// Unacknowledged messages (written or waiting).
+        /// Messages the outbox cannot evict without loss (written, or taken
+        /// ahead of this one).
         msgs: u64,
-        /// Unacknowledged payload bytes known (written or waiting).
+        /// Their payload bytes.
         bytes: u64,
     },
     /// The environment: the store failed; the message was not written.
@@ -373,14 +375,9 @@ pub enum SendError {
 }
 
 impl SendError {
-    /// Why the store did not write a send to `to`.
-    pub(crate) fn from_store(e: &StoreError, to: NodeId) -> SendError {
+    /// Why the store did not write a send.
+    pub(crate) fn from_store(e: &StoreError) -> SendError {
         match e {
-            StoreError::OutboxFull { msgs, bytes, .. } => SendError::OutboxFull {
-                peer: to,
-                msgs: *msgs,
-                bytes: *bytes,
-            },
             StoreError::Conflict(why) => SendError::Internal(why.clone()),
             other => SendError::Store(other.to_string()),
         }

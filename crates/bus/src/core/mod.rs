@@ -22,6 +22,7 @@ mod commit;
 mod config;
 mod io;
 mod metrics;
+mod outbox;
 mod peers;
 mod receiver;
 #[cfg(test)]
@@ -34,7 +35,7 @@ use mesh_protocol::{
     Epoch, Frame, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, Mark, NewEnvelope, NodeId, OpenBatch,
     PROTOCOL_VERSION, SecretKey, Seq, StreamId,
 };
-use mesh_store::{OnFull, OwnStream, PeerRecord, Receipt, StoreError, WriteOp};
+use mesh_store::{Eviction, OwnStream, PeerRecord, Receipt, StoreError, WriteOp};
 
 pub use config::{
     ACK_RIDE_MS, Config, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
@@ -49,6 +50,7 @@ pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
 
 use author::Author;
 use commit::{AckWork, Batch, Committer, Group, InboundWork, WaitingSend};
+use outbox::Room;
 use peers::{HelloStep, PeerChange, Peers};
 use receiver::{Receiver, send_live};
 use timers::{PeerTimer, Timer, TimerTable};
@@ -342,8 +344,8 @@ impl Core {
         });
     }
 
-    /// Refuses a send early: a bad request, a full queue, or (under
-    /// `reject`) an outbox that cannot take it. The store checks again.
+    /// Refuses a send at once: a bad request or a full queue. Whether its
+    /// outbox takes it is decided when its commit is built.
     fn check_send(&self, to: NodeId, len: u64) -> Result<(), SendError> {
         if to == self.me {
             return Err(SendError::ToSelf);
@@ -351,38 +353,13 @@ impl Core {
         if !self.peers.is_peer(to) {
             return Err(SendError::UnknownPeer(to));
         }
-        let bounds = self.config.outbox;
-        let max = PAYLOAD_BYTES_MAX.min(bounds.max_bytes);
+        let max = PAYLOAD_BYTES_MAX.min(self.config.outbox.max_bytes);
         if len > max {
             return Err(SendError::TooLarge { len, max });
         }
         let (waiting, waiting_bytes) = self.committer.sends_waiting();
         if waiting >= WAITING_SENDS_MAX || waiting_bytes + len > WAITING_SEND_BYTES_MAX {
             return Err(SendError::Busy { waiting });
-        }
-        if bounds.on_full == OnFull::EvictOldest {
-            return Ok(());
-        }
-        let own = self.author.own_view(to);
-        let acked = own.last_acked.max(self.committer.ack_in_progress(to));
-        // Retained and unacknowledged: seqs above both the ack and the eviction point.
-        let unacked_msgs = (own.next_seq - 1).saturating_sub(acked.max(own.first_retained - 1));
-        // Bytes are known per stream only; they are all unacknowledged if no
-        // retained seq is acknowledged, and otherwise unknown (0 is a lower bound).
-        let unacked_bytes = if acked < own.first_retained {
-            own.bytes
-        } else {
-            0
-        };
-        let (qm, qb) = self.committer.queued(to);
-        let msgs = unacked_msgs + qm;
-        let bytes = unacked_bytes + qb;
-        if msgs + 1 > bounds.max_msgs || bytes + len > bounds.max_bytes {
-            return Err(SendError::OutboxFull {
-                peer: to,
-                msgs,
-                bytes,
-            });
         }
         Ok(())
     }
@@ -646,7 +623,7 @@ impl Core {
             return;
         }
         let mut batch = Batch::default();
-        let epochs = self.build_acks(&mut batch);
+        let (epochs, acking) = self.build_acks(&mut batch);
         for work in self.committer.take_inbound() {
             batch_inbound(&mut batch, work);
         }
@@ -654,7 +631,7 @@ impl Core {
         let (config, out) = (&self.config, &mut self.out);
         self.receiver.ask_starved(&self.peers, now, config, out);
         self.build_peer_changes(&mut batch, &epochs);
-        self.build_appends(&mut batch);
+        self.build_appends(&mut batch, &acking);
         for (req, write) in self.committer.take_writes() {
             batch.push(vec![write.into_op()], Group::Write { req });
         }
@@ -663,9 +640,10 @@ impl Core {
 
     /// One group per peer whose ack (or new epoch) waits; returns the
     /// epochs they record, so a peer record written later in the same
-    /// commit keeps the newest.
-    fn build_acks(&mut self, batch: &mut Batch) -> BTreeMap<NodeId, Epoch> {
+    /// commit keeps the newest, and the peers whose ack moves.
+    fn build_acks(&mut self, batch: &mut Batch) -> (BTreeMap<NodeId, Epoch>, BTreeSet<NodeId>) {
         let mut epochs = BTreeMap::new();
+        let mut acking = BTreeSet::new();
         for (peer, work) in self.committer.take_acks() {
             let mut ops = Vec::new();
             if let Some(epoch) = work.epoch {
@@ -682,6 +660,7 @@ impl Core {
                 // processed yet; never past what the store holds.
                 let upto = work.upto.min(own.next_seq - 1);
                 if upto > own.last_acked || (work.reset && upto != own.last_acked) {
+                    acking.insert(peer);
                     ops.push(WriteOp::Acked {
                         stream: own.stream.clone(),
                         upto,
@@ -693,7 +672,7 @@ impl Core {
                 batch.push(ops, Group::Ack { peer, work });
             }
         }
-        epochs
+        (epochs, acking)
     }
 
     /// One group per peer change, after the acks: an ack's record carries
@@ -716,36 +695,72 @@ impl Core {
     }
 
     /// Turns the waiting sends into signed batches, one group each: the
-    /// sends of one stream become one batch, split at the batch and outbox limits.
-    fn build_appends(&mut self, batch: &mut Batch) {
-        let bounds = self.config.outbox;
-        let max_entries = (MAX_BATCH_ENTRIES as u64).min(bounds.max_msgs).max(1);
-        let max_bytes = MAX_BATCH_PAYLOAD_BYTES.min(bounds.max_bytes);
+    /// sends of one stream that its outbox takes (see [`outbox`]) become
+    /// one batch, split at the batch and outbox limits. A send the outbox
+    /// refuses is answered at once, unless an ack of its stream rides in
+    /// this commit: then it and the stream's later sends wait for the next
+    /// commit, which knows what the ack made evictable.
+    fn build_appends(&mut self, batch: &mut Batch, acking: &BTreeSet<NodeId>) {
         let mut by_peer: BTreeMap<NodeId, Vec<WaitingSend>> = BTreeMap::new();
         for s in self.committer.take_sends() {
             by_peer.entry(s.to).or_default().push(s);
         }
+        let mut later = Vec::new();
         for (to, sends) in by_peer {
-            let mut next_seq = self.author.own_view(to).next_seq;
-            let mut chunk: Vec<WaitingSend> = Vec::new();
-            let mut chunk_bytes = 0u64;
-            let mut sends = sends.into_iter().peekable();
+            let own = self.author.own_view(to);
+            let mut room = Room::new(&own, self.config.outbox, to);
+            let mut taken = Vec::with_capacity(sends.len());
+            let mut sends = sends.into_iter();
             while let Some(s) = sends.next() {
-                chunk_bytes += s.payload.len() as u64;
-                chunk.push(s);
-                let full = sends.peek().is_none_or(|n| {
-                    chunk.len() as u64 >= max_entries
-                        || chunk_bytes + n.payload.len() as u64 > max_bytes
-                });
-                if !full {
-                    continue;
+                match room.admit(s.payload.len() as u64) {
+                    Ok(()) => taken.push(s),
+                    Err(_) if acking.contains(&to) => {
+                        later.push(s);
+                        later.extend(sends.by_ref());
+                    }
+                    Err(e) => {
+                        self.out.metrics.sends_refused += 1;
+                        let result = Err(e);
+                        self.out.push(Effect::Reply { req: s.req, result });
+                    }
                 }
-                let taken = std::mem::take(&mut chunk);
-                let bytes = std::mem::take(&mut chunk_bytes);
-                let n = taken.len() as u64;
-                if self.sign_chunk(batch, to, next_seq, taken, bytes) {
-                    next_seq += n;
-                }
+            }
+            self.build_stream(batch, to, own.next_seq, taken, &mut room);
+        }
+        self.committer.wait_again(later);
+    }
+
+    /// The batches of the sends to `to` its outbox took, from `next_seq` on.
+    fn build_stream(
+        &mut self,
+        batch: &mut Batch,
+        to: NodeId,
+        mut next_seq: Seq,
+        sends: Vec<WaitingSend>,
+        room: &mut Room,
+    ) {
+        let bounds = self.config.outbox;
+        let max_entries = (MAX_BATCH_ENTRIES as u64).min(bounds.max_msgs).max(1);
+        let max_bytes = MAX_BATCH_PAYLOAD_BYTES.min(bounds.max_bytes);
+        let mut chunk: Vec<WaitingSend> = Vec::new();
+        let mut chunk_bytes = 0u64;
+        let mut sends = sends.into_iter().peekable();
+        while let Some(s) = sends.next() {
+            chunk_bytes += s.payload.len() as u64;
+            chunk.push(s);
+            let full = sends.peek().is_none_or(|n| {
+                chunk.len() as u64 >= max_entries
+                    || chunk_bytes + n.payload.len() as u64 > max_bytes
+            });
+            if !full {
+                continue;
+            }
+            let taken = std::mem::take(&mut chunk);
+            let bytes = std::mem::take(&mut chunk_bytes);
+            let n = taken.len() as u64;
+            let evict = room.evict_for(n, bytes);
+            if self.sign_chunk(batch, to, next_seq, taken, evict) {
+                next_seq += n;
             }
         }
     }
@@ -759,7 +774,7 @@ impl Core {
         to: NodeId,
         first_seq: Seq,
         sends: Vec<WaitingSend>,
-        bytes: u64,
+        evict: Option<Eviction>,
     ) -> bool {
         let mut senders = Vec::with_capacity(sends.len());
         let envelopes: Vec<NewEnvelope> = sends
@@ -778,19 +793,17 @@ impl Core {
             Ok(signed) => {
                 let ops = vec![WriteOp::AppendOwn {
                     batch: signed.clone(),
-                    bounds: self.config.outbox,
+                    evict,
                 }];
                 let group = Group::Append {
                     to,
                     batch: signed,
                     senders,
-                    bytes,
                 };
                 batch.push(ops, group);
                 true
             }
             Err(e) => {
-                self.committer.unqueue(to, senders.len() as u64, bytes);
                 self.fail_senders(senders, &SendError::Internal(e.to_string()));
                 false
             }
@@ -883,13 +896,7 @@ impl Core {
             },
             Group::Peer { req, change } => self.on_peer_committed(req, change, result),
             Group::Write { req } => self.out.push(Effect::Written { req, result }),
-            Group::Append {
-                to,
-                batch,
-                senders,
-                bytes,
-            } => {
-                self.committer.unqueue(to, senders.len() as u64, bytes);
+            Group::Append { to, batch, senders } => {
                 self.on_append_committed(to, batch, senders, result, after, now);
             }
         }
@@ -932,7 +939,7 @@ impl Core {
         let receipt = match result {
             Ok(receipt) => receipt,
             Err(e) => {
-                let err = SendError::from_store(&e, to);
+                let err = SendError::from_store(&e);
                 self.fail_senders(senders, &err);
                 after.failed_sends.insert(to, err);
                 return;

@@ -899,9 +899,10 @@ fn reject_policy_refuses_a_full_outbox_with_the_peer_and_counts() {
 }
 
 #[test]
-fn the_store_has_the_last_word_on_a_full_outbox() {
-    // Bytes cannot be pre-checked once some retained messages are acked; the
-    // store refuses, and the sender hears why.
+fn the_core_refuses_a_full_outbox_by_its_bytes_exactly_before_the_store() {
+    // Some retained messages are acked: the core knows which part of the
+    // outbox it may evict, bytes and all, so it refuses at once and the
+    // store is never asked to write what would not fit.
     let config = Config {
         outbox: OutboxBounds {
             max_msgs: 100,
@@ -917,14 +918,47 @@ fn the_store_has_the_last_word_on_a_full_outbox() {
     let r2 = p.a.send(id(2), b"12345678");
     assert_eq!(ok_seq(p.a.reply(r2)), 2);
     // 1 (acked) + 8 retained: evicting the acked one leaves 8 + 3 > 10.
+    let commits = p.a.persists.len();
     let r3 = p.a.send(id(2), b"123");
     assert!(
-        matches!(p.a.reply(r3), Some(Err(SendError::OutboxFull { .. }))),
+        matches!(
+            p.a.reply(r3),
+            Some(Err(SendError::OutboxFull {
+                msgs: 1,
+                bytes: 8,
+                ..
+            }))
+        ),
         "{:?}",
         p.a.reply(r3)
     );
-    assert_eq!(p.a.core.metrics().sends_failed, 1);
-    assert_eq!(p.a.core.metrics().sends_refused, 0, "not refused early");
+    assert_eq!(
+        p.a.core.metrics().sends_failed,
+        0,
+        "not failed by the store"
+    );
+    assert_eq!(p.a.core.metrics().sends_refused, 1);
+    assert_eq!(p.a.persists.len(), commits, "nothing was committed for it");
+    // Two bytes fit once the acked message goes, which the append says.
+    let r4 = p.a.send(id(2), b"12");
+    assert_eq!(ok_seq(p.a.reply(r4)), 3);
+    let evicts: Vec<_> = p.a.persists[commits..]
+        .iter()
+        .flatten()
+        .flatten()
+        .filter_map(|op| match op {
+            WriteOp::AppendOwn { evict, .. } => Some(evict.clone()),
+            _ => None,
+        })
+        .collect();
+    let keep = mesh_store::Eviction {
+        msgs_max: 99,
+        bytes_max: 8,
+        loss: None,
+    };
+    assert_eq!(evicts, vec![Some(keep)]);
+    let own = p.a.core.own_stream(&id(2)).expect("stream");
+    assert_eq!((own.first_retained, own.bytes), (2, 10));
 }
 
 #[test]

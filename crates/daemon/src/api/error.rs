@@ -174,7 +174,6 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::OutboxFull { .. } => ApiError::OutboxFull(e.to_string()),
             StoreError::Conflict(_) => ApiError::Internal(e.to_string()),
             // Unavailable, Closed, and a store that failed to open or is damaged:
             // nothing the caller did, and nothing was written.
@@ -200,15 +199,6 @@ mod tests {
 
     #[test]
     fn store_errors_map_to_their_statuses() {
-        let full = StoreError::OutboxFull {
-            peer: "abc".into(),
-            msgs: 1,
-            bytes: 2,
-        };
-        assert_eq!(
-            ApiError::from(full).status(),
-            StatusCode::INSUFFICIENT_STORAGE
-        );
         assert_eq!(
             ApiError::from(StoreError::Unavailable("disk".into())).status(),
             StatusCode::SERVICE_UNAVAILABLE

@@ -116,7 +116,7 @@ pub struct StreamMark {
 /// Every method answers only after its effect is durable (a send after its
 /// commit) or fails with an [`ApiError`] whose status tells who is at fault:
 /// [`ApiError::UnknownPeer`] for an unknown recipient or peer,
-/// [`ApiError::OutboxFull`] (from `StoreError::OutboxFull`),
+/// [`ApiError::OutboxFull`] (the core refused the send),
 /// [`ApiError::StoreUnavailable`], [`ApiError::NodeUnavailable`].
 pub trait NodeApi: Send + Sync + 'static {
     /// Sends one message; answers after it is committed.
