@@ -156,6 +156,13 @@ impl Author {
                 && o.stream.author == self.me
                 && o.stream.epoch == self.epoch
             {
+                debug_assert_eq!(o.broken(), None, "{o:?}");
+                // A commit only moves a stream on: seqs are never reused.
+                debug_assert!(
+                    self.own
+                        .get(&to)
+                        .is_none_or(|was| was.next_seq <= o.next_seq)
+                );
                 self.own.insert(to, o.clone());
             }
         }

@@ -60,6 +60,7 @@ pub(super) enum HelloStep {
 /// Invariant: this node is never its own peer.
 #[derive(Debug)]
 pub(super) struct Peers {
+    me: NodeId,
     table: BTreeMap<NodeId, Peer>,
     /// Peers whose connection phase changed since [`Peers::take_touched`].
     touched: BTreeSet<NodeId>,
@@ -81,6 +82,7 @@ impl Peers {
             })
             .collect();
         Peers {
+            me,
             table,
             touched: BTreeSet::new(),
         }
@@ -165,6 +167,8 @@ impl Peers {
     /// Applies a committed peer change. The caller has forgotten the
     /// connection of a removed peer.
     pub(super) fn apply(&mut self, change: PeerChange) {
+        // The core refuses a change naming this node before it is queued.
+        debug_assert_ne!(change.node(), self.me);
         match change {
             PeerChange::Put(record) => match self.table.get_mut(&record.node) {
                 Some(p) => p.record.addrs = record.addrs,

@@ -483,9 +483,18 @@ impl Receiver {
         self.ask_resync(stream, peers, now, true, config, out);
     }
 
-    /// The streams whose state changed since the last call.
+    /// The streams whose state changed since the last call; each is
+    /// checked against its invariants (in debug builds).
     pub(super) fn take_touched(&mut self) -> BTreeSet<StreamId> {
-        std::mem::take(&mut self.touched)
+        let touched = std::mem::take(&mut self.touched);
+        if cfg!(debug_assertions) {
+            for stream in &touched {
+                if let Some(inb) = self.streams.get(stream) {
+                    inb.check();
+                }
+            }
+        }
+        touched
     }
 }
 
