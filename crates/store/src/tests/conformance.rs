@@ -258,6 +258,7 @@ fn an_eviction_takes_the_oldest_whole_batches_until_the_outbox_is_within_it(s: &
     assert_eq!(firsts(s, &stream), vec![3, 4, 5, 6]);
 }
 
+// Three evictions of one outbox in turn; each starts where the last left it.
 fn a_lossy_eviction_journals_one_loss_record_for_the_unacked_part(s: &dyn MeshStore) {
     let stream = own_stream_id(s, PEER);
     append_ok(s, own(s, PEER, 1, 2, 10));

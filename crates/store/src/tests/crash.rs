@@ -131,54 +131,9 @@ impl Workload {
     fn op(&mut self, model: &MemStore) -> WriteOp {
         self.ops += 1;
         let r = &mut self.rng;
-        let epoch = model.meta().epoch;
         match r.random_range(0..100) {
-            0..35 => {
-                let to = RECIPIENTS[r.random_range(0..3)];
-                let stream = StreamId::direct(node(ME), epoch, node(to));
-                let next = own_state(model, &stream).map_or(1, |o| o.next_seq);
-                // Now and then a wrong seq, which both stores must refuse.
-                let first = if r.random_range(0..20) == 0 {
-                    next + 1
-                } else {
-                    next
-                };
-                let sizes: Vec<usize> = (0..r.random_range(1..=3))
-                    .map(|_| r.random_range(0..120))
-                    .collect();
-                // No eviction, or one down to random targets, lossless (which
-                // both stores must refuse if it would drop unacknowledged
-                // seqs) or recording a loss.
-                let evict = match r.random_range(0..4) {
-                    0 | 1 => None,
-                    n => Some(Eviction {
-                        msgs_max: r.random_range(0..8),
-                        bytes_max: r.random_range(0..600),
-                        loss: (n == 3).then(|| "full".into()),
-                    }),
-                };
-                WriteOp::AppendOwn {
-                    batch: batch(ME, epoch, Channel::Direct(node(to)), first, &sizes),
-                    evict,
-                }
-            }
-            35..50 => {
-                let to = RECIPIENTS[r.random_range(0..3)];
-                let stream = StreamId::direct(node(ME), epoch, node(to));
-                let (acked, next) =
-                    own_state(model, &stream).map_or((0, 1), |o| (o.last_acked, o.next_seq));
-                let reset = r.random_range(0..15) == 0;
-                let upto = if reset {
-                    r.random_range(0..next)
-                } else {
-                    r.random_range(acked..next)
-                };
-                WriteOp::Acked {
-                    stream,
-                    upto,
-                    reset,
-                }
-            }
+            0..35 => self.append(model),
+            35..50 => self.ack(model),
             50..80 => {
                 let author = AUTHORS[r.random_range(0..3)];
                 let m = mark(model, &peer_stream(author));
@@ -206,22 +161,7 @@ impl Workload {
                 name: CURSORS[r.random_range(0..2)].into(),
                 arrival: r.random_range(0..=model.journal_head().expect("head") + 1),
             },
-            92..96 => {
-                let n = AUTHORS[r.random_range(0..3)];
-                if r.random_bool(0.7) {
-                    WriteOp::PutPeer(PeerRecord {
-                        node: node(n),
-                        addrs: vec![
-                            format!("127.0.0.1:{}", r.random_range(1000..2000))
-                                .parse()
-                                .expect("addr"),
-                        ],
-                        epoch: None,
-                    })
-                } else {
-                    WriteOp::RemovePeer(node(n))
-                }
-            }
+            92..96 => self.peer(),
             96..98 => {
                 // Now and then past the head, which both stores must refuse.
                 let head = model.journal_head().expect("head");
@@ -242,6 +182,77 @@ impl Workload {
                     detail: "lagged".into(),
                 }
             }
+        }
+    }
+
+    /// An own batch at the next seq (now and then a wrong one, which both
+    /// stores must refuse), with no eviction or one down to random
+    /// targets: lossless (refused if it would drop unacknowledged seqs) or
+    /// recording a loss.
+    fn append(&mut self, model: &MemStore) -> WriteOp {
+        let r = &mut self.rng;
+        let epoch = model.meta().epoch;
+        let to = RECIPIENTS[r.random_range(0..3)];
+        let stream = StreamId::direct(node(ME), epoch, node(to));
+        let next = own_state(model, &stream).map_or(1, |o| o.next_seq);
+        let first = if r.random_range(0..20) == 0 {
+            next + 1
+        } else {
+            next
+        };
+        let sizes: Vec<usize> = (0..r.random_range(1..=3))
+            .map(|_| r.random_range(0..120))
+            .collect();
+        let evict = match r.random_range(0..4) {
+            0 | 1 => None,
+            n => Some(Eviction {
+                msgs_max: r.random_range(0..8),
+                bytes_max: r.random_range(0..600),
+                loss: (n == 3).then(|| "full".into()),
+            }),
+        };
+        WriteOp::AppendOwn {
+            batch: batch(ME, epoch, Channel::Direct(node(to)), first, &sizes),
+            evict,
+        }
+    }
+
+    /// An ack of an own stream, forward (or, now and then, a reset anywhere).
+    fn ack(&mut self, model: &MemStore) -> WriteOp {
+        let r = &mut self.rng;
+        let to = RECIPIENTS[r.random_range(0..3)];
+        let stream = StreamId::direct(node(ME), model.meta().epoch, node(to));
+        let (acked, next) =
+            own_state(model, &stream).map_or((0, 1), |o| (o.last_acked, o.next_seq));
+        let reset = r.random_range(0..15) == 0;
+        let upto = if reset {
+            r.random_range(0..next)
+        } else {
+            r.random_range(acked..next)
+        };
+        WriteOp::Acked {
+            stream,
+            upto,
+            reset,
+        }
+    }
+
+    /// A peer added (or readdressed) or removed.
+    fn peer(&mut self) -> WriteOp {
+        let r = &mut self.rng;
+        let n = AUTHORS[r.random_range(0..3)];
+        if r.random_bool(0.7) {
+            WriteOp::PutPeer(PeerRecord {
+                node: node(n),
+                addrs: vec![
+                    format!("127.0.0.1:{}", r.random_range(1000..2000))
+                        .parse()
+                        .expect("addr"),
+                ],
+                epoch: None,
+            })
+        } else {
+            WriteOp::RemovePeer(node(n))
         }
     }
 }

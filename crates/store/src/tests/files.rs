@@ -319,6 +319,7 @@ fn a_store_left_open_by_a_dead_process_reopens_with_every_commit() {
 /// record against a topic stream.
 const STORE_V2: &[u8] = include_bytes!("data/store-v2.redb");
 
+// One file's story from the migration to a reopen; each step needs the last.
 #[test]
 fn a_schema_2_store_is_migrated_on_open_and_keeps_everything() {
     let dir = tempdir();
