@@ -12,7 +12,7 @@ use mesh_store::{Arrival, Eviction, PeerRecord, Receipt, StoreError, WriteOp};
 use super::commit::{Batch, Group, InboundWork, WaitingSend};
 use super::outbox::Room;
 use super::peers::PeerChange;
-use super::receiver::send_live;
+use super::receiver::{Env, send_live};
 use super::{CommitId, Core, Effect, Millis, PeerChangeError, ReqId, SendError, SendReceipt};
 
 /// What a finished commit leaves to do once every group is handled.
@@ -47,7 +47,13 @@ impl Core {
         }
         // The queue is empty again.
         let (config, out) = (&self.config, &mut self.out);
-        self.receiver.ask_starved(&self.peers, now, config, out);
+        let peers = &self.peers;
+        self.receiver.ask_starved(&mut Env {
+            peers,
+            config,
+            now,
+            out,
+        });
         self.build_peer_changes(&mut batch, &epochs);
         self.build_appends(&mut batch, &acking);
         for (req, write) in self.committer.take_writes() {
@@ -394,8 +400,16 @@ impl Core {
         let (config, out) = (&self.config, &mut self.out);
         for stream in &after.failed_streams {
             let queue = &mut self.committer.inbound;
-            self.receiver
-                .roll_back(stream, queue, &self.peers, now, config, out);
+            self.receiver.roll_back(
+                stream,
+                queue,
+                &mut Env {
+                    peers: &self.peers,
+                    config,
+                    now,
+                    out,
+                },
+            );
         }
         for (peer, stream) in after.acks {
             let upto = self.receiver.mark(&stream);

@@ -52,7 +52,7 @@ pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
 use author::Author;
 use commit::{AckWork, Committer, WaitingSend};
 use peers::{HelloStep, PeerChange, Peers};
-use receiver::Receiver;
+use receiver::{Env, Receiver, Sender};
 use timers::{PeerTimer, Timer, TimerTable};
 
 /// What the machines hand the driver, in order, and the counters they keep.
@@ -383,10 +383,11 @@ impl Core {
             self.on_hello(peer, conn, version, node, epoch, marks, now);
             return;
         }
-        let Some(peer_epoch) = self.peers.peer_epoch(peer) else {
+        let Some(epoch) = self.peers.peer_epoch(peer) else {
             self.out.drop(DropReason::BeforeHello);
             return;
         };
+        let from = Sender { peer, epoch };
         let (config, out) = (&self.config, &mut self.out);
         match frame {
             Frame::Ack { stream, upto } => {
@@ -402,20 +403,19 @@ impl Core {
                 earliest_available,
             } => {
                 let queue = &mut self.committer.inbound;
-                let top = self.receiver.on_resync_gap(
-                    peer,
-                    peer_epoch,
-                    stream,
-                    earliest_available,
-                    queue,
-                    out,
-                );
+                let top = self
+                    .receiver
+                    .on_resync_gap(from, stream, earliest_available, queue, out);
                 self.author.observe_lamport(top);
             }
             Frame::ResyncDone { stream, upto } => {
-                let peers = &self.peers;
-                self.receiver
-                    .on_resync_done(peer, peer_epoch, stream, upto, peers, now, config, out);
+                let mut env = Env {
+                    peers: &self.peers,
+                    config,
+                    now,
+                    out,
+                };
+                self.receiver.on_resync_done(from, stream, upto, &mut env);
             }
             Frame::Batch { .. } => {
                 debug_assert!(false, "a batch frame must come as Input::Batch");
@@ -446,17 +446,18 @@ impl Core {
             Ok(open) => open,
             Err(bad) => return self.out.drop(DropReason::from(bad)),
         };
-        let (queue, peers) = (&mut self.committer.inbound, &self.peers);
-        let top = self.receiver.on_batch(
+        let from = Sender {
             peer,
-            peer_epoch,
-            open,
-            queue,
-            peers,
+            epoch: peer_epoch,
+        };
+        let mut env = Env {
+            peers: &self.peers,
+            config: &self.config,
             now,
-            &self.config,
-            &mut self.out,
-        );
+            out: &mut self.out,
+        };
+        let queue = &mut self.committer.inbound;
+        let top = self.receiver.on_batch(from, open, queue, &mut env);
         self.author.observe_lamport(top);
     }
 
@@ -551,8 +552,15 @@ impl Core {
                 self.author.on_feed_timer(peer, now, config, out);
             }
             Timer::Resync(stream) => {
-                self.receiver
-                    .on_resync_timer(&stream, &self.peers, now, config, out);
+                self.receiver.on_resync_timer(
+                    &stream,
+                    &mut Env {
+                        peers: &self.peers,
+                        config,
+                        now,
+                        out,
+                    },
+                );
             }
             // Handled by the flush that ends every turn.
             Timer::StoreRetry | Timer::AckRide => {}

@@ -86,6 +86,22 @@ impl Inbound {
     }
 }
 
+/// The peer a frame came from, with the store epoch its Hello announced.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Sender {
+    pub(super) peer: NodeId,
+    pub(super) epoch: Epoch,
+}
+
+/// What a receiver step reads besides its own state, and where its frames
+/// and counts go.
+pub(super) struct Env<'a> {
+    pub(super) peers: &'a Peers,
+    pub(super) config: &'a Config,
+    pub(super) now: Millis,
+    pub(super) out: &'a mut Out,
+}
+
 /// The streams this node receives, by stream.
 #[derive(Debug)]
 pub(super) struct Receiver {
@@ -163,18 +179,12 @@ impl Receiver {
 
     /// Checks that `stream` is one `peer` may feed this node on its live
     /// connection: authored by `peer`, in the epoch it announced, to us.
-    fn check_incoming(
-        &self,
-        peer: NodeId,
-        peer_epoch: Epoch,
-        stream: &StreamId,
-        out: &mut Out,
-    ) -> bool {
-        let reason = if stream.author != peer {
+    fn check_incoming(&self, from: Sender, stream: &StreamId, out: &mut Out) -> bool {
+        let reason = if stream.author != from.peer {
             DropReason::WrongAuthor
         } else if stream.channel != Channel::Direct(self.me) {
             DropReason::WrongRecipient
-        } else if stream.epoch != peer_epoch {
+        } else if stream.epoch != from.epoch {
             DropReason::StaleEpoch
         } else {
             return true;
@@ -183,36 +193,30 @@ impl Receiver {
         false
     }
 
-    /// A verified batch from `peer`, whose Hello announced `peer_epoch`:
-    /// queued for the next commit if it follows the pending mark, held if
-    /// it is early, dropped if it is old. Returns the highest Lamport clock
-    /// of what was queued (0 if nothing).
-    #[allow(clippy::too_many_arguments)] // The batch, who sent it, and what it may touch.
+    /// A verified batch `from` a peer: queued for the next commit if it
+    /// follows the pending mark, held if it is early, dropped if it is old.
+    /// Returns the highest Lamport clock of what was queued (0 if nothing).
     pub(super) fn on_batch(
         &mut self,
-        peer: NodeId,
-        peer_epoch: Epoch,
+        from: Sender,
         open: OpenBatch,
         queue: &mut InboundQueue,
-        peers: &Peers,
-        now: Millis,
-        config: &Config,
-        out: &mut Out,
+        env: &mut Env<'_>,
     ) -> u64 {
         let stream = open.batch().stream().clone();
-        if !self.check_incoming(peer, peer_epoch, &stream, out) {
+        if !self.check_incoming(from, &stream, env.out) {
             return 0;
         }
         let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
         let inb = self.inbound(&stream);
         inb.known_last = inb.known_last.max(last);
         if last <= inb.pending {
-            out.drop(DropReason::Duplicate);
-            out.metrics.duplicate_envelopes += last - first + 1;
+            env.out.drop(DropReason::Duplicate);
+            env.out.metrics.duplicate_envelopes += last - first + 1;
             // Our ack may have been lost: say again what is committed.
             if inb.committed >= last {
                 let upto = inb.committed;
-                send_live(peers, peer, Frame::Ack { stream, upto }, out);
+                send_live(env.peers, from.peer, Frame::Ack { stream, upto }, env.out);
             }
             return 0;
         }
@@ -221,19 +225,19 @@ impl Receiver {
             if last - inb.pending > REORDER_ENVELOPES_MAX
                 || inb.held_bytes + bytes > REORDER_BYTES_MAX
             {
-                out.drop(DropReason::OutsideWindow);
+                env.out.drop(DropReason::OutsideWindow);
             } else if let Entry::Vacant(slot) = inb.held.entry(first) {
                 slot.insert(open);
                 inb.held_bytes += bytes;
-                out.metrics.batches_held += 1;
+                env.out.metrics.batches_held += 1;
             }
-            self.ask_resync(&stream, peers, now, false, config, out);
+            self.ask_resync(&stream, false, env);
             return 0;
         }
-        let Some(top) = self.queue_accept(peer, &stream, open, queue, out) else {
+        let Some(top) = self.queue_accept(from.peer, &stream, open, queue, env.out) else {
             return 0;
         };
-        top.max(self.drain_held(peer, &stream, queue, out))
+        top.max(self.drain_held(from.peer, &stream, queue, env.out))
     }
 
     /// Queues the part of `open` above the pending mark for the next commit.
@@ -305,17 +309,15 @@ impl Receiver {
     }
 
     /// The author of `stream` no longer holds anything before `earliest`.
-    #[allow(clippy::too_many_arguments)] // The frame, who sent it, and what it may touch.
     pub(super) fn on_resync_gap(
         &mut self,
-        peer: NodeId,
-        peer_epoch: Epoch,
+        from: Sender,
         stream: StreamId,
         earliest: Seq,
         queue: &mut InboundQueue,
         out: &mut Out,
     ) -> u64 {
-        if !self.check_incoming(peer, peer_epoch, &stream, out) {
+        if !self.check_incoming(from, &stream, out) {
             return 0;
         }
         let inb = self.inbound(&stream);
@@ -330,50 +332,36 @@ impl Receiver {
         inb.pending = earliest - 1;
         inb.known_last = inb.known_last.max(inb.pending);
         queue.push(InboundWork::Gap {
-            peer,
+            peer: from.peer,
             stream: stream.clone(),
             earliest,
         });
-        self.drain_held(peer, &stream, queue, out)
+        self.drain_held(from.peer, &stream, queue, out)
     }
 
     /// The author of `stream` has sent everything up to `upto`.
-    #[allow(clippy::too_many_arguments)] // The frame, who sent it, and what it may touch.
     pub(super) fn on_resync_done(
         &mut self,
-        peer: NodeId,
-        peer_epoch: Epoch,
+        from: Sender,
         stream: StreamId,
         upto: Seq,
-        peers: &Peers,
-        now: Millis,
-        config: &Config,
-        out: &mut Out,
+        env: &mut Env<'_>,
     ) {
-        if !self.check_incoming(peer, peer_epoch, &stream, out) || upto == 0 {
+        if !self.check_incoming(from, &stream, env.out) || upto == 0 {
             return;
         }
         let inb = self.inbound(&stream);
         inb.known_last = inb.known_last.max(upto);
         if inb.behind() {
-            self.ask_resync(&stream, peers, now, false, config, out);
+            self.ask_resync(&stream, false, env);
         }
     }
 
     /// Asks the author of `stream` for everything after the pending mark,
     /// unless the same was asked less than `resync_retry_ms` ago (or `force`).
-    pub(super) fn ask_resync(
-        &mut self,
-        stream: &StreamId,
-        peers: &Peers,
-        now: Millis,
-        force: bool,
-        config: &Config,
-        out: &mut Out,
-    ) {
-        if peers.peer_epoch(stream.author) != Some(stream.epoch)
-            || !self.streams.contains_key(stream)
-        {
+    pub(super) fn ask_resync(&mut self, stream: &StreamId, force: bool, env: &mut Env<'_>) {
+        let linked = env.peers.peer_epoch(stream.author) == Some(stream.epoch);
+        if !linked || !self.streams.contains_key(stream) {
             return;
         }
         let inb = self.inbound(stream);
@@ -381,33 +369,25 @@ impl Receiver {
         if !force
             && let Some((asked, at)) = inb.asked
             && asked == after
-            && now < at.plus(config.resync_retry_ms)
+            && env.now < at.plus(env.config.resync_retry_ms)
         {
             return;
         }
-        inb.asked = Some((after, now));
-        out.metrics.resyncs_asked += 1;
+        inb.asked = Some((after, env.now));
+        env.out.metrics.resyncs_asked += 1;
         let frame = Frame::Resync {
             stream: stream.clone(),
             after,
         };
-        send_live(peers, stream.author, frame, out);
+        send_live(env.peers, stream.author, frame, env.out);
     }
 
     /// The resync timer of `stream` is due: asks again if it still lacks something.
-    pub(super) fn on_resync_timer(
-        &mut self,
-        stream: &StreamId,
-        peers: &Peers,
-        now: Millis,
-        config: &Config,
-        out: &mut Out,
-    ) {
-        if self
-            .resync_deadline(stream, now, config)
-            .is_some_and(|t| t <= now)
-        {
-            self.ask_resync(stream, peers, now, false, config, out);
+    pub(super) fn on_resync_timer(&mut self, stream: &StreamId, env: &mut Env<'_>) {
+        let now = env.now;
+        let deadline = self.resync_deadline(stream, now, env.config);
+        if deadline.is_some_and(|t| t <= now) {
+            self.ask_resync(stream, false, env);
         }
     }
 
@@ -428,13 +408,7 @@ impl Receiver {
 
     /// Asks again, at once, for what was dropped for want of room in the
     /// commit queue; call when the queue has just been emptied.
-    pub(super) fn ask_starved(
-        &mut self,
-        peers: &Peers,
-        now: Millis,
-        config: &Config,
-        out: &mut Out,
-    ) {
+    pub(super) fn ask_starved(&mut self, env: &mut Env<'_>) {
         let starved: Vec<StreamId> = self
             .streams
             .iter_mut()
@@ -445,7 +419,7 @@ impl Receiver {
             })
             .collect();
         for stream in starved {
-            self.ask_resync(&stream, peers, now, true, config, out);
+            self.ask_resync(&stream, true, env);
         }
     }
 
@@ -468,10 +442,7 @@ impl Receiver {
         &mut self,
         stream: &StreamId,
         queue: &mut InboundQueue,
-        peers: &Peers,
-        now: Millis,
-        config: &Config,
-        out: &mut Out,
+        env: &mut Env<'_>,
     ) {
         if !self.streams.contains_key(stream) {
             return;
@@ -480,7 +451,7 @@ impl Receiver {
         inb.known_last = inb.known_last.max(inb.pending);
         inb.pending = inb.committed;
         queue.remove_stream(stream);
-        self.ask_resync(stream, peers, now, true, config, out);
+        self.ask_resync(stream, true, env);
     }
 
     /// The streams whose state changed since the last call; each is
