@@ -66,11 +66,12 @@ impl Room {
 
     /// Takes one more message of `len` payload bytes into this commit, or
     /// refuses it: under `reject`, when it fits only by evicting an
-    /// unacknowledged envelope. The message must fit the bounds alone.
+    /// unacknowledged envelope; under either policy, when it could never
+    /// fit (bounds of no message at all).
     pub(super) fn admit(&mut self, len: u64) -> Result<(), SendError> {
-        debug_assert!(within((1, len), self.max()), "checked when it was sent");
         let after = add(add(self.held, self.queued), (1, len));
-        if self.bounds.on_full == OnFull::Reject && !within(after, self.max()) {
+        let never = !within((1, len), self.max());
+        if never || (self.bounds.on_full == OnFull::Reject && !within(after, self.max())) {
             let (msgs, bytes) = add(self.held, self.queued);
             return Err(SendError::OutboxFull {
                 peer: self.peer,
@@ -97,7 +98,9 @@ impl Room {
             self.held = add(self.held, batch);
             return None;
         }
-        let keep = (max.0 - msgs, max.1 - bytes);
+        // Every admitted message fits the bounds alone, and a batch is cut
+        // at them: this does not saturate.
+        let keep = (max.0.saturating_sub(msgs), max.1.saturating_sub(bytes));
         let lossless = within(self.held, keep);
         debug_assert!(lossless || self.bounds.on_full == OnFull::EvictOldest);
         self.total = None;
@@ -220,6 +223,17 @@ mod tests {
         );
         r.admit(2).expect("8 + 2 fits once the acked byte goes");
         assert_eq!(r.evict_for(1, 2), keep(99, 8));
+    }
+
+    #[test]
+    fn a_message_that_could_never_fit_is_refused_under_either_policy() {
+        for on_full in [OnFull::Reject, OnFull::EvictOldest] {
+            let mut r = Room::new(&own(0, 0, (0, 0)), bounds(0, 100, on_full), peer());
+            assert!(r.admit(1).is_err(), "no message fits 0 msgs");
+            let mut r = Room::new(&own(0, 0, (0, 0)), bounds(5, 9, on_full), peer());
+            assert!(r.admit(10).is_err(), "10 bytes never fit 9");
+            r.admit(9).expect("9 bytes do");
+        }
     }
 
     #[test]
