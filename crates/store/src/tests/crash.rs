@@ -257,6 +257,33 @@ impl Workload {
     }
 }
 
+/// The workload must exercise what it claims to: refused groups,
+/// evictions, and evictions recorded as a loss.
+fn assert_exercised(seed: u64, model: &MemStore, refused: usize) {
+    let evicted: u64 = model
+        .own_streams()
+        .expect("own streams")
+        .iter()
+        .map(|o| o.first_retained - 1)
+        .sum();
+    let losses = journal(model)
+        .iter()
+        .filter(|i| {
+            matches!(
+                i.record,
+                crate::JournalRecord::Loss {
+                    reason: LossReason::OutboxEvicted,
+                    ..
+                }
+            )
+        })
+        .count();
+    assert!(
+        refused > 10 && evicted > 10 && losses > 5,
+        "seed {seed}: {refused} refused, {evicted} evicted, {losses} losses"
+    );
+}
+
 fn same_outcome(
     a: &Result<crate::Receipt, StoreError>,
     b: &Result<crate::Receipt, StoreError>,
@@ -293,7 +320,7 @@ fn run_workload(seed: u64) -> Run {
         ops: 0,
     };
     let (mut digests, mut syncs_at_return) = (Vec::new(), Vec::new());
-    let (mut refused, mut losses) = (0, 0);
+    let mut refused = 0;
     while w.ops < WORKLOAD_OPS_MIN {
         let groups: Vec<Vec<WriteOp>> = (0..w.rng.random_range(1..=4))
             .map(|_| {
@@ -312,38 +339,14 @@ fn run_workload(seed: u64) -> Run {
             refused += usize::from(matches!(w, Err(StoreError::Conflict(_))));
         }
         syncs_at_return.push(rec.lock().syncs);
-        let d = dump(&model, &CURSORS).expect("dump");
-        losses = d
-            .journal
-            .iter()
-            .filter(|(_, r)| {
-                matches!(
-                    r,
-                    crate::JournalRecord::Loss {
-                        reason: LossReason::OutboxEvicted,
-                        ..
-                    }
-                )
-            })
-            .count();
-        digests.push(digest(&d));
+        digests.push(digest(&dump(&model, &CURSORS).expect("dump")));
     }
     assert_eq!(
         dump(&store, &CURSORS).expect("dump"),
         dump(&model, &CURSORS).expect("dump"),
         "seed {seed}"
     );
-    // The workload must exercise what it claims to.
-    let evicted: u64 = model
-        .own_streams()
-        .expect("own streams")
-        .iter()
-        .map(|o| o.first_retained - 1)
-        .sum();
-    assert!(
-        refused > 10 && evicted > 10 && losses > 5,
-        "seed {seed}: {refused} refused, {evicted} evicted, {losses} losses"
-    );
+    assert_exercised(seed, &model, refused);
     let log = std::mem::take(&mut rec.lock().log);
     drop(store);
     Run {
