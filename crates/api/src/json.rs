@@ -105,18 +105,31 @@ pub enum EventRecord {
         /// Last missing seq.
         to: Seq,
     },
-    /// Entries were given up: `from..=to` of `stream` (`outbox_evicted`), or
-    /// journal arrivals `from..=to` not delivered live to a lagging subscriber
-    /// (`subscriber_lagged`; they are still in the journal).
+    /// Envelopes `from..=to` of `stream` were given up (`outbox_evicted`).
     Loss {
-        /// The stream the loss is reported against.
+        /// The stream.
         stream: StreamJson,
-        /// First seq (or arrival) concerned.
+        /// First seq concerned.
         from: Seq,
-        /// Last seq (or arrival) concerned.
+        /// Last seq concerned.
         to: Seq,
-        /// `outbox_evicted` or `subscriber_lagged`.
+        /// Why: `outbox_evicted`.
         reason: String,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// A live subscriber stopped reading: the journal entries at arrivals
+    /// `from..=to` were not delivered to it live. They are still in the
+    /// journal; `resume` is the cursor to re-read them from.
+    Lagged {
+        /// Who lagged, for a person.
+        subscriber: String,
+        /// First arrival not delivered live.
+        from: u64,
+        /// Last arrival not delivered live.
+        to: u64,
+        /// `GET /v1/events?after=` this to re-read them.
+        resume: String,
         /// Free text for a person.
         detail: String,
     },

@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{NetNode, link, link_one_way, node_config, wait_head_within};
-use mesh_bus::{CoreConfig as Config, Node, NodeConfig, Outgoing};
+use mesh_bus::{CoreConfig as Config, DropReason, Node, NodeConfig, Outgoing};
 use mesh_protocol::{Channel, EntryHeader, Epoch, Frame, Payloads, SignedBatch};
 use mesh_protocol::{NodeId, SecretKey};
 use mesh_store::{MemStore, MeshStore, OnFull, OutboxBounds, RedbStore, StoreHandle};
@@ -188,8 +188,8 @@ impl Run {
 async fn waste(node: &Node) -> (u64, u64, u64, u64) {
     let m = node.status().await.expect("status").core;
     (
-        m.dropped.queue_full,
-        m.dropped.outside_window,
+        m.dropped.get(DropReason::QueueFull),
+        m.dropped.get(DropReason::OutsideWindow),
         m.duplicate_envelopes,
         m.resyncs_asked,
     )

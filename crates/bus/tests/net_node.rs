@@ -10,14 +10,14 @@ use std::time::{Duration, Instant};
 
 use common::{Got, NetNode, T, link, node_config, received, wait_head};
 use mesh_bus::net::{ConnId, DisconnectReason, NetEvent, close_code};
-use mesh_bus::{CoreConfig, Node, NodeError, Outgoing, SendError};
+use mesh_bus::{CoreConfig, DropReason, Node, NodeError, Outgoing, SendError};
 use mesh_protocol::{
     Channel, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads,
     SecretKey, Seq, StreamId,
 };
 use mesh_store::{
-    Arrival, JournalItem, JournalRecord, LossReason, MemStore, MeshStore, OwnStream, PeerRecord,
-    Receipt, StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
+    Arrival, JournalItem, JournalRecord, MemStore, MeshStore, OwnStream, PeerRecord, Receipt,
+    StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
 };
 use tokio::task::JoinSet;
 use tokio::time::timeout;
@@ -356,7 +356,7 @@ async fn a_batch_with_a_bad_signature_is_refused_at_the_edge_and_counted() {
     to(signed(&key, epoch, me, 1, b"genuine")).await;
     wait_head(&a.node, 1).await;
     let status = a.node.status().await.expect("status");
-    assert_eq!(status.core.dropped.bad_signature, 1);
+    assert_eq!(status.core.dropped.get(DropReason::BadSignature), 1);
     assert_eq!(messages(&a.store, raw.id()), vec![(1, b"genuine".to_vec())]);
     a.node.shutdown().await;
     raw.net.shutdown().await;
@@ -431,21 +431,28 @@ async fn a_peer_that_stops_reading_is_disconnected_as_too_slow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cursor_and_lag_writes_go_through_the_node_and_move_its_journal_head() {
     let a = fresh().await;
+    // A lag names arrivals that exist: first one message to an offline peer.
+    let offline = SecretKey::generate().public();
+    a.node
+        .add_peer(offline, Vec::new())
+        .await
+        .expect("peer added");
+    a.node.send(offline, 0, b"m".to_vec()).await.expect("sent");
     let arrival = a
         .node
         .record_subscriber_lag("subscriber 1".into(), 1, 1)
         .await
         .expect("lag recorded");
-    assert_eq!(arrival, 1);
-    wait_head(&a.node, 1).await;
-    let journal = a.store.journal(0, 10).expect("journal");
+    assert_eq!(arrival, 2);
+    wait_head(&a.node, 2).await;
+    let journal = a.store.journal(1, 10).expect("journal");
     assert!(
         matches!(
             &journal[..],
             [item] if matches!(
                 &item.record,
-                JournalRecord::Loss { reason: LossReason::SubscriberLagged, detail, from: 1, to: 1, .. }
-                    if detail == "subscriber 1"
+                JournalRecord::SubscriberLagged { subscriber, from: 1, to: 1 }
+                    if subscriber == "subscriber 1"
             )
         ),
         "{journal:?}"
@@ -588,8 +595,8 @@ async fn a_receiver_with_slow_commits_holds_its_peer_back_instead_of_dropping_ba
     let m = b.status().await.expect("status").core;
     assert_eq!(
         (
-            m.dropped.queue_full,
-            m.dropped.outside_window,
+            m.dropped.get(DropReason::QueueFull),
+            m.dropped.get(DropReason::OutsideWindow),
             m.resyncs_asked
         ),
         (0, 0, 0),

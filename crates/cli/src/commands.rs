@@ -289,6 +289,7 @@ fn print_entry(e: &EventEntry, me: &str, json: bool) -> anyhow::Result<()> {
             "LOSS {reason} on stream of {} #{from}..=#{to}: {detail}",
             short(&stream.author)
         ),
+        EventRecord::Lagged { detail, .. } => format!("LAGGED {detail}"),
         EventRecord::Other {} => "(an entry this build does not know)".to_owned(),
     };
     let mut out = std::io::stdout().lock();

@@ -353,6 +353,14 @@ impl<W: Write> Narrator<'_, W> {
                         recipient(&stream.channel)
                     );
                 }
+                EventRecord::Lagged {
+                    subscriber,
+                    from,
+                    to,
+                    ..
+                } => {
+                    let _ = write!(line, "LAGGED {subscriber}: arrivals {from}..={to}");
+                }
                 EventRecord::Other {} => line.push_str("(an entry this build does not know)"),
             }
             self.line(line)?;

@@ -10,12 +10,12 @@
 
 use std::sync::Arc;
 
-use mesh_protocol::Cursor;
 use mesh_store::Arrival;
 
 pub(crate) use mesh_bus::{
     CoreConfig, CoreSendError, DropReason, NetConfig, Node, NodeConfig, NodeError, NodePeer,
-    NodeStatus, Outgoing, PeerError, Receipts, SendError, SendReceipt, load_or_create_node_key,
+    NodeStatus, Outgoing, PeerChangeError, PeerError, Receipts, SendError, SendReceipt,
+    load_or_create_node_key,
 };
 
 /// The running bus node, as the API uses it. Cheap to clone.
@@ -48,8 +48,8 @@ impl Bus {
         self.node.put_cursor(name, arrival).await
     }
 
-    /// Journals that the local subscriber `subscriber` (a description for
-    /// a person) missed the live journal entries `from..=to` (arrivals): it
+    /// Journals that the local subscriber `subscriber` (a short description
+    /// for a person) missed the live journal entries `from..=to` (arrivals): it
     /// must re-read them. Answers the record's arrival once it is committed.
     ///
     /// # Errors
@@ -60,14 +60,7 @@ impl Bus {
         from: Arrival,
         to: Arrival,
     ) -> Result<Arrival, NodeError> {
-        let (me, epoch) = (self.node.node_id(), self.node.epoch());
-        let resume = Cursor::new(&me, epoch, from.saturating_sub(1));
-        let detail = format!(
-            "{subscriber} stopped reading; journal arrivals {from}..={to} were not delivered \
-             to it live and are still in the journal: re-read them with \
-             GET /v1/events?after={resume}"
-        );
-        self.node.record_subscriber_lag(detail, from, to).await
+        self.node.record_subscriber_lag(subscriber, from, to).await
     }
 }
 

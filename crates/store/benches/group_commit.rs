@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use mesh_protocol::{Channel, Epoch, NewEnvelope, OpenBatch, SecretKey};
-use mesh_store::{MeshStore, OutboxBounds, RedbStore, StoreHandle, WriteOp};
+use mesh_store::{MeshStore, RedbStore, StoreHandle, WriteOp};
 
 /// Payload bytes per envelope.
 const PAYLOAD_BYTES: usize = 1024;
@@ -110,12 +110,9 @@ fn run(rt: &tokio::runtime::Runtime, writers: usize, per: usize, rounds: u64) ->
                     let h = handle.clone();
                     tokio::spawn(async move {
                         for batch in batches {
-                            h.commit(vec![WriteOp::AppendOwn {
-                                batch,
-                                bounds: OutboxBounds::default(),
-                            }])
-                            .await
-                            .expect("append commits");
+                            h.commit(vec![WriteOp::AppendOwn { batch, evict: None }])
+                                .await
+                                .expect("append commits");
                         }
                     })
                 })
@@ -255,10 +252,7 @@ fn bulk(c: &mut Criterion) {
     g.bench_function("pipelined_16x16", |b| {
         b.iter_custom(|rounds| {
             run_bulk(&rt, rounds, PIPELINED_BATCHES, false, |batch| {
-                WriteOp::AppendOwn {
-                    batch,
-                    bounds: OutboxBounds::default(),
-                }
+                WriteOp::AppendOwn { batch, evict: None }
             })
         });
     });

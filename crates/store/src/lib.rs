@@ -19,18 +19,18 @@ mod tests;
 pub use actor::{
     GROUP_COMMIT_BYTES_MAX, GROUP_COMMIT_GROUPS_MAX, StoreHandle, WRITE_QUEUE_REQUESTS_MAX,
 };
-pub use logic::CURSOR_NAME_BYTES_MAX;
+pub use logic::{CURSOR_NAME_BYTES_MAX, SUBSCRIBER_NAME_BYTES_MAX};
 pub use mem::MemStore;
 pub use redb_store::{CACHE_BYTES, RedbStore, STORE_FILE_NAME};
 pub use types::{
-    Arrival, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord,
-    Receipt, StoreMeta, StoredBatch, WriteOp,
+    Arrival, Eviction, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream,
+    PeerRecord, Receipt, StoreMeta, StoredBatch, WriteOp,
 };
 
 use mesh_protocol::{Mark, Seq, StreamId};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Errors from the store, grouped by who is at fault.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -68,18 +68,12 @@ pub enum StoreError {
     /// theirs was written. This is a bug in the caller (or a race it must handle).
     #[error("write refused: {0}")]
     Conflict(String),
-    /// The outbox of `stream` is full of unacknowledged envelopes and the
-    /// policy is `reject`; nothing was written.
-    #[error(
-        "outbox for peer {peer} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first"
-    )]
-    OutboxFull {
-        /// The recipient, short form.
-        peer: String,
-        /// Envelopes in the outbox.
-        msgs: u64,
-        /// Payload bytes in the outbox.
-        bytes: u64,
+    /// Capacity: too many writes already wait for the store (refused
+    /// before it was reached); nothing was written, retry later.
+    #[error("{waiting} writes are already waiting for the store; retry later")]
+    Busy {
+        /// Writes waiting.
+        waiting: usize,
     },
     /// The disk or the database failed; the transaction was not committed.
     #[error("store unavailable: {0}")]

@@ -7,15 +7,18 @@
 
 use std::collections::BTreeMap;
 
-use mesh_protocol::{Channel, Epoch, NodeId, Seq, SignedBatch, StreamId};
+use mesh_protocol::{Epoch, NodeId, Seq, SignedBatch, StreamId};
 
 use crate::{
-    Arrival, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord, Receipt,
-    StoreError, WriteOp,
+    Arrival, Eviction, JournalRecord, LossReason, OwnStream, PeerRecord, Receipt, StoreError,
+    WriteOp,
 };
 
 /// The longest durable cursor name, in bytes.
 pub const CURSOR_NAME_BYTES_MAX: usize = 64;
+
+/// The longest subscriber name in a lag record, in bytes.
+pub const SUBSCRIBER_NAME_BYTES_MAX: usize = 256;
 
 /// What the rules need to know about one stored outbox batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,6 +42,8 @@ impl BatchMeta {
 /// the same transaction). An error here fails the whole transaction.
 pub(crate) trait Base {
     fn epoch(&self) -> Epoch;
+    /// The store's path or name, for messages.
+    fn name(&self) -> &str;
     fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError>;
     fn batch_meta(
         &mut self,
@@ -136,6 +141,7 @@ impl<B: Base> GroupView<'_, B> {
     }
 
     fn set_own(&mut self, o: OwnStream) {
+        debug_assert_eq!(o.broken(), None, "{o:?}");
         if !self.own_changed.contains(&o.stream) {
             self.own_changed.push(o.stream.clone());
         }
@@ -167,33 +173,100 @@ impl<B: Base> GroupView<'_, B> {
         self.counters.max_lamport = self.counters.max_lamport.max(lamport);
     }
 
+    /// The stored meta of the batch of `own` that starts at `first_seq`,
+    /// which the stream's counters say exists.
+    fn meta_at(&mut self, own: &OwnStream, first_seq: Seq) -> Result<BatchMeta, Fail> {
+        match self.batch_meta(&own.stream, first_seq)? {
+            Some(meta) => Ok(meta),
+            None => Err(Fail::Fatal(StoreError::Corrupt {
+                path: self.base.name().to_owned(),
+                why: format!(
+                    "outbox of {:?} holds seqs {}..{} but has no batch starting at {first_seq}",
+                    own.stream, own.first_retained, own.next_seq
+                ),
+            })),
+        }
+    }
+
     /// Removes the oldest batch of `own`, returning it. The outbox must not be empty.
     fn evict_oldest(&mut self, own: &mut OwnStream) -> Result<BatchMeta, Fail> {
         let first = own.first_retained;
-        let Some(meta) = self.batch_meta(&own.stream, first)? else {
-            return Err(Fail::Fatal(StoreError::Corrupt {
-                path: String::new(),
-                why: format!(
-                    "outbox of {:?} holds {} msgs but has no batch at its first retained seq {first}",
-                    own.stream, own.msgs
-                ),
-            }));
-        };
+        let meta = self.meta_at(own, first)?;
         self.batches.insert((own.stream.clone(), first), None);
         self.writes.push(Write::DelBatch {
             stream: own.stream.clone(),
             first_seq: first,
         });
         own.first_retained = meta.last_seq + 1;
-        own.msgs = own.msgs.saturating_sub(meta.msgs);
-        own.bytes = own.bytes.saturating_sub(meta.bytes);
+        own.msgs -= meta.msgs;
+        own.bytes -= meta.bytes;
+        if own.evictable_msgs > 0 {
+            // The evictable batches are the oldest ones: this was one of them.
+            own.evictable_msgs -= meta.msgs;
+            own.evictable_bytes -= meta.bytes;
+        }
         Ok(meta)
+    }
+
+    /// Counts as evictable the batches after those already counted that
+    /// now lie wholly at or below `last_acked` (all of them afresh if
+    /// `afresh`: the mark moved back).
+    fn count_evictable(&mut self, own: &mut OwnStream, afresh: bool) -> Result<(), Fail> {
+        if afresh {
+            own.evictable_msgs = 0;
+            own.evictable_bytes = 0;
+        }
+        loop {
+            // Batches are contiguous from first_retained, so one starts here.
+            let at = own.first_retained + own.evictable_msgs;
+            if at >= own.next_seq || at > own.last_acked {
+                return Ok(());
+            }
+            let meta = self.meta_at(own, at)?;
+            if meta.last_seq > own.last_acked {
+                return Ok(());
+            }
+            own.evictable_msgs += meta.msgs;
+            own.evictable_bytes += meta.bytes;
+        }
+    }
+
+    /// Evicts the oldest batches of `own` as `evict` says; journals the
+    /// unacknowledged seqs it drops as one loss record, if it may drop any.
+    fn make_room(&mut self, own: &mut OwnStream, evict: Eviction) -> Result<(), Fail> {
+        let mut lost: Option<(Seq, Seq)> = None;
+        while own.msgs > evict.msgs_max || own.bytes > evict.bytes_max {
+            let first = own.first_retained;
+            if own.evictable_msgs == 0 && evict.loss.is_none() {
+                return refuse(format!(
+                    "evicting down to {} msgs / {} bytes would drop unacknowledged seqs of {:?} \
+                     from {first} without a loss record",
+                    evict.msgs_max, evict.bytes_max, own.stream
+                ));
+            }
+            let acked = own.evictable_msgs > 0;
+            let meta = self.evict_oldest(own)?;
+            if !acked {
+                let from = first.max(own.last_acked.saturating_add(1));
+                lost = Some((lost.map_or(from, |(s, _)| s), meta.last_seq));
+            }
+        }
+        if let (Some((from, to)), Some(detail)) = (lost, evict.loss) {
+            self.journal(JournalRecord::Loss {
+                stream: own.stream.clone(),
+                from,
+                to,
+                reason: LossReason::OutboxEvicted,
+                detail,
+            });
+        }
+        Ok(())
     }
 
     fn append_own(
         &mut self,
         batch: mesh_protocol::OpenBatch,
-        bounds: OutboxBounds,
+        evict: Option<Eviction>,
     ) -> Result<(), Fail> {
         let (vb, payloads) = batch.into_parts();
         let stream = vb.stream().clone();
@@ -205,14 +278,9 @@ impl<B: Base> GroupView<'_, B> {
                 epoch.fmt_short()
             ));
         }
-        let mut own = self.own_stream(&stream)?.unwrap_or_else(|| OwnStream {
-            stream: stream.clone(),
-            next_seq: 1,
-            first_retained: 1,
-            last_acked: 0,
-            msgs: 0,
-            bytes: 0,
-        });
+        let mut own = self
+            .own_stream(&stream)?
+            .unwrap_or_else(|| OwnStream::empty(stream.clone()));
         if vb.first_seq() != own.next_seq {
             return refuse(format!(
                 "batch of {stream:?} starts at seq {}, but the stream's next seq is {}",
@@ -220,62 +288,10 @@ impl<B: Base> GroupView<'_, B> {
                 own.next_seq
             ));
         }
-        let n = vb.entries().len() as u64;
-        let b = vb.payload_bytes();
-        let full = |own: &OwnStream| StoreError::OutboxFull {
-            peer: peer_name(&own.stream),
-            msgs: own.msgs,
-            bytes: own.bytes,
-        };
-        if n > bounds.max_msgs || b > bounds.max_bytes {
-            return Err(Fail::Refused(full(&own)));
-        }
-        let fits = |o: &OwnStream| o.msgs + n <= bounds.max_msgs && o.bytes + b <= bounds.max_bytes;
-        // Acknowledged batches are always the oldest ones: acks only move forward.
-        while !fits(&own) {
-            let first = own.first_retained;
-            let Some(meta) = self.batch_meta(&stream, first)? else {
-                break;
-            };
-            if meta.last_seq > own.last_acked {
-                break;
-            }
-            self.evict_oldest(&mut own)?;
-        }
-        if !fits(&own) {
-            match bounds.on_full {
-                OnFull::Reject => return Err(Fail::Refused(full(&own))),
-                OnFull::EvictOldest => {
-                    let (msgs_before, bytes_before) = (own.msgs, own.bytes);
-                    let mut lost: Option<(Seq, Seq)> = None;
-                    // `fits` holds once the outbox is empty, since the batch alone fits.
-                    while !fits(&own) {
-                        let first = own.first_retained;
-                        let meta = self.evict_oldest(&mut own)?;
-                        let from = first.max(own.last_acked.saturating_add(1));
-                        if from <= meta.last_seq {
-                            let start = lost.map_or(from, |(s, _)| s);
-                            lost = Some((start, meta.last_seq));
-                        }
-                    }
-                    if let Some((from, to)) = lost {
-                        self.journal(JournalRecord::Loss {
-                            stream: stream.clone(),
-                            from,
-                            to,
-                            reason: LossReason::OutboxEvicted,
-                            detail: format!(
-                                "outbox for {} was full ({msgs_before} msgs / {bytes_before} bytes) \
-                                 and its policy is evict-oldest",
-                                peer_name(&stream)
-                            ),
-                        });
-                    }
-                }
-            }
+        if let Some(evict) = evict {
+            self.make_room(&mut own, evict)?;
         }
         let first_seq = vb.first_seq();
-        let last_seq = vb.last_seq();
         let first_arrival = self.counters.journal_head + 1;
         for (i, (h, p)) in vb.entries().iter().zip(payloads).enumerate() {
             self.lamport(h.lamport);
@@ -298,9 +314,9 @@ impl<B: Base> GroupView<'_, B> {
         if own.msgs == 0 {
             own.first_retained = first_seq;
         }
-        own.next_seq = last_seq + 1;
-        own.msgs += n;
-        own.bytes += b;
+        own.next_seq = meta.last_seq + 1;
+        own.msgs += meta.msgs;
+        own.bytes += meta.bytes;
         self.set_own(own);
         Ok(())
     }
@@ -319,7 +335,9 @@ impl<B: Base> GroupView<'_, B> {
         }
         // An older ack (a duplicate or reordered frame) is harmless: the mark stays.
         if upto > own.last_acked || (reset && upto != own.last_acked) {
+            let back = upto < own.last_acked;
             own.last_acked = upto;
+            self.count_evictable(&mut own, back)?;
             self.set_own(own);
         }
         Ok(())
@@ -376,9 +394,30 @@ impl<B: Base> GroupView<'_, B> {
         Ok(())
     }
 
+    fn record_lag(&mut self, subscriber: String, from: Arrival, to: Arrival) -> Result<(), Fail> {
+        if subscriber.is_empty() || subscriber.len() > SUBSCRIBER_NAME_BYTES_MAX {
+            return refuse(format!(
+                "lag record of a subscriber named in {} bytes; it must be 1..={SUBSCRIBER_NAME_BYTES_MAX}",
+                subscriber.len()
+            ));
+        }
+        let head = self.counters.journal_head;
+        if from == 0 || from > to || to > head {
+            return refuse(format!(
+                "lag record of {subscriber:?} for arrivals {from}..={to}, but the journal holds 1..={head}"
+            ));
+        }
+        self.journal(JournalRecord::SubscriberLagged {
+            subscriber,
+            from,
+            to,
+        });
+        Ok(())
+    }
+
     fn apply(&mut self, op: WriteOp) -> Result<(), Fail> {
         match op {
-            WriteOp::AppendOwn { batch, bounds } => self.append_own(batch, bounds),
+            WriteOp::AppendOwn { batch, evict } => self.append_own(batch, evict),
             WriteOp::Acked {
                 stream,
                 upto,
@@ -408,6 +447,11 @@ impl<B: Base> GroupView<'_, B> {
                 });
                 Ok(())
             }
+            WriteOp::RecordLag {
+                subscriber,
+                from,
+                to,
+            } => self.record_lag(subscriber, from, to),
             WriteOp::PutPeer(p) => {
                 self.writes.push(Write::PutPeer(p));
                 Ok(())
@@ -474,12 +518,4 @@ pub(crate) fn plan_group<B: Base>(
             own_streams,
         },
     })
-}
-
-/// A short name of a stream's recipient, for messages.
-pub(crate) fn peer_name(stream: &StreamId) -> String {
-    match &stream.channel {
-        Channel::Direct(to) => to.fmt_short().to_string(),
-        Channel::Topic(t) => format!("topic {t}"),
-    }
 }

@@ -49,6 +49,10 @@ impl Base for MemBase<'_> {
         self.epoch
     }
 
+    fn name(&self) -> &str {
+        "in-memory store"
+    }
+
     fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError> {
         Ok(self.state.own.get(stream).cloned())
     }

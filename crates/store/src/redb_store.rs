@@ -6,14 +6,17 @@
 //! |------------------|------------------------------|-----------------------------------------|
 //! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"` | little-endian u32, 16 bytes, little-endian u64 |
 //! | `outbox-v2`      | (postcard `StreamId`, first seq) | postcard (last seq, msgs, bytes, `SignedBatch`, arrival of its first envelope) |
-//! | `own-streams-v2` | postcard `StreamId`          | postcard (next seq, first retained, last acked, msgs, bytes) |
+//! | `own-streams-v3` | postcard `StreamId`          | postcard (next seq, first retained, last acked, msgs, bytes, evictable msgs, evictable bytes) |
 //! | `marks-v2`       | postcard `StreamId`          | mark                                    |
 //! | `journal-v2`     | last arrival in the row      | postcard `Row`: a run of envelopes, or one other record |
 //! | `peers-v2`       | node id bytes                | postcard `PeerRecord`                   |
 //! | `cursors-v2`     | name                         | arrival                                 |
 //!
 //! The meta table keeps its name across schema versions, so that a file of
-//! another version is recognised and refused by its `schema_version`.
+//! another version is recognised by its `schema_version`: one of schema 2
+//! is migrated when it is opened (its `own-streams-v2` rows gain their
+//! evictable counts, counted from the outbox, in one durable
+//! transaction); any other is refused.
 //!
 //! A journal row holds consecutive envelopes of one stream written in one
 //! commit (up to [`JOURNAL_ROW_BYTES_MAX`]), the stream named once: one
@@ -73,7 +76,12 @@ const ROW_ENTRY_OVERHEAD_BYTES: usize = 32;
 
 const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta-v1");
 const OUTBOX: TableDefinition<'_, (&[u8], u64), &[u8]> = TableDefinition::new("outbox-v2");
-const OWN: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("own-streams-v2");
+const OWN: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("own-streams-v3");
+/// The own-streams table of schema 2, read only to migrate it.
+const OWN_V2: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("own-streams-v2");
+
+/// The schema version this build migrates to [`SCHEMA_VERSION`] when it opens a file.
+const SCHEMA_VERSION_MIGRATED: u32 = 2;
 const MARKS: TableDefinition<'_, &[u8], u64> = TableDefinition::new("marks-v2");
 const JOURNAL: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("journal-v2");
 const PEERS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("peers-v2");
@@ -222,6 +230,18 @@ struct OwnCounters {
     last_acked: Seq,
     msgs: u64,
     bytes: u64,
+    evictable_msgs: u64,
+    evictable_bytes: u64,
+}
+
+/// An own stream's counters as schema 2 stored them.
+#[derive(Deserialize)]
+struct OwnCountersV2 {
+    next_seq: Seq,
+    first_retained: Seq,
+    last_acked: Seq,
+    msgs: u64,
+    bytes: u64,
 }
 
 impl OwnCounters {
@@ -232,17 +252,27 @@ impl OwnCounters {
             last_acked: o.last_acked,
             msgs: o.msgs,
             bytes: o.bytes,
+            evictable_msgs: o.evictable_msgs,
+            evictable_bytes: o.evictable_bytes,
         }
     }
 
-    fn with(self, stream: StreamId) -> OwnStream {
-        OwnStream {
+    /// The stream's state, if its counters keep the invariants; a row that
+    /// breaks them is a damaged file.
+    fn with(self, stream: StreamId, name: &str) -> Result<OwnStream, StoreError> {
+        let own = OwnStream {
             stream,
             next_seq: self.next_seq,
             first_retained: self.first_retained,
             last_acked: self.last_acked,
             msgs: self.msgs,
             bytes: self.bytes,
+            evictable_msgs: self.evictable_msgs,
+            evictable_bytes: self.evictable_bytes,
+        };
+        match own.broken() {
+            None => Ok(own),
+            Some(why) => Err(corrupt(name, format!("own stream {:?}: {why}", own.stream))),
         }
     }
 }
@@ -450,7 +480,7 @@ impl RedbStore {
                     let rx = ro
                         .begin_read()
                         .map_err(|e| from_redb(name, "cannot read", e))?;
-                    read_meta(&rx, name)?;
+                    read_meta(&rx, name, true)?;
                 }
                 // Not closed cleanly (a crash): only a writable open can repair
                 // it, and the meta is checked after that.
@@ -507,13 +537,19 @@ impl RedbStore {
         }
     }
 
-    /// Checks the store in `db` and wraps it.
+    /// Checks the store in `db` (migrating one of the previous schema) and wraps it.
     fn load(db: Database, name: &str, path: Option<&Path>) -> Result<Self, StoreError> {
-        let rx = db
-            .begin_read()
-            .map_err(|e| from_redb(name, "cannot read", e))?;
-        let meta = read_meta(&rx, name)?;
-        drop(rx);
+        let read = |strict: bool| {
+            let rx = db
+                .begin_read()
+                .map_err(|e| from_redb(name, "cannot read", e))?;
+            read_meta(&rx, name, !strict)
+        };
+        let mut meta = read(false)?;
+        if meta.schema_version == SCHEMA_VERSION_MIGRATED {
+            migrate_v2(&db, name)?;
+            meta = read(true)?;
+        }
         Ok(RedbStore {
             db: RwLock::new(Some(db)),
             path: path.map(Path::to_owned),
@@ -559,7 +595,7 @@ impl RedbStore {
                 let rx = d
                     .begin_read()
                     .map_err(|e| from_redb(&self.name, "cannot read", e))?;
-                let meta = read_meta(&rx, &self.name)?;
+                let meta = read_meta(&rx, &self.name, false)?;
                 drop(rx);
                 if meta.epoch != self.meta.epoch {
                     return Err(corrupt(&self.name, "its epoch changed while it was open"));
@@ -706,8 +742,95 @@ impl RedbStore {
     }
 }
 
-/// Reads and checks the meta table, and that every table exists.
-fn read_meta(rx: &redb::ReadTransaction, name: &str) -> Result<StoreMeta, StoreError> {
+/// The meta of the outbox batch of the stream with key `stream` that
+/// starts at `first_seq`, if there is one.
+fn outbox_meta(
+    outbox: &impl ReadableTable<(&'static [u8], u64), &'static [u8]>,
+    stream: &[u8],
+    first_seq: Seq,
+    name: &str,
+) -> Result<Option<BatchMeta>, StoreError> {
+    let v = outbox
+        .get((stream, first_seq))
+        .map_err(|e| from_redb(name, "cannot read", e))?;
+    let Some(v) = v else { return Ok(None) };
+    // Only the leading meta is decoded: the batch and payloads follow it.
+    let (m, _): (StoredMeta, _) = postcard::take_from_bytes(v.value())
+        .map_err(|e| corrupt(name, format!("a stored outbox batch does not decode: {e}")))?;
+    Ok(Some(BatchMeta {
+        last_seq: m.last_seq,
+        msgs: m.msgs,
+        bytes: m.bytes,
+    }))
+}
+
+/// Rewrites a store of schema [`SCHEMA_VERSION_MIGRATED`] as
+/// [`SCHEMA_VERSION`], in one durable transaction: each own stream's row
+/// moves from `own-streams-v2` to `own-streams-v3`, with its evictable
+/// envelopes counted from the outbox (the batches from the first retained
+/// on that lie wholly at or below its acked mark). Nothing else changed
+/// between the two.
+fn migrate_v2(db: &Database, name: &str) -> Result<(), StoreError> {
+    let werr = |e: redb::Error| from_redb(name, "cannot migrate", e);
+    let mut tx = db.begin_write().map_err(|e| werr(e.into()))?;
+    tx.set_durability(Durability::Immediate)
+        .map_err(|e| werr(e.into()))?;
+    let mut streams = 0;
+    {
+        let old = tx.open_table(OWN_V2).map_err(|e| werr(e.into()))?;
+        let outbox = tx.open_table(OUTBOX).map_err(|e| werr(e.into()))?;
+        let mut own = tx.open_table(OWN).map_err(|e| werr(e.into()))?;
+        for row in old.iter().map_err(|e| werr(e.into()))? {
+            let (k, v) = row.map_err(|e| werr(e.into()))?;
+            let stream: StreamId = decode(name, "stream id", k.value())?;
+            let c: OwnCountersV2 = decode(name, "schema 2 own stream", v.value())?;
+            let mut counters = OwnCounters {
+                next_seq: c.next_seq,
+                first_retained: c.first_retained,
+                last_acked: c.last_acked,
+                msgs: c.msgs,
+                bytes: c.bytes,
+                evictable_msgs: 0,
+                evictable_bytes: 0,
+            };
+            loop {
+                let at = counters.first_retained + counters.evictable_msgs;
+                if at >= counters.next_seq || at > counters.last_acked {
+                    break;
+                }
+                let meta = outbox_meta(&outbox, k.value(), at, name)?.ok_or_else(|| {
+                    corrupt(name, format!("outbox of {stream:?} has no batch at {at}"))
+                })?;
+                if meta.last_seq > counters.last_acked {
+                    break;
+                }
+                counters.evictable_msgs += meta.msgs;
+                counters.evictable_bytes += meta.bytes;
+            }
+            let checked = counters.with(stream, name)?;
+            let v = encode(&OwnCounters::of(&checked))?;
+            own.insert(k.value(), v.as_slice())
+                .map_err(|e| werr(e.into()))?;
+            streams += 1;
+        }
+        let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
+        meta.insert(META_SCHEMA, SCHEMA_VERSION.to_le_bytes().as_slice())
+            .map_err(|e| werr(e.into()))?;
+    }
+    tx.delete_table(OWN_V2).map_err(|e| werr(e.into()))?;
+    tx.commit().map_err(|e| werr(e.into()))?;
+    tracing::info!(store = %name, streams, from = SCHEMA_VERSION_MIGRATED, to = SCHEMA_VERSION, "store migrated");
+    Ok(())
+}
+
+/// Reads and checks the meta table, and that every table of its schema
+/// exists: [`SCHEMA_VERSION`], or also [`SCHEMA_VERSION_MIGRATED`] if
+/// `migratable` (the caller then migrates it).
+fn read_meta(
+    rx: &redb::ReadTransaction,
+    name: &str,
+    migratable: bool,
+) -> Result<StoreMeta, StoreError> {
     let meta = match rx.open_table(META) {
         Ok(t) => t,
         Err(TableError::TableDoesNotExist(_)) => {
@@ -728,7 +851,8 @@ fn read_meta(rx: &redb::ReadTransaction, name: &str) -> Result<StoreMeta, StoreE
         .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
         .map(u32::from_le_bytes)
         .ok_or_else(|| corrupt(name, "its schema version is missing"))?;
-    if version != SCHEMA_VERSION {
+    let migrates = migratable && version == SCHEMA_VERSION_MIGRATED;
+    if version != SCHEMA_VERSION && !migrates {
         return Err(StoreError::SchemaVersion {
             path: name.to_owned(),
             found: version,
@@ -742,7 +866,7 @@ fn read_meta(rx: &redb::ReadTransaction, name: &str) -> Result<StoreMeta, StoreE
     read_u64(&meta, META_MAX_LAMPORT, name)?;
     let check = |r: Result<(), TableError>| r.map_err(|e| from_redb(name, "cannot read", e));
     check(rx.open_table(OUTBOX).map(drop))?;
-    check(rx.open_table(OWN).map(drop))?;
+    check(rx.open_table(if migrates { OWN_V2 } else { OWN }).map(drop))?;
     check(rx.open_table(MARKS).map(drop))?;
     check(rx.open_table(JOURNAL).map(drop))?;
     check(rx.open_table(PEERS).map(drop))?;
@@ -996,6 +1120,10 @@ impl Base for Tables<'_> {
         self.epoch
     }
 
+    fn name(&self) -> &str {
+        self.name
+    }
+
     fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError> {
         if let Some(o) = self.own_pending.get(stream) {
             return Ok(Some(o.clone()));
@@ -1005,7 +1133,9 @@ impl Base for Tables<'_> {
         let counters: Option<OwnCounters> = v
             .map(|v| decode(self.name, "own stream", v.value()))
             .transpose()?;
-        Ok(counters.map(|c| c.with(stream.clone())))
+        counters
+            .map(|c| c.with(stream.clone(), self.name))
+            .transpose()
     }
 
     fn batch_meta(
@@ -1014,23 +1144,7 @@ impl Base for Tables<'_> {
         first_seq: Seq,
     ) -> Result<Option<BatchMeta>, StoreError> {
         let k = stream_key(stream)?;
-        let v = self
-            .outbox
-            .get((k.as_slice(), first_seq))
-            .map_err(|e| self.err(e))?;
-        let Some(v) = v else { return Ok(None) };
-        // Only the leading meta is decoded: the batch and payloads follow it.
-        let (m, _): (StoredMeta, _) = postcard::take_from_bytes(v.value()).map_err(|e| {
-            corrupt(
-                self.name,
-                format!("a stored outbox batch does not decode: {e}"),
-            )
-        })?;
-        Ok(Some(BatchMeta {
-            last_seq: m.last_seq,
-            msgs: m.msgs,
-            bytes: m.bytes,
-        }))
+        outbox_meta(&self.outbox, &k, first_seq, self.name)
     }
 
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
@@ -1076,7 +1190,7 @@ impl MeshStore for RedbStore {
             let (k, v) = row.map_err(|e| self.read_err(e))?;
             let stream: StreamId = decode(&self.name, "stream id", k.value())?;
             let counters: OwnCounters = decode(&self.name, "own stream", v.value())?;
-            out.push(counters.with(stream));
+            out.push(counters.with(stream, &self.name)?);
         }
         Ok(out)
     }

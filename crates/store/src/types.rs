@@ -21,8 +21,12 @@ pub struct StoreMeta {
 
 /// The author-side state of one stream this node writes.
 ///
-/// Invariants: `first_retained <= next_seq`; `first_retained == next_seq`
-/// iff the outbox for the stream is empty; `last_acked < next_seq`.
+/// Invariants (see [`OwnStream::broken`]): `first_retained <= next_seq`,
+/// and the outbox holds every seq in between (`msgs == next_seq -
+/// first_retained`, so it is empty iff they are equal); `last_acked <
+/// next_seq`; the evictable envelopes are a
+/// part of the retained ones, starting at `first_retained` and ending at or
+/// below `last_acked`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OwnStream {
     /// The stream.
@@ -37,6 +41,52 @@ pub struct OwnStream {
     pub msgs: u64,
     /// Payload bytes in the outbox.
     pub bytes: u64,
+    /// Envelopes in the outbox's oldest batches that lie wholly at or below
+    /// `last_acked`: what can be evicted without losing anything.
+    pub evictable_msgs: u64,
+    /// Payload bytes of those envelopes.
+    pub evictable_bytes: u64,
+}
+
+impl OwnStream {
+    /// The state of `stream` before its first message.
+    pub fn empty(stream: StreamId) -> OwnStream {
+        OwnStream {
+            stream,
+            next_seq: 1,
+            first_retained: 1,
+            last_acked: 0,
+            msgs: 0,
+            bytes: 0,
+            evictable_msgs: 0,
+            evictable_bytes: 0,
+        }
+    }
+
+    /// Which invariant this state breaks, if any.
+    pub fn broken(&self) -> Option<&'static str> {
+        let retained = self.next_seq.checked_sub(self.first_retained);
+        if self.next_seq == 0 || self.first_retained == 0 {
+            Some("seqs start at 1")
+        } else if retained.is_none() {
+            Some("first_retained is past next_seq")
+        } else if retained != Some(self.msgs) {
+            // Whole batches are kept, so every seq from first_retained on is.
+            Some("msgs does not match the retained seqs")
+        } else if self.last_acked >= self.next_seq {
+            Some("last_acked is not below next_seq")
+        } else if self.evictable_msgs > self.msgs || self.evictable_bytes > self.bytes {
+            Some("more is evictable than is retained")
+        } else if self.evictable_msgs == 0 && self.evictable_bytes > 0 {
+            Some("evictable bytes without evictable envelopes")
+        } else if self.evictable_msgs > 0
+            && self.first_retained + self.evictable_msgs > self.last_acked + 1
+        {
+            Some("evictable envelopes above last_acked")
+        } else {
+            None
+        }
+    }
 }
 
 /// A batch as kept in the outbox: the signed batch exactly as signed, and its payloads.
@@ -100,6 +150,17 @@ pub enum JournalRecord {
         /// Free text for a person (e.g. which subscriber lagged).
         detail: String,
     },
+    /// The local subscriber `subscriber` missed the live journal entries at
+    /// arrivals `from..=to`; they are still in the journal, to be re-read.
+    // Appended last: a variant's place is its stored encoding.
+    SubscriberLagged {
+        /// Who lagged, for a person.
+        subscriber: String,
+        /// First arrival not delivered live.
+        from: Arrival,
+        /// Last arrival not delivered live.
+        to: Arrival,
+    },
 }
 
 /// A journal entry with its arrival position.
@@ -129,28 +190,27 @@ pub struct PeerRecord {
 #[non_exhaustive]
 pub enum WriteOp {
     /// Author: a new batch of this node's own envelopes, appended to the
-    /// outbox and journal. Checks: `batch.first_seq == next_seq` of its stream
-    /// (a stream is created by its first batch at seq 1), and the batch's
-    /// epoch is this store's epoch.
+    /// outbox and journal, after the eviction `evict` (if any) made room.
+    /// Checks: `batch.first_seq == next_seq` of its stream (a stream is
+    /// created by its first batch at seq 1), the batch's epoch is this
+    /// store's epoch, and the eviction drops an unacknowledged envelope only
+    /// if it says so. The store applies no retention policy of its own: what
+    /// to evict, and whether a send is refused instead, is the caller's
+    /// decision (the bus core's).
     ///
-    /// Retention is applied in the same transaction: whole acknowledged
-    /// batches are evicted oldest first until the new batch fits `bounds`;
-    /// if it still does not fit, `on_full` decides: `Reject` fails this group
-    /// with [`crate::StoreError::OutboxFull`] and writes nothing,
-    /// `EvictOldest` evicts whole unacknowledged batches oldest first and
-    /// journals them as a [`JournalRecord::Loss`] (`OutboxEvicted`). The
-    /// new batch itself is never evicted: a batch larger than the bounds is
-    /// refused as full under either policy.
+    /// Journaled in order: the eviction's loss record, if any, then the
+    /// batch's envelopes in seq order.
     AppendOwn {
         /// The signed batch and payloads.
         batch: OpenBatch,
-        /// The stream's outbox bounds and policy.
-        bounds: OutboxBounds,
+        /// Room to make first.
+        evict: Option<Eviction>,
     },
     /// Author: the recipient acknowledged everything up to `upto`
     /// (never moves backwards unless `reset` — the recipient's store is new).
     /// An older ack without `reset` is a harmless no-op. Checks: the stream
-    /// is one this store writes, and `upto < next_seq`.
+    /// is one this store writes, and `upto < next_seq`. The stream's
+    /// evictable envelopes follow the new mark.
     Acked {
         /// The stream.
         stream: StreamId,
@@ -192,6 +252,18 @@ pub enum WriteOp {
         /// Free text for a person.
         detail: String,
     },
+    /// Journal that the local subscriber `subscriber` missed the journal
+    /// entries at arrivals `from..=to` (a [`JournalRecord::SubscriberLagged`]).
+    /// Checks: `subscriber` is 1..=[`crate::SUBSCRIBER_NAME_BYTES_MAX`] bytes
+    /// and `1 <= from <= to <=` the journal head before the record.
+    RecordLag {
+        /// Who lagged.
+        subscriber: String,
+        /// First arrival missed.
+        from: Arrival,
+        /// Last arrival missed.
+        to: Arrival,
+    },
     /// Add or update a peer.
     PutPeer(PeerRecord),
     /// Forget a peer (its streams and marks stay).
@@ -207,6 +279,22 @@ pub enum WriteOp {
     },
 }
 
+/// Room an [`WriteOp::AppendOwn`] makes before it appends: the oldest
+/// whole batches are evicted until the outbox holds at most `msgs_max`
+/// envelopes and `bytes_max` payload bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Eviction {
+    /// The most envelopes left in the outbox.
+    pub msgs_max: u64,
+    /// The most payload bytes left in the outbox.
+    pub bytes_max: u64,
+    /// `None`: only acknowledged batches may go; an eviction that would drop
+    /// an unacknowledged envelope is refused ([`crate::StoreError::Conflict`]).
+    /// `Some(detail)`: unacknowledged ones may go too; the seqs lost are
+    /// journaled as one [`JournalRecord::Loss`] (`OutboxEvicted`) with `detail`.
+    pub loss: Option<String>,
+}
+
 /// What one caller's committed ops produced.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Receipt {
@@ -216,7 +304,8 @@ pub struct Receipt {
     pub own_streams: Vec<OwnStream>,
 }
 
-/// What to do when an outbox is full of unacknowledged envelopes.
+/// What to do when an outbox is full of unacknowledged envelopes (the bus
+/// core applies it; the store only executes the evictions it decides).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub enum OnFull {
     /// Refuse the new send with a clear error; nothing is written (the default).

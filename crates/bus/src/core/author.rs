@@ -1,243 +1,298 @@
-//! The author side: local sends, the outbox policy pre-check, feeding a
-//! peer its stream (live, catch-up, resync, gaps) and the peer's acks.
+//! The author side: this node's own streams, signing, and feeding each
+//! peer its stream on the live connection (live, catch-up, resync, gaps,
+//! retransmit after silence) as far as the peer acknowledges.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use mesh_protocol::{
-    Epoch, Frame, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads, Seq, StreamId,
+    Channel, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, Payloads, SecretKey, Seq,
+    StreamId, VerifyError,
 };
-use mesh_store::{OnFull, OwnStream, StoreError, StoredBatch};
+use mesh_store::{OwnStream, StoreError, StoredBatch};
 
-use super::commit::{AckWork, WaitingSend};
-use super::{
-    CloseReason, ConnId, Core, Effect, Feed, LoadId, Millis, PAYLOAD_BYTES_MAX, ReqId, SendError,
-    WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX,
-};
+use super::{Config, ConnId, DropReason, Effect, LoadId, Millis, Out};
 
-impl Core {
+/// How far this node's stream to a peer has been sent on the live connection.
+///
+/// Invariant: `acked <= cursor` is not guaranteed (a peer may claim more
+/// than this connection carried, up to what is committed), but nothing is
+/// sent past what is committed.
+#[derive(Debug)]
+struct Feed {
+    /// The connection the feed belongs to.
+    conn: ConnId,
+    /// The highest seq handed to the connection (or known to be at the peer).
+    cursor: Seq,
+    /// The highest seq the peer has acknowledged on this connection.
+    acked: Seq,
+    /// The outbox read in flight, if any.
+    load: Option<LoadId>,
+    /// A read failed; try again then.
+    retry_at: Option<Millis>,
+    /// Send `ResyncDone` once the cursor reaches the end.
+    announce_done: bool,
+    /// When the peer last made progress (or we started waiting for it).
+    progress_at: Millis,
+}
+
+impl Feed {
+    /// The next deadline of this feed: a read to retry, or the moment the
+    /// peer's silence about outstanding messages makes us resend.
+    fn deadline(&self, config: &Config) -> Option<Millis> {
+        if self.retry_at.is_some() {
+            return self.retry_at;
+        }
+        (self.load.is_none() && self.acked < self.cursor)
+            .then(|| self.progress_at.plus(config.retransmit_ms))
+    }
+
+    /// Whether a freshly committed batch starting at `first` may go out at
+    /// once: nothing is being read and the cursor is right before it.
+    fn takes_fresh(&self, first: Seq) -> bool {
+        self.load.is_none() && self.retry_at.is_none() && self.cursor.saturating_add(1) == first
+    }
+
+    /// Hands one stored batch to the connection, byte for byte as signed.
+    fn send_batch(&mut self, peer: NodeId, sb: StoredBatch, now: Millis, out: &mut Out) {
+        if self.acked >= self.cursor {
+            // Nothing was outstanding: the silence clock starts now.
+            self.progress_at = now;
+        }
+        self.cursor = self.cursor.max(sb.batch.last_seq());
+        let frame = Frame::Batch {
+            batch: sb.batch,
+            payloads: Payloads(sb.payloads),
+        };
+        out.send(peer, self.conn, frame);
+    }
+
+    /// Tells the peer that nothing before `earliest` is held any more.
+    fn send_gap(&self, peer: NodeId, own: &OwnStream, earliest: Seq, out: &mut Out) {
+        out.metrics.gaps_sent += 1;
+        let frame = Frame::ResyncGap {
+            stream: own.stream.clone(),
+            earliest_available: earliest,
+        };
+        out.send(peer, self.conn, frame);
+    }
+}
+
+/// This node's own streams and the feeds that carry them to peers.
+///
+/// Invariant: a feed exists only for a peer whose Hello came on the
+/// connection the feed names.
+#[derive(Debug)]
+pub(super) struct Author {
+    secret: SecretKey,
+    me: NodeId,
+    epoch: Epoch,
+    /// The highest Lamport clock seen or given out.
+    lamport: u64,
+    /// This node's current-epoch stream to each recipient, as committed.
+    own: BTreeMap<NodeId, OwnStream>,
+    feeds: BTreeMap<NodeId, Feed>,
+    next_load: u64,
+    /// Peers whose feed changed since [`Author::take_touched`].
+    touched: BTreeSet<NodeId>,
+}
+
+impl Author {
+    /// The author of `secret`'s streams in `epoch`, from the committed
+    /// streams (other nodes' and other epochs' are ignored).
+    pub(super) fn new(
+        secret: SecretKey,
+        epoch: Epoch,
+        streams: Vec<OwnStream>,
+        lamport: u64,
+    ) -> Author {
+        let me = secret.public();
+        let own = streams
+            .into_iter()
+            .filter(|o| o.stream.author == me && o.stream.epoch == epoch)
+            .filter_map(|o| match o.stream.channel {
+                Channel::Direct(to) => Some((to, o)),
+                Channel::Topic(_) => None,
+            })
+            .collect();
+        Author {
+            secret,
+            me,
+            epoch,
+            lamport,
+            own,
+            feeds: BTreeMap::new(),
+            next_load: 1,
+            touched: BTreeSet::new(),
+        }
+    }
+
     /// This node's current-epoch stream to `to`.
-    pub(super) fn own_stream_id(&self, to: NodeId) -> StreamId {
+    pub(super) fn stream_id(&self, to: NodeId) -> StreamId {
         StreamId::direct(self.me, self.epoch, to)
     }
 
-    /// The committed state of this node's stream to `to` (empty before its
-    /// first message).
+    /// The committed state of the stream to `to` (`None` before its first message).
+    pub(super) fn own(&self, to: &NodeId) -> Option<&OwnStream> {
+        self.own.get(to)
+    }
+
+    /// The committed state of the stream to `to`, empty before its first message.
     pub(super) fn own_view(&self, to: NodeId) -> OwnStream {
-        self.own.get(&to).cloned().unwrap_or_else(|| OwnStream {
-            stream: self.own_stream_id(to),
-            next_seq: 1,
-            first_retained: 1,
-            last_acked: 0,
-            msgs: 0,
-            bytes: 0,
-        })
+        self.own
+            .get(&to)
+            .cloned()
+            .unwrap_or_else(|| OwnStream::empty(self.stream_id(to)))
     }
 
-    pub(super) fn on_send(
+    /// The Lamport clock moves past one seen on a peer's envelope.
+    pub(super) fn observe_lamport(&mut self, lamport: u64) {
+        self.lamport = self.lamport.max(lamport);
+    }
+
+    /// A commit wrote these own streams (other nodes' and epochs' are ignored).
+    pub(super) fn committed(&mut self, streams: &[OwnStream]) {
+        for o in streams {
+            if let Channel::Direct(to) = o.stream.channel
+                && o.stream.author == self.me
+                && o.stream.epoch == self.epoch
+            {
+                debug_assert_eq!(o.broken(), None, "{o:?}");
+                // A commit only moves a stream on: seqs are never reused.
+                debug_assert!(
+                    self.own
+                        .get(&to)
+                        .is_none_or(|was| was.next_seq <= o.next_seq)
+                );
+                self.own.insert(to, o.clone());
+            }
+        }
+    }
+
+    /// Signs `envelopes` (without lamports yet) as the batch of the stream
+    /// to `to` starting at `first_seq`, each with the next Lamport clock.
+    pub(super) fn sign(
         &mut self,
-        req: ReqId,
         to: NodeId,
-        kind: u16,
-        payload: Vec<u8>,
-        now: Millis,
-    ) {
-        if let Err(e) = self.check_send(to, payload.len() as u64) {
-            self.metrics.sends_refused += 1;
-            self.effects.push_back(Effect::Reply {
-                req,
-                result: Err(e),
-            });
-            return;
-        }
-        let len = payload.len() as u64;
-        self.waiting.send_bytes += len;
-        let q = self.waiting.queued.entry(to).or_default();
-        q.0 += 1;
-        q.1 += len;
-        self.waiting.sends.push_back(WaitingSend {
-            req,
-            to,
-            kind,
-            payload,
-            created_ms: now.0,
-        });
-    }
-
-    /// Refuses a send early: a bad request, a full queue, or (under
-    /// `reject`) an outbox that cannot take it. The store checks again.
-    fn check_send(&self, to: NodeId, len: u64) -> Result<(), SendError> {
-        if to == self.me {
-            return Err(SendError::ToSelf);
-        }
-        if !self.peers.contains_key(&to) {
-            return Err(SendError::UnknownPeer(to.fmt_short().to_string()));
-        }
-        let bounds = self.config.outbox;
-        let max = PAYLOAD_BYTES_MAX.min(bounds.max_bytes);
-        if len > max {
-            return Err(SendError::TooLarge { len, max });
-        }
-        if self.waiting.sends.len() >= WAITING_SENDS_MAX
-            || self.waiting.send_bytes + len > WAITING_SEND_BYTES_MAX
-        {
-            return Err(SendError::Busy {
-                waiting: self.waiting.sends.len(),
-            });
-        }
-        if bounds.on_full == OnFull::EvictOldest {
-            return Ok(());
-        }
-        let own = self.own_view(to);
-        let acked = own.last_acked.max(self.ack_in_progress(to));
-        // Retained and unacknowledged: seqs above both the ack and the eviction point.
-        let unacked_msgs = (own.next_seq - 1).saturating_sub(acked.max(own.first_retained - 1));
-        // Bytes are known per stream only; they are all unacknowledged if no
-        // retained seq is acknowledged, and otherwise unknown (0 is a lower bound).
-        let unacked_bytes = if acked < own.first_retained {
-            own.bytes
-        } else {
-            0
-        };
-        let (qm, qb) = self.waiting.queued.get(&to).copied().unwrap_or_default();
-        let msgs = unacked_msgs + qm;
-        let bytes = unacked_bytes + qb;
-        if msgs + 1 > bounds.max_msgs || bytes + len > bounds.max_bytes {
-            return Err(SendError::OutboxFull {
-                peer: to.fmt_short().to_string(),
-                msgs,
-                bytes,
-            });
-        }
-        Ok(())
-    }
-
-    /// The highest ack of `to` waiting for or in the current commit (0 if none, or a reset).
-    fn ack_in_progress(&self, to: NodeId) -> Seq {
-        let waiting = self.waiting.acks.get(&to);
-        let flying = self.in_flight.as_ref().and_then(|f| f.ack_for(to));
-        [waiting, flying]
+        first_seq: Seq,
+        envelopes: impl IntoIterator<Item = NewEnvelope>,
+    ) -> Result<OpenBatch, VerifyError> {
+        let envelopes = envelopes
             .into_iter()
-            .flatten()
-            .filter(|w| !w.reset)
-            .map(|w| w.upto)
-            .max()
-            .unwrap_or(0)
+            .map(|e| {
+                self.lamport = self.lamport.saturating_add(1);
+                NewEnvelope {
+                    lamport: self.lamport,
+                    ..e
+                }
+            })
+            .collect();
+        OpenBatch::sign(
+            &self.secret,
+            self.epoch,
+            Channel::Direct(to),
+            first_seq,
+            envelopes,
+        )
     }
 
-    /// Remembers that `peer` holds everything of our stream up to `upto`.
-    pub(super) fn note_ack(&mut self, peer: NodeId, upto: Seq) {
-        if let Some(w) = self.waiting.acks.get_mut(&peer) {
-            w.upto = w.upto.max(upto);
-            return;
-        }
-        let own = self.own_view(peer);
-        if upto > own.last_acked && upto > self.ack_in_progress(peer) {
-            self.waiting.acks.insert(
-                peer,
-                AckWork {
-                    upto,
-                    reset: false,
-                    epoch: None,
-                },
-            );
-        }
+    /// The mark `marks` (a peer's Hello) holds for our stream to `peer`.
+    pub(super) fn mark_in(&self, peer: NodeId, marks: &[Mark]) -> Seq {
+        let mine = self.stream_id(peer);
+        marks.iter().find(|m| m.stream == mine).map_or(0, |m| m.seq)
     }
 
-    #[allow(clippy::too_many_arguments)] // The fields of one Hello frame, taken apart.
-    pub(super) fn on_hello(
+    /// The peer's Hello came on `conn` with `mark` for our stream: feeds it
+    /// from there.
+    pub(super) fn start_feed(
         &mut self,
         peer: NodeId,
         conn: ConnId,
-        version: u32,
-        node: NodeId,
-        epoch: Epoch,
-        marks: Vec<Mark>,
+        mark: Seq,
         now: Millis,
+        config: &Config,
+        out: &mut Out,
     ) {
-        if version != PROTOCOL_VERSION {
-            let reason = CloseReason::VersionMismatch {
-                theirs: version,
-                ours: PROTOCOL_VERSION,
-            };
-            self.close(peer, conn, reason);
-            return;
-        }
-        if node != peer {
-            self.close(peer, conn, CloseReason::WrongNode);
-            return;
-        }
-        let mine = self.own_stream_id(peer);
-        let mark = marks.iter().find(|m| m.stream == mine).map_or(0, |m| m.seq);
-        let Some(p) = self.peers.get_mut(&peer) else {
-            return;
+        let feed = Feed {
+            conn,
+            cursor: 0,
+            acked: mark,
+            load: None,
+            retry_at: None,
+            announce_done: false,
+            progress_at: Millis::default(),
         };
-        if p.epoch_seen != Some(epoch) {
-            // A peer whose store is new holds nothing of ours, whatever it
-            // acknowledged before: its acked state is reset to what it says now.
-            let reset = p.epoch_seen.is_some();
-            p.epoch_seen = Some(epoch);
-            if reset {
-                self.metrics.peer_epoch_changes += 1;
-                for (stream, inb) in self.inbound.iter_mut() {
-                    if stream.author == peer && stream.epoch != epoch {
-                        inb.forget_held();
-                    }
-                }
-            }
-            self.waiting.acks.insert(
-                peer,
-                AckWork {
-                    upto: mark,
-                    reset,
-                    epoch: Some(epoch),
-                },
-            );
-        } else if mark > 0 {
-            self.note_ack(peer, mark);
-        }
-        if let Some(c) = self.peers.get_mut(&peer).and_then(|p| p.conn.as_mut()) {
-            c.peer_epoch = Some(epoch);
-            c.feed = Feed {
-                acked: mark,
-                ..Feed::default()
-            };
-        }
-        self.metrics.resyncs_served += 1;
-        self.serve(peer, mark, now);
+        self.feeds.insert(peer, feed);
+        self.touched.insert(peer);
+        out.metrics.resyncs_served += 1;
+        self.serve(peer, mark, now, config, out);
     }
 
-    pub(super) fn on_ack(&mut self, peer: NodeId, stream: StreamId, upto: Seq, now: Millis) {
-        let Some(feed) = self.checked_feed(peer, &stream, upto) else {
-            return;
+    /// The peer's connection is gone.
+    pub(super) fn drop_feed(&mut self, peer: NodeId) {
+        if self.feeds.remove(&peer).is_some() {
+            self.touched.insert(peer);
+        }
+    }
+
+    /// A peer's Ack of `stream` up to `upto`; returns whether it counts
+    /// (then the caller records it).
+    pub(super) fn on_ack(
+        &mut self,
+        peer: NodeId,
+        stream: &StreamId,
+        upto: Seq,
+        now: Millis,
+        out: &mut Out,
+    ) -> bool {
+        let Some(feed) = self.checked_feed(peer, stream, upto, out) else {
+            return false;
         };
         if upto > feed.acked {
             feed.acked = upto;
             feed.progress_at = now;
         }
-        self.note_ack(peer, upto);
+        true
     }
 
-    pub(super) fn on_resync(&mut self, peer: NodeId, stream: StreamId, after: Seq, now: Millis) {
-        if self.checked_feed(peer, &stream, after).is_none() {
+    /// A peer's Resync of `stream` after `after`.
+    pub(super) fn on_resync(
+        &mut self,
+        peer: NodeId,
+        stream: &StreamId,
+        after: Seq,
+        now: Millis,
+        config: &Config,
+        out: &mut Out,
+    ) {
+        if self.checked_feed(peer, stream, after, out).is_none() {
             return;
         }
         // Not an ack: the asker's `after` is its pending mark, which a failed
         // commit can still roll back. Only Ack frames and Hello marks are.
-        self.metrics.resyncs_served += 1;
-        self.serve(peer, after, now);
+        out.metrics.resyncs_served += 1;
+        self.serve(peer, after, now, config, out);
     }
 
     /// The feed of `peer` if `stream` is ours to it and `seq` is one we sent;
     /// otherwise counts the drop.
-    fn checked_feed(&mut self, peer: NodeId, stream: &StreamId, seq: Seq) -> Option<&mut Feed> {
-        if *stream != self.own_stream_id(peer) {
-            self.metrics.dropped.count(super::DropReason::UnknownStream);
+    fn checked_feed(
+        &mut self,
+        peer: NodeId,
+        stream: &StreamId,
+        seq: Seq,
+        out: &mut Out,
+    ) -> Option<&mut Feed> {
+        if *stream != self.stream_id(peer) {
+            out.drop(DropReason::UnknownStream);
             return None;
         }
-        let last = self.own_view(peer).next_seq - 1;
-        let feed = &mut self.peers.get_mut(&peer)?.conn.as_mut()?.feed;
+        let last = self.own.get(&peer).map_or(0, |o| o.next_seq - 1);
+        let feed = self.feeds.get_mut(&peer)?;
+        self.touched.insert(peer);
         // The cursor can be ahead of `last`: a read may see a commit whose
         // answer has not come back yet.
         if seq > last.max(feed.cursor) {
-            self.metrics.dropped.count(super::DropReason::BogusSeq);
+            out.drop(DropReason::BogusSeq);
             return None;
         }
         Some(feed)
@@ -245,13 +300,12 @@ impl Core {
 
     /// Starts (or restarts) feeding `peer` our stream after `after`: a gap
     /// first if the outbox no longer reaches back that far.
-    pub(super) fn serve(&mut self, peer: NodeId, after: Seq, now: Millis) {
+    fn serve(&mut self, peer: NodeId, after: Seq, now: Millis, config: &Config, out: &mut Out) {
         let own = self.own_view(peer);
-        let Some(c) = self.peers.get_mut(&peer).and_then(|p| p.conn.as_mut()) else {
+        let Some(feed) = self.feeds.get_mut(&peer) else {
             return;
         };
-        let conn = c.id;
-        let feed = &mut c.feed;
+        self.touched.insert(peer);
         feed.cursor = after;
         feed.load = None;
         feed.retry_at = None;
@@ -259,95 +313,107 @@ impl Core {
         feed.progress_at = now;
         if after.saturating_add(1) < own.first_retained {
             feed.cursor = own.first_retained - 1;
-            self.send_gap(peer, conn, own.stream, own.first_retained);
+            feed.send_gap(peer, &own, own.first_retained, out);
         }
-        self.pump(peer, now);
-    }
-
-    fn send_gap(&mut self, peer: NodeId, conn: ConnId, stream: StreamId, earliest: Seq) {
-        self.metrics.gaps_sent += 1;
-        let frame = Frame::ResyncGap {
-            stream,
-            earliest_available: earliest,
-        };
-        self.send_frame(peer, conn, frame);
+        self.pump(peer, config, out);
     }
 
     /// Moves the feed of `peer` on: asks for the next chunk of the outbox,
     /// or says `ResyncDone` once everything committed has been sent.
-    pub(super) fn pump(&mut self, peer: NodeId, _now: Millis) {
+    fn pump(&mut self, peer: NodeId, config: &Config, out: &mut Out) {
         let own = self.own_view(peer);
         let last = own.next_seq - 1;
-        let Some(c) = self.peers.get_mut(&peer).and_then(|p| p.conn.as_mut()) else {
+        let Some(feed) = self.feeds.get_mut(&peer) else {
             return;
         };
-        if c.peer_epoch.is_none() || c.feed.load.is_some() || c.feed.retry_at.is_some() {
+        if feed.load.is_some() || feed.retry_at.is_some() {
             return;
         }
-        let conn = c.id;
-        let feed = &mut c.feed;
         if feed.cursor < last {
             let load = LoadId(self.next_load);
             self.next_load += 1;
             feed.load = Some(load);
-            self.metrics.loads += 1;
-            self.effects.push_back(Effect::LoadOutbox {
+            self.touched.insert(peer);
+            out.metrics.loads += 1;
+            out.push(Effect::LoadOutbox {
                 load,
                 peer,
                 stream: own.stream,
                 after: feed.cursor,
-                max_bytes: self.config.catchup_chunk_bytes,
+                max_bytes: config.catchup_chunk_bytes,
             });
         } else if feed.announce_done {
             feed.announce_done = false;
             let upto = feed.cursor.max(last);
-            self.send_frame(
-                peer,
-                conn,
-                Frame::ResyncDone {
-                    stream: own.stream,
-                    upto,
-                },
-            );
+            let frame = Frame::ResyncDone {
+                stream: own.stream,
+                upto,
+            };
+            out.send(peer, feed.conn, frame);
         }
     }
 
-    /// Pumps every peer that is being fed.
-    pub(super) fn pump_all(&mut self, now: Millis) {
-        let peers: Vec<NodeId> = self.peers.keys().copied().collect();
+    /// Pumps every feed.
+    pub(super) fn pump_all(&mut self, config: &Config, out: &mut Out) {
+        let peers: Vec<NodeId> = self.feeds.keys().copied().collect();
         for peer in peers {
-            self.pump(peer, now);
+            self.pump(peer, config, out);
         }
     }
 
+    /// The answer to an outbox read: sends what it holds, then moves on.
     pub(super) fn on_loaded(
         &mut self,
         load: LoadId,
         result: Result<Vec<StoredBatch>, StoreError>,
         now: Millis,
+        config: &Config,
+        out: &mut Out,
     ) {
-        let Some(peer) = self.peers.iter().find_map(|(id, p)| {
-            let c = p.conn.as_ref()?;
-            (c.feed.load == Some(load)).then_some(*id)
-        }) else {
-            self.metrics.stale_answers += 1;
+        let Some(peer) = self
+            .feeds
+            .iter()
+            .find_map(|(id, f)| (f.load == Some(load)).then_some(*id))
+        else {
+            out.metrics.stale_answers += 1;
             return;
         };
         let own = self.own_view(peer);
-        let Some(c) = self.peers.get_mut(&peer).and_then(|p| p.conn.as_mut()) else {
+        let Some(feed) = self.feeds.get_mut(&peer) else {
             return;
         };
-        let conn = c.id;
-        c.feed.load = None;
+        self.touched.insert(peer);
+        feed.load = None;
         let batches = match result {
             Ok(b) => b,
             Err(_) => {
-                self.metrics.load_failures += 1;
-                c.feed.retry_at = Some(now.plus(self.config.store_retry_ms));
+                out.metrics.load_failures += 1;
+                feed.retry_at = Some(now.plus(config.store_retry_ms));
                 return;
             }
         };
-        let mut cursor = c.feed.cursor;
+        if !self.send_loaded(peer, &own, batches, now, config, out) {
+            return;
+        }
+        self.pump(peer, config, out);
+    }
+
+    /// Sends the batches of one read past the cursor, with a gap before any
+    /// that starts later than the cursor. Returns false if the read held
+    /// nothing it should have (the feed then retries later).
+    fn send_loaded(
+        &mut self,
+        peer: NodeId,
+        own: &OwnStream,
+        batches: Vec<StoredBatch>,
+        now: Millis,
+        config: &Config,
+        out: &mut Out,
+    ) -> bool {
+        let Some(feed) = self.feeds.get_mut(&peer) else {
+            return false;
+        };
+        let mut cursor = feed.cursor;
         let mut progressed = false;
         for sb in batches {
             let (first, last) = (sb.batch.first_seq, sb.batch.last_seq());
@@ -356,66 +422,80 @@ impl Core {
             }
             if first > cursor.saturating_add(1) {
                 // Evicted since the counters were read (evict-oldest).
-                self.send_gap(peer, conn, own.stream.clone(), first);
+                feed.send_gap(peer, own, first, out);
             }
-            self.send_batch(peer, conn, sb, now);
+            feed.send_batch(peer, sb, now, out);
             cursor = last;
             progressed = true;
         }
         if !progressed && cursor < own.next_seq - 1 {
             if cursor.saturating_add(1) < own.first_retained {
                 cursor = own.first_retained - 1;
-                self.send_gap(peer, conn, own.stream.clone(), own.first_retained);
+                feed.send_gap(peer, own, own.first_retained, out);
             } else {
                 // The store returned nothing it should hold; try later.
-                self.metrics.load_failures += 1;
-                if let Some(c) = self.peers.get_mut(&peer).and_then(|p| p.conn.as_mut()) {
-                    c.feed.retry_at = Some(now.plus(self.config.store_retry_ms));
-                }
-                return;
+                out.metrics.load_failures += 1;
+                feed.retry_at = Some(now.plus(config.store_retry_ms));
+                return false;
             }
         }
-        if let Some(c) = self.peers.get_mut(&peer).and_then(|p| p.conn.as_mut()) {
-            c.feed.cursor = c.feed.cursor.max(cursor);
-        }
-        self.pump(peer, now);
-    }
-
-    /// Hands one stored batch to the connection, byte for byte as signed.
-    fn send_batch(&mut self, peer: NodeId, conn: ConnId, sb: StoredBatch, now: Millis) {
-        let last = sb.batch.last_seq();
-        if let Some(c) = self.peers.get_mut(&peer).and_then(|p| p.conn.as_mut()) {
-            let feed = &mut c.feed;
-            if feed.acked >= feed.cursor {
-                // Nothing was outstanding: the silence clock starts now.
-                feed.progress_at = now;
-            }
-            feed.cursor = feed.cursor.max(last);
-        }
-        let frame = Frame::Batch {
-            batch: sb.batch,
-            payloads: Payloads(sb.payloads),
-        };
-        self.send_frame(peer, conn, frame);
+        feed.cursor = feed.cursor.max(cursor);
+        true
     }
 
     /// After its commit: sends a new batch at once if the peer's feed is
     /// exactly caught up to it; otherwise the catch-up will carry it.
-    pub(super) fn send_fresh(&mut self, to: NodeId, batch: OpenBatch, now: Millis) {
-        let Some(c) = self.peers.get(&to).and_then(|p| p.conn.as_ref()) else {
+    pub(super) fn send_fresh(&mut self, to: NodeId, batch: OpenBatch, now: Millis, out: &mut Out) {
+        let Some(feed) = self.feeds.get_mut(&to) else {
             return;
         };
-        let feed = &c.feed;
-        let ready = c.peer_epoch.is_some() && feed.load.is_none() && feed.retry_at.is_none();
-        if !ready || feed.cursor.saturating_add(1) != batch.batch().first_seq() {
+        if !feed.takes_fresh(batch.batch().first_seq()) {
             return;
         }
-        let conn = c.id;
+        self.touched.insert(to);
         let (vb, payloads) = batch.into_parts();
         let sb = StoredBatch {
             batch: vb.into_signed(),
             payloads,
         };
-        self.send_batch(to, conn, sb, now);
+        feed.send_batch(to, sb, now, out);
+    }
+
+    /// The feed timer of `peer` is due: retries a failed read, then resends
+    /// from the peer's last ack if it has been silent too long.
+    pub(super) fn on_feed_timer(
+        &mut self,
+        peer: NodeId,
+        now: Millis,
+        config: &Config,
+        out: &mut Out,
+    ) {
+        let Some(feed) = self.feeds.get_mut(&peer) else {
+            return;
+        };
+        self.touched.insert(peer);
+        if feed.retry_at.is_some_and(|t| now >= t) {
+            feed.retry_at = None;
+            self.pump(peer, config, out);
+        }
+        let Some(feed) = self.feeds.get(&peer) else {
+            return;
+        };
+        let silent = now >= feed.progress_at.plus(config.retransmit_ms);
+        if feed.load.is_none() && feed.retry_at.is_none() && feed.acked < feed.cursor && silent {
+            let from = feed.acked;
+            out.metrics.retransmits += 1;
+            self.serve(peer, from, now, config, out);
+        }
+    }
+
+    /// When the feed of `peer` next needs the timer, if it does.
+    pub(super) fn feed_deadline(&self, peer: NodeId, config: &Config) -> Option<Millis> {
+        self.feeds.get(&peer)?.deadline(config)
+    }
+
+    /// The peers whose feed changed since the last call.
+    pub(super) fn take_touched(&mut self) -> BTreeSet<NodeId> {
+        std::mem::take(&mut self.touched)
     }
 }

@@ -18,7 +18,9 @@ pub const WAITING_BATCH_BYTES_MAX: u64 = 16 << 20;
 /// The most peer additions and removals waiting for the next commit.
 pub const WAITING_PEER_CHANGES_MAX: usize = 64;
 
-/// The most local writes (named cursors, lag records) waiting for the next commit.
+/// The most local writes (cursors, lag records) waiting for the next commit.
+/// Each names at most [`mesh_store::SUBSCRIBER_NAME_BYTES_MAX`] bytes, so
+/// this bounds their bytes too.
 pub const WAITING_WRITES_MAX: usize = 256;
 
 /// How far past its pending mark a stream holds early batches, in envelopes:

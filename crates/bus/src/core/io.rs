@@ -6,7 +6,8 @@ use mesh_protocol::{
     Epoch, Frame, Mark, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
 };
 use mesh_store::{
-    Arrival, MeshStore, OwnStream, PeerRecord, Receipt, StoreError, StoredBatch, WriteOp,
+    Arrival, CURSOR_NAME_BYTES_MAX, MeshStore, OwnStream, PeerRecord, Receipt,
+    SUBSCRIBER_NAME_BYTES_MAX, StoreError, StoredBatch, WriteOp,
 };
 
 /// A point in time: milliseconds on the driver's clock.
@@ -46,6 +47,32 @@ pub struct CommitId(pub u64);
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LoadId(pub u64);
 
+/// Why a peer's batch frame was refused before it reached the core's state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadBatch {
+    /// The signature does not verify under the author's key.
+    #[error("bad signature")]
+    BadSignature,
+    /// The batch breaks a shape limit (entries, bytes, first seq).
+    #[error("malformed batch")]
+    Malformed,
+    /// A payload does not match its signed hash, or the count differs.
+    #[error("a payload does not match its signed hash")]
+    CidMismatch,
+}
+
+/// Verifies a received batch's signature and every payload's hash: the only
+/// way a peer's batch reaches the core. Pure and thread-safe; the driver runs
+/// it in each connection's reader task, in parallel, off the node task.
+pub fn open_batch(batch: SignedBatch, payloads: Vec<Vec<u8>>) -> Result<OpenBatch, BadBatch> {
+    let verified = batch.verify().map_err(|e| match e {
+        VerifyError::BadSignature(_) => BadBatch::BadSignature,
+        _ => BadBatch::Malformed,
+    })?;
+    verified.open(payloads).map_err(|_| BadBatch::CidMismatch)
+}
+
 /// Something that happened, fed to [`crate::core::Core::handle`].
 #[derive(Debug)]
 pub enum Input {
@@ -65,7 +92,9 @@ pub enum Input {
         /// The connection.
         conn: ConnId,
     },
-    /// A decoded frame other than a batch arrived from `peer` on `conn`.
+    /// A decoded frame other than a batch arrived from `peer` on `conn`
+    /// (batches come as [`Input::Batch`]; a `Frame::Batch` here is dropped
+    /// as malformed).
     Frame {
         /// The peer (the connection's authenticated key).
         peer: NodeId,
@@ -113,6 +142,14 @@ pub enum Input {
     },
     /// The deadline of the last [`Effect::SetTimer`] has passed.
     Timer,
+    /// A local write, queued for the next commit; the answer is an
+    /// [`Effect::Written`] with `req` once it is committed (or refused).
+    Write {
+        /// Names the request.
+        req: ReqId,
+        /// What to write.
+        write: LocalWrite,
+    },
     /// Add `record.node` as a peer at `record.addrs`, or update the addresses
     /// of a known peer (the epoch the core recorded for it is kept; the one in
     /// `record` is ignored). The record is written with the next commit and
@@ -125,14 +162,6 @@ pub enum Input {
         req: ReqId,
         /// The peer and where to dial it.
         record: PeerRecord,
-    },
-    /// A local durable write, queued for the next commit; the answer is an
-    /// [`Effect::Written`] with `req` once that commit returns.
-    Write {
-        /// Names the request.
-        req: ReqId,
-        /// What to write.
-        write: LocalWrite,
     },
     /// Forget `node` as a peer (its streams and marks stay in the store).
     /// Written with the next commit; once that returns, the core drops the
@@ -211,14 +240,16 @@ pub enum Effect {
         /// The peer.
         node: NodeId,
         /// `Ok` once committed.
-        result: Result<(), StoreError>,
+        result: Result<(), PeerChangeError>,
     },
-    /// The answer to [`Input::Write`] `req`, after the commit that holds it
-    /// returned (or at once if it was refused).
+    /// The answer to [`Input::Write`] `req`: given only after the commit
+    /// that holds the write returned, or when it was refused.
     Written {
         /// The request.
         req: ReqId,
-        /// The write's receipt (its journal arrival, if it journaled one).
+        /// The receipt (a lag record's arrival is in `arrivals`), or why
+        /// nothing was written: [`StoreError::Conflict`] for a write the
+        /// store's rules refuse, [`StoreError::Busy`] when too many wait.
         result: Result<Receipt, StoreError>,
     },
     /// Close `conn` to `peer`: the peer broke the protocol. The core already
@@ -233,56 +264,55 @@ pub enum Effect {
     },
 }
 
-/// A durable write a local client asks for, sequenced with every other commit.
+/// A write of local state, sequenced with every other commit of the node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LocalWrite {
     /// Set the named durable cursor `name` to `arrival` (≤ the journal head).
     PutCursor {
-        /// The cursor's name.
+        /// The cursor's name (1..=[`mesh_store::CURSOR_NAME_BYTES_MAX`] bytes).
         name: String,
-        /// Where it points.
+        /// The journal position.
         arrival: Arrival,
     },
     /// Journal that the local subscriber `subscriber` missed the live
     /// journal entries `from..=to` (arrivals, not seqs): it must re-read them.
     SubscriberLagged {
-        /// Names the subscriber, for a person reading the journal.
+        /// Who lagged (1..=[`mesh_store::SUBSCRIBER_NAME_BYTES_MAX`] bytes).
         subscriber: String,
-        /// The first arrival it missed.
+        /// First arrival missed.
         from: Arrival,
-        /// The last arrival it missed.
+        /// Last arrival missed.
         to: Arrival,
     },
 }
 
-/// Why a peer's batch frame was refused before it reached the core's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum BadBatch {
-    /// The signature does not verify under the author's key.
-    #[error("bad signature")]
-    BadSignature,
-    /// The batch breaks a shape limit (entries, bytes, first seq).
-    #[error("malformed batch")]
-    Malformed,
-    /// A payload does not match its signed hash (or the count differs).
-    #[error("a payload does not match its signed hash")]
-    CidMismatch,
-}
+impl LocalWrite {
+    /// The name it carries, and the longest the store takes.
+    pub(crate) fn name(&self) -> (&str, usize) {
+        match self {
+            LocalWrite::PutCursor { name, .. } => (name, CURSOR_NAME_BYTES_MAX),
+            LocalWrite::SubscriberLagged { subscriber, .. } => {
+                (subscriber, SUBSCRIBER_NAME_BYTES_MAX)
+            }
+        }
+    }
 
-/// Verifies a received batch's signature and every payload's hash: the only
-/// way a peer's batch reaches the core. Pure and thread-safe; the driver runs
-/// it in each connection's reader task, in parallel, off the node task.
-///
-/// # Errors
-/// The [`BadBatch`] that names the first check that failed.
-pub fn open_batch(batch: SignedBatch, payloads: Vec<Vec<u8>>) -> Result<OpenBatch, BadBatch> {
-    let verified = batch.verify().map_err(|e| match e {
-        VerifyError::BadSignature(_) => BadBatch::BadSignature,
-        _ => BadBatch::Malformed,
-    })?;
-    verified.open(payloads).map_err(|_| BadBatch::CidMismatch)
+    /// The store op that writes it.
+    pub(crate) fn into_op(self) -> WriteOp {
+        match self {
+            LocalWrite::PutCursor { name, arrival } => WriteOp::PutCursor { name, arrival },
+            LocalWrite::SubscriberLagged {
+                subscriber,
+                from,
+                to,
+            } => WriteOp::RecordLag {
+                subscriber,
+                from,
+                to,
+            },
+        }
+    }
 }
 
 /// Where a sent message went: its stream and seq, durable at the author.
@@ -301,8 +331,8 @@ pub struct SendReceipt {
 #[non_exhaustive]
 pub enum SendError {
     /// The caller's fault: the recipient is not a known peer.
-    #[error("unknown peer {0}: add it as a peer before sending to it")]
-    UnknownPeer(String),
+    #[error("unknown peer {}: add it as a peer before sending to it", .0.fmt_short())]
+    UnknownPeer(NodeId),
     /// The caller's fault: a node does not send to itself over the mesh.
     #[error("cannot send to this node itself")]
     ToSelf,
@@ -321,16 +351,19 @@ pub enum SendError {
         waiting: usize,
     },
     /// Capacity: the peer's outbox is full of unacknowledged messages and its
-    /// policy is `reject`. Nothing was written.
+    /// policy is `reject`. Nothing was written. Decided by the core, exactly,
+    /// from the committed outbox and the sends ahead of this one.
     #[error(
-        "outbox for peer {peer} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first"
+        "outbox for peer {} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first",
+        .peer.fmt_short()
     )]
     OutboxFull {
-        /// The recipient, short form.
-        peer: String,
-        /// Unacknowledged messages (written or waiting).
+        /// The recipient.
+        peer: NodeId,
+        /// Messages the outbox cannot evict without loss (written, or taken
+        /// ahead of this one).
         msgs: u64,
-        /// Unacknowledged payload bytes known (written or waiting).
+        /// Their payload bytes.
         bytes: u64,
     },
     /// The environment: the store failed; the message was not written.
@@ -342,17 +375,31 @@ pub enum SendError {
 }
 
 impl SendError {
+    /// Why the store did not write a send.
     pub(crate) fn from_store(e: &StoreError) -> SendError {
         match e {
-            StoreError::OutboxFull { peer, msgs, bytes } => SendError::OutboxFull {
-                peer: peer.clone(),
-                msgs: *msgs,
-                bytes: *bytes,
-            },
             StoreError::Conflict(why) => SendError::Internal(why.clone()),
             other => SendError::Store(other.to_string()),
         }
     }
+}
+
+/// Why a peer change ([`Input::PeerAdded`], [`Input::PeerRemoved`]) was not made.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerChangeError {
+    /// The caller's fault: a node cannot be its own peer.
+    #[error("a node cannot be its own peer")]
+    SelfPeer,
+    /// Capacity: too many peer changes wait for the next commit; retry later.
+    #[error("{waiting} peer changes are already waiting; retry later")]
+    Busy {
+        /// Peer changes waiting.
+        waiting: usize,
+    },
+    /// The store did not write the change; nothing changed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// Why the core closes a connection: the peer broke the protocol.

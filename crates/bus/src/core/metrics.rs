@@ -65,98 +65,81 @@ pub enum DropReason {
     BogusSeq,
 }
 
+impl From<crate::core::BadBatch> for DropReason {
+    fn from(bad: crate::core::BadBatch) -> Self {
+        match bad {
+            crate::core::BadBatch::BadSignature => DropReason::BadSignature,
+            crate::core::BadBatch::Malformed => DropReason::Malformed,
+            crate::core::BadBatch::CidMismatch => DropReason::CidMismatch,
+        }
+    }
+}
+
+impl DropReason {
+    /// Every reason, in the order [`DropCounts::iter`] gives them.
+    pub const ALL: [DropReason; 13] = [
+        DropReason::BadSignature,
+        DropReason::Malformed,
+        DropReason::CidMismatch,
+        DropReason::WrongAuthor,
+        DropReason::WrongRecipient,
+        DropReason::StaleEpoch,
+        DropReason::Duplicate,
+        DropReason::OutsideWindow,
+        DropReason::QueueFull,
+        DropReason::BeforeHello,
+        DropReason::StaleConnection,
+        DropReason::UnknownStream,
+        DropReason::BogusSeq,
+    ];
+
+    /// The reason's name in `snake_case`, as metrics label it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DropReason::BadSignature => "bad_signature",
+            DropReason::Malformed => "malformed",
+            DropReason::CidMismatch => "cid_mismatch",
+            DropReason::WrongAuthor => "wrong_author",
+            DropReason::WrongRecipient => "wrong_recipient",
+            DropReason::StaleEpoch => "stale_epoch",
+            DropReason::Duplicate => "duplicate",
+            DropReason::OutsideWindow => "outside_window",
+            DropReason::QueueFull => "queue_full",
+            DropReason::BeforeHello => "before_hello",
+            DropReason::StaleConnection => "stale_connection",
+            DropReason::UnknownStream => "unknown_stream",
+            DropReason::BogusSeq => "bogus_seq",
+        }
+    }
+
+    /// The reason's slot in [`DropCounts`]: its place in [`DropReason::ALL`].
+    fn slot(self) -> usize {
+        self as usize
+    }
+}
+
 /// Dropped frames (or batches) by reason.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct DropCounts {
-    /// See [`DropReason::BadSignature`].
-    pub bad_signature: u64,
-    /// See [`DropReason::Malformed`].
-    pub malformed: u64,
-    /// See [`DropReason::CidMismatch`].
-    pub cid_mismatch: u64,
-    /// See [`DropReason::WrongAuthor`].
-    pub wrong_author: u64,
-    /// See [`DropReason::WrongRecipient`].
-    pub wrong_recipient: u64,
-    /// See [`DropReason::StaleEpoch`].
-    pub stale_epoch: u64,
-    /// See [`DropReason::Duplicate`].
-    pub duplicate: u64,
-    /// See [`DropReason::OutsideWindow`].
-    pub outside_window: u64,
-    /// See [`DropReason::QueueFull`].
-    pub queue_full: u64,
-    /// See [`DropReason::BeforeHello`].
-    pub before_hello: u64,
-    /// See [`DropReason::StaleConnection`].
-    pub stale_connection: u64,
-    /// See [`DropReason::UnknownStream`].
-    pub unknown_stream: u64,
-    /// See [`DropReason::BogusSeq`].
-    pub bogus_seq: u64,
-}
+pub struct DropCounts([u64; DropReason::ALL.len()]);
 
 impl DropCounts {
     /// The count for `reason`.
     pub fn get(&self, reason: DropReason) -> u64 {
-        *self.slot(reason)
+        self.0[reason.slot()]
     }
 
     /// Every count added up.
     pub fn total(&self) -> u64 {
-        self.bad_signature
-            + self.malformed
-            + self.cid_mismatch
-            + self.wrong_author
-            + self.wrong_recipient
-            + self.stale_epoch
-            + self.duplicate
-            + self.outside_window
-            + self.queue_full
-            + self.before_hello
-            + self.stale_connection
-            + self.unknown_stream
-            + self.bogus_seq
+        self.0.iter().sum()
+    }
+
+    /// Every reason's name with its count, in [`DropReason::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+        DropReason::ALL.iter().map(|r| (r.name(), self.get(*r)))
     }
 
     pub(crate) fn count(&mut self, reason: DropReason) {
-        *self.slot_mut(reason) += 1;
-    }
-
-    fn slot(&self, reason: DropReason) -> &u64 {
-        match reason {
-            DropReason::BadSignature => &self.bad_signature,
-            DropReason::Malformed => &self.malformed,
-            DropReason::CidMismatch => &self.cid_mismatch,
-            DropReason::WrongAuthor => &self.wrong_author,
-            DropReason::WrongRecipient => &self.wrong_recipient,
-            DropReason::StaleEpoch => &self.stale_epoch,
-            DropReason::Duplicate => &self.duplicate,
-            DropReason::OutsideWindow => &self.outside_window,
-            DropReason::QueueFull => &self.queue_full,
-            DropReason::BeforeHello => &self.before_hello,
-            DropReason::StaleConnection => &self.stale_connection,
-            DropReason::UnknownStream => &self.unknown_stream,
-            DropReason::BogusSeq => &self.bogus_seq,
-        }
-    }
-
-    fn slot_mut(&mut self, reason: DropReason) -> &mut u64 {
-        match reason {
-            DropReason::BadSignature => &mut self.bad_signature,
-            DropReason::Malformed => &mut self.malformed,
-            DropReason::CidMismatch => &mut self.cid_mismatch,
-            DropReason::WrongAuthor => &mut self.wrong_author,
-            DropReason::WrongRecipient => &mut self.wrong_recipient,
-            DropReason::StaleEpoch => &mut self.stale_epoch,
-            DropReason::Duplicate => &mut self.duplicate,
-            DropReason::OutsideWindow => &mut self.outside_window,
-            DropReason::QueueFull => &mut self.queue_full,
-            DropReason::BeforeHello => &mut self.before_hello,
-            DropReason::StaleConnection => &mut self.stale_connection,
-            DropReason::UnknownStream => &mut self.unknown_stream,
-            DropReason::BogusSeq => &mut self.bogus_seq,
-        }
+        self.0[reason.slot()] += 1;
     }
 }
 
@@ -203,4 +186,30 @@ pub struct Metrics {
     pub stale_answers: u64,
     /// Peers whose Hello announced a new store epoch.
     pub peer_epoch_changes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_drop_reason_has_its_own_count_and_name() {
+        let mut d = DropCounts::default();
+        for (i, r) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(r.slot(), i, "{r:?} is in its place in ALL");
+            for _ in 0..=i {
+                d.count(*r);
+            }
+        }
+        let names: Vec<(&str, u64)> = d.iter().collect();
+        assert_eq!(names.len(), DropReason::ALL.len());
+        assert_eq!(names[0], ("bad_signature", 1));
+        assert_eq!(names[12], ("bogus_seq", 13));
+        assert_eq!(d.get(DropReason::Duplicate), 7);
+        assert_eq!(d.total(), (1..=13).sum::<u64>());
+        let mut unique: Vec<&str> = names.iter().map(|(n, _)| *n).collect();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "no two reasons share a name");
+    }
 }

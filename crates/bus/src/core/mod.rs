@@ -7,23 +7,36 @@
 //! [`Effect::LoadOutbox`] and [`Effect::Persist`] and come back as inputs.
 //! That is what lets the deterministic simulator (`tests/sim.rs`) drive
 //! several cores through loss, reordering, partitions and crashes.
+//!
+//! `Core` itself only routes, as iroh-gossip's `proto::State` does: the
+//! work is done by four machines, each with its own state and invariants —
+//! [`Peers`](peers::Peers) (the peer table and each connection's phase),
+//! [`Author`](author::Author) (own streams, signing, feeding peers, their
+//! acks), [`Receiver`](receiver::Receiver) (marks, the reorder buffer,
+//! resync asks, gaps) and [`Committer`](commit::Committer) (the waiting
+//! queues and the one commit in flight) — and their deadlines live in one
+//! [`TimerTable`](timers::TimerTable). `flush.rs` builds each commit from
+//! what they queued and routes each group's outcome back to them.
 
 mod author;
 mod commit;
 mod config;
+mod flush;
 mod io;
 mod metrics;
+mod outbox;
+mod peers;
 mod receiver;
 #[cfg(test)]
 mod tests;
+mod timers;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
 use mesh_protocol::{
-    Channel, Epoch, Frame, MAX_HELLO_MARKS, Mark, NodeId, PROTOCOL_VERSION, SecretKey, Seq,
-    StreamId,
+    Epoch, Frame, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, SecretKey, Seq, StreamId,
 };
-use mesh_store::{OwnStream, PeerRecord};
+use mesh_store::{OwnStream, StoreError};
 
 pub use config::{
     ACK_RIDE_MS, Config, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
@@ -31,13 +44,40 @@ pub use config::{
     WAITING_SENDS_MAX, WAITING_WRITES_MAX,
 };
 pub use io::{
-    BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis, Recovered,
-    ReqId, SendError, SendReceipt, open_batch,
+    BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis,
+    PeerChangeError, Recovered, ReqId, SendError, SendReceipt, open_batch,
 };
 pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
 
-use commit::{InFlight, PeerChange, Waiting};
-use receiver::Inbound;
+use author::Author;
+use commit::{AckWork, Committer, WaitingSend};
+use peers::{HelloStep, PeerChange, Peers};
+use receiver::{Env, Receiver, Sender};
+use timers::{PeerTimer, Timer, TimerTable};
+
+/// What the machines hand the driver, in order, and the counters they keep.
+#[derive(Debug, Default)]
+struct Out {
+    effects: VecDeque<Effect>,
+    metrics: Metrics,
+}
+
+impl Out {
+    fn push(&mut self, effect: Effect) {
+        self.effects.push_back(effect);
+    }
+
+    /// Sends `frame` to `peer` on `conn`, counted by kind.
+    fn send(&mut self, peer: NodeId, conn: ConnId, frame: Frame) {
+        self.metrics.frames_out.count(&frame);
+        self.push(Effect::SendFrame { peer, conn, frame });
+    }
+
+    /// Counts an input dropped without changing state.
+    fn drop(&mut self, reason: DropReason) {
+        self.metrics.dropped.count(reason);
+    }
+}
 
 /// The state machine of one node's bus.
 ///
@@ -66,12 +106,18 @@ use receiver::Inbound;
 ///    - [`Effect::PeerChanged`]: the peer change is durable and in effect:
 ///      add the peer to (or remove it from) the transport, then answer the
 ///      local client;
+///    - [`Effect::Written`]: answer the local client of that write;
 ///    - [`Effect::CloseConnection`]: close it (the core already ignores it).
 /// 3. Repeat with the next input. Answers to `Persist` and `LoadOutbox` may
 ///    be fed whenever they are ready, interleaved with other inputs.
 ///
+/// Local writes (named cursors, subscriber lag records) are inputs too,
+/// [`Input::Write`]: the core sequences them with every other commit, so
+/// the journal head it reports with [`Effect::Journaled`] is the only one.
+///
 /// Connections: report a connection with [`Input::PeerConnected`] once it is
-/// live, then its frames in order with [`Input::Frame`], then
+/// live, then its frames in order ([`Input::Frame`], and [`Input::Batch`]
+/// for a batch, opened with [`open_batch`] at the edge), then
 /// [`Input::PeerDisconnected`]; at most one live connection per peer (a
 /// replacing one only after the old one's disconnect).
 ///
@@ -82,73 +128,27 @@ use receiver::Inbound;
 ///
 /// # What it keeps in memory
 ///
-/// Counters and marks per stream, the peers and their connections, and
-/// bounded queues: sends and peer batches waiting for the next commit
-/// ([`WAITING_SENDS_MAX`], [`WAITING_BATCHES_MAX`] and their byte bounds)
-/// and early batches per stream ([`REORDER_ENVELOPES_MAX`],
-/// [`REORDER_BYTES_MAX`]). Never the outbox: catch-ups read it in chunks.
+/// Counters and marks per stream (an own stream's outbox as counts, never
+/// per batch), the peers and their connections, one deadline per peer and
+/// stream that needs one, and bounded queues: sends, peer batches, peer
+/// changes and local writes waiting for the next commit
+/// ([`WAITING_SENDS_MAX`], [`WAITING_BATCHES_MAX`] and their byte bounds,
+/// [`WAITING_PEER_CHANGES_MAX`], [`WAITING_WRITES_MAX`]) and early batches
+/// per stream ([`REORDER_ENVELOPES_MAX`], [`REORDER_BYTES_MAX`]). Never the
+/// outbox: catch-ups read it in chunks.
 #[derive(Debug)]
 pub struct Core {
     config: Config,
-    secret: SecretKey,
     me: NodeId,
     epoch: Epoch,
-    /// The highest Lamport clock seen or given out.
-    lamport: u64,
-    peers: BTreeMap<NodeId, Peer>,
-    /// This node's current-epoch stream to each recipient, as committed.
-    own: BTreeMap<NodeId, OwnStream>,
-    /// Receiver state of every stream this node receives.
-    inbound: BTreeMap<StreamId, Inbound>,
-    waiting: Waiting,
-    in_flight: Option<InFlight>,
-    next_commit: u64,
-    next_load: u64,
-    /// After a store failure: no commit before this.
-    store_retry_at: Option<Millis>,
-    effects: VecDeque<Effect>,
+    peers: Peers,
+    author: Author,
+    receiver: Receiver,
+    committer: Committer,
+    timers: TimerTable,
     /// The deadline last handed out with [`Effect::SetTimer`].
-    timer: Option<Millis>,
-    metrics: Metrics,
-}
-
-/// A known peer.
-#[derive(Debug)]
-struct Peer {
-    /// As committed.
-    record: PeerRecord,
-    /// The newest store epoch the peer announced (committed or not yet).
-    epoch_seen: Option<Epoch>,
-    conn: Option<Conn>,
-}
-
-/// The live connection to a peer.
-#[derive(Debug)]
-struct Conn {
-    id: ConnId,
-    /// The epoch from the peer's Hello on this connection; `None` until then.
-    peer_epoch: Option<Epoch>,
-    hello_sent_at: Millis,
-    hellos_sent: u32,
-    /// Feeding this node's stream to the peer (meaningful once `peer_epoch` is set).
-    feed: Feed,
-}
-
-/// How far this node's stream to a peer has been sent on one connection.
-#[derive(Debug, Default)]
-struct Feed {
-    /// The highest seq handed to the connection (or known to be at the peer).
-    cursor: Seq,
-    /// The highest seq the peer has acknowledged on this connection.
-    acked: Seq,
-    /// The outbox read in flight, if any.
-    load: Option<LoadId>,
-    /// A read failed; try again then.
-    retry_at: Option<Millis>,
-    /// Send `ResyncDone` once the cursor reaches the end.
-    announce_done: bool,
-    /// When the peer last made progress (or we started waiting for it).
-    progress_at: Millis,
+    armed: Option<Millis>,
+    out: Out,
 }
 
 impl Core {
@@ -156,50 +156,17 @@ impl Core {
     pub fn new(config: Config, secret: SecretKey, state: Recovered) -> Core {
         let me = secret.public();
         let epoch = state.epoch;
-        let peers = state
-            .peers
-            .into_iter()
-            .filter(|p| p.node != me)
-            .map(|record| {
-                let peer = Peer {
-                    epoch_seen: record.epoch,
-                    record,
-                    conn: None,
-                };
-                (peer.record.node, peer)
-            })
-            .collect();
-        let own = state
-            .own_streams
-            .into_iter()
-            .filter(|o| o.stream.author == me && o.stream.epoch == epoch)
-            .filter_map(|o| match o.stream.channel {
-                Channel::Direct(to) => Some((to, o)),
-                Channel::Topic(_) => None,
-            })
-            .collect();
-        let inbound = state
-            .marks
-            .into_iter()
-            .map(|m| (m.stream, Inbound::at(m.seq)))
-            .collect();
         Core {
             config,
-            secret,
             me,
             epoch,
-            lamport: state.max_lamport,
-            peers,
-            own,
-            inbound,
-            waiting: Waiting::default(),
-            in_flight: None,
-            next_commit: 1,
-            next_load: 1,
-            store_retry_at: None,
-            effects: VecDeque::new(),
-            timer: None,
-            metrics: Metrics::default(),
+            peers: Peers::new(me, state.peers),
+            author: Author::new(secret, epoch, state.own_streams, state.max_lamport),
+            receiver: Receiver::new(me, state.marks),
+            committer: Committer::new(),
+            timers: TimerTable::default(),
+            armed: None,
+            out: Out::default(),
         }
     }
 
@@ -215,22 +182,22 @@ impl Core {
 
     /// The counters.
     pub fn metrics(&self) -> &Metrics {
-        &self.metrics
+        &self.out.metrics
     }
 
     /// The committed mark of a stream this node receives (0 if none).
     pub fn mark(&self, stream: &StreamId) -> Seq {
-        self.inbound.get(stream).map_or(0, |i| i.committed)
+        self.receiver.mark(stream)
     }
 
     /// This node's stream to `to`, as committed (`None` before its first message).
     pub fn own_stream(&self, to: &NodeId) -> Option<&OwnStream> {
-        self.own.get(to)
+        self.author.own(to)
     }
 
     /// Whether a commit is outstanding or anything waits for one.
     pub fn is_committing(&self) -> bool {
-        self.in_flight.is_some() || !self.waiting.is_empty()
+        self.committer.is_committing()
     }
 
     /// Feeds one input. Drain [`Core::poll_effect`] afterwards.
@@ -250,12 +217,22 @@ impl Core {
         self.arm_timer(now);
     }
 
+    /// The next effect to carry out, in order; `None` when drained.
+    #[must_use = "every effect must be carried out"]
+    pub fn poll_effect(&mut self) -> Option<Effect> {
+        self.out.effects.pop_front()
+    }
+
     fn apply(&mut self, input: Input, now: Millis) {
         match input {
             Input::PeerConnected { peer, conn } => self.on_connected(peer, conn, now),
-            Input::PeerDisconnected { peer, conn } => self.on_disconnected(peer, conn),
+            Input::PeerDisconnected { peer, conn } => {
+                if self.peers.live_conn(peer) == Some(conn) {
+                    self.forget_conn(peer);
+                }
+            }
             Input::Frame { peer, conn, frame } => self.on_frame(peer, conn, frame, now),
-            Input::Batch { peer, conn, batch } => self.on_opened(peer, conn, batch, now),
+            Input::Batch { peer, conn, batch } => self.on_batch(peer, conn, batch, now),
             Input::Send {
                 req,
                 to,
@@ -263,7 +240,10 @@ impl Core {
                 payload,
             } => self.on_send(req, to, kind, payload, now),
             Input::Committed { commit, results } => self.on_committed(commit, results, now),
-            Input::OutboxLoaded { load, result } => self.on_loaded(load, result, now),
+            Input::OutboxLoaded { load, result } => {
+                let (config, out) = (&self.config, &mut self.out);
+                self.author.on_loaded(load, result, now, config, out);
+            }
             Input::Timer => self.on_timer(now),
             Input::PeerAdded { req, record } => self.on_peer_change(req, PeerChange::Put(record)),
             Input::PeerRemoved { req, node } => self.on_peer_change(req, PeerChange::Remove(node)),
@@ -271,103 +251,128 @@ impl Core {
         }
     }
 
-    /// The next effect to carry out, in order; `None` when drained.
-    pub fn poll_effect(&mut self) -> Option<Effect> {
-        self.effects.pop_front()
+    /// Queues a local write for the next commit; a name the store could
+    /// never take, or a full queue, is refused at once.
+    fn on_write(&mut self, req: ReqId, write: LocalWrite) {
+        let (name, max) = write.name();
+        let waiting = self.committer.writes_waiting();
+        let refused = if name.len() > max {
+            Some(StoreError::Conflict(format!(
+                "a name of {} bytes is longer than the {max} the store takes",
+                name.len()
+            )))
+        } else if waiting >= WAITING_WRITES_MAX {
+            Some(StoreError::Busy { waiting })
+        } else {
+            None
+        };
+        match refused {
+            Some(e) => self.out.push(Effect::Written {
+                req,
+                result: Err(e),
+            }),
+            None => self.committer.queue_write(req, write),
+        }
     }
 
     fn on_connected(&mut self, peer: NodeId, conn: ConnId, now: Millis) {
-        if peer == self.me || !self.peers.contains_key(&peer) {
-            self.effects.push_back(Effect::CloseConnection {
-                peer,
-                conn,
-                reason: CloseReason::UnknownPeer,
-            });
+        if peer == self.me || !self.peers.is_peer(peer) {
+            let reason = CloseReason::UnknownPeer;
+            self.out
+                .push(Effect::CloseConnection { peer, conn, reason });
             return;
         }
         self.forget_conn(peer);
         let hello = self.hello_frame(peer);
-        if let Some(p) = self.peers.get_mut(&peer) {
-            p.conn = Some(Conn {
-                id: conn,
-                peer_epoch: None,
-                hello_sent_at: now,
-                hellos_sent: 1,
-                feed: Feed::default(),
-            });
-        }
-        self.send_frame(peer, conn, hello);
+        self.peers.open(peer, conn, now);
+        self.out.send(peer, conn, hello);
+    }
+
+    /// Drops the peer's connection state and what was held for it.
+    fn forget_conn(&mut self, peer: NodeId) {
+        self.peers.close(peer);
+        self.author.drop_feed(peer);
+        self.receiver.forget_held(peer, None);
+    }
+
+    fn close(&mut self, peer: NodeId, conn: ConnId, reason: CloseReason) {
+        self.out
+            .push(Effect::CloseConnection { peer, conn, reason });
+        self.forget_conn(peer);
     }
 
     /// Queues a peer change for the next commit; it takes effect once committed.
     fn on_peer_change(&mut self, req: ReqId, change: PeerChange) {
         let node = change.node();
-        if node == self.me || self.waiting.peers.len() >= WAITING_PEER_CHANGES_MAX {
-            let why = if node == self.me {
-                "a node cannot be its own peer".to_owned()
-            } else {
-                format!("{WAITING_PEER_CHANGES_MAX} peer changes are already waiting; retry later")
-            };
-            let result = Err(mesh_store::StoreError::Conflict(why));
-            self.effects
-                .push_back(Effect::PeerChanged { req, node, result });
+        let waiting = self.committer.peer_changes_waiting();
+        let refused = if node == self.me {
+            Some(PeerChangeError::SelfPeer)
+        } else if waiting >= WAITING_PEER_CHANGES_MAX {
+            Some(PeerChangeError::Busy { waiting })
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            let result = Err(e);
+            self.out.push(Effect::PeerChanged { req, node, result });
             return;
         }
-        self.waiting.peers.push_back((req, change));
+        self.committer.queue_peer_change(req, change);
     }
 
     /// Applies a committed peer change.
     fn apply_peer_change(&mut self, change: PeerChange) {
-        match change {
-            PeerChange::Put(record) => match self.peers.get_mut(&record.node) {
-                Some(p) => p.record.addrs = record.addrs,
-                None => {
-                    let peer = Peer {
-                        epoch_seen: record.epoch,
-                        record,
-                        conn: None,
-                    };
-                    self.peers.insert(peer.record.node, peer);
-                }
-            },
-            PeerChange::Remove(node) => {
-                self.forget_conn(node);
-                self.peers.remove(&node);
-                self.waiting.acks.remove(&node);
-            }
+        if let PeerChange::Remove(node) = change {
+            self.forget_conn(node);
+            self.committer.drop_acks(node);
         }
+        self.peers.apply(change);
     }
 
-    fn on_disconnected(&mut self, peer: NodeId, conn: ConnId) {
-        if self.live_conn(peer) == Some(conn) {
-            self.forget_conn(peer);
+    fn on_send(&mut self, req: ReqId, to: NodeId, kind: u16, payload: Vec<u8>, now: Millis) {
+        if let Err(e) = self.check_send(to, payload.len() as u64) {
+            self.out.metrics.sends_refused += 1;
+            self.out.push(Effect::Reply {
+                req,
+                result: Err(e),
+            });
+            return;
         }
+        self.committer.queue_send(WaitingSend {
+            req,
+            to,
+            kind,
+            payload,
+            created_ms: now.0,
+        });
     }
 
-    /// Drops the peer's connection state and what was held for it.
-    fn forget_conn(&mut self, peer: NodeId) {
-        if let Some(p) = self.peers.get_mut(&peer) {
-            p.conn = None;
+    /// Refuses a send at once: a bad request or a full queue. Whether its
+    /// outbox takes it is decided when its commit is built.
+    fn check_send(&self, to: NodeId, len: u64) -> Result<(), SendError> {
+        if to == self.me {
+            return Err(SendError::ToSelf);
         }
-        for (stream, inb) in self.inbound.iter_mut() {
-            if stream.author == peer {
-                inb.forget_held();
-            }
+        if !self.peers.is_peer(to) {
+            return Err(SendError::UnknownPeer(to));
         }
-    }
-
-    fn close(&mut self, peer: NodeId, conn: ConnId, reason: CloseReason) {
-        self.effects
-            .push_back(Effect::CloseConnection { peer, conn, reason });
-        self.forget_conn(peer);
+        let max = PAYLOAD_BYTES_MAX.min(self.config.outbox.max_bytes);
+        if len > max {
+            return Err(SendError::TooLarge { len, max });
+        }
+        let (waiting, waiting_bytes) = self.committer.sends_waiting();
+        if waiting >= WAITING_SENDS_MAX || waiting_bytes + len > WAITING_SEND_BYTES_MAX {
+            return Err(SendError::Busy { waiting });
+        }
+        Ok(())
     }
 
     fn on_frame(&mut self, peer: NodeId, conn: ConnId, frame: Frame, now: Millis) {
-        if self.live_conn(peer) != Some(conn) {
-            self.metrics.dropped.count(DropReason::StaleConnection);
+        if self.peers.live_conn(peer) != Some(conn) {
+            self.out.drop(DropReason::StaleConnection);
             return;
         }
-        self.metrics.frames_in.count(&frame);
+        self.out.metrics.frames_in.count(&frame);
         if let Frame::Hello {
             version,
             node,
@@ -378,46 +383,139 @@ impl Core {
             self.on_hello(peer, conn, version, node, epoch, marks, now);
             return;
         }
-        let Some(peer_epoch) = self.peer_epoch(peer) else {
-            self.metrics.dropped.count(DropReason::BeforeHello);
+        let Some(epoch) = self.peers.peer_epoch(peer) else {
+            self.out.drop(DropReason::BeforeHello);
             return;
         };
+        let from = Sender { peer, epoch };
+        let (config, out) = (&self.config, &mut self.out);
         match frame {
-            Frame::Batch { batch, payloads } => {
-                self.on_batch(peer, peer_epoch, batch, payloads.0, now)
+            Frame::Ack { stream, upto } => {
+                if self.author.on_ack(peer, &stream, upto, now, out) {
+                    self.note_ack(peer, upto);
+                }
             }
-            Frame::Ack { stream, upto } => self.on_ack(peer, stream, upto, now),
-            Frame::Resync { stream, after } => self.on_resync(peer, stream, after, now),
+            Frame::Resync { stream, after } => self
+                .author
+                .on_resync(peer, &stream, after, now, config, out),
             Frame::ResyncGap {
                 stream,
                 earliest_available,
-            } => self.on_resync_gap(peer, peer_epoch, stream, earliest_available),
+            } => {
+                let queue = &mut self.committer.inbound;
+                let top = self
+                    .receiver
+                    .on_resync_gap(from, stream, earliest_available, queue, out);
+                self.author.observe_lamport(top);
+            }
             Frame::ResyncDone { stream, upto } => {
-                self.on_resync_done(peer, peer_epoch, stream, upto, now)
+                let mut env = Env {
+                    peers: &self.peers,
+                    config,
+                    now,
+                    out,
+                };
+                self.receiver.on_resync_done(from, stream, upto, &mut env);
+            }
+            Frame::Batch { .. } => {
+                debug_assert!(false, "a batch frame must come as Input::Batch");
+                self.out.drop(DropReason::Malformed);
             }
             // Handled above.
             Frame::Hello { .. } => {}
         }
     }
 
+    fn on_batch(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        batch: Result<OpenBatch, BadBatch>,
+        now: Millis,
+    ) {
+        if self.peers.live_conn(peer) != Some(conn) {
+            self.out.drop(DropReason::StaleConnection);
+            return;
+        }
+        self.out.metrics.frames_in.batch += 1;
+        let Some(peer_epoch) = self.peers.peer_epoch(peer) else {
+            self.out.drop(DropReason::BeforeHello);
+            return;
+        };
+        let open = match batch {
+            Ok(open) => open,
+            Err(bad) => return self.out.drop(DropReason::from(bad)),
+        };
+        let from = Sender {
+            peer,
+            epoch: peer_epoch,
+        };
+        let mut env = Env {
+            peers: &self.peers,
+            config: &self.config,
+            now,
+            out: &mut self.out,
+        };
+        let queue = &mut self.committer.inbound;
+        let top = self.receiver.on_batch(from, open, queue, &mut env);
+        self.author.observe_lamport(top);
+    }
+
+    #[allow(clippy::too_many_arguments)] // The fields of one Hello frame, taken apart.
+    fn on_hello(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        version: u32,
+        node: NodeId,
+        epoch: Epoch,
+        marks: Vec<Mark>,
+        now: Millis,
+    ) {
+        if version != PROTOCOL_VERSION {
+            let reason = CloseReason::VersionMismatch {
+                theirs: version,
+                ours: PROTOCOL_VERSION,
+            };
+            return self.close(peer, conn, reason);
+        }
+        if node != peer {
+            return self.close(peer, conn, CloseReason::WrongNode);
+        }
+        let mark = self.author.mark_in(peer, &marks);
+        match self.peers.see_epoch(peer, epoch) {
+            // A peer whose store is new holds nothing of ours, whatever it
+            // acknowledged before: its acked state is reset to what it says now.
+            Some(reset) => {
+                if reset {
+                    self.out.metrics.peer_epoch_changes += 1;
+                    self.receiver.forget_held(peer, Some(epoch));
+                }
+                let work = AckWork {
+                    upto: mark,
+                    reset,
+                    epoch: Some(epoch),
+                };
+                self.committer.new_epoch_ack(peer, work);
+            }
+            None if mark > 0 => self.note_ack(peer, mark),
+            None => {}
+        }
+        self.peers.go_live(peer, epoch);
+        let (config, out) = (&self.config, &mut self.out);
+        self.author.start_feed(peer, conn, mark, now, config, out);
+    }
+
+    /// Remembers that `peer` holds everything of our stream up to `upto`.
+    fn note_ack(&mut self, peer: NodeId, upto: Seq) {
+        let last_acked = self.author.own(&peer).map_or(0, |o| o.last_acked);
+        self.committer.note_ack(peer, upto, last_acked);
+    }
+
     /// The Hello this node sends `peer`: its committed marks for the
     /// streams `peer` authors, the peer's newest known epoch first.
     fn hello_frame(&self, peer: NodeId) -> Frame {
-        let newest = self.peers.get(&peer).and_then(|p| p.epoch_seen);
-        let mut marks: Vec<Mark> = self
-            .inbound
-            .iter()
-            .filter(|(s, i)| {
-                s.author == peer && s.channel == Channel::Direct(self.me) && i.committed > 0
-            })
-            .map(|(s, i)| Mark {
-                stream: s.clone(),
-                seq: i.committed,
-            })
-            .collect();
-        // Only the newest epoch's mark matters to the peer; keep it if cut.
-        marks.sort_by_key(|m| Some(m.stream.epoch) != newest);
-        marks.truncate(MAX_HELLO_MARKS);
+        let marks = self.receiver.hello_marks(peer, self.peers.epoch_seen(peer));
         Frame::Hello {
             version: PROTOCOL_VERSION,
             node: self.me,
@@ -428,121 +526,84 @@ impl Core {
 
     fn on_timer(&mut self, now: Millis) {
         // The timer that brought us here is spent; arm_timer sets the next.
-        self.timer = None;
-        let peers: Vec<NodeId> = self.peers.keys().copied().collect();
-        for peer in peers {
-            let Some(c) = self.peers.get_mut(&peer).and_then(|p| p.conn.as_mut()) else {
-                continue;
-            };
-            let conn = c.id;
-            if c.peer_epoch.is_none() {
-                if now < c.hello_sent_at.plus(self.config.hello_retry_ms) {
-                    continue;
-                }
-                if c.hellos_sent >= self.config.hello_attempts_max {
-                    let attempts = c.hellos_sent;
-                    self.close(peer, conn, CloseReason::NoHello { attempts });
-                    continue;
-                }
-                c.hellos_sent += 1;
-                c.hello_sent_at = now;
-                let hello = self.hello_frame(peer);
-                self.send_frame(peer, conn, hello);
-                continue;
-            }
-            let feed = &mut c.feed;
-            if feed.retry_at.is_some_and(|t| now >= t) {
-                feed.retry_at = None;
-                self.pump(peer, now);
-            }
-            if let Some(c) = self.peers.get(&peer).and_then(|p| p.conn.as_ref()) {
-                let feed = &c.feed;
-                let silent = now >= feed.progress_at.plus(self.config.retransmit_ms);
-                if feed.load.is_none()
-                    && feed.retry_at.is_none()
-                    && feed.acked < feed.cursor
-                    && silent
-                {
-                    let from = feed.acked;
-                    self.metrics.retransmits += 1;
-                    self.serve(peer, from, now);
-                }
-            }
-        }
-        let behind: Vec<StreamId> = self
-            .inbound
-            .iter()
-            .filter(|(_, i)| i.behind())
-            .map(|(s, _)| s.clone())
-            .collect();
-        for stream in behind {
-            self.ask_resync(&stream, now, false);
+        self.armed = None;
+        // Inputs earlier in this turn may have moved deadlines.
+        self.refresh_timers(now);
+        for timer in self.timers.due(now) {
+            self.on_due(timer, now);
         }
     }
 
-    /// The earliest moment something is due, if anything is.
-    fn next_deadline(&self, now: Millis) -> Option<Millis> {
-        let mut due = self.store_retry_at;
-        let mut at = |t: Millis| due = Some(due.map_or(t, |d| d.min(t)));
-        if self.in_flight.is_none()
-            && self.store_retry_at.is_none()
-            && let Some(since) = self.waiting.acks_since
-        {
-            // Acks waiting for company: commit them alone at the latest then.
-            at(since.plus(self.config.ack_ride_ms));
-        }
-        for p in self.peers.values() {
-            let Some(c) = &p.conn else { continue };
-            if c.peer_epoch.is_none() {
-                at(c.hello_sent_at.plus(self.config.hello_retry_ms));
-                continue;
+    /// Handles one due timer.
+    fn on_due(&mut self, timer: Timer, now: Millis) {
+        let (config, out) = (&self.config, &mut self.out);
+        match timer {
+            Timer::Peer(peer, PeerTimer::Hello) => match self.peers.hello_due(peer, now, config) {
+                Some(HelloStep::Resend(conn)) => {
+                    let hello = self.hello_frame(peer);
+                    self.out.send(peer, conn, hello);
+                }
+                Some(HelloStep::GiveUp(conn, attempts)) => {
+                    self.close(peer, conn, CloseReason::NoHello { attempts });
+                }
+                None => {}
+            },
+            Timer::Peer(peer, PeerTimer::Feed) => {
+                self.author.on_feed_timer(peer, now, config, out);
             }
-            if let Some(t) = c.feed.retry_at {
-                at(t);
-            } else if c.feed.load.is_none() && c.feed.acked < c.feed.cursor {
-                at(c.feed.progress_at.plus(self.config.retransmit_ms));
+            Timer::Resync(stream) => {
+                self.receiver.on_resync_timer(
+                    &stream,
+                    &mut Env {
+                        peers: &self.peers,
+                        config,
+                        now,
+                        out,
+                    },
+                );
             }
+            // Handled by the flush that ends every turn.
+            Timer::StoreRetry | Timer::AckRide => {}
         }
-        for (stream, inb) in &self.inbound {
-            if inb.behind() && self.peer_epoch(stream.author) == Some(stream.epoch) {
-                at(inb
-                    .asked
-                    .map_or(now, |(_, t)| t.plus(self.config.resync_retry_ms)));
-            }
+    }
+
+    /// Brings the timers of every peer and stream touched since the last
+    /// call up to date (each machine says when its timers are due).
+    fn refresh_timers(&mut self, now: Millis) {
+        let config = &self.config;
+        for peer in self.peers.take_touched() {
+            let hello = self.peers.hello_deadline(peer, config);
+            self.timers.set(Timer::Peer(peer, PeerTimer::Hello), hello);
+            // Whether a stream may be asked for depends on its author's link.
+            self.receiver.touch_author(peer);
         }
-        due
+        for peer in self.author.take_touched() {
+            let feed = self.author.feed_deadline(peer, config);
+            self.timers.set(Timer::Peer(peer, PeerTimer::Feed), feed);
+        }
+        for stream in self.receiver.take_touched() {
+            let linked = self.peers.peer_epoch(stream.author) == Some(stream.epoch);
+            let at = if linked {
+                self.receiver.resync_deadline(&stream, now, config)
+            } else {
+                None
+            };
+            self.timers.set(Timer::Resync(stream), at);
+        }
+        let retry = self.committer.store_retry_deadline();
+        self.timers.set(Timer::StoreRetry, retry);
+        let ride = self.committer.ack_ride_deadline(config);
+        self.timers.set(Timer::AckRide, ride);
     }
 
     fn arm_timer(&mut self, now: Millis) {
-        let next = self.next_deadline(now);
+        self.refresh_timers(now);
+        let next = self.timers.next();
         if let Some(at) = next
-            && self.timer != Some(at)
+            && self.armed != Some(at)
         {
-            self.effects.push_back(Effect::SetTimer { at });
+            self.out.push(Effect::SetTimer { at });
         }
-        self.timer = next;
-    }
-
-    /// The live connection to `peer`, if any.
-    fn live_conn(&self, peer: NodeId) -> Option<ConnId> {
-        self.peers.get(&peer)?.conn.as_ref().map(|c| c.id)
-    }
-
-    /// The epoch `peer` announced on its live connection, once it has.
-    fn peer_epoch(&self, peer: NodeId) -> Option<Epoch> {
-        self.peers.get(&peer)?.conn.as_ref()?.peer_epoch
-    }
-
-    fn send_frame(&mut self, peer: NodeId, conn: ConnId, frame: Frame) {
-        self.metrics.frames_out.count(&frame);
-        self.effects
-            .push_back(Effect::SendFrame { peer, conn, frame });
-    }
-
-    /// Sends on the peer's live connection, if there is one.
-    fn send_live(&mut self, peer: NodeId, frame: Frame) {
-        if let Some(conn) = self.live_conn(peer) {
-            self.send_frame(peer, conn, frame);
-        }
+        self.armed = next;
     }
 }

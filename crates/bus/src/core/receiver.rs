@@ -1,42 +1,44 @@
-//! The receiver side: verify, sequence, hold early batches, record gaps,
-//! ask for what is missing.
+//! The receiver side: sequence peers' batches against the marks, hold early
+//! ones, record gaps, ask for what is missing.
 
-use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
+use std::collections::{BTreeMap, BTreeSet};
 
 use mesh_protocol::{
-    Channel, Epoch, Frame, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
+    Channel, Epoch, Frame, MAX_HELLO_MARKS, Mark, NodeId, OpenBatch, Seq, StreamId,
 };
 
-use super::commit::InboundWork;
-use super::{
-    BadBatch, ConnId, Core, DropReason, Millis, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
-    WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX,
-};
+use super::commit::{InboundQueue, InboundWork};
+use super::peers::Peers;
+use super::{Config, DropReason, Millis, Out, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX};
 
 /// The receiver state of one stream.
+///
+/// Invariants: `committed <= pending`, `pending <= known_last` once
+/// `roll_back` or a gap ran (and `known_last` only grows); `held_bytes` is
+/// the payload bytes of `held`, every one of which starts past `pending + 1`.
 #[derive(Debug, Default)]
-pub(super) struct Inbound {
+struct Inbound {
     /// Every envelope up to here is committed.
-    pub(super) committed: Seq,
+    committed: Seq,
     /// Every envelope up to here is committed or in a commit under way.
-    pub(super) pending: Seq,
+    pending: Seq,
     /// Verified batches that start past `pending + 1`, by first seq.
     held: BTreeMap<Seq, OpenBatch>,
     held_bytes: u64,
     /// The highest seq the author is known to have.
     known_last: Seq,
     /// The last `Resync` asked: its `after` and when.
-    pub(super) asked: Option<(Seq, Millis)>,
+    asked: Option<(Seq, Millis)>,
     /// The batch that followed the pending mark was dropped for want of
     /// room in the commit queue: ask for it again as soon as a commit
     /// empties the queue, not a resync interval later.
-    pub(super) starved: bool,
+    starved: bool,
 }
 
 impl Inbound {
     /// A stream committed up to `mark`.
-    pub(super) fn at(mark: Seq) -> Inbound {
+    fn at(mark: Seq) -> Inbound {
         Inbound {
             committed: mark,
             pending: mark,
@@ -46,12 +48,12 @@ impl Inbound {
     }
 
     /// The author has envelopes this node has neither committed nor pending.
-    pub(super) fn behind(&self) -> bool {
+    fn behind(&self) -> bool {
         self.known_last > self.pending
     }
 
     /// Drops the early batches (the connection they came on is gone).
-    pub(super) fn forget_held(&mut self) {
+    fn forget_held(&mut self) {
         self.held.clear();
         self.held_bytes = 0;
         self.asked = None;
@@ -68,151 +70,199 @@ impl Inbound {
             self.held_bytes = self.held.values().map(|b| b.batch().payload_bytes()).sum();
         }
     }
+
+    fn check(&self) {
+        debug_assert!(
+            self.committed <= self.pending && self.pending <= self.known_last,
+            "{self:?}"
+        );
+        debug_assert_eq!(
+            self.held_bytes,
+            self.held
+                .values()
+                .map(|b| b.batch().payload_bytes())
+                .sum::<u64>(),
+        );
+    }
 }
 
-impl Core {
+/// The peer a frame came from, with the store epoch its Hello announced.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Sender {
+    pub(super) peer: NodeId,
+    pub(super) epoch: Epoch,
+}
+
+/// What a receiver step reads besides its own state, and where its frames
+/// and counts go.
+pub(super) struct Env<'a> {
+    pub(super) peers: &'a Peers,
+    pub(super) config: &'a Config,
+    pub(super) now: Millis,
+    pub(super) out: &'a mut Out,
+}
+
+/// The streams this node receives, by stream.
+#[derive(Debug)]
+pub(super) struct Receiver {
+    me: NodeId,
+    streams: BTreeMap<StreamId, Inbound>,
+    /// Streams whose state changed since [`Receiver::take_touched`].
+    touched: BTreeSet<StreamId>,
+}
+
+impl Receiver {
+    /// The receiver of node `me`, from its committed marks.
+    pub(super) fn new(me: NodeId, marks: Vec<Mark>) -> Receiver {
+        let streams = marks
+            .into_iter()
+            .map(|m| (m.stream, Inbound::at(m.seq)))
+            .collect();
+        Receiver {
+            me,
+            streams,
+            touched: BTreeSet::new(),
+        }
+    }
+
+    /// The committed mark of `stream` (0 if none).
+    pub(super) fn mark(&self, stream: &StreamId) -> Seq {
+        self.streams.get(stream).map_or(0, |i| i.committed)
+    }
+
+    /// The state of `stream`, made if new, marked as changed.
+    fn inbound(&mut self, stream: &StreamId) -> &mut Inbound {
+        if !self.touched.contains(stream) {
+            self.touched.insert(stream.clone());
+        }
+        self.streams.entry(stream.clone()).or_default()
+    }
+
+    /// The marks this node's Hello to `peer` carries: its committed marks
+    /// for the streams `peer` writes to it, the epoch `newest` first.
+    pub(super) fn hello_marks(&self, peer: NodeId, newest: Option<Epoch>) -> Vec<Mark> {
+        let mut marks: Vec<Mark> = self
+            .streams
+            .iter()
+            .filter(|(s, i)| {
+                s.author == peer && s.channel == Channel::Direct(self.me) && i.committed > 0
+            })
+            .map(|(s, i)| Mark {
+                stream: s.clone(),
+                seq: i.committed,
+            })
+            .collect();
+        // Only the newest epoch's mark matters to the peer; keep it if cut.
+        marks.sort_by_key(|m| Some(m.stream.epoch) != newest);
+        marks.truncate(MAX_HELLO_MARKS);
+        marks
+    }
+
+    /// Drops what is held of `peer`'s streams, except those of epoch `keep`.
+    pub(super) fn forget_held(&mut self, peer: NodeId, keep: Option<Epoch>) {
+        for (stream, inb) in self.streams.iter_mut() {
+            if stream.author == peer && Some(stream.epoch) != keep {
+                inb.forget_held();
+                self.touched.insert(stream.clone());
+            }
+        }
+    }
+
+    /// Marks every stream of `peer` as changed (its connection did).
+    pub(super) fn touch_author(&mut self, peer: NodeId) {
+        for stream in self.streams.keys() {
+            if stream.author == peer {
+                self.touched.insert(stream.clone());
+            }
+        }
+    }
+
     /// Checks that `stream` is one `peer` may feed this node on its live
     /// connection: authored by `peer`, in the epoch it announced, to us.
-    fn check_incoming(&mut self, peer: NodeId, peer_epoch: Epoch, stream: &StreamId) -> bool {
-        let reason = if stream.author != peer {
+    fn check_incoming(&self, from: Sender, stream: &StreamId, out: &mut Out) -> bool {
+        let reason = if stream.author != from.peer {
             DropReason::WrongAuthor
         } else if stream.channel != Channel::Direct(self.me) {
             DropReason::WrongRecipient
-        } else if stream.epoch != peer_epoch {
+        } else if stream.epoch != from.epoch {
             DropReason::StaleEpoch
         } else {
             return true;
         };
-        self.metrics.dropped.count(reason);
+        out.drop(reason);
         false
     }
 
+    /// A verified batch `from` a peer: queued for the next commit if it
+    /// follows the pending mark, held if it is early, dropped if it is old.
+    /// Returns the highest Lamport clock of what was queued (0 if nothing).
     pub(super) fn on_batch(
         &mut self,
-        peer: NodeId,
-        peer_epoch: Epoch,
-        batch: SignedBatch,
-        payloads: Vec<Vec<u8>>,
-        now: Millis,
-    ) {
-        let stream = StreamId {
-            author: batch.author,
-            epoch: batch.epoch,
-            channel: batch.channel.clone(),
-        };
-        if !self.check_incoming(peer, peer_epoch, &stream) {
-            return;
-        }
-        // Nothing below changes state before the signature and every payload check out.
-        let verified = match batch.verify() {
-            Ok(v) => v,
-            Err(VerifyError::BadSignature(_)) => {
-                self.metrics.dropped.count(DropReason::BadSignature);
-                return;
-            }
-            Err(_) => {
-                self.metrics.dropped.count(DropReason::Malformed);
-                return;
-            }
-        };
-        let Ok(open) = verified.open(payloads) else {
-            self.metrics.dropped.count(DropReason::CidMismatch);
-            return;
-        };
-        self.on_open_batch(peer, stream, open, now);
-    }
-
-    /// A batch frame the driver opened at the edge ([`super::open_batch`]).
-    pub(super) fn on_opened(
-        &mut self,
-        peer: NodeId,
-        conn: ConnId,
-        batch: Result<OpenBatch, BadBatch>,
-        now: Millis,
-    ) {
-        if self.live_conn(peer) != Some(conn) {
-            self.metrics.dropped.count(DropReason::StaleConnection);
-            return;
-        }
-        self.metrics.frames_in.batch += 1;
-        let Some(peer_epoch) = self.peer_epoch(peer) else {
-            self.metrics.dropped.count(DropReason::BeforeHello);
-            return;
-        };
-        let open = match batch {
-            Ok(open) => open,
-            Err(e) => {
-                let reason = match e {
-                    BadBatch::BadSignature => DropReason::BadSignature,
-                    BadBatch::CidMismatch => DropReason::CidMismatch,
-                    BadBatch::Malformed => DropReason::Malformed,
-                };
-                self.metrics.dropped.count(reason);
-                return;
-            }
-        };
+        from: Sender,
+        open: OpenBatch,
+        queue: &mut InboundQueue,
+        env: &mut Env<'_>,
+    ) -> u64 {
         let stream = open.batch().stream().clone();
-        if !self.check_incoming(peer, peer_epoch, &stream) {
-            return;
+        if !self.check_incoming(from, &stream, env.out) {
+            return 0;
         }
-        self.on_open_batch(peer, stream, open, now);
-    }
-
-    /// Sequences a verified batch of `stream`, which `peer` may feed us.
-    fn on_open_batch(&mut self, peer: NodeId, stream: StreamId, open: OpenBatch, now: Millis) {
         let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
-        let inb = self.inbound.entry(stream.clone()).or_default();
+        let inb = self.inbound(&stream);
         inb.known_last = inb.known_last.max(last);
         if last <= inb.pending {
-            self.metrics.dropped.count(DropReason::Duplicate);
-            self.metrics.duplicate_envelopes += last - first + 1;
+            env.out.drop(DropReason::Duplicate);
+            env.out.metrics.duplicate_envelopes += last - first + 1;
             // Our ack may have been lost: say again what is committed.
             if inb.committed >= last {
                 let upto = inb.committed;
-                self.send_live(peer, Frame::Ack { stream, upto });
+                send_live(env.peers, from.peer, Frame::Ack { stream, upto }, env.out);
             }
-            return;
+            return 0;
         }
         if first > inb.pending.saturating_add(1) {
             let bytes = open.batch().payload_bytes();
             if last - inb.pending > REORDER_ENVELOPES_MAX
                 || inb.held_bytes + bytes > REORDER_BYTES_MAX
             {
-                self.metrics.dropped.count(DropReason::OutsideWindow);
+                env.out.drop(DropReason::OutsideWindow);
             } else if let Entry::Vacant(slot) = inb.held.entry(first) {
                 slot.insert(open);
                 inb.held_bytes += bytes;
-                self.metrics.batches_held += 1;
+                env.out.metrics.batches_held += 1;
             }
-            self.ask_resync(&stream, now, false);
-            return;
+            self.ask_resync(&stream, false, env);
+            return 0;
         }
-        if self.queue_accept(peer, &stream, open) {
-            self.drain_held(peer, &stream);
-        }
+        let Some(top) = self.queue_accept(from.peer, &stream, open, queue, env.out) else {
+            return 0;
+        };
+        top.max(self.drain_held(from.peer, &stream, queue, env.out))
     }
 
     /// Queues the part of `open` above the pending mark for the next commit.
     /// `open` must reach past the pending mark and start at most one above it.
-    /// Returns false if the queue was full (the batch is dropped and counted).
-    fn queue_accept(&mut self, peer: NodeId, stream: &StreamId, open: OpenBatch) -> bool {
+    /// Returns its highest Lamport clock, or `None` if the queue was full
+    /// (the batch is dropped and counted).
+    fn queue_accept(
+        &mut self,
+        peer: NodeId,
+        stream: &StreamId,
+        open: OpenBatch,
+        queue: &mut InboundQueue,
+        out: &mut Out,
+    ) -> Option<u64> {
         let bytes = open.batch().payload_bytes();
-        if self.waiting.inbound.len() >= WAITING_BATCHES_MAX
-            || self.waiting.inbound_bytes + bytes > WAITING_BATCH_BYTES_MAX
-        {
-            self.metrics.dropped.count(DropReason::QueueFull);
-            if let Some(inb) = self.inbound.get_mut(stream) {
-                inb.starved = true;
-            }
-            return false;
+        let inb = self.inbound(stream);
+        if !queue.has_room(bytes) {
+            out.drop(DropReason::QueueFull);
+            inb.starved = true;
+            return None;
         }
-        let Some(inb) = self.inbound.get_mut(stream) else {
-            return false;
-        };
         let from = inb.pending.saturating_add(1);
         let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
-        self.metrics.duplicate_envelopes += from - first;
-        self.metrics.batches_accepted += 1;
+        out.metrics.duplicate_envelopes += from - first;
+        out.metrics.batches_accepted += 1;
         let top = open
             .batch()
             .entries()
@@ -220,117 +270,147 @@ impl Core {
             .map(|e| e.lamport)
             .max()
             .unwrap_or(0);
-        self.lamport = self.lamport.max(top);
         inb.pending = last;
-        self.waiting.inbound_bytes += bytes;
-        self.waiting.inbound.push_back(InboundWork::Accept {
+        inb.check();
+        queue.push(InboundWork::Accept {
             peer,
             from,
             batch: open,
         });
-        true
+        Some(top)
     }
 
-    /// Queues every held batch that now follows the pending mark.
-    fn drain_held(&mut self, peer: NodeId, stream: &StreamId) {
+    /// Queues every held batch that now follows the pending mark; returns
+    /// the highest Lamport clock queued (0 if none).
+    fn drain_held(
+        &mut self,
+        peer: NodeId,
+        stream: &StreamId,
+        queue: &mut InboundQueue,
+        out: &mut Out,
+    ) -> u64 {
+        let mut top = 0;
         loop {
-            let Some(inb) = self.inbound.get_mut(stream) else {
-                return;
-            };
+            let inb = self.inbound(stream);
             inb.trim_held();
             let Some(entry) = inb.held.first_entry() else {
-                return;
+                return top;
             };
             if *entry.key() > inb.pending.saturating_add(1) {
-                return;
+                return top;
             }
             let open = entry.remove();
             inb.held_bytes -= open.batch().payload_bytes();
-            if !self.queue_accept(peer, stream, open) {
-                return;
+            match self.queue_accept(peer, stream, open, queue, out) {
+                Some(t) => top = top.max(t),
+                None => return top,
             }
         }
     }
 
+    /// The author of `stream` no longer holds anything before `earliest`.
     pub(super) fn on_resync_gap(
         &mut self,
-        peer: NodeId,
-        peer_epoch: Epoch,
+        from: Sender,
         stream: StreamId,
         earliest: Seq,
-    ) {
-        if !self.check_incoming(peer, peer_epoch, &stream) {
-            return;
+        queue: &mut InboundQueue,
+        out: &mut Out,
+    ) -> u64 {
+        if !self.check_incoming(from, &stream, out) {
+            return 0;
         }
-        let inb = self.inbound.entry(stream.clone()).or_default();
+        let inb = self.inbound(&stream);
         if earliest <= inb.pending.saturating_add(1) {
             // Nothing we lack is gone (a stale or repeated answer).
-            return;
+            return 0;
         }
-        if self.waiting.inbound.len() >= WAITING_BATCHES_MAX {
-            self.metrics.dropped.count(DropReason::QueueFull);
-            return;
+        if queue.is_full() {
+            out.drop(DropReason::QueueFull);
+            return 0;
         }
         inb.pending = earliest - 1;
         inb.known_last = inb.known_last.max(inb.pending);
-        self.waiting.inbound.push_back(InboundWork::Gap {
-            peer,
+        queue.push(InboundWork::Gap {
+            peer: from.peer,
             stream: stream.clone(),
             earliest,
         });
-        self.drain_held(peer, &stream);
+        self.drain_held(from.peer, &stream, queue, out)
     }
 
+    /// The author of `stream` has sent everything up to `upto`.
     pub(super) fn on_resync_done(
         &mut self,
-        peer: NodeId,
-        peer_epoch: Epoch,
+        from: Sender,
         stream: StreamId,
         upto: Seq,
-        now: Millis,
+        env: &mut Env<'_>,
     ) {
-        if !self.check_incoming(peer, peer_epoch, &stream) || upto == 0 {
+        if !self.check_incoming(from, &stream, env.out) || upto == 0 {
             return;
         }
-        let inb = self.inbound.entry(stream.clone()).or_default();
+        let inb = self.inbound(&stream);
         inb.known_last = inb.known_last.max(upto);
         if inb.behind() {
-            self.ask_resync(&stream, now, false);
+            self.ask_resync(&stream, false, env);
         }
     }
 
     /// Asks the author of `stream` for everything after the pending mark,
     /// unless the same was asked less than `resync_retry_ms` ago (or `force`).
-    pub(super) fn ask_resync(&mut self, stream: &StreamId, now: Millis, force: bool) {
-        if self.peer_epoch(stream.author) != Some(stream.epoch) {
+    pub(super) fn ask_resync(&mut self, stream: &StreamId, force: bool, env: &mut Env<'_>) {
+        let linked = env.peers.peer_epoch(stream.author) == Some(stream.epoch);
+        if !linked || !self.streams.contains_key(stream) {
             return;
         }
-        let retry = self.config.resync_retry_ms;
-        let Some(inb) = self.inbound.get_mut(stream) else {
-            return;
-        };
+        let inb = self.inbound(stream);
         let after = inb.pending;
         if !force
             && let Some((asked, at)) = inb.asked
             && asked == after
-            && now < at.plus(retry)
+            && env.now < at.plus(env.config.resync_retry_ms)
         {
             return;
         }
-        inb.asked = Some((after, now));
-        self.metrics.resyncs_asked += 1;
+        inb.asked = Some((after, env.now));
+        env.out.metrics.resyncs_asked += 1;
         let frame = Frame::Resync {
             stream: stream.clone(),
             after,
         };
-        self.send_live(stream.author, frame);
+        send_live(env.peers, stream.author, frame, env.out);
+    }
+
+    /// The resync timer of `stream` is due: asks again if it still lacks something.
+    pub(super) fn on_resync_timer(&mut self, stream: &StreamId, env: &mut Env<'_>) {
+        let now = env.now;
+        let deadline = self.resync_deadline(stream, now, env.config);
+        if deadline.is_some_and(|t| t <= now) {
+            self.ask_resync(stream, false, env);
+        }
+    }
+
+    /// When `stream` is to be asked for again, if it lacks something
+    /// (whether its author is connected is the caller's to check).
+    pub(super) fn resync_deadline(
+        &self,
+        stream: &StreamId,
+        now: Millis,
+        config: &Config,
+    ) -> Option<Millis> {
+        let inb = self.streams.get(stream)?;
+        inb.behind().then(|| {
+            inb.asked
+                .map_or(now, |(_, t)| t.plus(config.resync_retry_ms))
+        })
     }
 
     /// Asks again, at once, for what was dropped for want of room in the
     /// commit queue; call when the queue has just been emptied.
-    pub(super) fn ask_starved(&mut self, now: Millis) {
+    pub(super) fn ask_starved(&mut self, env: &mut Env<'_>) {
         let starved: Vec<StreamId> = self
-            .inbound
+            .streams
             .iter_mut()
             .filter(|(_, i)| i.starved)
             .map(|(s, i)| {
@@ -339,16 +419,18 @@ impl Core {
             })
             .collect();
         for stream in starved {
-            self.ask_resync(&stream, now, true);
+            self.ask_resync(&stream, true, env);
         }
     }
 
-    /// A commit moved the committed mark of `stream` to at least `mark`.
-    pub(super) fn committed_mark(&mut self, stream: &StreamId, mark: Seq) -> bool {
-        let inb = self.inbound.entry(stream.clone()).or_default();
+    /// A commit moved the committed mark of `stream` to at least `mark`;
+    /// returns whether it moved (then the author is owed an ack).
+    pub(super) fn committed(&mut self, stream: &StreamId, mark: Seq) -> bool {
+        let inb = self.inbound(stream);
         if mark > inb.committed {
             inb.committed = mark;
             inb.pending = inb.pending.max(mark);
+            inb.check();
             true
         } else {
             false
@@ -356,19 +438,40 @@ impl Core {
     }
 
     /// A commit for `stream` failed: forget what was pending, ask again.
-    pub(super) fn roll_back(&mut self, stream: &StreamId, now: Millis) {
-        let Some(inb) = self.inbound.get_mut(stream) else {
+    pub(super) fn roll_back(
+        &mut self,
+        stream: &StreamId,
+        queue: &mut InboundQueue,
+        env: &mut Env<'_>,
+    ) {
+        if !self.streams.contains_key(stream) {
             return;
-        };
+        }
+        let inb = self.inbound(stream);
         inb.known_last = inb.known_last.max(inb.pending);
         inb.pending = inb.committed;
-        let (kept, dropped): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting.inbound)
-            .into_iter()
-            .partition(|w| w.stream() != stream);
-        for w in dropped {
-            self.waiting.inbound_bytes -= w.bytes();
+        queue.remove_stream(stream);
+        self.ask_resync(stream, true, env);
+    }
+
+    /// The streams whose state changed since the last call; each is
+    /// checked against its invariants (in debug builds).
+    pub(super) fn take_touched(&mut self) -> BTreeSet<StreamId> {
+        let touched = std::mem::take(&mut self.touched);
+        if cfg!(debug_assertions) {
+            for stream in &touched {
+                if let Some(inb) = self.streams.get(stream) {
+                    inb.check();
+                }
+            }
         }
-        self.waiting.inbound = kept.into();
-        self.ask_resync(stream, now, true);
+        touched
+    }
+}
+
+/// Sends on the peer's live connection, if there is one.
+pub(super) fn send_live(peers: &Peers, peer: NodeId, frame: Frame, out: &mut Out) {
+    if let Some(conn) = peers.live_conn(peer) {
+        out.send(peer, conn, frame);
     }
 }

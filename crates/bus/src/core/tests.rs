@@ -8,7 +8,8 @@ use mesh_protocol::{
     SecretKey, Seq, StreamId,
 };
 use mesh_store::{
-    JournalRecord, LossReason, MemStore, MeshStore, OnFull, OutboxBounds, PeerRecord, WriteOp,
+    JournalRecord, LossReason, MemStore, MeshStore, OnFull, OutboxBounds, PeerRecord, Receipt,
+    StoreError, WriteOp,
 };
 
 use super::*;
@@ -168,12 +169,9 @@ impl Node {
     /// for company, if any, and fires the timer: they are committed alone.
     /// Returns whether there were any.
     fn ride_out_acks(&mut self) -> bool {
-        let Some(since) = self.core.waiting.acks_since else {
+        let (Some(since), false) = self.core.committer.acks_waiting() else {
             return false;
         };
-        if self.core.in_flight.is_some() {
-            return false;
-        }
         self.now = self.now.max(since.plus(self.config.ack_ride_ms));
         self.run(Input::Timer);
         true
@@ -265,11 +263,19 @@ impl Node {
     }
 
     fn frame(&mut self, peer: u8, conn: ConnId, frame: Frame) -> Vec<(NodeId, ConnId, Frame)> {
-        self.run(Input::Frame {
-            peer: id(peer),
+        self.run(frame_input(id(peer), conn, frame))
+    }
+}
+
+/// The input a driver makes of `frame` from `peer`: a batch is opened at the edge.
+fn frame_input(peer: NodeId, conn: ConnId, frame: Frame) -> Input {
+    match frame {
+        Frame::Batch { batch, payloads } => Input::Batch {
+            peer,
             conn,
-            frame,
-        })
+            batch: open_batch(batch, payloads.0),
+        },
+        frame => Input::Frame { peer, conn, frame },
     }
 }
 
@@ -368,22 +374,14 @@ impl Pair {
             if !to_b.is_empty() {
                 for (_, c, frame) in std::mem::take(to_b) {
                     if c == conn {
-                        let out = self.b.run(Input::Frame {
-                            peer: a,
-                            conn,
-                            frame,
-                        });
+                        let out = self.b.run(frame_input(a, conn, frame));
                         to_a.extend(out);
                     }
                 }
             } else if !to_a.is_empty() {
                 for (_, c, frame) in std::mem::take(to_a) {
                     if c == conn {
-                        let out = self.a.run(Input::Frame {
-                            peer: b,
-                            conn,
-                            frame,
-                        });
+                        let out = self.a.run(frame_input(b, conn, frame));
                         to_b.extend(out);
                     }
                 }
@@ -559,7 +557,7 @@ fn a_batch_far_past_the_mark_is_not_held() {
         conn,
         batch(1, 1, 2, REORDER_ENVELOPES_MAX + 1, &[b"far"]),
     );
-    assert_eq!(b.core.metrics().dropped.outside_window, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::OutsideWindow), 1);
     assert_eq!(b.core.metrics().batches_held, 0);
 }
 
@@ -578,7 +576,7 @@ fn a_duplicate_batch_changes_nothing_and_is_counted() {
         commits,
         "no commit for a duplicate"
     );
-    assert_eq!(b.core.metrics().dropped.duplicate, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::Duplicate), 1);
     assert_eq!(b.core.metrics().duplicate_envelopes, 1);
     assert!(
         out.iter()
@@ -615,9 +613,9 @@ fn a_batch_from_the_wrong_author_changes_no_state() {
     // Node 1's batch of another epoch than it announced.
     b.frame(1, conn, batch(1, 9, 2, 1, &[b"old epoch"]));
     let m = b.core.metrics();
-    assert_eq!(m.dropped.wrong_author, 1);
-    assert_eq!(m.dropped.wrong_recipient, 1);
-    assert_eq!(m.dropped.stale_epoch, 1);
+    assert_eq!(m.dropped.get(DropReason::WrongAuthor), 1);
+    assert_eq!(m.dropped.get(DropReason::WrongRecipient), 1);
+    assert_eq!(m.dropped.get(DropReason::StaleEpoch), 1);
     assert_eq!(m.commits, commits);
     assert!(b.journal().is_empty());
     assert_eq!(b.core.mark(&stream(3, 3, 2)), 0);
@@ -656,8 +654,8 @@ fn a_bad_signature_changes_no_state() {
         },
     );
     let m = b.core.metrics();
-    assert_eq!(m.dropped.bad_signature, 1);
-    assert_eq!(m.dropped.cid_mismatch, 1);
+    assert_eq!(m.dropped.get(DropReason::BadSignature), 1);
+    assert_eq!(m.dropped.get(DropReason::CidMismatch), 1);
     assert_eq!(m.commits, commits);
     assert!(b.journal().is_empty());
     assert_eq!(b.core.mark(&stream(1, 1, 2)), 0);
@@ -672,8 +670,8 @@ fn frames_before_the_hello_or_on_a_stale_connection_are_dropped() {
     });
     b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"early"]));
     b.frame(1, ConnId(6), batch(1, 1, 2, 1, &[b"stale"]));
-    assert_eq!(b.core.metrics().dropped.before_hello, 1);
-    assert_eq!(b.core.metrics().dropped.stale_connection, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::BeforeHello), 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::StaleConnection), 1);
     assert!(b.journal().is_empty());
 }
 
@@ -703,7 +701,7 @@ fn a_hello_naming_another_node_closes_the_connection() {
     )));
     // The connection is ignored from now on.
     b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"x"]));
-    assert_eq!(b.core.metrics().dropped.stale_connection, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::StaleConnection), 1);
 }
 
 #[test]
@@ -867,7 +865,7 @@ fn an_authors_new_epoch_starts_a_new_stream_at_seq_1() {
     let new = p.b.received(&stream(1, 11, 2));
     assert_eq!(old.len(), 3);
     assert_eq!(new, vec![(1, b"new".to_vec())], "not mistaken for a replay");
-    assert_eq!(p.b.core.metrics().dropped.duplicate, 0);
+    assert_eq!(p.b.core.metrics().dropped.get(DropReason::Duplicate), 0);
 }
 
 #[test]
@@ -901,9 +899,10 @@ fn reject_policy_refuses_a_full_outbox_with_the_peer_and_counts() {
 }
 
 #[test]
-fn the_store_has_the_last_word_on_a_full_outbox() {
-    // Bytes cannot be pre-checked once some retained messages are acked; the
-    // store refuses, and the sender hears why.
+fn the_core_refuses_a_full_outbox_by_its_bytes_exactly_before_the_store() {
+    // Some retained messages are acked: the core knows which part of the
+    // outbox it may evict, bytes and all, so it refuses at once and the
+    // store is never asked to write what would not fit.
     let config = Config {
         outbox: OutboxBounds {
             max_msgs: 100,
@@ -919,14 +918,47 @@ fn the_store_has_the_last_word_on_a_full_outbox() {
     let r2 = p.a.send(id(2), b"12345678");
     assert_eq!(ok_seq(p.a.reply(r2)), 2);
     // 1 (acked) + 8 retained: evicting the acked one leaves 8 + 3 > 10.
+    let commits = p.a.persists.len();
     let r3 = p.a.send(id(2), b"123");
     assert!(
-        matches!(p.a.reply(r3), Some(Err(SendError::OutboxFull { .. }))),
+        matches!(
+            p.a.reply(r3),
+            Some(Err(SendError::OutboxFull {
+                msgs: 1,
+                bytes: 8,
+                ..
+            }))
+        ),
         "{:?}",
         p.a.reply(r3)
     );
-    assert_eq!(p.a.core.metrics().sends_failed, 1);
-    assert_eq!(p.a.core.metrics().sends_refused, 0, "not refused early");
+    assert_eq!(
+        p.a.core.metrics().sends_failed,
+        0,
+        "not failed by the store"
+    );
+    assert_eq!(p.a.core.metrics().sends_refused, 1);
+    assert_eq!(p.a.persists.len(), commits, "nothing was committed for it");
+    // Two bytes fit once the acked message goes, which the append says.
+    let r4 = p.a.send(id(2), b"12");
+    assert_eq!(ok_seq(p.a.reply(r4)), 3);
+    let evicts: Vec<_> = p.a.persists[commits..]
+        .iter()
+        .flatten()
+        .flatten()
+        .filter_map(|op| match op {
+            WriteOp::AppendOwn { evict, .. } => Some(evict.clone()),
+            _ => None,
+        })
+        .collect();
+    let keep = mesh_store::Eviction {
+        msgs_max: 99,
+        bytes_max: 8,
+        loss: None,
+    };
+    assert_eq!(evicts, vec![Some(keep)]);
+    let own = p.a.core.own_stream(&id(2)).expect("stream");
+    assert_eq!((own.first_retained, own.bytes), (2, 10));
 }
 
 #[test]
@@ -1161,11 +1193,50 @@ fn a_hello_claiming_more_than_was_sent_harms_only_that_peer() {
     );
 }
 
-fn peer_changed(node: &Node, req: ReqId) -> Option<Result<(), mesh_store::StoreError>> {
+fn peer_changed(node: &Node, req: ReqId) -> Option<Result<(), PeerChangeError>> {
     node.other.iter().find_map(|e| match e {
         Effect::PeerChanged { req: r, result, .. } if *r == req => Some(result.clone()),
         _ => None,
     })
+}
+
+#[test]
+fn a_node_is_refused_as_its_own_peer_and_peer_changes_past_the_bound_as_busy() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.run(Input::PeerRemoved {
+        req: ReqId(1),
+        node: id(1),
+    });
+    let err = peer_changed(&a, ReqId(1))
+        .expect("answered")
+        .expect_err("refused");
+    assert!(matches!(err, PeerChangeError::SelfPeer), "{err:?}");
+    assert_eq!(err.to_string(), "a node cannot be its own peer");
+    // A commit in flight, so the changes that follow wait for the next one.
+    a.hold_commits = true;
+    a.send(id(2), b"x");
+    let max = WAITING_PEER_CHANGES_MAX as u64;
+    for req in 10..=10 + max {
+        a.run(Input::PeerRemoved {
+            req: ReqId(req),
+            node: id(3),
+        });
+    }
+    assert!(
+        peer_changed(&a, ReqId(10 + max - 1)).is_none(),
+        "the last that fits waits"
+    );
+    let err = peer_changed(&a, ReqId(10 + max))
+        .expect("answered at once")
+        .expect_err("refused");
+    assert!(
+        matches!(err, PeerChangeError::Busy { waiting } if waiting == WAITING_PEER_CHANGES_MAX),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("{WAITING_PEER_CHANGES_MAX} peer changes are already waiting; retry later")
+    );
 }
 
 #[test]
@@ -1467,7 +1538,7 @@ fn a_batch_dropped_for_a_full_queue_is_asked_again_once_a_commit_empties_it() {
     }
     let out = b.frame(1, conn, batch(1, 1, 2, 2 + per_queue, &[&big]));
     assert!(out.is_empty(), "dropped, nothing asked yet: {out:?}");
-    assert_eq!(b.core.metrics().dropped.queue_full, 1);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::QueueFull), 1);
     // The commit in flight returns; the next one takes the queue, and the
     // dropped batch is asked for at once, not a resync interval later.
     let out = b.release_commit();
@@ -1479,4 +1550,114 @@ fn a_batch_dropped_for_a_full_queue_is_asked_again_once_a_commit_empties_it() {
         })
         .collect();
     assert_eq!(asked, vec![1 + per_queue]);
+}
+
+fn written(node: &Node, req: ReqId) -> Option<Result<Receipt, StoreError>> {
+    node.other.iter().find_map(|e| match e {
+        Effect::Written { req: r, result } if *r == req => Some(result.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_local_write_is_answered_only_after_the_commit_it_shares() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    a.send(id(2), b"one");
+    a.hold_commits = true;
+    a.send(id(2), b"two");
+    let cursor = LocalWrite::PutCursor {
+        name: "reader".into(),
+        arrival: 1,
+    };
+    let lag = LocalWrite::SubscriberLagged {
+        subscriber: "subscriber 3".into(),
+        from: 1,
+        to: 1,
+    };
+    a.run_many(vec![
+        Input::Write {
+            req: ReqId(50),
+            write: cursor,
+        },
+        Input::Write {
+            req: ReqId(51),
+            write: lag,
+        },
+    ]);
+    assert!(written(&a, ReqId(50)).is_none(), "not before its commit");
+    a.release_commit();
+    assert_eq!(a.persists.len(), 3, "both writes share the next commit");
+    assert!(written(&a, ReqId(50)).is_none());
+    a.release_commit();
+    assert!(matches!(written(&a, ReqId(50)), Some(Ok(_))));
+    assert_eq!(a.store.cursor("reader").expect("reads"), Some(1));
+    let receipt = written(&a, ReqId(51)).expect("answered").expect("written");
+    let (first, last) = receipt.arrivals.expect("journaled");
+    assert_eq!(first, last);
+    assert_eq!(
+        a.journal()[last as usize - 1],
+        JournalRecord::SubscriberLagged {
+            subscriber: "subscriber 3".into(),
+            from: 1,
+            to: 1
+        }
+    );
+    assert!(
+        a.other
+            .iter()
+            .any(|e| matches!(e, Effect::Journaled { upto } if *upto == last)),
+        "subscribers are woken for the lag record"
+    );
+}
+
+#[test]
+fn a_local_write_the_store_cannot_take_is_refused_and_a_full_queue_is_busy() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    let past_head = LocalWrite::PutCursor {
+        name: "reader".into(),
+        arrival: 7,
+    };
+    a.run(Input::Write {
+        req: ReqId(1),
+        write: past_head,
+    });
+    let err = written(&a, ReqId(1))
+        .expect("answered")
+        .expect_err("refused");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    let long = LocalWrite::SubscriberLagged {
+        subscriber: "x".repeat(mesh_store::SUBSCRIBER_NAME_BYTES_MAX + 1),
+        from: 1,
+        to: 1,
+    };
+    let commits = a.core.metrics().commits;
+    a.run(Input::Write {
+        req: ReqId(2),
+        write: long,
+    });
+    let err = written(&a, ReqId(2))
+        .expect("answered")
+        .expect_err("refused");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_eq!(
+        a.core.metrics().commits,
+        commits,
+        "refused before the store"
+    );
+    a.hold_commits = true;
+    a.send(id(2), b"in flight");
+    let cursor = |n: u64| Input::Write {
+        req: ReqId(100 + n),
+        write: LocalWrite::PutCursor {
+            name: format!("c{n}"),
+            arrival: 0,
+        },
+    };
+    a.run_many((0..=WAITING_WRITES_MAX as u64).map(cursor).collect());
+    let busy = written(&a, ReqId(100 + WAITING_WRITES_MAX as u64));
+    assert!(
+        matches!(busy, Some(Err(StoreError::Busy { waiting })) if waiting == WAITING_WRITES_MAX),
+        "{busy:?}"
+    );
+    assert!(written(&a, ReqId(100)).is_none(), "the others wait");
 }

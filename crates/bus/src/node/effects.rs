@@ -10,7 +10,7 @@ use tracing::{error, info, warn};
 
 use super::NodeError;
 use super::actor::{Actor, LoadReq, PeerChange, StoreAnswer, Waiter, now};
-use crate::core::{self, CommitId, ConnId, Effect, Millis, ReqId};
+use crate::core::{self, CommitId, ConnId, Effect, Millis, PeerChangeError, ReqId};
 use crate::net::{CATCHUP_QUEUE_BYTES_MAX, SEND_QUEUE_BYTES_MAX, SendError, close_code};
 
 impl<S: MeshStore + ?Sized> Actor<S> {
@@ -160,12 +160,12 @@ impl<S: MeshStore + ?Sized> Actor<S> {
 
     /// The core committed (or failed to commit) a peer change: tell the
     /// transport, then the caller.
-    fn on_peer_changed(&mut self, req: ReqId, node: NodeId, result: Result<(), StoreError>) {
+    fn on_peer_changed(&mut self, req: ReqId, node: NodeId, result: Result<(), PeerChangeError>) {
         let Some(Waiter::Peer { change, reply }) = self.waiters.remove(&req) else {
             return;
         };
         let result = match (result, change) {
-            (Err(e), _) => Err(NodeError::Store(e)),
+            (Err(e), _) => Err(NodeError::PeerChange(e)),
             (Ok(()), PeerChange::Add { node, addrs }) => {
                 info!(peer = %node.fmt_short(), ?addrs, "peer added");
                 self.transport

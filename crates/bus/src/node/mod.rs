@@ -65,6 +65,9 @@ pub enum NodeError {
     /// The peer could not be added, removed, paused or resumed.
     #[error(transparent)]
     Peer(#[from] PeerError),
+    /// The core refused or could not commit a peer change.
+    #[error(transparent)]
+    PeerChange(#[from] core::PeerChangeError),
     /// The node has stopped.
     #[error("the node has stopped")]
     Stopped,

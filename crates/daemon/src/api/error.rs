@@ -21,7 +21,7 @@ use mesh_api::{ErrorCode, Fault};
 use mesh_protocol::{CursorError, NodeId};
 use mesh_store::{Arrival, StoreError};
 
-use crate::bus::{CoreSendError, NodeError, PeerError, SendError};
+use crate::bus::{CoreSendError, NodeError, PeerChangeError, PeerError, SendError};
 
 /// Why a request failed: what went wrong, where (an item or line of a
 /// batch), and a note on what else the request did.
@@ -355,7 +355,7 @@ impl IntoResponse for ApiError {
 impl From<StoreError> for ErrorKind {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::OutboxFull { .. } => Capacity::OutboxFull(e.to_string()).into(),
+            StoreError::Busy { .. } => Capacity::Busy(e.to_string()).into(),
             StoreError::Conflict(_) => Bug::new(e.to_string()).into(),
             // Unavailable, Closed, and a store that failed to open or is damaged:
             // nothing the caller did, and nothing was written.
@@ -378,10 +378,13 @@ impl From<CursorError> for ErrorKind {
 /// writes): the one mapping of the bus's errors outside sends.
 pub(crate) fn node_error(e: NodeError) -> ApiError {
     match e {
-        // The core reports its own refusal of a peer change (too many
-        // changes waiting for the next commit) as a store conflict.
-        NodeError::Store(StoreError::Conflict(why)) => Capacity::Busy(why).into(),
         NodeError::Store(s) => ErrorKind::from(s).into(),
+        NodeError::PeerChange(c) => match c {
+            PeerChangeError::SelfPeer => CallerError::BadPeer(c.to_string()).into(),
+            PeerChangeError::Busy { .. } => Capacity::Busy(c.to_string()).into(),
+            PeerChangeError::Store(s) => ErrorKind::from(s).into(),
+            other => Bug::new(other.to_string()).into(),
+        },
         NodeError::Peer(p) => match p {
             PeerError::UnknownPeer(id) => NotFound::UnknownPeer(id).into(),
             PeerError::TooManyPeers => Capacity::TooManyPeers(p.to_string()).into(),
@@ -495,13 +498,10 @@ mod tests {
     fn the_bus_and_the_store_errors_map_to_their_fault_classes() {
         let to = mesh_protocol::SecretKey::from_bytes(&[3; 32]).public();
         let send = |e| send_error(to, SendError::Refused(e)).fault();
-        assert_eq!(
-            send(CoreSendError::UnknownPeer("x".into())),
-            Fault::NotFound
-        );
+        assert_eq!(send(CoreSendError::UnknownPeer(to)), Fault::NotFound);
         assert_eq!(send(CoreSendError::Busy { waiting: 9 }), Fault::Capacity);
         let full = CoreSendError::OutboxFull {
-            peer: "p".into(),
+            peer: to,
             msgs: 1,
             bytes: 2,
         };
@@ -518,8 +518,13 @@ mod tests {
         );
 
         let node = |e| node_error(e).status().as_u16();
-        let waiting = StoreError::Conflict("64 peer changes are already waiting".into());
-        assert_eq!(node(NodeError::Store(waiting)), 429);
+        let waiting = PeerChangeError::Busy { waiting: 64 };
+        assert_eq!(node(NodeError::PeerChange(waiting)), 429);
+        assert_eq!(node(NodeError::PeerChange(PeerChangeError::SelfPeer)), 400);
+        assert_eq!(
+            node(NodeError::Store(StoreError::Conflict("x".into()))),
+            500
+        );
         assert_eq!(
             node(NodeError::Store(StoreError::Unavailable("disk".into()))),
             503

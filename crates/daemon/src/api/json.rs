@@ -44,6 +44,25 @@ pub(super) fn entry(node: &NodeId, epoch: Epoch, item: &JournalItem) -> EventEnt
             reason: loss_reason_name(*reason).to_owned(),
             detail: detail.clone(),
         },
+        JournalRecord::SubscriberLagged {
+            subscriber,
+            from,
+            to,
+        } => {
+            let resume = Cursor::new(node, epoch, from.saturating_sub(1)).to_string();
+            let detail = format!(
+                "{subscriber} stopped reading; journal arrivals {from}..={to} were not \
+                 delivered to it live and are still in the journal: re-read them with \
+                 GET /v1/events?after={resume}"
+            );
+            EventRecord::Lagged {
+                subscriber: subscriber.clone(),
+                from: *from,
+                to: *to,
+                resume,
+                detail,
+            }
+        }
         _ => EventRecord::Other {},
     };
     EventEntry {

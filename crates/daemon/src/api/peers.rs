@@ -202,6 +202,8 @@ mod tests {
             last_acked,
             msgs: 101 - first_retained,
             bytes: 0,
+            evictable_msgs: 0,
+            evictable_bytes: 0,
         };
         // 100 sent, 40 acknowledged, nothing evicted: 60 queued.
         assert_eq!(queued(&own(1, 40)), 60);

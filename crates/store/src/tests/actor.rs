@@ -7,8 +7,8 @@ use mesh_protocol::{Epoch, Mark, Seq, StreamId};
 
 use super::util::*;
 use crate::{
-    Arrival, GROUP_COMMIT_GROUPS_MAX, JournalItem, MemStore, MeshStore, OutboxBounds, OwnStream,
-    PeerRecord, Receipt, RedbStore, StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
+    Arrival, GROUP_COMMIT_GROUPS_MAX, JournalItem, MemStore, MeshStore, OwnStream, PeerRecord,
+    Receipt, RedbStore, StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
 };
 
 /// A store whose first commit waits for the test, and that records how many
@@ -301,7 +301,7 @@ async fn many_concurrent_writers_on_redb_all_commit_their_own_streams() {
                     let r = h
                         .commit(vec![WriteOp::AppendOwn {
                             batch: b,
-                            bounds: OutboxBounds::default(),
+                            evict: None,
                         }])
                         .await?;
                     assert_eq!(r.own_streams.len(), 1);

@@ -3,9 +3,7 @@
 use mesh_protocol::{Channel, Epoch, StreamId};
 
 use super::util::*;
-use crate::{
-    JournalRecord, LossReason, MeshStore, OnFull, OutboxBounds, PeerRecord, StoreError, WriteOp,
-};
+use crate::{Eviction, JournalRecord, LossReason, MeshStore, PeerRecord, StoreError, WriteOp};
 
 /// Declares one `#[test]` per rule for a store made by `$make`.
 macro_rules! suite {
@@ -16,11 +14,11 @@ macro_rules! suite {
                 an_append_that_skips_a_seq_is_refused_and_writes_nothing,
                 a_stream_starts_at_seq_1,
                 an_append_in_another_epoch_is_refused,
-                reject_policy_refuses_a_full_outbox_and_keeps_every_unacked_batch,
-                acked_batches_are_evicted_before_unacked_ones,
-                evict_oldest_journals_a_loss_record_for_the_unacked_part,
-                a_batch_larger_than_the_bounds_is_refused_under_either_policy,
-                byte_bounds_count_payload_bytes,
+                an_eviction_that_would_drop_unacked_seqs_without_a_loss_record_is_refused,
+                an_eviction_takes_the_oldest_whole_batches_until_the_outbox_is_within_it,
+                a_lossy_eviction_journals_one_loss_record_for_the_unacked_part,
+                an_eviction_counts_payload_bytes,
+                acks_count_whole_batches_as_evictable,
                 accept_moves_the_mark_and_journals_in_the_same_commit,
                 accept_from_inside_a_batch_journals_only_the_new_part,
                 an_accept_that_does_not_follow_the_mark_is_refused_and_writes_nothing,
@@ -36,7 +34,8 @@ macro_rules! suite {
                 peers_and_cursors_round_trip,
                 a_cursor_must_be_named_and_point_into_the_journal,
                 max_lamport_is_the_highest_clock_ever_committed,
-                a_loss_record_is_a_journal_entry
+                a_loss_record_is_a_journal_entry,
+                a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written
             );
         }
     };
@@ -104,7 +103,7 @@ fn an_append_that_skips_a_seq_is_refused_and_writes_nothing(s: &dyn MeshStore) {
         s,
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 3, 1, 10),
-            bounds: OutboxBounds::default(),
+            evict: None,
         }],
     )
     .expect_err("seq 2 was skipped");
@@ -115,7 +114,7 @@ fn an_append_that_skips_a_seq_is_refused_and_writes_nothing(s: &dyn MeshStore) {
         s,
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 1, 1, 10),
-            bounds: OutboxBounds::default(),
+            evict: None,
         }],
     )
     .expect_err("seq 1 is taken");
@@ -128,7 +127,7 @@ fn a_stream_starts_at_seq_1(s: &dyn MeshStore) {
         s,
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 2, 1, 10),
-            bounds: OutboxBounds::default(),
+            evict: None,
         }],
     )
     .expect_err("a new stream starts at 1");
@@ -145,7 +144,7 @@ fn an_append_in_another_epoch_is_refused(s: &dyn MeshStore) {
         s,
         vec![WriteOp::AppendOwn {
             batch: b,
-            bounds: OutboxBounds::default(),
+            evict: None,
         }],
     )
     .expect_err("own streams carry the store's epoch");
@@ -153,80 +152,80 @@ fn an_append_in_another_epoch_is_refused(s: &dyn MeshStore) {
     assert!(s.own_streams().expect("read").is_empty());
 }
 
-fn reject_policy_refuses_a_full_outbox_and_keeps_every_unacked_batch(s: &dyn MeshStore) {
-    let stream = own_stream_id(s, PEER);
-    let b = bounds(3, 1 << 20, OnFull::Reject);
-    for seq in 1..=3 {
-        receipt_of(
-            s,
-            vec![WriteOp::AppendOwn {
-                batch: own(s, PEER, seq, 1, 10),
-                bounds: b,
-            }],
-        );
+/// Evict down to `msgs_max` envelopes and `bytes_max` bytes, acknowledged
+/// batches only.
+fn keep(msgs_max: u64, bytes_max: u64) -> Eviction {
+    Eviction {
+        msgs_max,
+        bytes_max,
+        loss: None,
     }
+}
+
+/// As [`keep`], unacknowledged batches too, recording their loss.
+fn lose(msgs_max: u64, bytes_max: u64) -> Eviction {
+    Eviction {
+        loss: Some("full".into()),
+        ..keep(msgs_max, bytes_max)
+    }
+}
+
+fn append_evicting(s: &dyn MeshStore, first_seq: u64, n: usize, len: usize, evict: Eviction) {
+    receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, first_seq, n, len),
+            evict: Some(evict),
+        }],
+    );
+}
+
+fn firsts(s: &dyn MeshStore, stream: &StreamId) -> Vec<u64> {
+    outbox(s, stream)
+        .iter()
+        .map(|b| b.batch.first_seq)
+        .collect()
+}
+
+fn ack(stream: &StreamId, upto: u64, reset: bool) -> WriteOp {
+    WriteOp::Acked {
+        stream: stream.clone(),
+        upto,
+        reset,
+    }
+}
+
+fn an_eviction_that_would_drop_unacked_seqs_without_a_loss_record_is_refused(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    for seq in 1..=3 {
+        append_ok(s, own(s, PEER, seq, 1, 10));
+    }
+    receipt_of(s, vec![ack(&stream, 1, false)]);
     let before = dump(s, &[]).expect("dump");
     let err = commit1(
         s,
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 4, 1, 10),
-            bounds: b,
+            evict: Some(keep(1, u64::MAX)),
         }],
     )
-    .expect_err("the outbox is full");
-    match err {
-        StoreError::OutboxFull { msgs, bytes, .. } => assert_eq!((msgs, bytes), (3, 30)),
-        other => panic!("expected OutboxFull, got {other}"),
-    }
-    assert_eq!(dump(s, &[]).expect("dump"), before);
-    let firsts: Vec<_> = outbox(s, &stream)
-        .iter()
-        .map(|b| b.batch.first_seq)
-        .collect();
-    assert_eq!(firsts, vec![1, 2, 3]);
+    .expect_err("seq 2 is not acknowledged");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_eq!(dump(s, &[]).expect("dump"), before, "nothing written");
+    append_evicting(s, 4, 1, 10, keep(2, u64::MAX));
+    assert_eq!(firsts(s, &stream), vec![2, 3, 4]);
 }
 
-fn acked_batches_are_evicted_before_unacked_ones(s: &dyn MeshStore) {
+fn an_eviction_takes_the_oldest_whole_batches_until_the_outbox_is_within_it(s: &dyn MeshStore) {
     let stream = own_stream_id(s, PEER);
-    let b = bounds(3, 1 << 20, OnFull::Reject);
     for seq in 1..=3 {
-        receipt_of(
-            s,
-            vec![WriteOp::AppendOwn {
-                batch: own(s, PEER, seq, 1, 10),
-                bounds: b,
-            }],
-        );
+        append_ok(s, own(s, PEER, seq, 1, 10));
     }
-    receipt_of(
-        s,
-        vec![WriteOp::Acked {
-            stream: stream.clone(),
-            upto: 2,
-            reset: false,
-        }],
-    );
-    receipt_of(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 4, 1, 10),
-            bounds: b,
-        }],
-    );
-    let r = receipt_of(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 5, 1, 10),
-            bounds: b,
-        }],
-    );
-    let firsts: Vec<_> = outbox(s, &stream)
-        .iter()
-        .map(|b| b.batch.first_seq)
-        .collect();
-    assert_eq!(firsts, vec![3, 4, 5]);
+    receipt_of(s, vec![ack(&stream, 2, false)]);
+    // Room for exactly what is asked: one batch goes, not both acked ones.
+    append_evicting(s, 4, 1, 10, keep(2, u64::MAX));
+    assert_eq!(firsts(s, &stream), vec![2, 3, 4]);
     let state = own_state(s, &stream).expect("stream");
-    assert_eq!(r.own_streams, vec![state.clone()]);
     assert_eq!(
         (
             state.first_retained,
@@ -234,57 +233,43 @@ fn acked_batches_are_evicted_before_unacked_ones(s: &dyn MeshStore) {
             state.bytes,
             state.last_acked
         ),
-        (3, 3, 30, 2)
+        (2, 3, 30, 2)
     );
+    assert_eq!((state.evictable_msgs, state.evictable_bytes), (1, 10));
+    let r = receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 5, 1, 10),
+            evict: Some(keep(2, u64::MAX)),
+        }],
+    );
+    assert_eq!(firsts(s, &stream), vec![3, 4, 5]);
+    let state = own_state(s, &stream).expect("stream");
+    assert_eq!(r.own_streams, vec![state.clone()]);
+    assert_eq!((state.evictable_msgs, state.evictable_bytes), (0, 0));
     assert!(
         journal(s)
             .iter()
             .all(|i| matches!(i.record, JournalRecord::Envelope { .. })),
         "evicting acknowledged envelopes loses nothing"
     );
-    // Now only unacked ones are left: Reject refuses.
-    let err = commit1(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 6, 1, 10),
-            bounds: b,
-        }],
-    )
-    .expect_err("full of unacked");
-    assert!(matches!(err, StoreError::OutboxFull { .. }), "{err}");
+    // An eviction with nothing to do is no eviction.
+    append_evicting(s, 6, 1, 10, keep(10, u64::MAX));
+    assert_eq!(firsts(s, &stream), vec![3, 4, 5, 6]);
 }
 
-fn evict_oldest_journals_a_loss_record_for_the_unacked_part(s: &dyn MeshStore) {
+// Three evictions of one outbox in turn; each starts where the last left it.
+fn a_lossy_eviction_journals_one_loss_record_for_the_unacked_part(s: &dyn MeshStore) {
     let stream = own_stream_id(s, PEER);
-    let b = bounds(4, 1 << 20, OnFull::EvictOldest);
-    receipt_of(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 1, 2, 10),
-            bounds: b,
-        }],
-    );
-    receipt_of(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 3, 2, 10),
-            bounds: b,
-        }],
-    );
+    append_ok(s, own(s, PEER, 1, 2, 10));
+    append_ok(s, own(s, PEER, 3, 2, 10));
     // Seq 1 is acknowledged, seq 2 (same batch) is not.
-    receipt_of(
-        s,
-        vec![WriteOp::Acked {
-            stream: stream.clone(),
-            upto: 1,
-            reset: false,
-        }],
-    );
+    receipt_of(s, vec![ack(&stream, 1, false)]);
     let r = receipt_of(
         s,
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 5, 2, 10),
-            bounds: b,
+            evict: Some(lose(2, u64::MAX)),
         }],
     );
     assert_eq!(
@@ -299,11 +284,11 @@ fn evict_oldest_journals_a_loss_record_for_the_unacked_part(s: &dyn MeshStore) {
             from,
             to,
             reason,
-            ..
+            detail,
         } => {
             assert_eq!(
-                (ls, *from, *to, *reason),
-                (&stream, 2, 2, LossReason::OutboxEvicted)
+                (ls, *from, *to, *reason, detail.as_str()),
+                (&stream, 2, 2, LossReason::OutboxEvicted, "full")
             );
         }
         other => panic!("expected a loss record, got {other:?}"),
@@ -312,7 +297,7 @@ fn evict_oldest_journals_a_loss_record_for_the_unacked_part(s: &dyn MeshStore) {
         s,
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 7, 2, 10),
-            bounds: b,
+            evict: Some(lose(2, u64::MAX)),
         }],
     );
     assert_eq!(r.arrivals, Some((8, 10)));
@@ -335,82 +320,67 @@ fn evict_oldest_journals_a_loss_record_for_the_unacked_part(s: &dyn MeshStore) {
         ),
         (5, 9, 4, 40)
     );
-    let firsts: Vec<_> = outbox(s, &stream)
-        .iter()
-        .map(|b| b.batch.first_seq)
-        .collect();
-    assert_eq!(firsts, vec![5, 7]);
+    assert_eq!(firsts(s, &stream), vec![5, 7]);
+    // A lossy eviction that finds acknowledged batches enough records nothing.
+    receipt_of(s, vec![ack(&stream, 6, false)]);
+    let r = receipt_of(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own(s, PEER, 9, 1, 10),
+            evict: Some(lose(2, u64::MAX)),
+        }],
+    );
+    assert_eq!(r.arrivals, Some((11, 11)), "no loss record");
 }
 
-fn a_batch_larger_than_the_bounds_is_refused_under_either_policy(s: &dyn MeshStore) {
-    for on_full in [OnFull::Reject, OnFull::EvictOldest] {
-        let err = commit1(
-            s,
-            vec![WriteOp::AppendOwn {
-                batch: own(s, PEER, 1, 3, 10),
-                bounds: bounds(2, 1 << 20, on_full),
-            }],
-        )
-        .expect_err("3 msgs never fit 2");
-        assert!(matches!(err, StoreError::OutboxFull { .. }), "{err}");
-        let err = commit1(
-            s,
-            vec![WriteOp::AppendOwn {
-                batch: own(s, PEER, 1, 1, 100),
-                bounds: bounds(10, 99, on_full),
-            }],
-        )
-        .expect_err("100 bytes never fit 99");
-        assert!(matches!(err, StoreError::OutboxFull { .. }), "{err}");
-    }
-    assert!(s.own_streams().expect("read").is_empty());
-    assert_eq!(s.journal_head().expect("head"), 0);
-}
-
-fn byte_bounds_count_payload_bytes(s: &dyn MeshStore) {
+fn an_eviction_counts_payload_bytes(s: &dyn MeshStore) {
     let stream = own_stream_id(s, PEER);
-    let b = bounds(100, 250, OnFull::Reject);
-    receipt_of(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 1, 1, 100),
-            bounds: b,
-        }],
-    );
-    receipt_of(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 2, 1, 100),
-            bounds: b,
-        }],
-    );
+    append_ok(s, own(s, PEER, 1, 1, 100));
+    append_ok(s, own(s, PEER, 2, 1, 100));
     let err = commit1(
         s,
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 3, 1, 100),
-            bounds: b,
+            evict: Some(keep(u64::MAX, 150)),
         }],
     )
-    .expect_err("300 bytes > 250");
-    assert!(
-        matches!(
-            err,
-            StoreError::OutboxFull {
-                msgs: 2,
-                bytes: 200,
-                ..
-            }
-        ),
-        "{err}"
+    .expect_err("200 bytes are unacknowledged");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    receipt_of(s, vec![ack(&stream, 1, false)]);
+    assert_eq!(
+        own_state(s, &stream).map(|o| (o.evictable_msgs, o.evictable_bytes)),
+        Some((1, 100))
     );
-    receipt_of(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 3, 1, 50),
-            bounds: b,
-        }],
-    );
-    assert_eq!(own_state(s, &stream).expect("stream").bytes, 250);
+    append_evicting(s, 3, 1, 100, keep(u64::MAX, 150));
+    let state = own_state(s, &stream).expect("stream");
+    assert_eq!((state.first_retained, state.bytes), (2, 200));
+}
+
+fn acks_count_whole_batches_as_evictable(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    append_ok(s, own(s, PEER, 1, 3, 10));
+    append_ok(s, own(s, PEER, 4, 2, 20));
+    append_ok(s, own(s, PEER, 6, 1, 30));
+    let evictable = |s: &dyn MeshStore| {
+        own_state(s, &stream).map(|o| (o.last_acked, o.evictable_msgs, o.evictable_bytes))
+    };
+    for (upto, reset, want) in [
+        (2, false, (2, 0, 0)),
+        (3, false, (3, 3, 30)),
+        (1, false, (3, 3, 30)),
+        (5, false, (5, 5, 70)),
+        (6, false, (6, 6, 100)),
+        (4, true, (4, 3, 30)),
+        (0, true, (0, 0, 0)),
+        (5, false, (5, 5, 70)),
+    ] {
+        receipt_of(s, vec![ack(&stream, upto, reset)]);
+        assert_eq!(evictable(s), Some(want), "after an ack of {upto}");
+    }
+    // Evicting acknowledged batches takes them from the evictable part.
+    append_evicting(s, 7, 1, 10, keep(3, u64::MAX));
+    assert_eq!(evictable(s), Some((5, 2, 40)));
+    assert_eq!(firsts(s, &stream), vec![4, 6, 7]);
 }
 
 fn accept_moves_the_mark_and_journals_in_the_same_commit(s: &dyn MeshStore) {
@@ -603,13 +573,13 @@ fn one_callers_conflict_does_not_fail_the_others_in_the_group(s: &dyn MeshStore)
     let results = s.commit(vec![
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 1, 1, 10),
-            bounds: OutboxBounds::default(),
+            evict: None,
         }],
         // Valid first op, invalid second: the whole group must leave no trace.
         vec![
             WriteOp::AppendOwn {
                 batch: own(s, 3, 1, 1, 10),
-                bounds: OutboxBounds::default(),
+                evict: None,
             },
             WriteOp::PutPeer(PeerRecord {
                 node: node(3),
@@ -654,11 +624,11 @@ fn later_groups_see_earlier_groups_of_the_same_commit(s: &dyn MeshStore) {
     let results = s.commit(vec![
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 1, 1, 10),
-            bounds: OutboxBounds::default(),
+            evict: None,
         }],
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 2, 1, 10),
-            bounds: OutboxBounds::default(),
+            evict: None,
         }],
         vec![WriteOp::Accept {
             batch: peer_batch(PEER, 1, 1),
@@ -688,27 +658,26 @@ fn later_groups_see_earlier_groups_of_the_same_commit(s: &dyn MeshStore) {
 
 fn ops_of_one_group_see_each_other(s: &dyn MeshStore) {
     let stream = own_stream_id(s, PEER);
-    let b = bounds(2, 1 << 20, OnFull::Reject);
     let r = receipt_of(
         s,
         vec![
             WriteOp::AppendOwn {
                 batch: own(s, PEER, 1, 1, 10),
-                bounds: b,
+                evict: None,
             },
             WriteOp::AppendOwn {
                 batch: own(s, PEER, 2, 1, 10),
-                bounds: b,
+                evict: None,
             },
             WriteOp::Acked {
                 stream: stream.clone(),
                 upto: 1,
                 reset: false,
             },
-            // Fits only by evicting the batch acknowledged two ops earlier.
+            // Lossless only because of the ack two ops earlier.
             WriteOp::AppendOwn {
                 batch: own(s, PEER, 3, 1, 10),
-                bounds: b,
+                evict: Some(keep(1, u64::MAX)),
             },
             WriteOp::Accept {
                 batch: peer_batch(PEER, 1, 1),
@@ -841,7 +810,7 @@ fn a_large_commit_of_many_streams_reads_back_entry_by_entry_from_any_position(s:
         }],
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 1, 9, 3000),
-            bounds: OutboxBounds::default(),
+            evict: None,
         }],
     ];
     let results = s.commit(groups);
@@ -909,7 +878,7 @@ fn one_send_to_each_of_many_peers_in_one_commit_reads_back_per_peer(s: &dyn Mesh
             .map(|&to| {
                 vec![WriteOp::AppendOwn {
                     batch: own(s, to, round + 1, 1, 700 + usize::from(to)),
-                    bounds: OutboxBounds::default(),
+                    evict: None,
                 }]
             })
             .collect();
@@ -1098,4 +1067,49 @@ fn a_loss_record_is_a_journal_entry(s: &dyn MeshStore) {
     .expect_err("empty range");
     assert!(matches!(err, StoreError::Conflict(_)), "{err}");
     assert_eq!(s.journal_head().expect("head"), 1);
+}
+
+fn a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written(s: &dyn MeshStore) {
+    append_ok(s, own(s, PEER, 1, 3, 10));
+    let lag = |subscriber: &str, from, to| WriteOp::RecordLag {
+        subscriber: subscriber.into(),
+        from,
+        to,
+    };
+    let r = receipt_of(s, vec![lag("subscriber 7 (uid 1000)", 2, 3)]);
+    assert_eq!(r.arrivals, Some((4, 4)));
+    assert_eq!(
+        journal(s)[3].record,
+        JournalRecord::SubscriberLagged {
+            subscriber: "subscriber 7 (uid 1000)".into(),
+            from: 2,
+            to: 3,
+        }
+    );
+    // The record itself may be named by a later one.
+    receipt_of(s, vec![lag("again", 4, 4)]);
+    let long = "x".repeat(crate::SUBSCRIBER_NAME_BYTES_MAX + 1);
+    for bad in [
+        lag("s", 0, 1),
+        lag("s", 3, 2),
+        lag("s", 1, 6),
+        lag("", 1, 1),
+        lag(&long, 1, 1),
+    ] {
+        let err = commit1(s, vec![bad.clone()]).expect_err("refused");
+        assert!(matches!(err, StoreError::Conflict(_)), "{bad:?}: {err}");
+    }
+    assert_eq!(s.journal_head().expect("head"), 5);
+    // Within one group, an entry written earlier may be named.
+    let r = receipt_of(
+        s,
+        vec![
+            WriteOp::AppendOwn {
+                batch: own(s, PEER, 4, 1, 10),
+                evict: None,
+            },
+            lag("s", 6, 6),
+        ],
+    );
+    assert_eq!(r.arrivals, Some((6, 7)));
 }

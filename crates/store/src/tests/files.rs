@@ -6,7 +6,10 @@ use std::process::Command;
 use redb::{ReadableDatabase, TableDefinition};
 
 use super::util::*;
-use crate::{MeshStore, RedbStore, SCHEMA_VERSION, STORE_FILE_NAME, StoreError, WriteOp};
+use crate::{
+    Eviction, JournalRecord, LossReason, MeshStore, RedbStore, SCHEMA_VERSION, STORE_FILE_NAME,
+    StoreError, WriteOp,
+};
 
 fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().expect("tempdir")
@@ -303,4 +306,109 @@ fn a_store_left_open_by_a_dead_process_reopens_with_every_commit() {
     let d = dump(&s, &["c"]).expect("dump");
     assert_eq!(d.head, 6);
     assert_eq!(line, format!("{CRASH_MARKER} {}", digest(&d)));
+}
+
+/// A data dir as the store of schema 2 left it: written by the build before
+/// own streams counted their evictable envelopes (commit 2d6bf58), with
+/// these commits in order: own batches to node 2 of seqs 1..=3 (10 bytes
+/// each), 4..=5 (20) and 6 (30), acknowledged up to 5; to node 3, 1..=3 (5
+/// bytes each), acknowledged up to 2; to node 4 under evict-oldest with 2
+/// msgs at most, 1..=2 then 3 (7 bytes each; the first batch evicted and
+/// recorded as lost); node 5's batch 1..=2 accepted with node 6's gap up to
+/// 3; peer 2 and cursor `reader` at 3; and a subscriber's lag as a loss
+/// record against a topic stream.
+const STORE_V2: &[u8] = include_bytes!("data/store-v2.redb");
+
+// One file's story from the migration to a reopen; each step needs the last.
+#[test]
+fn a_schema_2_store_is_migrated_on_open_and_keeps_everything() {
+    let dir = tempdir();
+    let path = dir.path().join(STORE_FILE_NAME);
+    std::fs::write(&path, STORE_V2).expect("write");
+    let s = RedbStore::open(dir.path()).expect("migrates");
+    assert_eq!(s.meta().schema_version, SCHEMA_VERSION);
+    let counts = |to: u8| {
+        let o = own_state(&s, &own_stream_id(&s, to)).expect("stream");
+        let n = (o.next_seq, o.first_retained, o.last_acked, o.msgs, o.bytes);
+        (n, (o.evictable_msgs, o.evictable_bytes))
+    };
+    // Acked up to 5 covers the first two batches whole.
+    assert_eq!(counts(PEER), ((7, 1, 5, 6, 100), (5, 70)));
+    // Acked up to 2 ends inside the only batch.
+    assert_eq!(counts(3), ((4, 1, 2, 3, 15), (0, 0)));
+    assert_eq!(counts(4), ((4, 3, 0, 1, 7), (0, 0)));
+    let out = outbox(&s, &own_stream_id(&s, PEER));
+    let want = [
+        own(&s, PEER, 1, 3, 10),
+        own(&s, PEER, 4, 2, 20),
+        own(&s, PEER, 6, 1, 30),
+    ];
+    assert_eq!(out.len(), 3);
+    for (got, want) in out.iter().zip(&want) {
+        assert_eq!(got.batch, *want.batch().signed(), "byte for byte as signed");
+        assert!(got.payloads == want.payloads());
+    }
+    let j = journal(&s);
+    assert_eq!(j.len(), 17);
+    assert!(matches!(
+        &j[11].record,
+        JournalRecord::Loss {
+            from: 1,
+            to: 2,
+            reason: LossReason::OutboxEvicted,
+            ..
+        }
+    ));
+    assert!(matches!(
+        &j[15].record,
+        JournalRecord::Gap { from: 1, to: 3, .. }
+    ));
+    assert!(matches!(
+        &j[16].record,
+        JournalRecord::Loss { from: 2, to: 4, reason: LossReason::SubscriberLagged, detail, .. }
+            if detail == "subscriber 1 stopped reading"
+    ));
+    assert_eq!(mark(&s, &peer_stream(5)), 2);
+    assert_eq!(mark(&s, &peer_stream(6)), 3);
+    assert_eq!(s.cursor("reader").expect("cursor"), Some(3));
+    assert_eq!(s.peers().expect("peers").len(), 1);
+    assert_eq!(s.max_lamport().expect("lamport"), 6);
+    // It works on as schema 3: what the migration counted evictable goes.
+    let evict = Eviction {
+        msgs_max: 1,
+        bytes_max: u64::MAX,
+        loss: None,
+    };
+    commit1(
+        &s,
+        vec![WriteOp::AppendOwn {
+            batch: own(&s, PEER, 7, 1, 10),
+            evict: Some(evict),
+        }],
+    )
+    .expect("the first two batches are acknowledged");
+    assert_eq!(counts(PEER), ((8, 6, 5, 2, 40), (0, 0)));
+    let before = dump(&s, &["reader"]).expect("dump");
+    drop(s);
+    // Reopened, it is a schema 3 store, and the old table is gone.
+    let s = RedbStore::open(dir.path()).expect("reopens");
+    assert_eq!(dump(&s, &["reader"]).expect("dump"), before);
+    drop(s);
+    let db = redb::Database::open(&path).expect("open");
+    let rx = db.begin_read().expect("rx");
+    assert!(
+        rx.open_table(TableDefinition::<&[u8], &[u8]>::new("own-streams-v2"))
+            .is_err(),
+        "the schema 2 table is dropped"
+    );
+    let meta = rx
+        .open_table(TableDefinition::<&str, &[u8]>::new("meta-v1"))
+        .expect("meta");
+    assert_eq!(
+        meta.get("schema_version")
+            .expect("get")
+            .expect("row")
+            .value(),
+        SCHEMA_VERSION.to_le_bytes()
+    );
 }

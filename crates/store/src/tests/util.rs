@@ -5,8 +5,8 @@ use mesh_protocol::{
 };
 
 use crate::{
-    JournalItem, JournalRecord, MeshStore, OnFull, OutboxBounds, OwnStream, PeerRecord, Receipt,
-    StoreError, StoredBatch, WriteOp,
+    JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt, StoreError, StoredBatch,
+    WriteOp,
 };
 
 /// A fixed secret key per `n`.
@@ -94,15 +94,6 @@ pub(crate) fn peer_stream(author: u8) -> StreamId {
     StreamId::direct(node(author), Epoch([author; 16]), node(ME))
 }
 
-/// Bounds with a policy.
-pub(crate) fn bounds(max_msgs: u64, max_bytes: u64, on_full: OnFull) -> OutboxBounds {
-    OutboxBounds {
-        max_msgs,
-        max_bytes,
-        on_full,
-    }
-}
-
 /// Commits one group and returns its result.
 pub(crate) fn commit1(s: &dyn MeshStore, ops: Vec<WriteOp>) -> Result<Receipt, StoreError> {
     let mut out = s.commit(vec![ops]);
@@ -110,13 +101,13 @@ pub(crate) fn commit1(s: &dyn MeshStore, ops: Vec<WriteOp>) -> Result<Receipt, S
     out.remove(0)
 }
 
-/// Appends an own batch with default bounds and expects success.
+/// Appends an own batch without eviction and expects success.
 pub(crate) fn append_ok(s: &dyn MeshStore, ops: OpenBatch) -> Receipt {
     commit1(
         s,
         vec![WriteOp::AppendOwn {
             batch: ops,
-            bounds: OutboxBounds::default(),
+            evict: None,
         }],
     )
     .expect("append commits")

@@ -1,0 +1,455 @@
+//! Building the next commit from what the machines queued, and routing
+//! each group's outcome back to the machine it was for.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mesh_protocol::{
+    Epoch, Frame, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NewEnvelope, NodeId, OpenBatch, Seq,
+    StreamId,
+};
+use mesh_store::{Arrival, Eviction, PeerRecord, Receipt, StoreError, WriteOp};
+
+use super::commit::{Batch, Group, InboundWork, WaitingSend};
+use super::outbox::Room;
+use super::peers::PeerChange;
+use super::receiver::{Env, send_live};
+use super::{CommitId, Core, Effect, Millis, PeerChangeError, ReqId, SendError, SendReceipt};
+
+/// What a finished commit leaves to do once every group is handled.
+#[derive(Debug, Default)]
+struct AfterCommit {
+    /// The last journal position written.
+    journaled: Option<Arrival>,
+    /// A group failed for want of a working store: wait before the next commit.
+    store_down: bool,
+    /// Streams whose committed mark moved: their authors get an Ack.
+    acks: BTreeSet<(NodeId, StreamId)>,
+    /// Streams whose accept or gap failed: roll back and ask again.
+    failed_streams: BTreeSet<StreamId>,
+    /// Own streams whose append failed, and why: later batches of the
+    /// stream in the same commit could not follow it.
+    failed_sends: BTreeMap<NodeId, SendError>,
+}
+
+impl Core {
+    /// Issues the next commit if none is in flight and anything waits:
+    /// acks first (the appends after them may evict what they
+    /// acknowledge), then peer batches and gaps, peer changes, and the
+    /// sends, signed into batches.
+    pub(super) fn flush(&mut self, now: Millis) {
+        if !self.committer.ready(now, &self.config) {
+            return;
+        }
+        let mut batch = Batch::default();
+        let (epochs, acking) = self.build_acks(&mut batch);
+        for work in self.committer.take_inbound() {
+            batch_inbound(&mut batch, work);
+        }
+        // The queue is empty again.
+        let (config, out) = (&self.config, &mut self.out);
+        let peers = &self.peers;
+        self.receiver.ask_starved(&mut Env {
+            peers,
+            config,
+            now,
+            out,
+        });
+        self.build_peer_changes(&mut batch, &epochs);
+        self.build_appends(&mut batch, &acking);
+        for (req, write) in self.committer.take_writes() {
+            batch.push(vec![write.into_op()], Group::Write { req });
+        }
+        self.committer.start(batch, &mut self.out);
+    }
+
+    /// One group per peer whose ack (or new epoch) waits; returns the
+    /// epochs they record, so a peer record written later in the same
+    /// commit keeps the newest, and the peers whose ack moves.
+    fn build_acks(&mut self, batch: &mut Batch) -> (BTreeMap<NodeId, Epoch>, BTreeSet<NodeId>) {
+        let mut epochs = BTreeMap::new();
+        let mut acking = BTreeSet::new();
+        for (peer, work) in self.committer.take_acks() {
+            let mut ops = Vec::new();
+            if let Some(epoch) = work.epoch {
+                epochs.insert(peer, epoch);
+                if let Some(record) = self.peers.record(peer) {
+                    ops.push(WriteOp::PutPeer(PeerRecord {
+                        epoch: Some(epoch),
+                        ..record.clone()
+                    }));
+                }
+            }
+            if let Some(own) = self.author.own(&peer) {
+                // The peer may name a seq whose commit answer we have not
+                // processed yet; never past what the store holds.
+                let upto = work.upto.min(own.next_seq - 1);
+                if upto > own.last_acked || (work.reset && upto != own.last_acked) {
+                    acking.insert(peer);
+                    ops.push(WriteOp::Acked {
+                        stream: own.stream.clone(),
+                        upto,
+                        reset: work.reset,
+                    });
+                }
+            }
+            if !ops.is_empty() {
+                batch.push(ops, Group::Ack { peer, work });
+            }
+        }
+        (epochs, acking)
+    }
+
+    /// One group per peer change, after the acks: an ack's record carries
+    /// the peer's old addresses, so the change must be written last.
+    fn build_peer_changes(&mut self, batch: &mut Batch, epochs: &BTreeMap<NodeId, Epoch>) {
+        for (req, change) in self.committer.take_peer_changes() {
+            let op = match &change {
+                PeerChange::Put(r) => {
+                    let known = self.peers.record(r.node).and_then(|p| p.epoch);
+                    WriteOp::PutPeer(PeerRecord {
+                        node: r.node,
+                        addrs: r.addrs.clone(),
+                        epoch: epochs.get(&r.node).copied().or(known),
+                    })
+                }
+                PeerChange::Remove(node) => WriteOp::RemovePeer(*node),
+            };
+            batch.push(vec![op], Group::Peer { req, change });
+        }
+    }
+
+    /// Turns the waiting sends into signed batches, one group each: the
+    /// sends of one stream that its outbox takes (see [`outbox`]) become
+    /// one batch, split at the batch and outbox limits. A send the outbox
+    /// refuses is answered at once, unless an ack of its stream rides in
+    /// this commit: then it and the stream's later sends wait for the next
+    /// commit, which knows what the ack made evictable.
+    fn build_appends(&mut self, batch: &mut Batch, acking: &BTreeSet<NodeId>) {
+        let mut by_peer: BTreeMap<NodeId, Vec<WaitingSend>> = BTreeMap::new();
+        for s in self.committer.take_sends() {
+            by_peer.entry(s.to).or_default().push(s);
+        }
+        let mut later = Vec::new();
+        for (to, sends) in by_peer {
+            let own = self.author.own_view(to);
+            let mut room = Room::new(&own, self.config.outbox, to);
+            let mut taken = Vec::with_capacity(sends.len());
+            let mut sends = sends.into_iter();
+            while let Some(s) = sends.next() {
+                match room.admit(s.payload.len() as u64) {
+                    Ok(()) => taken.push(s),
+                    Err(_) if acking.contains(&to) => {
+                        later.push(s);
+                        later.extend(sends.by_ref());
+                    }
+                    Err(e) => {
+                        self.out.metrics.sends_refused += 1;
+                        let result = Err(e);
+                        self.out.push(Effect::Reply { req: s.req, result });
+                    }
+                }
+            }
+            self.build_stream(batch, to, own.next_seq, taken, &mut room);
+        }
+        self.committer.wait_again(later);
+    }
+
+    /// The batches of the sends to `to` its outbox took, from `next_seq` on.
+    fn build_stream(
+        &mut self,
+        batch: &mut Batch,
+        to: NodeId,
+        mut next_seq: Seq,
+        sends: Vec<WaitingSend>,
+        room: &mut Room,
+    ) {
+        let bounds = self.config.outbox;
+        let max_entries = (MAX_BATCH_ENTRIES as u64).min(bounds.max_msgs).max(1);
+        let max_bytes = MAX_BATCH_PAYLOAD_BYTES.min(bounds.max_bytes);
+        let mut chunk: Vec<WaitingSend> = Vec::new();
+        let mut chunk_bytes = 0u64;
+        let mut sends = sends.into_iter().peekable();
+        while let Some(s) = sends.next() {
+            chunk_bytes += s.payload.len() as u64;
+            chunk.push(s);
+            let full = sends.peek().is_none_or(|n| {
+                chunk.len() as u64 >= max_entries
+                    || chunk_bytes + n.payload.len() as u64 > max_bytes
+            });
+            if !full {
+                continue;
+            }
+            let taken = std::mem::take(&mut chunk);
+            let bytes = std::mem::take(&mut chunk_bytes);
+            let n = taken.len() as u64;
+            let evict = room.evict_for(n, bytes);
+            if self.sign_chunk(batch, to, next_seq, taken, evict) {
+                next_seq += n;
+            }
+        }
+    }
+
+    /// Signs one batch of sends starting at `first_seq` into `batch`;
+    /// answers the senders at once if it cannot be signed (a bug: the
+    /// limits were checked). Returns whether it was signed.
+    fn sign_chunk(
+        &mut self,
+        batch: &mut Batch,
+        to: NodeId,
+        first_seq: Seq,
+        sends: Vec<WaitingSend>,
+        evict: Option<Eviction>,
+    ) -> bool {
+        let mut senders = Vec::with_capacity(sends.len());
+        let envelopes: Vec<NewEnvelope> = sends
+            .into_iter()
+            .map(|s| {
+                senders.push(s.req);
+                NewEnvelope {
+                    lamport: 0,
+                    created_ms: s.created_ms,
+                    kind: s.kind,
+                    payload: s.payload,
+                }
+            })
+            .collect();
+        match self.author.sign(to, first_seq, envelopes) {
+            Ok(signed) => {
+                let ops = vec![WriteOp::AppendOwn {
+                    batch: signed.clone(),
+                    evict,
+                }];
+                let group = Group::Append {
+                    to,
+                    batch: signed,
+                    senders,
+                };
+                batch.push(ops, group);
+                true
+            }
+            Err(e) => {
+                self.fail_senders(senders, &SendError::Internal(e.to_string()));
+                false
+            }
+        }
+    }
+
+    fn fail_senders(&mut self, senders: Vec<ReqId>, err: &SendError) {
+        self.out.metrics.sends_failed += senders.len() as u64;
+        for req in senders {
+            self.out.push(Effect::Reply {
+                req,
+                result: Err(err.clone()),
+            });
+        }
+    }
+
+    /// The answer to the commit in flight: each group's outcome goes to the
+    /// machine it was for, then acks, rollbacks and feeds follow.
+    pub(super) fn on_committed(
+        &mut self,
+        commit: CommitId,
+        results: Vec<Result<Receipt, StoreError>>,
+        now: Millis,
+    ) {
+        let Some(outcomes) = self.committer.finish(commit, results, &mut self.out) else {
+            return;
+        };
+        let mut after = AfterCommit::default();
+        for (group, result) in outcomes {
+            match &result {
+                Ok(receipt) => {
+                    if let Some((_, last)) = receipt.arrivals {
+                        after.journaled = Some(last);
+                    }
+                    self.author.committed(&receipt.own_streams);
+                }
+                Err(e) => {
+                    self.out.metrics.groups_failed += 1;
+                    after.store_down |=
+                        matches!(e, StoreError::Unavailable(_) | StoreError::Closed);
+                }
+            }
+            self.on_group(group, result, &mut after, now);
+        }
+        self.after_commit(after, now);
+    }
+
+    /// Routes one group's outcome.
+    fn on_group(
+        &mut self,
+        group: Group,
+        result: Result<Receipt, StoreError>,
+        after: &mut AfterCommit,
+        now: Millis,
+    ) {
+        match group {
+            Group::Ack { peer, work } => match result {
+                Ok(_) => {
+                    if let Some(epoch) = work.epoch {
+                        self.peers.record_epoch(peer, epoch);
+                    }
+                }
+                Err(StoreError::Conflict(_)) => {}
+                Err(_) => self.committer.retry_ack(peer, work),
+            },
+            Group::Accept { peer, stream, last } => match result {
+                Ok(_) => {
+                    if self.receiver.committed(&stream, last) {
+                        after.acks.insert((peer, stream));
+                    }
+                }
+                Err(_) => {
+                    after.failed_streams.insert(stream);
+                }
+            },
+            Group::Gap {
+                peer,
+                stream,
+                earliest,
+            } => match result {
+                Ok(_) => {
+                    self.out.metrics.gaps_recorded += 1;
+                    if self.receiver.committed(&stream, earliest - 1) {
+                        after.acks.insert((peer, stream));
+                    }
+                }
+                Err(_) => {
+                    after.failed_streams.insert(stream);
+                }
+            },
+            Group::Peer { req, change } => self.on_peer_committed(req, change, result),
+            Group::Write { req } => self.out.push(Effect::Written { req, result }),
+            Group::Append { to, batch, senders } => {
+                self.on_append_committed(to, batch, senders, result, after, now);
+            }
+        }
+    }
+
+    fn on_peer_committed(
+        &mut self,
+        req: ReqId,
+        mut change: PeerChange,
+        result: Result<Receipt, StoreError>,
+    ) {
+        let node = change.node();
+        if result.is_ok() {
+            // The ack that may have shared this commit set the epoch.
+            if let PeerChange::Put(r) = &mut change {
+                r.epoch = self.peers.record(node).and_then(|p| p.epoch);
+            }
+            self.apply_peer_change(change);
+        }
+        let result = result.map(|_| ()).map_err(PeerChangeError::Store);
+        self.out.push(Effect::PeerChanged { req, node, result });
+    }
+
+    /// Answers the senders of one own batch, and sends it to the peer if
+    /// its feed is right before it.
+    fn on_append_committed(
+        &mut self,
+        to: NodeId,
+        batch: OpenBatch,
+        senders: Vec<ReqId>,
+        result: Result<Receipt, StoreError>,
+        after: &mut AfterCommit,
+        now: Millis,
+    ) {
+        if let Some(err) = after.failed_sends.get(&to).cloned() {
+            // An earlier batch of this stream failed, so this one could
+            // not follow it; say why the first failed.
+            return self.fail_senders(senders, &err);
+        }
+        let receipt = match result {
+            Ok(receipt) => receipt,
+            Err(e) => {
+                let err = SendError::from_store(&e);
+                self.fail_senders(senders, &err);
+                after.failed_sends.insert(to, err);
+                return;
+            }
+        };
+        let stream = batch.batch().stream().clone();
+        let first = batch.batch().first_seq();
+        // The store journals a batch's envelopes last in its group, in seq
+        // order: they end at `last`.
+        let n = batch.batch().entries().len() as u64;
+        let first_arrival = receipt
+            .arrivals
+            .map_or(0, |(_, last)| (last + 1).saturating_sub(n));
+        self.out.metrics.sends_ok += senders.len() as u64;
+        for (i, req) in senders.into_iter().enumerate() {
+            let receipt = SendReceipt {
+                stream: stream.clone(),
+                seq: first + i as u64,
+                arrival: first_arrival + i as u64,
+            };
+            self.out.push(Effect::Reply {
+                req,
+                result: Ok(receipt),
+            });
+        }
+        self.author.send_fresh(to, batch, now, &mut self.out);
+    }
+
+    /// What follows a commit once its groups are handled.
+    fn after_commit(&mut self, after: AfterCommit, now: Millis) {
+        if after.store_down {
+            self.committer.store_failed(now, &self.config);
+        }
+        let (config, out) = (&self.config, &mut self.out);
+        for stream in &after.failed_streams {
+            let queue = &mut self.committer.inbound;
+            self.receiver.roll_back(
+                stream,
+                queue,
+                &mut Env {
+                    peers: &self.peers,
+                    config,
+                    now,
+                    out,
+                },
+            );
+        }
+        for (peer, stream) in after.acks {
+            let upto = self.receiver.mark(&stream);
+            send_live(&self.peers, peer, Frame::Ack { stream, upto }, out);
+        }
+        if let Some(upto) = after.journaled {
+            out.push(Effect::Journaled { upto });
+        }
+        self.author.pump_all(config, out);
+    }
+}
+
+/// The group of one peer batch or gap.
+fn batch_inbound(batch: &mut Batch, work: InboundWork) {
+    match work {
+        InboundWork::Accept {
+            peer,
+            from,
+            batch: open,
+        } => {
+            let stream = open.batch().stream().clone();
+            let last = open.batch().last_seq();
+            let ops = vec![WriteOp::Accept { batch: open, from }];
+            batch.push(ops, Group::Accept { peer, stream, last });
+        }
+        InboundWork::Gap {
+            peer,
+            stream,
+            earliest,
+        } => {
+            let ops = vec![WriteOp::Gap {
+                stream: stream.clone(),
+                earliest_available: earliest,
+            }];
+            let group = Group::Gap {
+                peer,
+                stream,
+                earliest,
+            };
+            batch.push(ops, group);
+        }
+    }
+}

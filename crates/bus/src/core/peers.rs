@@ -1,0 +1,227 @@
+//! The peer table: who this node talks to, and the phase of each live
+//! connection.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mesh_protocol::{Epoch, NodeId};
+use mesh_store::PeerRecord;
+
+use super::{Config, ConnId, Millis};
+
+/// A peer added (or its addresses changed) or removed, to be committed.
+#[derive(Clone, Debug)]
+pub(super) enum PeerChange {
+    /// Add or update; the epoch is the core's, taken when the commit is built.
+    Put(PeerRecord),
+    Remove(NodeId),
+}
+
+impl PeerChange {
+    pub(super) fn node(&self) -> NodeId {
+        match self {
+            PeerChange::Put(r) => r.node,
+            PeerChange::Remove(n) => *n,
+        }
+    }
+}
+
+/// How far a connection has come.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Our Hello went out `attempts` times, last at `sent_at`; the peer's has
+    /// not come yet, so nothing but a Hello is taken from it.
+    AwaitingHello { sent_at: Millis, attempts: u32 },
+    /// The peer's Hello came, announcing its store epoch.
+    Live { peer_epoch: Epoch },
+}
+
+/// A known peer.
+#[derive(Debug)]
+struct Peer {
+    /// As committed.
+    record: PeerRecord,
+    /// The newest store epoch the peer announced (committed or not yet).
+    epoch_seen: Option<Epoch>,
+    /// The live connection and its phase.
+    conn: Option<(ConnId, Phase)>,
+}
+
+/// What a due Hello timer asks for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum HelloStep {
+    /// Send the Hello again on `conn`.
+    Resend(ConnId),
+    /// Every attempt went unanswered: close `conn`.
+    GiveUp(ConnId, u32),
+}
+
+/// The known peers and their connections.
+///
+/// Invariant: this node is never its own peer.
+#[derive(Debug)]
+pub(super) struct Peers {
+    me: NodeId,
+    table: BTreeMap<NodeId, Peer>,
+    /// Peers whose connection phase changed since [`Peers::take_touched`].
+    touched: BTreeSet<NodeId>,
+}
+
+impl Peers {
+    /// The committed peers of node `me` (a record of `me` itself is ignored).
+    pub(super) fn new(me: NodeId, records: Vec<PeerRecord>) -> Peers {
+        let table = records
+            .into_iter()
+            .filter(|r| r.node != me)
+            .map(|record| {
+                let peer = Peer {
+                    epoch_seen: record.epoch,
+                    record,
+                    conn: None,
+                };
+                (peer.record.node, peer)
+            })
+            .collect();
+        Peers {
+            me,
+            table,
+            touched: BTreeSet::new(),
+        }
+    }
+
+    pub(super) fn is_peer(&self, node: NodeId) -> bool {
+        self.table.contains_key(&node)
+    }
+
+    /// The peer's committed record.
+    pub(super) fn record(&self, node: NodeId) -> Option<&PeerRecord> {
+        self.table.get(&node).map(|p| &p.record)
+    }
+
+    /// The newest store epoch the peer announced, committed or not.
+    pub(super) fn epoch_seen(&self, node: NodeId) -> Option<Epoch> {
+        self.table.get(&node)?.epoch_seen
+    }
+
+    /// The live connection to `peer`, in any phase.
+    pub(super) fn live_conn(&self, peer: NodeId) -> Option<ConnId> {
+        self.table.get(&peer)?.conn.map(|(id, _)| id)
+    }
+
+    /// The epoch `peer` announced on its live connection, once it has.
+    pub(super) fn peer_epoch(&self, peer: NodeId) -> Option<Epoch> {
+        match self.table.get(&peer)?.conn? {
+            (_, Phase::Live { peer_epoch }) => Some(peer_epoch),
+            (_, Phase::AwaitingHello { .. }) => None,
+        }
+    }
+
+    /// A new connection to `peer`, whose first Hello we send now.
+    pub(super) fn open(&mut self, peer: NodeId, conn: ConnId, now: Millis) {
+        if let Some(p) = self.table.get_mut(&peer) {
+            let phase = Phase::AwaitingHello {
+                sent_at: now,
+                attempts: 1,
+            };
+            p.conn = Some((conn, phase));
+            self.touched.insert(peer);
+        }
+    }
+
+    /// Forgets the peer's connection, if it has one.
+    pub(super) fn close(&mut self, peer: NodeId) {
+        if let Some(p) = self.table.get_mut(&peer)
+            && p.conn.take().is_some()
+        {
+            self.touched.insert(peer);
+        }
+    }
+
+    /// The peer's Hello announced `epoch`: returns `None` if it is the one
+    /// already seen, or `Some(reset)` if it is new (`reset`: a store epoch
+    /// was seen before, so the peer's store is not the one that acknowledged).
+    pub(super) fn see_epoch(&mut self, peer: NodeId, epoch: Epoch) -> Option<bool> {
+        let p = self.table.get_mut(&peer)?;
+        if p.epoch_seen == Some(epoch) {
+            return None;
+        }
+        let reset = p.epoch_seen.is_some();
+        p.epoch_seen = Some(epoch);
+        Some(reset)
+    }
+
+    /// The peer's Hello came on its live connection.
+    pub(super) fn go_live(&mut self, peer: NodeId, epoch: Epoch) {
+        if let Some((_, phase)) = self.table.get_mut(&peer).and_then(|p| p.conn.as_mut()) {
+            *phase = Phase::Live { peer_epoch: epoch };
+            self.touched.insert(peer);
+        }
+    }
+
+    /// The peer's epoch is committed.
+    pub(super) fn record_epoch(&mut self, peer: NodeId, epoch: Epoch) {
+        if let Some(p) = self.table.get_mut(&peer) {
+            p.record.epoch = Some(epoch);
+        }
+    }
+
+    /// Applies a committed peer change. The caller has forgotten the
+    /// connection of a removed peer.
+    pub(super) fn apply(&mut self, change: PeerChange) {
+        // The core refuses a change naming this node before it is queued.
+        debug_assert_ne!(change.node(), self.me);
+        match change {
+            PeerChange::Put(record) => match self.table.get_mut(&record.node) {
+                Some(p) => p.record.addrs = record.addrs,
+                None => {
+                    let peer = Peer {
+                        epoch_seen: record.epoch,
+                        record,
+                        conn: None,
+                    };
+                    self.table.insert(peer.record.node, peer);
+                }
+            },
+            PeerChange::Remove(node) => {
+                self.table.remove(&node);
+                self.touched.insert(node);
+            }
+        }
+    }
+
+    /// When the peer's Hello is due again, while it has not come.
+    pub(super) fn hello_deadline(&self, peer: NodeId, config: &Config) -> Option<Millis> {
+        match self.table.get(&peer)?.conn? {
+            (_, Phase::AwaitingHello { sent_at, .. }) => Some(sent_at.plus(config.hello_retry_ms)),
+            (_, Phase::Live { .. }) => None,
+        }
+    }
+
+    /// What the Hello timer of `peer` asks for at `now`, if it is due;
+    /// counts a resend as an attempt.
+    pub(super) fn hello_due(
+        &mut self,
+        peer: NodeId,
+        now: Millis,
+        config: &Config,
+    ) -> Option<HelloStep> {
+        let (conn, phase) = self.table.get_mut(&peer)?.conn.as_mut()?;
+        let Phase::AwaitingHello { sent_at, attempts } = phase else {
+            return None;
+        };
+        if now < sent_at.plus(config.hello_retry_ms) {
+            return None;
+        }
+        if *attempts >= config.hello_attempts_max {
+            return Some(HelloStep::GiveUp(*conn, *attempts));
+        }
+        *attempts += 1;
+        *sent_at = now;
+        self.touched.insert(peer);
+        Some(HelloStep::Resend(*conn))
+    }
+
+    /// The peers whose connection phase changed since the last call.
+    pub(super) fn take_touched(&mut self) -> BTreeSet<NodeId> {
+        std::mem::take(&mut self.touched)
+    }
+}
