@@ -1,0 +1,211 @@
+//! Reads: the [`MeshStore`] read methods and outbox payloads from the journal.
+
+use super::*;
+
+impl RedbStore {
+    /// The payloads of own `batch` (of the stream with key `stream`), read
+    /// from its envelopes in the journal, journaled from `first_arrival` on.
+    pub(super) fn journal_payloads(
+        &self,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        stream: &[u8],
+        batch: &SignedBatch,
+        first_arrival: Arrival,
+    ) -> Result<Vec<Vec<u8>>, StoreError> {
+        let n = batch.entries.len();
+        let mut out: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let missing = |why: &str| {
+            corrupt(
+                &self.name,
+                format!(
+                    "the outbox batch at seq {} has {why} in the journal from arrival {first_arrival}",
+                    batch.first_seq
+                ),
+            )
+        };
+        let rows = journal
+            .range(first_arrival..)
+            .map_err(|e| self.read_err(e))?;
+        for row in rows {
+            if out.len() == n {
+                break;
+            }
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            let row: RowView = decode(&self.name, "journal row", v.value())?;
+            let first = row.first_arrival(k.value());
+            let RowView::Run {
+                stream: s,
+                first_seq,
+                entries,
+            } = row
+            else {
+                return Err(missing("another record"));
+            };
+            if s != stream {
+                return Err(missing("another stream's envelopes"));
+            }
+            let skip = usize::try_from(first_arrival.saturating_sub(first)).unwrap_or(usize::MAX);
+            for (i, e) in entries.iter().enumerate().skip(skip) {
+                let Some(h) = batch.entries.get(out.len()) else {
+                    break;
+                };
+                let seq = batch.first_seq + out.len() as u64;
+                if first_seq + i as u64 != seq || e.payload.len() != h.payload_len as usize {
+                    return Err(missing("other envelopes"));
+                }
+                out.push(e.payload.to_vec());
+            }
+        }
+        if out.len() != n {
+            return Err(missing("fewer envelopes"));
+        }
+        Ok(out)
+    }
+}
+
+impl MeshStore for RedbStore {
+    fn meta(&self) -> StoreMeta {
+        self.meta.clone()
+    }
+
+    fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
+        let n = groups.len();
+        if self.db.read().unwrap_or_else(|p| p.into_inner()).is_none() {
+            self.reopen();
+        }
+        match self.try_commit(groups) {
+            Ok(out) => out,
+            Err(e) => {
+                tracing::warn!(store = %self.name, error = %e, groups = n, "store commit failed");
+                if matches!(e, StoreError::Unavailable(_)) {
+                    self.reopen();
+                }
+                vec![Err(e); n]
+            }
+        }
+    }
+
+    fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError> {
+        let rx = self.begin_read()?;
+        let t = rx.open_table(OWN).map_err(|e| self.read_err(e))?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            let stream: StreamId = decode(&self.name, "stream id", k.value())?;
+            let counters: OwnCounters = decode(&self.name, "own stream", v.value())?;
+            out.push(counters.with(stream, &self.name)?);
+        }
+        Ok(out)
+    }
+
+    fn marks(&self) -> Result<Vec<Mark>, StoreError> {
+        let rx = self.begin_read()?;
+        let t = rx.open_table(MARKS).map_err(|e| self.read_err(e))?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            out.push(Mark {
+                stream: decode(&self.name, "stream id", k.value())?,
+                seq: v.value(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn read_outbox(
+        &self,
+        stream: &StreamId,
+        after: Seq,
+        max_bytes: u64,
+    ) -> Result<Vec<StoredBatch>, StoreError> {
+        let Some(next) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let k = stream_key(stream)?;
+        let k = k.as_slice();
+        let rx = self.begin_read()?;
+        let t = rx.open_table(OUTBOX).map_err(|e| self.read_err(e))?;
+        // The batch holding `next` starts at or before it; later ones start after it.
+        let first = t
+            .range((k, 0)..=(k, next))
+            .map_err(|e| self.read_err(e))?
+            .next_back();
+        let rest = t
+            .range((k, next.saturating_add(1))..=(k, u64::MAX))
+            .map_err(|e| self.read_err(e))?;
+        let rest = if next == u64::MAX { None } else { Some(rest) };
+        let rows = first.into_iter().chain(rest.into_iter().flatten());
+        let batches = rows.map(|row| {
+            let (_, v) = row.map_err(|e| self.read_err(e))?;
+            decode::<BatchOwned>(&self.name, "outbox batch", v.value())
+        });
+        let chosen = gather(batches, |b| &b.batch, after, max_bytes)?;
+        let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        chosen
+            .into_iter()
+            .map(|b| {
+                let payloads = self.journal_payloads(&journal, k, &b.batch, b.first_arrival)?;
+                Ok(StoredBatch {
+                    batch: b.batch,
+                    payloads,
+                })
+            })
+            .collect()
+    }
+
+    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
+        let Some(next) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rx = self.begin_read()?;
+        let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        let mut out = Vec::new();
+        // Rows are keyed by their last arrival: the first row at or after
+        // `next` holds it (and maybe earlier arrivals, skipped).
+        for row in t.range(next..).map_err(|e| self.read_err(e))? {
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            let row: RowView = decode(&self.name, "journal row", v.value())?;
+            row.push_items(&self.name, k.value(), next, limit, &mut out)?;
+            if out.len() >= limit {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    fn journal_head(&self) -> Result<Arrival, StoreError> {
+        let rx = self.begin_read()?;
+        let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        Ok(t.last()
+            .map_err(|e| self.read_err(e))?
+            .map_or(0, |(k, _)| k.value()))
+    }
+
+    fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
+        let rx = self.begin_read()?;
+        let t = rx.open_table(PEERS).map_err(|e| self.read_err(e))?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (_, v) = row.map_err(|e| self.read_err(e))?;
+            out.push(decode(&self.name, "peer", v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
+        let rx = self.begin_read()?;
+        let t = rx.open_table(CURSORS).map_err(|e| self.read_err(e))?;
+        Ok(t.get(name)
+            .map_err(|e| self.read_err(e))?
+            .map(|v| v.value()))
+    }
+
+    fn max_lamport(&self) -> Result<u64, StoreError> {
+        let rx = self.begin_read()?;
+        let t = rx.open_table(META).map_err(|e| self.read_err(e))?;
+        read_u64(&t, META_MAX_LAMPORT, &self.name)
+    }
+}
