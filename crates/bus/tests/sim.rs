@@ -1403,6 +1403,7 @@ fn frame_short(f: &Frame) -> String {
             earliest_available, ..
         } => format!("ResyncGap {earliest_available}"),
         Frame::ResyncDone { upto, .. } => format!("ResyncDone {upto}"),
+        Frame::Agents { cards } => format!("Agents {}", cards.len()),
     }
 }
 

@@ -9,11 +9,12 @@ use serde::de::{SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::agent::{AgentCard, MAX_AGENT_CARDS};
 use crate::batch::{MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, SignedBatch};
 use crate::ids::{Epoch, NodeId, Seq, StreamId};
 
 /// The protocol version a node speaks, sent in [`Frame::Hello`].
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Bytes of the length prefix in front of every frame body.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -85,6 +86,13 @@ pub enum Frame {
         /// The author's last seq.
         upto: Seq,
     },
+    /// Every agent the sender hosts now (at most [`MAX_AGENT_CARDS`]), each
+    /// card signed by its agent's key: it replaces what the receiver knew
+    /// of the sender's agents.
+    Agents {
+        /// The cards.
+        cards: Vec<AgentCard>,
+    },
 }
 
 impl Frame {
@@ -101,12 +109,21 @@ impl Frame {
             Frame::Resync { .. } => 3,
             Frame::ResyncGap { .. } => 4,
             Frame::ResyncDone { .. } => 5,
+            Frame::Agents { .. } => 6,
         }
     }
 }
 
 /// Variant names by postcard tag, in declaration order.
-const FRAME_NAMES: [&str; 6] = ["Hello", "Batch", "Ack", "Resync", "ResyncGap", "ResyncDone"];
+const FRAME_NAMES: [&str; 7] = [
+    "Hello",
+    "Batch",
+    "Ack",
+    "Resync",
+    "ResyncGap",
+    "ResyncDone",
+    "Agents",
+];
 
 /// The payloads of a batch frame, each encoded as length-prefixed bytes.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -190,6 +207,9 @@ pub enum FrameError {
     /// A hello carries more than [`MAX_HELLO_MARKS`] marks.
     #[error("Hello frame carries {0} marks, more than the {MAX_HELLO_MARKS} allowed")]
     TooManyMarks(usize),
+    /// An agents frame carries more than [`MAX_AGENT_CARDS`] cards.
+    #[error("Agents frame carries {0} cards, more than the {MAX_AGENT_CARDS} allowed")]
+    TooManyCards(usize),
 }
 
 /// Appends `frame` to `out` as a length prefix and a postcard body.
@@ -199,11 +219,7 @@ pub enum FrameError {
 /// [`MAX_HELLO_MARKS`] marks: the same limits [`decode_frame`] enforces, so a
 /// frame this encodes is never one a peer must refuse for its size.
 pub fn encode_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), FrameError> {
-    if let Frame::Hello { marks, .. } = frame
-        && marks.len() > MAX_HELLO_MARKS
-    {
-        return Err(FrameError::TooManyMarks(marks.len()));
-    }
+    check_counts(frame)?;
     let start = out.len();
     out.extend_from_slice(&[0; FRAME_HEADER_BYTES]);
     // Serialize in place: no copy of a 1 MiB body, and `out` is never moved
@@ -228,6 +244,20 @@ pub fn encode_frame(frame: &Frame, out: &mut Vec<u8>) -> Result<(), FrameError> 
     // len <= MAX_FRAME_BYTES < u32::MAX.
     out[start..start + FRAME_HEADER_BYTES].copy_from_slice(&(len as u32).to_be_bytes());
     Ok(())
+}
+
+/// Refuses a hello with more than [`MAX_HELLO_MARKS`] marks and an agents
+/// frame with more than [`MAX_AGENT_CARDS`] cards.
+fn check_counts(frame: &Frame) -> Result<(), FrameError> {
+    match frame {
+        Frame::Hello { marks, .. } if marks.len() > MAX_HELLO_MARKS => {
+            Err(FrameError::TooManyMarks(marks.len()))
+        }
+        Frame::Agents { cards } if cards.len() > MAX_AGENT_CARDS => {
+            Err(FrameError::TooManyCards(cards.len()))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Lets postcard append to a borrowed `Vec` (it takes its writer by value).
@@ -260,7 +290,8 @@ pub fn frame_body_len(header: [u8; FRAME_HEADER_BYTES]) -> Result<usize, FrameEr
 /// [`MAX_FRAME_BYTES`], an empty body, an unknown tag, a body that does not
 /// decode or is not in canonical form (an integer written with redundant
 /// varint bytes), trailing bytes after the frame, and a hello with more than
-/// [`MAX_HELLO_MARKS`] marks. So every frame has exactly one encoding: the one
+/// [`MAX_HELLO_MARKS`] marks or an agents frame with more than
+/// [`MAX_AGENT_CARDS`] cards. So every frame has exactly one encoding: the one
 /// [`encode_frame`] writes. A batch frame is decoded, not verified: call
 /// [`SignedBatch::verify`] and then open it with its payloads.
 pub fn decode_frame(body: &[u8]) -> Result<Frame, FrameError> {
@@ -286,11 +317,7 @@ pub fn decode_frame(body: &[u8]) -> Result<Frame, FrameError> {
             extra: rest.len(),
         });
     }
-    if let Frame::Hello { marks, .. } = &frame
-        && marks.len() > MAX_HELLO_MARKS
-    {
-        return Err(FrameError::TooManyMarks(marks.len()));
-    }
+    check_counts(&frame)?;
     // postcard accepts varints with redundant continuation bytes (0x81 0x00 is
     // 1). Each such varint is longer than the canonical one, and every other
     // field has one encoding, so "re-encodes to the same length" is exactly
@@ -378,6 +405,7 @@ mod tests {
                 earliest_available: 1,
             },
             Frame::ResyncDone { stream, upto: 1 },
+            Frame::Agents { cards: vec![] },
         ];
         for (i, f) in frames.iter().enumerate() {
             let b = body(f);
@@ -445,6 +473,31 @@ mod tests {
     }
 
     #[test]
+    fn an_agents_frame_over_the_card_limit_is_refused_both_ways() {
+        let card = crate::AgentCard::sign(
+            &SecretKey::from_bytes(&[5; 32]),
+            node(1),
+            crate::AgentName::new("a").unwrap(),
+            false,
+            1,
+        );
+        let frame = Frame::Agents {
+            cards: vec![card; MAX_AGENT_CARDS + 1],
+        };
+        let mut out = b"keep".to_vec();
+        assert_eq!(
+            encode_frame(&frame, &mut out),
+            Err(FrameError::TooManyCards(MAX_AGENT_CARDS + 1))
+        );
+        assert_eq!(out, b"keep");
+        let b = postcard::to_stdvec(&frame).unwrap();
+        assert_eq!(
+            decode_frame(&b),
+            Err(FrameError::TooManyCards(MAX_AGENT_CARDS + 1))
+        );
+    }
+
+    #[test]
     fn decode_frame_refuses_a_body_over_the_cap_before_decoding() {
         let mut b = body(&ack(1));
         b.resize(MAX_FRAME_BYTES + 1, 0);
@@ -475,7 +528,7 @@ mod tests {
     #[test]
     fn unknown_tags_and_empty_bodies_are_refused() {
         assert_eq!(decode_frame(&[]), Err(FrameError::Empty));
-        assert_eq!(decode_frame(&[6]), Err(FrameError::UnknownTag(6)));
+        assert_eq!(decode_frame(&[7]), Err(FrameError::UnknownTag(7)));
         // A multi-byte tag varint is never a known frame.
         assert_eq!(
             decode_frame(&[0x80, 0x00]),

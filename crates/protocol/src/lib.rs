@@ -1,5 +1,6 @@
-//! Wire types of agent-mesh: ids, signed batches, frames, journal cursors and
-//! node tickets.
+//! Wire types of agent-mesh: ids, signed batches, frames, journal cursors,
+//! node tickets, and the agent payload formats (agent messages, bounces,
+//! agent cards).
 //!
 //! This crate is pure: no IO, no clock, no async runtime. Everything a peer or
 //! a local client can send is decoded here, behind a size cap, into types that
@@ -13,6 +14,7 @@
 // Tests unwrap freely: a panic is how a test reports its failure.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod agent;
 mod batch;
 mod cursor;
 mod frame;
@@ -21,6 +23,12 @@ pub mod fuzzing;
 mod ids;
 mod ticket;
 
+pub use agent::{
+    AgentCard, AgentEnvelope, AgentError, AgentName, Bounce, BounceReason, CARD_DOMAIN, KIND_AGENT,
+    KIND_BOUNCE, KIND_MESH_MAX, KIND_MESH_MIN, KIND_TOMBSTONE, MAX_AGENT_CARDS,
+    MAX_AGENT_NAME_BYTES, MAX_SUPERSEDE_KEY_BYTES, MSG_ID_DOMAIN, MsgId, SupersedeKey,
+    is_mesh_kind, stamp_msg_id,
+};
 pub use batch::{
     BATCH_DOMAIN, Cid, EntryHeader, Envelope, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES,
     NewEnvelope, OpenBatch, SignedBatch, VerifiedBatch, VerifyError,

@@ -19,8 +19,9 @@ use mesh_protocol::{FRAME_HEADER_BYTES, Frame, Payloads, decode_frame, fuzzing};
 type Harness = fn(&[u8]);
 
 /// Each fuzz target's corpus folder and the harness function it calls.
-const TARGETS: [(&str, Harness); 3] = [
+const TARGETS: [(&str, Harness); 4] = [
     ("frame_decode", fuzzing::frame),
+    ("agent_payload", fuzzing::agent_payload),
     ("cursor_parse", fuzzing::cursor),
     ("ticket_parse", fuzzing::ticket),
 ];
@@ -61,7 +62,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let ack = body(&common::frames()[2].1);
     let batch = body(&common::frames()[1].1);
     frame("garbage-empty", vec![]);
-    frame("garbage-unknown-tag", vec![6]);
+    frame("garbage-unknown-tag", vec![7]);
     frame("garbage-ack-trailing-byte", [ack.as_slice(), &[0]].concat());
     frame(
         "garbage-ack-redundant-varint",
@@ -96,6 +97,29 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             payloads: Payloads(payloads),
         };
         frame("garbage-batch-missing-payload", body(&f));
+    }
+
+    let mut agent = |name: &str, bytes: Vec<u8>| {
+        out.push(("agent_payload", name.to_owned(), bytes));
+    };
+    agent("seed-agent-envelope", common::agent_envelope().encode());
+    agent("seed-agent-reply", common::agent_reply().encode());
+    agent("seed-bounce", common::bounce().encode());
+    {
+        let mut b = common::agent_envelope().encode();
+        b.push(0);
+        agent("garbage-agent-envelope-trailing-byte", b);
+    }
+    {
+        let mut b = common::agent_envelope().encode();
+        // The first byte of `from`'s length names a longer string.
+        b[16] = 0x7f;
+        agent("garbage-agent-envelope-bad-length", b);
+    }
+    {
+        let mut b = common::agent_envelope().encode();
+        b[17] = b'A';
+        agent("garbage-agent-envelope-uppercase-name", b);
     }
 
     let cursor = common::cursor().to_string();
@@ -213,6 +237,14 @@ fn the_frame_seeds_hold_every_variant_and_a_batch_that_opens() {
     }
     assert_eq!(
         seen,
-        ["Hello", "Batch", "Ack", "Resync", "ResyncGap", "ResyncDone"]
+        [
+            "Hello",
+            "Batch",
+            "Ack",
+            "Resync",
+            "ResyncGap",
+            "ResyncDone",
+            "Agents"
+        ]
     );
 }

@@ -9,7 +9,8 @@
 mod common;
 
 use mesh_protocol::{
-    BATCH_DOMAIN, Cursor, FRAME_HEADER_BYTES, NodeTicket, SignedBatch, decode_frame, frame_body_len,
+    AgentEnvelope, BATCH_DOMAIN, Bounce, CARD_DOMAIN, Cursor, FRAME_HEADER_BYTES, NodeTicket,
+    SignedBatch, decode_frame, frame_body_len,
 };
 
 fn hex(b: &[u8]) -> String {
@@ -27,12 +28,19 @@ const AUTHOR_HEX: &str = "8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf37488
 const RECIPIENT_HEX: &str = "8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394";
 const SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f7369676e65642d62617463682f7631008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401020180d0eab6b73300ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f050281d0eab6b73301d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c05";
 const SIG_HEX: &str = "4b2ed530c32cf3d41ba7df85103eb081a4c908e06bceb68575d1784ce68a3e787a8e8392c8ef2271a25f898758be5346231e47a86faf8d8141c254e12ed6ad06";
-const HELLO_HEX: &str = "000000c700018139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac02";
+const HELLO_HEX: &str = "000000c700028139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac02";
 const BATCH_HEX: &str = "000000f3018a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401020180d0eab6b73300ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f050281d0eab6b73301d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c054b2ed530c32cf3d41ba7df85103eb081a4c908e06bceb68575d1784ce68a3e787a8e8392c8ef2271a25f898758be5346231e47a86faf8d8141c254e12ed6ad06020568656c6c6f05776f726c64";
 const ACK_HEX: &str = "00000053028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
 const RESYNC_HEX: &str = "00000053038a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401";
 const RESYNC_GAP_HEX: &str = "00000043048a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac02";
 const RESYNC_DONE_HEX: &str = "00000053058a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
+const AGENTS_HEX: &str = "0000009106018a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c07706c616e6e6572ed4928c628d1c2c6eae90338905995612959273a5c63f93636c14614ac8737d10180d0eab6b733c2e639972c69611964156ce2594df9b41b4324d4eb7604618e67e14ec3eac0f14c0d9b8c06a978574ac796caf1e18f449470f389258679e4c93e481c485ff501";
+const MSG_ID_HEX: &str = "dee257f77d6e5bcc5d422fbfbcb10242";
+const AGENT_ENVELOPE_HEX: &str =
+    "dee257f77d6e5bcc5d422fbfbcb1024207706c616e6e65720105636f6465720000026869";
+const AGENT_REPLY_HEX: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa05636f6465720107706c616e6e657201dee257f77d6e5bcc5d422fbfbcb1024201016b026f6b";
+const BOUNCE_HEX: &str = "dee257f77d6e5bcc5d422fbfbcb1024207706c616e6e65720105636f64657200";
+const CARD_SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f6167656e742d636172642f7631008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c07706c616e6e6572ed4928c628d1c2c6eae90338905995612959273a5c63f93636c14614ac8737d10180d0eab6b733";
 const CURSOR_TEXT: &str = "mc1ha4e7nbk17opa001081g81860s40i2gb1g6gs3o00000000000l2qqh86o";
 const TICKET_TEXT: &str = "meshnode1ha4e7nbk17opbvaircmjpeiteb56e2dv3ma146vjei403d0fdte0406000103k9204g023do0000000000000000000t28g";
 
@@ -71,6 +79,7 @@ fn every_frame_variant_encodes_to_its_pinned_bytes() {
         RESYNC_HEX,
         RESYNC_GAP_HEX,
         RESYNC_DONE_HEX,
+        AGENTS_HEX,
     ];
     let frames = common::frames();
     assert_eq!(frames.len(), want.len());
@@ -89,6 +98,7 @@ fn every_pinned_frame_decodes_to_its_fixed_value() {
         RESYNC_HEX,
         RESYNC_GAP_HEX,
         RESYNC_DONE_HEX,
+        AGENTS_HEX,
     ];
     for ((name, frame), want) in common::frames().into_iter().zip(want) {
         let bytes = data_encoding::HEXLOWER.decode(want.as_bytes()).unwrap();
@@ -124,4 +134,41 @@ fn the_fixed_ticket_prints_as_its_pinned_text() {
         "ticket text changed:\n  got  {text}\n  want {TICKET_TEXT}"
     );
     assert_eq!(TICKET_TEXT.parse::<NodeTicket>(), Ok(common::ticket()));
+}
+
+#[test]
+fn the_fixed_message_id_is_pinned() {
+    assert_hex("message id", common::msg_id().as_bytes(), MSG_ID_HEX);
+    assert_eq!(common::msg_id().to_string(), MSG_ID_HEX);
+}
+
+#[test]
+fn the_fixed_agent_payloads_encode_to_their_pinned_bytes_and_decode_back() {
+    let cases = [
+        (
+            "agent envelope",
+            common::agent_envelope(),
+            AGENT_ENVELOPE_HEX,
+        ),
+        ("agent reply", common::agent_reply(), AGENT_REPLY_HEX),
+    ];
+    for (what, value, want) in cases {
+        assert_hex(what, &value.encode(), want);
+        let bytes = data_encoding::HEXLOWER.decode(want.as_bytes()).unwrap();
+        assert_eq!(AgentEnvelope::decode(&bytes), Ok(value), "{what}");
+    }
+    assert_hex("bounce", &common::bounce().encode(), BOUNCE_HEX);
+    let bytes = data_encoding::HEXLOWER
+        .decode(BOUNCE_HEX.as_bytes())
+        .unwrap();
+    assert_eq!(Bounce::decode(&bytes), Ok(common::bounce()));
+}
+
+#[test]
+fn the_signed_bytes_of_the_fixed_agent_card_are_pinned_and_it_verifies() {
+    let card = common::card();
+    let signed = card.signed_bytes();
+    assert!(signed.starts_with(CARD_DOMAIN));
+    assert_hex("card signed bytes", &signed, CARD_SIGNED_BYTES_HEX);
+    assert!(card.verify().is_ok());
 }

@@ -7,10 +7,14 @@
 
 mod common;
 
-use common::{arb_addr, arb_epoch, arb_frame, arb_node, arb_open_batch};
+use common::{
+    arb_addr, arb_agent_envelope, arb_bounce, arb_card, arb_epoch, arb_frame, arb_node,
+    arb_open_batch,
+};
 use mesh_protocol::{
-    Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, MAX_TICKET_ADDRS,
-    NodeTicket, Payloads, SignedBatch, VerifyError, decode_frame, encode_frame, frame_body_len,
+    AgentEnvelope, Bounce, Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError,
+    MAX_FRAME_BYTES, MAX_TICKET_ADDRS, NodeTicket, Payloads, SignedBatch, VerifyError,
+    decode_frame, encode_frame, frame_body_len,
 };
 use proptest::prelude::*;
 
@@ -41,6 +45,39 @@ fn flip(bytes: &mut [u8], bit: usize) {
 
 proptest! {
     #![proptest_config(config(48))]
+
+    #[test]
+    fn an_agent_envelope_round_trips_and_every_strict_prefix_is_refused(e in arb_agent_envelope()) {
+        let bytes = e.encode();
+        prop_assert_eq!(AgentEnvelope::decode(&bytes), Ok(e));
+        for n in 0..bytes.len() {
+            prop_assert!(AgentEnvelope::decode(&bytes[..n]).is_err());
+        }
+    }
+
+    #[test]
+    fn a_bounce_round_trips_and_refuses_trailing_bytes(b in arb_bounce(), extra in any::<u8>()) {
+        let mut bytes = b.encode();
+        prop_assert_eq!(Bounce::decode(&bytes), Ok(b));
+        bytes.push(extra);
+        prop_assert!(Bounce::decode(&bytes).is_err());
+    }
+
+    #[test]
+    fn an_agent_card_verifies_and_any_bit_flip_of_it_fails_decode_or_verify(
+        card in arb_card(),
+        bit in any::<usize>(),
+    ) {
+        prop_assert!(card.verify().is_ok());
+        let frame = Frame::Agents { cards: vec![card] };
+        let mut b = body(&frame);
+        // Skip the tag and the count: a flip there is another frame.
+        let bit = 16 + bit % ((b.len() - 2) * 8);
+        flip(&mut b, bit);
+        if let Ok(Frame::Agents { cards }) = decode_frame(&b) {
+            prop_assert!(cards.len() != 1 || cards[0].verify().is_err());
+        }
+    }
 
     #[test]
     fn every_frame_variant_round_trips_through_encode_and_decode(frame in arb_frame()) {

@@ -17,6 +17,8 @@ pub struct FrameCounts {
     pub resync_gap: u64,
     /// `ResyncDone` frames.
     pub resync_done: u64,
+    /// `Agents` frames.
+    pub agents: u64,
 }
 
 impl FrameCounts {
@@ -28,6 +30,7 @@ impl FrameCounts {
             Frame::Resync { .. } => &mut self.resync,
             Frame::ResyncGap { .. } => &mut self.resync_gap,
             Frame::ResyncDone { .. } => &mut self.resync_done,
+            Frame::Agents { .. } => &mut self.agents,
         };
         *c += 1;
     }

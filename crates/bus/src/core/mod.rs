@@ -421,6 +421,8 @@ impl Core {
                 debug_assert!(false, "a batch frame must come as Input::Batch");
                 self.out.drop(DropReason::Malformed);
             }
+            // Agent cards are not used yet.
+            Frame::Agents { .. } => {}
             // Handled above.
             Frame::Hello { .. } => {}
         }

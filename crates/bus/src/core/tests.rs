@@ -289,6 +289,7 @@ fn frame_name(f: &Frame) -> String {
         Frame::Resync { after, .. } => format!("resync {after}"),
         Frame::Ack { upto, .. } => format!("ack {upto}"),
         Frame::Hello { .. } => "hello".to_string(),
+        Frame::Agents { cards } => format!("agents {}", cards.len()),
     }
 }
 

@@ -9,8 +9,9 @@
 use std::net::SocketAddr;
 
 use mesh_protocol::{
-    Channel, Cursor, Epoch, Frame, Mark, NewEnvelope, NodeId, NodeTicket, OpenBatch,
-    PROTOCOL_VERSION, Payloads, SecretKey, StreamId, TopicName, encode_frame,
+    AgentCard, AgentEnvelope, AgentName, Bounce, BounceReason, Channel, Cursor, Epoch, Frame, Mark,
+    MsgId, NewEnvelope, NodeId, NodeTicket, OpenBatch, PROTOCOL_VERSION, Payloads, SecretKey,
+    StreamId, SupersedeKey, TopicName, encode_frame,
 };
 use proptest::prelude::*;
 
@@ -141,7 +142,73 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
                 upto: 2,
             },
         ),
+        (
+            "Agents",
+            Frame::Agents {
+                cards: vec![card()],
+            },
+        ),
     ]
+}
+
+/// The fixed agent's secret key: 32 bytes of `03`.
+pub(crate) fn agent_secret() -> SecretKey {
+    SecretKey::from_bytes(&[3u8; 32])
+}
+
+/// An agent name known to be valid.
+pub(crate) fn agent(name: &str) -> AgentName {
+    AgentName::new(name).unwrap()
+}
+
+/// The fixed card: agent `planner` of the author, online, issued at [`CREATED_MS`].
+pub(crate) fn card() -> AgentCard {
+    AgentCard::sign(
+        &agent_secret(),
+        author(),
+        agent("planner"),
+        true,
+        CREATED_MS,
+    )
+}
+
+/// The id of the fixed direct stream's seq 1.
+pub(crate) fn msg_id() -> MsgId {
+    MsgId::derive(&author(), AUTHOR_EPOCH, &recipient(), 1)
+}
+
+/// The fixed agent message: `planner` to `coder`, "hi".
+pub(crate) fn agent_envelope() -> AgentEnvelope {
+    AgentEnvelope {
+        id: msg_id(),
+        from: agent("planner"),
+        to: Some(agent("coder")),
+        in_reply_to: None,
+        key: None,
+        body: b"hi".to_vec(),
+    }
+}
+
+/// The fixed reply: `coder` to `planner`, answering [`msg_id`], with a key.
+pub(crate) fn agent_reply() -> AgentEnvelope {
+    AgentEnvelope {
+        id: MsgId([0xaa; 16]),
+        from: agent("coder"),
+        to: Some(agent("planner")),
+        in_reply_to: Some(msg_id()),
+        key: Some(SupersedeKey::new("k").unwrap()),
+        body: b"ok".to_vec(),
+    }
+}
+
+/// The fixed bounce: [`msg_id`] could not reach `coder`.
+pub(crate) fn bounce() -> Bounce {
+    Bounce {
+        id: msg_id(),
+        to: agent("planner"),
+        missing: Some(agent("coder")),
+        reason: BounceReason::NoSuchAgent,
+    }
 }
 
 /// The fixed cursor: after arrival 42 in the author's journal.
@@ -269,7 +336,64 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
             earliest_available
         }),
         (arb_stream(), arb_seq()).prop_map(|(stream, upto)| Frame::ResyncDone { stream, upto }),
+        proptest::collection::vec(arb_card(), 0..3).prop_map(|cards| Frame::Agents { cards }),
     ]
+}
+
+/// Any valid agent name.
+pub(crate) fn arb_agent() -> impl Strategy<Value = AgentName> {
+    "[a-z0-9._-]{1,64}".prop_map(|s| AgentName::new(&s).unwrap())
+}
+
+/// Any message id.
+pub(crate) fn arb_msg_id() -> impl Strategy<Value = MsgId> {
+    any::<[u8; 16]>().prop_map(MsgId)
+}
+
+/// Any correctly signed agent card.
+pub(crate) fn arb_card() -> impl Strategy<Value = AgentCard> {
+    (
+        arb_secret(),
+        arb_node(),
+        arb_agent(),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(|(secret, node, name, online, issued_ms)| {
+            AgentCard::sign(&secret, node, name, online, issued_ms)
+        })
+}
+
+/// Any agent envelope with a small body.
+pub(crate) fn arb_agent_envelope() -> impl Strategy<Value = AgentEnvelope> {
+    (
+        arb_msg_id(),
+        arb_agent(),
+        proptest::option::of(arb_agent()),
+        proptest::option::of(arb_msg_id()),
+        proptest::option::of("[ -~]{1,128}"),
+        proptest::collection::vec(any::<u8>(), 0..64),
+    )
+        .prop_map(|(id, from, to, in_reply_to, key, body)| AgentEnvelope {
+            id,
+            from,
+            to,
+            in_reply_to,
+            key: key.map(|k| SupersedeKey::new(&k).unwrap()),
+            body,
+        })
+}
+
+/// Any bounce.
+pub(crate) fn arb_bounce() -> impl Strategy<Value = Bounce> {
+    (arb_msg_id(), arb_agent(), proptest::option::of(arb_agent())).prop_map(|(id, to, missing)| {
+        Bounce {
+            id,
+            to,
+            missing,
+            reason: BounceReason::NoSuchAgent,
+        }
+    })
 }
 
 /// Any socket address, v4 or v6.

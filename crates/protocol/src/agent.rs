@@ -1,0 +1,564 @@
+//! Agents: their names, their announcement cards, and the payload formats
+//! of the mesh's own envelope kinds (an agent message, a bounce).
+//!
+//! An agent message travels as the payload of an envelope of kind
+//! [`KIND_AGENT`] inside an ordinary signed batch, so its sender and
+//! recipient agents are covered by the batch signature (through the
+//! payload's BLAKE3 hash). Each payload format here is decoded by one pure
+//! function that refuses anything but its one canonical encoding.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::batch::MAX_BATCH_PAYLOAD_BYTES;
+use crate::frame::encoded_len;
+use crate::ids::{Epoch, NodeId, SecretKey, Seq, cut};
+
+/// The first envelope kind reserved for the mesh's own payload formats.
+pub const KIND_MESH_MIN: u16 = 1;
+/// The last envelope kind reserved for the mesh's own payload formats; a
+/// local client may not send a plain message of a kind in
+/// [`KIND_MESH_MIN`]`..=`[`KIND_MESH_MAX`].
+pub const KIND_MESH_MAX: u16 = 15;
+/// An agent message: the payload is an [`AgentEnvelope`].
+pub const KIND_AGENT: u16 = 1;
+/// A bounce: the payload is a [`Bounce`], sent back to the author of an
+/// agent message that could not be delivered.
+pub const KIND_BOUNCE: u16 = 2;
+/// Reserved: a tombstone in place of a message that was replaced before it
+/// was sent (supersede, readdress).
+pub const KIND_TOMBSTONE: u16 = 3;
+
+/// The longest agent name, in bytes.
+pub const MAX_AGENT_NAME_BYTES: usize = 64;
+/// The longest supersede key, in bytes.
+pub const MAX_SUPERSEDE_KEY_BYTES: usize = 128;
+/// The most cards one [`crate::Frame::Agents`] may carry (also the most
+/// agents a node hosts).
+pub const MAX_AGENT_CARDS: usize = 256;
+
+/// The domain tag signed before an agent card's fields.
+pub const CARD_DOMAIN: &[u8] = b"agent-mesh/agent-card/v1\0";
+/// The domain tag hashed before the fields a message id is derived from.
+pub const MSG_ID_DOMAIN: &[u8] = b"agent-mesh/msg-id/v1\0";
+
+/// Whether `kind` is one of the mesh's own envelope kinds.
+pub fn is_mesh_kind(kind: u16) -> bool {
+    (KIND_MESH_MIN..=KIND_MESH_MAX).contains(&kind)
+}
+
+/// Why an agent name, message id, payload or card was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// An agent name was empty, too long, or had a character outside `[a-z0-9._-]`.
+    #[error("bad agent name {name:?}: {why}")]
+    BadName {
+        /// The rejected name (cut to a printable length).
+        name: String,
+        /// What was wrong with it.
+        why: &'static str,
+    },
+    /// A message id was not 32 hex digits.
+    #[error("bad message id {0:?}: expected 32 hex digits")]
+    BadMsgId(String),
+    /// A supersede key was empty, too long or held a control character.
+    #[error("bad supersede key: {0}")]
+    BadKey(&'static str),
+    /// A payload is larger than a batch may carry.
+    #[error(
+        "{what} payload of {len} bytes is larger than the {MAX_BATCH_PAYLOAD_BYTES}-byte limit"
+    )]
+    TooLarge {
+        /// Which payload format.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+    },
+    /// A payload does not decode as its format, or not canonically.
+    #[error("malformed {what}: {why}")]
+    Malformed {
+        /// Which payload format.
+        what: &'static str,
+        /// What was wrong.
+        why: String,
+    },
+    /// An agent card's signature does not verify under its agent key.
+    #[error("the card of agent {0} does not verify under its key")]
+    BadSignature(String),
+}
+
+/// An agent's name: 1 to [`MAX_AGENT_NAME_BYTES`] bytes of `[a-z0-9._-]`,
+/// unique on its node. Its address is `NAME@NODE`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct AgentName(String);
+
+impl AgentName {
+    /// Checks `name` and wraps it.
+    pub fn new(name: &str) -> Result<Self, AgentError> {
+        let bad = |why| AgentError::BadName {
+            name: cut(name),
+            why,
+        };
+        if name.is_empty() {
+            return Err(bad("it is empty"));
+        }
+        if name.len() > MAX_AGENT_NAME_BYTES {
+            return Err(bad("it is longer than 64 bytes"));
+        }
+        if !name
+            .bytes()
+            .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-'))
+        {
+            return Err(bad("only a-z, 0-9 and . _ - are allowed"));
+        }
+        Ok(AgentName(name.to_owned()))
+    }
+
+    /// The name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for AgentName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        // A String is at most the payload cap; the name check bounds it after.
+        let s = String::deserialize(d)?;
+        AgentName::new(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+impl FromStr for AgentName {
+    type Err = AgentError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        AgentName::new(s)
+    }
+}
+
+impl fmt::Display for AgentName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for AgentName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Agent({})", self.0)
+    }
+}
+
+/// A message's id: 16 bytes, written as 32 lowercase hex digits.
+///
+/// The author's core assigns it when it signs the message
+/// ([`MsgId::derive`]); it stays the same wherever the message goes, and it
+/// is what an inbox, a reply (`in_reply_to`) and `mesh message` name.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct MsgId(pub [u8; 16]);
+
+impl MsgId {
+    /// The id of the envelope `seq` of the stream `(author, epoch,
+    /// Direct(recipient))`: the first 16 bytes of BLAKE3 over
+    /// [`MSG_ID_DOMAIN`], the author, the epoch, the recipient and the seq
+    /// (big-endian). Unique because that envelope is.
+    pub fn derive(author: &NodeId, epoch: Epoch, recipient: &NodeId, seq: Seq) -> MsgId {
+        let mut h = blake3::Hasher::new();
+        h.update(MSG_ID_DOMAIN);
+        h.update(author.as_bytes());
+        h.update(epoch.as_bytes());
+        h.update(recipient.as_bytes());
+        h.update(&seq.to_be_bytes());
+        let mut id = [0u8; 16];
+        id.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        MsgId(id)
+    }
+
+    /// The id's bytes.
+    pub fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Display for MsgId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&data_encoding::HEXLOWER.encode(&self.0))
+    }
+}
+
+impl fmt::Debug for MsgId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "MsgId({})", data_encoding::HEXLOWER.encode(&self.0[..4]))
+    }
+}
+
+impl FromStr for MsgId {
+    type Err = AgentError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let t = s.trim();
+        let bytes = data_encoding::HEXLOWER_PERMISSIVE
+            .decode(t.as_bytes())
+            .map_err(|_| AgentError::BadMsgId(cut(s)))?;
+        let arr: [u8; 16] = bytes.try_into().map_err(|_| AgentError::BadMsgId(cut(s)))?;
+        Ok(MsgId(arr))
+    }
+}
+
+/// A supersede key: 1 to [`MAX_SUPERSEDE_KEY_BYTES`] bytes of UTF-8
+/// without control characters. Reserved: a newer message with the same key
+/// will replace an older one not yet sent.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Debug)]
+pub struct SupersedeKey(String);
+
+impl SupersedeKey {
+    /// Checks `key` and wraps it.
+    pub fn new(key: &str) -> Result<Self, AgentError> {
+        if key.is_empty() {
+            return Err(AgentError::BadKey("it is empty"));
+        }
+        if key.len() > MAX_SUPERSEDE_KEY_BYTES {
+            return Err(AgentError::BadKey("it is longer than 128 bytes"));
+        }
+        if key.chars().any(char::is_control) {
+            return Err(AgentError::BadKey("it holds a control character"));
+        }
+        Ok(SupersedeKey(key.to_owned()))
+    }
+
+    /// The key as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl<'de> Deserialize<'de> for SupersedeKey {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        SupersedeKey::new(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The payload of an envelope of kind [`KIND_AGENT`]: one agent's message
+/// to another agent (`to`), or to the recipient node itself (`to: None`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentEnvelope {
+    /// The message's id. Always the first 16 bytes of the encoding, so the
+    /// author can stamp it after measuring the payload ([`stamp_msg_id`]).
+    pub id: MsgId,
+    /// The sending agent, on the envelope's author node.
+    pub from: AgentName,
+    /// The recipient agent on the envelope's recipient node, or `None` for
+    /// the recipient node's own journal.
+    pub to: Option<AgentName>,
+    /// The message this one answers.
+    pub in_reply_to: Option<MsgId>,
+    /// Reserved for supersede; `None` until then.
+    pub key: Option<SupersedeKey>,
+    /// The message.
+    #[serde(with = "serde_bytes")]
+    pub body: Vec<u8>,
+}
+
+impl AgentEnvelope {
+    /// The payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        // Serializing plain structs into a Vec cannot fail.
+        postcard::to_stdvec(self).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+    }
+
+    /// Decodes a payload of kind [`KIND_AGENT`]: at most
+    /// [`MAX_BATCH_PAYLOAD_BYTES`], canonical postcard, nothing left over,
+    /// every name and key checked.
+    pub fn decode(payload: &[u8]) -> Result<AgentEnvelope, AgentError> {
+        decode_canonical(payload, "agent envelope")
+    }
+}
+
+/// Writes `id` into `payload`, an encoded [`AgentEnvelope`] (its id is its
+/// first 16 bytes). Returns `false`, changing nothing, if `payload` is
+/// shorter than an id.
+pub fn stamp_msg_id(payload: &mut [u8], id: MsgId) -> bool {
+    match payload.get_mut(..16) {
+        Some(head) => {
+            head.copy_from_slice(&id.0);
+            true
+        }
+        None => false,
+    }
+}
+
+/// Why an agent message could not be delivered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum BounceReason {
+    /// The recipient node has no agent of that name.
+    NoSuchAgent,
+}
+
+impl BounceReason {
+    /// The reason as the API writes it: `no_such_agent`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BounceReason::NoSuchAgent => "no_such_agent",
+        }
+    }
+}
+
+/// The payload of an envelope of kind [`KIND_BOUNCE`]: the recipient node
+/// of an agent message tells its author that it could not deliver it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bounce {
+    /// The message that was not delivered.
+    pub id: MsgId,
+    /// Its sender, on the bounce's recipient node: the agent told.
+    pub to: AgentName,
+    /// The agent it was addressed to.
+    pub missing: Option<AgentName>,
+    /// Why.
+    pub reason: BounceReason,
+}
+
+impl Bounce {
+    /// The payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+    }
+
+    /// Decodes a payload of kind [`KIND_BOUNCE`], canonical and whole.
+    pub fn decode(payload: &[u8]) -> Result<Bounce, AgentError> {
+        decode_canonical(payload, "bounce")
+    }
+}
+
+/// Decodes `payload` as the one canonical postcard encoding of a `T`.
+fn decode_canonical<'a, T: Serialize + Deserialize<'a>>(
+    payload: &'a [u8],
+    what: &'static str,
+) -> Result<T, AgentError> {
+    if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
+        return Err(AgentError::TooLarge {
+            what,
+            len: payload.len(),
+        });
+    }
+    let malformed = |why: String| AgentError::Malformed { what, why };
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(payload).map_err(|e| malformed(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(malformed(format!("{} trailing bytes", rest.len())));
+    }
+    // As for frames: a varint with redundant bytes re-encodes shorter.
+    let canonical = encoded_len(&value).map_err(|e| malformed(e.to_string()))?;
+    if canonical != payload.len() {
+        return Err(malformed(format!(
+            "not canonical: {} bytes re-encode as {canonical}",
+            payload.len()
+        )));
+    }
+    Ok(value)
+}
+
+/// A node's announcement of one of its agents, signed by the agent's own
+/// key so that no relay can invent or alter one.
+///
+/// The signature covers [`CARD_DOMAIN`] and the postcard encoding of
+/// `(node, name, key, online, issued_ms)`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentCard {
+    /// The node that hosts the agent.
+    #[serde(with = "crate::ids::node_id_serde")]
+    pub node: NodeId,
+    /// The agent's name on that node.
+    pub name: AgentName,
+    /// The agent's public key.
+    #[serde(with = "crate::ids::node_id_serde")]
+    pub key: NodeId,
+    /// Whether the agent is using its node now.
+    pub online: bool,
+    /// When the card was signed, ms since the Unix epoch (a newer card replaces an older).
+    pub issued_ms: u64,
+    /// ed25519 by `key` over the fields above.
+    #[serde(with = "crate::batch::sig_bytes")]
+    pub sig: [u8; 64],
+}
+
+impl fmt::Debug for AgentCard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentCard")
+            .field("node", &format_args!("{}", self.node.fmt_short()))
+            .field("name", &self.name)
+            .field("online", &self.online)
+            .field("issued_ms", &self.issued_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The fields an agent card's signature covers, borrowed for encoding.
+#[derive(Serialize)]
+struct CardFields<'a> {
+    #[serde(with = "crate::ids::node_id_serde")]
+    node: &'a NodeId,
+    name: &'a AgentName,
+    #[serde(with = "crate::ids::node_id_serde")]
+    key: &'a NodeId,
+    online: bool,
+    issued_ms: u64,
+}
+
+impl AgentCard {
+    /// A card for the agent `name` of `node`, signed with the agent's `secret`.
+    pub fn sign(
+        secret: &SecretKey,
+        node: NodeId,
+        name: AgentName,
+        online: bool,
+        issued_ms: u64,
+    ) -> AgentCard {
+        let key = secret.public();
+        let msg = card_bytes(&CardFields {
+            node: &node,
+            name: &name,
+            key: &key,
+            online,
+            issued_ms,
+        });
+        AgentCard {
+            node,
+            name,
+            key,
+            online,
+            issued_ms,
+            sig: secret.sign(&msg).to_bytes(),
+        }
+    }
+
+    /// The bytes the signature covers.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        card_bytes(&CardFields {
+            node: &self.node,
+            name: &self.name,
+            key: &self.key,
+            online: self.online,
+            issued_ms: self.issued_ms,
+        })
+    }
+
+    /// Checks the signature (`verify_strict`) under the card's agent key.
+    pub fn verify(&self) -> Result<(), AgentError> {
+        let sig = iroh_base::Signature::from_bytes(&self.sig);
+        self.key
+            .verify(&self.signed_bytes(), &sig)
+            .map_err(|_| AgentError::BadSignature(self.name.to_string()))
+    }
+}
+
+fn card_bytes(fields: &CardFields<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(CARD_DOMAIN.len() + 160);
+    out.extend_from_slice(CARD_DOMAIN);
+    postcard::to_extend(fields, out).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(s: &str) -> AgentName {
+        AgentName::new(s).unwrap()
+    }
+
+    fn envelope() -> AgentEnvelope {
+        AgentEnvelope {
+            id: MsgId([7; 16]),
+            from: name("alice"),
+            to: Some(name("bob")),
+            in_reply_to: None,
+            key: None,
+            body: b"hi".to_vec(),
+        }
+    }
+
+    #[test]
+    fn agent_names_are_bounded_and_restricted() {
+        assert!(AgentName::new("planner.v1_a-b").is_ok());
+        assert!(AgentName::new("").is_err());
+        assert!(AgentName::new(&"a".repeat(65)).is_err());
+        assert!(AgentName::new(&"a".repeat(64)).is_ok());
+        assert!(AgentName::new("Bob").is_err());
+        assert!(AgentName::new("a/b").is_err());
+        assert!(AgentName::new("a@b").is_err());
+    }
+
+    #[test]
+    fn an_envelope_round_trips_and_its_id_is_its_first_sixteen_bytes() {
+        let e = envelope();
+        let mut bytes = e.encode();
+        assert_eq!(&bytes[..16], &[7; 16]);
+        assert_eq!(AgentEnvelope::decode(&bytes).unwrap(), e);
+        assert!(stamp_msg_id(&mut bytes, MsgId([9; 16])));
+        assert_eq!(AgentEnvelope::decode(&bytes).unwrap().id, MsgId([9; 16]));
+        assert!(!stamp_msg_id(&mut [0u8; 15], MsgId([9; 16])));
+    }
+
+    #[test]
+    fn an_envelope_with_a_bad_name_trailing_bytes_or_padding_is_refused() {
+        let mut bytes = envelope().encode();
+        bytes.push(0);
+        assert!(AgentEnvelope::decode(&bytes).is_err());
+        let bad = AgentEnvelope {
+            from: AgentName("Bad".into()),
+            ..envelope()
+        };
+        assert!(AgentEnvelope::decode(&bad.encode()).is_err());
+        // The body length is the last varint before the body: pad it.
+        let e = envelope();
+        let bytes = e.encode();
+        let n = bytes.len();
+        let mut padded = bytes[..n - 3].to_vec();
+        padded.extend_from_slice(&[0x82, 0x00]);
+        padded.extend_from_slice(b"hi");
+        assert_eq!(postcard::from_bytes::<AgentEnvelope>(&padded).unwrap(), e);
+        assert!(matches!(
+            AgentEnvelope::decode(&padded),
+            Err(AgentError::Malformed { why, .. }) if why.contains("not canonical")
+        ));
+    }
+
+    #[test]
+    fn message_ids_differ_by_every_field_they_are_derived_from() {
+        let a = SecretKey::from_bytes(&[1; 32]).public();
+        let b = SecretKey::from_bytes(&[2; 32]).public();
+        let e = Epoch([3; 16]);
+        let id = MsgId::derive(&a, e, &b, 1);
+        assert_ne!(id, MsgId::derive(&b, e, &a, 1));
+        assert_ne!(id, MsgId::derive(&a, Epoch([4; 16]), &b, 1));
+        assert_ne!(id, MsgId::derive(&a, e, &b, 2));
+        assert_eq!(id.to_string().parse::<MsgId>().unwrap(), id);
+        assert!("xyz".parse::<MsgId>().is_err());
+    }
+
+    #[test]
+    fn a_card_verifies_only_as_signed() {
+        let agent = SecretKey::from_bytes(&[5; 32]);
+        let node = SecretKey::from_bytes(&[6; 32]).public();
+        let card = AgentCard::sign(&agent, node, name("alice"), true, 10);
+        assert!(card.verify().is_ok());
+        let mut forged = card.clone();
+        forged.online = false;
+        assert!(forged.verify().is_err());
+        let mut other = card.clone();
+        other.key = SecretKey::from_bytes(&[7; 32]).public();
+        assert!(other.verify().is_err());
+    }
+
+    #[test]
+    fn mesh_kinds_are_a_small_reserved_range() {
+        assert!(!is_mesh_kind(0));
+        assert!(is_mesh_kind(KIND_AGENT) && is_mesh_kind(KIND_BOUNCE));
+        assert!(is_mesh_kind(KIND_TOMBSTONE));
+        assert!(!is_mesh_kind(16));
+        assert!(!is_mesh_kind(0x6d62));
+    }
+}
