@@ -551,6 +551,36 @@ impl MeshStore for SlowStore {
     fn max_lamport(&self) -> Result<u64, StoreError> {
         self.0.max_lamport()
     }
+    fn agents(&self) -> Result<Vec<mesh_store::AgentRecord>, StoreError> {
+        self.0.agents()
+    }
+    fn inbox(
+        &self,
+        agent: &mesh_protocol::AgentName,
+        after: Arrival,
+        limit: usize,
+    ) -> Result<Vec<mesh_store::InboxItem>, StoreError> {
+        self.0.inbox(agent, after, limit)
+    }
+    fn message(
+        &self,
+        id: &mesh_protocol::MsgId,
+    ) -> Result<Option<mesh_store::MessageRow>, StoreError> {
+        self.0.message(id)
+    }
+    fn dedup(&self) -> Result<Vec<mesh_store::DedupRecord>, StoreError> {
+        self.0.dedup()
+    }
+    fn aliases(&self) -> Result<Vec<(String, NodeId)>, StoreError> {
+        self.0.aliases()
+    }
+    fn agent_cursor(
+        &self,
+        agent: &mesh_protocol::AgentName,
+        name: &str,
+    ) -> Result<Option<Arrival>, StoreError> {
+        self.0.agent_cursor(agent, name)
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

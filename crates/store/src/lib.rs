@@ -8,6 +8,7 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 mod actor;
+mod agents;
 mod logic;
 mod mem;
 mod redb_store;
@@ -18,6 +19,10 @@ mod tests;
 
 pub use actor::{
     GROUP_COMMIT_BYTES_MAX, GROUP_COMMIT_GROUPS_MAX, StoreHandle, WRITE_QUEUE_REQUESTS_MAX,
+};
+pub use agents::{
+    ALIAS_BYTES_MAX, AgentIndex, AgentOp, AgentRecord, CLIENT_ID_BYTES_MAX, DedupKey, DedupRecord,
+    InboxItem, InboxKind, InboxRow, MessageDir, MessageRow,
 };
 pub use logic::{CURSOR_NAME_BYTES_MAX, SUBSCRIBER_NAME_BYTES_MAX};
 pub use mem::MemStore;
@@ -131,4 +136,35 @@ pub trait MeshStore: Send + Sync + 'static {
     /// The highest Lamport clock of any envelope this store ever committed
     /// (own or received); it does not go down when envelopes are evicted.
     fn max_lamport(&self) -> Result<u64, StoreError>;
+
+    // Agents (`agents.rs`). A store written before these tables existed
+    // reads as having none of their rows.
+
+    /// Every local agent, by name.
+    fn agents(&self) -> Result<Vec<AgentRecord>, StoreError>;
+
+    /// Up to `limit` entries of `agent`'s inbox after arrival `after`, in
+    /// arrival order, with their journal entries.
+    fn inbox(
+        &self,
+        agent: &mesh_protocol::AgentName,
+        after: Arrival,
+        limit: usize,
+    ) -> Result<Vec<InboxItem>, StoreError>;
+
+    /// The message index's row of `id`, if this node sent or received it.
+    fn message(&self, id: &mesh_protocol::MsgId) -> Result<Option<MessageRow>, StoreError>;
+
+    /// Every retried-send record, oldest first.
+    fn dedup(&self) -> Result<Vec<DedupRecord>, StoreError>;
+
+    /// Every node alias, by alias.
+    fn aliases(&self) -> Result<Vec<(String, mesh_protocol::NodeId)>, StoreError>;
+
+    /// An agent's named cursor, if set.
+    fn agent_cursor(
+        &self,
+        agent: &mesh_protocol::AgentName,
+        name: &str,
+    ) -> Result<Option<Arrival>, StoreError>;
 }

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 
 use mesh_protocol::{Epoch, NodeId, Seq, SignedBatch, StreamId};
 
+use crate::agents::{self, AgentWrite, Run};
 use crate::{
     Arrival, Eviction, JournalRecord, LossReason, OwnStream, PeerRecord, Receipt, StoreError,
     WriteOp,
@@ -83,6 +84,8 @@ pub(crate) enum Write {
         name: String,
         arrival: Arrival,
     },
+    /// An agent table write (`crate::agents`).
+    Agents(AgentWrite),
 }
 
 /// Counters shared by the groups of one transaction.
@@ -130,6 +133,8 @@ struct GroupView<'b, B: Base> {
     batches: BTreeMap<(StreamId, Seq), Option<BatchMeta>>,
     writes: Vec<Write>,
     first_arrival: Option<Arrival>,
+    /// The envelopes this group journaled, for the agent index.
+    runs: Vec<Run>,
 }
 
 impl<B: Base> GroupView<'_, B> {
@@ -166,6 +171,9 @@ impl<B: Base> GroupView<'_, B> {
         self.counters.journal_head += 1;
         let arrival = self.counters.journal_head;
         self.first_arrival.get_or_insert(arrival);
+        if let JournalRecord::Envelope { stream, seq, .. } = &record {
+            agents::note_envelope(&mut self.runs, stream, *seq, arrival);
+        }
         self.writes.push(Write::Journal { arrival, record });
     }
 
@@ -476,6 +484,20 @@ impl<B: Base> GroupView<'_, B> {
                 self.writes.push(Write::Cursor { name, arrival });
                 Ok(())
             }
+            WriteOp::Agents(op) => {
+                let last = self.first_arrival.map(|_| self.counters.journal_head);
+                let mut planned = Vec::new();
+                agents::plan(
+                    op,
+                    &self.runs,
+                    last,
+                    self.counters.journal_head,
+                    &mut planned,
+                )
+                .or_else(refuse)?;
+                self.writes.extend(planned.into_iter().map(Write::Agents));
+                Ok(())
+            }
         }
     }
 }
@@ -495,6 +517,7 @@ pub(crate) fn plan_group<B: Base>(
         batches: BTreeMap::new(),
         writes: Vec::new(),
         first_arrival: None,
+        runs: Vec::new(),
     };
     for op in ops {
         view.apply(op)?;

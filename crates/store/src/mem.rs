@@ -6,10 +6,14 @@ use std::sync::{Mutex, MutexGuard};
 
 use mesh_protocol::{Epoch, Mark, Seq, SignedBatch, StreamId};
 
+use mesh_protocol::{AgentName, MsgId, NodeId};
+
+use crate::agents::{AgentWrite, dedup_key_bytes};
 use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
 use crate::{
-    Arrival, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt, SCHEMA_VERSION,
-    StoreError, StoreMeta, StoredBatch, WriteOp,
+    AgentRecord, Arrival, DedupRecord, InboxItem, InboxRow, JournalItem, JournalRecord, MeshStore,
+    MessageRow, OwnStream, PeerRecord, Receipt, SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch,
+    WriteOp,
 };
 
 /// The committed state of a [`MemStore`].
@@ -26,6 +30,73 @@ struct State {
     max_lamport: u64,
     /// While set, every commit fails as a disk would (see [`MemStore::set_unavailable`]).
     unavailable: bool,
+    agents: Agents,
+}
+
+/// The agent tables of a [`MemStore`].
+#[derive(Clone, Debug, Default)]
+struct Agents {
+    agents: BTreeMap<AgentName, AgentRecord>,
+    inbox: BTreeMap<(AgentName, Arrival), InboxRow>,
+    messages: BTreeMap<MsgId, MessageRow>,
+    /// By (time taken, encoded key), as on disk.
+    dedup: BTreeMap<(u64, Vec<u8>), DedupRecord>,
+    aliases: BTreeMap<String, NodeId>,
+    cursors: BTreeMap<(AgentName, String), Arrival>,
+}
+
+impl Agents {
+    fn apply(&mut self, w: AgentWrite) {
+        match w {
+            AgentWrite::PutAgent(r) => {
+                self.agents.insert(r.name.clone(), r);
+            }
+            AgentWrite::RemoveAgent(name) => {
+                self.agents.remove(&name);
+                self.inbox.retain(|(a, _), _| *a != name);
+                self.cursors.retain(|(a, _), _| *a != name);
+            }
+            AgentWrite::Inbox {
+                agent,
+                arrival,
+                row,
+            } => {
+                self.inbox.insert((agent, arrival), row);
+            }
+            AgentWrite::Message { id, row } => {
+                self.messages.insert(id, row);
+            }
+            AgentWrite::Bounced { id, reason } => {
+                if let Some(row) = self.messages.get_mut(&id) {
+                    row.undelivered = Some(reason);
+                }
+            }
+            AgentWrite::Dedup(r) => {
+                self.dedup.insert((r.at_ms, dedup_key_bytes(&r.key)), r);
+            }
+            AgentWrite::ExpireDedup { before_ms } => {
+                self.dedup.retain(|(at, _), _| *at >= before_ms);
+            }
+            AgentWrite::ForgetDedup { at_ms, key } => {
+                self.dedup.remove(&(at_ms, dedup_key_bytes(&key)));
+            }
+            AgentWrite::Alias { alias, node } => match node {
+                Some(n) => {
+                    self.aliases.insert(alias, n);
+                }
+                None => {
+                    self.aliases.remove(&alias);
+                }
+            },
+            AgentWrite::Cursor {
+                agent,
+                name,
+                arrival,
+            } => {
+                self.cursors.insert((agent, name), arrival);
+            }
+        }
+    }
 }
 
 /// An in-memory [`MeshStore`] with exactly the rules of the on-disk store.
@@ -112,6 +183,7 @@ impl State {
                 Write::Cursor { name, arrival } => {
                     self.cursors.insert(name, arrival);
                 }
+                Write::Agents(w) => self.agents.apply(w),
             }
         }
     }
@@ -296,6 +368,77 @@ impl MeshStore for MemStore {
 
     fn max_lamport(&self) -> Result<u64, StoreError> {
         Ok(self.lock().max_lamport)
+    }
+
+    fn agents(&self) -> Result<Vec<AgentRecord>, StoreError> {
+        Ok(self.lock().agents.agents.values().cloned().collect())
+    }
+
+    fn inbox(
+        &self,
+        agent: &AgentName,
+        after: Arrival,
+        limit: usize,
+    ) -> Result<Vec<InboxItem>, StoreError> {
+        let state = self.lock();
+        let Some(next) = after.checked_add(1) else {
+            return Ok(Vec::new());
+        };
+        let lo = (agent.clone(), next);
+        let hi = (agent.clone(), Arrival::MAX);
+        state
+            .agents
+            .inbox
+            .range(lo..=hi)
+            .take(limit)
+            .map(|((_, arrival), row)| {
+                let record =
+                    state
+                        .journal
+                        .get(arrival)
+                        .cloned()
+                        .ok_or_else(|| StoreError::Corrupt {
+                            path: "in-memory store".into(),
+                            why: format!(
+                                "inbox of {agent} names arrival {arrival}, not in the journal"
+                            ),
+                        })?;
+                Ok(InboxItem {
+                    item: JournalItem {
+                        arrival: *arrival,
+                        record,
+                    },
+                    row: *row,
+                })
+            })
+            .collect()
+    }
+
+    fn message(&self, id: &MsgId) -> Result<Option<MessageRow>, StoreError> {
+        Ok(self.lock().agents.messages.get(id).cloned())
+    }
+
+    fn dedup(&self) -> Result<Vec<DedupRecord>, StoreError> {
+        Ok(self.lock().agents.dedup.values().cloned().collect())
+    }
+
+    fn aliases(&self) -> Result<Vec<(String, NodeId)>, StoreError> {
+        Ok(self
+            .lock()
+            .agents
+            .aliases
+            .iter()
+            .map(|(a, n)| (a.clone(), *n))
+            .collect())
+    }
+
+    fn agent_cursor(&self, agent: &AgentName, name: &str) -> Result<Option<Arrival>, StoreError> {
+        Ok(self
+            .lock()
+            .agents
+            .cursors
+            .get(&(agent.clone(), name.to_owned()))
+            .copied())
     }
 }
 

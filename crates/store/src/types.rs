@@ -277,6 +277,9 @@ pub enum WriteOp {
         /// The arrival position.
         arrival: Arrival,
     },
+    /// An agent write: local agents, inbox and message index, retried-send
+    /// records, aliases, agents' cursors (see [`crate::AgentOp`]).
+    Agents(crate::AgentOp),
 }
 
 /// Room an [`WriteOp::AppendOwn`] makes before it appends: the oldest

@@ -12,6 +12,11 @@
 //! | `peers-v2`       | node id bytes                | postcard `PeerRecord`                   |
 //! | `cursors-v2`     | name                         | arrival                                 |
 //!
+//! and the agent tables, `agents-v1`, `inbox-v1`, `messages-v1`,
+//! `dedup-v1`, `aliases-v1` and `agent-cursors-v1` (`agents.rs`): added
+//! after schema 3 without changing it, so a file written before them reads
+//! as having no rows in them.
+//!
 //! The meta table keeps its name across schema versions, so that a file of
 //! another version is recognised by its `schema_version`: one of schema 2
 //! is migrated when it is opened (its `own-streams-v2` rows gain their
@@ -56,6 +61,7 @@ use crate::{
     StoreError, StoreMeta, StoredBatch, WriteOp,
 };
 
+mod agents;
 mod open;
 mod read;
 mod write;

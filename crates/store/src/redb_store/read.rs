@@ -208,4 +208,37 @@ impl MeshStore for RedbStore {
         let t = rx.open_table(META).map_err(|e| self.read_err(e))?;
         read_u64(&t, META_MAX_LAMPORT, &self.name)
     }
+
+    fn agents(&self) -> Result<Vec<crate::AgentRecord>, StoreError> {
+        self.read_agents()
+    }
+
+    fn inbox(
+        &self,
+        agent: &mesh_protocol::AgentName,
+        after: Arrival,
+        limit: usize,
+    ) -> Result<Vec<crate::InboxItem>, StoreError> {
+        self.read_inbox(agent, after, limit)
+    }
+
+    fn message(&self, id: &mesh_protocol::MsgId) -> Result<Option<crate::MessageRow>, StoreError> {
+        self.read_message(id)
+    }
+
+    fn dedup(&self) -> Result<Vec<crate::DedupRecord>, StoreError> {
+        self.read_dedup()
+    }
+
+    fn aliases(&self) -> Result<Vec<(String, mesh_protocol::NodeId)>, StoreError> {
+        self.read_aliases()
+    }
+
+    fn agent_cursor(
+        &self,
+        agent: &mesh_protocol::AgentName,
+        name: &str,
+    ) -> Result<Option<Arrival>, StoreError> {
+        self.read_agent_cursor(agent, name)
+    }
 }

@@ -32,6 +32,7 @@ impl RedbStore {
                 journal_pending: Vec::new(),
                 marks_pending: HashMap::new(),
                 own_pending: HashMap::new(),
+                agents: agents::AgentTables::new(&tx),
             };
             let journal_head = t
                 .journal
@@ -109,6 +110,8 @@ pub(super) struct Tables<'tx> {
     /// in the transaction look here first.
     marks_pending: HashMap<StreamId, Seq>,
     own_pending: HashMap<StreamId, OwnStream>,
+    /// The agent tables, opened when first written.
+    agents: agents::AgentTables<'tx>,
 }
 
 impl Tables<'_> {
@@ -174,6 +177,7 @@ impl Tables<'_> {
                         .insert(cursor.as_str(), arrival)
                         .map_err(|e| from_redb(name, "cannot write", e))?;
                 }
+                Write::Agents(w) => self.agents.apply(w, name)?,
             }
         }
         Ok(())

@@ -94,6 +94,33 @@ impl MeshStore for Gated {
     fn max_lamport(&self) -> Result<u64, StoreError> {
         self.inner.max_lamport()
     }
+    fn agents(&self) -> Result<Vec<crate::AgentRecord>, StoreError> {
+        self.inner.agents()
+    }
+    fn inbox(
+        &self,
+        agent: &mesh_protocol::AgentName,
+        after: Arrival,
+        limit: usize,
+    ) -> Result<Vec<crate::InboxItem>, StoreError> {
+        self.inner.inbox(agent, after, limit)
+    }
+    fn message(&self, id: &mesh_protocol::MsgId) -> Result<Option<crate::MessageRow>, StoreError> {
+        self.inner.message(id)
+    }
+    fn dedup(&self) -> Result<Vec<crate::DedupRecord>, StoreError> {
+        self.inner.dedup()
+    }
+    fn aliases(&self) -> Result<Vec<(String, mesh_protocol::NodeId)>, StoreError> {
+        self.inner.aliases()
+    }
+    fn agent_cursor(
+        &self,
+        agent: &mesh_protocol::AgentName,
+        name: &str,
+    ) -> Result<Option<Arrival>, StoreError> {
+        self.inner.agent_cursor(agent, name)
+    }
 }
 
 fn peer_op(author: u8) -> Vec<WriteOp> {

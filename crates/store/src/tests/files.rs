@@ -412,3 +412,31 @@ fn a_schema_2_store_is_migrated_on_open_and_keeps_everything() {
         SCHEMA_VERSION.to_le_bytes()
     );
 }
+
+/// A file written before the agent tables existed (the schema 2 fixture,
+/// migrated) has none of their rows, takes them, and keeps them.
+#[test]
+fn a_store_written_before_the_agent_tables_reads_none_and_then_keeps_them() {
+    use crate::{AgentOp, AgentRecord};
+    use mesh_protocol::{AgentName, MsgId};
+    let dir = tempdir();
+    std::fs::write(dir.path().join(STORE_FILE_NAME), STORE_V2).expect("write");
+    let s = RedbStore::open(dir.path()).expect("opens");
+    let bob = AgentName::new("bob").expect("name");
+    assert_eq!(s.agents().expect("reads"), vec![]);
+    assert_eq!(s.inbox(&bob, 0, 10).expect("reads"), vec![]);
+    assert_eq!(s.message(&MsgId([1; 16])).expect("reads"), None);
+    assert_eq!(s.dedup().expect("reads"), vec![]);
+    assert_eq!(s.aliases().expect("reads"), vec![]);
+    assert_eq!(s.agent_cursor(&bob, "main").expect("reads"), None);
+    let record = AgentRecord {
+        name: bob.clone(),
+        key: node(9),
+        uid: 1000,
+        created_ms: 1,
+    };
+    commit1(&s, vec![WriteOp::Agents(AgentOp::PutAgent(record.clone()))]).expect("commits");
+    drop(s);
+    let s = RedbStore::open(dir.path()).expect("reopens");
+    assert_eq!(s.agents().expect("reads"), vec![record]);
+}

@@ -2,6 +2,7 @@
 //! implementation, then the on-disk and crash tests of the redb store.
 
 mod actor;
+mod agents;
 mod conformance;
 mod crash;
 mod files;

@@ -1,0 +1,453 @@
+//! What the store keeps for agents: the local agents, each agent's inbox
+//! index, the message index, retried-send records, node aliases and
+//! agents' named cursors. All of it is written by [`WriteOp::Agents`]
+//! ([`AgentOp`]) in the same transaction as the journal entries it
+//! indexes, and read back by the `MeshStore` methods `agents`, `inbox`,
+//! `message`, `dedup`, `aliases` and `agent_cursor`.
+//!
+//! The rules for these ops are here too, for both implementations: an
+//! index entry names an envelope journaled earlier in its group by stream
+//! and seq, and the store resolves that to the envelope's arrival.
+//!
+//! [`WriteOp::Agents`]: crate::WriteOp::Agents
+
+use mesh_protocol::{AgentName, BounceReason, MsgId, NodeId, Seq, StreamId};
+use serde::{Deserialize, Serialize};
+
+use crate::Arrival;
+
+/// The longest `client_id` of a retried send, in bytes.
+pub const CLIENT_ID_BYTES_MAX: usize = 128;
+
+/// The longest node alias, in bytes (the same rule as an agent name).
+pub const ALIAS_BYTES_MAX: usize = 64;
+
+/// A local agent as the store keeps it (its secret key is a file of its own).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRecord {
+    /// Its name, unique on this node.
+    pub name: AgentName,
+    /// Its public key.
+    #[serde(with = "node_id_bytes")]
+    pub key: NodeId,
+    /// The uid whose processes may act as it.
+    pub uid: u32,
+    /// When it was added, ms since the Unix epoch.
+    pub created_ms: u64,
+}
+
+/// What an entry of an agent's inbox is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum InboxKind {
+    /// An agent message to it.
+    Message,
+    /// A bounce of a message it sent.
+    Bounce,
+    /// A lag record of one of its live subscriptions.
+    Lagged,
+}
+
+/// One entry of an agent's inbox index: the journal entry at its arrival
+/// belongs to the agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxRow {
+    /// What it is.
+    pub kind: InboxKind,
+    /// For a message: whether its author announced its sender agent.
+    pub verified: bool,
+    /// For a message: what it answers (kept here so that a wait for a
+    /// reply reads no journal entry it does not want).
+    pub in_reply_to: Option<MsgId>,
+}
+
+/// An inbox entry read back: the index row and the journal entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InboxItem {
+    /// The journal entry (its arrival is the inbox cursor).
+    pub item: crate::JournalItem,
+    /// The index row.
+    pub row: InboxRow,
+}
+
+/// Whether a message was sent from this node or received by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MessageDir {
+    /// This node is its author.
+    Sent,
+    /// This node received it.
+    Received,
+}
+
+/// What the message index keeps of one agent message.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageRow {
+    /// Sent or received here.
+    pub dir: MessageDir,
+    /// Its stream.
+    pub stream: StreamId,
+    /// Its seq in the stream.
+    pub seq: Seq,
+    /// Its arrival in this node's journal.
+    pub arrival: Arrival,
+    /// The sending agent (on the stream's author).
+    pub from: AgentName,
+    /// The recipient agent (on the stream's recipient), if any.
+    pub to: Option<AgentName>,
+    /// What it answers.
+    pub in_reply_to: Option<MsgId>,
+    /// Set when it was not delivered: here (received) or as the bounce
+    /// that came back (sent).
+    pub undelivered: Option<BounceReason>,
+}
+
+/// A retried send's key: the sender (an agent, or the node itself) and
+/// the id the client chose.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct DedupKey {
+    /// The sending agent; `None` for a send as the node.
+    pub sender: Option<AgentName>,
+    /// The client's id (1..=[`CLIENT_ID_BYTES_MAX`] bytes).
+    pub client_id: String,
+}
+
+/// The first send of a [`DedupKey`], answered again to a retry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DedupRecord {
+    /// The key.
+    pub key: DedupKey,
+    /// When the first send was taken, ms since the Unix epoch.
+    pub at_ms: u64,
+    /// A digest of what was sent (recipient and body), so that a retry
+    /// with another message under the same id is told apart.
+    pub digest: [u8; 16],
+    /// The message id, for an agent message.
+    pub msg: Option<MsgId>,
+    /// Its stream.
+    pub stream: StreamId,
+    /// Its seq.
+    pub seq: Seq,
+    /// Its arrival in this node's journal.
+    pub arrival: Arrival,
+}
+
+/// An index entry for an envelope journaled earlier in the same group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AgentIndex {
+    /// The envelope `seq` goes to `agent`'s inbox.
+    Inbox {
+        /// The agent.
+        agent: AgentName,
+        /// The envelope's seq.
+        seq: Seq,
+        /// The row.
+        row: InboxRow,
+    },
+    /// The envelope `seq` is the agent message `id` (its arrival is filled in).
+    Message {
+        /// The message id.
+        id: MsgId,
+        /// The envelope's seq.
+        seq: Seq,
+        /// The row (`arrival` and `stream` are set by the store).
+        row: MessageRow,
+    },
+    /// The envelope `seq` is the first send of `key` (arrival filled in).
+    Dedup {
+        /// The envelope's seq.
+        seq: Seq,
+        /// The record (`arrival` and `stream` are set by the store).
+        record: DedupRecord,
+    },
+}
+
+impl AgentIndex {
+    fn seq(&self) -> Seq {
+        match self {
+            AgentIndex::Inbox { seq, .. }
+            | AgentIndex::Message { seq, .. }
+            | AgentIndex::Dedup { seq, .. } => *seq,
+        }
+    }
+}
+
+/// One agent write (the payload of [`crate::WriteOp::Agents`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AgentOp {
+    /// Add or replace a local agent.
+    PutAgent(AgentRecord),
+    /// Remove a local agent, its inbox index and its named cursors (its
+    /// journal entries stay).
+    RemoveAgent(AgentName),
+    /// Index envelopes of `stream` journaled earlier in the same group.
+    /// Check: each names a seq journaled there.
+    Index {
+        /// The stream.
+        stream: StreamId,
+        /// The entries.
+        entries: Vec<AgentIndex>,
+    },
+    /// The last journal entry written so far in the same group goes to
+    /// `agent`'s inbox (a lag record of its subscription). Check: the
+    /// group journaled something.
+    InboxLast {
+        /// The agent.
+        agent: AgentName,
+        /// The row.
+        row: InboxRow,
+    },
+    /// Mark the message `id` (if this node indexed it) as bounced.
+    Bounced {
+        /// The message.
+        id: MsgId,
+        /// Why it was not delivered.
+        reason: BounceReason,
+    },
+    /// Forget retried-send records taken before `before_ms`.
+    ExpireDedup {
+        /// The cut-off, ms since the Unix epoch.
+        before_ms: u64,
+    },
+    /// Forget one retried-send record (the memory bound let it go early).
+    ForgetDedup {
+        /// When it was taken.
+        at_ms: u64,
+        /// Its key.
+        key: DedupKey,
+    },
+    /// Set (`Some`) or clear (`None`) the local alias `alias` of a node.
+    /// Check: 1..=[`ALIAS_BYTES_MAX`] bytes.
+    PutAlias {
+        /// The alias.
+        alias: String,
+        /// The node, or `None` to remove the alias.
+        node: Option<NodeId>,
+    },
+    /// Set an agent's named cursor. Checks: the name is
+    /// 1..=[`crate::CURSOR_NAME_BYTES_MAX`] bytes and `arrival` is at most
+    /// the journal head.
+    PutCursor {
+        /// The agent.
+        agent: AgentName,
+        /// The cursor's name.
+        name: String,
+        /// The arrival.
+        arrival: Arrival,
+    },
+}
+
+/// One primitive agent write, as planned (arrivals resolved).
+#[derive(Debug)]
+pub(crate) enum AgentWrite {
+    PutAgent(AgentRecord),
+    RemoveAgent(AgentName),
+    Inbox {
+        agent: AgentName,
+        arrival: Arrival,
+        row: InboxRow,
+    },
+    Message {
+        id: MsgId,
+        row: MessageRow,
+    },
+    Bounced {
+        id: MsgId,
+        reason: BounceReason,
+    },
+    Dedup(DedupRecord),
+    ExpireDedup {
+        before_ms: u64,
+    },
+    ForgetDedup {
+        at_ms: u64,
+        key: DedupKey,
+    },
+    Alias {
+        alias: String,
+        node: Option<NodeId>,
+    },
+    Cursor {
+        agent: AgentName,
+        name: String,
+        arrival: Arrival,
+    },
+}
+
+/// Consecutive envelopes of one stream journaled in a group: seqs
+/// `first_seq..first_seq + n` at arrivals `first_arrival..`.
+#[derive(Clone, Debug)]
+pub(crate) struct Run {
+    pub(crate) stream: StreamId,
+    pub(crate) first_seq: Seq,
+    pub(crate) first_arrival: Arrival,
+    pub(crate) n: u64,
+}
+
+/// Extends `runs` with the envelope `seq` of `stream` journaled at `arrival`.
+pub(crate) fn note_envelope(runs: &mut Vec<Run>, stream: &StreamId, seq: Seq, arrival: Arrival) {
+    if let Some(r) = runs.last_mut()
+        && r.first_seq + r.n == seq
+        && r.first_arrival + r.n == arrival
+        && r.stream == *stream
+    {
+        r.n += 1;
+        return;
+    }
+    runs.push(Run {
+        stream: stream.clone(),
+        first_seq: seq,
+        first_arrival: arrival,
+        n: 1,
+    });
+}
+
+/// The arrival of the envelope `seq` of `stream` among `runs`.
+fn arrival_of(runs: &[Run], stream: &StreamId, seq: Seq) -> Option<Arrival> {
+    runs.iter()
+        .rev()
+        .find(|r| r.stream == *stream && seq >= r.first_seq && seq < r.first_seq + r.n)
+        .map(|r| r.first_arrival + (seq - r.first_seq))
+}
+
+/// Plans `op` given the group's envelope `runs`, its last arrival so far
+/// (`last`) and the journal head; the error is the refusal's reason.
+pub(crate) fn plan(
+    op: AgentOp,
+    runs: &[Run],
+    last: Option<Arrival>,
+    journal_head: Arrival,
+    out: &mut Vec<AgentWrite>,
+) -> Result<(), String> {
+    match op {
+        AgentOp::PutAgent(r) => out.push(AgentWrite::PutAgent(r)),
+        AgentOp::RemoveAgent(n) => out.push(AgentWrite::RemoveAgent(n)),
+        AgentOp::Index { stream, entries } => {
+            for e in entries {
+                let seq = e.seq();
+                let arrival = arrival_of(runs, &stream, seq).ok_or_else(|| {
+                    format!(
+                        "index entry for seq {seq} of {stream:?}, which this group did not journal"
+                    )
+                })?;
+                out.push(match e {
+                    AgentIndex::Inbox { agent, row, .. } => AgentWrite::Inbox {
+                        agent,
+                        arrival,
+                        row,
+                    },
+                    AgentIndex::Message { id, mut row, .. } => {
+                        row.arrival = arrival;
+                        row.stream = stream.clone();
+                        row.seq = seq;
+                        AgentWrite::Message { id, row }
+                    }
+                    AgentIndex::Dedup { mut record, .. } => {
+                        let len = record.key.client_id.len();
+                        if len == 0 || len > CLIENT_ID_BYTES_MAX {
+                            return Err(format!(
+                                "a client id of {len} bytes; it must be 1..={CLIENT_ID_BYTES_MAX}"
+                            ));
+                        }
+                        record.arrival = arrival;
+                        record.stream = stream.clone();
+                        record.seq = seq;
+                        AgentWrite::Dedup(record)
+                    }
+                });
+            }
+        }
+        AgentOp::InboxLast { agent, row } => {
+            let arrival = last.ok_or("an inbox entry for a group that journaled nothing")?;
+            out.push(AgentWrite::Inbox {
+                agent,
+                arrival,
+                row,
+            });
+        }
+        AgentOp::Bounced { id, reason } => out.push(AgentWrite::Bounced { id, reason }),
+        AgentOp::ExpireDedup { before_ms } => out.push(AgentWrite::ExpireDedup { before_ms }),
+        AgentOp::ForgetDedup { at_ms, key } => out.push(AgentWrite::ForgetDedup { at_ms, key }),
+        AgentOp::PutAlias { alias, node } => {
+            if alias.is_empty() || alias.len() > ALIAS_BYTES_MAX {
+                return Err(format!(
+                    "an alias of {} bytes; it must be 1..={ALIAS_BYTES_MAX}",
+                    alias.len()
+                ));
+            }
+            out.push(AgentWrite::Alias { alias, node });
+        }
+        AgentOp::PutCursor {
+            agent,
+            name,
+            arrival,
+        } => {
+            let max = crate::CURSOR_NAME_BYTES_MAX;
+            if name.is_empty() || name.len() > max {
+                return Err(format!(
+                    "cursor name is {} bytes; it must be 1..={max}",
+                    name.len()
+                ));
+            }
+            if arrival > journal_head {
+                return Err(format!(
+                    "cursor {name:?} of agent {agent} set to arrival {arrival}, past the journal head {journal_head}"
+                ));
+            }
+            out.push(AgentWrite::Cursor {
+                agent,
+                name,
+                arrival,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The stored form of a dedup key, and its table key with the time first.
+pub(crate) fn dedup_key_bytes(key: &DedupKey) -> Vec<u8> {
+    postcard::to_stdvec(key).unwrap_or_default()
+}
+
+/// Node ids as their 32 bytes in the store's encodings.
+pub(crate) mod node_id_bytes {
+    use mesh_protocol::NodeId;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(id: &NodeId, s: S) -> Result<S::Ok, S::Error> {
+        id.as_bytes().serialize(s)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<NodeId, D::Error> {
+        let bytes = <[u8; 32]>::deserialize(d)?;
+        NodeId::from_bytes(&bytes).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use mesh_protocol::{Epoch, SecretKey};
+
+    use super::*;
+
+    fn stream(b: u8) -> StreamId {
+        let n = SecretKey::from_bytes(&[b; 32]).public();
+        StreamId::direct(n, Epoch([b; 16]), n)
+    }
+
+    #[test]
+    fn runs_resolve_each_journaled_seq_to_its_arrival_and_nothing_else() {
+        let (a, b) = (stream(1), stream(2));
+        let mut runs = Vec::new();
+        for (s, seq, arrival) in [(&a, 5, 10), (&a, 6, 11), (&b, 1, 12), (&a, 7, 13)] {
+            note_envelope(&mut runs, s, seq, arrival);
+        }
+        assert_eq!(runs.len(), 3);
+        assert_eq!(arrival_of(&runs, &a, 6), Some(11));
+        assert_eq!(arrival_of(&runs, &a, 7), Some(13));
+        assert_eq!(arrival_of(&runs, &b, 1), Some(12));
+        assert_eq!(arrival_of(&runs, &a, 8), None);
+        assert_eq!(arrival_of(&runs, &b, 2), None);
+    }
+}

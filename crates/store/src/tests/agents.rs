@@ -1,0 +1,357 @@
+//! The agent tables' rules, run against every [`MeshStore`] implementation,
+//! and a file written before the tables existed.
+
+use mesh_protocol::{AgentName, BounceReason, MsgId};
+
+use super::util::*;
+use crate::{
+    AgentIndex, AgentOp, AgentRecord, DedupKey, DedupRecord, InboxKind, InboxRow, JournalRecord,
+    MeshStore, MessageDir, MessageRow, StoreError, WriteOp,
+};
+
+macro_rules! suite {
+    ($module:ident, $make:expr) => {
+        mod $module {
+            suite!(@tests $make;
+                an_inbox_entry_is_written_with_its_envelope_and_reads_back_with_it,
+                an_index_entry_for_an_envelope_not_journaled_in_its_group_is_refused_whole,
+                an_inbox_pages_in_arrival_order_after_a_cursor_and_holds_only_its_agent,
+                a_message_row_gets_its_place_and_a_bounce_marks_it,
+                agents_aliases_and_agent_cursors_round_trip_and_a_removed_agent_loses_its_inbox,
+                dedup_records_round_trip_oldest_first_and_expire_by_time,
+                a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it
+            );
+        }
+    };
+    (@tests $make:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                let store = $make;
+                super::$name(&store);
+            }
+        )*
+    };
+}
+
+suite!(mem, crate::MemStore::new(mesh_protocol::Epoch([9; 16])));
+suite!(
+    redb_in_memory,
+    crate::RedbStore::in_memory().expect("in-memory store opens")
+);
+
+fn name(s: &str) -> AgentName {
+    AgentName::new(s).expect("valid name")
+}
+
+fn message_row() -> MessageRow {
+    MessageRow {
+        dir: MessageDir::Received,
+        stream: peer_stream(PEER),
+        seq: 0,
+        arrival: 0,
+        from: name("alice"),
+        to: Some(name("bob")),
+        in_reply_to: None,
+        undelivered: None,
+    }
+}
+
+fn row(kind: InboxKind) -> InboxRow {
+    InboxRow {
+        kind,
+        verified: true,
+        in_reply_to: None,
+    }
+}
+
+/// Accepts `n` envelopes of `PEER` from `first` and indexes `inbox` of them
+/// (by seq) into `agent`'s inbox, in one group.
+fn accept_into(s: &dyn MeshStore, first: u64, n: usize, agent: &str, inbox: &[u64]) {
+    let entries = inbox
+        .iter()
+        .map(|seq| AgentIndex::Inbox {
+            agent: name(agent),
+            seq: *seq,
+            row: row(InboxKind::Message),
+        })
+        .collect();
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: peer_batch(PEER, first, n),
+                from: first,
+            },
+            WriteOp::Agents(AgentOp::Index {
+                stream: peer_stream(PEER),
+                entries,
+            }),
+        ],
+    )
+    .expect("commits");
+}
+
+fn an_inbox_entry_is_written_with_its_envelope_and_reads_back_with_it(s: &dyn MeshStore) {
+    accept_into(s, 1, 3, "bob", &[2]);
+    let inbox = s.inbox(&name("bob"), 0, 10).expect("reads");
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].item.arrival, 2);
+    assert_eq!(inbox[0].row, row(InboxKind::Message));
+    assert!(matches!(
+        &inbox[0].item.record,
+        JournalRecord::Envelope { seq: 2, .. }
+    ));
+    assert_eq!(inbox[0].item, journal(s)[1]);
+}
+
+fn an_index_entry_for_an_envelope_not_journaled_in_its_group_is_refused_whole(s: &dyn MeshStore) {
+    accept_into(s, 1, 1, "bob", &[1]);
+    // Seq 1 was journaled by another group: this one holds only seq 2.
+    let r = commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: peer_batch(PEER, 2, 1),
+                from: 2,
+            },
+            WriteOp::Agents(AgentOp::Index {
+                stream: peer_stream(PEER),
+                entries: vec![AgentIndex::Inbox {
+                    agent: name("bob"),
+                    seq: 1,
+                    row: row(InboxKind::Message),
+                }],
+            }),
+        ],
+    );
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
+    assert_eq!(s.journal_head().expect("head"), 1, "nothing of it written");
+    assert_eq!(s.inbox(&name("bob"), 0, 10).expect("reads").len(), 1);
+}
+
+fn an_inbox_pages_in_arrival_order_after_a_cursor_and_holds_only_its_agent(s: &dyn MeshStore) {
+    accept_into(s, 1, 4, "bob", &[1, 3]);
+    accept_into(s, 5, 2, "carol", &[5]);
+    accept_into(s, 7, 2, "bob", &[8]);
+    let arrivals = |agent: &str, after, limit| -> Vec<u64> {
+        s.inbox(&name(agent), after, limit)
+            .expect("reads")
+            .iter()
+            .map(|i| i.item.arrival)
+            .collect()
+    };
+    assert_eq!(arrivals("bob", 0, 10), [1, 3, 8]);
+    assert_eq!(arrivals("bob", 1, 1), [3]);
+    assert_eq!(arrivals("bob", 3, 10), [8]);
+    assert_eq!(arrivals("bob", 8, 10), Vec::<u64>::new());
+    assert_eq!(arrivals("carol", 0, 10), [5]);
+    assert_eq!(arrivals("dave", 0, 10), Vec::<u64>::new());
+}
+
+fn a_message_row_gets_its_place_and_a_bounce_marks_it(s: &dyn MeshStore) {
+    let id = MsgId([4; 16]);
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: peer_batch(PEER, 1, 2),
+                from: 1,
+            },
+            WriteOp::Agents(AgentOp::Index {
+                stream: peer_stream(PEER),
+                entries: vec![AgentIndex::Message {
+                    id,
+                    seq: 2,
+                    row: message_row(),
+                }],
+            }),
+        ],
+    )
+    .expect("commits");
+    let got = s.message(&id).expect("reads").expect("indexed");
+    assert_eq!(
+        (got.stream, got.seq, got.arrival),
+        (peer_stream(PEER), 2, 2)
+    );
+    commit1(
+        s,
+        vec![WriteOp::Agents(AgentOp::Bounced {
+            id,
+            reason: BounceReason::NoSuchAgent,
+        })],
+    )
+    .expect("commits");
+    let got = s.message(&id).expect("reads").expect("indexed");
+    assert_eq!(got.undelivered, Some(BounceReason::NoSuchAgent));
+    // A bounce of a message this node never indexed changes nothing.
+    commit1(
+        s,
+        vec![WriteOp::Agents(AgentOp::Bounced {
+            id: MsgId([5; 16]),
+            reason: BounceReason::NoSuchAgent,
+        })],
+    )
+    .expect("commits");
+    assert_eq!(s.message(&MsgId([5; 16])).expect("reads"), None);
+}
+
+fn agents_aliases_and_agent_cursors_round_trip_and_a_removed_agent_loses_its_inbox(
+    s: &dyn MeshStore,
+) {
+    let record = |n: &str, uid| AgentRecord {
+        name: name(n),
+        key: node(7),
+        uid,
+        created_ms: 5,
+    };
+    let put = |op| commit1(s, vec![WriteOp::Agents(op)]);
+    put(AgentOp::PutAgent(record("bob", 1000))).expect("commits");
+    put(AgentOp::PutAgent(record("alice", 0))).expect("commits");
+    assert_eq!(
+        s.agents().expect("reads"),
+        vec![record("alice", 0), record("bob", 1000)]
+    );
+    accept_into(s, 1, 2, "bob", &[1, 2]);
+    let cursor = |agent: &str, cursor: &str, arrival| {
+        put(AgentOp::PutCursor {
+            agent: name(agent),
+            name: cursor.into(),
+            arrival,
+        })
+    };
+    cursor("bob", "main", 1).expect("commits");
+    assert!(matches!(
+        cursor("bob", "main", 3),
+        Err(StoreError::Conflict(_))
+    ));
+    assert!(matches!(cursor("bob", "", 1), Err(StoreError::Conflict(_))));
+    assert_eq!(
+        s.agent_cursor(&name("bob"), "main").expect("reads"),
+        Some(1)
+    );
+    assert_eq!(s.agent_cursor(&name("alice"), "main").expect("reads"), None);
+    put(AgentOp::PutAlias {
+        alias: "gpu".into(),
+        node: Some(node(PEER)),
+    })
+    .expect("commits");
+    assert_eq!(
+        s.aliases().expect("reads"),
+        vec![("gpu".to_owned(), node(PEER))]
+    );
+    put(AgentOp::PutAlias {
+        alias: "gpu".into(),
+        node: None,
+    })
+    .expect("commits");
+    assert_eq!(s.aliases().expect("reads"), vec![]);
+    assert!(matches!(
+        put(AgentOp::PutAlias {
+            alias: String::new(),
+            node: Some(node(PEER)),
+        }),
+        Err(StoreError::Conflict(_))
+    ));
+    put(AgentOp::RemoveAgent(name("bob"))).expect("commits");
+    assert_eq!(s.agents().expect("reads"), vec![record("alice", 0)]);
+    assert_eq!(s.inbox(&name("bob"), 0, 10).expect("reads"), vec![]);
+    assert_eq!(s.agent_cursor(&name("bob"), "main").expect("reads"), None);
+    assert_eq!(journal(s).len(), 2, "its journal entries stay");
+}
+
+fn dedup_records_round_trip_oldest_first_and_expire_by_time(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    let record = |id: &str, at_ms| DedupRecord {
+        key: DedupKey {
+            sender: Some(name("alice")),
+            client_id: id.into(),
+        },
+        at_ms,
+        digest: [1; 16],
+        msg: Some(MsgId([2; 16])),
+        stream: stream.clone(),
+        seq: 0,
+        arrival: 0,
+    };
+    for (seq, (id, at)) in [("b", 20), ("a", 10), ("c", 30)].into_iter().enumerate() {
+        let seq = seq as u64 + 1;
+        commit1(
+            s,
+            vec![
+                WriteOp::AppendOwn {
+                    batch: own(s, PEER, seq, 1, 4),
+                    evict: None,
+                },
+                WriteOp::Agents(AgentOp::Index {
+                    stream: stream.clone(),
+                    entries: vec![AgentIndex::Dedup {
+                        seq,
+                        record: record(id, at),
+                    }],
+                }),
+            ],
+        )
+        .expect("commits");
+    }
+    let got = s.dedup().expect("reads");
+    let ids: Vec<(&str, u64, u64)> = got
+        .iter()
+        .map(|r| (r.key.client_id.as_str(), r.seq, r.arrival))
+        .collect();
+    assert_eq!(ids, [("a", 2, 2), ("b", 1, 1), ("c", 3, 3)]);
+    commit1(
+        s,
+        vec![WriteOp::Agents(AgentOp::ExpireDedup { before_ms: 20 })],
+    )
+    .expect("commits");
+    commit1(
+        s,
+        vec![WriteOp::Agents(AgentOp::ForgetDedup {
+            at_ms: 30,
+            key: record("c", 30).key,
+        })],
+    )
+    .expect("commits");
+    let left: Vec<String> = s
+        .dedup()
+        .expect("reads")
+        .into_iter()
+        .map(|r| r.key.client_id)
+        .collect();
+    assert_eq!(left, ["b"]);
+}
+
+fn a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it(s: &dyn MeshStore) {
+    accept_into(s, 1, 2, "bob", &[1, 2]);
+    commit1(
+        s,
+        vec![
+            WriteOp::RecordLag {
+                subscriber: "bob's subscription".into(),
+                from: 1,
+                to: 2,
+            },
+            WriteOp::Agents(AgentOp::InboxLast {
+                agent: name("bob"),
+                row: row(InboxKind::Lagged),
+            }),
+        ],
+    )
+    .expect("commits");
+    let inbox = s.inbox(&name("bob"), 2, 10).expect("reads");
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].row.kind, InboxKind::Lagged);
+    assert!(matches!(
+        inbox[0].item.record,
+        JournalRecord::SubscriberLagged { from: 1, to: 2, .. }
+    ));
+    let alone = commit1(
+        s,
+        vec![WriteOp::Agents(AgentOp::InboxLast {
+            agent: name("bob"),
+            row: row(InboxKind::Lagged),
+        })],
+    );
+    assert!(matches!(alone, Err(StoreError::Conflict(_))), "{alone:?}");
+}
