@@ -123,13 +123,7 @@ async fn send_pipelined(node: &Arc<Node>, to: NodeId, n: u64) {
             let mut left = part;
             while left > 0 {
                 let k = left.min(1024);
-                let msgs = (0..k)
-                    .map(|_| Outgoing {
-                        to,
-                        kind: 0,
-                        payload: payload(),
-                    })
-                    .collect();
+                let msgs = (0..k).map(|_| Outgoing::plain(to, 0, payload())).collect();
                 for r in node.submit(msgs).await.await {
                     r.expect("send");
                 }

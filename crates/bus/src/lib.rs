@@ -12,8 +12,8 @@ pub mod net;
 pub mod node;
 
 pub use crate::core::{
-    Config as CoreConfig, DropCounts, DropReason, FrameCounts, Metrics, PeerChangeError,
-    SendError as CoreSendError, SendReceipt,
+    AgentCounts, Config as CoreConfig, DropCounts, DropReason, FrameCounts, LocalWrite, Metrics,
+    PeerChangeError, SendError as CoreSendError, SendMeta, SendReceipt,
 };
 pub use crate::net::{NetConfig, NetCounters, PeerError, close_code, load_or_create_node_key};
 pub use crate::node::{

@@ -127,11 +127,7 @@ async fn send_numbered(node: &Node, to: NodeId, from: u64, n: u64) {
     while i < from + n {
         let end = (i + 50).min(from + n);
         let msgs: Vec<_> = (i..end)
-            .map(|k| Outgoing {
-                to,
-                kind: 0,
-                payload: payload(k),
-            })
+            .map(|k| Outgoing::plain(to, 0, payload(k)))
             .collect();
         for r in node.submit(msgs).await.await {
             r.expect("send");

@@ -607,11 +607,7 @@ async fn a_receiver_with_slow_commits_holds_its_peer_back_instead_of_dropping_ba
     let mut sent = 0;
     while sent < N {
         let msgs = (0..256)
-            .map(|i| Outgoing {
-                to,
-                kind: 0,
-                payload: vec![(i % 251) as u8; 1024],
-            })
+            .map(|i| Outgoing::plain(to, 0, vec![(i % 251) as u8; 1024]))
             .collect();
         for r in a.node.submit(msgs).await.await {
             r.expect("queued in a's outbox");

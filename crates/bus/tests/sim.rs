@@ -131,6 +131,7 @@ impl Params {
             resync_retry_ms: 150,
             store_retry_ms: 50,
             ack_ride_ms: self.ack_ride_ms,
+            dedup_window_ms: mesh_bus::core::DEDUP_WINDOW_MS,
         }
     }
 }

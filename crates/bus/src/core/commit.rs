@@ -20,6 +20,8 @@ pub(super) struct WaitingSend {
     pub(super) kind: u16,
     pub(super) payload: Vec<u8>,
     pub(super) created_ms: u64,
+    /// Agent addressing and a client id, if the send has either.
+    pub(super) tracked: Option<Box<super::agents::Tracked>>,
 }
 
 /// Receiver work waiting for the next commit, in arrival order.
@@ -166,7 +168,11 @@ pub(super) enum Group {
     },
     Write {
         req: ReqId,
+        /// The agent it adds or removes, applied once committed.
+        agent: Option<super::agents::AgentChange>,
     },
+    /// Store ops no request waits for (expired retried-send records).
+    Housekeeping,
 }
 
 /// A commit being built: the store's groups and what each is for.

@@ -60,6 +60,9 @@ pub struct Config {
     /// commit. An ack record is advice: one not yet written only means the
     /// peer may get duplicates it drops, and its next Hello restates it.
     pub ack_ride_ms: u64,
+    /// How long a send with a client id is remembered: a retry of the same
+    /// sender and id within it gets the first send's receipt.
+    pub dedup_window_ms: u64,
 }
 
 impl Default for Config {
@@ -73,6 +76,7 @@ impl Default for Config {
             resync_retry_ms: 2_000,
             store_retry_ms: 1_000,
             ack_ride_ms: ACK_RIDE_MS,
+            dedup_window_ms: super::DEDUP_WINDOW_MS,
         }
     }
 }

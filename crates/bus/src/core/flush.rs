@@ -43,7 +43,9 @@ impl Core {
         let mut batch = Batch::default();
         let (epochs, acking) = self.build_acks(&mut batch);
         for work in self.committer.take_inbound() {
-            batch_inbound(&mut batch, work);
+            // Its agent index goes in its group; bounces join the sends.
+            let index = self.index_inbound(&work, now);
+            batch_inbound(&mut batch, work, index);
         }
         // The queue is empty again.
         let (config, out) = (&self.config, &mut self.out);
@@ -57,7 +59,12 @@ impl Core {
         self.build_peer_changes(&mut batch, &epochs);
         self.build_appends(&mut batch, &acking);
         for (req, write) in self.committer.take_writes() {
-            batch.push(vec![write.into_op()], Group::Write { req });
+            let agent = super::agents::AgentChange::of(&write);
+            batch.push(write.into_ops(), Group::Write { req, agent });
+        }
+        let housekeeping = self.agent_housekeeping(now);
+        if !housekeeping.is_empty() {
+            batch.push(housekeeping, Group::Housekeeping);
         }
         self.committer.start(batch, &mut self.out);
     }
@@ -143,9 +150,11 @@ impl Core {
                         later.extend(sends.by_ref());
                     }
                     Err(e) => {
+                        if s.req == ReqId::INTERNAL {
+                            self.out.metrics.agents.bounces_refused += 1;
+                        }
                         self.out.metrics.sends_refused += 1;
-                        let result = Err(e);
-                        self.out.push(Effect::Reply { req: s.req, result });
+                        self.reply(s.req, Err(e));
                     }
                 }
             }
@@ -197,9 +206,10 @@ impl Core {
         batch: &mut Batch,
         to: NodeId,
         first_seq: Seq,
-        sends: Vec<WaitingSend>,
+        mut sends: Vec<WaitingSend>,
         evict: Option<Eviction>,
     ) -> bool {
+        let index = self.index_own(to, first_seq, &mut sends);
         let mut senders = Vec::with_capacity(sends.len());
         let envelopes: Vec<NewEnvelope> = sends
             .into_iter()
@@ -215,10 +225,11 @@ impl Core {
             .collect();
         match self.author.sign(to, first_seq, envelopes) {
             Ok(signed) => {
-                let ops = vec![WriteOp::AppendOwn {
+                let mut ops = vec![WriteOp::AppendOwn {
                     batch: signed.clone(),
                     evict,
                 }];
+                ops.extend(index);
                 let group = Group::Append {
                     to,
                     batch: signed,
@@ -237,10 +248,7 @@ impl Core {
     fn fail_senders(&mut self, senders: Vec<ReqId>, err: &SendError) {
         self.out.metrics.sends_failed += senders.len() as u64;
         for req in senders {
-            self.out.push(Effect::Reply {
-                req,
-                result: Err(err.clone()),
-            });
+            self.reply(req, Err(err.clone()));
         }
     }
 
@@ -319,7 +327,13 @@ impl Core {
                 }
             },
             Group::Peer { req, change } => self.on_peer_committed(req, change, result),
-            Group::Write { req } => self.out.push(Effect::Written { req, result }),
+            Group::Write { req, agent } => {
+                if let (Some(change), Ok(_)) = (agent, &result) {
+                    self.on_agent_change(change);
+                }
+                self.out.push(Effect::Written { req, result });
+            }
+            Group::Housekeeping => {}
             Group::Append { to, batch, senders } => {
                 self.on_append_committed(to, batch, senders, result, after, now);
             }
@@ -384,10 +398,7 @@ impl Core {
                 seq: first + i as u64,
                 arrival: first_arrival + i as u64,
             };
-            self.out.push(Effect::Reply {
-                req,
-                result: Ok(receipt),
-            });
+            self.reply(req, Ok(receipt));
         }
         self.author.send_fresh(to, batch, now, &mut self.out);
     }
@@ -422,8 +433,9 @@ impl Core {
     }
 }
 
-/// The group of one peer batch or gap.
-fn batch_inbound(batch: &mut Batch, work: InboundWork) {
+/// The group of one peer batch or gap, with the agent `index` ops of its
+/// envelopes.
+fn batch_inbound(batch: &mut Batch, work: InboundWork, index: Vec<WriteOp>) {
     match work {
         InboundWork::Accept {
             peer,
@@ -432,7 +444,8 @@ fn batch_inbound(batch: &mut Batch, work: InboundWork) {
         } => {
             let stream = open.batch().stream().clone();
             let last = open.batch().last_seq();
-            let ops = vec![WriteOp::Accept { batch: open, from }];
+            let mut ops = vec![WriteOp::Accept { batch: open, from }];
+            ops.extend(index);
             batch.push(ops, Group::Accept { peer, stream, last });
         }
         InboundWork::Gap {

@@ -3,11 +3,13 @@
 use std::fmt;
 
 use mesh_protocol::{
-    Epoch, Frame, Mark, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
+    AgentCard, AgentName, Epoch, Frame, Mark, MsgId, NodeId, OpenBatch, Seq, SignedBatch, StreamId,
+    VerifyError,
 };
 use mesh_store::{
-    Arrival, CURSOR_NAME_BYTES_MAX, MeshStore, OwnStream, PeerRecord, Receipt,
-    SUBSCRIBER_NAME_BYTES_MAX, StoreError, StoredBatch, WriteOp,
+    AgentOp, AgentRecord, Arrival, CURSOR_NAME_BYTES_MAX, DedupRecord, InboxKind, InboxRow,
+    MeshStore, OwnStream, PeerRecord, Receipt, SUBSCRIBER_NAME_BYTES_MAX, StoreError, StoredBatch,
+    WriteOp,
 };
 
 /// A point in time: milliseconds on the driver's clock.
@@ -38,6 +40,50 @@ impl fmt::Display for ConnId {
 /// A local send request, named by the driver; echoed in its [`Effect::Reply`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ReqId(pub u64);
+
+impl ReqId {
+    /// A send the core makes itself (a bounce): it is never answered. A
+    /// driver never names a request with it.
+    pub const INTERNAL: ReqId = ReqId(u64::MAX);
+}
+
+/// What a local send carries besides its recipient and payload: the
+/// agent addressing of an agent message, and a client's id for retries.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SendMeta {
+    /// The sending agent of this node: the message is an agent message
+    /// (kind [`mesh_protocol::KIND_AGENT`]) whose body is the payload.
+    /// `None`: a plain message of the node, of its own kind.
+    pub from: Option<AgentName>,
+    /// The recipient agent (agent messages only; `None` for the recipient
+    /// node's own journal).
+    pub to: Option<AgentName>,
+    /// The message this one answers (agent messages only).
+    pub in_reply_to: Option<MsgId>,
+    /// The client's id: a send of the same sender and id within
+    /// [`crate::core::Config::dedup_window_ms`] is answered with the first
+    /// one's receipt instead of being sent again.
+    pub client_id: Option<String>,
+}
+
+/// Why an agent card frame was refused at the edge.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum BadCards {
+    /// A card's signature does not verify under its agent key.
+    #[error("an agent card does not verify")]
+    BadSignature,
+}
+
+/// Verifies every card of an `Agents` frame: the only way cards reach the
+/// core. Pure and thread-safe, run where the frame is read.
+pub fn open_cards(cards: Vec<AgentCard>) -> Result<Vec<AgentCard>, BadCards> {
+    if cards.iter().all(|c| c.verify().is_ok()) {
+        Ok(cards)
+    } else {
+        Err(BadCards::BadSignature)
+    }
+}
 
 /// One [`Effect::Persist`], named by the core; echoed in [`Input::Committed`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -123,6 +169,37 @@ pub enum Input {
         kind: u16,
         /// The payload.
         payload: Vec<u8>,
+    },
+    /// A local client wants to send `payload` to `to` with `meta`: an agent
+    /// message, or a send with a client id. Answered like [`Input::Send`].
+    SendWith {
+        /// Names the request.
+        req: ReqId,
+        /// The recipient node.
+        to: NodeId,
+        /// The kind of a plain message (ignored for an agent message).
+        kind: u16,
+        /// The payload (an agent message's body).
+        payload: Vec<u8>,
+        /// The agent addressing and client id.
+        meta: SendMeta,
+    },
+    /// An `Agents` frame from `peer` on `conn`, its cards already checked
+    /// by [`open_cards`] (`Err`: refused at the edge; only counted).
+    Agents {
+        /// The peer (the connection's authenticated key).
+        peer: NodeId,
+        /// The connection it came on.
+        conn: ConnId,
+        /// The verified cards, or why they were refused.
+        cards: Result<Vec<AgentCard>, BadCards>,
+    },
+    /// A newly signed card of one of this node's agents (it went online or
+    /// offline, or the node started): announced to every live peer, not
+    /// stored. A card of an agent the core does not host is ignored.
+    AgentCard {
+        /// The card.
+        card: AgentCard,
     },
     /// The store finished [`Effect::Persist`] `commit`: one result per group,
     /// in the order of the groups. If the transaction failed, every group
@@ -285,32 +362,105 @@ pub enum LocalWrite {
         /// Last arrival missed.
         to: Arrival,
     },
+    /// As [`LocalWrite::SubscriberLagged`], for a subscription to `agent`'s
+    /// inbox: the lag record goes to that inbox too.
+    AgentLagged {
+        /// The agent.
+        agent: AgentName,
+        /// Who lagged.
+        subscriber: String,
+        /// First arrival missed.
+        from: Arrival,
+        /// Last arrival missed.
+        to: Arrival,
+    },
+    /// Add (or replace) a local agent. Once committed the core routes
+    /// messages for it to its inbox; it is announced once its card comes
+    /// ([`Input::AgentCard`]). Refused past [`mesh_protocol::MAX_AGENT_CARDS`] agents.
+    PutAgent(AgentRecord),
+    /// Remove a local agent (its inbox index and cursors; its journal
+    /// entries stay); announced to every live peer once committed.
+    RemoveAgent(AgentName),
+    /// Set (`Some`) or clear the local alias `alias` of a node.
+    PutAlias {
+        /// The alias.
+        alias: String,
+        /// The node.
+        node: Option<NodeId>,
+    },
+    /// Set an agent's named cursor to `arrival` (≤ the journal head).
+    PutAgentCursor {
+        /// The agent.
+        agent: AgentName,
+        /// The cursor's name (1..=[`mesh_store::CURSOR_NAME_BYTES_MAX`] bytes).
+        name: String,
+        /// The journal position.
+        arrival: Arrival,
+    },
 }
 
 impl LocalWrite {
     /// The name it carries, and the longest the store takes.
     pub(crate) fn name(&self) -> (&str, usize) {
         match self {
-            LocalWrite::PutCursor { name, .. } => (name, CURSOR_NAME_BYTES_MAX),
-            LocalWrite::SubscriberLagged { subscriber, .. } => {
-                (subscriber, SUBSCRIBER_NAME_BYTES_MAX)
+            LocalWrite::PutCursor { name, .. } | LocalWrite::PutAgentCursor { name, .. } => {
+                (name, CURSOR_NAME_BYTES_MAX)
             }
+            LocalWrite::SubscriberLagged { subscriber, .. }
+            | LocalWrite::AgentLagged { subscriber, .. } => (subscriber, SUBSCRIBER_NAME_BYTES_MAX),
+            LocalWrite::PutAgent(r) => (r.name.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
+            LocalWrite::RemoveAgent(n) => (n.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
+            LocalWrite::PutAlias { alias, .. } => (alias, mesh_store::ALIAS_BYTES_MAX),
         }
     }
 
-    /// The store op that writes it.
-    pub(crate) fn into_op(self) -> WriteOp {
+    /// The store ops that write it, as one group.
+    pub(crate) fn into_ops(self) -> Vec<WriteOp> {
         match self {
-            LocalWrite::PutCursor { name, arrival } => WriteOp::PutCursor { name, arrival },
+            LocalWrite::PutCursor { name, arrival } => vec![WriteOp::PutCursor { name, arrival }],
             LocalWrite::SubscriberLagged {
                 subscriber,
                 from,
                 to,
-            } => WriteOp::RecordLag {
+            } => vec![WriteOp::RecordLag {
                 subscriber,
                 from,
                 to,
-            },
+            }],
+            LocalWrite::AgentLagged {
+                agent,
+                subscriber,
+                from,
+                to,
+            } => vec![
+                WriteOp::RecordLag {
+                    subscriber,
+                    from,
+                    to,
+                },
+                WriteOp::Agents(AgentOp::InboxLast {
+                    agent,
+                    row: InboxRow {
+                        kind: InboxKind::Lagged,
+                        verified: true,
+                        in_reply_to: None,
+                    },
+                }),
+            ],
+            LocalWrite::PutAgent(r) => vec![WriteOp::Agents(AgentOp::PutAgent(r))],
+            LocalWrite::RemoveAgent(n) => vec![WriteOp::Agents(AgentOp::RemoveAgent(n))],
+            LocalWrite::PutAlias { alias, node } => {
+                vec![WriteOp::Agents(AgentOp::PutAlias { alias, node })]
+            }
+            LocalWrite::PutAgentCursor {
+                agent,
+                name,
+                arrival,
+            } => vec![WriteOp::Agents(AgentOp::PutCursor {
+                agent,
+                name,
+                arrival,
+            })],
         }
     }
 }
@@ -336,6 +486,24 @@ pub enum SendError {
     /// The caller's fault: a node does not send to itself over the mesh.
     #[error("cannot send to this node itself")]
     ToSelf,
+    /// The caller's fault: the sending agent is not an agent of this node.
+    #[error("no agent {0} on this node")]
+    UnknownAgent(AgentName),
+    /// The caller's fault: a retry's client id was first used for another
+    /// message (another recipient or body).
+    #[error(
+        "client id {client_id:?} was already used for another message; a retry must repeat the first send exactly"
+    )]
+    ClientIdReused {
+        /// The client id.
+        client_id: String,
+    },
+    /// The caller's fault: a recipient agent (or a reply) without a sending agent.
+    #[error("only an agent message names a recipient agent or answers a message")]
+    NotAnAgentMessage,
+    /// The caller's fault: a plain message of one of the mesh's own kinds.
+    #[error("kind {0} is reserved for the mesh's own messages (1 to 15); use 0 or a kind above 15")]
+    ReservedKind(u16),
     /// The caller's fault: the payload can never fit a batch or the outbox.
     #[error("payload of {len} bytes is larger than the {max}-byte limit")]
     TooLarge {
@@ -442,6 +610,10 @@ pub struct Recovered {
     pub max_lamport: u64,
     /// `MeshStore::peers`: the peers the core talks to.
     pub peers: Vec<PeerRecord>,
+    /// `MeshStore::agents`: this node's agents.
+    pub agents: Vec<AgentRecord>,
+    /// `MeshStore::dedup`: retried-send records, oldest first.
+    pub dedup: Vec<DedupRecord>,
 }
 
 impl Recovered {
@@ -454,6 +626,8 @@ impl Recovered {
             marks: store.marks()?,
             max_lamport: store.max_lamport()?,
             peers: store.peers()?,
+            agents: store.agents()?,
+            dedup: store.dedup()?,
         })
     }
 }

@@ -189,6 +189,38 @@ pub struct Metrics {
     pub stale_answers: u64,
     /// Peers whose Hello announced a new store epoch.
     pub peer_epoch_changes: u64,
+    /// Agent messages, bounces and retried sends.
+    pub agents: AgentCounts,
+}
+
+/// What the core counts of agents.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentCounts {
+    /// Agent messages taken to send.
+    pub sends: u64,
+    /// Retried sends answered with the first send's receipt.
+    pub retries_answered: u64,
+    /// Retried-send records forgotten before their window ended (the
+    /// memory bound).
+    pub dedup_forgotten: u64,
+    /// Agent messages received for an agent of this node.
+    pub delivered: u64,
+    /// Of those, messages whose sender agent its node never announced.
+    pub unverified_senders: u64,
+    /// Agent messages received for an agent this node does not host.
+    pub undeliverable: u64,
+    /// Bounces queued back to the author.
+    pub bounces_sent: u64,
+    /// Bounces the author's outbox did not take (the message stays
+    /// journaled here as undeliverable).
+    pub bounces_refused: u64,
+    /// Bounces received for an agent of this node.
+    pub bounces_received: u64,
+    /// Envelopes of an agent kind whose payload did not decode (journaled,
+    /// put in no inbox).
+    pub malformed: u64,
+    /// Agents frames dropped: a bad card, or a card of another node.
+    pub cards_refused: u64,
 }
 
 #[cfg(test)]

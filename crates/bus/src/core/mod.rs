@@ -18,6 +18,7 @@
 //! [`TimerTable`](timers::TimerTable). `flush.rs` builds each commit from
 //! what they queued and routes each group's outcome back to them.
 
+mod agents;
 mod author;
 mod commit;
 mod config;
@@ -38,17 +39,19 @@ use mesh_protocol::{
 };
 use mesh_store::{OwnStream, StoreError};
 
+pub use agents::{DEDUP_BYTES_MAX, DEDUP_ENTRIES_MAX, DEDUP_WINDOW_MS};
 pub use config::{
     ACK_RIDE_MS, Config, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
     WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX, WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX,
     WAITING_SENDS_MAX, WAITING_WRITES_MAX,
 };
 pub use io::{
-    BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis,
-    PeerChangeError, Recovered, ReqId, SendError, SendReceipt, open_batch,
+    BadBatch, BadCards, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis,
+    PeerChangeError, Recovered, ReqId, SendError, SendMeta, SendReceipt, open_batch, open_cards,
 };
-pub use metrics::{DropCounts, DropReason, FrameCounts, Metrics};
+pub use metrics::{AgentCounts, DropCounts, DropReason, FrameCounts, Metrics};
 
+use agents::Agents;
 use author::Author;
 use commit::{AckWork, Committer, WaitingSend};
 use peers::{HelloStep, PeerChange, Peers};
@@ -145,6 +148,7 @@ pub struct Core {
     author: Author,
     receiver: Receiver,
     committer: Committer,
+    agents: Agents,
     timers: TimerTable,
     /// The deadline last handed out with [`Effect::SetTimer`].
     armed: Option<Millis>,
@@ -164,6 +168,7 @@ impl Core {
             author: Author::new(secret, epoch, state.own_streams, state.max_lamport),
             receiver: Receiver::new(me, state.marks),
             committer: Committer::new(),
+            agents: Agents::new(state.agents, state.dedup),
             timers: TimerTable::default(),
             armed: None,
             out: Out::default(),
@@ -193,6 +198,16 @@ impl Core {
     /// This node's stream to `to`, as committed (`None` before its first message).
     pub fn own_stream(&self, to: &NodeId) -> Option<&OwnStream> {
         self.author.own(to)
+    }
+
+    /// This node's agents' current cards.
+    pub fn agent_cards(&self) -> Vec<mesh_protocol::AgentCard> {
+        self.agents.local_cards()
+    }
+
+    /// The agent cards `peer` announced on its last connection.
+    pub fn peer_agent_cards(&self, peer: NodeId) -> Vec<mesh_protocol::AgentCard> {
+        self.agents.peer_cards(peer)
     }
 
     /// Whether a commit is outstanding or anything waits for one.
@@ -239,6 +254,15 @@ impl Core {
                 kind,
                 payload,
             } => self.on_send(req, to, kind, payload, now),
+            Input::SendWith {
+                req,
+                to,
+                kind,
+                payload,
+                meta,
+            } => self.on_send_with(req, to, kind, payload, meta, now),
+            Input::Agents { peer, conn, cards } => self.on_agents(peer, conn, cards),
+            Input::AgentCard { card } => self.on_agent_card(card),
             Input::Committed { commit, results } => self.on_committed(commit, results, now),
             Input::OutboxLoaded { load, result } => {
                 let (config, out) = (&self.config, &mut self.out);
@@ -261,6 +285,8 @@ impl Core {
                 "a name of {} bytes is longer than the {max} the store takes",
                 name.len()
             )))
+        } else if let Err(e) = self.check_agent_write(&write) {
+            Some(e)
         } else if waiting >= WAITING_WRITES_MAX {
             Some(StoreError::Busy { waiting })
         } else {
@@ -330,6 +356,12 @@ impl Core {
     }
 
     fn on_send(&mut self, req: ReqId, to: NodeId, kind: u16, payload: Vec<u8>, now: Millis) {
+        if mesh_protocol::is_mesh_kind(kind) {
+            self.out.metrics.sends_refused += 1;
+            let result = Err(SendError::ReservedKind(kind));
+            self.out.push(Effect::Reply { req, result });
+            return;
+        }
         if let Err(e) = self.check_send(to, payload.len() as u64) {
             self.out.metrics.sends_refused += 1;
             self.out.push(Effect::Reply {
@@ -344,6 +376,7 @@ impl Core {
             kind,
             payload,
             created_ms: now.0,
+            tracked: None,
         });
     }
 
@@ -421,8 +454,10 @@ impl Core {
                 debug_assert!(false, "a batch frame must come as Input::Batch");
                 self.out.drop(DropReason::Malformed);
             }
-            // Agent cards are not used yet.
-            Frame::Agents { .. } => {}
+            Frame::Agents { .. } => {
+                debug_assert!(false, "an agents frame must come as Input::Agents");
+                self.out.drop(DropReason::Malformed);
+            }
             // Handled above.
             Frame::Hello { .. } => {}
         }
@@ -504,6 +539,10 @@ impl Core {
             None => {}
         }
         self.peers.go_live(peer, epoch);
+        // What the peer announced before comes again on this connection,
+        // and ours goes before any batch of ours on it.
+        self.forget_peer_agents(peer);
+        self.announce_to(peer, conn);
         let (config, out) = (&self.config, &mut self.out);
         self.author.start_feed(peer, conn, mark, now, config, out);
     }

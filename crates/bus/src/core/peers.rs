@@ -157,6 +157,17 @@ impl Peers {
         }
     }
 
+    /// Every peer whose connection is live (its Hello came), with it.
+    pub(super) fn live(&self) -> Vec<(NodeId, ConnId)> {
+        self.table
+            .iter()
+            .filter_map(|(n, p)| match p.conn {
+                Some((conn, Phase::Live { .. })) => Some((*n, conn)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// The peer's epoch is committed.
     pub(super) fn record_epoch(&mut self, peer: NodeId, epoch: Epoch) {
         if let Some(p) = self.table.get_mut(&peer) {

@@ -275,6 +275,11 @@ fn frame_input(peer: NodeId, conn: ConnId, frame: Frame) -> Input {
             conn,
             batch: open_batch(batch, payloads.0),
         },
+        Frame::Agents { cards } => Input::Agents {
+            peer,
+            conn,
+            cards: super::open_cards(cards),
+        },
         frame => Input::Frame { peer, conn, frame },
     }
 }
@@ -1662,3 +1667,5 @@ fn a_local_write_the_store_cannot_take_is_refused_and_a_full_queue_is_busy() {
     );
     assert!(written(&a, ReqId(100)).is_none(), "the others wait");
 }
+
+mod agents;

@@ -52,6 +52,9 @@ pub(super) enum Cmd {
     Status {
         reply: oneshot::Sender<NodeStatus>,
     },
+    AgentCard {
+        card: mesh_protocol::AgentCard,
+    },
 }
 
 pub(super) enum PeerChange {
@@ -70,12 +73,14 @@ pub(super) enum PeerChange {
 pub(super) enum Received {
     Frame(Frame),
     Batch(Result<OpenBatch, BadBatch>),
+    Agents(Result<Vec<mesh_protocol::AgentCard>, core::BadCards>),
 }
 
 /// The transport's `open`: runs in each connection's reader task.
 pub(super) fn open(frame: Frame) -> Received {
     match frame {
         Frame::Batch { batch, payloads } => Received::Batch(core::open_batch(batch, payloads.0)),
+        Frame::Agents { cards } => Received::Agents(core::open_cards(cards)),
         other => Received::Frame(other),
     }
 }
@@ -327,6 +332,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                     }
                     Input::Batch { peer, conn, batch }
                 }
+                Received::Agents(cards) => Input::Agents { peer, conn, cards },
             },
             Event::Disconnected { peer, conn, reason } => {
                 debug!(peer = %peer.fmt_short(), %conn, %reason, "peer disconnected");
@@ -370,6 +376,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 self.waiters.insert(req, Waiter::Write(reply));
                 inputs.push(Input::Write { req, write });
             }
+            Cmd::AgentCard { card } => inputs.push(Input::AgentCard { card }),
             Cmd::Status { reply } => {
                 // The answer reflects every input taken before it.
                 if !inputs.is_empty() {
@@ -393,11 +400,20 @@ impl<S: MeshStore + ?Sized> Actor<S> {
         for (index, m) in msgs.into_iter().enumerate() {
             let req = self.req();
             self.waiters.insert(req, Waiter::Send { part, index });
-            inputs.push(Input::Send {
-                req,
-                to: m.to,
-                kind: m.kind,
-                payload: m.payload,
+            inputs.push(match m.meta {
+                None => Input::Send {
+                    req,
+                    to: m.to,
+                    kind: m.kind,
+                    payload: m.payload,
+                },
+                Some(meta) => Input::SendWith {
+                    req,
+                    to: m.to,
+                    kind: m.kind,
+                    payload: m.payload,
+                    meta: *meta,
+                },
             });
         }
         // The payloads are the core's now (within its own bounds).
@@ -451,6 +467,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             .into_iter()
             .map(|p| NodePeer {
                 own_stream: self.core.own_stream(&p.node).cloned(),
+                agents: self.core.peer_agent_cards(p.node),
                 node: p.node,
                 addrs: p.addrs,
                 conn: p.conn,
@@ -462,6 +479,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             epoch: self.core.epoch(),
             ticket: self.transport.ticket(),
             peers,
+            agents: self.core.agent_cards(),
             journal_head: *self.head.borrow(),
             net: self.transport.counters_now(),
             core: self.core.metrics().clone(),

@@ -94,8 +94,22 @@ pub struct Outgoing {
     pub to: NodeId,
     /// Application-defined kind; 0 is a plain message.
     pub kind: u16,
-    /// The payload.
+    /// The payload (an agent message's body).
     pub payload: Vec<u8>,
+    /// The agent addressing of an agent message, or a client id.
+    pub meta: Option<Box<core::SendMeta>>,
+}
+
+impl Outgoing {
+    /// A plain message of `kind` to `to`.
+    pub fn plain(to: NodeId, kind: u16, payload: Vec<u8>) -> Outgoing {
+        Outgoing {
+            to,
+            kind,
+            payload,
+            meta: None,
+        }
+    }
 }
 
 /// A snapshot of the node for status pages and metrics, taken by the node
@@ -111,6 +125,8 @@ pub struct NodeStatus {
     pub ticket: NodeTicket,
     /// Every known peer, by id.
     pub peers: Vec<NodePeer>,
+    /// This node's agents' current cards (an agent without one yet is not listed).
+    pub agents: Vec<mesh_protocol::AgentCard>,
     /// The last journal position written.
     pub journal_head: Arrival,
     /// Transport counters.
@@ -133,6 +149,8 @@ pub struct NodePeer {
     pub own_stream: Option<OwnStream>,
     /// Whether the link to it is paused ([`Node::set_peer_paused`]).
     pub paused: bool,
+    /// The agents it announced on its last connection.
+    pub agents: Vec<mesh_protocol::AgentCard>,
 }
 
 /// The running node. Dropping it stops the node in the background; prefer
@@ -241,7 +259,7 @@ impl Node {
         kind: u16,
         payload: Vec<u8>,
     ) -> Result<SendReceipt, SendError> {
-        let msg = Outgoing { to, kind, payload };
+        let msg = Outgoing::plain(to, kind, payload);
         let mut receipts = self.submit(vec![msg]).await.await;
         receipts.pop().unwrap_or(Err(SendError::Stopped))
     }
@@ -368,6 +386,28 @@ impl Node {
                 "the lag record was committed without a journal arrival".into(),
             ))
         })
+    }
+
+    /// Applies the local write `write` (an agent, an alias, an agent's
+    /// cursor, a lag record of an agent's subscription), sequenced with the
+    /// node's other commits; answers its receipt once it is committed.
+    ///
+    /// # Errors
+    /// As [`Node::put_cursor`].
+    pub async fn local_write(&self, write: LocalWrite) -> Result<Receipt, NodeError> {
+        self.write(write).await
+    }
+
+    /// Announces a newly signed card of one of this node's agents to every
+    /// connected peer (not stored: the daemon signs one at every start).
+    ///
+    /// # Errors
+    /// [`NodeError::Stopped`] if the node has stopped.
+    pub async fn announce_agent(&self, card: mesh_protocol::AgentCard) -> Result<(), NodeError> {
+        self.commands
+            .send(Cmd::AgentCard { card })
+            .await
+            .map_err(|_| NodeError::Stopped)
     }
 
     async fn write(&self, write: LocalWrite) -> Result<Receipt, NodeError> {

@@ -132,11 +132,7 @@ pub(super) fn message(req: SendRequest) -> Result<Outgoing, ApiError> {
         }
         .into());
     }
-    Ok(Outgoing {
-        to,
-        kind: req.msg_kind,
-        payload,
-    })
+    Ok(Outgoing::plain(to, req.msg_kind, payload))
 }
 
 /// Writes send answers (`{id, stream, seq}`, as [`SendResponse`]) as JSON,

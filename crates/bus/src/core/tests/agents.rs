@@ -1,0 +1,318 @@
+//! Agents through two cores: agent messages to inboxes, bounces, retried
+//! sends, cards.
+
+use mesh_protocol::{AgentCard, AgentEnvelope, AgentName, KIND_AGENT, MsgId, SecretKey};
+use mesh_store::{AgentRecord, InboxKind, MessageDir};
+
+use super::*;
+use crate::core::SendMeta;
+
+fn name(s: &str) -> AgentName {
+    AgentName::new(s).expect("valid name")
+}
+
+/// The agent key of `agent` on node `n`.
+fn agent_key(n: u8, agent: &str) -> SecretKey {
+    let mut b = [n; 32];
+    for (i, c) in agent.bytes().enumerate().take(31) {
+        b[i + 1] = c;
+    }
+    SecretKey::from_bytes(&b)
+}
+
+impl Node {
+    /// Adds the agent `agent` to this node and announces its card.
+    fn add_agent(&mut self, agent: &str) {
+        let req = ReqId(self.next_req);
+        self.next_req += 1;
+        let record = AgentRecord {
+            name: name(agent),
+            key: agent_key(self.n, agent).public(),
+            uid: 0,
+            created_ms: 1,
+        };
+        self.run(Input::Write {
+            req,
+            write: LocalWrite::PutAgent(record),
+        });
+        let card = AgentCard::sign(&agent_key(self.n, agent), self.id(), name(agent), true, 1);
+        self.run(Input::AgentCard { card });
+    }
+
+    fn send_as(&mut self, to: NodeId, meta: SendMeta, body: &[u8]) -> ReqId {
+        let req = ReqId(self.next_req);
+        self.next_req += 1;
+        self.run(Input::SendWith {
+            req,
+            to,
+            kind: 0,
+            payload: body.to_vec(),
+            meta,
+        });
+        req
+    }
+
+    fn inbox(&self, agent: &str) -> Vec<mesh_store::InboxItem> {
+        self.store
+            .inbox(&name(agent), 0, 100)
+            .expect("mem store reads")
+    }
+}
+
+impl Pair {
+    /// Sends from node 1 as `meta` says; frames are exchanged until quiet.
+    fn send_as_a(&mut self, meta: SendMeta, body: &[u8]) -> ReqId {
+        let mark = self.a.sent.len();
+        let to = self.b.id();
+        let req = self.a.send_as(to, meta, body);
+        let mut to_b: Vec<_> = self.a.sent[mark..].to_vec();
+        self.exchange(&mut to_b, &mut Vec::new());
+        req
+    }
+}
+
+fn from_to(from: &str, to: Option<&str>) -> SendMeta {
+    SendMeta {
+        from: Some(name(from)),
+        to: to.map(name),
+        ..SendMeta::default()
+    }
+}
+
+fn agents_pair() -> Pair {
+    let mut p = Pair::new(Config::default());
+    p.a.add_agent("alice");
+    p.b.add_agent("bob");
+    p.connect();
+    p
+}
+
+fn body_of(item: &mesh_store::InboxItem) -> AgentEnvelope {
+    match &item.item.record {
+        JournalRecord::Envelope { kind, payload, .. } if *kind == KIND_AGENT => {
+            AgentEnvelope::decode(payload).expect("an agent envelope")
+        }
+        other => panic!("not an agent message: {other:?}"),
+    }
+}
+
+#[test]
+fn an_agent_message_goes_to_its_recipients_inbox_with_the_id_its_author_assigned() {
+    let mut p = agents_pair();
+    let req = p.send_as_a(from_to("alice", Some("bob")), b"hi bob");
+    let receipt = match p.a.reply(req) {
+        Some(Ok(r)) => r.clone(),
+        other => panic!("not sent: {other:?}"),
+    };
+    let id = MsgId::derive(&p.a.id(), epoch(1), &p.b.id(), receipt.seq);
+    let inbox = p.b.inbox("bob");
+    assert_eq!(inbox.len(), 1);
+    let e = body_of(&inbox[0]);
+    assert_eq!(
+        (e.id, e.from, e.body),
+        (id, name("alice"), b"hi bob".to_vec())
+    );
+    assert_eq!(inbox[0].row.kind, InboxKind::Message);
+    assert!(inbox[0].row.verified, "alice was announced");
+    assert!(
+        p.a.inbox("alice").is_empty(),
+        "a sent message is in no inbox"
+    );
+    let sent = p.a.store.message(&id).expect("reads").expect("indexed");
+    assert_eq!((sent.dir, sent.seq), (MessageDir::Sent, receipt.seq));
+    let got = p.b.store.message(&id).expect("reads").expect("indexed");
+    assert_eq!((got.dir, got.undelivered), (MessageDir::Received, None));
+    assert_eq!(p.b.core.metrics().agents.delivered, 1);
+}
+
+#[test]
+fn a_message_for_an_agent_the_peer_does_not_host_is_journaled_there_and_bounced_to_its_sender() {
+    let mut p = agents_pair();
+    let req = p.send_as_a(from_to("alice", Some("carol")), b"anyone?");
+    let seq = ok_seq(p.a.reply(req));
+    let id = MsgId::derive(&p.a.id(), epoch(1), &p.b.id(), seq);
+    // Journaled at b, in no inbox, marked undeliverable.
+    assert_eq!(p.b.received(&stream(1, 1, 2)).len(), 1);
+    assert!(p.b.inbox("bob").is_empty());
+    let row = p.b.store.message(&id).expect("reads").expect("indexed");
+    assert_eq!(
+        row.undelivered,
+        Some(mesh_protocol::BounceReason::NoSuchAgent)
+    );
+    // The bounce came back to alice's inbox, and marks her message.
+    let inbox = p.a.inbox("alice");
+    assert_eq!(inbox.len(), 1, "{inbox:?}");
+    assert_eq!(inbox[0].row.kind, InboxKind::Bounce);
+    let JournalRecord::Envelope { payload, .. } = &inbox[0].item.record else {
+        panic!("a bounce is an envelope");
+    };
+    let bounce = mesh_protocol::Bounce::decode(payload).expect("a bounce");
+    assert_eq!((bounce.id, bounce.missing), (id, Some(name("carol"))));
+    let row = p.a.store.message(&id).expect("reads").expect("indexed");
+    assert_eq!(
+        row.undelivered,
+        Some(mesh_protocol::BounceReason::NoSuchAgent)
+    );
+    assert_eq!(p.b.core.metrics().agents.bounces_sent, 1);
+    // Nobody was answered for the bounce.
+    assert!(p.b.replies.is_empty(), "{:?}", p.b.replies);
+}
+
+#[test]
+fn a_retry_with_the_same_client_id_gets_the_first_receipt_and_is_not_sent_again() {
+    let mut p = agents_pair();
+    let meta = || SendMeta {
+        client_id: Some("job-1".into()),
+        ..from_to("alice", Some("bob"))
+    };
+    // Two sends with one id in the same turn: only one is ever written.
+    let to = p.b.id();
+    let (r1, r2) = (ReqId(900), ReqId(901));
+    let inputs = [r1, r2]
+        .into_iter()
+        .map(|req| Input::SendWith {
+            req,
+            to,
+            kind: 0,
+            payload: b"once".to_vec(),
+            meta: meta(),
+        })
+        .collect();
+    let mark = p.a.sent.len();
+    p.a.run_many(inputs);
+    let mut to_b: Vec<_> = p.a.sent[mark..].to_vec();
+    p.exchange(&mut to_b, &mut Vec::new());
+    let first = p.a.reply(r1).cloned().expect("answered").expect("sent");
+    assert_eq!(p.a.reply(r2), Some(&Ok(first.clone())));
+    // A later retry, and one after a restart, get the same receipt.
+    let r3 = p.send_as_a(meta(), b"once");
+    assert_eq!(p.a.reply(r3), Some(&Ok(first.clone())));
+    p.disconnect();
+    p.a.restart();
+    p.connect();
+    let r4 = p.send_as_a(meta(), b"once");
+    assert_eq!(p.a.reply(r4), Some(&Ok(first.clone())));
+    assert_eq!(p.b.inbox("bob").len(), 1, "delivered once");
+    // The same id for another message is refused.
+    let r5 = p.send_as_a(meta(), b"twice");
+    assert!(matches!(
+        p.a.reply(r5),
+        Some(Err(SendError::ClientIdReused { .. }))
+    ));
+    assert_eq!(p.b.inbox("bob").len(), 1);
+}
+
+#[test]
+fn a_retry_record_expires_after_the_window() {
+    let config = Config {
+        dedup_window_ms: 10_000,
+        ..Config::default()
+    };
+    let mut p = Pair::new(config);
+    p.a.add_agent("alice");
+    p.b.add_agent("bob");
+    p.connect();
+    let meta = || SendMeta {
+        client_id: Some("job-1".into()),
+        ..from_to("alice", Some("bob"))
+    };
+    let r1 = p.send_as_a(meta(), b"x");
+    let first = ok_seq(p.a.reply(r1));
+    p.a.now = p.a.now.plus(20_000);
+    p.send_as_a(from_to("alice", Some("bob")), b"other");
+    assert!(
+        p.a.store.dedup().expect("reads").is_empty(),
+        "expired in the store"
+    );
+    let r2 = p.send_as_a(meta(), b"x");
+    assert!(ok_seq(p.a.reply(r2)) > first, "sent again after the window");
+}
+
+#[test]
+fn a_message_from_an_agent_its_node_never_announced_is_delivered_marked_unverified() {
+    let mut p = Pair::new(Config::default());
+    p.b.add_agent("bob");
+    // Alice is an agent of node 1, but its card was never signed.
+    let record = AgentRecord {
+        name: name("alice"),
+        key: agent_key(1, "alice").public(),
+        uid: 0,
+        created_ms: 1,
+    };
+    p.a.run(Input::Write {
+        req: ReqId(50),
+        write: LocalWrite::PutAgent(record),
+    });
+    p.connect();
+    p.send_as_a(from_to("alice", Some("bob")), b"trust me");
+    let inbox = p.b.inbox("bob");
+    assert_eq!(inbox.len(), 1);
+    assert!(!inbox[0].row.verified);
+    assert_eq!(p.b.core.metrics().agents.unverified_senders, 1);
+}
+
+#[test]
+fn an_agents_frame_with_another_nodes_card_is_refused_whole() {
+    let mut p = agents_pair();
+    let conn = p.conn.expect("connected");
+    let mine = AgentCard::sign(&agent_key(1, "x"), id(1), name("x"), true, 5);
+    let stolen = AgentCard::sign(&agent_key(3, "y"), id(3), name("y"), true, 5);
+    p.b.frame(
+        1,
+        conn,
+        Frame::Agents {
+            cards: vec![mine, stolen],
+        },
+    );
+    assert_eq!(p.b.core.metrics().agents.cards_refused, 1);
+    let known: Vec<String> =
+        p.b.core
+            .peer_agent_cards(id(1))
+            .iter()
+            .map(|c| c.name.to_string())
+            .collect();
+    assert_eq!(known, ["alice"], "what node 1 announced before stands");
+}
+
+#[test]
+fn cards_are_announced_after_the_hello_and_again_when_an_agent_goes() {
+    let mut p = agents_pair();
+    assert_eq!(p.b.core.peer_agent_cards(id(1)).len(), 1);
+    let mark = p.a.sent.len();
+    p.a.run(Input::Write {
+        req: ReqId(77),
+        write: LocalWrite::RemoveAgent(name("alice")),
+    });
+    let mut to_b: Vec<_> = p.a.sent[mark..].to_vec();
+    assert!(
+        to_b.iter()
+            .any(|(_, _, f)| matches!(f, Frame::Agents { cards } if cards.is_empty())),
+        "{to_b:?}"
+    );
+    p.exchange(&mut to_b, &mut Vec::new());
+    assert!(p.b.core.peer_agent_cards(id(1)).is_empty());
+    // Sending as a removed agent is refused, and nothing is written.
+    let head = p.a.store.journal_head().expect("reads");
+    let req = p.send_as_a(from_to("alice", Some("bob")), b"ghost");
+    assert!(matches!(
+        p.a.reply(req),
+        Some(Err(SendError::UnknownAgent(_)))
+    ));
+    assert_eq!(p.a.store.journal_head().expect("reads"), head);
+}
+
+#[test]
+fn a_plain_message_of_a_mesh_kind_is_refused() {
+    let mut p = agents_pair();
+    let req = ReqId(5);
+    p.a.run(Input::Send {
+        req,
+        to: id(2),
+        kind: KIND_AGENT,
+        payload: b"forged".to_vec(),
+    });
+    assert!(matches!(
+        p.a.reply(req),
+        Some(Err(SendError::ReservedKind(1)))
+    ));
+}
