@@ -15,7 +15,9 @@ pub use crate::core::{
     AgentCounts, Config as CoreConfig, DropCounts, DropReason, FrameCounts, LocalWrite, Metrics,
     PeerChangeError, SendError as CoreSendError, SendMeta, SendReceipt,
 };
-pub use crate::net::{NetConfig, NetCounters, PeerError, close_code, load_or_create_node_key};
+pub use crate::net::{
+    NetConfig, NetCounters, PeerError, close_code, load_or_create_key, load_or_create_node_key,
+};
 pub use crate::node::{
     Node, NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, Receipts, SendError,
 };

@@ -383,7 +383,18 @@ impl Core {
             }
             None => (kind, body, None),
         };
-        if let Err(e) = self.check_send(to, payload.len() as u64) {
+        // An agent message to an agent of this node is delivered here, in
+        // the commit that writes it: its stream to this node is acknowledged
+        // in the same group.
+        let checked = if to == self.me && agent.is_some() {
+            match agent.as_ref().and_then(|a| a.to.as_ref()) {
+                Some(n) if self.agents.is_local(n) => self.check_room(payload.len() as u64),
+                other => Err(SendError::NoSuchLocalAgent(other.cloned())),
+            }
+        } else {
+            self.check_send(to, payload.len() as u64)
+        };
+        if let Err(e) = checked {
             return refuse(self, e);
         }
         let dedup = match client_id {
@@ -447,14 +458,18 @@ impl Core {
     }
 
     /// Stamps the ids of the agent messages among `sends` (the batch to
-    /// `to` from `first_seq`) and returns the index op of their group.
+    /// `to` from `first_seq`) and returns the agent ops of their group: its
+    /// index entries, and for a batch to this node itself (agent messages
+    /// between its own agents) the recipients' inbox entries and the ack
+    /// that delivers it.
     pub(super) fn index_own(
         &mut self,
         to: NodeId,
         first_seq: Seq,
         sends: &mut [WaitingSend],
-    ) -> Option<WriteOp> {
+    ) -> Vec<WriteOp> {
         let stream = StreamId::direct(self.me, self.epoch, to);
+        let local = to == self.me;
         let mut entries = Vec::new();
         for (i, s) in sends.iter_mut().enumerate() {
             let Some(t) = s.tracked.as_deref() else {
@@ -467,6 +482,18 @@ impl Core {
                 let stamped = stamp_msg_id(&mut s.payload, id);
                 debug_assert!(stamped, "an encoded agent envelope starts with its id");
                 msg = Some(id);
+                if local && let Some(recipient) = &a.to {
+                    self.out.metrics.agents.delivered += 1;
+                    entries.push(AgentIndex::Inbox {
+                        agent: recipient.clone(),
+                        seq,
+                        row: InboxRow {
+                            kind: InboxKind::Message,
+                            verified: true,
+                            in_reply_to: a.in_reply_to,
+                        },
+                    });
+                }
                 entries.push(AgentIndex::Message {
                     id,
                     seq,
@@ -497,7 +524,18 @@ impl Core {
                 });
             }
         }
-        (!entries.is_empty()).then_some(WriteOp::Agents(AgentOp::Index { stream, entries }))
+        let mut ops = Vec::new();
+        if local {
+            ops.push(WriteOp::Acked {
+                stream: stream.clone(),
+                upto: first_seq + sends.len() as u64 - 1,
+                reset: false,
+            });
+        }
+        if !entries.is_empty() {
+            ops.push(WriteOp::Agents(AgentOp::Index { stream, entries }));
+        }
+        ops
     }
 
     /// The index op for a peer batch about to be committed (its agent

@@ -489,6 +489,10 @@ pub enum SendError {
     /// The caller's fault: the sending agent is not an agent of this node.
     #[error("no agent {0} on this node")]
     UnknownAgent(AgentName),
+    /// The caller's fault: a message to an agent of this node itself names
+    /// none it hosts (a message to this node needs a recipient agent).
+    #[error("this node has no agent {}", .0.as_ref().map_or("(none named)", |n| n.as_str()))]
+    NoSuchLocalAgent(Option<AgentName>),
     /// The caller's fault: a retry's client id was first used for another
     /// message (another recipient or body).
     #[error(

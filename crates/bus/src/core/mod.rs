@@ -389,6 +389,11 @@ impl Core {
         if !self.peers.is_peer(to) {
             return Err(SendError::UnknownPeer(to));
         }
+        self.check_room(len)
+    }
+
+    /// Refuses a send that can never fit, or that finds the queue full.
+    fn check_room(&self, len: u64) -> Result<(), SendError> {
         let max = PAYLOAD_BYTES_MAX.min(self.config.outbox.max_bytes);
         if len > max {
             return Err(SendError::TooLarge { len, max });

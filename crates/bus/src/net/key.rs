@@ -27,7 +27,17 @@ pub const NODE_KEY_BYTES: usize = 32;
 /// [`NetError::KeyIo`] if the file or directory cannot be read or written,
 /// [`NetError::KeyWrongSize`] if the file does not hold exactly 32 bytes.
 pub fn load_or_create_node_key(data_dir: &Path) -> Result<SecretKey, NetError> {
-    let path = data_dir.join(NODE_KEY_FILE);
+    load_or_create_key(data_dir, NODE_KEY_FILE)
+}
+
+/// Loads `<dir>/<file>`, or creates it with a fresh key, exactly as
+/// [`load_or_create_node_key`] does for the node key (the daemon keeps each
+/// agent's key this way too).
+///
+/// # Errors
+/// As [`load_or_create_node_key`].
+pub fn load_or_create_key(data_dir: &Path, file: &str) -> Result<SecretKey, NetError> {
+    let path = data_dir.join(file);
     match read_key(&path) {
         Ok(key) => return Ok(key),
         Err(NetError::KeyIo { source, .. }) if source.kind() == ErrorKind::NotFound => {}
@@ -35,7 +45,7 @@ pub fn load_or_create_node_key(data_dir: &Path) -> Result<SecretKey, NetError> {
     }
     let key = SecretKey::generate();
     let tmp = data_dir.join(format!(
-        "{NODE_KEY_FILE}.tmp.{}.{:08x}",
+        "{file}.tmp.{}.{:08x}",
         std::process::id(),
         rand::random::<u32>()
     ));
@@ -57,7 +67,7 @@ pub fn load_or_create_node_key(data_dir: &Path) -> Result<SecretKey, NetError> {
             File::open(data_dir)
                 .and_then(|d| d.sync_all())
                 .map_err(io(data_dir))?;
-            info!(path = %path.display(), node = %key.public().fmt_short(), "created node key");
+            info!(path = %path.display(), key = %key.public().fmt_short(), "created a key");
             Ok(key)
         }
         // Another process created it between our read and our link: use theirs.
@@ -116,7 +126,7 @@ fn warn_if_readable_by_others(path: &Path, file: &File) {
     if let Ok(meta) = file.metadata() {
         let mode = meta.permissions().mode() & 0o777;
         if mode & 0o077 != 0 {
-            warn!(path = %path.display(), mode = format!("{mode:o}"), "node key is readable by other users; chmod 600 it");
+            warn!(path = %path.display(), mode = format!("{mode:o}"), "a key file is readable by other users; chmod 600 it");
         }
     }
 }

@@ -316,3 +316,41 @@ fn a_plain_message_of_a_mesh_kind_is_refused() {
         Some(Err(SendError::ReservedKind(1)))
     ));
 }
+
+#[test]
+fn an_agent_message_between_agents_of_one_node_is_delivered_in_the_commit_that_writes_it() {
+    let mut n = Node::new(1, 1, &[], Config::default());
+    n.add_agent("alice");
+    n.add_agent("bob");
+    let me = n.id();
+    let req = n.send_as(me, from_to("alice", Some("bob")), b"next door");
+    let seq = ok_seq(n.reply(req));
+    let inbox = n.inbox("bob");
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(body_of(&inbox[0]).body, b"next door");
+    let own = n
+        .store
+        .own_streams()
+        .expect("reads")
+        .into_iter()
+        .find(|o| o.stream.channel == Channel::Direct(me))
+        .expect("a stream to itself");
+    assert_eq!(own.last_acked, seq, "delivered as it was written");
+    // An agent this node does not host, or no agent at all, is refused.
+    let head = n.store.journal_head().expect("reads");
+    let r1 = n.send_as(me, from_to("alice", Some("carol")), b"?");
+    assert!(matches!(
+        n.reply(r1),
+        Some(Err(SendError::NoSuchLocalAgent(Some(_))))
+    ));
+    let r2 = n.send_as(me, from_to("alice", None), b"?");
+    assert!(matches!(
+        n.reply(r2),
+        Some(Err(SendError::NoSuchLocalAgent(None)))
+    ));
+    assert_eq!(
+        n.store.journal_head().expect("reads"),
+        head,
+        "nothing written"
+    );
+}

@@ -1,0 +1,188 @@
+//! The JSON shapes of the agent routes: agents, agent sends and replies,
+//! inbox entries, message states, node aliases.
+
+use serde::{Deserialize, Serialize};
+
+use crate::json::{BodyEncoding, StreamJson};
+
+/// The HTTP header a client of an agent socket may send with the agent it
+/// means to act as; a request whose header names another agent than the
+/// socket's is refused (`unverified_sender`). Identity comes from the
+/// socket and its peer's uid, never from this header.
+pub const AGENT_HEADER: &str = "x-mesh-agent";
+
+/// `POST /v1/agents`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddAgentRequest {
+    /// The agent's name (`[a-z0-9._-]{1,64}`), unique on this node.
+    pub name: String,
+    /// The uid whose processes may act as the agent [default: the uid
+    /// of the process that asks].
+    #[serde(default)]
+    pub uid: Option<u32>,
+}
+
+/// One agent, of this node or of a peer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentJson {
+    /// Its name on its node.
+    pub name: String,
+    /// Its address, `NAME@NODE_ID`.
+    pub address: String,
+    /// Its node's id.
+    pub node: String,
+    /// Its node's local alias here, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_alias: Option<String>,
+    /// Its public key (hex).
+    pub key: Option<String>,
+    /// Whether it is using its node now (as its node last announced).
+    pub online: bool,
+    /// For an agent of this node: the uid allowed to act as it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    /// For an agent of this node: its socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket: Option<String>,
+}
+
+/// `GET /v1/agents`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentsResponse {
+    /// This node's agents.
+    pub local: Vec<AgentJson>,
+    /// The agents its peers announced (a peer offline keeps its last announcement).
+    pub peers: Vec<AgentJson>,
+}
+
+/// `POST /v1/agents/{name}/send` (and each line of `.../send/batch`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentSendRequest {
+    /// `AGENT@NODE` (node by id, alias or name), or a node alone for that
+    /// node's own journal.
+    pub to: String,
+    /// The message.
+    pub body: String,
+    /// How `body` is written: `text` (default) or `base64`.
+    #[serde(default)]
+    pub encoding: BodyEncoding,
+    /// The message this one answers (a message id).
+    #[serde(default)]
+    pub in_reply_to: Option<String>,
+    /// An id chosen by the sender: a retry with the same id within the
+    /// node's dedup window gets the first send's answer, and nothing is
+    /// sent again (1 to 128 bytes).
+    #[serde(default)]
+    pub client_id: Option<String>,
+}
+
+/// `POST /v1/agents/{name}/reply`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplyRequest {
+    /// The id of the message answered (it must be in this agent's inbox).
+    pub id: String,
+    /// The reply.
+    pub body: String,
+    /// How `body` is written.
+    #[serde(default)]
+    pub encoding: BodyEncoding,
+    /// As in [`AgentSendRequest::client_id`].
+    #[serde(default)]
+    pub client_id: Option<String>,
+}
+
+/// The answer to an agent send or reply: the message is committed here.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentSendResponse {
+    /// The message id (32 hex digits): what a reply, `mesh message` and
+    /// the recipient's inbox name it by.
+    pub id: String,
+    /// The recipient, `AGENT@NODE_ID` or `NODE_ID`.
+    pub to: String,
+    /// The message's cursor in this node's journal (`after=` this is the
+    /// place to wait for its reply).
+    pub cursor: String,
+    /// Its stream.
+    pub stream: StreamJson,
+    /// Its seq in the stream.
+    pub seq: u64,
+}
+
+/// One entry of an agent's inbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxEntry {
+    /// `message`, `bounce` or `lagged`.
+    pub kind: String,
+    /// The message id (for a bounce: the id of the message it bounces).
+    pub id: Option<String>,
+    /// The sender, `AGENT@NODE_ID` (for a bounce: the node that bounced it).
+    pub from: Option<String>,
+    /// The recipient, `AGENT@NODE_ID`.
+    pub to: Option<String>,
+    /// What it answers.
+    pub in_reply_to: Option<String>,
+    /// The message (for a bounce or lag record: what happened, for a person).
+    pub body: String,
+    /// How `body` is written.
+    pub encoding: BodyEncoding,
+    /// `after=` this resumes past the entry.
+    pub cursor: String,
+    /// Its arrival in the node's journal.
+    pub arrival: u64,
+    /// For a message: whether its node announced its sender agent.
+    pub verified: bool,
+    /// For a bounce: why (`no_such_agent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The author's clock when it was written, ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_ms: Option<u64>,
+}
+
+/// A page of an agent's inbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxPage {
+    /// The entries, in arrival order.
+    pub entries: Vec<InboxEntry>,
+    /// Pass as `after` for the next page.
+    pub next: String,
+}
+
+/// `GET /v1/messages/{id}`: where a message is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageStatus {
+    /// The message id.
+    pub id: String,
+    /// `queued` (committed here, not yet acknowledged by the recipient
+    /// node), `delivered` (committed at the recipient node), `bounced`
+    /// (the recipient node has no such agent), `lost` (given up before the
+    /// recipient node had it; `detail` is the loss record), `received`
+    /// (this node received it), `undeliverable` (this node received it for
+    /// an agent it does not host).
+    pub state: String,
+    /// The sender, `AGENT@NODE_ID`.
+    pub from: String,
+    /// The recipient, `AGENT@NODE_ID` or `NODE_ID`.
+    pub to: String,
+    /// What it answers.
+    pub in_reply_to: Option<String>,
+    /// Its cursor in this node's journal.
+    pub cursor: String,
+    /// Its stream.
+    pub stream: StreamJson,
+    /// Its seq.
+    pub seq: u64,
+    /// What happened, for a person.
+    pub detail: String,
+}
+
+/// `PUT /v1/peers/{id}/alias`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AliasRequest {
+    /// The alias (`[a-z0-9._-]{1,64}`), or `null` to remove the peer's alias.
+    pub alias: Option<String>,
+}
