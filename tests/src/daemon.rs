@@ -172,12 +172,23 @@ impl DaemonProcess {
     /// Runs `bin daemon --data data --bind bind` and waits until it has
     /// printed its ticket (it serves its socket from then on).
     pub fn start(bin: &Path, data: &Path, bind: SocketAddr) -> anyhow::Result<Self> {
+        Self::start_with_env(bin, data, bind, &[])
+    }
+
+    /// As [`DaemonProcess::start`], with `env` set for the daemon.
+    pub fn start_with_env(
+        bin: &Path,
+        data: &Path,
+        bind: SocketAddr,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         let bind = bind.to_string();
         let mut child = Command::new(bin)
             .args(["daemon", "--data"])
             .arg(data)
             .args(["--bind", &bind])
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -221,6 +232,24 @@ impl DaemonProcess {
     /// Its data dir.
     pub fn data(&self) -> &Path {
         &self.data
+    }
+
+    /// The address its ticket names (where it listens for peers), so a
+    /// restart can bind the same one.
+    pub fn peer_addr(&self) -> anyhow::Result<SocketAddr> {
+        let t: mesh_protocol::NodeTicket = self
+            .ticket
+            .parse()
+            .with_context(|| format!("not a ticket: {}", self.ticket))?;
+        t.addrs
+            .first()
+            .copied()
+            .context("the ticket names no address")
+    }
+
+    /// Waits (at most [`STOP_TIMEOUT`]) until the daemon has exited by itself.
+    pub fn wait_exit(mut self) -> anyhow::Result<ExitStatus> {
+        wait_bounded(&mut self.child, STOP_TIMEOUT).context("the daemon's exit")
     }
 
     /// Its control socket.

@@ -140,6 +140,7 @@ impl Send {
             body: body(self.client, self.c),
             encoding: Default::default(),
             msg_kind: 0,
+            client_id: None,
         };
         let outcome =
             match tokio::time::timeout(timeout, api.post::<SendResponse>("/v1/send", &req)).await {

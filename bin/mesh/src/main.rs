@@ -7,13 +7,18 @@ use std::process::ExitCode;
 use mesh_cli::{Cli, Command};
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_args();
-    let result = cli.data_dir().and_then(|dir| match cli.command {
-        Command::Daemon { bind } => Ok(mesh_daemon::run_foreground(dir, bind)?),
-        Command::Bench(cmd) => mesh_bench::run(cmd, &dir),
-        command => {
-            let bin = std::env::current_exe()?;
-            mesh_cli::run(command, &dir, &bin)
+    let mut cli = Cli::parse_args();
+    let result = cli.data_dir().and_then(|dir| {
+        // The daemon and the bench take their command; the rest take the
+        // whole command line (the agent flags).
+        match std::mem::replace(&mut cli.command, Command::Id) {
+            Command::Daemon { bind } => Ok(mesh_daemon::run_foreground(dir, bind)?),
+            Command::Bench(cmd) => mesh_bench::run(cmd, &dir),
+            command => {
+                cli.command = command;
+                let bin = std::env::current_exe()?;
+                mesh_cli::run(cli, &dir, &bin)
+            }
         }
     });
     mesh_cli::finish(result)

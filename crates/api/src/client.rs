@@ -92,10 +92,12 @@ pub fn path_segment(text: &str) -> String {
     out
 }
 
-/// A client of one node's socket.
+/// A client of one node's socket (or of one agent's socket).
 #[derive(Clone, Debug)]
 pub struct Client {
     socket: PathBuf,
+    /// Sent as [`crate::AGENT_HEADER`] with every request.
+    agent: Option<String>,
 }
 
 /// A request body.
@@ -106,7 +108,23 @@ impl Client {
     pub fn new(socket: impl Into<PathBuf>) -> Self {
         Client {
             socket: socket.into(),
+            agent: None,
         }
+    }
+
+    /// A client of agent `agent`'s socket at `socket`: every request says
+    /// which agent it means to act as, and the daemon refuses it
+    /// (`unverified_sender`) if the socket is another agent's.
+    pub fn for_agent(socket: impl Into<PathBuf>, agent: &str) -> Self {
+        Client {
+            socket: socket.into(),
+            agent: Some(agent.to_owned()),
+        }
+    }
+
+    /// The agent this client acts as, if any.
+    pub fn agent(&self) -> Option<&str> {
+        self.agent.as_deref()
     }
 
     /// The socket this client uses.
@@ -147,6 +165,9 @@ impl Client {
             .header(hyper::header::HOST, "localhost");
         if let Some(ct) = content_type {
             req = req.header(hyper::header::CONTENT_TYPE, ct);
+        }
+        if let Some(agent) = &self.agent {
+            req = req.header(crate::AGENT_HEADER, agent.as_str());
         }
         let req = req
             .body(body)
@@ -217,6 +238,17 @@ impl Client {
     /// `GET path`, JSON answer.
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
         self.json(Method::GET, path, None::<&()>).await
+    }
+
+    /// `GET path`, the answer as text (e.g. `/metrics`); an error status
+    /// becomes [`ClientError::Api`].
+    pub async fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        let (status, bytes) = self.raw(Method::GET, path, None::<&()>).await?;
+        if !status.is_success() {
+            return Err(api_error(status, &bytes));
+        }
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| ClientError::BadResponse(format!("{path}: not UTF-8")))
     }
 
     /// `POST path` with a JSON body, JSON answer.

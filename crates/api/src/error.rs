@@ -28,6 +28,9 @@ pub enum Fault {
 pub const EXIT_OTHER: u8 = 1;
 /// The exit code of `mesh` for a command line it cannot parse.
 pub const EXIT_USAGE: u8 = 2;
+/// The exit code of `mesh request` when no reply came in time (the reply
+/// still lands in the inbox if it comes later).
+pub const EXIT_TIMEOUT: u8 = 8;
 
 impl Fault {
     /// Every class, in exit-code order.
@@ -65,7 +68,7 @@ impl Fault {
     pub const fn meaning(self) -> &'static str {
         match self {
             Fault::Caller => "the request was wrong or not allowed; change it",
-            Fault::NotFound => "no such peer, cursor or route",
+            Fault::NotFound => "no such peer, agent, message, cursor or route",
             Fault::Capacity => "a bound was reached (peer outbox full, node busy); retry later",
             Fault::Unavailable => "the daemon is not running, stopping, or its store is down",
             Fault::Bug => "a bug in the daemon or the client; please report it",
@@ -99,6 +102,9 @@ impl Fault {
                 f.meaning()
             ));
         }
+        text.push_str(&format!(
+            "  {EXIT_TIMEOUT}  no reply in time (`mesh request`); a late reply still lands in the inbox\n"
+        ));
         text
     }
 }
@@ -147,11 +153,26 @@ pub enum ErrorCode {
     NodeUnavailable,
     /// A bug.
     Internal,
+    /// The caller is not the agent it acts as (another uid, another
+    /// agent's socket, an agent that no longer exists).
+    UnverifiedSender,
+    /// A name matches more than one node; the message lists them.
+    AmbiguousName,
+    /// A client id was already used for another message.
+    ClientIdReused,
+    /// An agent of that name exists already.
+    AgentExists,
+    /// No agent of that name on this node.
+    UnknownAgent,
+    /// No message of that id is known to this node.
+    UnknownMessage,
+    /// The node hosts as many agents as it may.
+    TooManyAgents,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::BadJson,
         ErrorCode::BodyTooLarge,
         ErrorCode::BadRequest,
@@ -169,6 +190,13 @@ impl ErrorCode {
         ErrorCode::StoreUnavailable,
         ErrorCode::NodeUnavailable,
         ErrorCode::Internal,
+        ErrorCode::UnverifiedSender,
+        ErrorCode::AmbiguousName,
+        ErrorCode::ClientIdReused,
+        ErrorCode::AgentExists,
+        ErrorCode::UnknownAgent,
+        ErrorCode::UnknownMessage,
+        ErrorCode::TooManyAgents,
     ];
 
     /// The code as it is written in `error.code`.
@@ -191,6 +219,13 @@ impl ErrorCode {
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::NodeUnavailable => "node_unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::UnverifiedSender => "unverified_sender",
+            ErrorCode::AmbiguousName => "ambiguous_name",
+            ErrorCode::ClientIdReused => "client_id_reused",
+            ErrorCode::AgentExists => "agent_exists",
+            ErrorCode::UnknownAgent => "unknown_agent",
+            ErrorCode::UnknownMessage => "unknown_message",
+            ErrorCode::TooManyAgents => "too_many_agents",
         }
     }
 
@@ -233,7 +268,7 @@ mod tests {
     #[test]
     fn every_fault_class_has_its_own_exit_code_apart_from_success_usage_and_other() {
         let mut codes: Vec<u8> = Fault::ALL.iter().map(|f| f.exit_code()).collect();
-        codes.extend([0, EXIT_OTHER, EXIT_USAGE]);
+        codes.extend([0, EXIT_OTHER, EXIT_USAGE, EXIT_TIMEOUT]);
         let n = codes.len();
         codes.sort();
         codes.dedup();

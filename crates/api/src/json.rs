@@ -171,9 +171,14 @@ pub struct SendRequest {
     /// How `body` is written: `text` (default) or `base64`.
     #[serde(default)]
     pub encoding: BodyEncoding,
-    /// Application-defined kind (default 0).
+    /// Application-defined kind (default 0; 1 to 15 are the mesh's own).
     #[serde(default)]
     pub msg_kind: u16,
+    /// An id chosen by the sender: a retry with the same id within the
+    /// node's dedup window gets the first send's answer, and nothing is
+    /// sent again (1 to 128 bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_id: Option<String>,
 }
 
 /// The answer to a send: the message is committed.
@@ -269,6 +274,9 @@ pub struct PeerStatus {
     /// Whether the link to it is paused (`mesh peer pause`); absent means no.
     #[serde(default)]
     pub paused: bool,
+    /// This node's local alias for it (`mesh peer name`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
 }
 
 /// The answer of `GET /v1/peers`.

@@ -9,14 +9,16 @@
 // Tests unwrap: a panic there is the failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+pub mod agents;
 #[cfg(feature = "client")]
 pub mod client;
 pub mod error;
 pub mod json;
 pub mod paths;
 
+pub use agents::*;
 #[cfg(feature = "client")]
 pub use client::{Client, ClientError, Lines, SseEvent, SseStream, path_segment};
-pub use error::{EXIT_OTHER, EXIT_USAGE, ErrorBody, ErrorCode, ErrorDetail, Fault};
+pub use error::{EXIT_OTHER, EXIT_TIMEOUT, EXIT_USAGE, ErrorBody, ErrorCode, ErrorDetail, Fault};
 pub use json::*;
-pub use paths::{DataDir, DataDirError};
+pub use paths::{DataDir, DataDirError, agent_socket_in};

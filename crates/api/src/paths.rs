@@ -10,6 +10,17 @@ pub const SOCKET_FILE: &str = "mesh.sock";
 pub const CONFIG_FILE: &str = "config.toml";
 /// The node key's file name in the data dir.
 pub const KEY_FILE: &str = "node.key";
+/// The environment variable that names the agent a client acts as when
+/// `--agent` is absent.
+pub const AGENT_ENV: &str = "MESH_AGENT";
+/// The environment variable that names the agent's socket when
+/// `--agent-socket` is absent (its default is in the data dir).
+pub const AGENT_SOCKET_ENV: &str = "MESH_AGENT_SOCKET";
+/// The dir of the agents' sockets in the data dir, unless `[agents]
+/// socket_dir` says otherwise.
+pub const AGENT_SOCKETS_DIR: &str = "agents";
+/// The dir of the agents' secret keys in the data dir.
+pub const AGENT_KEYS_DIR: &str = "agent-keys";
 
 /// The files of one node inside its data dir.
 #[derive(Clone, Debug)]
@@ -98,6 +109,26 @@ impl DataDir {
     pub fn config_path(&self) -> PathBuf {
         self.root.join(CONFIG_FILE)
     }
+
+    /// The default dir of the agents' sockets.
+    pub fn agent_sockets_dir(&self) -> PathBuf {
+        self.root.join(AGENT_SOCKETS_DIR)
+    }
+
+    /// The socket of agent `name` in the default socket dir.
+    pub fn agent_socket_path(&self, name: &str) -> PathBuf {
+        agent_socket_in(&self.agent_sockets_dir(), name)
+    }
+
+    /// The dir of the agents' secret keys.
+    pub fn agent_keys_dir(&self) -> PathBuf {
+        self.root.join(AGENT_KEYS_DIR)
+    }
+}
+
+/// The socket of agent `name` in the socket dir `dir`.
+pub fn agent_socket_in(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.sock"))
 }
 
 #[cfg(test)]

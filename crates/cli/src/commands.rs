@@ -5,8 +5,9 @@ use std::io::{BufRead, Write};
 use anyhow::{Context, bail};
 use mesh_api::client::Client;
 use mesh_api::{
-    AddPeerRequest, BatchResponse, BodyEncoding, EventEntry, EventRecord, EventsPage, LaggedEvent,
-    NodeStatus, PeerStatus, PeersResponse, SendRequest, SendResponse, TicketResponse, path_segment,
+    AddPeerRequest, AliasRequest, BatchResponse, BodyEncoding, EventEntry, EventRecord, EventsPage,
+    LaggedEvent, NodeStatus, PeerStatus, PeersResponse, SendRequest, SendResponse, TicketResponse,
+    path_segment,
 };
 
 use crate::{PeerCommand, UsageError};
@@ -41,8 +42,12 @@ fn print_peers(peers: &[PeerStatus]) {
             (false, false) => "offline",
         };
         let marks: Vec<String> = p.marks.iter().map(|m| m.mark.to_string()).collect();
+        let alias = p
+            .alias
+            .as_ref()
+            .map_or_else(String::new, |a| format!(" ({a})"));
         println!(
-            "  {}  {state:9}  queued {} msgs / {} bytes  received marks [{}]",
+            "  {}{alias}  {state:9}  queued {} msgs / {} bytes  received marks [{}]",
             p.node,
             p.queued_msgs,
             p.outbox_bytes,
@@ -68,6 +73,15 @@ pub(crate) async fn ticket(c: &Client) -> anyhow::Result<()> {
 /// `mesh peer ...`.
 pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
     match cmd {
+        PeerCommand::Name { id, alias } => {
+            let path = format!("/v1/peers/{}/alias", path_segment(&id));
+            let p: PeerStatus = c.put(&path, &AliasRequest { alias: Some(alias) }).await?;
+            println!(
+                "peer {} is {} here now",
+                p.node,
+                p.alias.as_deref().unwrap_or("unnamed")
+            );
+        }
         PeerCommand::Add { ticket } => {
             let p: PeerStatus = c.post("/v1/peers", &AddPeerRequest { ticket }).await?;
             println!("added peer {}", p.node);
@@ -135,25 +149,31 @@ pub(crate) async fn send(
     peer: String,
     text: String,
     lines: bool,
+    id: Option<String>,
     json: bool,
 ) -> anyhow::Result<()> {
+    if lines && id.is_some() {
+        return Err(
+            UsageError("--id names one message; it does not go with --lines".into()).into(),
+        );
+    }
     if text != "-" {
         if lines {
             return Err(UsageError("--lines reads stdin: pass `-` as the text".into()).into());
         }
-        let sent: SendResponse = c.post("/v1/send", &request(&peer, text)).await?;
+        let sent: SendResponse = c.post("/v1/send", &request(&peer, text, id)).await?;
         return print_sent(&sent, json);
     }
     let stdin = std::io::stdin();
     if !lines {
         let mut body = String::new();
         std::io::Read::read_to_string(&mut stdin.lock(), &mut body).context("cannot read stdin")?;
-        let sent: SendResponse = c.post("/v1/send", &request(&peer, body)).await?;
+        let sent: SendResponse = c.post("/v1/send", &request(&peer, body, id)).await?;
         return print_sent(&sent, json);
     }
     let mut chunk = Vec::with_capacity(SEND_LINES_CHUNK);
     for line in stdin.lock().lines() {
-        chunk.push(request(&peer, line.context("cannot read stdin")?));
+        chunk.push(request(&peer, line.context("cannot read stdin")?, None));
         if chunk.len() == SEND_LINES_CHUNK {
             send_chunk(c, std::mem::take(&mut chunk), json).await?;
         }
@@ -164,12 +184,13 @@ pub(crate) async fn send(
     Ok(())
 }
 
-fn request(peer: &str, body: String) -> SendRequest {
+fn request(peer: &str, body: String, client_id: Option<String>) -> SendRequest {
     SendRequest {
         to: peer.to_owned(),
         body,
         encoding: Default::default(),
         msg_kind: 0,
+        client_id,
     }
 }
 
@@ -297,7 +318,7 @@ fn print_entry(e: &EventEntry, me: &str, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
+pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer(&mut out, v)?;
     writeln!(out)?;

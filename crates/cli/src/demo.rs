@@ -440,6 +440,7 @@ impl DemoNode {
                 body,
                 encoding: Default::default(),
                 msg_kind: 0,
+                client_id: None,
             })
             .collect();
         let res: BatchResponse = self.client().post("/v1/send/batch", &reqs).await?;

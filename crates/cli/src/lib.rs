@@ -8,6 +8,7 @@
 // Tests unwrap: a panic there is the failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod agents;
 mod commands;
 pub mod demo;
 
@@ -34,6 +35,16 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "DIR")]
     pub data: Option<PathBuf>,
 
+    /// Act as this agent of the node (`send`, `inbox`, `reply`, `request`,
+    /// `mcp`), through its own socket.
+    #[arg(long, global = true, value_name = "NAME", env = mesh_api::paths::AGENT_ENV)]
+    pub agent: Option<String>,
+
+    /// The agent's socket [default: <data>/agents/NAME.sock; `mesh agent
+    /// list` shows each agent's].
+    #[arg(long, global = true, value_name = "PATH", env = mesh_api::paths::AGENT_SOCKET_ENV)]
+    pub agent_socket: Option<PathBuf>,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -55,24 +66,104 @@ pub enum Command {
     /// Manage the peers this node exchanges messages with.
     #[command(subcommand)]
     Peer(PeerCommand),
-    /// Send a message to a peer; prints its seq once it is durably committed.
+    /// Send a message; prints its seq (with `--agent`: its message id) once
+    /// it is durably committed.
+    ///
+    /// Without `--agent`, TO is a peer (its node id or alias) and the
+    /// message goes to that node's journal. With `--agent NAME`, the agent
+    /// sends: TO is `AGENT@NODE` (node by id or alias), or a node alone
+    /// for its journal; a message for an agent the node does not host
+    /// comes back as a bounce in the sender's inbox.
     ///
     /// Exits non-zero with the reason if it was not committed: 3 for a bad
-    /// request, 4 for an unknown peer, 5 for a full peer outbox or a busy
-    /// node (retry later), 6 if the daemon is not running or its store is
-    /// down (see `mesh --help`).
+    /// request or an unverified sender, 4 for an unknown peer or agent, 5
+    /// for a full peer outbox or a busy node (retry later), 6 if the daemon
+    /// is not running or its store is down (see `mesh --help`).
     Send {
-        /// The recipient's node id (as printed by `mesh id` on that node).
+        /// The recipient: a node id or alias, or (with --agent) `AGENT@NODE`.
         peer: String,
         /// The message text, or `-` to read it from stdin.
         text: String,
         /// With `-`: send each line of stdin as its own message.
         #[arg(long)]
         lines: bool,
+        /// A sender-chosen id: a retry with the same id within the node's
+        /// dedup window gets the first answer and is not sent again.
+        #[arg(long, value_name = "TEXT")]
+        id: Option<String>,
         /// Print JSON (id, stream, seq) instead of the seq.
         #[arg(long)]
         json: bool,
     },
+    /// Print this agent's inbox (`--agent NAME`): messages to it, bounces
+    /// of its messages, lag records of its subscriptions.
+    ///
+    /// Prints the entries, then `next: CURSOR` on stderr: pass it as
+    /// `--after` to continue exactly where this page ended.
+    Inbox {
+        /// Start after this cursor (default: the beginning).
+        #[arg(long, value_name = "CURSOR")]
+        after: Option<String>,
+        /// The most entries to print (1..=1000).
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+        limit: u32,
+        /// If there are none, wait this many seconds for the first to commit (0..=600).
+        #[arg(long, value_name = "SECS", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=600))]
+        wait: u64,
+        /// Print one JSON object per line.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Reply to a message in this agent's inbox (`--agent NAME`).
+    Reply {
+        /// The message's id (as `mesh inbox` prints it).
+        id: String,
+        /// The reply, or `-` to read it from stdin.
+        text: String,
+        /// Print JSON instead of the reply's id.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Send as this agent (`--agent NAME`) and wait for the reply.
+    ///
+    /// Prints the reply's body; exits 8 if none came in time (a late reply
+    /// still lands in the inbox).
+    Request {
+        /// The recipient, `AGENT@NODE`.
+        to: String,
+        /// The message text, or `-` to read it from stdin.
+        text: String,
+        /// How long to wait for the reply, in seconds.
+        #[arg(long, value_name = "SECS", default_value_t = 30)]
+        timeout: u64,
+        /// Print the reply as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Where a message is: queued, delivered (committed at the recipient
+    /// node), bounced, or lost (with its loss record).
+    Message {
+        /// The message's id.
+        id: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The agents on this node and on its peers, online or offline.
+    Agents {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Manage this node's agents.
+    #[command(subcommand)]
+    Agent(AgentCommand),
+    /// Serve MCP on stdio as this agent (`--agent NAME`): tools mesh_send,
+    /// mesh_inbox, mesh_request, mesh_reply, mesh_agents, mesh_status.
+    ///
+    /// A client of the agent's socket, for an MCP client's config (see the
+    /// README).
+    Mcp,
     /// Print journal entries (sent, received, gaps, losses) after a cursor.
     ///
     /// Prints the entries, then `next: CURSOR` on stderr: pass it as
@@ -123,9 +214,43 @@ pub enum Command {
     Bench(mesh_bench::BenchCommand),
 }
 
+/// `mesh agent ...`.
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Add an agent: its key, and its socket, through which it acts.
+    Add {
+        /// The agent's name, `[a-z0-9._-]{1,64}`, unique on this node.
+        name: String,
+        /// The uid whose processes may act as it [default: yours].
+        #[arg(long)]
+        uid: Option<u32>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List this node's agents.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an agent (its inbox index and key; its messages stay in the journal).
+    Remove {
+        /// The agent's name.
+        name: String,
+    },
+}
+
 /// `mesh peer ...`.
 #[derive(Debug, Subcommand)]
 pub enum PeerCommand {
+    /// Give a peer a local alias, so `AGENT@ALIAS` and `mesh send ALIAS` name it.
+    Name {
+        /// The peer's node id (or its current alias).
+        id: String,
+        /// The alias, `[a-z0-9._-]{1,64}`.
+        alias: String,
+    },
     /// Add a peer from the ticket it printed with `mesh ticket`.
     Add {
         /// The peer's ticket.
@@ -198,7 +323,9 @@ pub struct UsageError(pub String);
 /// # Errors
 /// The command's failure: a [`ClientError`] (with its fault) for what the
 /// daemon refused or could not be asked, a [`UsageError`], or another error.
-pub fn run(command: Command, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
+pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
+    let agent = agents::AgentArgs::new(&cli, dir);
+    let command = cli.command;
     // Client commands need little: one thread answers one request at a time.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -211,10 +338,12 @@ pub fn run(command: Command, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
     let c = Client::new(dir.socket_path());
     rt.block_on(async move {
         match command {
-            Command::Daemon { .. } | Command::Bench(_) | Command::Demo => Err(UsageError(
-                "`mesh daemon` and `mesh bench` are not client commands".into(),
-            )
-            .into()),
+            Command::Daemon { .. } | Command::Bench(_) | Command::Demo | Command::Mcp => {
+                Err(UsageError(
+                    "`mesh daemon`, `mesh bench` and `mesh mcp` are not client commands".into(),
+                )
+                .into())
+            }
             Command::Status { json } => commands::status(&c, json).await,
             Command::Id => commands::id(&c).await,
             Command::Ticket => commands::ticket(&c).await,
@@ -223,8 +352,36 @@ pub fn run(command: Command, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
                 peer,
                 text,
                 lines,
+                id,
                 json,
-            } => commands::send(&c, peer, text, lines, json).await,
+            } => match agent.client().await? {
+                Some(a) => agents::send(&a, peer, text, lines, id, json).await,
+                None => commands::send(&c, peer, text, lines, id, json).await,
+            },
+            Command::Inbox {
+                after,
+                limit,
+                wait,
+                json,
+            } => agents::inbox(&agent.required("inbox").await?, after, limit, wait, json).await,
+            Command::Reply { id, text, json } => {
+                agents::reply(&agent.required("reply").await?, id, text, json).await
+            }
+            Command::Request {
+                to,
+                text,
+                timeout,
+                json,
+            } => agents::request(&agent.required("request").await?, to, text, timeout, json).await,
+            Command::Message { id, json } => {
+                let c = agent.client().await?.unwrap_or(c);
+                agents::message(&c, id, json).await
+            }
+            Command::Agents { json } => {
+                let c = agent.client().await?.unwrap_or(c);
+                agents::agents(&c, json).await
+            }
+            Command::Agent(cmd) => agents::agent(&c, cmd).await,
             Command::Events { after, limit, json } => {
                 commands::events(&c, after, limit, json).await
             }
@@ -235,6 +392,7 @@ pub fn run(command: Command, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
 
 /// The exit code for `error`: its fault class's for what the daemon refused
 /// or could not be asked, [`EXIT_USAGE`] for a [`UsageError`],
+/// [`mesh_api::EXIT_TIMEOUT`] for a request without a reply in time,
 /// [`EXIT_OTHER`] for anything else.
 pub fn exit_code(error: &anyhow::Error) -> u8 {
     for cause in error.chain() {
@@ -243,6 +401,12 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
         }
         if cause.is::<UsageError>() {
             return EXIT_USAGE;
+        }
+        if cause.is::<agents::NoReply>() {
+            return mesh_api::EXIT_TIMEOUT;
+        }
+        if cause.is::<agents::NoAgent>() {
+            return Fault::Caller.exit_code();
         }
     }
     EXIT_OTHER
@@ -301,6 +465,9 @@ mod tests {
         .unwrap();
         assert_eq!(cli.data.as_deref(), Some(std::path::Path::new("/tmp/x")));
         assert!(matches!(cli.command, Command::Daemon { bind: Some(bind) } if bind.port() == 7000));
+        let cli =
+            Cli::try_parse_from(["mesh", "--agent", "alice", "send", "bob@gpu", "hi"]).unwrap();
+        assert_eq!(cli.agent.as_deref(), Some("alice"));
         assert!(Cli::try_parse_from(["mesh", "daemon", "--bind", "not-an-addr"]).is_err());
     }
 }

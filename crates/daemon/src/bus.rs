@@ -13,9 +13,9 @@ use std::sync::Arc;
 use mesh_store::Arrival;
 
 pub(crate) use mesh_bus::{
-    CoreConfig, CoreSendError, DropReason, NetConfig, Node, NodeConfig, NodeError, NodePeer,
-    NodeStatus, Outgoing, PeerChangeError, PeerError, Receipts, SendError, SendReceipt,
-    load_or_create_node_key,
+    CoreConfig, CoreSendError, DropReason, LocalWrite, NetConfig, Node, NodeConfig, NodeError,
+    NodePeer, NodeStatus, Outgoing, PeerChangeError, PeerError, Receipts, SendError, SendMeta,
+    SendReceipt, load_or_create_key, load_or_create_node_key,
 };
 
 /// The running bus node, as the API uses it. Cheap to clone.

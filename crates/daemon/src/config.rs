@@ -37,6 +37,8 @@ pub struct Config {
     pub api: ApiConfig,
     /// Networking between daemons.
     pub net: NetConfig,
+    /// The agents' sockets.
+    pub agents: AgentsConfig,
 }
 
 impl Default for Config {
@@ -46,8 +48,46 @@ impl Default for Config {
             outbox: OutboxConfig::default(),
             api: ApiConfig::default(),
             net: NetConfig::default(),
+            agents: AgentsConfig::default(),
         }
     }
+}
+
+/// `[agents]`: where the agents' sockets are.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct AgentsConfig {
+    /// The dir of the agents' sockets [default: `<data>/agents`]. The data
+    /// dir is mode 0700, so an agent of another uid than the daemon's can
+    /// reach its socket only in a dir outside it that its uid may enter
+    /// (e.g. `/run/agent-mesh`); the daemon creates a missing dir with mode
+    /// 0711.
+    pub socket_dir: Option<PathBuf>,
+}
+
+/// The default of `api.dedup_window`.
+pub const DEDUP_WINDOW_DEFAULT: &str = "24h";
+
+/// The accepted range of `api.dedup_window`, in milliseconds (1 s to 30 days).
+pub const DEDUP_WINDOW_MS_RANGE: std::ops::RangeInclusive<u64> = 1_000..=30 * 24 * 3_600_000;
+
+/// Parses a duration written as a number and a unit (`ms`, `s`, `m`, `h`,
+/// `d`), in milliseconds.
+pub fn parse_duration_ms(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit())?;
+    let (n, unit) = t.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let per = match unit.trim() {
+        "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(per)
 }
 
 /// `[outbox]`: the bounds of each outgoing stream and what happens when one is full.
@@ -103,7 +143,7 @@ pub enum OnFullConfig {
 }
 
 /// `[api]`: the local socket API.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct ApiConfig {
@@ -114,6 +154,17 @@ pub struct ApiConfig {
     /// before it counts as lagged, in milliseconds
     /// ([`SUBSCRIBER_STALL_MS_RANGE`]).
     pub subscriber_stall_ms: u64,
+    /// How long a send with a client id is remembered (a retry of it within
+    /// this gets the first answer), as a number and a unit: `"24h"`,
+    /// `"90m"` ([`DEDUP_WINDOW_MS_RANGE`]).
+    pub dedup_window: String,
+}
+
+impl ApiConfig {
+    /// `dedup_window` in milliseconds (checked when the config is read).
+    pub fn dedup_window_ms(&self) -> u64 {
+        parse_duration_ms(&self.dedup_window).unwrap_or(86_400_000)
+    }
 }
 
 impl Default for ApiConfig {
@@ -121,6 +172,7 @@ impl Default for ApiConfig {
         ApiConfig {
             subscriber_buffer: SUBSCRIBER_BUFFER_DEFAULT,
             subscriber_stall_ms: SUBSCRIBER_STALL_MS_DEFAULT,
+            dedup_window: DEDUP_WINDOW_DEFAULT.to_owned(),
         }
     }
 }
@@ -225,6 +277,16 @@ impl Config {
                 format!("must be between 1 and {SUBSCRIBER_BUFFER_MAX}"),
             ));
         }
+        match parse_duration_ms(&self.api.dedup_window) {
+            Some(ms) if DEDUP_WINDOW_MS_RANGE.contains(&ms) => {}
+            _ => {
+                return Err(bad(
+                    "api.dedup_window",
+                    "must be a number and a unit (ms, s, m, h, d) from 1s to 30d, e.g. \"24h\""
+                        .into(),
+                ));
+            }
+        }
         if !SUBSCRIBER_STALL_MS_RANGE.contains(&self.api.subscriber_stall_ms) {
             return Err(bad(
                 "api.subscriber_stall_ms",
@@ -270,8 +332,10 @@ mod tests {
             "[api]",
             "subscriber_buffer",
             "subscriber_stall_ms",
+            "dedup_window",
             "[net]",
             "relays",
+            "[agents]",
         ] {
             assert!(text.contains(key), "{key} missing from config/meshd.toml");
         }

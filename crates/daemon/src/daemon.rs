@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use mesh_api::{DataDir, DataDirError};
 use mesh_protocol::{Epoch, NodeId, NodeTicket};
-use mesh_store::{RedbStore, StoreError, StoreHandle};
+use mesh_store::{MeshStore, RedbStore, StoreError, StoreHandle};
+
+use crate::agents::Registry;
 
 use crate::api::{ApiParts, ApiSocket, ApiState, BindError};
 use crate::bus::{Bus, CoreConfig, NetConfig, Node, NodeConfig, NodeError};
@@ -71,6 +73,8 @@ pub struct Daemon {
     store: Weak<RedbStore>,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Announces agents going online and offline.
+    presence: tokio::task::JoinHandle<()>,
 }
 
 impl Daemon {
@@ -100,16 +104,60 @@ impl Daemon {
             net: NetConfig::with_bind_addr(bind),
             core: CoreConfig {
                 outbox: config.outbox.bounds(),
+                dedup_window_ms: config.api.dedup_window_ms(),
                 ..Default::default()
             },
         };
         let node = Arc::new(Node::start(node_config, key, handle.clone()).await?);
+        let bus = Bus::new(node.clone());
+        let registry = Arc::new(Registry::new(node.node_id(), dir.agent_keys_dir()));
+        let (records, aliases) = {
+            let store = store.clone();
+            tokio::task::spawn_blocking(move || {
+                Ok::<_, StoreError>((store.agents()?, store.aliases()?))
+            })
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("store read task failed: {e}")))??
+        };
+        for record in records {
+            let r = registry.clone();
+            let name = record.name.clone();
+            let secret = tokio::task::spawn_blocking(move || r.key(&name))
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("key task failed: {e}")))?
+                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            if secret.public() != record.key {
+                return Err(StoreError::Corrupt {
+                    path: dir.agent_keys_dir().display().to_string(),
+                    why: format!("agent {}'s key file does not hold its key", record.name),
+                }
+                .into());
+            }
+            registry.insert(record, secret);
+        }
+        let agent_socket_dir = config
+            .agents
+            .socket_dir
+            .clone()
+            .unwrap_or_else(|| dir.agent_sockets_dir());
         let state = ApiState::new(ApiParts {
-            bus: Bus::new(node.clone()),
+            bus: bus.clone(),
             store: store.clone(),
             store_file,
             subscriber_buffer: config.api.subscriber_buffer,
             subscriber_stall: Duration::from_millis(config.api.subscriber_stall_ms),
+            registry: registry.clone(),
+            agent_sockets_private: agent_socket_dir.starts_with(dir.root()),
+            agent_socket_dir,
+            aliases,
+        });
+        crate::api::start_agent_servers(&state).await?;
+        crate::agents::announce(&registry, &bus, true).await;
+        let presence = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(crate::agents::PRESENCE_TICK).await;
+                crate::agents::announce(&registry, &bus, false).await;
+            }
         });
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(crate::api::serve(socket, state, async move {
@@ -123,6 +171,7 @@ impl Daemon {
             store: Arc::downgrade(&store),
             stop,
             server,
+            presence,
         })
     }
 
@@ -167,8 +216,10 @@ impl Daemon {
             store,
             stop,
             server,
+            presence,
             ..
         } = self;
+        presence.abort();
         let _ = stop.send(());
         match server.await {
             Ok(Err(e)) => tracing::warn!("local API stopped with an error: {e}"),

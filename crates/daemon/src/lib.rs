@@ -7,11 +7,13 @@
 // Tests unwrap: a panic there is the failure report.
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
+mod agents;
 pub mod api;
 mod bus;
 pub mod config;
 mod daemon;
 mod foreground;
 
+pub use agents::{AGENT_ONLINE_MS, PRESENCE_TICK};
 pub use daemon::{Daemon, STORE_RELEASE_WAIT, StartError};
 pub use foreground::{RunError, run_foreground};

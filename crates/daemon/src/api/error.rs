@@ -4,9 +4,9 @@
 //!
 //! | fault | status | what |
 //! |---|---|---|
-//! | [`CallerError`] | 400, 403, 405, 409 | bad input, not allowed, a cursor of another node |
-//! | [`NotFound`] | 404 | unknown peer, cursor or route |
-//! | [`Capacity`] | 429, 409 | a full peer outbox, a busy node; too many peers |
+//! | [`CallerError`] | 400, 403, 405, 409 | bad input, not allowed, an unverified sender, a cursor of another node, an ambiguous name |
+//! | [`NotFound`] | 404 | unknown peer, agent, message, cursor or route |
+//! | [`Capacity`] | 429, 409 | a full peer outbox, a busy node; too many peers or agents |
 //! | [`Unavailable`] | 503 | the store or the node cannot serve now |
 //! | [`Bug`] | 500 | nothing the caller can change |
 //!
@@ -126,6 +126,20 @@ pub enum CallerError {
     /// The route exists but not with this method.
     #[error("method not allowed for this route")]
     MethodNotAllowed,
+    /// The caller is not the agent it acts as: another uid, another
+    /// agent's socket, an agent that no longer exists, or a send as an
+    /// agent that did not come through the agent's socket.
+    #[error("unverified sender: {0}")]
+    UnverifiedSender(String),
+    /// A name matches more than one node; the message lists them.
+    #[error("{0}")]
+    AmbiguousName(String),
+    /// A client id was already used for another message.
+    #[error("{0}")]
+    ClientIdReused(String),
+    /// An agent of that name exists already.
+    #[error("there is an agent {0} on this node already")]
+    AgentExists(String),
 }
 
 /// What the request names does not exist.
@@ -138,6 +152,17 @@ pub enum NotFound {
     /// No named cursor of that name.
     #[error("no cursor named {0:?}; set it with PUT /v1/cursors/{{name}}")]
     UnknownCursor(String),
+    /// No agent of that name on this node.
+    #[error("no agent {0} on this node; `mesh agent list` shows them")]
+    UnknownAgent(String),
+    /// No message of that id is known to this node.
+    #[error("no message {0} is known to this node (it neither sent nor received it)")]
+    UnknownMessage(String),
+    /// No node has that name or alias.
+    #[error(
+        "no node is named {0:?}: not a node id, a peer's alias (`mesh peer name`) or a peer's name"
+    )]
+    UnknownName(String),
     /// No such route.
     #[error("no route {method} {path}; the routes are under /v1 (see the README)")]
     NoRoute {
@@ -163,6 +188,9 @@ pub enum Capacity {
     /// The node knows as many peers as it may.
     #[error("{0}")]
     TooManyPeers(String),
+    /// The node hosts as many agents as it may.
+    #[error("{0}")]
+    TooManyAgents(String),
 }
 
 /// The node cannot serve now; nothing the caller did, and nothing was written.
@@ -243,6 +271,10 @@ impl ApiError {
                 CallerError::MethodNotAllowed => {
                     (S::METHOD_NOT_ALLOWED, ErrorCode::MethodNotAllowed)
                 }
+                CallerError::UnverifiedSender(_) => (S::FORBIDDEN, ErrorCode::UnverifiedSender),
+                CallerError::AmbiguousName(_) => (S::CONFLICT, ErrorCode::AmbiguousName),
+                CallerError::ClientIdReused(_) => (S::CONFLICT, ErrorCode::ClientIdReused),
+                CallerError::AgentExists(_) => (S::CONFLICT, ErrorCode::AgentExists),
                 CallerError::BodyUnreadable(_)
                 | CallerError::BadNodeId { .. }
                 | CallerError::BadValue(_)
@@ -254,11 +286,15 @@ impl ApiError {
                 NotFound::UnknownPeer(_) => (S::NOT_FOUND, ErrorCode::UnknownPeer),
                 NotFound::UnknownCursor(_) => (S::NOT_FOUND, ErrorCode::UnknownCursor),
                 NotFound::NoRoute { .. } => (S::NOT_FOUND, ErrorCode::NoRoute),
+                NotFound::UnknownAgent(_) => (S::NOT_FOUND, ErrorCode::UnknownAgent),
+                NotFound::UnknownMessage(_) => (S::NOT_FOUND, ErrorCode::UnknownMessage),
+                NotFound::UnknownName(_) => (S::NOT_FOUND, ErrorCode::UnknownPeer),
             },
             ErrorKind::Capacity(e) => match e {
                 Capacity::OutboxFull(_) => (S::TOO_MANY_REQUESTS, ErrorCode::OutboxFull),
                 Capacity::Busy(_) => (S::TOO_MANY_REQUESTS, ErrorCode::Busy),
                 Capacity::TooManyPeers(_) => (S::CONFLICT, ErrorCode::TooManyPeers),
+                Capacity::TooManyAgents(_) => (S::CONFLICT, ErrorCode::TooManyAgents),
             },
             ErrorKind::Unavailable(e) => match e {
                 Unavailable::Store(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::StoreUnavailable),
@@ -413,6 +449,22 @@ pub(crate) fn send_error(to: NodeId, e: SendError) -> ApiError {
             e @ CoreSendError::Busy { .. } => Capacity::Busy(e.to_string()).into(),
             e @ CoreSendError::OutboxFull { .. } => Capacity::OutboxFull(e.to_string()).into(),
             e @ CoreSendError::Store(_) => Unavailable::Store(e.to_string()).into(),
+            e @ CoreSendError::UnknownAgent(_) => {
+                CallerError::UnverifiedSender(e.to_string()).into()
+            }
+            CoreSendError::NoSuchLocalAgent(n) => match n {
+                Some(n) => NotFound::UnknownAgent(n.to_string()).into(),
+                None => CallerError::BadValue(
+                    "a message to this node itself must name one of its agents (AGENT@NODE)".into(),
+                )
+                .into(),
+            },
+            e @ CoreSendError::ClientIdReused { .. } => {
+                CallerError::ClientIdReused(e.to_string()).into()
+            }
+            e @ (CoreSendError::ReservedKind(_) | CoreSendError::NotAnAgentMessage) => {
+                CallerError::BadValue(e.to_string()).into()
+            }
             e => Bug::new(e.to_string()).into(),
         },
         e @ SendError::Stopped => Unavailable::Node(e.to_string()).into(),
@@ -449,6 +501,11 @@ mod tests {
             Capacity::OutboxFull("full".into()).into(),
             Capacity::Busy("busy".into()).into(),
             Capacity::TooManyPeers("many".into()).into(),
+            Capacity::TooManyAgents("many".into()).into(),
+            CallerError::UnverifiedSender("uid".into()).into(),
+            CallerError::AmbiguousName("two".into()).into(),
+            NotFound::UnknownAgent("carol".into()).into(),
+            NotFound::UnknownMessage("00".into()).into(),
             Unavailable::Store("disk".into()).into(),
             Unavailable::Node("stopping".into()).into(),
             Bug::new("oops").into(),

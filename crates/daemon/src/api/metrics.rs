@@ -88,6 +88,22 @@ fn render(st: &ApiState, bus: Option<&NodeStatus>) -> String {
         "Messages committed through the local API.",
         load(&c.sent),
     );
+    t.counter(
+        "mesh_api_agent_sent_total",
+        "Agent messages committed through agents' sockets.",
+        load(&c.agent_sent),
+    );
+    t.family(
+        "mesh_api_inbox_waits",
+        "gauge",
+        "Agents' inbox reads waiting for an entry now.",
+        &[("", load(&c.inbox_waits))],
+    );
+    t.counter(
+        "mesh_api_unverified_sender_total",
+        "Requests on an agent's socket refused as not from that agent.",
+        load(&c.refused_agent),
+    );
     t.family(
         "mesh_api_subscribers",
         "gauge",
@@ -119,6 +135,57 @@ fn render(st: &ApiState, bus: Option<&NodeStatus>) -> String {
 
 fn render_bus(t: &mut Text, status: &NodeStatus) {
     for (name, help, v) in bus_counters(status) {
+        t.counter(&format!("mesh_{name}"), help, v);
+    }
+    let a = &status.core.agents;
+    let agents: [(&str, &str, u64); 9] = [
+        (
+            "agent_sends_total",
+            "Agent messages taken to send.",
+            a.sends,
+        ),
+        (
+            "agent_retries_answered_total",
+            "Retried sends answered with the first send's receipt.",
+            a.retries_answered,
+        ),
+        (
+            "agent_delivered_total",
+            "Agent messages put in an agent's inbox here.",
+            a.delivered,
+        ),
+        (
+            "agent_unverified_senders_total",
+            "Of those, messages whose sender its node never announced.",
+            a.unverified_senders,
+        ),
+        (
+            "agent_undeliverable_total",
+            "Agent messages received for an agent this node does not host.",
+            a.undeliverable,
+        ),
+        (
+            "agent_bounces_sent_total",
+            "Bounces sent back.",
+            a.bounces_sent,
+        ),
+        (
+            "agent_bounces_refused_total",
+            "Bounces the author's outbox did not take.",
+            a.bounces_refused,
+        ),
+        (
+            "agent_bounces_received_total",
+            "Bounces put in an agent's inbox here.",
+            a.bounces_received,
+        ),
+        (
+            "agent_payloads_malformed_total",
+            "Agent envelopes whose payload did not decode.",
+            a.malformed,
+        ),
+    ];
+    for (name, help, v) in agents {
         t.counter(&format!("mesh_{name}"), help, v);
     }
     let labels: Vec<String> = DROP_REASONS

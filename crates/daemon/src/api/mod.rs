@@ -8,44 +8,54 @@
 //!
 //! Routes: `GET /v1/status`, `GET /v1/ticket`, `POST /v1/peers {ticket}`,
 //! `GET /v1/peers`, `DELETE /v1/peers/{id}`, `POST /v1/peers/{id}/pause`,
-//! `POST /v1/peers/{id}/resume`, `POST /v1/send`,
+//! `POST /v1/peers/{id}/resume`, `PUT /v1/peers/{id}/alias`, `POST /v1/send`,
 //! `POST /v1/send/batch` (a JSON array, or NDJSON with
 //! `Content-Type: application/x-ndjson`), `GET /v1/events?after=&limit=`,
 //! `GET /v1/subscribe?after=` (SSE), `PUT`/`GET /v1/cursors/{name}`,
-//! `GET /metrics`.
+//! `POST`/`GET /v1/agents`, `DELETE /v1/agents/{name}`,
+//! `GET /v1/messages/{id}`, `GET /metrics`; and an agent's own routes
+//! ([`agents`]), served on its socket (`agent_socket`).
 //!
 //! Wiring (`Daemon::start`): build an `ApiState` from `ApiParts`, bind an
 //! [`ApiSocket`], then `serve` until the shutdown future resolves. A send
 //! goes route (`send`, `ndjson`) → `ApiState::submit` → the node's one
 //! submit call (`crate::bus`).
 
+mod agent_socket;
+mod agents;
 pub mod error;
 mod json;
 mod metrics;
 mod ndjson;
 mod peers;
+mod resolve;
 mod routes;
 mod send;
 mod socket;
 mod subscribe;
 
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{ConnectInfo, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use mesh_protocol::{Epoch, NodeId};
+use axum::routing::{delete, get, post, put};
+use mesh_protocol::{AgentName, Epoch, NodeId};
 use mesh_store::{Arrival, RedbStore};
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 
+use crate::agents::Registry;
 use crate::bus::Bus;
 
+pub(crate) use agent_socket::start_agent_servers;
+
+pub use agents::{INBOX_SCAN_ROWS_MAX, INBOX_WAIT_SECS_MAX, LOSS_SCAN_ENTRIES_MAX};
 pub use error::{ApiError, Bug, CallerError, Capacity, ErrorKind, NotFound, Unavailable};
 pub use socket::{ApiSocket, BindError, CONNECTIONS_MAX, PeerCred, daemon_uid};
 
@@ -81,6 +91,15 @@ pub(crate) struct ApiParts {
     /// How long a live subscriber may take nothing from its full buffer
     /// before it is lagged (`[api] subscriber_stall_ms`).
     pub(crate) subscriber_stall: Duration,
+    /// This node's agents.
+    pub(crate) registry: Arc<Registry>,
+    /// Where the agents' sockets are.
+    pub(crate) agent_socket_dir: PathBuf,
+    /// Whether that dir is inside the data dir (mode 0700: only the
+    /// daemon's uid and root can reach a socket there).
+    pub(crate) agent_sockets_private: bool,
+    /// The node aliases in the store.
+    pub(crate) aliases: Vec<(String, NodeId)>,
 }
 
 /// The API's shared state; cheap to clone.
@@ -101,7 +120,18 @@ struct Inner {
     daemon_uid: u32,
     /// Set to true when the server stops: live subscriptions end.
     closing: watch::Sender<bool>,
+    /// Set to true [`SHUTDOWN_GRACE`] after that: connections still open are cut.
+    abort: watch::Sender<bool>,
+    /// The [`CONNECTIONS_MAX`] connections, over every socket.
+    permits: Arc<Semaphore>,
     counters: Counters,
+    registry: Arc<Registry>,
+    agent_socket_dir: PathBuf,
+    agent_sockets_private: bool,
+    /// Node aliases (`mesh peer name`), as in the store.
+    aliases: RwLock<BTreeMap<String, NodeId>>,
+    /// Each agent's socket server.
+    agent_servers: Mutex<HashMap<AgentName, agent_socket::AgentServer>>,
 }
 
 /// The API's own counters, rendered by `GET /metrics`.
@@ -116,6 +146,10 @@ struct Counters {
     loss_records_failed: AtomicU64,
     sent: AtomicU64,
     next_subscriber: AtomicU64,
+    refused_agent: AtomicU64,
+    agent_sent: AtomicU64,
+    /// Inbox reads waiting for an entry now.
+    inbox_waits: AtomicU64,
 }
 
 impl ApiState {
@@ -133,7 +167,14 @@ impl ApiState {
                 subscriber_stall: parts.subscriber_stall,
                 daemon_uid: daemon_uid(),
                 closing: watch::Sender::new(false),
+                abort: watch::Sender::new(false),
+                permits: Arc::new(Semaphore::new(CONNECTIONS_MAX)),
                 counters: Counters::default(),
+                registry: parts.registry,
+                agent_socket_dir: parts.agent_socket_dir,
+                agent_sockets_private: parts.agent_sockets_private,
+                aliases: RwLock::new(parts.aliases.into_iter().collect()),
+                agent_servers: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -147,6 +188,7 @@ impl ApiState {
             .route("/v1/peers/{id}", axum::routing::delete(peers::remove_peer))
             .route("/v1/peers/{id}/pause", post(peers::pause_peer))
             .route("/v1/peers/{id}/resume", post(peers::resume_peer))
+            .route("/v1/peers/{id}/alias", put(peers::put_alias))
             .route("/v1/send", post(send::send_one))
             .route("/v1/send/batch", post(send::send_batch))
             .route("/v1/events", get(routes::events))
@@ -155,12 +197,53 @@ impl ApiState {
                 "/v1/cursors/{name}",
                 put(routes::put_cursor).get(routes::get_cursor),
             )
+            .route(
+                "/v1/agents",
+                post(agents::add_agent).get(agents::list_agents),
+            )
+            .route("/v1/agents/{name}", delete(agents::remove_agent))
+            .merge(Self::agent_routes())
             .route("/metrics", get(metrics::metrics))
             .fallback(routes::no_route)
             .method_not_allowed_fallback(routes::method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(
                 self.clone(),
                 authorize,
+            ))
+            .with_state(self.clone())
+    }
+
+    /// The routes an agent uses (on its socket, as itself; on the node's
+    /// socket the reads only, for the node's operator).
+    fn agent_routes() -> Router<ApiState> {
+        Router::new()
+            .route("/v1/agents/{name}/send", post(agents::send))
+            .route("/v1/agents/{name}/send/batch", post(agents::send_batch))
+            .route("/v1/agents/{name}/reply", post(agents::reply))
+            .route("/v1/agents/{name}/inbox", get(agents::inbox))
+            .route(
+                "/v1/agents/{name}/subscribe",
+                get(subscribe::subscribe_inbox),
+            )
+            .route(
+                "/v1/agents/{name}/cursors/{cursor}",
+                put(agents::put_cursor).get(agents::get_cursor),
+            )
+            .route("/v1/messages/{id}", get(agents::message))
+    }
+
+    /// The routes of agent `name`'s socket, behind the check that the
+    /// caller is that agent.
+    fn agent_router(&self, name: AgentName) -> Router {
+        Router::new()
+            .route("/v1/status", get(peers::status))
+            .route("/v1/agents", get(agents::list_agents))
+            .merge(Self::agent_routes())
+            .fallback(routes::no_route)
+            .method_not_allowed_fallback(routes::method_not_allowed)
+            .layer(axum::middleware::from_fn_with_state(
+                (self.clone(), name),
+                agent_socket::authorize_agent,
             ))
             .with_state(self.clone())
     }
@@ -199,11 +282,12 @@ pub(crate) async fn serve(
     let app = state
         .router()
         .into_make_service_with_connect_info::<PeerCred>();
-    let (abort, abort_rx) = watch::channel(false);
+    let abort = state.inner.abort.clone();
     let listener = socket::Bounded {
         listener,
-        permits: Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX)),
-        abort: abort_rx,
+        permits: state.inner.permits.clone(),
+        abort: abort.subscribe(),
+        activity: None,
     };
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(async move {
@@ -223,6 +307,7 @@ pub(crate) async fn serve(
         })
         .await;
     ApiSocket::remove_file(&path, ino);
+    state.stop_agent_servers().await;
     result
 }
 

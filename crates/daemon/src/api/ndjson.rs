@@ -25,11 +25,9 @@ use axum::response::{IntoResponse, Response};
 use bytes::{Bytes, BytesMut};
 use futures_util::{FutureExt as _, StreamExt as _};
 use http_body_util::BodyExt as _;
-use mesh_api::SendRequest;
 use mesh_protocol::{MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES};
 
-use super::routes::parse_json;
-use super::send::{Answers, Pending, message};
+use super::send::{Answers, Pending};
 use super::{ApiError, CallerError, SEND_REQUEST_BYTES_MAX};
 use crate::bus::Outgoing;
 
@@ -53,11 +51,15 @@ where
     type Queued = Q;
 }
 
+/// How one NDJSON line becomes a message (a node send, an agent send).
+pub(super) type ParseLine = Box<dyn Fn(&[u8]) -> Result<Outgoing, ApiError> + Send + Sync>;
+
 /// NDJSON lines read from a streamed body and parsed into the next chunk.
 /// Every await in here is cancel-safe: what was read is kept in `buf` and
 /// what was parsed in `chunk`.
 struct Lines {
     body: Body,
+    parse: ParseLine,
     buf: BytesMut,
     /// Bytes at the start of `buf` already searched for a line end.
     scanned: usize,
@@ -70,9 +72,10 @@ struct Lines {
 }
 
 impl Lines {
-    fn new(body: Body) -> Lines {
+    fn new(body: Body, parse: ParseLine) -> Lines {
         Lines {
             body,
+            parse,
             buf: BytesMut::new(),
             scanned: 0,
             eof: false,
@@ -120,9 +123,7 @@ impl Lines {
                 continue;
             }
             let no = self.line_no;
-            let msg = parse_json::<SendRequest>(&line)
-                .and_then(message)
-                .map_err(|e| e.at(format!("line {no}")))?;
+            let msg = (self.parse)(&line).map_err(|e| e.at(format!("line {no}")))?;
             self.chunk_bytes += msg.payload.len() as u64;
             self.chunk.push(msg);
         }
@@ -309,8 +310,13 @@ impl<S: Submit> NdjsonSends<S> {
 
 /// The answer to an NDJSON `POST /v1/send/batch` of `body`: chunks go to
 /// the node through `submit`, answers are written by `answers`.
-pub(super) async fn respond<S: Submit>(submit: S, mut answers: Answers, body: Body) -> Response {
-    let mut lines = Lines::new(body);
+pub(super) async fn respond<S: Submit>(
+    submit: S,
+    mut answers: Answers,
+    body: Body,
+    parse: impl Fn(&[u8]) -> Result<Outgoing, ApiError> + Send + Sync + 'static,
+) -> Response {
+    let mut lines = Lines::new(body, Box::new(parse));
     let error_response = |e: ApiError| {
         let status = e.status();
         (
@@ -423,6 +429,14 @@ mod tests {
         Answers::new(SecretKey::from_bytes(&[1; 32]).public(), Epoch([2; 16]))
     }
 
+    /// Parses a node send line whose `to` is a node id.
+    fn parse(line: &[u8]) -> Result<Outgoing, ApiError> {
+        let req: mesh_api::SendRequest = crate::api::routes::parse_json(line)?;
+        crate::api::send::message(req, |t| {
+            Err(CallerError::BadValue(format!("{t} is not a node id")).into())
+        })
+    }
+
     /// Runs a test that waits on the handler, failing it rather than hanging.
     async fn bounded(test: impl std::future::Future<Output = ()>) {
         tokio::time::timeout(std::time::Duration::from_secs(60), test)
@@ -451,7 +465,7 @@ mod tests {
             // The first chunk (lines 1–3) commits before the answer starts.
             tx.send(frame(1..4)).await.unwrap();
             node.commits.add_permits(1);
-            let resp = respond(node.submitter(), answers(), body).await;
+            let resp = respond(node.submitter(), answers(), body, parse).await;
             assert_eq!(resp.status(), StatusCode::OK);
             let (lines_tx, mut answers) = mpsc::unbounded_channel::<String>();
             let reader = tokio::spawn(async move {
@@ -537,7 +551,7 @@ mod tests {
                 rx.recv().await.map(|b| (Ok::<_, Infallible>(b), rx))
             }));
             node.commits.add_permits(1);
-            let resp = respond(node.submitter(), answers(), body).await;
+            let resp = respond(node.submitter(), answers(), body, parse).await;
             let collect =
                 tokio::spawn(async move { resp.into_body().collect().await.unwrap().to_bytes() });
             let mut handed = node.handed.subscribe();

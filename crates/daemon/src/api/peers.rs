@@ -7,14 +7,14 @@ use std::sync::atomic::Ordering;
 use axum::Json;
 use axum::extract::{Path, Request, State};
 use mesh_api::{
-    AddPeerRequest, NodeStatus, PeerStatus, PeersResponse, StatusResponse, StreamJson, StreamMark,
-    TicketResponse,
+    AddPeerRequest, AliasRequest, NodeStatus, PeerStatus, PeersResponse, StatusResponse,
+    StreamJson, StreamMark, TicketResponse,
 };
-use mesh_protocol::{NodeId, NodeTicket};
+use mesh_protocol::{AgentName, NodeId, NodeTicket};
 use mesh_store::{MeshStore, OwnStream};
 
 use super::error::node_error;
-use super::routes::{parse_node_id, read_json, read_store};
+use super::routes::{read_json, read_store};
 use super::{ApiError, ApiState, CallerError, NotFound, REQUEST_BYTES_MAX};
 use crate::bus::{NodePeer, NodeStatus as BusStatus};
 
@@ -45,7 +45,12 @@ impl ApiState {
         Ok(status
             .peers
             .into_iter()
-            .map(|p| peer_status(p, &epochs, &mut by_author))
+            .map(|p| {
+                let alias = self.alias_of(&p.node);
+                let mut s = peer_status(p, &epochs, &mut by_author);
+                s.alias = alias;
+                s
+            })
             .collect())
     }
 
@@ -78,6 +83,7 @@ fn peer_status(
         queued_msgs,
         outbox_bytes,
         paused: p.paused,
+        alias: None,
     }
 }
 
@@ -149,7 +155,7 @@ pub(super) async fn remove_peer(
     State(st): State<ApiState>,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let node = parse_node_id(&id)?;
+    let node = st.resolve_peer_arg(&id)?;
     let status = st.inner.bus.status().await.map_err(node_error)?;
     if !status.peers.iter().any(|p| p.node == node) {
         return Err(NotFound::UnknownPeer(node).into());
@@ -172,10 +178,63 @@ pub(super) async fn resume_peer(
     set_paused(st, &id, false).await
 }
 
+/// `PUT /v1/peers/{id}/alias`: sets (or with `null` removes) this node's
+/// local alias of the peer `id` (an id, an alias or a name), so that
+/// `AGENT@ALIAS` and `mesh send ALIAS` name it.
+pub(super) async fn put_alias(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Result<Json<PeerStatus>, ApiError> {
+    let node = st.resolve_peer_arg(&id)?;
+    let body: AliasRequest = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
+    if let Some(a) = &body.alias {
+        AgentName::new(a).map_err(|e| {
+            CallerError::BadValue(format!(
+                "bad alias {:?}: {}",
+                super::routes::cut(a),
+                e.to_string().replace("agent name", "alias")
+            ))
+        })?;
+        if mesh_protocol::parse_node_id(a).is_ok() {
+            return Err(CallerError::BadValue(format!("alias {a:?} reads as a node id")).into());
+        }
+        if let Some(other) = st.aliases().get(a.as_str()).filter(|n| **n != node) {
+            return Err(CallerError::AmbiguousName(format!(
+                "alias {a:?} names node {other} already; remove it there first"
+            ))
+            .into());
+        }
+    }
+    let peer = st.peer(node).await?;
+    if let Some(old) = st
+        .alias_of(&node)
+        .filter(|o| Some(o) != body.alias.as_ref())
+    {
+        let write = crate::bus::LocalWrite::PutAlias {
+            alias: old,
+            node: None,
+        };
+        st.inner.bus.local_write(write).await.map_err(node_error)?;
+    }
+    if let Some(a) = &body.alias {
+        let write = crate::bus::LocalWrite::PutAlias {
+            alias: a.clone(),
+            node: Some(node),
+        };
+        st.inner.bus.local_write(write).await.map_err(node_error)?;
+    }
+    st.set_alias(node, body.alias.as_deref());
+    Ok(Json(PeerStatus {
+        alias: body.alias,
+        ..peer
+    }))
+}
+
 /// Pauses or resumes the link to the peer `id` and answers the peer as it
 /// is then. Not durable: a restarted node has no paused link.
 async fn set_paused(st: ApiState, id: &str, paused: bool) -> Result<Json<PeerStatus>, ApiError> {
-    let node = parse_node_id(id)?;
+    let node = st.resolve_peer_arg(id)?;
     st.inner
         .bus
         .set_peer_paused(node, paused)

@@ -22,7 +22,7 @@ use super::{
     ApiError, ApiState, BATCH_MSGS_MAX, BATCH_REQUEST_BYTES_MAX, Bug, CallerError,
     SEND_REQUEST_BYTES_MAX,
 };
-use crate::bus::{Outgoing, SendError, SendReceipt};
+use crate::bus::{Outgoing, SendError, SendMeta, SendReceipt};
 
 /// The answers of messages handed to the node, to come: every receipt, in
 /// order, or the first refusal (noting how many of the others were committed).
@@ -118,9 +118,17 @@ fn answer(
     }
 }
 
-/// Checks one send request and turns it into a message.
-pub(super) fn message(req: SendRequest) -> Result<Outgoing, ApiError> {
-    let to = parse_node_id(&req.to)?;
+/// Checks one send request and turns it into a message; `to` is a node
+/// id, or resolved by `resolve` (aliases, names).
+pub(super) fn message(
+    req: SendRequest,
+    resolve: impl FnOnce(&str) -> Result<NodeId, ApiError>,
+) -> Result<Outgoing, ApiError> {
+    let to = match parse_node_id(&req.to) {
+        Ok(id) => id,
+        Err(e) => resolve(&req.to).map_err(|_| e)?,
+    };
+    super::agents::check_client_id(req.client_id.as_deref())?;
     let payload = req
         .encoding
         .decode(req.body)
@@ -132,16 +140,25 @@ pub(super) fn message(req: SendRequest) -> Result<Outgoing, ApiError> {
         }
         .into());
     }
-    Ok(Outgoing::plain(to, req.msg_kind, payload))
+    let mut msg = Outgoing::plain(to, req.msg_kind, payload);
+    if let Some(client_id) = req.client_id {
+        msg.meta = Some(Box::new(SendMeta {
+            client_id: Some(client_id),
+            ..SendMeta::default()
+        }));
+    }
+    Ok(msg)
 }
 
 /// Writes send answers (`{id, stream, seq}`, as [`SendResponse`]) as JSON,
 /// each stream's JSON made once for a run of answers on it rather than once
-/// per answer.
+/// per answer. With `msg_ids` (agent sends), `id` is the message id and
+/// the journal cursor follows as `cursor`.
 pub(super) struct Answers {
     node: NodeId,
     epoch: Epoch,
     stream: Option<(StreamId, Vec<u8>)>,
+    pub(super) msg_ids: bool,
 }
 
 impl Answers {
@@ -151,6 +168,7 @@ impl Answers {
             node,
             epoch,
             stream: None,
+            msg_ids: false,
         }
     }
 
@@ -162,8 +180,14 @@ impl Answers {
         }
         let cursor = Cursor::new(&self.node, self.epoch, sent.arrival);
         // Writing to a Vec cannot fail; the cursor is base32 with a plain
-        // prefix, so it needs no escaping.
-        let _ = write!(out, "{{\"id\":\"{cursor}\",\"stream\":");
+        // prefix and the id hex, so neither needs escaping.
+        if self.msg_ids {
+            let to = sent.stream.recipient().unwrap_or(self.node);
+            let id = mesh_protocol::MsgId::derive(&self.node, self.epoch, &to, sent.seq);
+            let _ = write!(out, "{{\"id\":\"{id}\",\"cursor\":\"{cursor}\",\"stream\":");
+        } else {
+            let _ = write!(out, "{{\"id\":\"{cursor}\",\"stream\":");
+        }
         if let Some((_, json)) = &self.stream {
             out.extend_from_slice(json);
         }
@@ -198,7 +222,7 @@ pub(super) async fn send_one(State(st): State<ApiState>, req: Request) -> Respon
             "; a message body may be at most 1 MiB",
         )
         .await?;
-        let msg = message(parse_json(&bytes)?)?;
+        let msg = message(parse_json(&bytes)?, |t| st.resolve_peer_arg(t))?;
         let sent = st.submit(vec![msg]).await.answers().await?;
         let mut out = Vec::with_capacity(256);
         let mut answers = st.answers();
@@ -225,7 +249,13 @@ pub(super) async fn send_batch(State(st): State<ApiState>, req: Request) -> Resp
         })
         .unwrap_or(false);
     if ndjson {
-        super::ndjson::respond(st.submitter(), st.answers(), req.into_body()).await
+        let resolver = st.clone();
+        let parse = move |line: &[u8]| {
+            message(parse_json::<SendRequest>(line)?, |t| {
+                resolver.resolve_peer_arg(t)
+            })
+        };
+        super::ndjson::respond(st.submitter(), st.answers(), req.into_body(), parse).await
     } else {
         send_array(st, req.into_body())
             .await
@@ -252,7 +282,7 @@ async fn send_array(st: ApiState, body: Body) -> Result<Json<BatchResponse>, Api
     let msgs = reqs
         .into_iter()
         .enumerate()
-        .map(|(i, r)| message(r).map_err(|e| e.at(format!("item {i}"))))
+        .map(|(i, r)| message(r, |t| st.resolve_peer_arg(t)).map_err(|e| e.at(format!("item {i}"))))
         .collect::<Result<Vec<_>, _>>()?;
     let sent = st.submit(msgs).await.answers().await?;
     let answers = st.answers();
@@ -275,26 +305,39 @@ mod tests {
             to: node.to_string(),
             body: "aGk=".into(),
             encoding: BodyEncoding::Base64,
-            msg_kind: 3,
+            msg_kind: 30,
+            client_id: None,
         };
-        let m = message(ok.clone()).unwrap();
-        assert_eq!((m.to, m.kind, m.payload.as_slice()), (node, 3, &b"hi"[..]));
+        let no_names = |_: &str| -> Result<NodeId, ApiError> {
+            Err(CallerError::BadValue("no names here".into()).into())
+        };
+        let m = message(ok.clone(), no_names).unwrap();
+        assert_eq!((m.to, m.kind, m.payload.as_slice()), (node, 30, &b"hi"[..]));
         let bad_to = SendRequest {
             to: "bob".into(),
             ..ok.clone()
         };
-        assert_eq!(message(bad_to).unwrap_err().code().as_str(), "bad_request");
+        assert_eq!(
+            message(bad_to, no_names).unwrap_err().code().as_str(),
+            "bad_request"
+        );
         let bad_b64 = SendRequest {
             body: "!!".into(),
             ..ok.clone()
         };
-        assert_eq!(message(bad_b64).unwrap_err().code().as_str(), "bad_request");
+        assert_eq!(
+            message(bad_b64, no_names).unwrap_err().code().as_str(),
+            "bad_request"
+        );
         let big = SendRequest {
             body: "x".repeat(MAX_BATCH_PAYLOAD_BYTES as usize + 1),
             encoding: BodyEncoding::Text,
             ..ok
         };
-        assert_eq!(message(big).unwrap_err().code().as_str(), "bad_request");
+        assert_eq!(
+            message(big, no_names).unwrap_err().code().as_str(),
+            "bad_request"
+        );
     }
 
     fn receipt(to: NodeId, seq: u64) -> SendReceipt {

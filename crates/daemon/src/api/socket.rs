@@ -25,6 +25,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The socket file's mode: owner read/write only.
 const SOCKET_MODE: u32 = 0o600;
 
+/// An agent socket's mode: anyone may connect, the peer's uid decides.
+const AGENT_SOCKET_MODE: u32 = 0o666;
+
 /// Why the control socket could not be bound.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -64,6 +67,19 @@ impl ApiSocket {
     /// Binds `path`: a stale socket left by a dead daemon is removed, a live
     /// one (a connect succeeds) is [`BindError::AnotherDaemon`].
     pub async fn bind(path: &Path) -> Result<ApiSocket, BindError> {
+        Self::bind_with_mode(path, SOCKET_MODE).await
+    }
+
+    /// Binds an agent's socket at `path`, as [`ApiSocket::bind`] but with
+    /// mode 0666: who may act as the agent is decided by the peer's uid
+    /// (SO_PEERCRED), which a process cannot forge, so that an agent of
+    /// another uid than the daemon's can connect at all (a daemon that is
+    /// not root cannot give a socket to another uid).
+    pub(crate) async fn bind_agent(path: &Path) -> Result<ApiSocket, BindError> {
+        Self::bind_with_mode(path, AGENT_SOCKET_MODE).await
+    }
+
+    async fn bind_with_mode(path: &Path, mode: u32) -> Result<ApiSocket, BindError> {
         let io = |source| BindError::Io {
             path: path.to_owned(),
             source,
@@ -94,7 +110,7 @@ impl ApiSocket {
         let listener = UnixListener::bind(path).map_err(io)?;
         // The data dir is 0700 already; this keeps the socket private even if
         // the dir is opened up later.
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE)).map_err(io)?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io)?;
         let meta = std::fs::symlink_metadata(path).map_err(io)?;
         Ok(ApiSocket {
             listener,
@@ -134,6 +150,8 @@ pub(super) struct Bounded {
     pub(super) permits: Arc<Semaphore>,
     /// Turns true when connections still open must be cut (see [`Conn`]).
     pub(super) abort: watch::Receiver<bool>,
+    /// For an agent's socket: where its open connections are counted.
+    pub(super) activity: Option<Arc<crate::agents::Activity>>,
 }
 
 /// A connection holding one of the [`CONNECTIONS_MAX`] permits until it closes.
@@ -147,6 +165,8 @@ pub(super) struct Conn {
     stream: UnixStream,
     _permit: Option<OwnedSemaphorePermit>,
     abort: Abort,
+    /// Counts the connection as its agent's while it is open.
+    _open: Option<crate::agents::OpenGuard>,
 }
 
 /// A connection's view of the abort signal.
@@ -196,6 +216,7 @@ impl Listener for Bounded {
                 stream,
                 _permit: permit,
                 abort: Abort::new(self.abort.clone()),
+                _open: self.activity.as_ref().map(|a| a.open()),
             },
             addr,
         )

@@ -21,6 +21,11 @@
 //!
 //! Events: `entry` (data: an [`EventEntry`], id: its cursor) and `lagged`
 //! (data: a [`LaggedEvent`]). `Last-Event-ID` is honoured when `after` is absent.
+//!
+//! `GET /v1/agents/{name}/subscribe?after=CURSOR` is the same for one
+//! agent's inbox: its entries only (`entry` data: an [`InboxEntry`]), each
+//! subscription with its own buffer, and its lag records written to the
+//! agent's inbox as well as the journal.
 
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
@@ -28,7 +33,7 @@ use std::time::Duration;
 
 use axum::Extension;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -40,7 +45,16 @@ use tokio::sync::mpsc::error::TrySendError;
 use super::routes::JOURNAL_READ_ENTRIES;
 use super::routes::query;
 use super::{ApiError, ApiState, PeerCred};
-use mesh_api::{EventEntry, LaggedEvent};
+use crate::bus::LocalWrite;
+use mesh_api::{EventEntry, InboxEntry, LaggedEvent};
+use mesh_protocol::AgentName;
+
+/// What a subscription reads: the node's journal, or one agent's inbox.
+#[derive(Clone, Debug)]
+enum Source {
+    Journal,
+    Inbox(AgentName),
+}
 
 /// How often an idle stream sends an SSE comment, so a vanished client is noticed.
 const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(15);
@@ -56,6 +70,31 @@ pub(super) async fn subscribe(
     cred: Option<Extension<PeerCred>>,
     headers: HeaderMap,
     q: Result<Query<SubscribeQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    open(st, cred, headers, q, Source::Journal).await
+}
+
+/// `GET /v1/agents/{name}/subscribe?after=`: the agent's inbox live.
+pub(super) async fn subscribe_inbox(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+    cred: Option<Extension<PeerCred>>,
+    headers: HeaderMap,
+    q: Result<Query<SubscribeQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let agent = AgentName::new(&name).map_err(|e| super::CallerError::BadValue(e.to_string()))?;
+    if st.inner.registry.get(&agent).is_none() {
+        return Err(super::NotFound::UnknownAgent(name).into());
+    }
+    open(st, cred, headers, q, Source::Inbox(agent)).await
+}
+
+async fn open(
+    st: ApiState,
+    cred: Option<Extension<PeerCred>>,
+    headers: HeaderMap,
+    q: Result<Query<SubscribeQuery>, QueryRejection>,
+    source: Source,
 ) -> Result<Response, ApiError> {
     let q = query(q)?;
     let after = q.after.or_else(|| {
@@ -84,6 +123,7 @@ pub(super) async fn subscribe(
     );
     let pump = Pump {
         st: st.clone(),
+        source,
         id,
         uid,
         pos: start,
@@ -112,6 +152,7 @@ impl Drop for Open<'_> {
 /// One subscription's reader of the journal.
 struct Pump {
     st: ApiState,
+    source: Source,
     id: u64,
     uid: Option<u32>,
     /// The last arrival handed to the buffer.
@@ -155,7 +196,7 @@ impl Pump {
             }
             let h = *head.borrow_and_update();
             let page = if self.pos < h {
-                self.st.journal(self.pos, JOURNAL_READ_ENTRIES).await?
+                self.page().await?
             } else {
                 Vec::new()
             };
@@ -167,16 +208,13 @@ impl Pump {
                 }
                 continue;
             }
-            for item in page {
-                let mut entry = self.st.entry(&item);
-                entry.losses_unrecorded = self.unrecorded;
-                let event = entry_event(&entry);
-                if item.arrival > self.backlog_to {
+            for (arrival, event) in page {
+                if arrival > self.backlog_to {
                     match self.offer(event, closing).await {
                         Offer::Taken => {}
                         Offer::Lagged => {
                             let head_now = *head.borrow();
-                            self.lag(item.arrival, head_now, closing).await?;
+                            self.lag(arrival, head_now, closing).await?;
                             break;
                         }
                         Offer::Stop => return Ok(()),
@@ -188,8 +226,36 @@ impl Pump {
                     }
                 }
                 self.unrecorded = false;
-                self.pos = item.arrival;
+                self.pos = arrival;
             }
+        }
+    }
+
+    /// The next entries after `pos`, as events.
+    async fn page(&self) -> Result<Vec<(Arrival, Event)>, ApiError> {
+        match &self.source {
+            Source::Journal => Ok(self
+                .st
+                .journal(self.pos, JOURNAL_READ_ENTRIES)
+                .await?
+                .into_iter()
+                .map(|item| {
+                    let mut entry = self.st.entry(&item);
+                    entry.losses_unrecorded = self.unrecorded;
+                    (item.arrival, entry_event(&entry))
+                })
+                .collect()),
+            Source::Inbox(agent) => Ok(self
+                .st
+                .read_inbox(agent, self.pos, JOURNAL_READ_ENTRIES, None)
+                .await?
+                .0
+                .iter()
+                .map(|item| {
+                    let entry = self.st.inbox_entry(item);
+                    (item.item.arrival, inbox_event(&entry))
+                })
+                .collect()),
         }
     }
 
@@ -241,8 +307,25 @@ impl Pump {
             stall_ms,
             "subscriber lagged: its buffer stayed full"
         );
-        let recorded = match st.inner.bus.record_subscriber_lag(who, from, to).await {
-            Ok(_) => true,
+        let written = match &self.source {
+            Source::Journal => st
+                .inner
+                .bus
+                .record_subscriber_lag(who, from, to)
+                .await
+                .map(drop),
+            Source::Inbox(agent) => {
+                let write = LocalWrite::AgentLagged {
+                    agent: agent.clone(),
+                    subscriber: format!("{who}, on agent {agent}'s inbox"),
+                    from,
+                    to,
+                };
+                st.inner.bus.local_write(write).await.map(drop)
+            }
+        };
+        let recorded = match written {
+            Ok(()) => true,
             Err(e) => {
                 st.inner
                     .counters
@@ -286,6 +369,13 @@ enum Offer {
 }
 
 fn entry_event(entry: &EventEntry) -> Event {
+    Event::default()
+        .event("entry")
+        .id(entry.cursor.clone())
+        .data(serde_json::to_string(entry).unwrap_or_default())
+}
+
+fn inbox_event(entry: &InboxEntry) -> Event {
     Event::default()
         .event("entry")
         .id(entry.cursor.clone())

@@ -1,0 +1,559 @@
+//! Agents through real `mesh daemon` processes and the `mesh` CLI, each
+//! command its own process: addresses, inboxes, refusals, bounces,
+//! request/reply, waits, restarts and retried sends.
+//!
+//! Every wait is on an event (a command's output, `--wait` on the inbox,
+//! a message's state) and bounded.
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use mesh_tests::daemon::{DaemonProcess, Output, parse_json, run, temp_dir};
+
+const MESH: &str = env!("CARGO_BIN_EXE_mesh");
+/// How long a message may take to reach the other node's inbox.
+const ARRIVAL_SECS: &str = "30";
+/// How long a state the test waits for may take (polled through the CLI).
+const SETTLE: Duration = Duration::from_secs(60);
+
+fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+fn start(data: &Path) -> DaemonProcess {
+    DaemonProcess::start(Path::new(MESH), data, loopback()).unwrap()
+}
+
+#[track_caller]
+fn ok(out: Output) -> String {
+    assert!(out.ok(), "failed: {out:?}");
+    out.stdout
+}
+
+#[track_caller]
+fn refused(out: &Output, code: i32, words: &[&str]) {
+    assert_eq!(out.status.code(), Some(code), "{out:?}");
+    assert!(out.stdout.is_empty(), "printed on stdout: {out:?}");
+    for w in words {
+        assert!(out.stderr.contains(w), "no {w:?} in: {out:?}");
+    }
+}
+
+/// Two daemons linked both ways, each naming the other by an alias.
+fn pair(root: &Path) -> (DaemonProcess, DaemonProcess) {
+    let a = start(&root.join("a"));
+    let b = start(&root.join("b"));
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+    ok(a.mesh(&["peer", "name", b.node(), "gpu"]).unwrap());
+    ok(b.mesh(&["peer", "name", a.node(), "laptop"]).unwrap());
+    (a, b)
+}
+
+/// `mesh --agent AGENT ...` against `d`.
+fn as_agent(d: &DaemonProcess, agent: &str, args: &[&str]) -> Output {
+    let mut all = vec!["--agent", agent];
+    all.extend_from_slice(args);
+    d.mesh(&all).unwrap()
+}
+
+/// The inbox entries of `agent` after `after`, waiting up to
+/// [`ARRIVAL_SECS`] for the first, and the next cursor.
+fn inbox(
+    d: &DaemonProcess,
+    agent: &str,
+    after: Option<&str>,
+    limit: u32,
+) -> (Vec<serde_json::Value>, String) {
+    let limit = limit.to_string();
+    let mut args = vec!["inbox", "--json", "--wait", ARRIVAL_SECS, "--limit", &limit];
+    if let Some(a) = after {
+        args.extend(["--after", a]);
+    }
+    let out = as_agent(d, agent, &args);
+    assert!(out.ok(), "{out:?}");
+    let entries = out.stdout.lines().map(|l| parse_json(l).unwrap()).collect();
+    let next = out
+        .stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("next: "))
+        .unwrap_or_else(|| panic!("no next cursor: {out:?}"))
+        .to_owned();
+    (entries, next)
+}
+
+/// The inbox entries of `agent` now, without waiting.
+fn inbox_now(d: &DaemonProcess, agent: &str) -> Vec<serde_json::Value> {
+    let out = as_agent(d, agent, &["inbox", "--json", "--limit", "1000"]);
+    assert!(out.ok(), "{out:?}");
+    out.stdout.lines().map(|l| parse_json(l).unwrap()).collect()
+}
+
+/// Polls `mesh message ID` on `d` until its state is `state`.
+fn wait_state(d: &DaemonProcess, id: &str, state: &str) -> serde_json::Value {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let st = parse_json(&ok(d.mesh(&["message", id, "--json"]).unwrap())).unwrap();
+        if st["state"] == state {
+            return st;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "message {id} is {st}, not {state}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls the daemon's `/metrics` until the sample `name` is `want`.
+fn wait_metric(d: &DaemonProcess, name: &str, want: u64) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = mesh_api::client::Client::new(d.socket());
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let text = rt.block_on(client.get_text("/metrics")).unwrap();
+        let got = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        if got == Some(want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} is {got:?}, not {want}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn journal_head(d: &DaemonProcess) -> u64 {
+    let st = parse_json(&ok(d.mesh(&["status", "--json"]).unwrap())).unwrap();
+    st["journal_head"].as_u64().unwrap()
+}
+
+#[test]
+fn agents_on_two_nodes_talk_both_ways_by_alias_and_each_inbox_holds_only_its_own() {
+    let tmp = temp_dir().unwrap();
+    let (a, b) = pair(tmp.path());
+    let added = ok(a.mesh(&["agent", "add", "alice", "--json"]).unwrap());
+    let added = parse_json(&added).unwrap();
+    assert_eq!(added["address"], format!("alice@{}", a.node()));
+    ok(a.mesh(&["agent", "add", "carol"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+
+    // a → b by alias; the id is what the inbox shows.
+    let id = ok(as_agent(&a, "alice", &["send", "bob@gpu", "hi bob"]));
+    let id = id.trim();
+    let (got, _) = inbox(&b, "bob", None, 10);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["kind"], "message");
+    assert_eq!(got[0]["id"], id);
+    assert_eq!(got[0]["from"], format!("alice@{}", a.node()));
+    assert_eq!(got[0]["to"], format!("bob@{}", b.node()));
+    assert_eq!(got[0]["body"], "hi bob");
+    assert_eq!(got[0]["verified"], true);
+    assert!(got[0]["cursor"].as_str().unwrap().starts_with("mc1"));
+
+    // b → a, and a reply to a's message.
+    let back = ok(as_agent(&b, "bob", &["send", "alice@laptop", "hi alice"]));
+    let reply = ok(as_agent(&b, "bob", &["reply", id, "ack"]));
+    let (got, _) = inbox(&a, "alice", None, 10);
+    let bodies: Vec<&str> = got.iter().map(|e| e["body"].as_str().unwrap()).collect();
+    assert_eq!(bodies.len(), 2, "{got:?}");
+    assert!(
+        bodies.contains(&"hi alice") && bodies.contains(&"ack"),
+        "{got:?}"
+    );
+    let ack = got.iter().find(|e| e["body"] == "ack").unwrap();
+    assert_eq!(ack["in_reply_to"], id);
+    assert_eq!(ack["id"], reply.trim());
+    assert!(got.iter().any(|e| e["id"] == back.trim()));
+    // Carol, on the same node, has nothing; the node's journal has it all.
+    assert!(inbox_now(&a, "carol").is_empty());
+    let events = ok(a.mesh(&["events", "--json"]).unwrap());
+    assert_eq!(events.lines().count(), 3, "{events}");
+
+    // Where each message is, on each node.
+    wait_state(&a, id, "delivered");
+    let st = parse_json(&ok(b.mesh(&["message", id, "--json"]).unwrap())).unwrap();
+    assert_eq!(st["state"], "received");
+
+    // Each node lists its agents and its peer's.
+    let agents = parse_json(&ok(a.mesh(&["agents", "--json"]).unwrap())).unwrap();
+    let local: Vec<&str> = agents["local"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(local, ["alice", "carol"]);
+    let peers = agents["peers"].as_array().unwrap();
+    assert_eq!(peers.len(), 1, "{agents}");
+    assert_eq!(peers[0]["address"], format!("bob@{}", b.node()));
+    assert_eq!(peers[0]["node_alias"], "gpu");
+    let text = ok(a.mesh(&["agents"]).unwrap());
+    assert!(text.contains(&format!("bob@{} (gpu)", b.node())), "{text}");
+}
+
+#[test]
+fn a_message_for_an_agent_the_other_node_does_not_host_comes_back_as_a_bounce() {
+    let tmp = temp_dir().unwrap();
+    let (a, b) = pair(tmp.path());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let id = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "nobody@gpu", "anyone there?"],
+    ));
+    let id = id.trim();
+    let (got, _) = inbox(&a, "alice", None, 10);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["kind"], "bounce");
+    assert_eq!(got[0]["id"], id);
+    assert_eq!(got[0]["reason"], "no_such_agent");
+    assert!(
+        got[0]["body"]
+            .as_str()
+            .unwrap()
+            .contains("undeliverable: no_such_agent"),
+        "{got:?}"
+    );
+    // Journaled at b as undeliverable, delivered to no one there.
+    let st = parse_json(&ok(b.mesh(&["message", id, "--json"]).unwrap())).unwrap();
+    assert_eq!(st["state"], "undeliverable");
+    assert!(inbox_now(&b, "bob").is_empty());
+    let st = wait_state(&a, id, "bounced");
+    assert!(
+        st["detail"].as_str().unwrap().contains("no such agent"),
+        "{st}"
+    );
+}
+
+/// A dir that any uid may enter, for agents' sockets.
+fn open_dir(path: &Path) -> PathBuf {
+    std::fs::create_dir_all(path).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o711)).unwrap();
+    path.to_owned()
+}
+
+/// The uid other than ours the test acts as.
+const NOBODY: u32 = 65534;
+
+/// `mesh ...` run as uid and gid [`NOBODY`] (needs root).
+fn as_nobody(args: &[&str]) -> Output {
+    let mut cmd = std::process::Command::new("setpriv");
+    cmd.args([
+        "--reuid",
+        &NOBODY.to_string(),
+        "--regid",
+        &NOBODY.to_string(),
+        "--clear-groups",
+        MESH,
+    ])
+    .args(args);
+    mesh_tests::daemon::run_command(cmd, None).unwrap()
+}
+
+#[test]
+fn a_wrong_agent_another_uid_and_an_unknown_agent_are_refused_and_write_nothing() {
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        std::fs::metadata("/proc/self").unwrap().uid(),
+        0,
+        "this test acts as another uid and must run as root"
+    );
+    let tmp = temp_dir().unwrap();
+    std::fs::set_permissions(tmp.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    let sockets = open_dir(&tmp.path().join("sockets"));
+    let data = tmp.path().join("a");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("config.toml"),
+        format!(
+            "[agents]\nsocket_dir = {:?}\n",
+            sockets.display().to_string()
+        ),
+    )
+    .unwrap();
+    let a = start(&data);
+    let b = start(&tmp.path().join("b"));
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(a.mesh(&["agent", "add", "bob"]).unwrap());
+    let alice_sock = sockets.join("alice.sock");
+    let alice_sock = alice_sock.to_str().unwrap();
+    let head = journal_head(&a);
+    let to = format!("x@{}", b.node());
+
+    // An agent this node does not have: no socket, nothing sent.
+    let out = as_agent(&a, "nobody", &["send", &to, "hi"]);
+    refused(&out, 3, &["no agent nobody"]);
+    // Alice's socket, claiming to be bob.
+    let out = a
+        .mesh(&[
+            "--agent",
+            "bob",
+            "--agent-socket",
+            alice_sock,
+            "send",
+            &to,
+            "hi",
+        ])
+        .unwrap();
+    refused(&out, 3, &["unverified sender", "403", "unverified_sender"]);
+    // Alice's socket, used by another uid.
+    let data_arg = data.to_str().unwrap();
+    let args = [
+        "--data",
+        data_arg,
+        "--agent",
+        "alice",
+        "--agent-socket",
+        alice_sock,
+    ];
+    let out = as_nobody(&[&args[..], &["send", &to, "hi"]].concat());
+    refused(
+        &out,
+        3,
+        &[
+            "unverified sender",
+            &format!("uid {NOBODY} may not act as agent alice"),
+        ],
+    );
+    // Its inbox too: only alice reads it through her socket.
+    let out = as_nobody(&[&args[..], &["inbox"]].concat());
+    refused(&out, 3, &["unverified_sender"]);
+    assert_eq!(journal_head(&a), head, "nothing was written");
+    // The send works as alice herself.
+    ok(as_agent(&a, "alice", &["send", &to, "hi"]));
+    assert!(journal_head(&a) > head);
+
+    // An agent added for that uid acts through its socket outside the
+    // data dir.
+    ok(
+        a.mesh(&["agent", "add", "dave", "--uid", &NOBODY.to_string()])
+            .unwrap(),
+    );
+    let dave_sock = sockets.join("dave.sock");
+    let dave = [
+        "--data",
+        data_arg,
+        "--agent",
+        "dave",
+        "--agent-socket",
+        dave_sock.to_str().unwrap(),
+    ];
+    let sent = as_nobody(&[&dave[..], &["send", &to, "from another uid"]].concat());
+    assert!(sent.ok(), "{sent:?}");
+    // A node whose agents' sockets are in its data dir refuses such an agent.
+    let out = b
+        .mesh(&["agent", "add", "eve", "--uid", &NOBODY.to_string()])
+        .unwrap();
+    refused(&out, 3, &["socket_dir"]);
+}
+
+#[test]
+fn a_wait_returns_when_a_message_commits_and_a_request_gets_its_reply_or_times_out() {
+    let tmp = temp_dir().unwrap();
+    let (a, b) = pair(tmp.path());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+
+    // A wait of 120 s returns with the message, long before its time is up.
+    let started = Instant::now();
+    let (mut waiting, lines) = b
+        .spawn_mesh(&["--agent", "bob", "inbox", "--json", "--wait", "120"])
+        .unwrap();
+    // Once it is waiting (the daemon counts it), the message is sent.
+    wait_metric(&b, "mesh_api_inbox_waits", 1);
+    ok(as_agent(&a, "alice", &["send", "bob@gpu", "wake up"]));
+    let line = lines
+        .next_until(started + Duration::from_secs(100))
+        .unwrap()
+        .expect("the wait printed the entry");
+    assert_eq!(parse_json(&line).unwrap()["body"], "wake up");
+    assert!(waiting.wait().unwrap().success());
+    assert!(started.elapsed() < Duration::from_secs(100));
+
+    // A request waits for the reply that answers it.
+    let (mut request, replies) = a
+        .spawn_mesh(&[
+            "--agent",
+            "alice",
+            "request",
+            "bob@gpu",
+            "ping",
+            "--timeout",
+            "120",
+        ])
+        .unwrap();
+    // The ping is the entry after the first one ("wake up").
+    let first = inbox_now(&b, "bob")[0]["cursor"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (got, _) = inbox(&b, "bob", Some(&first), 1);
+    assert_eq!(got[0]["body"], "ping");
+    ok(as_agent(
+        &b,
+        "bob",
+        &["reply", got[0]["id"].as_str().unwrap(), "pong"],
+    ));
+    let answer = replies
+        .next_until(Instant::now() + Duration::from_secs(100))
+        .unwrap();
+    assert_eq!(answer.as_deref(), Some("pong"));
+    assert!(request.wait().unwrap().success());
+
+    // No reply in time: exit 8; the late reply still lands in the inbox.
+    let out = as_agent(
+        &a,
+        "alice",
+        &["request", "bob@gpu", "slow?", "--timeout", "1"],
+    );
+    refused(&out, 8, &["no reply", "late reply"]);
+    let slow = inbox_now(&b, "bob")
+        .into_iter()
+        .find(|e| e["body"] == "slow?")
+        .expect("the request was delivered");
+    ok(as_agent(
+        &b,
+        "bob",
+        &["reply", slow["id"].as_str().unwrap(), "sorry"],
+    ));
+    let deadline = Instant::now() + SETTLE;
+    while !inbox_now(&a, "alice").iter().any(|e| e["body"] == "sorry") {
+        assert!(Instant::now() < deadline, "the late reply did not land");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_inbox_walk_one_entry_at_a_time_across_a_restart_sees_each_exactly_once() {
+    let tmp = temp_dir().unwrap();
+    let (a, b) = pair(tmp.path());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let sent: Vec<String> = (1..=6)
+        .map(|i| {
+            ok(as_agent(
+                &a,
+                "alice",
+                &["send", "bob@gpu", &format!("m{i}")],
+            ))
+            .trim()
+            .to_owned()
+        })
+        .collect();
+    let mut seen = Vec::new();
+    let mut after: Option<String> = None;
+    let mut b = Some(b);
+    while seen.len() < sent.len() {
+        if seen.len() == 3 {
+            // Restart b on its port; the cursor goes on where it was.
+            let old = b.take().unwrap();
+            let (data, addr) = (old.data().to_owned(), old.peer_addr().unwrap());
+            old.terminate().unwrap();
+            b = Some(DaemonProcess::start(Path::new(MESH), &data, addr).unwrap());
+        }
+        let (got, next) = inbox(b.as_ref().unwrap(), "bob", after.as_deref(), 1);
+        assert_eq!(got.len(), 1, "{got:?}");
+        seen.push(got[0]["id"].as_str().unwrap().to_owned());
+        after = Some(next);
+    }
+    assert_eq!(seen, sent, "each once, in order");
+    let (rest, _) = {
+        let out = as_agent(
+            b.as_ref().unwrap(),
+            "bob",
+            &["inbox", "--json", "--after", after.as_deref().unwrap()],
+        );
+        (ok(out), ())
+    };
+    assert!(rest.is_empty(), "{rest}");
+}
+
+#[test]
+fn a_send_retried_with_its_id_after_the_daemon_died_between_commit_and_answer_is_delivered_once() {
+    let tmp = temp_dir().unwrap();
+    let a_data = tmp.path().join("a");
+    let a = DaemonProcess::start_with_env(
+        Path::new(MESH),
+        &a_data,
+        loopback(),
+        &[("MESH_FAULT_ABORT_AFTER_COMMIT", "job-7")],
+    )
+    .unwrap();
+    let b = start(&tmp.path().join("b"));
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let to = format!("bob@{}", b.node());
+    // The daemon commits the send, then dies before it answers (the
+    // test-only fault hook of the `fault-hooks` build).
+    let out = as_agent(&a, "alice", &["send", &to, "exactly once", "--id", "job-7"]);
+    assert!(!out.ok(), "the answer was lost: {out:?}");
+    let addr = a.peer_addr().unwrap();
+    let status = a.wait_exit().unwrap();
+    assert!(!status.success(), "the daemon died: {status:?}");
+    // Restarted: the message was committed before the daemon died...
+    let a = DaemonProcess::start(Path::new(MESH), &a_data, addr).unwrap();
+    let journal = ok(a.mesh(&["events", "--json"]).unwrap());
+    assert_eq!(journal.lines().count(), 1, "committed once: {journal}");
+    // ...and the retry gets the first send's answer.
+    let retried = ok(as_agent(
+        &a,
+        "alice",
+        &["send", &to, "exactly once", "--id", "job-7", "--json"],
+    ));
+    let id = parse_json(&retried).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let again = ok(as_agent(
+        &a,
+        "alice",
+        &["send", &to, "exactly once", "--id", "job-7"],
+    ));
+    assert_eq!(again.trim(), id);
+    // Another message under the same id is refused.
+    let out = as_agent(
+        &a,
+        "alice",
+        &["send", &to, "something else", "--id", "job-7"],
+    );
+    refused(&out, 3, &["client_id_reused"]);
+    wait_state(&a, &id, "delivered");
+    let got = inbox_now(&b, "bob");
+    assert_eq!(got.len(), 1, "delivered once: {got:?}");
+    assert_eq!(got[0]["id"], id.as_str());
+    assert_eq!(got[0]["body"], "exactly once");
+}
+
+#[test]
+fn agent_commands_without_an_agent_or_against_a_stopped_daemon_say_what_is_wrong() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let out = a.mesh(&["inbox"]).unwrap();
+    refused(&out, 2, &["--agent NAME"]);
+    let out = a.mesh(&["agent", "add", "Bad_Name"]).unwrap();
+    refused(&out, 3, &["bad agent name"]);
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    let out = a.mesh(&["agent", "add", "alice"]).unwrap();
+    refused(&out, 3, &["agent_exists"]);
+    let list = ok(a.mesh(&["agent", "list"]).unwrap());
+    assert!(list.starts_with("alice  "), "{list}");
+    ok(a.mesh(&["agent", "remove", "alice"]).unwrap());
+    let out = as_agent(&a, "alice", &["inbox"]);
+    refused(&out, 3, &["no agent alice"]);
+    let data = a.data().to_str().unwrap().to_owned();
+    drop(a);
+    let out = run(Path::new(MESH), &["--data", &data, "agents"], None).unwrap();
+    refused(&out, 6, &["not running"]);
+}

@@ -1,0 +1,409 @@
+//! The agent commands: `mesh agent add|list|remove`, `mesh agents`, and
+//! what an agent does as itself (`--agent NAME`): send, inbox, reply,
+//! request; `mesh message`.
+
+use std::io::{BufRead, Read as _, Write as _};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use mesh_api::client::Client;
+use mesh_api::{
+    AddAgentRequest, AgentJson, AgentSendRequest, AgentSendResponse, AgentsResponse, DataDir,
+    InboxEntry, InboxPage, MessageStatus, ReplyRequest, path_segment,
+};
+
+use crate::commands::print_json;
+use crate::{AgentCommand, Cli, UsageError};
+
+/// The most seconds one inbox wait asks the daemon for (its limit).
+const WAIT_SECS_MAX: u64 = 600;
+
+/// No reply came in time (`mesh request`): exits with
+/// [`mesh_api::EXIT_TIMEOUT`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no reply to message {id} within {secs} s; a late reply still lands in the inbox (`mesh --agent {agent} inbox`)"
+)]
+pub(crate) struct NoReply {
+    id: String,
+    secs: u64,
+    agent: String,
+}
+
+/// The agent named has no socket here: not an agent of this node (exits 3).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "no agent {name} here: there is no socket at {path}; `mesh agent list` shows this node's agents and their sockets (or pass --agent-socket)"
+)]
+pub(crate) struct NoAgent {
+    name: String,
+    path: PathBuf,
+}
+
+/// The agent a command acts as (`--agent`, `--agent-socket`).
+pub(crate) struct AgentArgs {
+    name: Option<String>,
+    /// `--agent-socket`, if given.
+    socket: Option<PathBuf>,
+    /// The node's own socket, asked where the agent's socket is when it is
+    /// not in the data dir (`[agents] socket_dir`).
+    node: Client,
+    dir: DataDir,
+}
+
+impl AgentArgs {
+    pub(crate) fn new(cli: &Cli, dir: &DataDir) -> AgentArgs {
+        AgentArgs {
+            name: cli.agent.clone(),
+            socket: cli.agent_socket.clone(),
+            node: Client::new(dir.socket_path()),
+            dir: dir.clone(),
+        }
+    }
+
+    /// A client of the agent's socket, if `--agent` is given: at
+    /// `--agent-socket`, else in the data dir, else where the node says.
+    pub(crate) async fn client(&self) -> anyhow::Result<Option<Client>> {
+        let Some(name) = &self.name else {
+            return Ok(None);
+        };
+        let socket = match &self.socket {
+            Some(s) => s.clone(),
+            None => {
+                let default = self.dir.agent_socket_path(name);
+                if default.exists() {
+                    default
+                } else {
+                    self.socket_from_node(name).await.unwrap_or(default)
+                }
+            }
+        };
+        if !socket.exists() {
+            return Err(NoAgent {
+                name: name.clone(),
+                path: socket,
+            }
+            .into());
+        }
+        Ok(Some(Client::for_agent(socket, name)))
+    }
+
+    /// Where the node says agent `name`'s socket is, if it can be asked.
+    async fn socket_from_node(&self, name: &str) -> Option<PathBuf> {
+        let all: AgentsResponse = self.node.get("/v1/agents").await.ok()?;
+        all.local
+            .into_iter()
+            .find(|a| a.name == name)
+            .and_then(|a| a.socket)
+            .map(PathBuf::from)
+    }
+
+    /// The agent's client, which `command` needs.
+    pub(crate) async fn required(&self, command: &str) -> anyhow::Result<Client> {
+        self.client().await?.ok_or_else(|| {
+            UsageError(format!(
+                "`mesh {command}` acts as an agent: pass --agent NAME (or set MESH_AGENT)"
+            ))
+            .into()
+        })
+    }
+}
+
+/// The acting agent of `c` (set by [`AgentArgs::client`]).
+fn me(c: &Client) -> &str {
+    c.agent().unwrap_or("")
+}
+
+/// A client id for a send that did not get one: unique per process and moment.
+pub(crate) fn fresh_client_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("cli-{}-{nanos:x}", std::process::id())
+}
+
+fn read_text(text: String) -> anyhow::Result<String> {
+    if text != "-" {
+        return Ok(text);
+    }
+    let mut body = String::new();
+    std::io::stdin()
+        .lock()
+        .read_to_string(&mut body)
+        .context("cannot read stdin")?;
+    Ok(body)
+}
+
+fn print_agent_sent(sent: &AgentSendResponse, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(sent);
+    }
+    println!("{}", sent.id);
+    Ok(())
+}
+
+/// `mesh --agent NAME send TO TEXT`: prints the message id once committed.
+pub(crate) async fn send(
+    c: &Client,
+    to: String,
+    text: String,
+    lines: bool,
+    id: Option<String>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let path = format!("/v1/agents/{}/send", path_segment(me(c)));
+    if lines {
+        if text != "-" {
+            return Err(UsageError("--lines reads stdin: pass `-` as the text".into()).into());
+        }
+        if id.is_some() {
+            return Err(
+                UsageError("--id names one message; it does not go with --lines".into()).into(),
+            );
+        }
+        for line in std::io::stdin().lock().lines() {
+            let req = AgentSendRequest {
+                to: to.clone(),
+                body: line.context("cannot read stdin")?,
+                encoding: Default::default(),
+                in_reply_to: None,
+                client_id: None,
+            };
+            let sent: AgentSendResponse = c.post(&path, &req).await?;
+            print_agent_sent(&sent, json)?;
+        }
+        return Ok(());
+    }
+    let req = AgentSendRequest {
+        to,
+        body: read_text(text)?,
+        encoding: Default::default(),
+        in_reply_to: None,
+        client_id: id,
+    };
+    let sent: AgentSendResponse = c.post(&path, &req).await?;
+    print_agent_sent(&sent, json)
+}
+
+fn short(text: &str) -> String {
+    match text.split_once('@') {
+        Some((agent, node)) => format!("{agent}@{}", node.chars().take(10).collect::<String>()),
+        None => text.chars().take(10).collect(),
+    }
+}
+
+fn print_inbox_entry(e: &InboxEntry, json: bool) -> anyhow::Result<()> {
+    if json {
+        return print_json(e);
+    }
+    let id = e.id.as_deref().unwrap_or("-");
+    let line = match e.kind.as_str() {
+        "message" => {
+            let from = e.from.as_deref().map(short).unwrap_or_default();
+            let reply = e
+                .in_reply_to
+                .as_deref()
+                .map_or_else(String::new, |r| format!(" (reply to {r})"));
+            let unverified = if e.verified {
+                ""
+            } else {
+                " [sender unverified]"
+            };
+            format!("{id} from {from}{reply}{unverified}: {}", e.body)
+        }
+        "bounce" => format!("BOUNCE {id}: {}", e.body),
+        "lagged" => format!("LAGGED {}", e.body),
+        other => format!("({other}) {}", e.body),
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "[{}] {line}", e.arrival)?;
+    Ok(())
+}
+
+/// `mesh --agent NAME inbox`.
+pub(crate) async fn inbox(
+    c: &Client,
+    after: Option<String>,
+    limit: u32,
+    wait: u64,
+    json: bool,
+) -> anyhow::Result<()> {
+    let mut path = format!(
+        "/v1/agents/{}/inbox?limit={limit}&wait={wait}",
+        path_segment(me(c))
+    );
+    if let Some(a) = &after {
+        path.push_str(&format!("&after={}", path_segment(a)));
+    }
+    let page: InboxPage = c.get(&path).await?;
+    for e in &page.entries {
+        print_inbox_entry(e, json)?;
+    }
+    eprintln!("next: {}", page.next);
+    Ok(())
+}
+
+/// `mesh --agent NAME reply MSG_ID TEXT`.
+pub(crate) async fn reply(c: &Client, id: String, text: String, json: bool) -> anyhow::Result<()> {
+    let req = ReplyRequest {
+        id,
+        body: read_text(text)?,
+        encoding: Default::default(),
+        client_id: Some(fresh_client_id()),
+    };
+    let path = format!("/v1/agents/{}/reply", path_segment(me(c)));
+    let sent: AgentSendResponse = c.post(&path, &req).await?;
+    print_agent_sent(&sent, json)
+}
+
+/// `mesh --agent NAME request TO TEXT`: sends, then waits for the reply.
+pub(crate) async fn request(
+    c: &Client,
+    to: String,
+    text: String,
+    timeout: u64,
+    json: bool,
+) -> anyhow::Result<()> {
+    let req = AgentSendRequest {
+        to,
+        body: read_text(text)?,
+        encoding: Default::default(),
+        in_reply_to: None,
+        client_id: Some(fresh_client_id()),
+    };
+    let agent = me(c).to_owned();
+    let path = format!("/v1/agents/{}/send", path_segment(&agent));
+    let sent: AgentSendResponse = c.post(&path, &req).await?;
+    let reply = wait_reply(c, &agent, &sent, Duration::from_secs(timeout)).await?;
+    match reply {
+        Some(e) if json => print_json(&e),
+        Some(e) => {
+            println!("{}", e.body);
+            Ok(())
+        }
+        None => Err(NoReply {
+            id: sent.id,
+            secs: timeout,
+            agent,
+        }
+        .into()),
+    }
+}
+
+/// The first entry of `agent`'s inbox after `sent` that answers it, or
+/// `None` after `timeout`. A bounce of `sent` ends the wait as an error.
+pub(crate) async fn wait_reply(
+    c: &Client,
+    agent: &str,
+    sent: &AgentSendResponse,
+    timeout: Duration,
+) -> anyhow::Result<Option<InboxEntry>> {
+    let deadline = Instant::now() + timeout;
+    let mut after = sent.cursor.clone();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let secs = left.as_secs().min(WAIT_SECS_MAX);
+        // Bounces come as inbox entries too: look at every entry, not only replies.
+        let path = format!(
+            "/v1/agents/{}/inbox?after={}&limit=100&wait={secs}",
+            path_segment(agent),
+            path_segment(&after)
+        );
+        let page: InboxPage = c.get(&path).await?;
+        for e in page.entries {
+            if e.kind == "message" && e.in_reply_to.as_deref() == Some(sent.id.as_str()) {
+                return Ok(Some(e));
+            }
+            if e.kind == "bounce" && e.id.as_deref() == Some(sent.id.as_str()) {
+                anyhow::bail!("{}", e.body);
+            }
+        }
+        after = page.next;
+        if secs == 0 || Instant::now() >= deadline {
+            return Ok(None);
+        }
+    }
+}
+
+/// `mesh message MSG_ID`.
+pub(crate) async fn message(c: &Client, id: String, json: bool) -> anyhow::Result<()> {
+    let st: MessageStatus = c
+        .get(&format!("/v1/messages/{}", path_segment(&id)))
+        .await?;
+    if json {
+        return print_json(&st);
+    }
+    println!("{}  {}  {} -> {}", st.id, st.state, st.from, st.to);
+    println!("  {}", st.detail);
+    Ok(())
+}
+
+fn print_agent(a: &AgentJson) {
+    let state = if a.online { "online" } else { "offline" };
+    let alias = a
+        .node_alias
+        .as_ref()
+        .map_or_else(String::new, |n| format!(" ({n})"));
+    println!("  {}{alias}  {state}", a.address);
+}
+
+/// `mesh agents`.
+pub(crate) async fn agents(c: &Client, json: bool) -> anyhow::Result<()> {
+    let all: AgentsResponse = c.get("/v1/agents").await?;
+    if json {
+        return print_json(&all);
+    }
+    println!("this node ({}):", all.local.len());
+    for a in &all.local {
+        print_agent(a);
+    }
+    println!("peers ({}):", all.peers.len());
+    for a in &all.peers {
+        print_agent(a);
+    }
+    Ok(())
+}
+
+/// `mesh agent add|list|remove`.
+pub(crate) async fn agent(c: &Client, cmd: AgentCommand) -> anyhow::Result<()> {
+    match cmd {
+        AgentCommand::Add { name, uid, json } => {
+            let a: AgentJson = c.post("/v1/agents", &AddAgentRequest { name, uid }).await?;
+            if json {
+                return print_json(&a);
+            }
+            println!(
+                "added agent {} (uid {}); it acts through its socket {}",
+                a.address,
+                a.uid.unwrap_or_default(),
+                a.socket.as_deref().unwrap_or("?")
+            );
+        }
+        AgentCommand::List { json } => {
+            let all: AgentsResponse = c.get("/v1/agents").await?;
+            if json {
+                return print_json(&all.local);
+            }
+            if all.local.is_empty() {
+                println!("no agents yet: add one with `mesh agent add NAME`");
+            }
+            for a in &all.local {
+                let state = if a.online { "online" } else { "offline" };
+                println!(
+                    "{}  {state}  uid {}  {}",
+                    a.name,
+                    a.uid.unwrap_or_default(),
+                    a.socket.as_deref().unwrap_or("")
+                );
+            }
+        }
+        AgentCommand::Remove { name } => {
+            let _: serde_json::Value = c
+                .delete(&format!("/v1/agents/{}", path_segment(&name)))
+                .await?;
+            println!("removed agent {name}");
+        }
+    }
+    Ok(())
+}
