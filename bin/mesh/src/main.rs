@@ -1,6 +1,6 @@
 //! The `mesh` executable: parses the command line and hands it to the crate
 //! that runs it: `mesh daemon` to `mesh-daemon`, `mesh bench` to
-//! `mesh-bench`, every other command to `mesh-cli`.
+//! `mesh-bench`, `mesh mcp` to `mesh-mcp`, every other command to `mesh-cli`.
 
 use std::process::ExitCode;
 
@@ -14,6 +14,10 @@ fn main() -> ExitCode {
         match std::mem::replace(&mut cli.command, Command::Id) {
             Command::Daemon { bind } => Ok(mesh_daemon::run_foreground(dir, bind)?),
             Command::Bench(cmd) => mesh_bench::run(cmd, &dir),
+            Command::Mcp => {
+                let (client, agent) = mesh_cli::agent_client(&cli, &dir)?;
+                mesh_mcp::run(client, &agent)
+            }
             command => {
                 cli.command = command;
                 let bin = std::env::current_exe()?;

@@ -498,3 +498,57 @@ mod tests {
         assert_eq!(path_segment("é"), "%C3%A9");
     }
 }
+
+/// What came of waiting for the reply to an agent's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Reply {
+    /// The reply: a message in the agent's inbox that answers it.
+    Answer(crate::InboxEntry),
+    /// It was bounced: the recipient node has no such agent.
+    Bounced(crate::InboxEntry),
+    /// Nothing came in time (a late reply still lands in the inbox).
+    TimedOut,
+}
+
+/// The most seconds one inbox wait asks the daemon for (its limit).
+pub const INBOX_WAIT_SECS_MAX: u64 = 600;
+
+/// Waits (at most `timeout`) for the reply to `sent`, a message `agent`
+/// sent through `c` (its socket): the first entry of its inbox after the
+/// message that answers it, or its bounce. Each round is a long poll
+/// that returns as soon as an entry commits.
+///
+/// # Errors
+/// What the daemon refused or could not be asked.
+pub async fn wait_reply(
+    c: &Client,
+    agent: &str,
+    sent: &crate::AgentSendResponse,
+    timeout: std::time::Duration,
+) -> Result<Reply, ClientError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut after = sent.cursor.clone();
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let secs = left.as_secs().min(INBOX_WAIT_SECS_MAX);
+        // Bounces are inbox entries too: look at every entry, not only replies.
+        let path = format!(
+            "/v1/agents/{}/inbox?after={}&limit=100&wait={secs}",
+            path_segment(agent),
+            path_segment(&after)
+        );
+        let page: crate::InboxPage = c.get(&path).await?;
+        for e in page.entries {
+            if e.kind == "message" && e.in_reply_to.as_deref() == Some(sent.id.as_str()) {
+                return Ok(Reply::Answer(e));
+            }
+            if e.kind == "bounce" && e.id.as_deref() == Some(sent.id.as_str()) {
+                return Ok(Reply::Bounced(e));
+            }
+        }
+        after = page.next;
+        if secs == 0 || tokio::time::Instant::now() >= deadline {
+            return Ok(Reply::TimedOut);
+        }
+    }
+}

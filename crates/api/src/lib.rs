@@ -18,7 +18,9 @@ pub mod paths;
 
 pub use agents::*;
 #[cfg(feature = "client")]
-pub use client::{Client, ClientError, Lines, SseEvent, SseStream, path_segment};
+pub use client::{
+    Client, ClientError, Lines, Reply, SseEvent, SseStream, path_segment, wait_reply,
+};
 pub use error::{EXIT_OTHER, EXIT_TIMEOUT, EXIT_USAGE, ErrorBody, ErrorCode, ErrorDetail, Fault};
 pub use json::*;
 pub use paths::{DataDir, DataDirError, agent_socket_in};

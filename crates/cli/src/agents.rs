@@ -4,9 +4,10 @@
 
 use std::io::{BufRead, Read as _, Write as _};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context as _;
+use mesh_api::Reply;
 use mesh_api::client::Client;
 use mesh_api::{
     AddAgentRequest, AgentJson, AgentSendRequest, AgentSendResponse, AgentsResponse, DataDir,
@@ -15,9 +16,6 @@ use mesh_api::{
 
 use crate::commands::print_json;
 use crate::{AgentCommand, Cli, UsageError};
-
-/// The most seconds one inbox wait asks the daemon for (its limit).
-const WAIT_SECS_MAX: u64 = 600;
 
 /// No reply came in time (`mesh request`): exits with
 /// [`mesh_api::EXIT_TIMEOUT`].
@@ -275,54 +273,20 @@ pub(crate) async fn request(
     let agent = me(c).to_owned();
     let path = format!("/v1/agents/{}/send", path_segment(&agent));
     let sent: AgentSendResponse = c.post(&path, &req).await?;
-    let reply = wait_reply(c, &agent, &sent, Duration::from_secs(timeout)).await?;
+    let reply = mesh_api::wait_reply(c, &agent, &sent, Duration::from_secs(timeout)).await?;
     match reply {
-        Some(e) if json => print_json(&e),
-        Some(e) => {
+        Reply::Answer(e) if json => print_json(&e),
+        Reply::Answer(e) => {
             println!("{}", e.body);
             Ok(())
         }
-        None => Err(NoReply {
+        Reply::Bounced(e) => anyhow::bail!("{}", e.body),
+        Reply::TimedOut => Err(NoReply {
             id: sent.id,
             secs: timeout,
             agent,
         }
         .into()),
-    }
-}
-
-/// The first entry of `agent`'s inbox after `sent` that answers it, or
-/// `None` after `timeout`. A bounce of `sent` ends the wait as an error.
-pub(crate) async fn wait_reply(
-    c: &Client,
-    agent: &str,
-    sent: &AgentSendResponse,
-    timeout: Duration,
-) -> anyhow::Result<Option<InboxEntry>> {
-    let deadline = Instant::now() + timeout;
-    let mut after = sent.cursor.clone();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let secs = left.as_secs().min(WAIT_SECS_MAX);
-        // Bounces come as inbox entries too: look at every entry, not only replies.
-        let path = format!(
-            "/v1/agents/{}/inbox?after={}&limit=100&wait={secs}",
-            path_segment(agent),
-            path_segment(&after)
-        );
-        let page: InboxPage = c.get(&path).await?;
-        for e in page.entries {
-            if e.kind == "message" && e.in_reply_to.as_deref() == Some(sent.id.as_str()) {
-                return Ok(Some(e));
-            }
-            if e.kind == "bounce" && e.id.as_deref() == Some(sent.id.as_str()) {
-                anyhow::bail!("{}", e.body);
-            }
-        }
-        after = page.next;
-        if secs == 0 || Instant::now() >= deadline {
-            return Ok(None);
-        }
     }
 }
 

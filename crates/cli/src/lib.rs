@@ -390,6 +390,22 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
     })
 }
 
+/// A client of the socket of the agent `cli` names (`--agent`,
+/// `--agent-socket`), for `mesh mcp`, and the agent's name.
+///
+/// # Errors
+/// No `--agent`, or no such agent's socket.
+pub fn agent_client(cli: &Cli, dir: &DataDir) -> anyhow::Result<(Client, String)> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let args = agents::AgentArgs::new(cli, dir);
+    let client = rt.block_on(args.required("mcp"))?;
+    let name = client.agent().unwrap_or_default().to_owned();
+    Ok((client, name))
+}
+
 /// The exit code for `error`: its fault class's for what the daemon refused
 /// or could not be asked, [`EXIT_USAGE`] for a [`UsageError`],
 /// [`mesh_api::EXIT_TIMEOUT`] for a request without a reply in time,
