@@ -32,6 +32,10 @@ async fn mesh_demo_narrates_the_catch_up_and_the_gap_and_removes_its_dir() {
             "5 messages from alpha (#2..=#6) and 3 from bravo (#5..=#7).",
             "bravo no longer held #2..=#4 of its stream to charlie",
             "charlie's marks now: 6 for alpha's stream, 7 for bravo's stream.",
+            "planner -> coder@charlie: \"please review the parser\"",
+            "\"please review the parser\", sender verified: true",
+            "planner's inbox: \"looks good\" in reply to",
+            "comes back to planner: no_such_agent",
         ] {
             assert!(text.contains(want), "missing {want:?} in:\n{text}");
         }

@@ -5,7 +5,8 @@
 //! through its socket API, as `mesh` and agents drive one. The demo links
 //! the three, sends both ways, stops one, sends more to it, restarts it and
 //! shows the catch-up, and shows the gap a node journals when a sender's
-//! outbox overflowed while it was away. Every figure printed (ids, seqs,
+//! outbox overflowed while it was away; then two agents on two nodes talk
+//! by address, reply, and see a bounce. Every figure printed (ids, seqs,
 //! marks, cursors, arrivals) is read back from the nodes. It stops the
 //! nodes and removes its temp dir however it ends, and gives up after
 //! [`DEMO_TIMEOUT`].
@@ -18,8 +19,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use mesh_api::client::Client;
 use mesh_api::{
-    BatchResponse, EventEntry, EventRecord, EventsPage, PeerStatus, SendRequest, SendResponse,
-    StatusResponse,
+    AddAgentRequest, AgentJson, AgentSendRequest, AgentSendResponse, AliasRequest, BatchResponse,
+    EventEntry, EventRecord, EventsPage, InboxEntry, InboxPage, PeerStatus, ReplyRequest,
+    SendRequest, SendResponse, StatusResponse,
 };
 use mesh_cluster::{NodeProc, NodeSpec, Placement, Stopped};
 
@@ -76,9 +78,10 @@ async fn demo(bin: &Path, out: &mut impl Write, root: &Path) -> anyhow::Result<(
 
     send_while_away(&mut say, &alpha, &bravo, &charlie).await?;
     catch_up(&mut say, &alpha, &bravo, &mut charlie, &cursor).await?;
+    agents_talk(&mut say, &alpha, &charlie).await?;
 
     say.line(format_args!(
-        "7. Stop all three nodes and remove {}.",
+        "8. Stop all three nodes and remove {}.",
         root.display()
     ))?;
     for mut n in [alpha, bravo, charlie] {
@@ -292,6 +295,122 @@ async fn catch_up(
     ))
 }
 
+/// Step 7: an agent on alpha and one on charlie talk by address.
+async fn agents_talk(
+    say: &mut Narrator<'_, impl Write>,
+    alpha: &DemoNode,
+    charlie: &DemoNode,
+) -> anyhow::Result<()> {
+    say.line(
+        "7. Two agents: `planner` on alpha, `coder` on charlie, each with its own key and its \
+         own socket
+   (`mesh agent add NAME`). alpha names charlie `charlie` (`mesh peer name`).",
+    )?;
+    let planner = alpha.add_agent("planner").await?;
+    let coder = charlie.add_agent("coder").await?;
+    let _: PeerStatus = alpha
+        .client()
+        .put(
+            &format!("/v1/peers/{}/alias", charlie.id()),
+            &AliasRequest {
+                alias: Some("charlie".into()),
+            },
+        )
+        .await?;
+    let ask = agent_send(
+        &planner,
+        "planner",
+        "coder@charlie",
+        "please review the parser",
+    )
+    .await?;
+    say.line(format_args!(
+        "   planner -> coder@charlie: \"please review the parser\"  (message {})",
+        short(&ask.id)
+    ))?;
+    let got = inbox_wait(&coder, "coder", None).await?;
+    let first = got
+        .iter()
+        .find(|e| e.id.as_deref() == Some(ask.id.as_str()))
+        .context("coder's inbox does not hold planner's message")?;
+    say.line(format_args!(
+        "   coder's inbox (`mesh --agent coder inbox`): from {} \"{}\", sender verified: {}",
+        short_address(first.from.as_deref().unwrap_or("")),
+        first.body,
+        first.verified
+    ))?;
+    let req = ReplyRequest {
+        id: ask.id.clone(),
+        body: "looks good".into(),
+        encoding: Default::default(),
+        client_id: None,
+    };
+    let reply: AgentSendResponse = coder.post("/v1/agents/coder/reply", &req).await?;
+    let back = inbox_wait(&planner, "planner", Some(&ask.cursor)).await?;
+    let answer = back
+        .iter()
+        .find(|e| e.id.as_deref() == Some(reply.id.as_str()))
+        .context("planner's inbox does not hold the reply")?;
+    say.line(format_args!(
+        "   coder replies; planner's inbox: \"{}\" in reply to {}",
+        answer.body,
+        short(answer.in_reply_to.as_deref().unwrap_or(""))
+    ))?;
+    let lost = agent_send(&planner, "planner", "tester@charlie", "run the tests").await?;
+    let bounced = inbox_wait(&planner, "planner", Some(&answer.cursor)).await?;
+    let bounce = bounced
+        .iter()
+        .find(|e| e.kind == "bounce" && e.id.as_deref() == Some(lost.id.as_str()))
+        .context("planner's inbox holds no bounce")?;
+    say.line(format_args!(
+        "   planner -> tester@charlie: charlie has no agent `tester`; the message is journaled \
+         there as
+   undeliverable and comes back to planner: {}\n",
+        bounce.reason.as_deref().unwrap_or("?")
+    ))
+}
+
+/// Sends `body` as `agent` through its socket client `c`.
+async fn agent_send(
+    c: &Client,
+    agent: &str,
+    to: &str,
+    body: &str,
+) -> anyhow::Result<AgentSendResponse> {
+    let req = AgentSendRequest {
+        to: to.into(),
+        body: body.into(),
+        encoding: Default::default(),
+        in_reply_to: None,
+        client_id: None,
+    };
+    Ok(c.post(&format!("/v1/agents/{agent}/send"), &req).await?)
+}
+
+/// `agent`'s inbox after `after`, waiting for its first entry.
+async fn inbox_wait(
+    c: &Client,
+    agent: &str,
+    after: Option<&str>,
+) -> anyhow::Result<Vec<InboxEntry>> {
+    let mut path = format!("/v1/agents/{agent}/inbox?wait=30");
+    if let Some(a) = after {
+        path.push_str(&format!("&after={}", mesh_api::path_segment(a)));
+    }
+    let page: InboxPage = c.get(&path).await?;
+    if page.entries.is_empty() {
+        bail!("{agent}'s inbox got nothing within 30 s");
+    }
+    Ok(page.entries)
+}
+
+fn short_address(address: &str) -> String {
+    match address.split_once('@') {
+        Some((agent, node)) => format!("{agent}@{}", short(node)),
+        None => short(address),
+    }
+}
+
 /// The seqs of the messages from `author` among `entries`.
 fn seqs_from(entries: &[EventEntry], author: &DemoNode) -> Vec<u64> {
     entries
@@ -420,6 +539,22 @@ impl DemoNode {
 
     async fn restart(&mut self) -> anyhow::Result<()> {
         self.proc.start().await.map(|_| ())
+    }
+
+    /// Adds agent `name`; a client of its socket.
+    async fn add_agent(&self, name: &str) -> anyhow::Result<Client> {
+        let a: AgentJson = self
+            .client()
+            .post(
+                "/v1/agents",
+                &AddAgentRequest {
+                    name: name.into(),
+                    uid: None,
+                },
+            )
+            .await?;
+        let socket = a.socket.context("the node named no socket for its agent")?;
+        Ok(Client::for_agent(socket, name))
     }
 
     async fn peer(&self, other: &DemoNode) -> anyhow::Result<PeerStatus> {
