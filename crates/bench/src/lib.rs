@@ -11,7 +11,9 @@
 //! Workloads (node 0 sends to the others in turn; 1 KiB payloads unless
 //! `--size`): `send-each` (send, wait for the commit, send the next),
 //! `send-pipelined` (`--window` in flight, until the peers' marks cover
-//! every message), `latency` (sends at `--rate`, send → the peer's journal
+//! every message), `agent-pipelined` (the same as an agent of node 0 to
+//! an agent of each peer, `AGENT@NODE`, through the agent's socket; `bench
+//! local` only), `latency` (sends at `--rate`, send → the peer's journal
 //! subscriber), `catch-up` (the peers are stopped while messages are sent,
 //! then started: until their marks cover every message) and
 //! `queued-memory` (the peers are stopped while messages are sent: the
@@ -121,7 +123,8 @@ pub struct BenchOptions {
     pub json: bool,
     /// The workloads to run, each with an optional count, e.g.
     /// `send-each=5000 catch-up` [default: all, default counts]. Workloads:
-    /// send-each, send-pipelined, latency, catch-up, queued-memory.
+    /// send-each, send-pipelined, agent-pipelined (bench local only),
+    /// latency, catch-up, queued-memory.
     #[arg(value_name = "WORKLOAD[=COUNT]")]
     pub counts: Vec<String>,
 }
@@ -131,15 +134,17 @@ pub struct BenchOptions {
 pub(crate) enum Workload {
     SendEach,
     SendPipelined,
+    AgentPipelined,
     Latency,
     CatchUp,
     QueuedMemory,
 }
 
 impl Workload {
-    const ALL: [Workload; 5] = [
+    const ALL: [Workload; 6] = [
         Workload::SendEach,
         Workload::SendPipelined,
+        Workload::AgentPipelined,
         Workload::Latency,
         Workload::CatchUp,
         Workload::QueuedMemory,
@@ -149,6 +154,7 @@ impl Workload {
         match self {
             Workload::SendEach => "send-each",
             Workload::SendPipelined => "send-pipelined",
+            Workload::AgentPipelined => "agent-pipelined",
             Workload::Latency => "latency",
             Workload::CatchUp => "catch-up",
             Workload::QueuedMemory => "queued-memory",
@@ -160,8 +166,8 @@ impl Workload {
         match (self, quick) {
             (Workload::SendEach, false) => 2_000,
             (Workload::SendEach, true) => 50,
-            (Workload::SendPipelined, false) => 100_000,
-            (Workload::SendPipelined, true) => 1_000,
+            (Workload::SendPipelined | Workload::AgentPipelined, false) => 100_000,
+            (Workload::SendPipelined | Workload::AgentPipelined, true) => 1_000,
             (Workload::Latency, false) => 5_000,
             (Workload::Latency, true) => 200,
             (Workload::CatchUp, false) => 100_000,

@@ -46,7 +46,9 @@ pub(super) fn time_bound(w: Workload, count: u64, rate: u32) -> Duration {
     let base = Duration::from_secs(30);
     base + match w {
         Workload::SendEach => Duration::from_millis(10) * count as u32,
-        Workload::SendPipelined | Workload::QueuedMemory => Duration::from_millis(count),
+        Workload::SendPipelined | Workload::AgentPipelined | Workload::QueuedMemory => {
+            Duration::from_millis(count)
+        }
         Workload::Latency => Duration::from_secs_f64(count as f64 / f64::from(rate)),
         Workload::CatchUp => Duration::from_millis(2 * count),
     }
@@ -172,7 +174,7 @@ pub(super) fn declare_probes(col: &mut Collector) {
 pub(super) fn metrics_of(w: Workload) -> &'static [(&'static str, &'static str)] {
     match w {
         Workload::SendEach => &[("rate", "msgs/s"), ("p50", "ms"), ("sender_cpu/msg", "µs")],
-        Workload::SendPipelined => &[
+        Workload::SendPipelined | Workload::AgentPipelined => &[
             ("rate", "msgs/s"),
             ("sender_rate", "msgs/s"),
             ("sender_cpu/msg", "µs"),
@@ -202,6 +204,55 @@ pub(super) fn metrics_of(w: Workload) -> &'static [(&'static str, &'static str)]
     }
 }
 
+/// The agent agent-pipelined sends as, on node 0.
+const BENCH_SENDER: &str = "bench-sender";
+/// The agent it sends to, on each other node.
+const BENCH_RECEIVER: &str = "bench-receiver";
+
+/// Adds the bench's agents (once per cluster): a client of the sender's
+/// socket, and the receivers' addresses.
+async fn bench_agents(
+    sender: &NodeProc,
+    receivers: &[NodeProc],
+) -> anyhow::Result<(mesh_api::client::Client, Vec<String>)> {
+    let socket = add_agent(sender, BENCH_SENDER).await?;
+    let mut to = Vec::with_capacity(receivers.len());
+    for r in receivers {
+        add_agent(r, BENCH_RECEIVER).await?;
+        to.push(format!("{BENCH_RECEIVER}@{}", r.id()));
+    }
+    Ok((
+        mesh_api::client::Client::for_agent(socket, BENCH_SENDER),
+        to,
+    ))
+}
+
+/// Adds agent `name` to `node` (or finds it there); its socket.
+async fn add_agent(node: &NodeProc, name: &str) -> anyhow::Result<String> {
+    let req = mesh_api::AddAgentRequest {
+        name: name.into(),
+        uid: None,
+    };
+    let added = node
+        .client()
+        .post::<mesh_api::AgentJson>("/v1/agents", &req)
+        .await;
+    let agent = match added {
+        Ok(a) => a,
+        Err(mesh_api::client::ClientError::Api { code, .. }) if code == "agent_exists" => {
+            let all: mesh_api::AgentsResponse = node.client().get("/v1/agents").await?;
+            all.local
+                .into_iter()
+                .find(|a| a.name == name)
+                .context("the node lists no agent it says it has")?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    agent
+        .socket
+        .context("the node named no socket for its agent")
+}
+
 /// One run's context.
 pub(super) struct RunCtx<'a> {
     pub(super) run: u32,
@@ -222,6 +273,7 @@ impl RunCtx<'_> {
             to,
             size: self.settings.size,
             tag: format!("{letter}{}-", self.run),
+            agent: false,
         })
     }
 
@@ -288,7 +340,12 @@ impl RunCtx<'_> {
                 self.send_each(sender.socket(), Some(sender), to, count)
                     .await
             }
-            Workload::SendPipelined => self.pipelined(sender, receivers, to, count).await,
+            Workload::SendPipelined => self.pipelined(sender, receivers, to, count, None).await,
+            Workload::AgentPipelined => {
+                let agents = bench_agents(sender, receivers).await?;
+                self.pipelined(sender, receivers, to, count, Some(agents))
+                    .await
+            }
             Workload::Latency => self.latency(sender, receivers, to, count).await,
             Workload::CatchUp => self.catch_up(sender, receivers, to, count).await,
             Workload::QueuedMemory => self.queued(sender, receivers, to, count).await,
@@ -324,19 +381,42 @@ impl RunCtx<'_> {
         Ok(())
     }
 
+    /// send-pipelined, or with `agents` (the sending agent's client and
+    /// the receivers' agents' addresses) agent-pipelined.
     async fn pipelined(
         &mut self,
         sender: &NodeProc,
         receivers: &[NodeProc],
         to: Vec<String>,
         count: u64,
+        agents: Option<(mesh_api::client::Client, Vec<String>)>,
     ) -> anyhow::Result<()> {
-        let msgs = self.msgs('p', to);
-        let bar = self.bar("send-pipelined", count, "msgs");
+        let pl = match agents {
+            Some(_) => "agent-pipelined",
+            None => "send-pipelined",
+        };
+        let (client, path, msgs) = match agents {
+            Some((client, addresses)) => {
+                let msgs = Arc::new(Msgs {
+                    to: addresses,
+                    size: self.settings.size,
+                    tag: format!("a{}-", self.run),
+                    agent: true,
+                });
+                let path = format!("/v1/agents/{BENCH_SENDER}/send/batch");
+                (client, path, msgs)
+            }
+            None => (
+                sender.client().clone(),
+                "/v1/send/batch".to_owned(),
+                self.msgs('p', to),
+            ),
+        };
+        let bar = self.bar(pl, count, "msgs");
         let sender_u0 = Usage::of(std::slice::from_ref(sender));
         let peers_u0 = Usage::of(receivers);
         let t0 = Instant::now();
-        let last = send::stream(sender.client(), msgs, count, self.settings.window, &bar).await?;
+        let last = send::stream(&client, &path, msgs, count, self.settings.window, &bar).await?;
         let local = t0.elapsed();
         let base = send::total(&last) - count;
         send::wait_marks(receivers, sender, &last, base, &bar).await?;
@@ -344,7 +424,6 @@ impl RunCtx<'_> {
         let sender_rate = count as f64 / local.as_secs_f64();
         let sender_u = Usage::of(std::slice::from_ref(sender));
         let peers_u = Usage::of(receivers);
-        let pl = "send-pipelined";
         self.col.add(pl, "rate", "msgs/s", count, rate);
         self.col
             .add(pl, "sender_rate", "msgs/s", count, sender_rate);
@@ -484,7 +563,15 @@ impl RunCtx<'_> {
         stop_all(receivers).await?;
         let msgs = self.msgs('c', to);
         let bar = self.bar("catch-up: sending, peers stopped", count, "msgs");
-        let last = send::stream(sender.client(), msgs, count, self.settings.window, &bar).await?;
+        let last = send::stream(
+            sender.client(),
+            "/v1/send/batch",
+            msgs,
+            count,
+            self.settings.window,
+            &bar,
+        )
+        .await?;
         bar.finish("queued");
         let base = send::total(&last) - count;
         let bar = self.bar("catch-up", count, "msgs");
@@ -575,7 +662,15 @@ impl RunCtx<'_> {
         let msgs = self.msgs('q', to);
         let bar = self.bar(label, count, "msgs");
         let t0 = Instant::now();
-        send::stream(client, msgs, count, self.settings.window, &bar).await?;
+        send::stream(
+            client,
+            "/v1/send/batch",
+            msgs,
+            count,
+            self.settings.window,
+            &bar,
+        )
+        .await?;
         let send_rate = count as f64 / t0.elapsed().as_secs_f64();
         drop(sampler);
         let (rss, hwm) = memory()?;

@@ -62,7 +62,7 @@ fn peer_metrics(w: Workload) -> Vec<(&'static str, &'static str)> {
         ],
         // This process sees neither the peer's CPU and disk nor, in these
         // two, this daemon's.
-        Workload::SendEach | Workload::SendPipelined => metrics_of(w)
+        Workload::SendEach | Workload::SendPipelined | Workload::AgentPipelined => metrics_of(w)
             .iter()
             .copied()
             .filter(|(m, _)| !m.contains("cpu") && !m.contains("disk"))
@@ -149,7 +149,11 @@ async fn queued(client: &Client, peer: &str) -> anyhow::Result<u64> {
         .queued_msgs)
 }
 
-pub(super) async fn run(data: &DataDir, link: &Link, settings: Settings) -> anyhow::Result<Report> {
+pub(super) async fn run(
+    data: &DataDir,
+    link: &Link,
+    mut settings: Settings,
+) -> anyhow::Result<Report> {
     let peer = link.peer.as_str();
     let started = Instant::now();
     let mut machine = Machine::read();
@@ -177,6 +181,16 @@ pub(super) async fn run(data: &DataDir, link: &Link, settings: Settings) -> anyh
         None
     };
     let mut col = Collector::default();
+    let before = settings.plan.len();
+    // It needs an agent on the peer, which this node cannot add.
+    settings
+        .plan
+        .retain(|(w, _)| *w != Workload::AgentPipelined);
+    if settings.plan.len() < before {
+        col.notes.push(
+            "agent-pipelined runs in `mesh bench local` only (it adds an agent on the peer)".into(),
+        );
+    }
     if needs_pid {
         col.notes.push(format!(
             "catch-up and queued-memory pause this node's link to the peer (`mesh peer pause`) \
@@ -224,6 +238,8 @@ pub(super) async fn run(data: &DataDir, link: &Link, settings: Settings) -> anyh
                             .await
                     }
                     Workload::SendPipelined => pipelined(&mut r, &client, peer, *count).await,
+                    // Left out of the plan above.
+                    Workload::AgentPipelined => Ok(()),
                     Workload::Latency => {
                         ack_latency(&mut r, &data.socket_path(), &client, peer, *count).await
                     }
@@ -290,7 +306,15 @@ async fn pipelined(
     let msgs = r.msgs('p', vec![peer.to_owned()]);
     let bar = r.bar("send-pipelined", count, "msgs");
     let t0 = Instant::now();
-    send::stream(client, msgs, count, r.settings.window, &bar).await?;
+    send::stream(
+        client,
+        "/v1/send/batch",
+        msgs,
+        count,
+        r.settings.window,
+        &bar,
+    )
+    .await?;
     let local = t0.elapsed();
     wait_acked(client, peer, count, &bar).await?;
     let rate = count as f64 / t0.elapsed().as_secs_f64();
@@ -392,7 +416,15 @@ async fn catch_up(
     link.pause().await?;
     let msgs = r.msgs('c', vec![peer.to_owned()]);
     let bar = r.bar("catch-up: sending, link paused", count, "msgs");
-    send::stream(client, msgs, count, r.settings.window, &bar).await?;
+    send::stream(
+        client,
+        "/v1/send/batch",
+        msgs,
+        count,
+        r.settings.window,
+        &bar,
+    )
+    .await?;
     bar.finish("queued");
     let bar = r.bar("catch-up", count, "msgs");
     let cpu0 = measure::cpu_time(pid).unwrap_or_default();

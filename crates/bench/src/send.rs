@@ -43,6 +43,8 @@ pub(super) struct Msgs {
     pub(super) to: Vec<String>,
     pub(super) size: usize,
     pub(super) tag: String,
+    /// Agent sends (`to` are `AGENT@NODE`; no message kind).
+    pub(super) agent: bool,
 }
 
 impl Msgs {
@@ -60,7 +62,11 @@ impl Msgs {
         let _ = write!(out, "{}{k}:", self.tag);
         out.truncate(body_start + (out.len() - body_start).min(self.size));
         out.resize(body_start + self.size, b'x');
-        let _ = write!(out, "\",\"msg_kind\":{BENCH_MSG_KIND}}}");
+        if self.agent {
+            out.extend_from_slice(b"\"}");
+        } else {
+            let _ = write!(out, "\",\"msg_kind\":{BENCH_MSG_KIND}}}");
+        }
     }
 
     /// The number `k` of a body this run sent, if it is one.
@@ -199,11 +205,12 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Sends messages `0..count` in one `POST /v1/send/batch` NDJSON stream,
-/// keeping at most `window` sent but not yet answered (committed at the
-/// sender).
+/// Sends messages `0..count` in one NDJSON stream to `path` (`POST
+/// /v1/send/batch`, or an agent's `.../send/batch`), keeping at most
+/// `window` sent but not yet answered (committed at the sender).
 pub(super) async fn stream(
     client: &Client,
+    path: &str,
     msgs: Arc<Msgs>,
     count: u64,
     window: usize,
@@ -254,12 +261,7 @@ pub(super) async fn stream(
         .map(|chunk| chunk.map(Frame::data));
     let body = StreamBody::new(body).boxed_unsync();
     let resp = client
-        .send(
-            Method::POST,
-            "/v1/send/batch",
-            Some("application/x-ndjson"),
-            body,
-        )
+        .send(Method::POST, path, Some("application/x-ndjson"), body)
         .await?;
     let status = resp.status();
     if !status.is_success() {
@@ -340,6 +342,7 @@ mod tests {
             to: vec!["a".into(), "b".into()],
             size: 40,
             tag: "l1-".into(),
+            agent: false,
         };
         let mut out = Vec::new();
         msgs.push_json(7, &mut out);
@@ -349,5 +352,14 @@ mod tests {
         assert_eq!(req.msg_kind, BENCH_MSG_KIND);
         assert_eq!(msgs.number_of(&req.body), Some(7));
         assert_eq!(msgs.number_of("p1-7:xx"), None);
+        let agent = Msgs {
+            to: vec!["bob@a".into()],
+            agent: true,
+            ..msgs
+        };
+        out.clear();
+        agent.push_json(3, &mut out);
+        let req: mesh_api::AgentSendRequest = serde_json::from_slice(&out).unwrap();
+        assert_eq!((req.to.as_str(), req.body.len()), ("bob@a", 40));
     }
 }

@@ -161,18 +161,21 @@ pub struct MsgId(pub [u8; 16]);
 
 impl MsgId {
     /// The id of the envelope `seq` of the stream `(author, epoch,
-    /// Direct(recipient))`: the first 16 bytes of BLAKE3 over
-    /// [`MSG_ID_DOMAIN`], the author, the epoch, the recipient and the seq
-    /// (big-endian). Unique because that envelope is.
+    /// Direct(recipient))`: the first 8 bytes of BLAKE3 over
+    /// [`MSG_ID_DOMAIN`], the author, the epoch and the recipient (the
+    /// stream's tag), then the seq, big-endian. Unique because that
+    /// envelope is (two streams share a tag with odds of 2^-64); the ids of
+    /// one stream sort in seq order, so an index keyed by them grows at its
+    /// end rather than in random places.
     pub fn derive(author: &NodeId, epoch: Epoch, recipient: &NodeId, seq: Seq) -> MsgId {
         let mut h = blake3::Hasher::new();
         h.update(MSG_ID_DOMAIN);
         h.update(author.as_bytes());
         h.update(epoch.as_bytes());
         h.update(recipient.as_bytes());
-        h.update(&seq.to_be_bytes());
         let mut id = [0u8; 16];
-        id.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        id[..8].copy_from_slice(&h.finalize().as_bytes()[..8]);
+        id[8..].copy_from_slice(&seq.to_be_bytes());
         MsgId(id)
     }
 
@@ -273,6 +276,33 @@ impl AgentEnvelope {
     /// [`MAX_BATCH_PAYLOAD_BYTES`], canonical postcard, nothing left over,
     /// every name and key checked.
     pub fn decode(payload: &[u8]) -> Result<AgentEnvelope, AgentError> {
+        decode_canonical(payload, "agent envelope")
+    }
+}
+
+/// An [`AgentEnvelope`] decoded without copying its body: what a receiving
+/// node needs to route it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentHeader<'a> {
+    /// As [`AgentEnvelope::id`].
+    pub id: MsgId,
+    /// As [`AgentEnvelope::from`].
+    pub from: AgentName,
+    /// As [`AgentEnvelope::to`].
+    pub to: Option<AgentName>,
+    /// As [`AgentEnvelope::in_reply_to`].
+    pub in_reply_to: Option<MsgId>,
+    /// As [`AgentEnvelope::key`].
+    pub key: Option<SupersedeKey>,
+    /// The body, borrowed from the payload.
+    #[serde(borrow)]
+    pub body: &'a [u8],
+}
+
+impl<'a> AgentHeader<'a> {
+    /// Decodes `payload` exactly as [`AgentEnvelope::decode`] does (the
+    /// same checks, the same refusals), borrowing the body.
+    pub fn decode(payload: &'a [u8]) -> Result<AgentHeader<'a>, AgentError> {
         decode_canonical(payload, "agent envelope")
     }
 }
@@ -527,6 +557,20 @@ mod tests {
     }
 
     #[test]
+    fn a_header_decodes_as_its_envelope_does_without_copying_the_body() {
+        let e = envelope();
+        let bytes = e.encode();
+        let h = AgentHeader::decode(&bytes).unwrap();
+        assert_eq!(
+            (h.id, &h.from, &h.to, h.body),
+            (e.id, &e.from, &e.to, &b"hi"[..])
+        );
+        let mut long = bytes.clone();
+        long.push(0);
+        assert!(AgentHeader::decode(&long).is_err());
+    }
+
+    #[test]
     fn message_ids_differ_by_every_field_they_are_derived_from() {
         let a = SecretKey::from_bytes(&[1; 32]).public();
         let b = SecretKey::from_bytes(&[2; 32]).public();
@@ -535,6 +579,10 @@ mod tests {
         assert_ne!(id, MsgId::derive(&b, e, &a, 1));
         assert_ne!(id, MsgId::derive(&a, Epoch([4; 16]), &b, 1));
         assert_ne!(id, MsgId::derive(&a, e, &b, 2));
+        assert!(
+            MsgId::derive(&a, e, &b, 2) > id,
+            "one stream's ids sort by seq"
+        );
         assert_eq!(id.to_string().parse::<MsgId>().unwrap(), id);
         assert!("xyz".parse::<MsgId>().is_err());
     }

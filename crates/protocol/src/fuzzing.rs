@@ -66,11 +66,20 @@ pub fn frame(data: &[u8]) {
 ///
 /// Panics if a decoded value does not re-encode to exactly `data`.
 pub fn agent_payload(data: &[u8]) {
-    if let Ok(e) = AgentEnvelope::decode(data) {
+    let full = AgentEnvelope::decode(data);
+    if let Ok(e) = &full {
         assert!(
             e.encode() == data,
             "a decoded agent envelope re-encodes to other bytes"
         );
+    }
+    let header = crate::agent::AgentHeader::decode(data);
+    assert!(
+        header.is_ok() == full.is_ok(),
+        "the header decoder and the envelope decoder disagree"
+    );
+    if let (Ok(h), Ok(e)) = (header, full) {
+        assert!(h.body == e.body.as_slice() && h.id == e.id && h.from == e.from);
     }
     if let Ok(b) = Bounce::decode(data) {
         assert!(

@@ -24,10 +24,10 @@ mod ids;
 mod ticket;
 
 pub use agent::{
-    AgentCard, AgentEnvelope, AgentError, AgentName, Bounce, BounceReason, CARD_DOMAIN, KIND_AGENT,
-    KIND_BOUNCE, KIND_MESH_MAX, KIND_MESH_MIN, KIND_TOMBSTONE, MAX_AGENT_CARDS,
-    MAX_AGENT_NAME_BYTES, MAX_SUPERSEDE_KEY_BYTES, MSG_ID_DOMAIN, MsgId, SupersedeKey,
-    is_mesh_kind, stamp_msg_id,
+    AgentCard, AgentEnvelope, AgentError, AgentHeader, AgentName, Bounce, BounceReason,
+    CARD_DOMAIN, KIND_AGENT, KIND_BOUNCE, KIND_MESH_MAX, KIND_MESH_MIN, KIND_TOMBSTONE,
+    MAX_AGENT_CARDS, MAX_AGENT_NAME_BYTES, MAX_SUPERSEDE_KEY_BYTES, MSG_ID_DOMAIN, MsgId,
+    SupersedeKey, is_mesh_kind, stamp_msg_id,
 };
 pub use batch::{
     BATCH_DOMAIN, Cid, EntryHeader, Envelope, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES,

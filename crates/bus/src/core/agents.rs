@@ -12,8 +12,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use mesh_protocol::{
-    AgentCard, AgentEnvelope, AgentName, Bounce, BounceReason, Frame, KIND_AGENT, KIND_BOUNCE,
-    MAX_AGENT_CARDS, MsgId, NodeId, Seq, StreamId, stamp_msg_id,
+    AgentCard, AgentEnvelope, AgentHeader, AgentName, Bounce, BounceReason, Frame, KIND_AGENT,
+    KIND_BOUNCE, MAX_AGENT_CARDS, MsgId, NodeId, Seq, StreamId, stamp_msg_id,
 };
 use mesh_store::{
     AgentIndex, AgentOp, DedupKey, DedupRecord, InboxKind, InboxRow, MessageDir, MessageRow,
@@ -349,14 +349,18 @@ impl Core {
             in_reply_to,
             client_id,
         } = meta;
-        let digest = digest(
-            to,
-            kind,
-            from.as_ref(),
-            to_agent.as_ref(),
-            in_reply_to,
-            &body,
-        );
+        // Only a send with a client id needs one (a retry is told apart by it).
+        let digest = match client_id {
+            Some(_) => digest(
+                to,
+                kind,
+                from.as_ref(),
+                to_agent.as_ref(),
+                in_reply_to,
+                &body,
+            ),
+            None => [0; 16],
+        };
         let (kind, payload, agent) = match from {
             Some(from) => {
                 if !self.agents.is_local(&from) {
@@ -552,7 +556,7 @@ impl Core {
         for e in batch.envelopes().filter(|e| e.seq >= *from) {
             match e.header.kind {
                 KIND_AGENT => {
-                    let Ok(msg) = AgentEnvelope::decode(e.payload) else {
+                    let Ok(msg) = AgentHeader::decode(e.payload) else {
                         self.out.metrics.agents.malformed += 1;
                         continue;
                     };
