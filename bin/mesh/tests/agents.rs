@@ -557,3 +557,75 @@ fn agent_commands_without_an_agent_or_against_a_stopped_daemon_say_what_is_wrong
     let out = run(Path::new(MESH), &["--data", &data, "agents"], None).unwrap();
     refused(&out, 6, &["not running"]);
 }
+
+#[test]
+fn an_inbox_subscription_streams_only_its_agents_entries_and_a_named_cursor_survives_a_restart() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    for agent in ["alice", "bob", "carol"] {
+        ok(a.mesh(&["agent", "add", agent]).unwrap());
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let bob_sock = a.data().join("agents/bob.sock");
+    let bob = mesh_api::client::Client::for_agent(&bob_sock, "bob");
+    let mut sse = rt
+        .block_on(bob.subscribe("/v1/agents/bob/subscribe"))
+        .unwrap();
+    // Agents of one node: delivered in the commit that writes them.
+    let me = a.node().to_owned();
+    for (to, body) in [("bob", "one"), ("carol", "not bob's"), ("bob", "two")] {
+        ok(as_agent(
+            &a,
+            "alice",
+            &["send", &format!("{to}@{me}"), body],
+        ));
+    }
+    let mut got: Vec<mesh_api::InboxEntry> = Vec::new();
+    while got.len() < 2 {
+        let ev = rt
+            .block_on(async { tokio::time::timeout(SETTLE, sse.next()).await })
+            .expect("an event in time")
+            .unwrap()
+            .expect("the stream goes on");
+        if ev.event == "entry" {
+            got.push(serde_json::from_str(&ev.data).unwrap());
+        }
+    }
+    let bodies: Vec<&str> = got.iter().map(|e| e.body.as_str()).collect();
+    assert_eq!(bodies, ["one", "two"]);
+    drop(sse);
+    // A named cursor of bob's, kept across a restart.
+    let body = serde_json::json!({ "cursor": got[0].cursor });
+    let put: serde_json::Value = rt
+        .block_on(bob.put("/v1/agents/bob/cursors/main", &body))
+        .unwrap();
+    assert_eq!(put["cursor"], got[0].cursor.as_str());
+    let (data, addr) = (a.data().to_owned(), a.peer_addr().unwrap());
+    a.terminate().unwrap();
+    let a = DaemonProcess::start(Path::new(MESH), &data, addr).unwrap();
+    let bob = mesh_api::client::Client::for_agent(&bob_sock, "bob");
+    let kept: serde_json::Value = rt.block_on(bob.get("/v1/agents/bob/cursors/main")).unwrap();
+    assert_eq!(kept["cursor"], got[0].cursor.as_str());
+    let (rest, _) = inbox(&a, "bob", kept["cursor"].as_str(), 10);
+    let rest: Vec<&str> = rest.iter().map(|e| e["body"].as_str().unwrap()).collect();
+    assert_eq!(rest, ["two"]);
+    // Removing an agent ends its waits at once.
+    let (mut waiting, _lines) = a
+        .spawn_mesh(&[
+            "--agent",
+            "alice",
+            "inbox",
+            "--wait",
+            "600",
+            "--after",
+            &got[1].cursor,
+        ])
+        .unwrap();
+    wait_metric(&a, "mesh_api_inbox_waits", 1);
+    ok(a.mesh(&["agent", "remove", "alice"]).unwrap());
+    assert!(waiting.wait().unwrap().success());
+    wait_metric(&a, "mesh_api_inbox_waits", 0);
+}

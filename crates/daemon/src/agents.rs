@@ -79,9 +79,16 @@ pub(crate) struct Agent {
     pub(crate) record: AgentRecord,
     secret: SecretKey,
     pub(crate) activity: Arc<Activity>,
+    /// Turns true when the agent is removed: its waits and subscriptions end.
+    removed: tokio::sync::watch::Sender<bool>,
 }
 
 impl Agent {
+    /// A watch that turns true when the agent is removed.
+    pub(crate) fn removed(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.removed.subscribe()
+    }
+
     /// A card of the agent on `node`, signed now.
     fn card(&self, node: NodeId, online: bool) -> AgentCard {
         AgentCard::sign(
@@ -157,15 +164,20 @@ impl Registry {
             record,
             secret,
             activity: Arc::new(Activity::default()),
+            removed: tokio::sync::watch::Sender::new(false),
         });
         self.write()
             .insert(agent.record.name.clone(), agent.clone());
         agent
     }
 
-    /// Removes an agent.
+    /// Removes an agent; its waits and subscriptions end.
     pub(crate) fn remove(&self, name: &AgentName) -> Option<Arc<Agent>> {
-        self.write().remove(name)
+        let agent = self.write().remove(name);
+        if let Some(a) = &agent {
+            a.removed.send_replace(true);
+        }
+        agent
     }
 
     /// The agent `name`, if this node hosts it.

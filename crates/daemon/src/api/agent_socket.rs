@@ -104,9 +104,10 @@ impl ApiState {
             if let Some(stop) = s.stop.take() {
                 let _ = stop.send(());
             }
-            // It ends once its connections have (they are cut at the
-            // shutdown grace at the latest).
-            let _ = s.task.await;
+            // It ends once its connections have; one that does not within
+            // the grace period ends in the background (its socket file is
+            // unbound already, and a new server of the name replaces it).
+            let _ = tokio::time::timeout(super::SHUTDOWN_GRACE, &mut s.task).await;
         }
     }
 

@@ -386,14 +386,15 @@ pub(super) async fn remove_agent(
     Path(name): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let name = st.reader(&name)?;
-    st.stop_agent_server(&name).await;
     st.inner
         .bus
         .local_write(LocalWrite::RemoveAgent(name.clone()))
         .await
         .map_err(node_error)?;
     let registry = st.inner.registry.clone();
+    // Its waits and subscriptions end, then its socket goes.
     registry.remove(&name);
+    st.stop_agent_server(&name).await;
     let n = name.clone();
     let _ = tokio::task::spawn_blocking(move || registry.forget_key(&n)).await;
     tracing::info!(agent = %name, "agent removed");
@@ -626,6 +627,10 @@ pub(super) async fn inbox(
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
     let mut head = st.inner.head.clone();
     let mut closing = st.inner.closing.subscribe();
+    let mut removed = match st.inner.registry.get(&agent) {
+        Some(a) => a.removed(),
+        None => return Err(NotFound::UnknownAgent(agent.to_string()).into()),
+    };
     let mut pos = after;
     let counters = &st.inner.counters;
     let mut waiting = None;
@@ -644,6 +649,7 @@ pub(super) async fn inbox(
             changed = head.changed() => if changed.is_err() { break (items, read_to) },
             () = tokio::time::sleep_until(deadline) => break (items, read_to),
             _ = closing.wait_for(|c| *c) => break (items, read_to),
+            _ = removed.wait_for(|r| *r) => break (items, read_to),
         }
     };
     let next = if in_reply_to.is_some() {

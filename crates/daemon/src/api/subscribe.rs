@@ -172,6 +172,25 @@ impl Pump {
         let _open = Open(&counters.subscribers);
         let mut head = st.inner.head.clone();
         let mut closing = st.inner.closing.subscribe();
+        // An inbox subscription also ends when its agent is removed.
+        if let Source::Inbox(agent) = &self.source {
+            let Some(a) = st.inner.registry.get(agent) else {
+                return;
+            };
+            let (tx, rx) = tokio::sync::watch::channel(false);
+            let mut removed = a.removed();
+            let mut global = st.inner.closing.subscribe();
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = removed.wait_for(|r| *r) => {}
+                    _ = global.wait_for(|c| *c) => {}
+                    // The subscription ended first.
+                    () = tx.closed() => return,
+                }
+                let _ = tx.send(true);
+            });
+            closing = rx;
+        }
         let result = self.pump(&mut head, &mut closing).await;
         match result {
             Ok(()) => tracing::debug!(subscriber = self.id, "subscription closed"),
