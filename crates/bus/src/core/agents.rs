@@ -277,6 +277,10 @@ pub(super) struct Agents {
     /// The agents each peer announced on its last connection.
     peers: BTreeMap<NodeId, BTreeMap<AgentName, AgentCard>>,
     dedup: Dedup,
+    /// Bounces for the commit being built (or the next one), apart from
+    /// the local sends and their bound: at most one per envelope of the
+    /// peer batches in one commit.
+    bounces: Vec<WaitingSend>,
     /// Store ops for the next commit that no request waits for.
     housekeeping: Vec<AgentOp>,
     /// The last time retried-send records were expired.
@@ -289,6 +293,7 @@ impl Agents {
             local: agents.into_iter().map(|r| (r.name, None)).collect(),
             peers: BTreeMap::new(),
             dedup: Dedup::recover(dedup),
+            bounces: Vec::new(),
             housekeeping: Vec::new(),
             expired_at: Millis(0),
         }
@@ -644,7 +649,7 @@ impl Core {
     /// Queues `bounce` to `peer` for the commit being built.
     fn queue_bounce(&mut self, peer: NodeId, bounce: Bounce, now: Millis) {
         self.out.metrics.agents.bounces_sent += 1;
-        self.committer.queue_send(WaitingSend {
+        self.agents.bounces.push(WaitingSend {
             req: ReqId::INTERNAL,
             to: peer,
             kind: KIND_BOUNCE,
@@ -652,6 +657,17 @@ impl Core {
             created_ms: now.0,
             tracked: None,
         });
+    }
+
+    /// The bounces waiting, taken for the commit being built.
+    pub(super) fn take_bounces(&mut self) -> Vec<WaitingSend> {
+        std::mem::take(&mut self.agents.bounces)
+    }
+
+    /// Bounces taken for a commit that must wait for the next one after all.
+    pub(super) fn wait_again_bounces(&mut self, mut bounces: Vec<WaitingSend>) {
+        bounces.append(&mut self.agents.bounces);
+        self.agents.bounces = bounces;
     }
 
     /// The retried-send records to forget by now, as store ops for the

@@ -133,7 +133,8 @@ impl Core {
     /// commit, which knows what the ack made evictable.
     fn build_appends(&mut self, batch: &mut Batch, acking: &BTreeSet<NodeId>) {
         let mut by_peer: BTreeMap<NodeId, Vec<WaitingSend>> = BTreeMap::new();
-        for s in self.committer.take_sends() {
+        let bounces = self.take_bounces();
+        for s in self.committer.take_sends().into_iter().chain(bounces) {
             by_peer.entry(s.to).or_default().push(s);
         }
         let mut later = Vec::new();
@@ -160,6 +161,10 @@ impl Core {
             }
             self.build_stream(batch, to, own.next_seq, taken, &mut room);
         }
+        // Bounces wait apart from the local sends, outside their bound.
+        let (bounces, later): (Vec<_>, Vec<_>) =
+            later.into_iter().partition(|s| s.req == ReqId::INTERNAL);
+        self.wait_again_bounces(bounces);
         self.committer.wait_again(later);
     }
 
