@@ -5,18 +5,103 @@
 //! | table              | key                              | value                 |
 //! |--------------------|----------------------------------|-----------------------|
 //! | `agents-v1`        | agent name                       | postcard `AgentRecord` |
-//! | `inbox-v1`         | (agent name, arrival)            | postcard `InboxRow`   |
-//! | `messages-v1`      | message id (16 bytes)            | postcard `MessageRow` |
+//! | `inbox-v1`         | (agent name, last arrival in the row) | postcard `InboxRun`: the agent's entries of one commit |
+//! | `messages-v1`      | id of the last message in the row (16 bytes) | postcard `MessageRun`: consecutive messages of one stream |
 //! | `dedup-v1`         | (ms taken, postcard `DedupKey`)  | postcard `DedupRecord` |
 //! | `aliases-v1`       | alias                            | node id (32 bytes)    |
 //! | `agent-cursors-v1` | (agent name, cursor name)        | arrival               |
+//!
+//! The two indexes are packed as the journal is: a commit's inbox entries
+//! of one agent are one row, and its messages of one stream at
+//! consecutive seqs, arrivals and ids are one row (the stream named once),
+//! so indexing a commit of thousands of agent messages is a few inserts,
+//! not one per message. A row is keyed by its last entry, so the row that
+//! holds an entry is the first keyed at or after it.
 
-use mesh_protocol::{AgentName, MsgId, NodeId};
+use mesh_protocol::{AgentName, BounceReason, MsgId, NodeId};
 use redb::{ReadTransaction, WriteTransaction};
 
 use super::*;
 use crate::agents::{AgentWrite, dedup_key_bytes};
-use crate::{AgentRecord, DedupRecord, InboxItem, InboxRow, MessageRow};
+use crate::{AgentRecord, DedupRecord, InboxItem, InboxRow, MessageDir, MessageRow};
+
+/// The most entries in one packed index row.
+const INDEX_ROW_ENTRIES_MAX: usize = 256;
+
+/// One agent's inbox entries written in one commit, in arrival order.
+#[derive(Serialize, Deserialize)]
+struct InboxRun {
+    entries: Vec<(Arrival, InboxRow)>,
+}
+
+/// One message of a [`MessageRun`]: what is not implied by its place.
+#[derive(Clone, Serialize, Deserialize)]
+struct MessageEntry {
+    from: AgentName,
+    to: Option<AgentName>,
+    in_reply_to: Option<MsgId>,
+    undelivered: Option<BounceReason>,
+}
+
+/// Messages of one stream at consecutive seqs, arrivals and ids.
+#[derive(Serialize, Deserialize)]
+struct MessageRun {
+    dir: MessageDir,
+    stream: StreamId,
+    first_seq: Seq,
+    first_arrival: Arrival,
+    entries: Vec<MessageEntry>,
+}
+
+impl MessageRun {
+    /// Whether the message `id` at `row` can follow this run's last (whose id is `last`).
+    fn extends(&self, last: &MsgId, id: &MsgId, row: &MessageRow) -> bool {
+        let n = self.entries.len() as u64;
+        self.entries.len() < INDEX_ROW_ENTRIES_MAX
+            && self.dir == row.dir
+            && self.stream == row.stream
+            && row.seq == self.first_seq + n
+            && row.arrival == self.first_arrival + n
+            && id_follows(last, id)
+    }
+
+    /// The row of entry `i`.
+    fn row(&self, i: usize) -> Option<MessageRow> {
+        let e = self.entries.get(i)?.clone();
+        Some(MessageRow {
+            dir: self.dir,
+            stream: self.stream.clone(),
+            seq: self.first_seq + i as u64,
+            arrival: self.first_arrival + i as u64,
+            from: e.from,
+            to: e.to,
+            in_reply_to: e.in_reply_to,
+            undelivered: e.undelivered,
+        })
+    }
+}
+
+/// The low 8 bytes of an id, as a number.
+fn id_low(id: &MsgId) -> u64 {
+    let mut b = [0u8; 8];
+    b.copy_from_slice(&id.0[8..]);
+    u64::from_be_bytes(b)
+}
+
+/// Whether `next` is the id after `prev` in one stream (same tag, low part + 1).
+fn id_follows(prev: &MsgId, next: &MsgId) -> bool {
+    prev.0[..8] == next.0[..8] && id_low(prev).checked_add(1) == Some(id_low(next))
+}
+
+/// Where `id` is in the run keyed `key` with `n` entries, if there.
+fn index_in(key: &MsgId, n: usize, id: &MsgId) -> Option<usize> {
+    if key.0[..8] != id.0[..8] {
+        return None;
+    }
+    let back = id_low(key).checked_sub(id_low(id))?;
+    let back = usize::try_from(back).ok()?;
+    (back < n).then(|| n - 1 - back)
+}
 
 const AGENTS: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("agents-v1");
 const INBOX: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("inbox-v1");
@@ -38,6 +123,10 @@ pub(super) struct AgentTables<'tx> {
     dedup: Option<DedupTable<'tx>>,
     aliases: Option<Table<'tx, &'static str, &'static [u8]>>,
     cursors: Option<Table<'tx, (&'static str, &'static str), u64>>,
+    /// Index entries of this commit, written packed at [`AgentTables::flush`].
+    inbox_pending: Vec<(AgentName, Arrival, InboxRow)>,
+    messages_pending: Vec<(MsgId, MessageRow)>,
+    bounced_pending: Vec<(MsgId, BounceReason)>,
 }
 
 /// Opens `def` in `tx` into `slot` if it is not open yet.
@@ -68,7 +157,106 @@ impl<'tx> AgentTables<'tx> {
             dedup: None,
             aliases: None,
             cursors: None,
+            inbox_pending: Vec::new(),
+            messages_pending: Vec::new(),
+            bounced_pending: Vec::new(),
         }
+    }
+
+    /// Writes the index entries of this commit as packed rows, then the
+    /// bounces that mark them.
+    pub(super) fn flush(&mut self, name: &str) -> Result<(), StoreError> {
+        let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
+        let tx = self.tx;
+        let mut inbox = std::mem::take(&mut self.inbox_pending);
+        if !inbox.is_empty() {
+            // By agent, in arrival order: a commit's entries of an agent pack into rows.
+            inbox.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+            let t = open(tx, &mut self.inbox, INBOX, name)?;
+            let mut buf = Vec::new();
+            for chunk in inbox.chunk_by(|a, b| a.0 == b.0) {
+                for part in chunk.chunks(INDEX_ROW_ENTRIES_MAX) {
+                    let agent = part[0].0.as_str();
+                    let last = part[part.len() - 1].1;
+                    let run = InboxRun {
+                        entries: part.iter().map(|(_, a, r)| (*a, *r)).collect(),
+                    };
+                    encode_into(&mut buf, &run)?;
+                    t.insert((agent, last), buf.as_slice()).map_err(werr)?;
+                }
+            }
+        }
+        let messages = std::mem::take(&mut self.messages_pending);
+        if !messages.is_empty() {
+            let t = open(tx, &mut self.messages, MESSAGES, name)?;
+            let mut buf = Vec::new();
+            let mut run: Option<(MsgId, MessageRun)> = None;
+            let mut write = |run: Option<(MsgId, MessageRun)>| -> Result<(), StoreError> {
+                if let Some((last, r)) = run {
+                    encode_into(&mut buf, &r)?;
+                    t.insert(last.as_bytes().as_slice(), buf.as_slice())
+                        .map_err(werr)?;
+                }
+                Ok(())
+            };
+            for (id, row) in messages {
+                let entry = MessageEntry {
+                    from: row.from.clone(),
+                    to: row.to.clone(),
+                    in_reply_to: row.in_reply_to,
+                    undelivered: row.undelivered,
+                };
+                if let Some((last, r)) = &mut run
+                    && r.extends(last, &id, &row)
+                {
+                    r.entries.push(entry);
+                    *last = id;
+                    continue;
+                }
+                write(run.take())?;
+                run = Some((
+                    id,
+                    MessageRun {
+                        dir: row.dir,
+                        stream: row.stream,
+                        first_seq: row.seq,
+                        first_arrival: row.arrival,
+                        entries: vec![entry],
+                    },
+                ));
+            }
+            write(run)?;
+        }
+        for (id, reason) in std::mem::take(&mut self.bounced_pending) {
+            let t = open(tx, &mut self.messages, MESSAGES, name)?;
+            let found = {
+                let mut range = t.range(id.as_bytes().as_slice()..).map_err(werr)?;
+                match range.next() {
+                    Some(row) => {
+                        let (k, v) = row.map_err(werr)?;
+                        let key = MsgId(
+                            k.value()
+                                .try_into()
+                                .map_err(|_| corrupt(name, "a message row's key is not an id"))?,
+                        );
+                        let run: MessageRun = decode(name, "message row", v.value())?;
+                        Some((key, run))
+                    }
+                    None => None,
+                }
+            };
+            let Some((key, mut run)) = found else {
+                continue;
+            };
+            let Some(i) = index_in(&key, run.entries.len(), &id) else {
+                continue;
+            };
+            run.entries[i].undelivered = Some(reason);
+            let v = encode(&run)?;
+            t.insert(key.as_bytes().as_slice(), v.as_slice())
+                .map_err(werr)?;
+        }
+        Ok(())
     }
 
     pub(super) fn apply(&mut self, w: AgentWrite, name: &str) -> Result<(), StoreError> {
@@ -82,6 +270,7 @@ impl<'tx> AgentTables<'tx> {
                     .map_err(werr)?;
             }
             AgentWrite::RemoveAgent(agent) => {
+                self.inbox_pending.retain(|(n, _, _)| *n != agent);
                 let a = agent.as_str();
                 open(tx, &mut self.agents, AGENTS, name)?
                     .remove(a)
@@ -97,30 +286,13 @@ impl<'tx> AgentTables<'tx> {
                 agent,
                 arrival,
                 row,
-            } => {
-                let v = encode(&row)?;
-                open(tx, &mut self.inbox, INBOX, name)?
-                    .insert((agent.as_str(), arrival), v.as_slice())
-                    .map_err(werr)?;
-            }
-            AgentWrite::Message { id, row } => {
-                let v = encode(&row)?;
-                open(tx, &mut self.messages, MESSAGES, name)?
-                    .insert(id.as_bytes().as_slice(), v.as_slice())
-                    .map_err(werr)?;
-            }
+            } => self.inbox_pending.push((agent, arrival, row)),
+            AgentWrite::Message { id, row } => self.messages_pending.push((id, row)),
             AgentWrite::Bounced { id, reason } => {
-                let t = open(tx, &mut self.messages, MESSAGES, name)?;
-                let row = t
-                    .get(id.as_bytes().as_slice())
-                    .map_err(werr)?
-                    .map(|v| decode::<MessageRow>(name, "message row", v.value()))
-                    .transpose()?;
-                if let Some(mut row) = row {
-                    row.undelivered = Some(reason);
-                    let v = encode(&row)?;
-                    t.insert(id.as_bytes().as_slice(), v.as_slice())
-                        .map_err(werr)?;
+                // A message indexed in this very commit is marked in place.
+                match self.messages_pending.iter_mut().find(|(i, _)| *i == id) {
+                    Some((_, row)) => row.undelivered = Some(reason),
+                    None => self.bounced_pending.push((id, reason)),
                 }
             }
             AgentWrite::Dedup(r) => {
@@ -206,14 +378,23 @@ impl RedbStore {
         };
         let a = agent.as_str();
         let mut rows = Vec::new();
-        for row in t
+        // Rows are keyed by their last arrival: the first at or after
+        // `next` may hold earlier ones too, skipped.
+        'rows: for row in t
             .range((a, next)..=(a, u64::MAX))
             .map_err(|e| self.read_err(e))?
-            .take(limit)
         {
-            let (k, v) = row.map_err(|e| self.read_err(e))?;
-            let row: InboxRow = decode(&self.name, "inbox row", v.value())?;
-            rows.push((k.value().1, row));
+            let (_, v) = row.map_err(|e| self.read_err(e))?;
+            let run: InboxRun = decode(&self.name, "inbox row", v.value())?;
+            for (arrival, r) in run.entries {
+                if arrival < next {
+                    continue;
+                }
+                if rows.len() >= limit {
+                    break 'rows;
+                }
+                rows.push((arrival, r));
+            }
         }
         let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
         let mut out = Vec::with_capacity(rows.len());
@@ -247,10 +428,20 @@ impl RedbStore {
         let Some(t) = read_table(&rx, MESSAGES, &self.name)? else {
             return Ok(None);
         };
-        t.get(id.as_bytes().as_slice())
-            .map_err(|e| self.read_err(e))?
-            .map(|v| decode(&self.name, "message row", v.value()))
-            .transpose()
+        let mut range = t
+            .range(id.as_bytes().as_slice()..)
+            .map_err(|e| self.read_err(e))?;
+        let Some(row) = range.next() else {
+            return Ok(None);
+        };
+        let (k, v) = row.map_err(|e| self.read_err(e))?;
+        let key = MsgId(
+            k.value()
+                .try_into()
+                .map_err(|_| corrupt(&self.name, "a message row's key is not an id"))?,
+        );
+        let run: MessageRun = decode(&self.name, "message row", v.value())?;
+        Ok(index_in(&key, run.entries.len(), id).and_then(|i| run.row(i)))
     }
 
     pub(super) fn read_dedup(&self) -> Result<Vec<DedupRecord>, StoreError> {

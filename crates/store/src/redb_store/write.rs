@@ -187,6 +187,7 @@ impl Tables<'_> {
     /// journal packed into rows.
     fn flush(&mut self) -> Result<(), StoreError> {
         let name = self.name;
+        self.agents.flush(name)?;
         let werr = |e| from_redb(name, "cannot write", e);
         let mut marks: Vec<_> = self.marks_pending.drain().collect();
         marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));

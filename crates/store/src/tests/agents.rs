@@ -19,7 +19,8 @@ macro_rules! suite {
                 a_message_row_gets_its_place_and_a_bounce_marks_it,
                 agents_aliases_and_agent_cursors_round_trip_and_a_removed_agent_loses_its_inbox,
                 dedup_records_round_trip_oldest_first_and_expire_by_time,
-                a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it
+                a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it,
+                a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_own
             );
         }
     };
@@ -354,4 +355,71 @@ fn a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it(s: &dyn 
         })],
     );
     assert!(matches!(alone, Err(StoreError::Conflict(_))), "{alone:?}");
+}
+
+fn a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_own(
+    s: &dyn MeshStore,
+) {
+    let stream = peer_stream(PEER);
+    let id = |seq| {
+        MsgId::derive(
+            &node(PEER),
+            mesh_protocol::Epoch([PEER; 16]),
+            &node(ME),
+            seq,
+        )
+    };
+    let entries = (1..=4)
+        .map(|seq| AgentIndex::Message {
+            id: id(seq),
+            seq,
+            row: MessageRow {
+                from: name(&format!("a{seq}")),
+                ..message_row()
+            },
+        })
+        .collect();
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: peer_batch(PEER, 1, 5),
+                from: 1,
+            },
+            WriteOp::Agents(AgentOp::Index {
+                stream: stream.clone(),
+                entries,
+            }),
+        ],
+    )
+    .expect("commits");
+    for seq in 1..=4 {
+        let row = s.message(&id(seq)).expect("reads").expect("indexed");
+        assert_eq!((row.seq, row.arrival), (seq, seq));
+        assert_eq!(row.from, name(&format!("a{seq}")));
+    }
+    assert_eq!(
+        s.message(&id(5)).expect("reads"),
+        None,
+        "seq 5 is no agent message"
+    );
+    assert_eq!(s.message(&MsgId([0; 16])).expect("reads"), None);
+    commit1(
+        s,
+        vec![WriteOp::Agents(AgentOp::Bounced {
+            id: id(2),
+            reason: BounceReason::NoSuchAgent,
+        })],
+    )
+    .expect("commits");
+    let marked: Vec<bool> = (1..=4)
+        .map(|seq| {
+            s.message(&id(seq))
+                .expect("reads")
+                .expect("indexed")
+                .undelivered
+                .is_some()
+        })
+        .collect();
+    assert_eq!(marked, [false, true, false, false]);
 }
