@@ -168,13 +168,26 @@ impl MsgId {
     /// one stream sort in seq order, so an index keyed by them grows at its
     /// end rather than in random places.
     pub fn derive(author: &NodeId, epoch: Epoch, recipient: &NodeId, seq: Seq) -> MsgId {
+        MsgId::in_stream(MsgId::stream_tag(author, epoch, recipient), seq)
+    }
+
+    /// The first 8 bytes of the ids of the stream `(author, epoch,
+    /// Direct(recipient))` (see [`MsgId::derive`]).
+    pub fn stream_tag(author: &NodeId, epoch: Epoch, recipient: &NodeId) -> [u8; 8] {
         let mut h = blake3::Hasher::new();
         h.update(MSG_ID_DOMAIN);
         h.update(author.as_bytes());
         h.update(epoch.as_bytes());
         h.update(recipient.as_bytes());
+        let mut tag = [0u8; 8];
+        tag.copy_from_slice(&h.finalize().as_bytes()[..8]);
+        tag
+    }
+
+    /// The id of `seq` in the stream whose tag is `tag`.
+    pub fn in_stream(tag: [u8; 8], seq: Seq) -> MsgId {
         let mut id = [0u8; 16];
-        id[..8].copy_from_slice(&h.finalize().as_bytes()[..8]);
+        id[..8].copy_from_slice(&tag);
         id[8..].copy_from_slice(&seq.to_be_bytes());
         MsgId(id)
     }

@@ -479,6 +479,7 @@ impl Core {
     ) -> Vec<WriteOp> {
         let stream = StreamId::direct(self.me, self.epoch, to);
         let local = to == self.me;
+        let tag = MsgId::stream_tag(&self.me, self.epoch, &to);
         let mut entries = Vec::new();
         for (i, s) in sends.iter_mut().enumerate() {
             let Some(t) = s.tracked.as_deref() else {
@@ -487,7 +488,7 @@ impl Core {
             let seq = first_seq + i as u64;
             let mut msg = None;
             if let Some(a) = &t.agent {
-                let id = MsgId::derive(&self.me, self.epoch, &to, seq);
+                let id = MsgId::in_stream(tag, seq);
                 let stamped = stamp_msg_id(&mut s.payload, id);
                 debug_assert!(stamped, "an encoded agent envelope starts with its id");
                 msg = Some(id);

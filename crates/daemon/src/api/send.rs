@@ -157,7 +157,8 @@ pub(super) fn message(
 pub(super) struct Answers {
     node: NodeId,
     epoch: Epoch,
-    stream: Option<(StreamId, Vec<u8>)>,
+    /// The last stream answered on: its JSON and its message ids' tag.
+    stream: Option<(StreamId, Vec<u8>, [u8; 8])>,
     pub(super) msg_ids: bool,
 }
 
@@ -174,21 +175,29 @@ impl Answers {
 
     /// Appends the answer to `sent` to `out`, as `SendResponse` would be written.
     fn push(&mut self, sent: &SendReceipt, out: &mut Vec<u8>) {
-        if self.stream.as_ref().is_none_or(|(s, _)| *s != sent.stream) {
+        if self
+            .stream
+            .as_ref()
+            .is_none_or(|(s, _, _)| *s != sent.stream)
+        {
             let json = serde_json::to_vec(&StreamJson::from(&sent.stream)).unwrap_or_default();
-            self.stream = Some((sent.stream.clone(), json));
+            let to = sent.stream.recipient().unwrap_or(self.node);
+            let tag = mesh_protocol::MsgId::stream_tag(&self.node, self.epoch, &to);
+            self.stream = Some((sent.stream.clone(), json, tag));
         }
         let cursor = Cursor::new(&self.node, self.epoch, sent.arrival);
         // Writing to a Vec cannot fail; the cursor is base32 with a plain
         // prefix and the id hex, so neither needs escaping.
-        if self.msg_ids {
-            let to = sent.stream.recipient().unwrap_or(self.node);
-            let id = mesh_protocol::MsgId::derive(&self.node, self.epoch, &to, sent.seq);
-            let _ = write!(out, "{{\"id\":\"{id}\",\"cursor\":\"{cursor}\",\"stream\":");
-        } else {
-            let _ = write!(out, "{{\"id\":\"{cursor}\",\"stream\":");
+        match &self.stream {
+            Some((_, _, tag)) if self.msg_ids => {
+                let id = mesh_protocol::MsgId::in_stream(*tag, sent.seq);
+                let _ = write!(out, "{{\"id\":\"{id}\",\"cursor\":\"{cursor}\",\"stream\":");
+            }
+            _ => {
+                let _ = write!(out, "{{\"id\":\"{cursor}\",\"stream\":");
+            }
         }
-        if let Some((_, json)) = &self.stream {
+        if let Some((_, json, _)) = &self.stream {
             out.extend_from_slice(json);
         }
         let _ = write!(out, ",\"seq\":{}}}", sent.seq);
