@@ -31,9 +31,14 @@ const WORKLOADS: [&str; 7] = [
 
 /// Every workload has figures, each a finite non-negative median.
 fn assert_every_figure(report: &mesh_bench::Report) {
+    assert_figures(report, &WORKLOADS);
+}
+
+/// Each of `workloads` has figures, each a finite non-negative median.
+fn assert_figures(report: &mesh_bench::Report, workloads: &[&str]) {
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert!(report.missing().is_empty(), "{:?}", report.missing());
-    for workload in WORKLOADS {
+    for &workload in workloads {
         let figures: Vec<_> = report
             .figures
             .iter()
@@ -70,6 +75,8 @@ fn a_quick_local_bench_gives_every_figure_and_leaves_nothing_behind() {
     let report = mesh_bench::measure(cmd, &data).unwrap();
     eprintln!("{}", report.table());
     assert_every_figure(&report);
+    // bench local also sends as an agent to an agent of the peer.
+    assert_figures(&report, &["agent-pipelined"]);
     let json = serde_json::to_string(&report).unwrap();
     let back: mesh_bench::Report = serde_json::from_str(&json).unwrap();
     assert_eq!(back.figures.len(), report.figures.len());

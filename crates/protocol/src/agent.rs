@@ -92,8 +92,11 @@ pub enum AgentError {
 
 /// An agent's name: 1 to [`MAX_AGENT_NAME_BYTES`] bytes of `[a-z0-9._-]`,
 /// unique on its node. Its address is `NAME@NODE`.
+///
+/// Shared, not copied, when cloned: every message names two agents, and
+/// the send path and the indexes hold each name several times.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-pub struct AgentName(String);
+pub struct AgentName(std::sync::Arc<str>);
 
 impl AgentName {
     /// Checks `name` and wraps it.
@@ -114,7 +117,7 @@ impl AgentName {
         {
             return Err(bad("only a-z, 0-9 and . _ - are allowed"));
         }
-        Ok(AgentName(name.to_owned()))
+        Ok(AgentName(name.into()))
     }
 
     /// The name as text.
@@ -125,9 +128,19 @@ impl AgentName {
 
 impl<'de> Deserialize<'de> for AgentName {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        // A String is at most the payload cap; the name check bounds it after.
-        let s = String::deserialize(d)?;
-        AgentName::new(&s).map_err(serde::de::Error::custom)
+        // Read in place where the format allows (postcard from a payload):
+        // the name's one allocation is its own.
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = AgentName;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("an agent name")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<AgentName, E> {
+                AgentName::new(v).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(V)
     }
 }
 
