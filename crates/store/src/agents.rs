@@ -79,7 +79,9 @@ pub enum MessageDir {
     Received,
 }
 
-/// What the message index keeps of one agent message.
+/// What the message index says of one agent message: its place (kept in
+/// the index) and what its envelope in the journal says (read from there:
+/// the index holds no copy of it).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MessageRow {
     /// Sent or received here.
@@ -403,6 +405,71 @@ pub(crate) fn plan(
         }
     }
     Ok(())
+}
+
+/// Where a message is, as the index keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Place {
+    pub(crate) dir: MessageDir,
+    pub(crate) stream: StreamId,
+    pub(crate) seq: Seq,
+    pub(crate) arrival: Arrival,
+}
+
+impl Place {
+    pub(crate) fn of(row: &MessageRow) -> Place {
+        Place {
+            dir: row.dir,
+            stream: row.stream.clone(),
+            seq: row.seq,
+            arrival: row.arrival,
+        }
+    }
+
+    /// The message row of the message at this place, whose journal entry
+    /// is `record`; the why of a refusal if that entry is not its agent
+    /// message.
+    pub(crate) fn row(
+        self,
+        record: &crate::JournalRecord,
+        undelivered: Option<BounceReason>,
+    ) -> Result<MessageRow, String> {
+        let crate::JournalRecord::Envelope {
+            stream,
+            seq,
+            kind,
+            payload,
+            ..
+        } = record
+        else {
+            return Err(format!(
+                "the message index names arrival {}, not an envelope",
+                self.arrival
+            ));
+        };
+        if *stream != self.stream || *seq != self.seq || *kind != mesh_protocol::KIND_AGENT {
+            return Err(format!(
+                "the message index names arrival {}, which holds another envelope",
+                self.arrival
+            ));
+        }
+        let h = mesh_protocol::AgentHeader::decode(payload).map_err(|e| {
+            format!(
+                "the agent message at arrival {} does not decode: {e}",
+                self.arrival
+            )
+        })?;
+        Ok(MessageRow {
+            dir: self.dir,
+            stream: self.stream,
+            seq: self.seq,
+            arrival: self.arrival,
+            from: h.from,
+            to: h.to,
+            in_reply_to: h.in_reply_to,
+            undelivered,
+        })
+    }
 }
 
 /// The stored form of a dedup key, and its table key with the time first.

@@ -38,7 +38,10 @@ struct State {
 struct Agents {
     agents: BTreeMap<AgentName, AgentRecord>,
     inbox: BTreeMap<(AgentName, Arrival), InboxRow>,
-    messages: BTreeMap<MsgId, MessageRow>,
+    /// Where each indexed message is (its content is the journal's).
+    messages: BTreeMap<MsgId, crate::agents::Place>,
+    /// Messages not delivered, and why.
+    undelivered: BTreeMap<MsgId, mesh_protocol::BounceReason>,
     /// By (time taken, encoded key), as on disk.
     dedup: BTreeMap<(u64, Vec<u8>), DedupRecord>,
     aliases: BTreeMap<String, NodeId>,
@@ -64,12 +67,13 @@ impl Agents {
                 self.inbox.insert((agent, arrival), row);
             }
             AgentWrite::Message { id, row } => {
-                self.messages.insert(id, row);
+                if let Some(reason) = row.undelivered {
+                    self.undelivered.insert(id, reason);
+                }
+                self.messages.insert(id, crate::agents::Place::of(&row));
             }
             AgentWrite::Bounced { id, reason } => {
-                if let Some(row) = self.messages.get_mut(&id) {
-                    row.undelivered = Some(reason);
-                }
+                self.undelivered.insert(id, reason);
             }
             AgentWrite::Dedup(r) => {
                 self.dedup.insert((r.at_ms, dedup_key_bytes(&r.key)), r);
@@ -415,7 +419,20 @@ impl MeshStore for MemStore {
     }
 
     fn message(&self, id: &MsgId) -> Result<Option<MessageRow>, StoreError> {
-        Ok(self.lock().agents.messages.get(id).cloned())
+        let state = self.lock();
+        let Some(place) = state.agents.messages.get(id).cloned() else {
+            return Ok(None);
+        };
+        let corrupt = |why: String| StoreError::Corrupt {
+            path: "in-memory store".into(),
+            why,
+        };
+        let record = state
+            .journal
+            .get(&place.arrival)
+            .ok_or_else(|| corrupt(format!("no journal entry at {}", place.arrival)))?;
+        let undelivered = state.agents.undelivered.get(id).copied();
+        place.row(record, undelivered).map(Some).map_err(corrupt)
     }
 
     fn dedup(&self) -> Result<Vec<DedupRecord>, StoreError> {

@@ -6,7 +6,8 @@
 //! |--------------------|----------------------------------|-----------------------|
 //! | `agents-v1`        | agent name                       | postcard `AgentRecord` |
 //! | `inbox-v1`         | (agent name, last arrival in the row) | postcard `InboxRun`: the agent's entries of one commit |
-//! | `messages-v1`      | id of the last message in the row (16 bytes) | postcard `MessageRun`: consecutive messages of one stream |
+//! | `messages-v1`      | id of the last message in the row (16 bytes) | postcard `MessageRun`: the places of consecutive messages of one stream |
+//! | `undelivered-v1`   | message id                       | postcard `BounceReason` |
 //! | `dedup-v1`         | (ms taken, postcard `DedupKey`)  | postcard `DedupRecord` |
 //! | `aliases-v1`       | alias                            | node id (32 bytes)    |
 //! | `agent-cursors-v1` | (agent name, cursor name)        | arrival               |
@@ -16,7 +17,10 @@
 //! consecutive seqs, arrivals and ids are one row (the stream named once),
 //! so indexing a commit of thousands of agent messages is a few inserts,
 //! not one per message. A row is keyed by its last entry, so the row that
-//! holds an entry is the first keyed at or after it.
+//! holds an entry is the first keyed at or after it. The message index
+//! holds places only: a message's sender, recipient and what it answers
+//! are read from its envelope in the journal (never trimmed), and the few
+//! messages not delivered are in `undelivered-v1`.
 
 use mesh_protocol::{AgentName, BounceReason, MsgId, NodeId};
 use redb::{ReadTransaction, WriteTransaction};
@@ -34,30 +38,22 @@ struct InboxRun {
     entries: Vec<(Arrival, InboxRow)>,
 }
 
-/// One message of a [`MessageRun`]: what is not implied by its place.
-#[derive(Clone, Serialize, Deserialize)]
-struct MessageEntry {
-    from: AgentName,
-    to: Option<AgentName>,
-    in_reply_to: Option<MsgId>,
-    undelivered: Option<BounceReason>,
-}
-
-/// Messages of one stream at consecutive seqs, arrivals and ids.
+/// The places of messages of one stream at consecutive seqs, arrivals and
+/// ids (their content is their envelopes in the journal).
 #[derive(Serialize, Deserialize)]
 struct MessageRun {
     dir: MessageDir,
     stream: StreamId,
     first_seq: Seq,
     first_arrival: Arrival,
-    entries: Vec<MessageEntry>,
+    n: u32,
 }
 
 impl MessageRun {
     /// Whether the message `id` at `row` can follow this run's last (whose id is `last`).
     fn extends(&self, last: &MsgId, id: &MsgId, row: &MessageRow) -> bool {
-        let n = self.entries.len() as u64;
-        self.entries.len() < INDEX_ROW_ENTRIES_MAX
+        let n = u64::from(self.n);
+        (self.n as usize) < INDEX_ROW_ENTRIES_MAX
             && self.dir == row.dir
             && self.stream == row.stream
             && row.seq == self.first_seq + n
@@ -65,19 +61,14 @@ impl MessageRun {
             && id_follows(last, id)
     }
 
-    /// The row of entry `i`.
-    fn row(&self, i: usize) -> Option<MessageRow> {
-        let e = self.entries.get(i)?.clone();
-        Some(MessageRow {
+    /// The place of entry `i`.
+    fn place(&self, i: usize) -> crate::agents::Place {
+        crate::agents::Place {
             dir: self.dir,
             stream: self.stream.clone(),
             seq: self.first_seq + i as u64,
             arrival: self.first_arrival + i as u64,
-            from: e.from,
-            to: e.to,
-            in_reply_to: e.in_reply_to,
-            undelivered: e.undelivered,
-        })
+        }
     }
 }
 
@@ -108,6 +99,7 @@ const INBOX: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("inb
 const MESSAGES: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("messages-v1");
 const DEDUP: TableDefinition<'_, (u64, &[u8]), &[u8]> = TableDefinition::new("dedup-v1");
 const ALIASES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("aliases-v1");
+const UNDELIVERED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("undelivered-v1");
 const AGENT_CURSORS: TableDefinition<'_, (&str, &str), u64> =
     TableDefinition::new("agent-cursors-v1");
 
@@ -123,6 +115,7 @@ pub(super) struct AgentTables<'tx> {
     dedup: Option<DedupTable<'tx>>,
     aliases: Option<Table<'tx, &'static str, &'static [u8]>>,
     cursors: Option<Table<'tx, (&'static str, &'static str), u64>>,
+    undelivered: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     /// Index entries of this commit, written packed at [`AgentTables::flush`].
     inbox_pending: Vec<(AgentName, Arrival, InboxRow)>,
     messages_pending: Vec<(MsgId, MessageRow)>,
@@ -157,6 +150,7 @@ impl<'tx> AgentTables<'tx> {
             dedup: None,
             aliases: None,
             cursors: None,
+            undelivered: None,
             inbox_pending: Vec::new(),
             messages_pending: Vec::new(),
             bounced_pending: Vec::new(),
@@ -199,62 +193,41 @@ impl<'tx> AgentTables<'tx> {
                 }
                 Ok(())
             };
-            for (id, row) in messages {
-                let entry = MessageEntry {
-                    from: row.from.clone(),
-                    to: row.to.clone(),
-                    in_reply_to: row.in_reply_to,
-                    undelivered: row.undelivered,
-                };
+            for (id, row) in &messages {
                 if let Some((last, r)) = &mut run
-                    && r.extends(last, &id, &row)
+                    && r.extends(last, id, row)
                 {
-                    r.entries.push(entry);
-                    *last = id;
+                    r.n += 1;
+                    *last = *id;
                     continue;
                 }
                 write(run.take())?;
                 run = Some((
-                    id,
+                    *id,
                     MessageRun {
                         dir: row.dir,
-                        stream: row.stream,
+                        stream: row.stream.clone(),
                         first_seq: row.seq,
                         first_arrival: row.arrival,
-                        entries: vec![entry],
+                        n: 1,
                     },
                 ));
             }
             write(run)?;
-        }
-        for (id, reason) in std::mem::take(&mut self.bounced_pending) {
-            let t = open(tx, &mut self.messages, MESSAGES, name)?;
-            let found = {
-                let mut range = t.range(id.as_bytes().as_slice()..).map_err(werr)?;
-                match range.next() {
-                    Some(row) => {
-                        let (k, v) = row.map_err(werr)?;
-                        let key = MsgId(
-                            k.value()
-                                .try_into()
-                                .map_err(|_| corrupt(name, "a message row's key is not an id"))?,
-                        );
-                        let run: MessageRun = decode(name, "message row", v.value())?;
-                        Some((key, run))
-                    }
-                    None => None,
+            for (id, row) in messages {
+                if let Some(reason) = row.undelivered {
+                    self.bounced_pending.push((id, reason));
                 }
-            };
-            let Some((key, mut run)) = found else {
-                continue;
-            };
-            let Some(i) = index_in(&key, run.entries.len(), &id) else {
-                continue;
-            };
-            run.entries[i].undelivered = Some(reason);
-            let v = encode(&run)?;
-            t.insert(key.as_bytes().as_slice(), v.as_slice())
-                .map_err(werr)?;
+            }
+        }
+        let bounced = std::mem::take(&mut self.bounced_pending);
+        if !bounced.is_empty() {
+            let t = open(tx, &mut self.undelivered, UNDELIVERED, name)?;
+            for (id, reason) in bounced {
+                let v = encode(&reason)?;
+                t.insert(id.as_bytes().as_slice(), v.as_slice())
+                    .map_err(werr)?;
+            }
         }
         Ok(())
     }
@@ -288,13 +261,7 @@ impl<'tx> AgentTables<'tx> {
                 row,
             } => self.inbox_pending.push((agent, arrival, row)),
             AgentWrite::Message { id, row } => self.messages_pending.push((id, row)),
-            AgentWrite::Bounced { id, reason } => {
-                // A message indexed in this very commit is marked in place.
-                match self.messages_pending.iter_mut().find(|(i, _)| *i == id) {
-                    Some((_, row)) => row.undelivered = Some(reason),
-                    None => self.bounced_pending.push((id, reason)),
-                }
-            }
+            AgentWrite::Bounced { id, reason } => self.bounced_pending.push((id, reason)),
             AgentWrite::Dedup(r) => {
                 let k = dedup_key_bytes(&r.key);
                 let v = encode(&r)?;
@@ -441,7 +408,45 @@ impl RedbStore {
                 .map_err(|_| corrupt(&self.name, "a message row's key is not an id"))?,
         );
         let run: MessageRun = decode(&self.name, "message row", v.value())?;
-        Ok(index_in(&key, run.entries.len(), id).and_then(|i| run.row(i)))
+        let Some(i) = index_in(&key, run.n as usize, id) else {
+            return Ok(None);
+        };
+        let place = run.place(i);
+        let undelivered = match read_table(&rx, UNDELIVERED, &self.name)? {
+            Some(u) => u
+                .get(id.as_bytes().as_slice())
+                .map_err(|e| self.read_err(e))?
+                .map(|v| decode(&self.name, "undelivered reason", v.value()))
+                .transpose()?,
+            None => None,
+        };
+        let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        let mut found = Vec::with_capacity(1);
+        if let Some(r) = journal
+            .range(place.arrival..)
+            .map_err(|e| self.read_err(e))?
+            .next()
+        {
+            let (k, v) = r.map_err(|e| self.read_err(e))?;
+            let view: RowView = decode(&self.name, "journal row", v.value())?;
+            view.push_items(&self.name, k.value(), place.arrival, 1, &mut found)?;
+        }
+        let record = found
+            .pop()
+            .filter(|item| item.arrival == place.arrival)
+            .ok_or_else(|| {
+                corrupt(
+                    &self.name,
+                    format!(
+                        "the message index names arrival {}, not in the journal",
+                        place.arrival
+                    ),
+                )
+            })?;
+        place
+            .row(&record.record, undelivered)
+            .map(Some)
+            .map_err(|why| corrupt(&self.name, why))
     }
 
     pub(super) fn read_dedup(&self) -> Result<Vec<DedupRecord>, StoreError> {

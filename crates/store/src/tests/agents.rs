@@ -1,7 +1,10 @@
 //! The agent tables' rules, run against every [`MeshStore`] implementation,
 //! and a file written before the tables existed.
 
-use mesh_protocol::{AgentName, BounceReason, MsgId};
+use mesh_protocol::{
+    AgentEnvelope, AgentName, BounceReason, Channel, Epoch, KIND_AGENT, MsgId, NewEnvelope,
+    OpenBatch,
+};
 
 use super::util::*;
 use crate::{
@@ -56,6 +59,40 @@ fn message_row() -> MessageRow {
         in_reply_to: None,
         undelivered: None,
     }
+}
+
+/// The id of seq `seq` of `PEER`'s stream to us.
+fn peer_id(seq: u64) -> MsgId {
+    MsgId::derive(&node(PEER), Epoch([PEER; 16]), &node(ME), seq)
+}
+
+/// A batch of `PEER`'s of `n` agent messages from `first`, message `seq`
+/// from agent `a{seq}` to `bob`.
+fn agent_batch(first: u64, n: u64) -> OpenBatch {
+    let envs = (first..first + n)
+        .map(|seq| NewEnvelope {
+            lamport: seq,
+            created_ms: seq,
+            kind: KIND_AGENT,
+            payload: AgentEnvelope {
+                id: peer_id(seq),
+                from: name(&format!("a{seq}")),
+                to: Some(name("bob")),
+                in_reply_to: None,
+                key: None,
+                body: b"hi".to_vec(),
+            }
+            .encode(),
+        })
+        .collect();
+    OpenBatch::sign(
+        &key(PEER),
+        Epoch([PEER; 16]),
+        Channel::Direct(node(ME)),
+        first,
+        envs,
+    )
+    .expect("fits")
 }
 
 fn row(kind: InboxKind) -> InboxRow {
@@ -151,12 +188,12 @@ fn an_inbox_pages_in_arrival_order_after_a_cursor_and_holds_only_its_agent(s: &d
 }
 
 fn a_message_row_gets_its_place_and_a_bounce_marks_it(s: &dyn MeshStore) {
-    let id = MsgId([4; 16]);
+    let id = peer_id(2);
     commit1(
         s,
         vec![
             WriteOp::Accept {
-                batch: peer_batch(PEER, 1, 2),
+                batch: agent_batch(1, 2),
                 from: 1,
             },
             WriteOp::Agents(AgentOp::Index {
@@ -175,6 +212,9 @@ fn a_message_row_gets_its_place_and_a_bounce_marks_it(s: &dyn MeshStore) {
         (got.stream, got.seq, got.arrival),
         (peer_stream(PEER), 2, 2)
     );
+    // What it says is its envelope's.
+    assert_eq!((got.from, got.to), (name("a2"), Some(name("bob"))));
+    assert_eq!(s.message(&peer_id(1)).expect("reads"), None, "not indexed");
     commit1(
         s,
         vec![WriteOp::Agents(AgentOp::Bounced {
@@ -361,29 +401,18 @@ fn a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_o
     s: &dyn MeshStore,
 ) {
     let stream = peer_stream(PEER);
-    let id = |seq| {
-        MsgId::derive(
-            &node(PEER),
-            mesh_protocol::Epoch([PEER; 16]),
-            &node(ME),
-            seq,
-        )
-    };
     let entries = (1..=4)
         .map(|seq| AgentIndex::Message {
-            id: id(seq),
+            id: peer_id(seq),
             seq,
-            row: MessageRow {
-                from: name(&format!("a{seq}")),
-                ..message_row()
-            },
+            row: message_row(),
         })
         .collect();
     commit1(
         s,
         vec![
             WriteOp::Accept {
-                batch: peer_batch(PEER, 1, 5),
+                batch: agent_batch(1, 5),
                 from: 1,
             },
             WriteOp::Agents(AgentOp::Index {
@@ -394,27 +423,27 @@ fn a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_o
     )
     .expect("commits");
     for seq in 1..=4 {
-        let row = s.message(&id(seq)).expect("reads").expect("indexed");
+        let row = s.message(&peer_id(seq)).expect("reads").expect("indexed");
         assert_eq!((row.seq, row.arrival), (seq, seq));
         assert_eq!(row.from, name(&format!("a{seq}")));
     }
     assert_eq!(
-        s.message(&id(5)).expect("reads"),
+        s.message(&peer_id(5)).expect("reads"),
         None,
-        "seq 5 is no agent message"
+        "seq 5 is not indexed"
     );
     assert_eq!(s.message(&MsgId([0; 16])).expect("reads"), None);
     commit1(
         s,
         vec![WriteOp::Agents(AgentOp::Bounced {
-            id: id(2),
+            id: peer_id(2),
             reason: BounceReason::NoSuchAgent,
         })],
     )
     .expect("commits");
     let marked: Vec<bool> = (1..=4)
         .map(|seq| {
-            s.message(&id(seq))
+            s.message(&peer_id(seq))
                 .expect("reads")
                 .expect("indexed")
                 .undelivered
