@@ -15,7 +15,10 @@ pub use crate::core::{
     Config as CoreConfig, DropCounts, DropReason, FrameCounts, Metrics, PeerChangeError,
     SendError as CoreSendError, SendReceipt,
 };
-pub use crate::net::{NetConfig, NetCounters, PeerError, close_code, load_or_create_node_key};
+pub use crate::net::{
+    NetConfig, NetCounters, PeerError, RELAYS_MAX, close_code, load_or_create_node_key,
+};
 pub use crate::node::{
     Node, NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, Receipts, SendError,
 };
+pub use iroh::RelayUrl;

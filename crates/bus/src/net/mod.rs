@@ -33,8 +33,8 @@ pub use crate::core::ConnId;
 pub use config::{
     ALPN, CATCHUP_QUEUE_BYTES_MAX, DIAL_BACKOFF_MAX, DIAL_BACKOFF_MIN, DIAL_TIMEOUT,
     HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, INSTANCE_BYTES, KEEP_ALIVE_INTERVAL, NetConfig, PAUSED_REASON,
-    PEERS_MAX, PENDING_ACCEPTS_MAX, PREAMBLE, READ_BUFFER_BYTES, RECEIVED_BYTES_MAX,
-    RECEIVED_FRAMES_MAX, SEND_QUEUE_BYTES_MAX, STABLE_CONNECTION,
+    PEERS_MAX, PENDING_ACCEPTS_MAX, PREAMBLE, PREAMBLE_MAGIC, READ_BUFFER_BYTES,
+    RECEIVED_BYTES_MAX, RECEIVED_FRAMES_MAX, RELAYS_MAX, SEND_QUEUE_BYTES_MAX, STABLE_CONNECTION,
 };
 pub use conn::RecvLease;
 pub use counters::NetCounters;
@@ -45,4 +45,5 @@ pub use transport::PeerStatus;
 
 pub(crate) use config::SHUTDOWN_TIMEOUT;
 pub(crate) use endpoint::local_addrs as endpoint_addrs;
+pub(crate) use endpoint::local_port as endpoint_port;
 pub(crate) use transport::{Event, Transport};

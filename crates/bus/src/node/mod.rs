@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iroh::Endpoint;
-use mesh_protocol::{Epoch, MAX_TICKET_ADDRS, NodeId, NodeTicket, SecretKey};
+use mesh_protocol::{Epoch, MAX_TICKET_ADDRS, NodeCard, NodeId, NodeName, NodeTicket, SecretKey};
 use mesh_store::{Arrival, MeshStore, OwnStream, Receipt, StoreError, StoreHandle};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
@@ -44,12 +44,24 @@ pub const SUBMIT_PART_MSGS_MAX: usize = 256;
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 /// How to start a node.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct NodeConfig {
     /// The transport.
     pub net: NetConfig,
     /// The core.
     pub core: core::Config,
+    /// The node's name, in its card.
+    pub name: NodeName,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            net: NetConfig::default(),
+            core: core::Config::default(),
+            name: NodeName::from_hostname(""),
+        }
+    }
 }
 
 /// Why the node could not start or do what was asked.
@@ -107,6 +119,8 @@ pub struct NodeStatus {
     pub node: NodeId,
     /// Its store epoch.
     pub epoch: Epoch,
+    /// Its newest card: its name and the addresses its Hellos announce.
+    pub card: NodeCard,
     /// A ticket other nodes can add.
     pub ticket: NodeTicket,
     /// Every known peer, by id.
@@ -125,8 +139,14 @@ pub struct NodeStatus {
 pub struct NodePeer {
     /// The peer.
     pub node: NodeId,
-    /// Where it is dialed.
+    /// Where it is dialed: where its newest card says it listens, or the
+    /// addresses it was added with before any card came.
     pub addrs: Vec<SocketAddr>,
+    /// Its newest card held (its name, addresses and when it issued it).
+    pub card: Option<NodeCard>,
+    /// Why its last connection was refused for another protocol version,
+    /// until one is live again.
+    pub refused: Option<String>,
     /// Its live connection, if any.
     pub conn: Option<ConnId>,
     /// This node's stream to it, as committed (`None` before the first message).
@@ -192,7 +212,13 @@ impl Node {
         }
         let epoch = recovered.epoch;
         let endpoint = transport.endpoint().clone();
-        let core = Core::new(config.core.clone(), secret, recovered);
+        let held = recovered.cards.iter().find(|c| c.node == id).cloned();
+        let card = own_card(&secret, held.as_ref(), &config.name, &endpoint);
+        let mut core = Core::new(config.core.clone(), secret, recovered);
+        if let Some(card) = card {
+            info!(name = %card.name, addrs = ?card.addrs, "this node issued a new card");
+            core.handle(core::Input::OwnCard { card }, actor::now());
+        }
         let (commands, commands_rx) = mpsc::channel(COMMANDS_MAX);
         let (head_tx, head_rx) = watch::channel(head);
         let (closing, closing_rx) = watch::channel(false);
@@ -219,6 +245,11 @@ impl Node {
     /// This node's store epoch.
     pub fn epoch(&self) -> Epoch {
         self.epoch
+    }
+
+    /// The UDP port the node listens on for peers.
+    pub fn local_port(&self) -> u16 {
+        crate::net::endpoint_port(&self.endpoint)
     }
 
     /// A ticket other nodes can add to reach this one.
@@ -417,6 +448,28 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.closing.send_replace(true);
     }
+}
+
+/// A new card for this node if its name or listen addresses differ from
+/// the one it holds (`held`), issued later than that one even if the clock
+/// went back; `None` if nothing changed.
+fn own_card(
+    secret: &SecretKey,
+    held: Option<&NodeCard>,
+    name: &NodeName,
+    endpoint: &Endpoint,
+) -> Option<NodeCard> {
+    let addrs: Vec<SocketAddr> = endpoint_addrs(endpoint)
+        .into_iter()
+        .take(mesh_protocol::CARD_ADDRS_MAX)
+        .collect();
+    if held.is_some_and(|c| c.name == *name && c.addrs == addrs) {
+        return None;
+    }
+    let after = held.map_or(0, |c| c.issued_ms.saturating_add(1));
+    let issued_ms = actor::now().0.max(after);
+    // At most CARD_ADDRS_MAX addresses: within every bound.
+    NodeCard::sign(secret, name.clone(), addrs, issued_ms).ok()
 }
 
 /// Runs `f` on the blocking pool (store reads block).

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use iroh::address_lookup::memory::MemoryLookup;
 use iroh::endpoint::Connection;
-use iroh::{Endpoint, EndpointAddr};
+use iroh::{Endpoint, EndpointAddr, RelayUrl};
 use mesh_protocol::{Frame, MAX_TICKET_ADDRS, NodeId, NodeTicket, SecretKey};
 use rand::rngs::SmallRng;
 use tokio::sync::{Semaphore, mpsc};
@@ -22,7 +22,7 @@ use tracing::{Instrument, info, warn};
 
 use super::conn::{self, ConnEvent, ConnWhat, Established, Reader, RecvLease};
 use super::counters::{Counters, NetCounters};
-use super::endpoint::{self, Authenticated};
+use super::endpoint::{self, Authenticated, Failed};
 use super::peers::{Live, PeerState, jitter, new_wins};
 use super::queue::SendQueue;
 use super::{
@@ -71,6 +71,9 @@ pub struct PeerStatus {
     pub dialed_here: bool,
     /// Whether the link is paused.
     pub paused: bool,
+    /// Why the last connection with the peer was refused for speaking
+    /// another protocol version (either side's refusal), until one is live.
+    pub refused: Option<String>,
 }
 
 /// A live connection's queue and tasks; kept until its reader reports its end.
@@ -84,7 +87,7 @@ struct ConnTask {
     local: Option<DisconnectReason>,
 }
 
-type Dialed = (NodeId, u64, Result<Established, String>);
+type Dialed = (NodeId, u64, Result<Established, Failed>);
 
 /// One thing that happened, taken out of a select so its handler may borrow
 /// the whole transport.
@@ -92,7 +95,7 @@ enum Source<T> {
     Conn(ConnEvent<T>),
     Taken(ConnId),
     Inbound(Authenticated),
-    Handshake(Result<Option<Established>, JoinError>),
+    Handshake(Result<Result<Established, Failed>, JoinError>),
     Dialed(Result<Dialed, JoinError>),
     ReaderDone(Result<(tokio::task::Id, ()), JoinError>),
     RedialDue,
@@ -106,6 +109,8 @@ pub(crate) struct Transport<T> {
     lookup: MemoryLookup,
     /// This transport's instance, sent in every preamble.
     instance: u64,
+    /// Relay servers every peer is also dialed through.
+    relays: Vec<RelayUrl>,
     open: fn(Frame) -> T,
     counters: Arc<Counters>,
     /// Holds [`RECEIVED_BYTES_MAX`] permits, one per received byte not yet taken.
@@ -122,7 +127,7 @@ pub(crate) struct Transport<T> {
     taken: mpsc::Receiver<ConnId>,
     inbound: mpsc::Receiver<Authenticated>,
     accept: JoinHandle<()>,
-    handshakes: JoinSet<Option<Established>>,
+    handshakes: JoinSet<Result<Established, Failed>>,
     dials: JoinSet<Dialed>,
     /// Redials waiting out their backoff, by when they are due.
     redials: BTreeSet<(Instant, NodeId)>,
@@ -158,6 +163,7 @@ impl<T: Send + 'static> Transport<T> {
             endpoint,
             lookup,
             instance: endpoint::instance_now(),
+            relays: config.relays.clone(),
             open,
             counters: Arc::default(),
             budget: Arc::new(Semaphore::new(RECEIVED_BYTES_MAX)),
@@ -305,8 +311,8 @@ impl<T: Send + 'static> Transport<T> {
             // Ended meanwhile.
             Source::Taken(_) => {}
             Source::Inbound(a) => self.on_authenticated(a),
-            Source::Handshake(Ok(Some(est))) => self.on_established(est),
-            Source::Handshake(Ok(None)) => {}
+            Source::Handshake(Ok(Ok(est))) => self.on_established(est),
+            Source::Handshake(Ok(Err(failed))) => self.on_handshake_failed(failed),
             Source::Handshake(Err(e)) | Source::Dialed(Err(e)) if e.is_cancelled() => {}
             Source::Handshake(Err(e)) | Source::Dialed(Err(e)) => {
                 warn!(error = %e, "handshake task failed");
@@ -366,6 +372,34 @@ impl<T: Send + 'static> Transport<T> {
             self.start_dial(node);
         }
         Ok(())
+    }
+
+    /// Dials the known peer `node` at `addrs` from now on (its newest card
+    /// says it listens there): at once, with the backoff reset, if it has no
+    /// connection. Unknown peers and too many addresses are ignored.
+    pub(crate) fn set_addrs(&mut self, node: NodeId, addrs: Vec<SocketAddr>) {
+        if addrs.len() > MAX_TICKET_ADDRS || !self.peers.contains_key(&node) {
+            return;
+        }
+        if let Err(e) = self.add_peer(node, addrs) {
+            warn!(peer = %node.fmt_short(), error = %e, "learned addresses not used");
+        }
+    }
+
+    /// Records that the last connection with `peer` was refused for
+    /// speaking another protocol version; logs it once per peer (until a
+    /// connection is live again) and counts it.
+    pub(crate) fn note_refusal(&mut self, peer: NodeId, why: String) {
+        Counters::add(&self.counters.version_refused, 1);
+        let Some(ps) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        if ps.refused.as_deref() == Some(why.as_str()) {
+            tracing::debug!(peer = %peer.fmt_short(), %why, "protocol version refused again");
+            return;
+        }
+        warn!(peer = %peer.fmt_short(), %why, "protocol version refused (logged once per peer)");
+        ps.refused = Some(why);
     }
 
     /// Forgets `node` (and its pause): refuses it from now on and closes its
@@ -438,6 +472,7 @@ impl<T: Send + 'static> Transport<T> {
                     conn: live.map(|l| l.conn),
                     dialed_here: live.is_some_and(|l| l.dialed_here),
                     paused: ps.paused.is_some(),
+                    refused: ps.refused.clone(),
                 }
             })
             .collect();
@@ -498,6 +533,9 @@ impl<T: Send + 'static> Transport<T> {
             .is_some_and(|l| l.conn == conn);
         if live {
             self.close_conn(conn, code, reason);
+            if code == close_code::VERSION_MISMATCH {
+                self.note_refusal(peer, reason.to_owned());
+            }
         }
     }
 
