@@ -222,6 +222,9 @@ pub struct TicketResponse {
 pub struct NodeStatus {
     /// This node's id.
     pub node: String,
+    /// Its name (`[node] name`, default the host's name).
+    #[serde(default)]
+    pub name: String,
     /// This node's store epoch (hex).
     pub epoch: String,
     /// Addresses it listens on for peers.
@@ -254,8 +257,17 @@ pub struct StatusResponse {
 pub struct PeerStatus {
     /// The peer's id.
     pub node: String,
-    /// Addresses this node dials it at.
+    /// Its name, from its newest card, if one came.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Addresses this node dials it at: where its newest card says it
+    /// listens (learned from its Hello or from another peer), or the
+    /// addresses it was added with before any card came.
     pub addrs: Vec<SocketAddr>,
+    /// When the peer issued its newest card held here (ms since the Unix
+    /// epoch, by its clock), if one came.
+    #[serde(default)]
+    pub card_issued_ms: Option<u64>,
     /// Whether a connection is up now.
     pub connected: bool,
     /// The peer's store epoch as last seen (hex), if any.
@@ -269,6 +281,10 @@ pub struct PeerStatus {
     /// Whether the link to it is paused (`mesh peer pause`); absent means no.
     #[serde(default)]
     pub paused: bool,
+    /// Why its last connection was refused for speaking another protocol
+    /// version (by either side), until a connection is live again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// The answer of `GET /v1/peers`.

@@ -22,6 +22,7 @@ pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
     }
     let st: NodeStatus = serde_json::from_value(st).context("unexpected status answer")?;
     println!("node    {}", st.node);
+    println!("name    {}", st.name);
     println!("epoch   {}", st.epoch);
     let addrs: Vec<String> = st.addrs.iter().map(|a| a.to_string()).collect();
     println!("listen  {}", addrs.join(", "));
@@ -35,19 +36,30 @@ pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
 
 fn print_peers(peers: &[PeerStatus]) {
     for p in peers {
-        let state = match (p.paused, p.connected) {
-            (true, _) => "paused",
-            (false, true) => "connected",
-            (false, false) => "offline",
+        let state = match (p.paused, p.connected, &p.refused) {
+            (true, _, _) => "paused",
+            (false, true, _) => "connected",
+            (false, false, Some(_)) => "refused",
+            (false, false, None) => "offline",
         };
         let marks: Vec<String> = p.marks.iter().map(|m| m.mark.to_string()).collect();
+        let addrs: Vec<String> = p.addrs.iter().map(|a| a.to_string()).collect();
         println!(
-            "  {}  {state:9}  queued {} msgs / {} bytes  received marks [{}]",
+            "  {}  {:12}  {state:9}  queued {} msgs / {} bytes  received marks [{}]  at {}",
             p.node,
+            p.name.as_deref().unwrap_or("-"),
             p.queued_msgs,
             p.outbox_bytes,
-            marks.join(", ")
+            marks.join(", "),
+            if addrs.is_empty() {
+                "(no address yet)".to_owned()
+            } else {
+                addrs.join(", ")
+            }
         );
+        if let Some(why) = &p.refused {
+            println!("      refused: {why}");
+        }
     }
 }
 

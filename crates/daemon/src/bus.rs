@@ -14,8 +14,8 @@ use mesh_store::Arrival;
 
 pub(crate) use mesh_bus::{
     CoreConfig, CoreSendError, DropReason, NetConfig, Node, NodeConfig, NodeError, NodePeer,
-    NodeStatus, Outgoing, PeerChangeError, PeerError, Receipts, SendError, SendReceipt,
-    load_or_create_node_key,
+    NodeStatus, Outgoing, PeerChangeError, PeerError, RELAYS_MAX, Receipts, RelayUrl, SendError,
+    SendReceipt, load_or_create_node_key,
 };
 
 /// The running bus node, as the API uses it. Cheap to clone.

@@ -71,6 +71,9 @@ fn peer_status(
     };
     PeerStatus {
         node: p.node.to_string(),
+        name: p.card.as_ref().map(|c| c.name.to_string()),
+        card_issued_ms: p.card.as_ref().map(|c| c.issued_ms),
+        refused: p.refused,
         addrs: p.addrs,
         connected: p.conn.is_some(),
         epoch: epochs.get(&p.node).cloned(),
@@ -94,6 +97,7 @@ pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResp
     let ticket = bus.ticket.clone();
     let node = NodeStatus {
         node: bus.node.to_string(),
+        name: bus.card.name.to_string(),
         epoch: bus.epoch.to_string(),
         addrs: ticket.addrs.clone(),
         ticket: ticket.to_string(),
