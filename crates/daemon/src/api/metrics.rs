@@ -11,8 +11,6 @@ use axum::response::{IntoResponse, Response};
 use super::ApiState;
 use crate::bus::{DropReason, NodeStatus};
 
-/// Each drop reason's label value.
-
 pub(super) async fn metrics(State(st): State<ApiState>) -> Response {
     // A node that has stopped has no counters to give; the API's still count.
     let bus = st.inner.bus.status().await.ok();
