@@ -172,7 +172,7 @@ impl Core {
             .cloned()
             .unwrap_or_else(|| placeholder_card(&secret));
         let mut peers = Peers::new(me, state.peers);
-        peers.load_cards(state.cards, Millis(0));
+        peers.load_cards(state.cards);
         Core {
             config,
             me,
@@ -624,6 +624,7 @@ impl Core {
         for peer in self.peers.take_touched() {
             let hello = self.peers.hello_deadline(peer, config);
             self.timers.set(Timer::Peer(peer, PeerTimer::Hello), hello);
+            self.peers.ensure_ask(peer, now.plus(config.card_ask_ms));
             let ask = self.peers.ask_deadline(peer);
             self.timers.set(Timer::Peer(peer, PeerTimer::Ask), ask);
             // Whether a stream may be asked for depends on its author's link.

@@ -101,19 +101,14 @@ impl Peers {
             .collect();
         Peers {
             me,
-            // Every peer's card is asked for once the first turn finds it
-            // unconnected (its ask time is long past).
+            // The first turn schedules a card query for each (see `ensure_ask`).
             touched: table.keys().copied().collect(),
             table,
         }
     }
 
-    /// Sets the committed cards of known peers (others are ignored), and
-    /// schedules a first card query for each peer at `first_ask`.
-    pub(super) fn load_cards(&mut self, cards: Vec<NodeCard>, first_ask: Millis) {
-        for p in self.table.values_mut() {
-            p.ask_at = Some(first_ask);
-        }
+    /// Sets the committed cards of known peers (others are ignored).
+    pub(super) fn load_cards(&mut self, cards: Vec<NodeCard>) {
         for card in cards {
             if let Some(p) = self.table.get_mut(&card.node) {
                 p.card = Some(card);
@@ -193,6 +188,17 @@ impl Peers {
         if let Some(p) = self.table.get_mut(&peer) {
             p.ask_at = Some(at);
             self.touched.insert(peer);
+        }
+    }
+
+    /// Schedules the first card query about `peer` at `at` if none is:
+    /// a peer just added or loaded is asked about once it has gone that
+    /// long without a connection.
+    pub(super) fn ensure_ask(&mut self, peer: NodeId, at: Millis) {
+        if let Some(p) = self.table.get_mut(&peer)
+            && p.ask_at.is_none()
+        {
+            p.ask_at = Some(at);
         }
     }
 
@@ -298,6 +304,7 @@ impl Peers {
             PeerChange::Put(record) => match self.table.get_mut(&record.node) {
                 Some(p) => p.record.addrs = record.addrs,
                 None => {
+                    self.touched.insert(record.node);
                     self.table.insert(record.node, Peer::new(record));
                 }
             },

@@ -1800,7 +1800,15 @@ fn a_node_that_cannot_reach_a_peer_asks_the_connected_ones_and_dials_the_newer_c
     let config = Config::default();
     let mut a = Node::new(1, 1, &[2, 3], config.clone());
     a.hello_with_card(3, ConnId(1), card(3, 1));
-    // Peer 2 has never connected: its first ask is due at once.
+    // Peer 2 has never connected: it is asked about once that has lasted
+    // `card_ask_ms`.
+    let sent = a.run(Input::Timer);
+    assert!(
+        !sent
+            .iter()
+            .any(|(_, _, f)| matches!(f, Frame::CardQuery { .. }))
+    );
+    a.now = a.now.plus(config.card_ask_ms);
     let sent = a.run(Input::Timer);
     let asked: Vec<_> = sent
         .iter()
