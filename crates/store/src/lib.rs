@@ -23,9 +23,9 @@ pub use logic::{CURSOR_NAME_BYTES_MAX, SUBSCRIBER_NAME_BYTES_MAX};
 pub use mem::MemStore;
 pub use redb_store::{CACHE_BYTES, RedbStore, STORE_FILE_NAME};
 pub use types::{
-    Arrival, Eviction, INVITE_USES_MAX, InviteRecord, InviteSpend, JournalItem, JournalRecord,
-    LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord, Receipt, StoreMeta, StoredBatch,
-    WriteOp,
+    Arrival, Eviction, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord, InviteSpend,
+    JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord, Receipt,
+    StoreMeta, StoredBatch, WriteOp,
 };
 
 use mesh_protocol::{InviteId, Mark, NodeCard, Seq, StreamId};

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use mesh_protocol::{Epoch, NodeCard, NodeId, Seq, SignedBatch, StreamId};
 
 use crate::{
-    Arrival, Eviction, INVITE_USES_MAX, InviteRecord, JournalRecord, LossReason, OwnStream,
-    PeerRecord, Receipt, StoreError, WriteOp,
+    Arrival, Eviction, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord, JournalRecord,
+    LossReason, OwnStream, PeerRecord, Receipt, StoreError, WriteOp,
 };
 
 /// The longest durable cursor name, in bytes.
@@ -496,6 +496,16 @@ impl<B: Base> GroupView<'_, B> {
                         invite.id,
                         invite.spent.len(),
                         invite.uses
+                    ));
+                }
+                if invite
+                    .spent
+                    .iter()
+                    .any(|s| s.requests.len() > INVITE_SPEND_REQUESTS_MAX)
+                {
+                    return refuse(format!(
+                        "invite {} has a spend of more than {INVITE_SPEND_REQUESTS_MAX} requests",
+                        invite.id
                     ));
                 }
                 self.writes.push(Write::PutInvite(invite));

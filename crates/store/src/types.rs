@@ -284,21 +284,28 @@ pub enum WriteOp {
     /// checked it is newer; [`WriteOp::RemovePeer`] forgets a peer's card.
     PutCard(NodeCard),
     /// Write an invite's record (create, claim, spend or revoke it),
-    /// replacing the one held. Check: at most [`INVITE_USES_MAX`] uses and
-    /// no more spends than uses.
+    /// replacing the one held. Check: 1 to [`INVITE_USES_MAX`] uses, no more
+    /// spends than uses, and at most [`INVITE_SPEND_REQUESTS_MAX`] requests
+    /// a spend.
     PutInvite(InviteRecord),
 }
 
 /// The most uses one invite may have.
 pub const INVITE_USES_MAX: u32 = 64;
 
+/// The most requests one spend of an invite remembers: the one that spent
+/// it and those that finished it again after a lost answer.
+pub const INVITE_SPEND_REQUESTS_MAX: usize = 8;
+
 /// One use of an invite, spent by a node that joined with it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InviteSpend {
     /// The node that joined.
     pub by: NodeId,
-    /// The request that spent it.
-    pub request: RequestId,
+    /// The request that spent it, then each that finished the join again
+    /// (at most [`INVITE_SPEND_REQUESTS_MAX`]): a request seen here is a
+    /// redelivery.
+    pub requests: Vec<RequestId>,
     /// Until when the same node may finish a join whose answer it lost, by
     /// proving a new request (ms since the Unix epoch).
     pub until_ms: u64,

@@ -6,7 +6,7 @@ use mesh_protocol::{
     Epoch, Frame, Mark, NodeCard, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
 };
 use mesh_store::{
-    Arrival, CURSOR_NAME_BYTES_MAX, MeshStore, OwnStream, PeerRecord, Receipt,
+    Arrival, CURSOR_NAME_BYTES_MAX, InviteRecord, MeshStore, OwnStream, PeerRecord, Receipt,
     SUBSCRIBER_NAME_BYTES_MAX, StoreError, StoredBatch, WriteOp,
 };
 
@@ -300,16 +300,21 @@ pub enum LocalWrite {
         /// Last arrival missed.
         to: Arrival,
     },
+    /// Write an invite's record (made, claimed, spent or revoked). The
+    /// node's one owner of invites decides what; the core only sequences it.
+    PutInvite(InviteRecord),
 }
 
 impl LocalWrite {
-    /// The name it carries, and the longest the store takes.
+    /// The name it carries, and the longest the store takes (an invite
+    /// carries none).
     pub(crate) fn name(&self) -> (&str, usize) {
         match self {
             LocalWrite::PutCursor { name, .. } => (name, CURSOR_NAME_BYTES_MAX),
             LocalWrite::SubscriberLagged { subscriber, .. } => {
                 (subscriber, SUBSCRIBER_NAME_BYTES_MAX)
             }
+            LocalWrite::PutInvite(_) => ("", 0),
         }
     }
 
@@ -326,6 +331,7 @@ impl LocalWrite {
                 from,
                 to,
             },
+            LocalWrite::PutInvite(invite) => WriteOp::PutInvite(invite),
         }
     }
 }

@@ -9,15 +9,19 @@
 
 mod actor;
 mod effects;
+mod join;
 mod receipts;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use iroh::Endpoint;
-use mesh_protocol::{Epoch, MAX_TICKET_ADDRS, NodeCard, NodeId, NodeName, NodeTicket, SecretKey};
-use mesh_store::{Arrival, MeshStore, OwnStream, Receipt, StoreError, StoreHandle};
+use iroh::{Endpoint, RelayUrl};
+use mesh_protocol::{
+    Epoch, InviteCode, InviteId, InviteSecret, JoinAnswer, MAX_TICKET_ADDRS, NodeCard, NodeId,
+    NodeName, NodeTicket, SecretKey,
+};
+use mesh_store::{Arrival, InviteRecord, MeshStore, OwnStream, Receipt, StoreError, StoreHandle};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, error_span, info};
@@ -25,9 +29,14 @@ use tracing::{Instrument, error_span, info};
 use crate::core::{self, Core, LocalWrite, Metrics, Recovered, SendReceipt};
 use crate::net::{ConnId, NetConfig, NetCounters, NetError, PeerError, Transport, endpoint_addrs};
 
+pub use join::{
+    INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,
+    TRY_AGAIN_MS,
+};
 pub use receipts::Receipts;
 
 use actor::{Actor, Cmd, PeerChange};
+use join::{InviteCmd, Inviter};
 
 /// Requests from the handle waiting for the node task.
 pub const COMMANDS_MAX: usize = 1024;
@@ -161,15 +170,22 @@ pub struct NodePeer {
 pub struct Node {
     id: NodeId,
     epoch: Epoch,
-    /// For tickets: the addresses it is bound to.
+    /// Signs this node's join requests.
+    secret: SecretKey,
+    /// For tickets (the addresses it is bound to), and join dials.
     endpoint: Endpoint,
+    /// The relays a join dials through.
+    relays: Vec<RelayUrl>,
     commands: mpsc::Sender<Cmd>,
+    /// The inviter's requests.
+    invites: mpsc::Sender<InviteCmd>,
     /// Holds [`COMMAND_BYTES_MAX`] permits, one per payload byte handed over
     /// and not yet taken by the task.
     budget: Arc<Semaphore>,
     head: watch::Receiver<Arrival>,
     closing: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
+    inviter: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Node {
@@ -214,7 +230,7 @@ impl Node {
         let endpoint = transport.endpoint().clone();
         let held = recovered.cards.iter().find(|c| c.node == id).cloned();
         let card = own_card(&secret, held.as_ref(), &config.name, &endpoint);
-        let mut core = Core::new(config.core.clone(), secret, recovered);
+        let mut core = Core::new(config.core.clone(), secret.clone(), recovered);
         if let Some(card) = card {
             info!(name = %card.name, addrs = ?card.addrs, "this node issued a new card");
             core.handle(core::Input::OwnCard { card }, actor::now());
@@ -222,18 +238,33 @@ impl Node {
         let (commands, commands_rx) = mpsc::channel(COMMANDS_MAX);
         let (head_tx, head_rx) = watch::channel(head);
         let (closing, closing_rx) = watch::channel(false);
+        let ((joins_tx, joins), (invites, invites_rx)) = join::channels();
+        transport.accept_joins(joins_tx);
+        let inviter = Inviter {
+            me: id,
+            commands: commands.clone(),
+            store: store.reader(),
+            joins,
+            cmds: invites_rx,
+            closing: closing_rx.clone(),
+        };
+        let inviter = tokio::spawn(inviter.run().instrument(span.clone()));
         let actor = Actor::new(core, store, transport, commands_rx, closing_rx, head_tx);
         let task = tokio::spawn(actor.run().instrument(span));
         info!(node = %id.fmt_short(), epoch = %epoch.fmt_short(), addrs = ?endpoint_addrs(&endpoint), "node started");
         Ok(Node {
             id,
             epoch,
+            secret,
             endpoint,
+            relays: config.net.relays.clone(),
             commands,
+            invites,
             budget: Arc::new(Semaphore::new(COMMAND_BYTES_MAX)),
             head: head_rx,
             closing,
             task: Mutex::new(Some(task)),
+            inviter: Mutex::new(Some(inviter)),
         })
     }
 
@@ -408,12 +439,88 @@ impl Node {
 
     /// Sends the command `cmd` builds and waits for its answer.
     async fn ask<R>(&self, cmd: impl FnOnce(oneshot::Sender<R>) -> Cmd) -> Result<R, NodeError> {
+        ask(&self.commands, cmd).await
+    }
+
+    /// Makes an invite for `uses` nodes, good for `ttl_ms`; answers its
+    /// code (this node's id and addresses, the invite's id and secret) once
+    /// its record is committed. The secret is in the code only: the store
+    /// keeps its hash.
+    ///
+    /// # Errors
+    /// [`InviteError::BadUses`], [`InviteError::BadTtl`], or the node's.
+    pub async fn create_invite(&self, uses: u32, ttl_ms: u64) -> Result<InviteCode, InviteError> {
+        let id = InviteId(rand::random());
+        let secret = InviteSecret(rand::random());
         let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(cmd(reply))
+        let cmd = InviteCmd::Create {
+            uses,
+            ttl_ms,
+            reply,
+            secret: secret.clone(),
+            id,
+        };
+        self.invites
+            .send(cmd)
             .await
             .map_err(|_| NodeError::Stopped)?;
-        answer.await.map_err(|_| NodeError::Stopped)
+        answer.await.map_err(|_| NodeError::Stopped)??;
+        Ok(InviteCode {
+            inviter: self.id,
+            addrs: endpoint_addrs(&self.endpoint),
+            id,
+            secret,
+        })
+    }
+
+    /// Revokes the invite `id`: refused to everyone from now on (nodes that
+    /// joined with it stay peers). Answers its record as committed.
+    ///
+    /// # Errors
+    /// [`InviteError::Unknown`], or the node's.
+    pub async fn revoke_invite(&self, id: InviteId) -> Result<InviteRecord, InviteError> {
+        let (reply, answer) = oneshot::channel();
+        self.invites
+            .send(InviteCmd::Revoke { id, reply })
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        answer.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// Joins the mesh of `code`'s inviter: presents a fresh proven request
+    /// on the join ALPN, and when the inviter welcomes this node, makes the
+    /// inviter a peer (durably) at the addresses of its card. Answers the
+    /// inviter's card.
+    ///
+    /// # Errors
+    /// [`JoinError::Refused`] (for good), [`JoinError::TryAgain`] (nothing
+    /// spent), [`JoinError::Unreachable`], [`JoinError::BadAnswer`], or
+    /// the node's when adding the inviter.
+    pub async fn join(&self, code: &InviteCode) -> Result<NodeCard, JoinError> {
+        if code.inviter == self.id {
+            return Err(NodeError::from(PeerError::SelfPeer).into());
+        }
+        let card = self.status().await?.card;
+        let req = join::request(&self.secret, code, card);
+        match join::present(&self.endpoint, code, &self.relays, &req).await? {
+            JoinAnswer::Welcome { card } => {
+                if card.node != code.inviter || card.verify().is_err() {
+                    return Err(JoinError::BadAnswer(
+                        "the welcome carries a card that is not the inviter's".into(),
+                    ));
+                }
+                let addrs = if card.addrs.is_empty() {
+                    code.addrs.clone()
+                } else {
+                    card.addrs.clone()
+                };
+                self.add_peer(code.inviter, addrs).await?;
+                info!(inviter = %code.inviter.fmt_short(), name = %card.name, "joined");
+                Ok(card)
+            }
+            JoinAnswer::TryAgain { after_ms } => Err(JoinError::TryAgain { after_ms }),
+            JoinAnswer::Refused { refusal } => Err(JoinError::Refused(refusal)),
+        }
     }
 
     /// A watch of the last journal position written; it moves after every
@@ -440,6 +547,14 @@ impl Node {
         if let Some(task) = task {
             // A panic in the task has been logged by tokio already.
             let _ = task.await;
+        }
+        let inviter = self
+            .inviter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(inviter) = inviter {
+            let _ = inviter.await;
         }
     }
 }
@@ -470,6 +585,19 @@ fn own_card(
     let issued_ms = actor::now().0.max(after);
     // At most CARD_ADDRS_MAX addresses: within every bound.
     NodeCard::sign(secret, name.clone(), addrs, issued_ms).ok()
+}
+
+/// Sends the command `cmd` builds to the node task and waits for its answer.
+async fn ask<R>(
+    commands: &mpsc::Sender<Cmd>,
+    cmd: impl FnOnce(oneshot::Sender<R>) -> Cmd,
+) -> Result<R, NodeError> {
+    let (reply, answer) = oneshot::channel();
+    commands
+        .send(cmd(reply))
+        .await
+        .map_err(|_| NodeError::Stopped)?;
+    answer.await.map_err(|_| NodeError::Stopped)
 }
 
 /// Runs `f` on the blocking pool (store reads block).

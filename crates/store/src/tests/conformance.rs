@@ -1168,7 +1168,7 @@ fn invite(uses: u32, spent: usize) -> crate::InviteRecord {
         spent: (0..spent)
             .map(|i| crate::InviteSpend {
                 by: node(i as u8 + 10),
-                request: mesh_protocol::RequestId([i as u8; 16]),
+                requests: vec![mesh_protocol::RequestId([i as u8; 16])],
                 until_ms: 30,
             })
             .collect(),

@@ -27,6 +27,23 @@ impl<T: Send + 'static> Transport<T> {
     pub(super) fn on_authenticated(&mut self, a: Authenticated) {
         let Authenticated { connection, slot } = a;
         let peer = connection.remote_id();
+        if connection.alpn() == mesh_protocol::JOIN_ALPN {
+            // Any node may ask to join; the inviter bounds and times it.
+            drop(slot);
+            let refused = match &self.joins {
+                Some(joins) => joins.try_send(connection).err().map(|e| e.into_inner()),
+                None => Some(connection),
+            };
+            if let Some(connection) = refused {
+                debug!(peer = %peer.fmt_short(), "a join attempt refused: too many at once");
+                conn::close(
+                    &connection,
+                    close_code::JOIN_BUSY,
+                    "too many joins at once; try again",
+                );
+            }
+            return;
+        }
         let Some(ps) = self.peers.get_mut(&peer) else {
             Counters::add(&self.counters.refused, 1);
             warn!(peer = %peer, "refused a connection from an unknown node");

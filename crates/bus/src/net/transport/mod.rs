@@ -132,6 +132,8 @@ pub(crate) struct Transport<T> {
     /// Redials waiting out their backoff, by when they are due.
     redials: BTreeSet<(Instant, NodeId)>,
     redial_timer: Pin<Box<Sleep>>,
+    /// Where connections on the join ALPN go (the node's inviter), if anywhere.
+    joins: Option<mpsc::Sender<Connection>>,
     /// Events made by one source beyond the one returned at once.
     ready: VecDeque<Event<T>>,
     next_conn: u64,
@@ -182,6 +184,7 @@ impl<T: Send + 'static> Transport<T> {
             dials: JoinSet::new(),
             redials: BTreeSet::new(),
             redial_timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            joins: None,
             ready: VecDeque::new(),
             next_conn: 1,
             next_attempt: 1,
@@ -191,6 +194,14 @@ impl<T: Send + 'static> Transport<T> {
     /// This node's id.
     pub(crate) fn node_id(&self) -> NodeId {
         self.me
+    }
+
+    /// Hands every connection on the join ALPN, from any node, to `joins`
+    /// (bounded: one that finds it full is closed with
+    /// [`close_code::JOIN_BUSY`]). Without it, such connections are closed
+    /// the same way.
+    pub(crate) fn accept_joins(&mut self, joins: mpsc::Sender<Connection>) {
+        self.joins = Some(joins);
     }
 
     /// The endpoint (for the addresses a ticket names).
