@@ -206,3 +206,57 @@ fn metric(d: &DaemonProcess, name: &str) -> u64 {
         .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
         .unwrap_or(0)
 }
+
+#[test]
+fn mesh_invite_then_mesh_join_links_two_nodes_and_messages_go_both_ways() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    let (a_id, b_id) = (a.node().to_owned(), b.node().to_owned());
+    let code = ok(a.mesh(&["invite"]).unwrap());
+    assert_eq!(code.lines().count(), 1, "{code}");
+    let code = code.trim().to_owned();
+    assert!(code.starts_with("meshinvite1"), "{code}");
+    let joined = ok(b.mesh(&["join", &code]).unwrap());
+    assert!(joined.starts_with(&format!("joined: {a_id} (")), "{joined}");
+    // Both are peers; no second command on the inviter.
+    assert_ne!(peer(&a, &b_id), serde_json::Value::Null);
+    assert_ne!(peer(&b, &a_id), serde_json::Value::Null);
+    let list = json(&a, &["invite", "list", "--json"]);
+    let inv = &list["invites"][0];
+    assert_eq!(
+        (&inv["state"], &inv["uses_left"], &inv["joined"][0]),
+        (&"spent".into(), &0.into(), &b_id.clone().into()),
+        "{list}"
+    );
+    ok(a.mesh(&["send", &b_id, "hello b"]).unwrap());
+    ok(b.mesh(&["send", &a_id, "hello a"]).unwrap());
+    wait_for("a's message at b", || received(&b, &a_id) == ["hello b"]);
+    wait_for("b's message at a", || received(&a, &b_id) == ["hello a"]);
+
+    // A third node: the spent code is refused with its own code and exit.
+    let c = start(&tmp.path().join("c"));
+    let out = c.mesh(&["join", &code]).unwrap();
+    assert!(!out.ok(), "{out:?}");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        out.stderr.contains("spent") && out.stderr.contains("409"),
+        "{out:?}"
+    );
+    // An invite for two, revoked before use.
+    let made = json(&a, &["invite", "--uses", "2", "--ttl", "10m", "--json"]);
+    let (code2, id2) = (
+        made["code"].as_str().unwrap().to_owned(),
+        made["invite"]["id"].as_str().unwrap().to_owned(),
+    );
+    assert_eq!(made["invite"]["uses"], 2);
+    assert!(ok(a.mesh(&["invite", "revoke", &id2]).unwrap()).contains(&id2));
+    let out = c.mesh(&["join", &code2]).unwrap();
+    assert!(!out.ok() && out.stderr.contains("revoked"), "{out:?}");
+    let out = c.mesh(&["join", "meshinvite1nonsense"]).unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(out.stderr.contains("not an invite code"), "{out:?}");
+    for d in [a, b, c] {
+        assert!(d.terminate().unwrap().success());
+    }
+}

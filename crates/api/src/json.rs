@@ -302,3 +302,75 @@ pub struct StreamMark {
     /// The mark.
     pub mark: Seq,
 }
+
+/// `POST /v1/invites`: make an invite.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InviteRequest {
+    /// How many nodes may join with it (default 1).
+    #[serde(default)]
+    pub uses: Option<u32>,
+    /// How long it is good for, in ms (default one hour).
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// An invite as `GET /v1/invites` shows it (never its secret).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InviteJson {
+    /// Its id (16 hex digits), for `mesh invite revoke`.
+    pub id: String,
+    /// `open`, `claimed` (a node is joining with it now), `spent`,
+    /// `expired` or `revoked`.
+    pub state: String,
+    /// How many nodes may join with it.
+    pub uses: u32,
+    /// How many still may.
+    pub uses_left: u32,
+    /// When it was made (ms since the Unix epoch).
+    pub created_ms: u64,
+    /// When it expires (ms since the Unix epoch).
+    pub expires_ms: u64,
+    /// The node it is claimed for, while claimed.
+    pub claimed_by: Option<String>,
+    /// Until when that claim holds (ms since the Unix epoch).
+    pub claimed_until_ms: Option<u64>,
+    /// The nodes that joined with it.
+    pub joined: Vec<String>,
+}
+
+/// The answer of `POST /v1/invites`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InviteResponse {
+    /// The code to hand to the new node's `mesh join` (it holds the secret:
+    /// shown once, never stored).
+    pub code: String,
+    /// The invite.
+    pub invite: InviteJson,
+}
+
+/// The answer of `GET /v1/invites`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvitesResponse {
+    /// Every invite this node made, by id.
+    pub invites: Vec<InviteJson>,
+}
+
+/// `POST /v1/join`: join the mesh of an invite's inviter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinBody {
+    /// The invite code, as `mesh invite` printed it.
+    pub code: String,
+}
+
+/// The answer of `POST /v1/join`: the inviter, now a peer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinResponse {
+    /// The inviter's node id.
+    pub inviter: String,
+    /// Its name.
+    pub name: String,
+    /// Where it listens, from its card.
+    pub addrs: Vec<SocketAddr>,
+}

@@ -5,11 +5,12 @@ use std::io::{BufRead, Write};
 use anyhow::{Context, bail};
 use mesh_api::client::Client;
 use mesh_api::{
-    AddPeerRequest, BatchResponse, BodyEncoding, EventEntry, EventRecord, EventsPage, LaggedEvent,
+    AddPeerRequest, BatchResponse, BodyEncoding, EventEntry, EventRecord, EventsPage, InviteJson,
+    InviteRequest, InviteResponse, InvitesResponse, JoinBody, JoinResponse, LaggedEvent,
     NodeStatus, PeerStatus, PeersResponse, SendRequest, SendResponse, TicketResponse, path_segment,
 };
 
-use crate::{PeerCommand, UsageError};
+use crate::{InviteCommand, PeerCommand, UsageError};
 
 /// The most messages `mesh send --lines` puts in one request.
 const SEND_LINES_CHUNK: usize = 1000;
@@ -120,6 +121,79 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `mesh invite ...`.
+pub(crate) async fn invite(
+    c: &Client,
+    cmd: Option<InviteCommand>,
+    uses: u32,
+    ttl_ms: u64,
+    json: bool,
+) -> anyhow::Result<()> {
+    match cmd {
+        None => {
+            let req = InviteRequest {
+                uses: Some(uses),
+                ttl_ms: Some(ttl_ms),
+            };
+            let made: serde_json::Value = c.post("/v1/invites", &req).await?;
+            if json {
+                return print_json(&made);
+            }
+            let made: InviteResponse =
+                serde_json::from_value(made).context("unexpected invite answer")?;
+            println!("{}", made.code);
+        }
+        Some(InviteCommand::List { json }) => {
+            let list: serde_json::Value = c.get("/v1/invites").await?;
+            if json {
+                return print_json(&list);
+            }
+            let list: InvitesResponse =
+                serde_json::from_value(list).context("unexpected invites answer")?;
+            if list.invites.is_empty() {
+                println!("no invites yet: make one with `mesh invite`");
+            }
+            for i in &list.invites {
+                print_invite(i);
+            }
+        }
+        Some(InviteCommand::Revoke { id }) => {
+            let path = format!("/v1/invites/{}/revoke", path_segment(&id));
+            let i: InviteJson = c.post(&path, &()).await?;
+            println!("revoked invite {}", i.id);
+        }
+    }
+    Ok(())
+}
+
+fn print_invite(i: &InviteJson) {
+    let joined = if i.joined.is_empty() {
+        String::new()
+    } else {
+        let short: Vec<String> = i
+            .joined
+            .iter()
+            .map(|n| n.chars().take(10).collect())
+            .collect();
+        format!("  joined: {}", short.join(", "))
+    };
+    println!(
+        "  {}  {:8}  {}/{} uses left  expires {}{joined}",
+        i.id, i.state, i.uses_left, i.uses, i.expires_ms
+    );
+}
+
+/// `mesh join`.
+pub(crate) async fn join(c: &Client, code: String, json: bool) -> anyhow::Result<()> {
+    let joined: serde_json::Value = c.post("/v1/join", &JoinBody { code }).await?;
+    if json {
+        return print_json(&joined);
+    }
+    let joined: JoinResponse = serde_json::from_value(joined).context("unexpected join answer")?;
+    println!("joined: {} ({}) is a peer now", joined.inviter, joined.name);
     Ok(())
 }
 
