@@ -374,3 +374,22 @@ pub struct JoinResponse {
     /// Where it listens, from its card.
     pub addrs: Vec<SocketAddr>,
 }
+
+/// A node on the LAN that is not a peer, as `GET /v1/peers/nearby` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NearbyJson {
+    /// Its node id.
+    pub node: String,
+    /// The name it announces, if any.
+    pub name: Option<String>,
+    /// Where it announces it listens.
+    pub addrs: Vec<SocketAddr>,
+}
+
+/// The answer of `GET /v1/peers/nearby`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NearbyResponse {
+    /// Nodes mDNS found on the LAN that are not peers (never added by being
+    /// found: invite one to make it a peer).
+    pub nearby: Vec<NearbyJson>,
+}

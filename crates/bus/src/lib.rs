@@ -16,7 +16,8 @@ pub use crate::core::{
     SendError as CoreSendError, SendReceipt,
 };
 pub use crate::net::{
-    NetConfig, NetCounters, PeerError, RELAYS_MAX, close_code, load_or_create_node_key,
+    MdnsMode, NearbyNode, NetConfig, NetCounters, PeerError, RELAYS_MAX, close_code,
+    load_or_create_node_key,
 };
 pub use crate::node::{
     INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,

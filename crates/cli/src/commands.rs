@@ -7,7 +7,8 @@ use mesh_api::client::Client;
 use mesh_api::{
     AddPeerRequest, BatchResponse, BodyEncoding, EventEntry, EventRecord, EventsPage, InviteJson,
     InviteRequest, InviteResponse, InvitesResponse, JoinBody, JoinResponse, LaggedEvent,
-    NodeStatus, PeerStatus, PeersResponse, SendRequest, SendResponse, TicketResponse, path_segment,
+    NearbyResponse, NodeStatus, PeerStatus, PeersResponse, SendRequest, SendResponse,
+    TicketResponse, path_segment,
 };
 
 use crate::{InviteCommand, PeerCommand, UsageError};
@@ -94,9 +95,31 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
                 serde_json::from_value(peers).context("unexpected peers answer")?;
             let peers = peers.peers;
             if peers.is_empty() {
-                println!("no peers yet: add one with `mesh peer add TICKET`");
+                println!(
+                    "no peers yet: invite one with `mesh invite` (or add one with `mesh peer add TICKET`)"
+                );
             }
             print_peers(&peers);
+        }
+        PeerCommand::Nearby { json } => {
+            let nearby: serde_json::Value = c.get("/v1/peers/nearby").await?;
+            if json {
+                return print_json(&nearby);
+            }
+            let nearby: NearbyResponse =
+                serde_json::from_value(nearby).context("unexpected nearby answer")?;
+            if nearby.nearby.is_empty() {
+                println!("no other agent-mesh nodes found on the LAN (mDNS)");
+            }
+            for n in &nearby.nearby {
+                let addrs: Vec<String> = n.addrs.iter().map(|a| a.to_string()).collect();
+                println!(
+                    "  {}  {:12}  at {}",
+                    n.node,
+                    n.name.as_deref().unwrap_or("-"),
+                    addrs.join(", ")
+                );
+            }
         }
         PeerCommand::Remove { id } => {
             let _: serde_json::Value = c

@@ -212,6 +212,15 @@ pub enum PeerCommand {
         #[arg(long)]
         json: bool,
     },
+    /// List agent-mesh nodes on the LAN (found by mDNS) that are not peers.
+    ///
+    /// Finding a node never makes it a peer: invite it (`mesh invite`, then
+    /// `mesh join` there) to exchange messages.
+    Nearby {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Forget a peer (what was exchanged stays in the journal).
     Remove {
         /// The peer's node id.

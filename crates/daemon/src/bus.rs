@@ -13,9 +13,9 @@ use std::sync::Arc;
 use mesh_store::Arrival;
 
 pub(crate) use mesh_bus::{
-    CoreConfig, CoreSendError, DropReason, InviteError, JoinError, NetConfig, Node, NodeConfig,
-    NodeError, NodePeer, NodeStatus, Outgoing, PeerChangeError, PeerError, RELAYS_MAX, Receipts,
-    RelayUrl, SendError, SendReceipt, load_or_create_node_key,
+    CoreConfig, CoreSendError, DropReason, InviteError, JoinError, MdnsMode, NetConfig, Node,
+    NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, PeerChangeError, PeerError, RELAYS_MAX,
+    Receipts, RelayUrl, SendError, SendReceipt, load_or_create_node_key,
 };
 pub(crate) use mesh_protocol::JoinRefusal;
 

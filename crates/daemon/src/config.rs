@@ -10,7 +10,7 @@ use mesh_protocol::NodeName;
 use mesh_store::{OnFull, OutboxBounds};
 use serde::Deserialize;
 
-use crate::bus::{RELAYS_MAX, RelayUrl};
+use crate::bus::{MdnsMode, RELAYS_MAX, RelayUrl};
 
 /// The largest config file read, in bytes; a config is a few hundred bytes.
 pub const CONFIG_FILE_BYTES_MAX: u64 = 64 * 1024;
@@ -107,6 +107,17 @@ pub struct NodeSection {
 pub struct DiscoveryConfig {
     /// mDNS on the interfaces the node listens on (none when bound to loopback).
     pub mdns: MdnsConfig,
+}
+
+impl MdnsConfig {
+    /// What the transport does.
+    pub fn mode(self) -> MdnsMode {
+        match self {
+            MdnsConfig::On => MdnsMode::On,
+            MdnsConfig::Resolve => MdnsMode::Resolve,
+            MdnsConfig::Off => MdnsMode::Off,
+        }
+    }
 }
 
 /// `discovery.mdns`, spelled as in the file.

@@ -86,6 +86,7 @@ impl Daemon {
             net: NetConfig {
                 preferred_port: read_port(&dir),
                 relays: config.relays(),
+                mdns: config.discovery.mdns.mode(),
                 ..NetConfig::with_bind_addr(bind)
             },
             core: CoreConfig {

@@ -106,6 +106,10 @@ pub struct NetConfig {
     /// peers with no direct route; every peer is also dialed through them.
     /// Empty: relays off.
     pub relays: Vec<RelayUrl>,
+    /// LAN discovery (off unless asked for; see [`super::MdnsMode`]).
+    pub mdns: super::MdnsMode,
+    /// The name an mDNS announcement carries.
+    pub mdns_name: String,
     /// QUIC idle timeout; see [`IDLE_TIMEOUT`].
     pub idle_timeout: Duration,
     /// QUIC keep-alive interval; see [`KEEP_ALIVE_INTERVAL`].
@@ -118,6 +122,8 @@ impl Default for NetConfig {
             bind_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             preferred_port: None,
             relays: Vec::new(),
+            mdns: super::MdnsMode::Off,
+            mdns_name: String::new(),
             idle_timeout: IDLE_TIMEOUT,
             keep_alive: KEEP_ALIVE_INTERVAL,
         }

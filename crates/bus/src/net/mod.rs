@@ -24,6 +24,7 @@ mod counters;
 mod endpoint;
 mod error;
 mod key;
+mod mdns;
 mod peers;
 mod queue;
 mod raw;
@@ -40,8 +41,9 @@ pub use conn::RecvLease;
 pub use counters::NetCounters;
 pub use error::{DisconnectReason, NetError, PeerError, SendError};
 pub use key::{NODE_KEY_BYTES, NODE_KEY_FILE, load_or_create_node_key};
+pub use mdns::{MDNS_SERVICE, MdnsMode, NEARBY_MAX};
 pub use raw::{NET_EVENTS_MAX, NET_QUEUE_BYTES_MAX, Net, NetEvent};
-pub use transport::PeerStatus;
+pub use transport::{NearbyNode, PeerStatus};
 
 pub(crate) use config::SHUTDOWN_TIMEOUT;
 pub(crate) use endpoint::local_addrs as endpoint_addrs;

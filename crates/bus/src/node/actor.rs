@@ -467,6 +467,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             epoch: self.core.epoch(),
             ticket: self.transport.ticket(),
             peers,
+            nearby: self.transport.nearby(),
             journal_head: *self.head.borrow(),
             net: self.transport.counters_now(),
             core: self.core.metrics().clone(),

@@ -134,6 +134,8 @@ pub struct NodeStatus {
     pub ticket: NodeTicket,
     /// Every known peer, by id.
     pub peers: Vec<NodePeer>,
+    /// The nodes mDNS found on the LAN that are not peers, by id.
+    pub nearby: Vec<crate::net::NearbyNode>,
     /// The last journal position written.
     pub journal_head: Arrival,
     /// Transport counters.
@@ -209,7 +211,11 @@ impl Node {
         .await?;
         let id = secret.public();
         let span = error_span!("node", me = %id.fmt_short());
-        let mut transport = Transport::bind(&config.net, secret.clone(), actor::open)
+        let mut net = config.net.clone();
+        if net.mdns_name.is_empty() {
+            net.mdns_name = config.name.to_string();
+        }
+        let mut transport = Transport::bind(&net, secret.clone(), actor::open)
             .instrument(span.clone())
             .await?;
         let added = span.in_scope(|| {

@@ -7,7 +7,7 @@
 //! [`ApiError::status`] (the classes are in [`error`]).
 //!
 //! Routes: `GET /v1/status`, `GET /v1/ticket`, `POST /v1/peers {ticket}`,
-//! `GET /v1/peers`, `DELETE /v1/peers/{id}`, `POST /v1/peers/{id}/pause`,
+//! `GET /v1/peers`, `GET /v1/peers/nearby`, `DELETE /v1/peers/{id}`, `POST /v1/peers/{id}/pause`,
 //! `POST /v1/peers/{id}/resume`, `POST /v1/invites {uses, ttl_ms}`,
 //! `GET /v1/invites`, `POST /v1/invites/{id}/revoke`, `POST /v1/join {code}`,
 //! `POST /v1/send`,
@@ -147,6 +147,7 @@ impl ApiState {
             .route("/v1/status", get(peers::status))
             .route("/v1/ticket", get(peers::ticket))
             .route("/v1/peers", post(peers::add_peer).get(peers::list_peers))
+            .route("/v1/peers/nearby", get(peers::nearby))
             .route("/v1/peers/{id}", axum::routing::delete(peers::remove_peer))
             .route("/v1/peers/{id}/pause", post(peers::pause_peer))
             .route("/v1/peers/{id}/resume", post(peers::resume_peer))

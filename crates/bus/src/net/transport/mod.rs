@@ -18,11 +18,12 @@ use rand::rngs::SmallRng;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{AbortHandle, JoinError, JoinHandle, JoinSet};
 use tokio::time::{Instant, Sleep};
-use tracing::{Instrument, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::conn::{self, ConnEvent, ConnWhat, Established, Reader, RecvLease};
 use super::counters::{Counters, NetCounters};
 use super::endpoint::{self, Authenticated, Failed};
+use super::mdns::{self, Found, Mdns};
 use super::peers::{Live, PeerState, jitter, new_wins};
 use super::queue::SendQueue;
 use super::{
@@ -76,6 +77,18 @@ pub struct PeerStatus {
     pub refused: Option<String>,
 }
 
+/// A node mDNS found on the LAN that is not a peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NearbyNode {
+    /// Its id.
+    pub node: NodeId,
+    /// The name it announces, if any.
+    pub name: Option<String>,
+    /// Where it announces it listens.
+    pub addrs: Vec<SocketAddr>,
+}
+
 /// A live connection's queue and tasks; kept until its reader reports its end.
 #[derive(Debug)]
 struct ConnTask {
@@ -99,6 +112,7 @@ enum Source<T> {
     Dialed(Result<Dialed, JoinError>),
     ReaderDone(Result<(tokio::task::Id, ()), JoinError>),
     RedialDue,
+    Found(Found),
 }
 
 /// The transport of one node (see the module doc). `T` is what a received
@@ -132,6 +146,11 @@ pub(crate) struct Transport<T> {
     /// Redials waiting out their backoff, by when they are due.
     redials: BTreeSet<(Instant, NodeId)>,
     redial_timer: Pin<Box<Sleep>>,
+    /// LAN discovery, if it runs.
+    mdns: Option<Mdns>,
+    /// Strangers it found, by id (at most [`mdns::NEARBY_MAX`]), with when
+    /// each was last seen.
+    nearby: HashMap<NodeId, (NearbyNode, Instant)>,
     /// Where connections on the join ALPN go (the node's inviter), if anywhere.
     joins: Option<mpsc::Sender<Connection>>,
     /// Events made by one source beyond the one returned at once.
@@ -152,6 +171,14 @@ impl<T: Send + 'static> Transport<T> {
         open: fn(Frame) -> T,
     ) -> Result<Self, NetError> {
         let (endpoint, lookup) = endpoint::bind(config, secret).await?;
+        let bound = SocketAddr::new(config.bind_addr.ip(), endpoint::local_port(&endpoint));
+        let mdns = mdns::start(
+            config.mdns,
+            endpoint.id(),
+            bound,
+            &endpoint::local_addrs(&endpoint),
+            &config.mdns_name,
+        );
         let (inbound_tx, inbound) = mpsc::channel(PENDING_ACCEPTS_MAX);
         let accept = tokio::spawn(
             endpoint::accept_loop(endpoint.clone(), inbound_tx)
@@ -184,6 +211,8 @@ impl<T: Send + 'static> Transport<T> {
             dials: JoinSet::new(),
             redials: BTreeSet::new(),
             redial_timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            mdns,
+            nearby: HashMap::new(),
             joins: None,
             ready: VecDeque::new(),
             next_conn: 1,
@@ -274,6 +303,9 @@ impl<T: Send + 'static> Transport<T> {
         if let Some(r) = self.readers.try_join_next_with_id() {
             return Some(Source::ReaderDone(r));
         }
+        if let Some(found) = self.mdns.as_mut().and_then(|m| m.found.try_recv().ok()) {
+            return Some(Source::Found(found));
+        }
         let due = self
             .redials
             .first()
@@ -298,6 +330,7 @@ impl<T: Send + 'static> Transport<T> {
             Some(r) = self.dials.join_next(), if !self.dials.is_empty() => Source::Dialed(r),
             Some(r) = self.readers.join_next_with_id(), if !self.readers.is_empty() => Source::ReaderDone(r),
             () = &mut self.redial_timer, if next_redial.is_some() => Source::RedialDue,
+            Some(found) = found(&mut self.mdns) => Source::Found(found),
         }
     }
 
@@ -331,8 +364,57 @@ impl<T: Send + 'static> Transport<T> {
             Source::Dialed(Ok(dialed)) => self.on_dialed(dialed),
             Source::ReaderDone(r) => self.on_reader_done(r),
             Source::RedialDue => self.on_redials_due(),
+            Source::Found(found) => self.on_found(found),
         }
         None
+    }
+
+    /// mDNS found (or lost) a node: a known peer's addresses are dialed at
+    /// once if it has no connection; a stranger is listed as nearby.
+    fn on_found(&mut self, found: Found) {
+        let Found { node, addrs, name } = found;
+        if let Some(ps) = self.peers.get_mut(&node) {
+            if addrs.is_empty() || addrs.iter().all(|a| ps.addrs.contains(a)) {
+                return;
+            }
+            let mut merged = addrs.clone();
+            merged.extend(ps.addrs.iter().filter(|a| !addrs.contains(a)));
+            merged.truncate(MAX_TICKET_ADDRS);
+            info!(peer = %node.fmt_short(), ?addrs, "mDNS found a peer at a new address");
+            if let Err(e) = self.add_peer(node, merged) {
+                warn!(peer = %node.fmt_short(), error = %e, "mDNS addresses not used");
+            }
+            return;
+        }
+        if addrs.is_empty() {
+            self.nearby.remove(&node);
+            return;
+        }
+        if !self.nearby.contains_key(&node) && self.nearby.len() >= mdns::NEARBY_MAX {
+            let oldest = self
+                .nearby
+                .iter()
+                .min_by_key(|(_, (_, seen))| *seen)
+                .map(|(n, _)| *n);
+            if let Some(oldest) = oldest {
+                self.nearby.remove(&oldest);
+            }
+        }
+        debug!(node = %node.fmt_short(), ?name, "mDNS found a node that is not a peer");
+        self.nearby
+            .insert(node, (NearbyNode { node, name, addrs }, Instant::now()));
+    }
+
+    /// The nodes mDNS found on the LAN that are not peers, by id.
+    pub(crate) fn nearby(&self) -> Vec<NearbyNode> {
+        let mut out: Vec<NearbyNode> = self
+            .nearby
+            .values()
+            .filter(|(n, _)| !self.peers.contains_key(&n.node))
+            .map(|(n, _)| n.clone())
+            .collect();
+        out.sort_by_key(|n| *n.node.as_bytes());
+        out
     }
 
     /// Checks that `node` at `addrs` may be added (see [`Transport::add_peer`]).
@@ -568,6 +650,14 @@ impl<T: Send + 'static> Transport<T> {
         });
         conn::close(&c.connection, code, reason);
         c.queue.close();
+    }
+}
+
+/// The next discovery, or never if mDNS does not run.
+async fn found(mdns: &mut Option<Mdns>) -> Option<Found> {
+    match mdns {
+        Some(m) => m.found.recv().await,
+        None => std::future::pending().await,
     }
 }
 
