@@ -29,8 +29,12 @@ fn quick() -> CoreConfig {
 }
 
 async fn start(store: Arc<MemStore>, key: SecretKey) -> Running {
+    start_with(store, key, quick()).await
+}
+
+async fn start_with(store: Arc<MemStore>, key: SecretKey, core: CoreConfig) -> Running {
     let handle = StoreHandle::spawn(store.clone()).expect("store actor");
-    let node = Node::start(node_config(quick()), key, handle)
+    let node = Node::start(node_config(core), key, handle)
         .await
         .expect("start");
     Running { node, store }
@@ -94,7 +98,10 @@ async fn a_node_that_cannot_reach_a_peer_learns_where_it_is_from_another_peer() 
     assert!(y_status.core.cards_learned >= 1, "y learned x's card");
     let z_status = z.node.status().await.unwrap();
     assert!(z_status.core.frames_out.card_answer >= 1, "z answered");
-    assert!(connected(&x.node.status().await.unwrap(), yi));
+    until("x to see y connected too", || async {
+        connected(&x.node.status().await.unwrap(), yi)
+    })
+    .await;
     // And messages flow, both ways.
     y.node.send(xi, 0, b"found you".to_vec()).await.unwrap();
     x.node.send(yi, 0, b"so you did".to_vec()).await.unwrap();

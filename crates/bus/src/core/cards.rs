@@ -57,9 +57,12 @@ impl Core {
             return;
         }
         self.out.metrics.cards_learned += 1;
-        let (node, addrs) = (card.node, card.addrs.clone());
+        let node = card.node;
         self.peers.set_card(card);
-        self.out.push(Effect::PeerAddrs { node, addrs });
+        if let Some(record) = self.peers.record(node) {
+            let addrs = record.addrs.clone();
+            self.out.push(Effect::PeerAddrs { node, addrs });
+        }
     }
 
     /// `from` asks for our newest card of `about`: answered with it (or

@@ -126,9 +126,16 @@ impl Core {
         for (node, card) in self.committer.take_cards() {
             let mut ops = Vec::with_capacity(2);
             if let Some(record) = self.peers.record(node) {
+                // A card without addresses (a node reached through relays
+                // only) leaves the known ones as they are.
+                let addrs = if card.addrs.is_empty() {
+                    record.addrs.clone()
+                } else {
+                    card.addrs.clone()
+                };
                 ops.push(WriteOp::PutPeer(PeerRecord {
                     node,
-                    addrs: card.addrs.clone(),
+                    addrs,
                     epoch: epochs.get(&node).copied().or(record.epoch),
                 }));
             } else if node != self.me {

@@ -172,13 +172,15 @@ impl Peers {
         self.table.get(&node)?.card.as_ref()
     }
 
-    /// The peer's card is committed, with its addresses as the peer's: it
-    /// is the one held now.
+    /// The peer's card is committed, with its addresses as the peer's (if
+    /// it has any): it is the one held now.
     pub(super) fn set_card(&mut self, card: NodeCard) {
         if let Some(p) = self.table.get_mut(&card.node)
             && p.card.as_ref().is_none_or(|c| card.is_newer_than(c))
         {
-            p.record.addrs = card.addrs.clone();
+            if !card.addrs.is_empty() {
+                p.record.addrs = card.addrs.clone();
+            }
             p.card = Some(card);
         }
     }

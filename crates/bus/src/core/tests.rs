@@ -1918,3 +1918,19 @@ fn a_node_issues_its_own_newer_card_commits_it_and_sends_it_in_every_hello() {
     a.restart();
     assert_eq!(a.core.own_card(), &mine);
 }
+
+#[test]
+fn a_newer_card_without_addresses_leaves_the_known_ones() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    b.hello_with_card(1, ConnId(1), card(1, 10));
+    let relayed = NodeCard::sign(&key(1), NodeName::new("node-1").expect("name"), vec![], 11)
+        .expect("no addresses");
+    b.run(Input::PeerDisconnected {
+        peer: id(1),
+        conn: ConnId(1),
+    });
+    b.hello_with_card(1, ConnId(2), relayed.clone());
+    assert_eq!(b.stored_card(1), Some(relayed));
+    assert_eq!(b.stored_addrs(1), card(1, 10).addrs);
+    assert_eq!(b.learned().last(), Some(&(id(1), card(1, 10).addrs)));
+}
