@@ -514,7 +514,13 @@ pub fn remove_stale() -> anyhow::Result<Vec<String>> {
                 }
             }
         }
-        ip(&["netns", "del", &ns])?;
+        if let Err(e) = ip(&["netns", "del", &ns]) {
+            // Another run cleaning up at the same time removed it first.
+            if list_namespaces()?.contains(&ns) {
+                return Err(e);
+            }
+            continue;
+        }
         removed.push(ns);
     }
     Ok(removed)
