@@ -13,10 +13,11 @@ use std::sync::Arc;
 use mesh_store::Arrival;
 
 pub(crate) use mesh_bus::{
-    CoreConfig, CoreSendError, DropReason, NetConfig, Node, NodeConfig, NodeError, NodePeer,
-    NodeStatus, Outgoing, PeerChangeError, PeerError, Receipts, SendError, SendReceipt,
-    load_or_create_node_key,
+    CoreConfig, CoreSendError, DropReason, InviteError, JoinError, MdnsMode, NetConfig, Node,
+    NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, PeerChangeError, PeerError, RELAYS_MAX,
+    Receipts, RelayUrl, SendError, SendReceipt, load_or_create_node_key,
 };
+pub(crate) use mesh_protocol::JoinRefusal;
 
 /// The running bus node, as the API uses it. Cheap to clone.
 #[derive(Clone)]

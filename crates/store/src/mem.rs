@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use mesh_protocol::{Epoch, Mark, Seq, SignedBatch, StreamId};
+use mesh_protocol::{Epoch, InviteId, Mark, NodeCard, Seq, SignedBatch, StreamId};
 
 use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
 use crate::{
-    Arrival, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt, SCHEMA_VERSION,
-    StoreError, StoreMeta, StoredBatch, WriteOp,
+    Arrival, InviteRecord, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt,
+    SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
 };
 
 /// The committed state of a [`MemStore`].
@@ -22,6 +22,8 @@ struct State {
     marks: BTreeMap<StreamId, Seq>,
     journal: BTreeMap<Arrival, JournalRecord>,
     peers: BTreeMap<[u8; 32], PeerRecord>,
+    cards: BTreeMap<[u8; 32], NodeCard>,
+    invites: BTreeMap<InviteId, InviteRecord>,
     cursors: BTreeMap<String, Arrival>,
     max_lamport: u64,
     /// While set, every commit fails as a disk would (see [`MemStore::set_unavailable`]).
@@ -108,9 +110,16 @@ impl State {
                 }
                 Write::RemovePeer(n) => {
                     self.peers.remove(n.as_bytes());
+                    self.cards.remove(n.as_bytes());
                 }
                 Write::Cursor { name, arrival } => {
                     self.cursors.insert(name, arrival);
+                }
+                Write::PutCard(card) => {
+                    self.cards.insert(*card.node.as_bytes(), card);
+                }
+                Write::PutInvite(invite) => {
+                    self.invites.insert(invite.id, invite);
                 }
             }
         }
@@ -288,6 +297,18 @@ impl MeshStore for MemStore {
 
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
         Ok(self.lock().peers.values().cloned().collect())
+    }
+
+    fn cards(&self) -> Result<Vec<NodeCard>, StoreError> {
+        Ok(self.lock().cards.values().cloned().collect())
+    }
+
+    fn invites(&self) -> Result<Vec<InviteRecord>, StoreError> {
+        Ok(self.lock().invites.values().cloned().collect())
+    }
+
+    fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError> {
+        Ok(self.lock().invites.get(id).cloned())
     }
 
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
