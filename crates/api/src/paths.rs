@@ -21,6 +21,9 @@ pub const AGENT_SOCKET_ENV: &str = "MESH_AGENT_SOCKET";
 pub const AGENT_SOCKETS_DIR: &str = "agents";
 /// The dir of the agents' secret keys in the data dir.
 pub const AGENT_KEYS_DIR: &str = "agent-keys";
+/// The file in the data dir that remembers the port the node listened on
+/// (decimal text), asked for again when `bind` has port 0.
+pub const LISTEN_PORT_FILE: &str = "listen-port";
 
 /// The files of one node inside its data dir.
 #[derive(Clone, Debug)]
@@ -108,6 +111,11 @@ impl DataDir {
     /// The optional config file.
     pub fn config_path(&self) -> PathBuf {
         self.root.join(CONFIG_FILE)
+    }
+
+    /// The remembered listen port ([`LISTEN_PORT_FILE`]).
+    pub fn listen_port_path(&self) -> PathBuf {
+        self.root.join(LISTEN_PORT_FILE)
     }
 
     /// The default dir of the agents' sockets.

@@ -16,8 +16,12 @@ pub use crate::core::{
     PeerChangeError, SendError as CoreSendError, SendMeta, SendReceipt,
 };
 pub use crate::net::{
-    NetConfig, NetCounters, PeerError, close_code, load_or_create_key, load_or_create_node_key,
+    MdnsMode, NearbyNode, NetConfig, NetCounters, PeerError, RELAYS_MAX, close_code,
+    load_or_create_key, load_or_create_node_key,
 };
 pub use crate::node::{
-    Node, NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, Receipts, SendError,
+    INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,
+    Node, NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, PeerNames, Receipts, SendError,
+    TRY_AGAIN_MS,
 };
+pub use iroh::RelayUrl;

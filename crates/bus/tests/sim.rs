@@ -132,6 +132,8 @@ impl Params {
             store_retry_ms: 50,
             ack_ride_ms: self.ack_ride_ms,
             dedup_window_ms: mesh_bus::core::DEDUP_WINDOW_MS,
+            card_ask_ms: 200,
+            card_ask_retry_ms: 400,
         }
     }
 }
@@ -933,8 +935,8 @@ impl Sim {
             }
             Effect::Reply { req, result } => self.replied(node, req, result)?,
             Effect::Written { req, result } => self.written(node, req, result)?,
-            // The simulated peer sets are fixed.
-            Effect::Journaled { .. } | Effect::PeerChanged { .. } => {}
+            // The simulated peer sets (and their links) are fixed.
+            Effect::Journaled { .. } | Effect::PeerChanged { .. } | Effect::PeerAddrs { .. } => {}
             Effect::SetTimer { at } => {
                 self.nodes[node].timer = Some(at);
                 let when = at.0.max(self.now.0);
@@ -1404,6 +1406,8 @@ fn frame_short(f: &Frame) -> String {
             earliest_available, ..
         } => format!("ResyncGap {earliest_available}"),
         Frame::ResyncDone { upto, .. } => format!("ResyncDone {upto}"),
+        Frame::CardQuery { .. } => "CardQuery".to_string(),
+        Frame::CardAnswer { card, .. } => format!("CardAnswer {}", card.is_some()),
         Frame::Agents { cards } => format!("Agents {}", cards.len()),
     }
 }

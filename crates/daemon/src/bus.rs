@@ -13,10 +13,12 @@ use std::sync::Arc;
 use mesh_store::Arrival;
 
 pub(crate) use mesh_bus::{
-    CoreConfig, CoreSendError, DropReason, LocalWrite, NetConfig, Node, NodeConfig, NodeError,
-    NodePeer, NodeStatus, Outgoing, PeerChangeError, PeerError, Receipts, SendError, SendMeta,
-    SendReceipt, load_or_create_key, load_or_create_node_key,
+    CoreConfig, CoreSendError, DropReason, InviteError, JoinError, LocalWrite, MdnsMode, NetConfig,
+    Node, NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, PeerChangeError, PeerError,
+    RELAYS_MAX, Receipts, RelayUrl, SendError, SendMeta, SendReceipt, load_or_create_key,
+    load_or_create_node_key,
 };
+pub(crate) use mesh_protocol::JoinRefusal;
 
 /// The running bus node, as the API uses it. Cheap to clone.
 #[derive(Clone)]
@@ -37,6 +39,11 @@ impl Bus {
     /// handed over after this returns are ordered after these.
     pub(crate) async fn submit(&self, msgs: Vec<Outgoing>) -> Receipts {
         self.node.submit(msgs).await
+    }
+
+    /// The peers' names as their newest cards say, now.
+    pub(crate) fn peer_names(&self) -> mesh_bus::PeerNames {
+        self.node.peer_names()
     }
 
     /// Sets the named durable cursor `name` to `arrival`; answers once it is

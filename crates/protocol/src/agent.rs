@@ -40,7 +40,7 @@ pub const MAX_SUPERSEDE_KEY_BYTES: usize = 128;
 pub const MAX_AGENT_CARDS: usize = 256;
 
 /// The domain tag signed before an agent card's fields.
-pub const CARD_DOMAIN: &[u8] = b"agent-mesh/agent-card/v1\0";
+pub const AGENT_CARD_DOMAIN: &[u8] = b"agent-mesh/agent-card/v1\0";
 /// The domain tag hashed before the fields a message id is derived from.
 pub const MSG_ID_DOMAIN: &[u8] = b"agent-mesh/msg-id/v1\0";
 
@@ -420,7 +420,7 @@ fn decode_canonical<'a, T: Serialize + Deserialize<'a>>(
 /// A node's announcement of one of its agents, signed by the agent's own
 /// key so that no relay can invent or alter one.
 ///
-/// The signature covers [`CARD_DOMAIN`] and the postcard encoding of
+/// The signature covers [`AGENT_CARD_DOMAIN`] and the postcard encoding of
 /// `(node, name, key, online, issued_ms)`.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentCard {
@@ -512,8 +512,8 @@ impl AgentCard {
 }
 
 fn card_bytes(fields: &CardFields<'_>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(CARD_DOMAIN.len() + 160);
-    out.extend_from_slice(CARD_DOMAIN);
+    let mut out = Vec::with_capacity(AGENT_CARD_DOMAIN.len() + 160);
+    out.extend_from_slice(AGENT_CARD_DOMAIN);
     postcard::to_extend(fields, out).unwrap_or_else(|_| unreachable!("postcard into Vec"))
 }
 

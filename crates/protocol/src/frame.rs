@@ -11,9 +11,11 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::agent::{AgentCard, MAX_AGENT_CARDS};
 use crate::batch::{MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, SignedBatch};
+use crate::card::NodeCard;
 use crate::ids::{Epoch, NodeId, Seq, StreamId};
 
-/// The protocol version a node speaks, sent in [`Frame::Hello`].
+/// The protocol version a node speaks, sent in [`Frame::Hello`] (and, as
+/// its digit, in the connection preamble).
 pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Bytes of the length prefix in front of every frame body.
@@ -49,6 +51,9 @@ pub enum Frame {
         epoch: Epoch,
         /// The sender's marks for streams the receiver authors.
         marks: Vec<Mark>,
+        /// The sender's newest card: its name and where it listens now
+        /// (boxed: a frame stays the size of its common variants).
+        card: Box<NodeCard>,
     },
     /// A signed batch with its payloads, one per entry.
     Batch {
@@ -86,6 +91,23 @@ pub enum Frame {
         /// The author's last seq.
         upto: Seq,
     },
+    /// Please send me the newest card you hold of `node` (a peer of both of
+    /// us that I cannot reach).
+    CardQuery {
+        /// The node asked about.
+        #[serde(with = "crate::ids::node_id_serde")]
+        node: NodeId,
+    },
+    /// The answer to a [`Frame::CardQuery`]: the newest card held of `node`,
+    /// if any. The card is signed by `node`, so whoever passes it on cannot
+    /// change it.
+    CardAnswer {
+        /// The node asked about.
+        #[serde(with = "crate::ids::node_id_serde")]
+        node: NodeId,
+        /// Its newest card held here.
+        card: Option<Box<NodeCard>>,
+    },
     /// Every agent the sender hosts now (at most [`MAX_AGENT_CARDS`]), each
     /// card signed by its agent's key: it replaces what the receiver knew
     /// of the sender's agents.
@@ -109,19 +131,23 @@ impl Frame {
             Frame::Resync { .. } => 3,
             Frame::ResyncGap { .. } => 4,
             Frame::ResyncDone { .. } => 5,
-            Frame::Agents { .. } => 6,
+            Frame::CardQuery { .. } => 6,
+            Frame::CardAnswer { .. } => 7,
+            Frame::Agents { .. } => 8,
         }
     }
 }
 
 /// Variant names by postcard tag, in declaration order.
-const FRAME_NAMES: [&str; 7] = [
+const FRAME_NAMES: [&str; 9] = [
     "Hello",
     "Batch",
     "Ack",
     "Resync",
     "ResyncGap",
     "ResyncDone",
+    "CardQuery",
+    "CardAnswer",
     "Agents",
 ];
 
@@ -359,6 +385,11 @@ mod tests {
         }
     }
 
+    fn card(b: u8) -> NodeCard {
+        let name = crate::card::NodeName::new("n").unwrap();
+        NodeCard::sign(&SecretKey::from_bytes(&[b; 32]), name, vec![], 1).unwrap()
+    }
+
     fn hello(marks: usize) -> Frame {
         let mark = Mark {
             stream: StreamId::direct(node(1), Epoch([3; 16]), node(2)),
@@ -369,6 +400,7 @@ mod tests {
             node: node(2),
             epoch: Epoch([4; 16]),
             marks: vec![mark; marks],
+            card: Box::new(card(2)),
         }
     }
 
@@ -405,6 +437,11 @@ mod tests {
                 earliest_available: 1,
             },
             Frame::ResyncDone { stream, upto: 1 },
+            Frame::CardQuery { node: node(3) },
+            Frame::CardAnswer {
+                node: node(3),
+                card: Some(Box::new(card(3))),
+            },
             Frame::Agents { cards: vec![] },
         ];
         for (i, f) in frames.iter().enumerate() {
@@ -528,7 +565,7 @@ mod tests {
     #[test]
     fn unknown_tags_and_empty_bodies_are_refused() {
         assert_eq!(decode_frame(&[]), Err(FrameError::Empty));
-        assert_eq!(decode_frame(&[7]), Err(FrameError::UnknownTag(7)));
+        assert_eq!(decode_frame(&[9]), Err(FrameError::UnknownTag(9)));
         // A multi-byte tag varint is never a known frame.
         assert_eq!(
             decode_frame(&[0x80, 0x00]),

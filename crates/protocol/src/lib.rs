@@ -1,6 +1,6 @@
-//! Wire types of agent-mesh: ids, signed batches, frames, journal cursors,
-//! node tickets, and the agent payload formats (agent messages, bounces,
-//! agent cards).
+//! Wire types of agent-mesh: ids, signed batches, frames, node cards,
+//! journal cursors, node tickets, invite codes and the join exchange, and
+//! the agent payload formats (agent messages, bounces, agent cards).
 //!
 //! This crate is pure: no IO, no clock, no async runtime. Everything a peer or
 //! a local client can send is decoded here, behind a size cap, into types that
@@ -16,22 +16,27 @@
 
 mod agent;
 mod batch;
+mod card;
 mod cursor;
 mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
 mod ids;
+mod join;
 mod ticket;
 
 pub use agent::{
-    AgentCard, AgentEnvelope, AgentError, AgentHeader, AgentName, Bounce, BounceReason,
-    CARD_DOMAIN, KIND_AGENT, KIND_BOUNCE, KIND_MESH_MAX, KIND_MESH_MIN, KIND_TOMBSTONE,
+    AGENT_CARD_DOMAIN, AgentCard, AgentEnvelope, AgentError, AgentHeader, AgentName, Bounce,
+    BounceReason, KIND_AGENT, KIND_BOUNCE, KIND_MESH_MAX, KIND_MESH_MIN, KIND_TOMBSTONE,
     MAX_AGENT_CARDS, MAX_AGENT_NAME_BYTES, MAX_SUPERSEDE_KEY_BYTES, MSG_ID_DOMAIN, MsgId,
     SupersedeKey, is_mesh_kind, stamp_msg_id,
 };
 pub use batch::{
     BATCH_DOMAIN, Cid, EntryHeader, Envelope, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES,
     NewEnvelope, OpenBatch, SignedBatch, VerifiedBatch, VerifyError,
+};
+pub use card::{
+    CARD_ADDRS_MAX, CARD_DOMAIN, CardError, NODE_NAME_BYTES_MAX, NameError, NodeCard, NodeName,
 };
 pub use cursor::{Cursor, CursorError};
 pub use frame::{
@@ -41,5 +46,10 @@ pub use frame::{
 pub use ids::{
     Channel, Epoch, IdError, MAX_TOPIC_NAME_BYTES, NodeId, SecretKey, Seq, StreamId, TopicName,
     parse_node_id,
+};
+pub use join::{
+    INVITE_ADDRS_MAX, INVITE_SECRET_DOMAIN, InviteCode, InviteId, InviteSecret, JOIN_ALPN,
+    JOIN_MESSAGE_BYTES_MAX, JOIN_PROOF_DOMAIN, JoinAnswer, JoinError, JoinRefusal, JoinRequest,
+    RequestId, decode_join, encode_join,
 };
 pub use ticket::{MAX_TICKET_ADDRS, NodeTicket, TicketError};

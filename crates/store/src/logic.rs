@@ -7,12 +7,12 @@
 
 use std::collections::BTreeMap;
 
-use mesh_protocol::{Epoch, NodeId, Seq, SignedBatch, StreamId};
+use mesh_protocol::{Epoch, NodeCard, NodeId, Seq, SignedBatch, StreamId};
 
 use crate::agents::{self, AgentWrite, Run};
 use crate::{
-    Arrival, Eviction, JournalRecord, LossReason, OwnStream, PeerRecord, Receipt, StoreError,
-    WriteOp,
+    Arrival, Eviction, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord, JournalRecord,
+    LossReason, OwnStream, PeerRecord, Receipt, StoreError, WriteOp,
 };
 
 /// The longest durable cursor name, in bytes.
@@ -79,11 +79,14 @@ pub(crate) enum Write {
         record: JournalRecord,
     },
     PutPeer(PeerRecord),
+    /// Forgets the peer and its card.
     RemovePeer(NodeId),
     Cursor {
         name: String,
         arrival: Arrival,
     },
+    PutCard(NodeCard),
+    PutInvite(InviteRecord),
     /// An agent table write (`crate::agents`).
     Agents(AgentWrite),
 }
@@ -482,6 +485,38 @@ impl<B: Base> GroupView<'_, B> {
                     ));
                 }
                 self.writes.push(Write::Cursor { name, arrival });
+                Ok(())
+            }
+            WriteOp::PutCard(card) => {
+                self.writes.push(Write::PutCard(card));
+                Ok(())
+            }
+            WriteOp::PutInvite(invite) => {
+                if invite.uses == 0 || invite.uses > INVITE_USES_MAX {
+                    return refuse(format!(
+                        "invite {} has {} uses; it may have 1..={INVITE_USES_MAX}",
+                        invite.id, invite.uses
+                    ));
+                }
+                if invite.spent.len() > invite.uses as usize {
+                    return refuse(format!(
+                        "invite {} has {} spends for {} uses",
+                        invite.id,
+                        invite.spent.len(),
+                        invite.uses
+                    ));
+                }
+                if invite
+                    .spent
+                    .iter()
+                    .any(|s| s.requests.len() > INVITE_SPEND_REQUESTS_MAX)
+                {
+                    return refuse(format!(
+                        "invite {} has a spend of more than {INVITE_SPEND_REQUESTS_MAX} requests",
+                        invite.id
+                    ));
+                }
+                self.writes.push(Write::PutInvite(invite));
                 Ok(())
             }
             WriteOp::Agents(op) => {

@@ -4,16 +4,16 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use mesh_protocol::{Epoch, Mark, Seq, SignedBatch, StreamId};
-
-use mesh_protocol::{AgentName, MsgId, NodeId};
+use mesh_protocol::{
+    AgentName, Epoch, InviteId, Mark, MsgId, NodeCard, NodeId, Seq, SignedBatch, StreamId,
+};
 
 use crate::agents::{AgentWrite, dedup_key_bytes};
 use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
 use crate::{
-    AgentRecord, Arrival, DedupRecord, InboxItem, InboxRow, JournalItem, JournalRecord, MeshStore,
-    MessageRow, OwnStream, PeerRecord, Receipt, SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch,
-    WriteOp,
+    AgentRecord, Arrival, DedupRecord, InboxItem, InboxRow, InviteRecord, JournalItem,
+    JournalRecord, MeshStore, MessageRow, OwnStream, PeerRecord, Receipt, SCHEMA_VERSION,
+    StoreError, StoreMeta, StoredBatch, WriteOp,
 };
 
 /// The committed state of a [`MemStore`].
@@ -26,6 +26,8 @@ struct State {
     marks: BTreeMap<StreamId, Seq>,
     journal: BTreeMap<Arrival, JournalRecord>,
     peers: BTreeMap<[u8; 32], PeerRecord>,
+    cards: BTreeMap<[u8; 32], NodeCard>,
+    invites: BTreeMap<InviteId, InviteRecord>,
     cursors: BTreeMap<String, Arrival>,
     max_lamport: u64,
     /// While set, every commit fails as a disk would (see [`MemStore::set_unavailable`]).
@@ -183,9 +185,16 @@ impl State {
                 }
                 Write::RemovePeer(n) => {
                     self.peers.remove(n.as_bytes());
+                    self.cards.remove(n.as_bytes());
                 }
                 Write::Cursor { name, arrival } => {
                     self.cursors.insert(name, arrival);
+                }
+                Write::PutCard(card) => {
+                    self.cards.insert(*card.node.as_bytes(), card);
+                }
+                Write::PutInvite(invite) => {
+                    self.invites.insert(invite.id, invite);
                 }
                 Write::Agents(w) => self.agents.apply(w),
             }
@@ -364,6 +373,18 @@ impl MeshStore for MemStore {
 
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
         Ok(self.lock().peers.values().cloned().collect())
+    }
+
+    fn cards(&self) -> Result<Vec<NodeCard>, StoreError> {
+        Ok(self.lock().cards.values().cloned().collect())
+    }
+
+    fn invites(&self) -> Result<Vec<InviteRecord>, StoreError> {
+        Ok(self.lock().invites.values().cloned().collect())
+    }
+
+    fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError> {
+        Ok(self.lock().invites.get(id).cloned())
     }
 
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {

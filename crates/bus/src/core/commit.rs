@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use mesh_protocol::{Epoch, NodeId, OpenBatch, Seq, StreamId};
+use mesh_protocol::{Epoch, NodeCard, NodeId, OpenBatch, Seq, StreamId};
 use mesh_store::{Receipt, StoreError, WriteOp};
 
 use super::peers::PeerChange;
@@ -173,6 +173,10 @@ pub(super) enum Group {
     },
     /// Store ops no request waits for (expired retried-send records).
     Housekeeping,
+    /// A node's newer card (this node's own, or a peer's learned one).
+    Card {
+        card: NodeCard,
+    },
 }
 
 /// A commit being built: the store's groups and what each is for.
@@ -214,6 +218,9 @@ pub(super) struct Committer {
     peer_changes: VecDeque<(ReqId, PeerChange)>,
     /// Local writes, in the order asked (at most [`super::WAITING_WRITES_MAX`]).
     writes: VecDeque<(ReqId, LocalWrite)>,
+    /// Newer cards to keep, at most one per node (so at most one per peer
+    /// and this node's own).
+    cards: BTreeMap<NodeId, NodeCard>,
     in_flight: Option<InFlight>,
     next_commit: u64,
     /// After a store failure: no commit before this.
@@ -230,6 +237,7 @@ impl Committer {
             acks_since: None,
             peer_changes: VecDeque::new(),
             writes: VecDeque::new(),
+            cards: BTreeMap::new(),
             in_flight: None,
             next_commit: 1,
             store_retry_at: None,
@@ -247,6 +255,7 @@ impl Committer {
             && self.acks.is_empty()
             && self.peer_changes.is_empty()
             && self.writes.is_empty()
+            && self.cards.is_empty()
     }
 
     /// Sends waiting, and their payload bytes.
@@ -355,6 +364,35 @@ impl Committer {
         std::mem::take(&mut self.writes)
     }
 
+    /// The card of `node` waiting for (or in) a commit, if any.
+    pub(super) fn card_waiting(&self, node: NodeId) -> Option<&NodeCard> {
+        let flying = self.in_flight.as_ref().and_then(|f| {
+            f.groups.iter().find_map(|g| match g {
+                Group::Card { card } if card.node == node => Some(card),
+                _ => None,
+            })
+        });
+        [self.cards.get(&node), flying]
+            .into_iter()
+            .flatten()
+            .max_by_key(|c| c.issued_ms)
+    }
+
+    /// Queues `card` to be kept; it replaces an older one of its node waiting.
+    pub(super) fn queue_card(&mut self, card: NodeCard) {
+        match self.cards.get(&card.node) {
+            Some(waiting) if !card.is_newer_than(waiting) => {}
+            _ => {
+                self.cards.insert(card.node, card);
+            }
+        }
+    }
+
+    /// The cards waiting, taken for the next commit.
+    pub(super) fn take_cards(&mut self) -> BTreeMap<NodeId, NodeCard> {
+        std::mem::take(&mut self.cards)
+    }
+
     /// Whether the next commit may start now. Keeps the clock of acks
     /// waiting for company, and the store's retry bound.
     pub(super) fn ready(&mut self, now: Millis, config: &Config) -> bool {
@@ -393,6 +431,7 @@ impl Committer {
             && self.inbound.work.is_empty()
             && self.peer_changes.is_empty()
             && self.writes.is_empty()
+            && self.cards.is_empty()
             && self.acks.values().all(|a| !a.reset && a.epoch.is_none())
             && now < since.plus(config.ack_ride_ms)
     }

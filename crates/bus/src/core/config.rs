@@ -36,6 +36,16 @@ pub const PAYLOAD_BYTES_MAX: u64 = MAX_BATCH_PAYLOAD_BYTES;
 /// The default of [`Config::ack_ride_ms`].
 pub const ACK_RIDE_MS: u64 = 50;
 
+/// The most card queries one peer has open from this node at a time.
+pub const CARD_QUERIES_MAX: usize = 64;
+
+/// The most card queries of one peer answered per [`CARD_ANSWER_WINDOW_MS`];
+/// more are dropped (and counted).
+pub const CARD_ANSWERS_MAX: u32 = 64;
+
+/// The window of [`CARD_ANSWERS_MAX`], in ms.
+pub const CARD_ANSWER_WINDOW_MS: u64 = 10_000;
+
 /// The configuration of a [`crate::core::Core`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -63,6 +73,12 @@ pub struct Config {
     /// How long a send with a client id is remembered: a retry of the same
     /// sender and id within it gets the first send's receipt.
     pub dedup_window_ms: u64,
+    /// A peer without a connection this long is asked about: every
+    /// connected peer is asked for its newest card.
+    pub card_ask_ms: u64,
+    /// Ask again after this long while it still has none (also how long a
+    /// query may go unanswered before it is sent again).
+    pub card_ask_retry_ms: u64,
 }
 
 impl Default for Config {
@@ -77,6 +93,8 @@ impl Default for Config {
             store_retry_ms: 1_000,
             ack_ride_ms: ACK_RIDE_MS,
             dedup_window_ms: super::DEDUP_WINDOW_MS,
+            card_ask_ms: 3_000,
+            card_ask_retry_ms: 10_000,
         }
     }
 }

@@ -57,6 +57,7 @@ impl Core {
             out,
         });
         self.build_peer_changes(&mut batch, &epochs);
+        self.build_cards(&mut batch, &epochs);
         self.build_appends(&mut batch, &acking);
         for (req, write) in self.committer.take_writes() {
             let agent = super::agents::AgentChange::of(&write);
@@ -122,6 +123,34 @@ impl Core {
                 PeerChange::Remove(node) => WriteOp::RemovePeer(*node),
             };
             batch.push(vec![op], Group::Peer { req, change });
+        }
+    }
+
+    /// One group per newer card, after the peer changes: a peer's card
+    /// carries its addresses, which replace those of its record (written
+    /// with the newest epoch, as the peer changes are).
+    fn build_cards(&mut self, batch: &mut Batch, epochs: &BTreeMap<NodeId, Epoch>) {
+        for (node, card) in self.committer.take_cards() {
+            let mut ops = Vec::with_capacity(2);
+            if let Some(record) = self.peers.record(node) {
+                // A card without addresses (a node reached through relays
+                // only) leaves the known ones as they are.
+                let addrs = if card.addrs.is_empty() {
+                    record.addrs.clone()
+                } else {
+                    card.addrs.clone()
+                };
+                ops.push(WriteOp::PutPeer(PeerRecord {
+                    node,
+                    addrs,
+                    epoch: epochs.get(&node).copied().or(record.epoch),
+                }));
+            } else if node != self.me {
+                // Removed since the card was learned.
+                continue;
+            }
+            ops.push(WriteOp::PutCard(card.clone()));
+            batch.push(ops, Group::Card { card });
         }
     }
 
@@ -339,6 +368,7 @@ impl Core {
                 self.out.push(Effect::Written { req, result });
             }
             Group::Housekeeping => {}
+            Group::Card { card } => self.on_card_committed(card, result),
             Group::Append { to, batch, senders } => {
                 self.on_append_committed(to, batch, senders, result, after, now);
             }

@@ -3,13 +3,13 @@
 use std::fmt;
 
 use mesh_protocol::{
-    AgentCard, AgentName, Epoch, Frame, Mark, MsgId, NodeId, OpenBatch, Seq, SignedBatch, StreamId,
-    VerifyError,
+    AgentCard, AgentName, Epoch, Frame, Mark, MsgId, NodeCard, NodeId, OpenBatch, Seq, SignedBatch,
+    StreamId, VerifyError,
 };
 use mesh_store::{
     AgentOp, AgentRecord, Arrival, CURSOR_NAME_BYTES_MAX, DedupRecord, InboxKind, InboxRow,
-    MeshStore, OwnStream, PeerRecord, Receipt, SUBSCRIBER_NAME_BYTES_MAX, StoreError, StoredBatch,
-    WriteOp,
+    InviteRecord, MeshStore, OwnStream, PeerRecord, Receipt, SUBSCRIBER_NAME_BYTES_MAX, StoreError,
+    StoredBatch, WriteOp,
 };
 
 /// A point in time: milliseconds on the driver's clock.
@@ -252,6 +252,13 @@ pub enum Input {
         /// The peer.
         node: NodeId,
     },
+    /// This node issued a newer card (its name or addresses changed): it
+    /// is written with the next commit and sent in every later Hello. A
+    /// card of another node, or not newer than the one held, is ignored.
+    OwnCard {
+        /// The card, signed by this node with a larger `issued_ms`.
+        card: NodeCard,
+    },
 }
 
 /// Something the driver must do, drained with [`crate::core::Core::poll_effect`].
@@ -329,6 +336,14 @@ pub enum Effect {
         /// store's rules refuse, [`StoreError::Busy`] when too many wait.
         result: Result<Receipt, StoreError>,
     },
+    /// A newer card of the peer `node` is committed: dial it at `addrs`
+    /// from now on (at once, if it has no connection).
+    PeerAddrs {
+        /// The peer.
+        node: NodeId,
+        /// Where its newest card says it listens.
+        addrs: Vec<std::net::SocketAddr>,
+    },
     /// Close `conn` to `peer`: the peer broke the protocol. The core already
     /// ignores the connection; a later [`Input::PeerDisconnected`] is harmless.
     CloseConnection {
@@ -397,10 +412,14 @@ pub enum LocalWrite {
         /// The journal position.
         arrival: Arrival,
     },
+    /// Write an invite's record (made, claimed, spent or revoked). The
+    /// node's one owner of invites decides what; the core only sequences it.
+    PutInvite(InviteRecord),
 }
 
 impl LocalWrite {
-    /// The name it carries, and the longest the store takes.
+    /// The name it carries, and the longest the store takes (an invite
+    /// carries none).
     pub(crate) fn name(&self) -> (&str, usize) {
         match self {
             LocalWrite::PutCursor { name, .. } | LocalWrite::PutAgentCursor { name, .. } => {
@@ -411,6 +430,7 @@ impl LocalWrite {
             LocalWrite::PutAgent(r) => (r.name.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
             LocalWrite::RemoveAgent(n) => (n.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
             LocalWrite::PutAlias { alias, .. } => (alias, mesh_store::ALIAS_BYTES_MAX),
+            LocalWrite::PutInvite(_) => ("", 0),
         }
     }
 
@@ -461,6 +481,7 @@ impl LocalWrite {
                 name,
                 arrival,
             })],
+            LocalWrite::PutInvite(invite) => vec![WriteOp::PutInvite(invite)],
         }
     }
 }
@@ -582,7 +603,9 @@ pub enum CloseReason {
     #[error("unknown peer")]
     UnknownPeer,
     /// The peer speaks another protocol version.
-    #[error("protocol version {theirs} is not ours ({ours})")]
+    #[error(
+        "peer speaks agent-mesh protocol {theirs}, this node speaks {ours}; upgrade the older node"
+    )]
     VersionMismatch {
         /// The peer's version.
         theirs: u32,
@@ -618,6 +641,8 @@ pub struct Recovered {
     pub agents: Vec<AgentRecord>,
     /// `MeshStore::dedup`: retried-send records, oldest first.
     pub dedup: Vec<DedupRecord>,
+    /// `MeshStore::cards`: this node's newest card and its peers'.
+    pub cards: Vec<NodeCard>,
 }
 
 impl Recovered {
@@ -632,6 +657,7 @@ impl Recovered {
             peers: store.peers()?,
             agents: store.agents()?,
             dedup: store.dedup()?,
+            cards: store.cards()?,
         })
     }
 }

@@ -17,6 +17,10 @@ pub struct FrameCounts {
     pub resync_gap: u64,
     /// `ResyncDone` frames.
     pub resync_done: u64,
+    /// `CardQuery` frames.
+    pub card_query: u64,
+    /// `CardAnswer` frames.
+    pub card_answer: u64,
     /// `Agents` frames.
     pub agents: u64,
 }
@@ -30,6 +34,8 @@ impl FrameCounts {
             Frame::Resync { .. } => &mut self.resync,
             Frame::ResyncGap { .. } => &mut self.resync_gap,
             Frame::ResyncDone { .. } => &mut self.resync_done,
+            Frame::CardQuery { .. } => &mut self.card_query,
+            Frame::CardAnswer { .. } => &mut self.card_answer,
             Frame::Agents { .. } => &mut self.agents,
         };
         *c += 1;
@@ -66,6 +72,15 @@ pub enum DropReason {
     UnknownStream,
     /// An ack or resync naming a seq this node never sent.
     BogusSeq,
+    /// A card that is not its node's, does not verify, or names a node
+    /// that is not a peer.
+    BadCard,
+    /// A valid card older than the one held (a rollback, or a late answer).
+    StaleCard,
+    /// A card answer to a query this node did not send on that connection.
+    UnsolicitedCard,
+    /// A card query past the peer's answer rate ([`crate::core::CARD_ANSWERS_MAX`]).
+    CardQueryLimited,
 }
 
 impl From<crate::core::BadBatch> for DropReason {
@@ -80,7 +95,7 @@ impl From<crate::core::BadBatch> for DropReason {
 
 impl DropReason {
     /// Every reason, in the order [`DropCounts::iter`] gives them.
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 17] = [
         DropReason::BadSignature,
         DropReason::Malformed,
         DropReason::CidMismatch,
@@ -94,6 +109,10 @@ impl DropReason {
         DropReason::StaleConnection,
         DropReason::UnknownStream,
         DropReason::BogusSeq,
+        DropReason::BadCard,
+        DropReason::StaleCard,
+        DropReason::UnsolicitedCard,
+        DropReason::CardQueryLimited,
     ];
 
     /// The reason's name in `snake_case`, as metrics label it.
@@ -112,6 +131,10 @@ impl DropReason {
             DropReason::StaleConnection => "stale_connection",
             DropReason::UnknownStream => "unknown_stream",
             DropReason::BogusSeq => "bogus_seq",
+            DropReason::BadCard => "bad_card",
+            DropReason::StaleCard => "stale_card",
+            DropReason::UnsolicitedCard => "unsolicited_card",
+            DropReason::CardQueryLimited => "card_query_limited",
         }
     }
 
@@ -189,6 +212,10 @@ pub struct Metrics {
     pub stale_answers: u64,
     /// Peers whose Hello announced a new store epoch.
     pub peer_epoch_changes: u64,
+    /// Newer peer cards committed (from Hellos and card answers).
+    pub cards_learned: u64,
+    /// Card queries sent about peers without a connection.
+    pub cards_asked: u64,
     /// Agent messages, bounces and retried sends.
     pub agents: AgentCounts,
 }
@@ -241,7 +268,7 @@ mod tests {
         assert_eq!(names[0], ("bad_signature", 1));
         assert_eq!(names[12], ("bogus_seq", 13));
         assert_eq!(d.get(DropReason::Duplicate), 7);
-        assert_eq!(d.total(), (1..=13).sum::<u64>());
+        assert_eq!(d.total(), (1..=DropReason::ALL.len() as u64).sum::<u64>());
         let mut unique: Vec<&str> = names.iter().map(|(n, _)| *n).collect();
         unique.sort_unstable();
         unique.dedup();

@@ -25,6 +25,8 @@ pub struct NetCounters {
     pub dial_failures: u64,
     /// Incoming connections closed because the link to their peer is paused.
     pub paused_refused: u64,
+    /// Connections refused (by either side) for another protocol version.
+    pub version_refused: u64,
 }
 
 /// The live counters, shared with the connection tasks (metrics only: no
@@ -40,6 +42,7 @@ pub(crate) struct Counters {
     pub(crate) connections: AtomicU64,
     pub(crate) dial_failures: AtomicU64,
     pub(crate) paused_refused: AtomicU64,
+    pub(crate) version_refused: AtomicU64,
 }
 
 impl Counters {
@@ -59,6 +62,7 @@ impl Counters {
             connections: g(&self.connections),
             dial_failures: g(&self.dial_failures),
             paused_refused: g(&self.paused_refused),
+            version_refused: g(&self.version_refused),
         }
     }
 }

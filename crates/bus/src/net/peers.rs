@@ -34,6 +34,9 @@ pub(crate) struct PeerState {
     /// `Some` while the link is paused, with whether a refused connection of
     /// this pause has been logged (only the first is, at info).
     pub(crate) paused: Option<bool>,
+    /// The last protocol-version refusal with this peer, until a connection
+    /// is live again.
+    pub(crate) refused: Option<String>,
 }
 
 impl PeerState {
@@ -46,6 +49,7 @@ impl PeerState {
             dial: None,
             backoff: DIAL_BACKOFF_MIN,
             paused: None,
+            refused: None,
         }
     }
 

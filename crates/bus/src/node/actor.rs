@@ -147,6 +147,8 @@ pub(super) struct Actor<S: MeshStore + ?Sized> {
     closing: watch::Receiver<bool>,
     /// The journal head; the task is its only writer.
     pub(super) head: watch::Sender<Arrival>,
+    /// The peers' names; the task is its only writer.
+    names: watch::Sender<super::PeerNames>,
     /// Where the store answers. Unbounded in type, bounded by what is
     /// outstanding: one commit (the core's rule) and at most one outbox read
     /// per live connection (each of at most a catch-up chunk of payload).
@@ -177,7 +179,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
         transport: Transport<Received>,
         commands: mpsc::Receiver<Cmd>,
         closing: watch::Receiver<bool>,
-        head: watch::Sender<Arrival>,
+        (head, names): (watch::Sender<Arrival>, watch::Sender<super::PeerNames>),
     ) -> Self {
         let (store_tx, store_rx) = mpsc::unbounded_channel();
         Actor {
@@ -187,6 +189,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             commands,
             closing,
             head,
+            names,
             store_tx,
             store_rx,
             committing: None,
@@ -202,6 +205,9 @@ impl<S: MeshStore + ?Sized> Actor<S> {
     }
 
     pub(super) async fn run(mut self) {
+        // What the core was fed before the loop started (this node's card).
+        self.carry_out();
+        self.publish_names();
         let mut drain_until: Option<Instant> = None;
         loop {
             if drain_until.is_none() && *self.closing.borrow() {
@@ -459,6 +465,28 @@ impl<S: MeshStore + ?Sized> Actor<S> {
         inputs.push(input);
     }
 
+    /// Publishes the peers' names from the newest card held of each, if
+    /// they changed.
+    pub(super) fn publish_names(&self) {
+        let names: Vec<(NodeId, mesh_protocol::NodeName)> = self
+            .transport
+            .peers()
+            .into_iter()
+            .filter_map(|p| {
+                self.core
+                    .peer_card(&p.node)
+                    .map(|c| (p.node, c.name.clone()))
+            })
+            .collect();
+        self.names.send_if_modified(|held| {
+            let changed = **held != names;
+            if changed {
+                *held = std::sync::Arc::new(names);
+            }
+            changed
+        });
+    }
+
     /// The node as it is now.
     fn status(&self) -> NodeStatus {
         let peers = self
@@ -468,18 +496,22 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             .map(|p| NodePeer {
                 own_stream: self.core.own_stream(&p.node).cloned(),
                 agents: self.core.peer_agent_cards(p.node),
+                card: self.core.peer_card(&p.node).cloned(),
                 node: p.node,
                 addrs: p.addrs,
                 conn: p.conn,
                 paused: p.paused,
+                refused: p.refused,
             })
             .collect();
         NodeStatus {
+            card: self.core.own_card().clone(),
             node: self.core.node_id(),
             epoch: self.core.epoch(),
             ticket: self.transport.ticket(),
             peers,
             agents: self.core.agent_cards(),
+            nearby: self.transport.nearby(),
             journal_head: *self.head.borrow(),
             net: self.transport.counters_now(),
             core: self.core.metrics().clone(),

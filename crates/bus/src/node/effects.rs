@@ -52,6 +52,12 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                         let _ = reply.send(result);
                     }
                 }
+                Effect::PeerAddrs { node, addrs } => {
+                    info!(peer = %node.fmt_short(), ?addrs, "learned where the peer listens");
+                    self.transport.set_addrs(node, addrs);
+                    // A card was committed: its name may be new.
+                    self.publish_names();
+                }
                 Effect::CloseConnection { peer, conn, reason } => {
                     warn!(peer = %peer.fmt_short(), %conn, %reason, "closing a connection: the peer broke the protocol");
                     let code = u32::from(&reason);
@@ -181,6 +187,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
         if let Err(e) = &result {
             warn!(peer = %node.fmt_short(), error = %e, "peer change failed");
         }
+        self.publish_names();
         let _ = reply.send(result);
     }
 

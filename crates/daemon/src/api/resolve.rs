@@ -67,13 +67,15 @@ impl ApiState {
         }
     }
 
-    /// The node names its peers announce.
-    ///
-    /// None yet: a node's name travels in the node card its Hello will
-    /// carry; until then a node is named by its id or a local alias. This
-    /// is the one place the lookup goes.
+    /// The node names its peers announce: the name in the newest card
+    /// held of each. This is the one place the lookup goes.
     fn announced_names(&self) -> Vec<(String, NodeId)> {
-        Vec::new()
+        self.inner
+            .bus
+            .peer_names()
+            .iter()
+            .map(|(id, name)| (name.to_string(), *id))
+            .collect()
     }
 
     /// The node aliases, as in the store.

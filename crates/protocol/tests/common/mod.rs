@@ -9,9 +9,10 @@
 use std::net::SocketAddr;
 
 use mesh_protocol::{
-    AgentCard, AgentEnvelope, AgentName, Bounce, BounceReason, Channel, Cursor, Epoch, Frame, Mark,
-    MsgId, NewEnvelope, NodeId, NodeTicket, OpenBatch, PROTOCOL_VERSION, Payloads, SecretKey,
-    StreamId, SupersedeKey, TopicName, encode_frame,
+    AgentCard, AgentEnvelope, AgentName, Bounce, BounceReason, Channel, Cursor, Epoch, Frame,
+    InviteCode, InviteId, InviteSecret, JoinAnswer, JoinRefusal, JoinRequest, Mark, MsgId,
+    NewEnvelope, NodeCard, NodeId, NodeName, NodeTicket, OpenBatch, PROTOCOL_VERSION, Payloads,
+    RequestId, SecretKey, StreamId, SupersedeKey, TopicName, encode_frame,
 };
 use proptest::prelude::*;
 
@@ -25,9 +26,66 @@ pub(crate) fn author() -> NodeId {
     author_secret().public()
 }
 
+/// The recipient's secret key.
+pub(crate) fn recipient_secret() -> SecretKey {
+    SecretKey::from_bytes(&[2u8; 32])
+}
+
 /// The recipient of the fixed direct stream.
 pub(crate) fn recipient() -> NodeId {
-    SecretKey::from_bytes(&[2u8; 32]).public()
+    recipient_secret().public()
+}
+
+/// The recipient's fixed card: `bravo` at 192.0.2.2:4919, issued at [`CREATED_MS`].
+pub(crate) fn recipient_card() -> NodeCard {
+    let name = NodeName::new("bravo").unwrap();
+    let addrs = vec!["192.0.2.2:4919".parse().unwrap()];
+    NodeCard::sign(&recipient_secret(), name, addrs, CREATED_MS).unwrap()
+}
+
+/// The author's fixed card: `alpha` at 192.0.2.1:4919 and [2001:db8::1]:4919.
+pub(crate) fn author_card() -> NodeCard {
+    let name = NodeName::new("alpha").unwrap();
+    let addrs = vec![
+        "192.0.2.1:4919".parse().unwrap(),
+        "[2001:db8::1]:4919".parse().unwrap(),
+    ];
+    NodeCard::sign(&author_secret(), name, addrs, CREATED_MS).unwrap()
+}
+
+/// The author's fixed invite code: its card's addresses, invite id
+/// `0102030405060708`, secret 16 bytes of `aa`.
+pub(crate) fn invite_code() -> InviteCode {
+    InviteCode {
+        inviter: author(),
+        addrs: author_card().addrs,
+        id: InviteId([1, 2, 3, 4, 5, 6, 7, 8]),
+        secret: InviteSecret([0xaa; 16]),
+    }
+}
+
+/// The recipient's fixed join request for [`invite_code`], request id 16
+/// bytes of `bb`, proven with its key.
+pub(crate) fn join_request() -> JoinRequest {
+    JoinRequest::new(
+        &recipient_secret(),
+        &invite_code(),
+        RequestId([0xbb; 16]),
+        recipient_card(),
+    )
+}
+
+/// One fixed join answer of every kind.
+pub(crate) fn join_answers() -> Vec<JoinAnswer> {
+    vec![
+        JoinAnswer::Welcome {
+            card: author_card(),
+        },
+        JoinAnswer::TryAgain { after_ms: 500 },
+        JoinAnswer::Refused {
+            refusal: JoinRefusal::Redelivered,
+        },
+    ]
 }
 
 /// The author's store epoch: bytes 00 01 .. 0f.
@@ -105,6 +163,7 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
                         seq: 300,
                     },
                 ],
+                card: Box::new(recipient_card()),
             },
         ),
         (
@@ -142,10 +201,18 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
                 upto: 2,
             },
         ),
+        ("CardQuery", Frame::CardQuery { node: author() }),
+        (
+            "CardAnswer",
+            Frame::CardAnswer {
+                node: author(),
+                card: Some(Box::new(author_card())),
+            },
+        ),
         (
             "Agents",
             Frame::Agents {
-                cards: vec![card()],
+                cards: vec![agent_card()],
             },
         ),
     ]
@@ -162,7 +229,7 @@ pub(crate) fn agent(name: &str) -> AgentName {
 }
 
 /// The fixed card: agent `planner` of the author, online, issued at [`CREATED_MS`].
-pub(crate) fn card() -> AgentCard {
+pub(crate) fn agent_card() -> AgentCard {
     AgentCard::sign(
         &agent_secret(),
         author(),
@@ -306,6 +373,24 @@ pub(crate) fn arb_open_batch() -> impl Strategy<Value = OpenBatch> {
         })
 }
 
+/// Any valid node name.
+pub(crate) fn arb_name() -> impl Strategy<Value = NodeName> {
+    "[a-z0-9][a-z0-9._-]{0,62}".prop_map(|s| NodeName::new(&s).unwrap())
+}
+
+/// Any correctly signed card with 0 to 16 addresses.
+pub(crate) fn arb_card() -> impl Strategy<Value = NodeCard> {
+    (
+        arb_secret(),
+        arb_name(),
+        proptest::collection::vec(arb_addr(), 0..=16),
+        any::<u64>(),
+    )
+        .prop_map(|(secret, name, addrs, issued_ms)| {
+            NodeCard::sign(&secret, name, addrs, issued_ms).unwrap()
+        })
+}
+
 /// Any frame of any variant.
 pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
     let mark = (arb_stream(), arb_seq()).prop_map(|(stream, seq)| Mark { stream, seq });
@@ -314,13 +399,15 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
             any::<u32>(),
             arb_node(),
             arb_epoch(),
-            proptest::collection::vec(mark, 0..4)
+            proptest::collection::vec(mark, 0..4),
+            arb_card(),
         )
-            .prop_map(|(version, node, epoch, marks)| Frame::Hello {
+            .prop_map(|(version, node, epoch, marks, card)| Frame::Hello {
                 version,
                 node,
                 epoch,
-                marks
+                marks,
+                card: Box::new(card),
             }),
         arb_open_batch().prop_map(|b| {
             let (batch, payloads) = b.into_parts();
@@ -336,7 +423,14 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
             earliest_available
         }),
         (arb_stream(), arb_seq()).prop_map(|(stream, upto)| Frame::ResyncDone { stream, upto }),
-        proptest::collection::vec(arb_card(), 0..3).prop_map(|cards| Frame::Agents { cards }),
+        arb_node().prop_map(|node| Frame::CardQuery { node }),
+        (arb_node(), proptest::option::of(arb_card())).prop_map(|(node, card)| {
+            Frame::CardAnswer {
+                node,
+                card: card.map(Box::new),
+            }
+        }),
+        proptest::collection::vec(arb_agent_card(), 0..3).prop_map(|cards| Frame::Agents { cards }),
     ]
 }
 
@@ -351,7 +445,7 @@ pub(crate) fn arb_msg_id() -> impl Strategy<Value = MsgId> {
 }
 
 /// Any correctly signed agent card.
-pub(crate) fn arb_card() -> impl Strategy<Value = AgentCard> {
+pub(crate) fn arb_agent_card() -> impl Strategy<Value = AgentCard> {
     (
         arb_secret(),
         arb_node(),
@@ -394,6 +488,22 @@ pub(crate) fn arb_bounce() -> impl Strategy<Value = Bounce> {
             reason: BounceReason::NoSuchAgent,
         }
     })
+}
+
+/// Any invite code.
+pub(crate) fn arb_invite() -> impl Strategy<Value = InviteCode> {
+    (
+        arb_node(),
+        proptest::collection::vec(arb_addr(), 0..=16),
+        any::<[u8; 8]>(),
+        any::<[u8; 16]>(),
+    )
+        .prop_map(|(inviter, addrs, id, secret)| InviteCode {
+            inviter,
+            addrs,
+            id: InviteId(id),
+            secret: InviteSecret(secret),
+        })
 }
 
 /// Any socket address, v4 or v6.

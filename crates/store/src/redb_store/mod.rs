@@ -11,6 +11,13 @@
 //! | `journal-v2`     | last arrival in the row      | postcard `Row`: a run of envelopes, or one other record |
 //! | `peers-v2`       | node id bytes                | postcard `PeerRecord`                   |
 //! | `cursors-v2`     | name                         | arrival                                 |
+//! | `cards-v1`       | node id bytes                | postcard `NodeCard`: the newest card of this node and of each peer |
+//! | `invites-v1`     | invite id (8 bytes)          | postcard `InviteRecord`                 |
+//!
+//! `cards-v1` and `invites-v1` were added to schema 3 without a version
+//! bump (new tables change no existing encoding): a file written before
+//! them lacks them, reads take a missing one as empty, and the first
+//! commit creates them.
 //!
 //! and the agent tables, `agents-v1`, `inbox-v1`, `messages-v1`,
 //! `dedup-v1`, `aliases-v1` and `agent-cursors-v1` (`agents.rs`): added
@@ -45,7 +52,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
-use mesh_protocol::{Epoch, Mark, Seq, SignedBatch, StreamId};
+use mesh_protocol::{Epoch, InviteId, Mark, NodeCard, Seq, SignedBatch, StreamId};
 use redb::backends::InMemoryBackend;
 use redb::{
     Builder, Database, Durability, ReadableDatabase, ReadableTable, StorageBackend, Table,
@@ -57,8 +64,8 @@ use serde_bytes::Bytes;
 use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
 use crate::mem::gather;
 use crate::{
-    Arrival, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt, SCHEMA_VERSION,
-    StoreError, StoreMeta, StoredBatch, WriteOp,
+    Arrival, InviteRecord, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt,
+    SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
 };
 
 mod agents;
@@ -99,6 +106,8 @@ const MARKS: TableDefinition<'_, &[u8], u64> = TableDefinition::new("marks-v2");
 const JOURNAL: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("journal-v2");
 const PEERS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("peers-v2");
 const CURSORS: TableDefinition<'_, &str, u64> = TableDefinition::new("cursors-v2");
+const CARDS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("cards-v1");
+const INVITES: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("invites-v1");
 
 const META_SCHEMA: &str = "schema_version";
 const META_EPOCH: &str = "epoch";

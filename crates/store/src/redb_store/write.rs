@@ -29,6 +29,8 @@ impl RedbStore {
                 journal: tx.open_table(JOURNAL).map_err(|e| werr(e.into()))?,
                 peers: tx.open_table(PEERS).map_err(|e| werr(e.into()))?,
                 cursors: tx.open_table(CURSORS).map_err(|e| werr(e.into()))?,
+                cards: tx.open_table(CARDS).map_err(|e| werr(e.into()))?,
+                invites: tx.open_table(INVITES).map_err(|e| werr(e.into()))?,
                 journal_pending: Vec::new(),
                 marks_pending: HashMap::new(),
                 own_pending: HashMap::new(),
@@ -102,6 +104,8 @@ pub(super) struct Tables<'tx> {
     journal: Table<'tx, u64, &'static [u8]>,
     peers: Table<'tx, &'static [u8], &'static [u8]>,
     cursors: Table<'tx, &'static str, u64>,
+    cards: Table<'tx, &'static [u8], &'static [u8]>,
+    invites: Table<'tx, &'static [u8], &'static [u8]>,
     /// Journal records of the groups applied so far, in arrival order;
     /// written as rows at [`Tables::flush`], when every run is complete.
     journal_pending: Vec<(Arrival, JournalRecord)>,
@@ -167,6 +171,21 @@ impl Tables<'_> {
                 Write::RemovePeer(n) => {
                     self.peers
                         .remove(n.as_bytes().as_slice())
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                    self.cards
+                        .remove(n.as_bytes().as_slice())
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+                Write::PutCard(card) => {
+                    let v = encode(&card)?;
+                    self.cards
+                        .insert(card.node.as_bytes().as_slice(), v.as_slice())
+                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                }
+                Write::PutInvite(invite) => {
+                    let v = encode(&invite)?;
+                    self.invites
+                        .insert(invite.id.0.as_slice(), v.as_slice())
                         .map_err(|e| from_redb(name, "cannot write", e))?;
                 }
                 Write::Cursor {

@@ -10,7 +10,7 @@ use tokio::time::{Instant, timeout};
 use tracing::{Instrument, debug, error_span, info, warn};
 
 use super::{
-    Authenticated, ConnTask, DIAL_BACKOFF_MAX, Dialed, DisconnectReason, Event, Live,
+    Authenticated, ConnTask, DIAL_BACKOFF_MAX, Dialed, DisconnectReason, Event, Failed, Live,
     PAUSED_REASON, PeerState, Reader, SHUTDOWN_TIMEOUT, STABLE_CONNECTION, SendQueue, Transport,
     cancel_redial, close_code, conn, endpoint, jitter, new_wins,
 };
@@ -27,6 +27,23 @@ impl<T: Send + 'static> Transport<T> {
     pub(super) fn on_authenticated(&mut self, a: Authenticated) {
         let Authenticated { connection, slot } = a;
         let peer = connection.remote_id();
+        if connection.alpn() == mesh_protocol::JOIN_ALPN {
+            // Any node may ask to join; the inviter bounds and times it.
+            drop(slot);
+            let refused = match &self.joins {
+                Some(joins) => joins.try_send(connection).err().map(|e| e.into_inner()),
+                None => Some(connection),
+            };
+            if let Some(connection) = refused {
+                debug!(peer = %peer.fmt_short(), "a join attempt refused: too many at once");
+                conn::close(
+                    &connection,
+                    close_code::JOIN_BUSY,
+                    "too many joins at once; try again",
+                );
+            }
+            return;
+        }
         let Some(ps) = self.peers.get_mut(&peer) else {
             Counters::add(&self.counters.refused, 1);
             warn!(peer = %peer, "refused a connection from an unknown node");
@@ -132,6 +149,7 @@ impl<T: Send + 'static> Transport<T> {
         };
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
+        ps.refused = None;
         ps.live = Some(Live {
             conn,
             dialed_here,
@@ -191,6 +209,14 @@ impl<T: Send + 'static> Transport<T> {
             reason = local;
         }
         info!(peer = %peer.fmt_short(), %conn, %reason, "disconnected");
+        if let DisconnectReason::ClosedByPeer { code, reason } = &reason
+            && *code == u64::from(close_code::VERSION_MISMATCH)
+        {
+            self.note_refusal(
+                peer,
+                format!("the peer refused this node's protocol: {reason}"),
+            );
+        }
         self.ready
             .push_back(Event::Disconnected { peer, conn, reason });
         let Some(ps) = self.peers.get_mut(&peer) else {
@@ -228,6 +254,13 @@ impl<T: Send + 'static> Transport<T> {
         }
     }
 
+    /// An incoming handshake failed; a protocol refusal is recorded.
+    pub(super) fn on_handshake_failed(&mut self, failed: Failed) {
+        if let Some(why) = failed.refusal {
+            self.note_refusal(failed.peer, why);
+        }
+    }
+
     pub(super) fn on_dialed(&mut self, dialed: Dialed) {
         let (peer, attempt, result) = dialed;
         let Some(ps) = self.peers.get_mut(&peer) else {
@@ -243,10 +276,14 @@ impl<T: Send + 'static> Transport<T> {
             // Even a superseded dial may have become the peer's live
             // connection, so it goes through the same rule as any other.
             Ok(est) => self.on_established(est),
-            Err(e) => {
+            Err(failed) => {
                 Counters::add(&self.counters.dial_failures, 1);
-                debug!(peer = %peer.fmt_short(), error = %e, "dial failed");
-                if ps.idle() {
+                debug!(peer = %peer.fmt_short(), error = %failed.why, "dial failed");
+                let idle = ps.idle();
+                if let Some(why) = failed.refusal {
+                    self.note_refusal(peer, why);
+                }
+                if idle {
                     self.schedule_redial(peer);
                 }
             }
@@ -296,18 +333,19 @@ impl<T: Send + 'static> Transport<T> {
         let Some(ps) = self.peers.get_mut(&peer) else {
             return;
         };
-        if ps.paused.is_some() || ps.addrs.is_empty() {
+        if ps.paused.is_some() || (ps.addrs.is_empty() && self.relays.is_empty()) {
             return;
         }
         let attempt = self.next_attempt;
         self.next_attempt += 1;
         let (ep, addrs, instance) = (self.endpoint.clone(), ps.addrs.clone(), self.instance);
+        let relays = self.relays.clone();
         let span = error_span!("dial", peer = %peer.fmt_short(), attempt);
         let dial = async move {
             (
                 peer,
                 attempt,
-                endpoint::dial(ep, peer, addrs, instance).await,
+                endpoint::dial(ep, peer, addrs, relays, instance).await,
             )
         };
         let abort = self.dials.spawn(dial.instrument(span));
