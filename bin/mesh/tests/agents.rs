@@ -199,6 +199,74 @@ fn agents_on_two_nodes_talk_both_ways_by_alias_and_each_inbox_holds_only_its_own
     assert!(text.contains(&format!("bob@{} (gpu)", b.node())), "{text}");
 }
 
+/// Starts a daemon in `data` whose `[node] name` is `name`.
+fn start_named(data: &Path, name: &str) -> DaemonProcess {
+    std::fs::create_dir_all(data).unwrap();
+    std::fs::write(
+        data.join("config.toml"),
+        format!("[node]\nname = {name:?}\n"),
+    )
+    .unwrap();
+    start(data)
+}
+
+/// Polls `mesh peer list` on `d` until its peer `node` shows the name `name`
+/// (its card came with a Hello).
+fn wait_peer_name(d: &DaemonProcess, node: &str, name: &str) {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let peers = parse_json(&ok(d.mesh(&["peer", "list", "--json"]).unwrap())).unwrap();
+        let named = peers["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["node"] == node && p["name"] == name);
+        if named {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "peer {node} not named {name}: {peers}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn agents_on_two_nodes_talk_both_ways_by_the_name_in_each_nodes_card() {
+    let tmp = temp_dir().unwrap();
+    let a = start_named(&tmp.path().join("a"), "laptop-x");
+    let b = start_named(&tmp.path().join("b"), "gpu-x");
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    wait_peer_name(&a, b.node(), "gpu-x");
+    wait_peer_name(&b, a.node(), "laptop-x");
+
+    let id = ok(as_agent(&a, "alice", &["send", "bob@gpu-x", "by name"]));
+    let (got, _) = inbox(&b, "bob", None, 10);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["id"], id.trim());
+    assert_eq!(got[0]["to"], format!("bob@{}", b.node()));
+    let back = ok(as_agent(
+        &b,
+        "bob",
+        &["send", "alice@laptop-x", "back by name"],
+    ));
+    let (got, _) = inbox(&a, "alice", None, 10);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["id"], back.trim());
+    assert_eq!(got[0]["from"], format!("bob@{}", b.node()));
+
+    // A name no node has is refused, naming what a node may be called.
+    let out = as_agent(&a, "alice", &["send", "bob@nowhere", "lost?"]);
+    refused(&out, 4, &["nowhere"]);
+    // An alias of the same node as its name agrees with it: not ambiguous.
+    ok(a.mesh(&["peer", "name", b.node(), "gpu-x"]).unwrap());
+    ok(as_agent(&a, "alice", &["send", "bob@gpu-x", "again"]));
+}
+
 #[test]
 fn a_message_for_an_agent_the_other_node_does_not_host_comes_back_as_a_bounce() {
     let tmp = temp_dir().unwrap();
