@@ -9,11 +9,11 @@ use serde::de::{SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::batch::{MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, SignedBatch};
+use crate::batch::{Cid, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, SignedBatch};
 use crate::ids::{Epoch, NodeId, Seq, StreamId};
 
 /// The protocol version a node speaks, sent in [`Frame::Hello`].
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Bytes of the length prefix in front of every frame body.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -25,12 +25,20 @@ pub const MAX_FRAME_BYTES: usize = MAX_BATCH_PAYLOAD_BYTES as usize + 64 * 1024;
 pub const MAX_HELLO_MARKS: usize = 4096;
 
 /// A receiver's mark on a stream: every envelope up to `seq` is committed.
+///
+/// `cid` is the payload hash of the envelope at `seq` as the receiver
+/// committed it, when it has one (not after a gap record moved the mark):
+/// it lets the author check that the receiver holds *its* envelope at that
+/// seq, and so tell a store that went back in time (or a clone writing the
+/// same stream) from a receiver that is merely ahead.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Mark {
     /// The stream.
     pub stream: StreamId,
     /// The highest seq such that every envelope up to it is committed.
     pub seq: Seq,
+    /// The payload hash of the envelope at `seq`, if known.
+    pub cid: Option<Cid>,
 }
 
 /// One message between two daemons on their frame stream.
@@ -85,6 +93,17 @@ pub enum Frame {
         /// The author's last seq.
         upto: Seq,
     },
+    /// The author's `stream` (of an epoch it no longer writes) has ended:
+    /// its store holds it up to `held` as the receiver may have it, and
+    /// nothing later of it will ever come. Sent when the author's store
+    /// went back in time (a restored backup, a clone), so that a receiver
+    /// that holds more of the stream can say which seqs the author lost.
+    StreamEnded {
+        /// The ended stream.
+        stream: StreamId,
+        /// The last seq the author's store holds as it sent it.
+        held: Seq,
+    },
 }
 
 impl Frame {
@@ -101,12 +120,21 @@ impl Frame {
             Frame::Resync { .. } => 3,
             Frame::ResyncGap { .. } => 4,
             Frame::ResyncDone { .. } => 5,
+            Frame::StreamEnded { .. } => 6,
         }
     }
 }
 
 /// Variant names by postcard tag, in declaration order.
-const FRAME_NAMES: [&str; 6] = ["Hello", "Batch", "Ack", "Resync", "ResyncGap", "ResyncDone"];
+const FRAME_NAMES: [&str; 7] = [
+    "Hello",
+    "Batch",
+    "Ack",
+    "Resync",
+    "ResyncGap",
+    "ResyncDone",
+    "StreamEnded",
+];
 
 /// The payloads of a batch frame, each encoded as length-prefixed bytes.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -336,6 +364,7 @@ mod tests {
         let mark = Mark {
             stream: StreamId::direct(node(1), Epoch([3; 16]), node(2)),
             seq: 1,
+            cid: Some(Cid([5; 32])),
         };
         Frame::Hello {
             version: PROTOCOL_VERSION,
@@ -377,7 +406,11 @@ mod tests {
                 stream: stream.clone(),
                 earliest_available: 1,
             },
-            Frame::ResyncDone { stream, upto: 1 },
+            Frame::ResyncDone {
+                stream: stream.clone(),
+                upto: 1,
+            },
+            Frame::StreamEnded { stream, held: 1 },
         ];
         for (i, f) in frames.iter().enumerate() {
             let b = body(f);
@@ -475,7 +508,7 @@ mod tests {
     #[test]
     fn unknown_tags_and_empty_bodies_are_refused() {
         assert_eq!(decode_frame(&[]), Err(FrameError::Empty));
-        assert_eq!(decode_frame(&[6]), Err(FrameError::UnknownTag(6)));
+        assert_eq!(decode_frame(&[7]), Err(FrameError::UnknownTag(7)));
         // A multi-byte tag varint is never a known frame.
         assert_eq!(
             decode_frame(&[0x80, 0x00]),

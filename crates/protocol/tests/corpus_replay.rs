@@ -61,7 +61,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let ack = body(&common::frames()[2].1);
     let batch = body(&common::frames()[1].1);
     frame("garbage-empty", vec![]);
-    frame("garbage-unknown-tag", vec![6]);
+    frame("garbage-unknown-tag", vec![7]);
     frame("garbage-ack-trailing-byte", [ack.as_slice(), &[0]].concat());
     frame(
         "garbage-ack-redundant-varint",
@@ -213,6 +213,14 @@ fn the_frame_seeds_hold_every_variant_and_a_batch_that_opens() {
     }
     assert_eq!(
         seen,
-        ["Hello", "Batch", "Ack", "Resync", "ResyncGap", "ResyncDone"]
+        [
+            "Hello",
+            "Batch",
+            "Ack",
+            "Resync",
+            "ResyncGap",
+            "ResyncDone",
+            "StreamEnded"
+        ]
     );
 }

@@ -6,7 +6,7 @@ use mesh_protocol::{
     Epoch, Frame, Mark, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
 };
 use mesh_store::{
-    Arrival, CURSOR_NAME_BYTES_MAX, MeshStore, OwnStream, PeerRecord, Receipt,
+    Arrival, CURSOR_NAME_BYTES_MAX, EndedOwn, MeshStore, OwnStream, PeerRecord, Receipt,
     SUBSCRIBER_NAME_BYTES_MAX, StoreError, StoredBatch, WriteOp,
 };
 
@@ -252,6 +252,13 @@ pub enum Effect {
         /// store's rules refuse, [`StoreError::Busy`] when too many wait.
         result: Result<Receipt, StoreError>,
     },
+    /// This node's store went back in time and the core started a new
+    /// store epoch (committed): local cursors of the old one no longer
+    /// name this journal's positions.
+    EpochChanged {
+        /// The new epoch.
+        epoch: Epoch,
+    },
     /// Close `conn` to `peer`: the peer broke the protocol. The core already
     /// ignores the connection; a later [`Input::PeerDisconnected`] is harmless.
     CloseConnection {
@@ -369,6 +376,29 @@ pub enum SendError {
     /// The environment: the store failed; the message was not written.
     #[error("the store could not write the message: {0}")]
     Store(String),
+    /// The environment: the store could not commit the message while it
+    /// was held, `held_ms` long; it was let go, never written, and a lost
+    /// record is journaled once the store is back.
+    #[error(
+        "the store could not commit the message for {held_ms} ms ({why}); it was let go and never written"
+    )]
+    Held {
+        /// How long it was held.
+        held_ms: u64,
+        /// The store's last error.
+        why: String,
+    },
+    /// The environment: the store cannot commit now and as many sends as
+    /// the node holds are held already; nothing was written.
+    #[error(
+        "the store cannot commit now ({why}) and {held} sends are held already; nothing was written"
+    )]
+    StoreDown {
+        /// Sends held.
+        held: usize,
+        /// The store's last error.
+        why: String,
+    },
     /// A bug: the store refused a write the core believed valid.
     #[error("internal error, the message was not written: {0}")]
     Internal(String),
@@ -442,6 +472,12 @@ pub struct Recovered {
     pub max_lamport: u64,
     /// `MeshStore::peers`: the peers the core talks to.
     pub peers: Vec<PeerRecord>,
+    /// `MeshStore::ended_own`: own streams of earlier epochs.
+    pub ended_own: Vec<EndedOwn>,
+    /// Randomness for the epoch this node starts if its store went back in
+    /// time: the driver fills it from its RNG (zeros from [`Recovered::read`]),
+    /// so a core stays deterministic given its inputs.
+    pub entropy: [u8; 32],
 }
 
 impl Recovered {
@@ -454,6 +490,8 @@ impl Recovered {
             marks: store.marks()?,
             max_lamport: store.max_lamport()?,
             peers: store.peers()?,
+            ended_own: store.ended_own()?,
+            entropy: [0; 32],
         })
     }
 }

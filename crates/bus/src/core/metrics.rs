@@ -17,6 +17,8 @@ pub struct FrameCounts {
     pub resync_gap: u64,
     /// `ResyncDone` frames.
     pub resync_done: u64,
+    /// `StreamEnded` frames.
+    pub stream_ended: u64,
 }
 
 impl FrameCounts {
@@ -28,6 +30,7 @@ impl FrameCounts {
             Frame::Resync { .. } => &mut self.resync,
             Frame::ResyncGap { .. } => &mut self.resync_gap,
             Frame::ResyncDone { .. } => &mut self.resync_done,
+            Frame::StreamEnded { .. } => &mut self.stream_ended,
         };
         *c += 1;
     }
@@ -63,6 +66,9 @@ pub enum DropReason {
     UnknownStream,
     /// An ack or resync naming a seq this node never sent.
     BogusSeq,
+    /// A batch with another envelope at the receiver's committed mark than
+    /// the one committed there (journaled once as a conflict).
+    Conflict,
 }
 
 impl From<crate::core::BadBatch> for DropReason {
@@ -77,7 +83,7 @@ impl From<crate::core::BadBatch> for DropReason {
 
 impl DropReason {
     /// Every reason, in the order [`DropCounts::iter`] gives them.
-    pub const ALL: [DropReason; 13] = [
+    pub const ALL: [DropReason; 14] = [
         DropReason::BadSignature,
         DropReason::Malformed,
         DropReason::CidMismatch,
@@ -91,6 +97,7 @@ impl DropReason {
         DropReason::StaleConnection,
         DropReason::UnknownStream,
         DropReason::BogusSeq,
+        DropReason::Conflict,
     ];
 
     /// The reason's name in `snake_case`, as metrics label it.
@@ -109,6 +116,7 @@ impl DropReason {
             DropReason::StaleConnection => "stale_connection",
             DropReason::UnknownStream => "unknown_stream",
             DropReason::BogusSeq => "bogus_seq",
+            DropReason::Conflict => "conflict",
         }
     }
 
@@ -186,6 +194,17 @@ pub struct Metrics {
     pub stale_answers: u64,
     /// Peers whose Hello announced a new store epoch.
     pub peer_epoch_changes: u64,
+    /// Local sends whose commit failed for want of a store, put back to be
+    /// retried (each time).
+    pub sends_held: u64,
+    /// Held sends let go after the hold bound (answered 503, journaled as lost).
+    pub sends_let_go: u64,
+    /// New epochs this node started because its store went back in time.
+    pub epoch_switches: u64,
+    /// Batches found to conflict with what is committed here.
+    pub conflicts: u64,
+    /// Commits whose trim took journal rows.
+    pub trims: u64,
 }
 
 #[cfg(test)]
@@ -206,7 +225,7 @@ mod tests {
         assert_eq!(names[0], ("bad_signature", 1));
         assert_eq!(names[12], ("bogus_seq", 13));
         assert_eq!(d.get(DropReason::Duplicate), 7);
-        assert_eq!(d.total(), (1..=13).sum::<u64>());
+        assert_eq!(d.total(), (1..=14).sum::<u64>());
         let mut unique: Vec<&str> = names.iter().map(|(n, _)| *n).collect();
         unique.sort_unstable();
         unique.dedup();

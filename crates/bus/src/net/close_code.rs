@@ -31,7 +31,8 @@ pub const SLOW_PEER: u32 = 429;
 pub const PAUSED: u32 = 503;
 /// The peer sent no Hello after every retry of ours.
 pub const NO_HELLO: u32 = 504;
-/// The peer speaks another protocol version (the reason names both).
+/// The peer speaks another protocol version, in its preamble or its Hello
+/// (the reason names both).
 pub const VERSION_MISMATCH: u32 = 505;
 
 impl From<&CloseReason> for u32 {

@@ -10,7 +10,9 @@ pub const ALPN: &[u8] = b"agent-mesh/1";
 ///
 /// It makes the opener's stream visible to the acceptor at once, and the
 /// acceptor's copy tells the dialer its connection was taken as the live one.
-pub const PREAMBLE: [u8; 8] = *b"amesh/1\n";
+/// The digit is [`mesh_protocol::PROTOCOL_VERSION`]: a node of another
+/// version is refused here, before any frame, with a reason naming both.
+pub const PREAMBLE: [u8; 8] = *b"amesh/2\n";
 
 /// Bytes of the instance that follows [`PREAMBLE`]: a big-endian `u64`, the
 /// microseconds since the Unix epoch when the sender's transport was bound.

@@ -66,16 +66,53 @@ pub(crate) fn close(connection: &Connection, code: u32, reason: &str) {
     connection.close(VarInt::from_u32(code), reason.as_bytes());
 }
 
+/// Why the preamble exchange failed.
+#[derive(Debug)]
+pub(crate) enum HandshakeError {
+    /// The peer speaks another protocol version; the text names both.
+    Version(String),
+    /// Anything else: the stream broke, or the bytes are not a preamble.
+    Other(String),
+}
+
+impl std::fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            HandshakeError::Version(why) | HandshakeError::Other(why) => f.write_str(why),
+        }
+    }
+}
+
+/// The refusal of a peer whose preamble names `theirs` as its version.
+pub(crate) fn version_refusal(theirs: &str) -> String {
+    format!(
+        "peer speaks agent-mesh protocol {theirs}, this node speaks {}; upgrade the older node",
+        mesh_protocol::PROTOCOL_VERSION
+    )
+}
+
+/// The version a preamble of another version names (`amesh/<v>\n`), if it is one.
+fn preamble_version(magic: &[u8]) -> Option<String> {
+    let v = magic.strip_prefix(b"amesh/")?.strip_suffix(b"\n")?;
+    let v = std::str::from_utf8(v).ok()?;
+    (!v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())).then(|| v.to_owned())
+}
+
 /// Reads the peer's preamble from `recv` and returns its instance.
-async fn read_preamble(recv: &mut RecvStream) -> Result<u64, String> {
+async fn read_preamble(recv: &mut RecvStream) -> Result<u64, HandshakeError> {
     let mut got = [0u8; PREAMBLE.len() + INSTANCE_BYTES];
-    recv.read_exact(&mut got).await.map_err(|e| match e {
-        ReadExactError::FinishedEarly(n) => format!("stream ended after {n} preamble bytes"),
-        ReadExactError::ReadError(e) => read_error(e).to_string(),
+    recv.read_exact(&mut got).await.map_err(|e| {
+        HandshakeError::Other(match e {
+            ReadExactError::FinishedEarly(n) => format!("stream ended after {n} preamble bytes"),
+            ReadExactError::ReadError(e) => read_error(e).to_string(),
+        })
     })?;
     let (magic, instance) = got.split_at(PREAMBLE.len());
     if magic != PREAMBLE {
-        return Err(format!("bad preamble {magic:02x?}"));
+        return Err(match preamble_version(magic) {
+            Some(v) => HandshakeError::Version(version_refusal(&v)),
+            None => HandshakeError::Other(format!("bad preamble {magic:02x?}")),
+        });
     }
     let mut be = [0u8; INSTANCE_BYTES];
     be.copy_from_slice(instance);
@@ -88,14 +125,14 @@ async fn read_preamble(recv: &mut RecvStream) -> Result<u64, String> {
 pub(crate) async fn open_frame_stream(
     connection: &Connection,
     instance: u64,
-) -> Result<(SendStream, RecvStream, u64), String> {
+) -> Result<(SendStream, RecvStream, u64), HandshakeError> {
     let (mut send, mut recv) = connection
         .open_bi()
         .await
-        .map_err(|e| conn_error(e).to_string())?;
+        .map_err(|e| HandshakeError::Other(conn_error(e).to_string()))?;
     send.write_all(&preamble(instance))
         .await
-        .map_err(|e| write_error(e).to_string())?;
+        .map_err(|e| HandshakeError::Other(write_error(e).to_string()))?;
     let theirs = read_preamble(&mut recv).await?;
     Ok((send, recv, theirs))
 }
@@ -105,11 +142,11 @@ pub(crate) async fn open_frame_stream(
 /// Returns the streams and the dialer's instance.
 pub(crate) async fn accept_frame_stream(
     connection: &Connection,
-) -> Result<(SendStream, RecvStream, u64), String> {
+) -> Result<(SendStream, RecvStream, u64), HandshakeError> {
     let (send, mut recv) = connection
         .accept_bi()
         .await
-        .map_err(|e| conn_error(e).to_string())?;
+        .map_err(|e| HandshakeError::Other(conn_error(e).to_string()))?;
     let theirs = read_preamble(&mut recv).await?;
     Ok((send, recv, theirs))
 }

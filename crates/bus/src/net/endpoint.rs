@@ -14,7 +14,7 @@ use mesh_protocol::{MAX_TICKET_ADDRS, NodeId, SecretKey};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::conn::{self, Established};
 use super::error::{error_chain, find_io_kind};
@@ -155,6 +155,11 @@ pub(crate) async fn accept_stream(connection: Connection) -> Option<Established>
             dialed_here: false,
             peer_instance,
         }),
+        Ok(Err(conn::HandshakeError::Version(why))) => {
+            warn!(peer = %peer.fmt_short(), "refused a connection: {why}");
+            conn::close(&connection, close_code::VERSION_MISMATCH, &why);
+            None
+        }
         Ok(Err(e)) => {
             debug!(peer = %peer.fmt_short(), error = %e, "incoming frame stream failed");
             conn::close(&connection, close_code::BAD_PREAMBLE, "bad preamble");
@@ -202,7 +207,12 @@ pub(crate) async fn dial(
             dialed_here: true,
             peer_instance,
         }),
-        Ok(Err(e)) => Err(e),
+        Ok(Err(conn::HandshakeError::Version(why))) => {
+            warn!(peer = %peer.fmt_short(), "closing a connection: {why}");
+            conn::close(&connection, close_code::VERSION_MISMATCH, &why);
+            Err(why)
+        }
+        Ok(Err(e)) => Err(e.to_string()),
         Err(_) => {
             conn::close(
                 &connection,

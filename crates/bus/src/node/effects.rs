@@ -52,6 +52,10 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                         let _ = reply.send(result);
                     }
                 }
+                Effect::EpochChanged { epoch } => {
+                    warn!(epoch = %epoch.fmt_short(), "this node started a new store epoch: its store went back in time");
+                    self.epoch.send_replace(epoch);
+                }
                 Effect::CloseConnection { peer, conn, reason } => {
                     warn!(peer = %peer.fmt_short(), %conn, %reason, "closing a connection: the peer broke the protocol");
                     let code = u32::from(&reason);

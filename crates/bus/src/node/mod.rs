@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use iroh::Endpoint;
 use mesh_protocol::{Epoch, MAX_TICKET_ADDRS, NodeId, NodeTicket, SecretKey};
-use mesh_store::{Arrival, MeshStore, OwnStream, Receipt, StoreError, StoreHandle};
+use mesh_store::{Arrival, JournalBounds, MeshStore, OwnStream, Receipt, StoreError, StoreHandle};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, error_span, info};
@@ -113,6 +113,10 @@ pub struct NodeStatus {
     pub peers: Vec<NodePeer>,
     /// The last journal position written.
     pub journal_head: Arrival,
+    /// The journal's retained range and bytes, as the last trim found them.
+    pub journal: Option<JournalBounds>,
+    /// Why the store cannot commit now (sends are held meanwhile), if it cannot.
+    pub store_down: Option<String>,
     /// Transport counters.
     pub net: NetCounters,
     /// Core counters.
@@ -140,7 +144,7 @@ pub struct NodePeer {
 #[derive(Debug)]
 pub struct Node {
     id: NodeId,
-    epoch: Epoch,
+    epoch: watch::Receiver<Epoch>,
     /// For tickets: the addresses it is bound to.
     endpoint: Endpoint,
     commands: mpsc::Sender<Cmd>,
@@ -166,11 +170,12 @@ impl Node {
         store: StoreHandle<S>,
     ) -> Result<Node, NodeError> {
         let reader = store.reader();
-        let (recovered, head) = blocking(move || {
+        let (mut recovered, head) = blocking(move || {
             let recovered = Recovered::read(&*reader)?;
             Ok((recovered, reader.journal_head()?))
         })
         .await?;
+        recovered.entropy = rand::random();
         let id = secret.public();
         let span = error_span!("node", me = %id.fmt_short());
         let mut transport = Transport::bind(&config.net, secret.clone(), actor::open)
@@ -195,13 +200,22 @@ impl Node {
         let core = Core::new(config.core.clone(), secret, recovered);
         let (commands, commands_rx) = mpsc::channel(COMMANDS_MAX);
         let (head_tx, head_rx) = watch::channel(head);
+        let (epoch_tx, epoch_rx) = watch::channel(epoch);
         let (closing, closing_rx) = watch::channel(false);
-        let actor = Actor::new(core, store, transport, commands_rx, closing_rx, head_tx);
+        let actor = Actor::new(
+            core,
+            store,
+            transport,
+            commands_rx,
+            closing_rx,
+            head_tx,
+            epoch_tx,
+        );
         let task = tokio::spawn(actor.run().instrument(span));
         info!(node = %id.fmt_short(), epoch = %epoch.fmt_short(), addrs = ?endpoint_addrs(&endpoint), "node started");
         Ok(Node {
             id,
-            epoch,
+            epoch: epoch_rx,
             endpoint,
             commands,
             budget: Arc::new(Semaphore::new(COMMAND_BYTES_MAX)),
@@ -216,9 +230,15 @@ impl Node {
         self.id
     }
 
-    /// This node's store epoch.
+    /// This node's store epoch now. It changes only if the store is found
+    /// to have gone back in time (then the node starts a new one).
     pub fn epoch(&self) -> Epoch {
-        self.epoch
+        *self.epoch.borrow()
+    }
+
+    /// A watch of the store's epoch.
+    pub fn epoch_watch(&self) -> watch::Receiver<Epoch> {
+        self.epoch.clone()
     }
 
     /// A ticket other nodes can add to reach this one.
@@ -401,8 +421,9 @@ impl Node {
     }
 
     /// Stops taking requests, waits (at most [`SHUTDOWN_DRAIN`]) until what
-    /// is being committed is answered, then closes the transport. Later
-    /// calls return at once.
+    /// is being committed is answered, then closes the transport. Sends held
+    /// while the store is down are not waited for: they are answered
+    /// [`SendError::Stopped`], never as sent. Later calls return at once.
     pub async fn shutdown(&self) {
         self.closing.send_replace(true);
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();

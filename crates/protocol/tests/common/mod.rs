@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 
 use mesh_protocol::{
-    Channel, Cursor, Epoch, Frame, Mark, NewEnvelope, NodeId, NodeTicket, OpenBatch,
+    Channel, Cid, Cursor, Epoch, Frame, Mark, NewEnvelope, NodeId, NodeTicket, OpenBatch,
     PROTOCOL_VERSION, Payloads, SecretKey, StreamId, TopicName, encode_frame,
 };
 use proptest::prelude::*;
@@ -95,13 +95,16 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
                 node: recipient(),
                 epoch: RECIPIENT_EPOCH,
                 marks: vec![
+                    // Seq 2 of the fixed batch is "world".
                     Mark {
                         stream: direct_stream(),
                         seq: 2,
+                        cid: Some(Cid::of(b"world")),
                     },
                     Mark {
                         stream: topic_stream(),
                         seq: 300,
+                        cid: None,
                     },
                 ],
             },
@@ -139,6 +142,13 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
             Frame::ResyncDone {
                 stream: direct_stream(),
                 upto: 2,
+            },
+        ),
+        (
+            "StreamEnded",
+            Frame::StreamEnded {
+                stream: direct_stream(),
+                held: 2,
             },
         ),
     ]
@@ -241,7 +251,9 @@ pub(crate) fn arb_open_batch() -> impl Strategy<Value = OpenBatch> {
 
 /// Any frame of any variant.
 pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
-    let mark = (arb_stream(), arb_seq()).prop_map(|(stream, seq)| Mark { stream, seq });
+    let cid = proptest::option::of(any::<[u8; 32]>().prop_map(Cid));
+    let mark =
+        (arb_stream(), arb_seq(), cid).prop_map(|(stream, seq, cid)| Mark { stream, seq, cid });
     prop_oneof![
         (
             any::<u32>(),
@@ -269,6 +281,7 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
             earliest_available
         }),
         (arb_stream(), arb_seq()).prop_map(|(stream, upto)| Frame::ResyncDone { stream, upto }),
+        (arb_stream(), arb_seq()).prop_map(|(stream, held)| Frame::StreamEnded { stream, held }),
     ]
 }
 

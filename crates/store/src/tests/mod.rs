@@ -4,6 +4,7 @@
 mod actor;
 mod conformance;
 mod crash;
+mod durable;
 mod files;
 pub(crate) mod util;
 
