@@ -100,6 +100,11 @@ impl Daemon {
             net: NetConfig::with_bind_addr(bind),
             core: CoreConfig {
                 outbox: config.outbox.bounds(),
+                hold_ms: config.store.hold_ms,
+                hold_msgs_max: config.store.hold_max_msgs,
+                hold_bytes_max: config.store.hold_max_bytes,
+                journal_bytes_max: config.journal.max_bytes,
+                journal_age_ms_max: config.journal.max_age,
                 ..Default::default()
             },
         };
@@ -109,6 +114,7 @@ impl Daemon {
             store: store.clone(),
             store_file,
             subscriber_buffer: config.api.subscriber_buffer,
+            subscriber_buffer_bytes: config.api.subscriber_buffer_bytes,
             subscriber_stall: Duration::from_millis(config.api.subscriber_stall_ms),
         });
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -131,7 +137,8 @@ impl Daemon {
         self.node.node_id()
     }
 
-    /// This node's store epoch.
+    /// This node's store epoch now (a new one if its store was found to
+    /// have gone back in time).
     pub fn epoch(&self) -> Epoch {
         self.node.epoch()
     }

@@ -78,7 +78,7 @@ impl ApiState {
 
     /// A writer of this node's send answers.
     pub(super) fn answers(&self) -> Answers {
-        Answers::new(self.inner.node, self.inner.epoch)
+        Answers::new(self.inner.node, self.epoch())
     }
 }
 

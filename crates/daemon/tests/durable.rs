@@ -1,0 +1,114 @@
+//! Retention and bounded buffers on real daemons (redb stores, bus nodes on
+//! 127.0.0.1, API sockets, in this process): a journal bounded in bytes
+//! keeps its bound and tells a reader from before it what was trimmed; a
+//! stalled subscriber is bounded in bytes, not only in entries.
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+mod common;
+use common::{TestNode, bounded, link, open_unread_subscription, read_until_lagged, wait_for};
+
+use mesh_api::EventRecord;
+
+/// The smallest journal bound a config takes (1 MiB).
+const JOURNAL_BYTES: u64 = 1 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bounded_journal_keeps_its_bytes_and_a_reader_from_the_start_gets_a_trimmed_entry_first()
+{
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let config = format!("[journal]\nmax_bytes = {JOURNAL_BYTES}\n");
+        let a = TestNode::start(tmp.path(), "a", Some(&config)).await;
+        let b = TestNode::start(tmp.path(), "b", Some(&config)).await;
+        link(&a, &b).await;
+        // 4 MiB of 1 KiB messages through a 1 MiB journal on each side.
+        const N: usize = 4096;
+        let pad = "x".repeat(1000);
+        let bodies: Vec<String> = (0..N).map(|i| format!("{i:05}{pad}")).collect();
+        a.send_all(&b.id, &bodies, 256).await;
+        let what = "b to hold and acknowledge all of a's messages";
+        wait_for(what, async || {
+            let p = a.peer(&b.id).await;
+            (p["queued_msgs"] == 0).then_some(())
+        })
+        .await;
+        for node in [&a, &b] {
+            let st = node.typed_status().await;
+            let j = st.node.journal.expect("the journal's bounds");
+            // The bound holds before each commit's own rows: one commit of
+            // slack (a batch route commits at most 256 KiB of payload here).
+            assert!(
+                j.bytes <= JOURNAL_BYTES + (512 << 10),
+                "{}: {j:?}",
+                node.name
+            );
+            assert!(j.first > 1 && j.head >= N as u64, "{}: {j:?}", node.name);
+            let page = node.page("", 5).await;
+            match &page.entries[0].record {
+                EventRecord::Trimmed {
+                    from, to, entries, ..
+                } => {
+                    assert_eq!((*from, *to, *entries), (1, j.first - 1, j.first - 1));
+                }
+                other => panic!("{}: a trimmed entry first, not {other:?}", node.name),
+            }
+            assert_eq!(page.entries[0].arrival, j.first - 1);
+            assert_eq!(page.entries[1].arrival, j.first, "then the retained range");
+            // The retained range reads on to the head, and ends with the last message.
+            let all = node.journal().await;
+            assert_eq!(all.len() as u64, j.head - j.first + 2);
+            let last = all.iter().rev().find_map(|e| match &e.record {
+                EventRecord::Envelope { body, .. } => Some(body.clone()),
+                _ => None,
+            });
+            assert_eq!(
+                last.as_deref(),
+                Some(bodies[N - 1].as_str()),
+                "{}",
+                node.name
+            );
+        }
+        // The author's outbox went with its acknowledged rows.
+        let p = a.peer(&b.id).await;
+        assert!(p["outbox_bytes"].as_u64().unwrap() <= JOURNAL_BYTES, "{p}");
+        // A live subscription from the start also gets the trimmed entry first.
+        let mut sub = b.client.subscribe("/v1/subscribe").await.unwrap();
+        let ev = sub.next().await.unwrap().expect("an event");
+        let e: mesh_api::EventEntry = serde_json::from_str(&ev.data).unwrap();
+        assert!(
+            matches!(e.record, EventRecord::Trimmed { from: 1, .. }),
+            "{e:?}"
+        );
+        drop(sub);
+        let (mut a, mut b) = (a, b);
+        a.stop().await;
+        b.stop().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_subscriber_is_lagged_at_its_byte_bound_long_before_its_entry_bound() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        // 1024 entries, but 64 KiB: 64 KiB messages fill the bytes at one.
+        let config = "[api]\nsubscriber_buffer = 1024\nsubscriber_buffer_bytes = 65536\nsubscriber_stall_ms = 1000\n";
+        let mut d = TestNode::start(tmp.path(), "d", Some(config)).await;
+        let peer = d.add_absent_peer().await;
+        let mut stopped = open_unread_subscription(d.socket()).await;
+        // 400 messages of 60 KB (24 MB): far past 64 KiB plus what the
+        // server and the socket buffer, far below 1024 entries.
+        const N: u64 = 400;
+        let body = "y".repeat(60_000);
+        let bodies: Vec<String> = (0..N).map(|i| format!("{i:03}{body}")).collect();
+        d.send_all(&peer.to_string(), &bodies, 8).await;
+        let lagged = read_until_lagged(&mut stopped).await;
+        assert!(lagged.loss_recorded);
+        assert!(
+            lagged.skipped_from <= N,
+            "lagged within the messages, not at 1024 entries: {lagged:?}"
+        );
+        d.stop().await;
+    })
+    .await
+}
