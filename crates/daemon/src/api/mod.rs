@@ -20,6 +20,8 @@
 //! submit call (`crate::bus`).
 
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod json;
 mod metrics;
 mod ndjson;
