@@ -354,6 +354,10 @@ pub struct PeerStatus {
     /// Whether the link to it is paused (`mesh peer pause`); absent means no.
     #[serde(default)]
     pub paused: bool,
+    /// The last identity conflict seen on the link: two live processes run
+    /// with one node key (a copied data dir run twice); absent means none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_conflict: Option<String>,
 }
 
 /// The answer of `GET /v1/peers`.

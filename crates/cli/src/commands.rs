@@ -68,6 +68,9 @@ fn print_peers(peers: &[PeerStatus]) {
             p.outbox_bytes,
             marks.join(", ")
         );
+        if let Some(why) = &p.identity_conflict {
+            println!("    IDENTITY CONFLICT: {why}");
+        }
     }
 }
 

@@ -17,6 +17,9 @@ pub const HANDSHAKE_TIMEOUT: u32 = 408;
 pub const DUPLICATE: u32 = 409;
 /// The peer was removed from the known peers.
 pub const PEER_REMOVED: u32 = 410;
+/// Identity conflict: another process with the same node key (another
+/// instance) is connected already; two live processes share one key.
+pub const IDENTITY_CONFLICT: u32 = 412;
 /// A frame header announced more than `MAX_FRAME_BYTES` (or zero).
 pub const FRAME_TOO_LARGE: u32 = 413;
 /// The peer's Hello names another node than the connection's key.

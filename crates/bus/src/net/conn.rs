@@ -71,6 +71,8 @@ pub(crate) fn close(connection: &Connection, code: u32, reason: &str) {
 pub(crate) enum HandshakeError {
     /// The peer speaks another protocol version; the text names both.
     Version(String),
+    /// The peer closed the connection with `code` (see [`close_code`]).
+    Closed { code: u64, reason: String },
     /// Anything else: the stream broke, or the bytes are not a preamble.
     Other(String),
 }
@@ -79,6 +81,9 @@ impl std::fmt::Display for HandshakeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             HandshakeError::Version(why) | HandshakeError::Other(why) => f.write_str(why),
+            HandshakeError::Closed { code, reason } => {
+                write!(f, "closed by peer: {reason} (code {code})")
+            }
         }
     }
 }
@@ -101,11 +106,16 @@ fn preamble_version(magic: &[u8]) -> Option<String> {
 /// Reads the peer's preamble from `recv` and returns its instance.
 async fn read_preamble(recv: &mut RecvStream) -> Result<u64, HandshakeError> {
     let mut got = [0u8; PREAMBLE.len() + INSTANCE_BYTES];
-    recv.read_exact(&mut got).await.map_err(|e| {
-        HandshakeError::Other(match e {
-            ReadExactError::FinishedEarly(n) => format!("stream ended after {n} preamble bytes"),
-            ReadExactError::ReadError(e) => read_error(e).to_string(),
-        })
+    recv.read_exact(&mut got).await.map_err(|e| match e {
+        ReadExactError::FinishedEarly(n) => {
+            HandshakeError::Other(format!("stream ended after {n} preamble bytes"))
+        }
+        ReadExactError::ReadError(e) => match read_error(e) {
+            DisconnectReason::ClosedByPeer { code, reason } => {
+                HandshakeError::Closed { code, reason }
+            }
+            other => HandshakeError::Other(other.to_string()),
+        },
     })?;
     let (magic, instance) = got.split_at(PREAMBLE.len());
     if magic != PREAMBLE {

@@ -177,21 +177,45 @@ pub(crate) async fn accept_stream(connection: Connection) -> Option<Established>
     }
 }
 
+/// Why a dial did not give a connection.
+#[derive(Debug)]
+pub(crate) enum DialError {
+    /// The peer closed it during the handshake, with `code`.
+    Refused { code: u64, reason: String },
+    /// It failed otherwise.
+    Other(String),
+}
+
+impl std::fmt::Display for DialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DialError::Refused { code, reason } => {
+                write!(f, "refused by the peer: {reason} (code {code})")
+            }
+            DialError::Other(e) => f.write_str(e),
+        }
+    }
+}
+
 /// Dials `peer` at `addrs` and opens the frame stream.
 pub(crate) async fn dial(
     endpoint: Endpoint,
     peer: NodeId,
     addrs: Vec<SocketAddr>,
     instance: u64,
-) -> Result<Established, String> {
+) -> Result<Established, DialError> {
     let mut addr = EndpointAddr::new(peer);
     for a in addrs {
         addr = addr.with_ip_addr(a);
     }
     let connection = match timeout(DIAL_TIMEOUT, endpoint.connect(addr, ALPN)).await {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(e.to_string()),
-        Err(_) => return Err(format!("no answer within {DIAL_TIMEOUT:?}")),
+        Ok(Err(e)) => return Err(DialError::Other(e.to_string())),
+        Err(_) => {
+            return Err(DialError::Other(format!(
+                "no answer within {DIAL_TIMEOUT:?}"
+            )));
+        }
     };
     match timeout(
         HANDSHAKE_TIMEOUT,
@@ -210,16 +234,21 @@ pub(crate) async fn dial(
         Ok(Err(conn::HandshakeError::Version(why))) => {
             warn!(peer = %peer.fmt_short(), "closing a connection: {why}");
             conn::close(&connection, close_code::VERSION_MISMATCH, &why);
-            Err(why)
+            Err(DialError::Other(why))
         }
-        Ok(Err(e)) => Err(e.to_string()),
+        Ok(Err(conn::HandshakeError::Closed { code, reason })) => {
+            Err(DialError::Refused { code, reason })
+        }
+        Ok(Err(e)) => Err(DialError::Other(e.to_string())),
         Err(_) => {
             conn::close(
                 &connection,
                 close_code::HANDSHAKE_TIMEOUT,
                 "handshake timed out",
             );
-            Err(format!("no preamble within {HANDSHAKE_TIMEOUT:?}"))
+            Err(DialError::Other(format!(
+                "no preamble within {HANDSHAKE_TIMEOUT:?}"
+            )))
         }
     }
 }

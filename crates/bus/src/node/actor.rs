@@ -459,6 +459,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 addrs: p.addrs,
                 conn: p.conn,
                 paused: p.paused,
+                identity_conflict: p.identity_conflict,
             })
             .collect();
         NodeStatus {

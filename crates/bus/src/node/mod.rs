@@ -137,6 +137,9 @@ pub struct NodePeer {
     pub own_stream: Option<OwnStream>,
     /// Whether the link to it is paused ([`Node::set_peer_paused`]).
     pub paused: bool,
+    /// The last identity conflict seen on the link (two live processes
+    /// share one node key), for a person.
+    pub identity_conflict: Option<String>,
 }
 
 /// The running node. Dropping it stops the node in the background; prefer

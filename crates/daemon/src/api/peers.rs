@@ -78,6 +78,7 @@ fn peer_status(
         queued_msgs,
         outbox_bytes,
         paused: p.paused,
+        identity_conflict: p.identity_conflict,
     }
 }
 

@@ -71,6 +71,9 @@ pub struct PeerStatus {
     pub dialed_here: bool,
     /// Whether the link is paused.
     pub paused: bool,
+    /// The last identity conflict seen on this link (two live processes
+    /// share one node key), for a person.
+    pub identity_conflict: Option<String>,
 }
 
 /// A live connection's queue and tasks; kept until its reader reports its end.
@@ -84,7 +87,7 @@ struct ConnTask {
     local: Option<DisconnectReason>,
 }
 
-type Dialed = (NodeId, u64, Result<Established, String>);
+type Dialed = (NodeId, u64, Result<Established, endpoint::DialError>);
 
 /// One thing that happened, taken out of a select so its handler may borrow
 /// the whole transport.
@@ -438,6 +441,7 @@ impl<T: Send + 'static> Transport<T> {
                     conn: live.map(|l| l.conn),
                     dialed_here: live.is_some_and(|l| l.dialed_here),
                     paused: ps.paused.is_some(),
+                    identity_conflict: ps.conflict.clone(),
                 }
             })
             .collect();
