@@ -1,11 +1,15 @@
-//! Retention and bounded buffers on real daemons (redb stores, bus nodes on
-//! 127.0.0.1, API sockets, in this process): a journal bounded in bytes
-//! keeps its bound and tells a reader from before it what was trimmed; a
-//! stalled subscriber is bounded in bytes, not only in entries.
+//! Retention, bounded buffers and lost stores on real daemons (redb stores,
+//! bus nodes on 127.0.0.1, API sockets, in this process): a journal bounded
+//! in bytes keeps its bound and tells a reader from before it what was
+//! trimmed; a stalled subscriber is bounded in bytes, not only in entries;
+//! a peer whose store was wiped has its old stream ended in the journal.
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
 mod common;
-use common::{TestNode, bounded, link, open_unread_subscription, read_until_lagged, wait_for};
+use common::{
+    TestNode, bounded, link, open_unread_subscription, read_until_lagged, texts, wait_connected,
+    wait_for,
+};
 
 use mesh_api::EventRecord;
 
@@ -109,6 +113,58 @@ async fn a_stalled_subscriber_is_lagged_at_its_byte_bound_long_before_its_entry_
             "lagged within the messages, not at 1024 entries: {lagged:?}"
         );
         d.stop().await;
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_store_was_wiped_has_its_old_stream_ended_then_its_new_messages() {
+    bounded(async {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut a = TestNode::start(tmp.path(), "a", None).await;
+        let mut b = TestNode::start(tmp.path(), "b", None).await;
+        link(&a, &b).await;
+        let old = texts("old", 3);
+        b.send_all(&a.id, &old, 3).await;
+        a.wait_received(&b.id, 3).await;
+        // B loses its store (its key stays): a new epoch, nothing of the old.
+        b.stop().await;
+        std::fs::remove_file(b.dir.join(mesh_store::STORE_FILE_NAME)).unwrap();
+        b.restart().await;
+        b.add_peer(&a.ticket().await).await;
+        wait_connected(&a, &b).await;
+        let new = texts("new", 2);
+        b.send_all(&a.id, &new, 2).await;
+        a.wait_received(&b.id, 5).await;
+        let j = a.journal().await;
+        let at = |want: &str| {
+            j.iter()
+                .position(
+                    |e| matches!(&e.record, EventRecord::Envelope { body, .. } if body == want),
+                )
+                .unwrap_or_else(|| panic!("{want} is not in a's journal"))
+        };
+        let ended: Vec<(usize, u64, String)> = j
+            .iter()
+            .enumerate()
+            .filter_map(|(i, e)| match &e.record {
+                EventRecord::EpochEnded { stream, last, .. } => {
+                    Some((i, *last, stream.epoch.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(ended.len(), 1, "{ended:?}");
+        let (i, last, epoch) = &ended[0];
+        assert_eq!(*last, 3, "the last seq a holds of the old stream");
+        assert!(at("old-0002") < *i && *i < at("new-0000"), "{j:#?}");
+        let old_epoch = j[at("old-0000")].record.clone();
+        assert!(
+            matches!(old_epoch, EventRecord::Envelope { stream, .. } if stream.epoch == *epoch),
+            "the ended stream is the old epoch's"
+        );
+        a.stop().await;
+        b.stop().await;
     })
     .await
 }
