@@ -572,3 +572,34 @@ async fn two_live_processes_with_one_key_are_an_identity_conflict_at_both_ends()
     x.net.shutdown().await;
     b.net.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_protocol_1_is_refused_at_its_preamble_naming_both_versions() {
+    let mut a = NetNode::new().await;
+    let raw = raw_endpoint().await;
+    a.net
+        .add_peer(raw.id(), Vec::new())
+        .await
+        .expect("allow raw");
+    let conn = timeout(T, raw.connect(addr_of(&a), ALPN))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let (mut send, _recv) = conn.open_bi().await.expect("open stream");
+    // What a node of the first protocol writes.
+    send.write_all(b"amesh/1\n").await.expect("v1 preamble");
+    send.write_all(&[0; INSTANCE_BYTES])
+        .await
+        .expect("instance");
+    let (code, reason) = app_close(timeout(T, conn.closed()).await.expect("closed in time"));
+    assert_eq!(code, u64::from(close_code::VERSION_MISMATCH));
+    assert!(
+        reason.contains("protocol 1")
+            && reason.contains(&mesh_protocol::PROTOCOL_VERSION.to_string()),
+        "{reason}"
+    );
+    assert_eq!(PREAMBLE, *b"amesh/2\n");
+    a.no_event_yet();
+    raw.close().await;
+    a.net.shutdown().await;
+}

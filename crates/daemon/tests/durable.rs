@@ -168,3 +168,131 @@ async fn a_peer_whose_store_was_wiped_has_its_old_stream_ended_then_its_new_mess
     })
     .await
 }
+
+/// What a long run of sends through a bounded journal saw.
+#[derive(Debug)]
+struct RetentionSeen {
+    /// The largest `mesh.redb` seen at the sender and the receiver, in bytes.
+    file_max: (u64, u64),
+    /// Their journals' bytes at the end.
+    journal_bytes: (u64, u64),
+    /// The receiver's first retained arrival and head at the end.
+    range: (u64, u64),
+}
+
+/// Sends `n` messages of 1 KiB from a to b, 256 to a request, with both
+/// journals bounded at `max_bytes`; checks a cursor from the start at b
+/// gets a trimmed entry, then the retained range to its head.
+async fn retention_run(n: usize, max_bytes: u64) -> RetentionSeen {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = format!("[journal]\nmax_bytes = {max_bytes}\n");
+    let mut a = TestNode::start(tmp.path(), "a", Some(&config)).await;
+    let mut b = TestNode::start(tmp.path(), "b", Some(&config)).await;
+    link(&a, &b).await;
+    let pad = "x".repeat(1024 - 8);
+    let mut file_max = (0, 0);
+    let mut sent = 0;
+    while sent < n {
+        let k = 256.min(n - sent);
+        let bodies: Vec<String> = (sent..sent + k).map(|i| format!("{i:08}{pad}")).collect();
+        a.send_all(&b.id, &bodies, 256).await;
+        sent += k;
+        if sent % (64 * 256) == 0 || sent == n {
+            let (sa, sb) = (a.typed_status().await, b.typed_status().await);
+            file_max.0 = file_max.0.max(sa.node.store_bytes.unwrap_or(0));
+            file_max.1 = file_max.1.max(sb.node.store_bytes.unwrap_or(0));
+        }
+    }
+    wait_for(
+        "b to hold and acknowledge all of a's messages",
+        async || {
+            let p = a.peer(&b.id).await;
+            (p["queued_msgs"] == 0).then_some(())
+        },
+    )
+    .await;
+    let (sa, sb) = (a.typed_status().await, b.typed_status().await);
+    file_max.0 = file_max.0.max(sa.node.store_bytes.unwrap_or(0));
+    file_max.1 = file_max.1.max(sb.node.store_bytes.unwrap_or(0));
+    let (ja, jb) = (sa.node.journal.unwrap(), sb.node.journal.unwrap());
+    // A cursor from the start: the trimmed entry, then the retained range.
+    let page = b.page("", 2).await;
+    assert!(
+        matches!(page.entries[0].record, EventRecord::Trimmed { from: 1, to, .. } if to == jb.first - 1),
+        "{:?}",
+        page.entries[0]
+    );
+    let mut after = page.entries[0].cursor.clone();
+    let mut next = jb.first;
+    loop {
+        let page = b.page(&after, 1000).await;
+        if page.entries.is_empty() {
+            break;
+        }
+        for e in &page.entries {
+            assert_eq!(e.arrival, next, "the retained range, dense");
+            next += 1;
+        }
+        after = page.next;
+    }
+    assert_eq!(next, jb.head + 1, "read to the head");
+    a.stop().await;
+    b.stop().await;
+    RetentionSeen {
+        file_max,
+        journal_bytes: (ja.bytes, jb.bytes),
+        range: (jb.first, jb.head),
+    }
+}
+
+/// The slack a store file may take beyond its journal's bound: redb's
+/// pages freed but not yet reused (a commit's old pages are free only
+/// after the next), its B-tree pages, the outbox headers and one commit's
+/// rows, in all at most the bound again plus 32 MiB (measured: see
+/// docs/reliability.md, "Retention").
+fn file_bound(max_bytes: u64) -> u64 {
+    2 * max_bytes + (32 << 20)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_sends_keep_each_store_file_within_its_journal_bound_and_slack() {
+    const MAX: u64 = 4 << 20;
+    let seen = bounded(retention_run(20_000, MAX)).await;
+    eprintln!("retention 20000 x 1 KiB, journal max {MAX}: {seen:?}");
+    assert!(
+        seen.file_max.0 <= file_bound(MAX) && seen.file_max.1 <= file_bound(MAX),
+        "{seen:?}"
+    );
+    assert!(
+        seen.journal_bytes.0 <= MAX + (512 << 10) && seen.journal_bytes.1 <= MAX + (512 << 10),
+        "{seen:?}"
+    );
+    assert!(seen.range.0 > 1, "{seen:?}");
+}
+
+/// The run: 1,000,000 sends of 1 KiB through a journal bounded at
+/// 64 MiB. `just retention` runs it (`RETENTION_SENDS` changes the count).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long (1,000,000 sends, minutes): run with `just retention`"]
+async fn a_million_sends_keep_each_store_file_within_its_journal_bound_and_slack() {
+    const MAX: u64 = 64 << 20;
+    let n = std::env::var("RETENTION_SENDS")
+        .ok()
+        .map_or(1_000_000, |v| {
+            v.parse().expect("RETENTION_SENDS is a number")
+        });
+    let started = std::time::Instant::now();
+    let seen = retention_run(n, MAX).await;
+    eprintln!(
+        "retention {n} x 1 KiB, journal max {MAX}: {seen:?} in {:?}",
+        started.elapsed()
+    );
+    assert!(
+        seen.file_max.0 <= file_bound(MAX) && seen.file_max.1 <= file_bound(MAX),
+        "{seen:?}"
+    );
+    assert!(
+        seen.journal_bytes.0 <= MAX + (512 << 10) && seen.journal_bytes.1 <= MAX + (512 << 10),
+        "{seen:?}"
+    );
+}

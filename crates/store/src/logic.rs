@@ -599,10 +599,15 @@ impl<B: Base> GroupView<'_, B> {
         let aged = self.aged_before(now_ms, age_ms_max)?;
         let (first_before, mut rows, mut more) = (self.counters.journal_first, 0usize, false);
         let mut last_trimmed = None;
+        // Most trims take a row or two: read few first, more if need be.
+        let mut read = 4;
         'read: loop {
-            let batch = self
-                .base
-                .journal_rows(self.counters.journal_first, TRIM_READ_ROWS)?;
+            let over = self.counters.journal_bytes > bytes_max;
+            if !over && aged <= self.counters.journal_first {
+                break;
+            }
+            let batch = self.base.journal_rows(self.counters.journal_first, read)?;
+            read = (read * 2).min(TRIM_READ_ROWS);
             if batch.is_empty() {
                 break;
             }

@@ -148,7 +148,8 @@ pub(crate) struct Dump {
     pub(crate) marks: Vec<Mark>,
     pub(crate) journal: Vec<(u64, JournalRecord)>,
     pub(crate) head: u64,
-    pub(crate) bounds: JournalBounds,
+    /// The journal's retained range (its bytes differ between implementations).
+    pub(crate) range: (u64, u64),
     pub(crate) ended: Vec<EndedOwn>,
     pub(crate) epoch: Epoch,
     pub(crate) peers: Vec<PeerRecord>,
@@ -178,7 +179,10 @@ pub(crate) fn dump(s: &dyn MeshStore, cursor_names: &[&str]) -> Result<Dump, Sto
             .map(|i| (i.arrival, i.record))
             .collect(),
         head: s.journal_head()?,
-        bounds: s.journal_bounds()?,
+        range: {
+            let b: JournalBounds = s.journal_bounds()?;
+            (b.first, b.head)
+        },
         ended: s.ended_own()?,
         epoch: s.meta().epoch,
         peers: s.peers()?,
