@@ -335,6 +335,9 @@ pub(super) struct Committer {
     reports: Vec<Report>,
     /// The next carry-over chunk (one at a time).
     carry: Option<CarryWork>,
+    /// Rollbacks found while a new epoch was being committed: reported,
+    /// and told to their peers, once it is.
+    after_switch: Vec<Report>,
     /// A trim is due even if nothing else is.
     trim_wanted: bool,
     /// When the next trim is due (its timer).
@@ -361,6 +364,7 @@ impl Committer {
             switch: None,
             reports: Vec::new(),
             carry: None,
+            after_switch: Vec::new(),
             trim_wanted: false,
             trim_at: None,
             in_flight: None,
@@ -597,6 +601,28 @@ impl Committer {
         }
     }
 
+    /// Whether a new epoch waits for its commit (not yet in one).
+    pub(super) fn switch_waiting(&self) -> bool {
+        self.switch.is_some()
+    }
+
+    /// The epoch of the new epoch waiting for its commit.
+    pub(super) fn waiting_epoch(&self) -> Option<Epoch> {
+        self.switch.as_ref().map(|s| s.epoch)
+    }
+
+    /// A rollback found while the new epoch is being committed.
+    pub(super) fn report_after_switch(&mut self, report: Report) {
+        if !self.after_switch.iter().any(|r| r.stream == report.stream) {
+            self.after_switch.push(report);
+        }
+    }
+
+    /// The rollbacks found while the new epoch was being committed.
+    pub(super) fn take_after_switch(&mut self) -> Vec<Report> {
+        std::mem::take(&mut self.after_switch)
+    }
+
     /// Whether a new epoch waits for, or is in, a commit.
     pub(super) fn switching(&self) -> bool {
         self.switch.is_some()
@@ -614,6 +640,11 @@ impl Committer {
     /// A new epoch whose commit failed: asked for again, with any reports
     /// asked for since.
     pub(super) fn switch_again(&mut self, mut switch: EpochSwitch) {
+        for r in std::mem::take(&mut self.after_switch) {
+            if !switch.reports.iter().any(|x| x.stream == r.stream) {
+                switch.reports.push(r);
+            }
+        }
         if let Some(later) = self.switch.take() {
             for r in later.reports {
                 if !switch.reports.iter().any(|x| x.stream == r.stream) {

@@ -44,6 +44,12 @@ impl Core {
     /// the ended epochs of peers, peer changes, lost sends, a carry-over
     /// chunk, and the sends, signed into batches.
     pub(super) fn flush(&mut self, now: Millis) {
+        if !self.committer.carrying() && !self.committer.switching() {
+            // Also after a start: an ended stream left to carry (a crash
+            // came between the new epoch's commit and the carry-over).
+            let (config, out) = (&self.config, &mut self.out);
+            self.author.next_carry(config, out);
+        }
         if !self.committer.ready(now, &self.config) {
             return;
         }
@@ -538,10 +544,14 @@ impl Core {
         self.author.switched(epoch, &receipt.ended);
         self.out.metrics.epoch_switches += 1;
         self.out.push(Effect::EpochChanged { epoch });
+        let late = self.committer.take_after_switch();
+        for r in &late {
+            self.committer.queue_report(r.clone());
+        }
         for (peer, conn) in self.peers.live() {
             let hello = self.hello_frame(peer);
             self.out.send(peer, conn, hello);
-            for r in &switch.reports {
+            for r in switch.reports.iter().chain(&late) {
                 if r.stream.channel == Channel::Direct(peer) {
                     let frame = Frame::StreamEnded {
                         stream: r.stream.clone(),

@@ -619,21 +619,24 @@ impl Core {
             "this node's store went back in time: the peer holds more of our stream than this \
              store wrote, or other envelopes; starting a new epoch"
         );
-        if self.committer.switching() && !self.author.is_frozen() {
-            // The switch is committing: the stream is an ended one by the
-            // time this is written.
+        if self.committer.switch_waiting() {
+            // A new epoch waits for its commit: this stream ends with it too.
+            let epoch = self
+                .committer
+                .waiting_epoch()
+                .unwrap_or(self.author.epoch());
+            let report = self.author.current_report(peer, mark, epoch);
+            self.committer.switch_epoch(epoch, report);
+        } else if self.committer.switching() {
+            // It is being committed: this stream is an ended one once it is.
             let report = self.author.current_report(peer, mark, self.author.epoch());
-            self.committer.queue_report(report);
-            return;
-        }
-        let epoch = if self.author.is_frozen() {
-            self.author.epoch()
+            self.committer.report_after_switch(report);
         } else {
-            self.author.next_epoch()
-        };
-        let report = self.author.current_report(peer, mark, epoch);
-        self.committer.switch_epoch(epoch, report);
-        self.author.freeze();
+            let epoch = self.author.next_epoch();
+            let report = self.author.current_report(peer, mark, epoch);
+            self.committer.switch_epoch(epoch, report);
+            self.author.freeze();
+        }
     }
 
     /// Remembers that `peer` holds everything of our stream up to `upto`.

@@ -2145,3 +2145,36 @@ fn the_author_saying_its_ended_stream_holds_less_than_we_do_is_journaled_as_roll
     );
     assert_eq!(b.core.metrics().dropped.get(DropReason::UnknownStream), 1);
 }
+
+#[test]
+fn a_crash_between_the_new_epoch_and_its_carry_over_carries_on_after_the_restart() {
+    let mut a = sent_three_acked_one();
+    let claim = Mark {
+        stream: stream(1, 1, 2),
+        seq: 5,
+        cid: None,
+    };
+    a.hold_commits = true;
+    hello_of_2(&mut a, ConnId(8), vec![claim]);
+    a.release_commit();
+    let new_epoch = epoch_changed(&a).expect("the new epoch is committed");
+    assert_eq!(a.held.len(), 1, "the carry-over's commit is under way");
+    // The power goes before the carry-over's commit returns.
+    a.restart();
+    a.hold_commits = false;
+    let req = a.send(id(2), b"4");
+    assert_eq!(ok_seq(a.reply(req)), 3, "after what is carried over");
+    let new = StreamId::direct(id(1), new_epoch, id(2));
+    let out: Vec<Vec<u8>> = a
+        .store
+        .read_outbox(&new, 0, u64::MAX)
+        .expect("outbox")
+        .into_iter()
+        .flat_map(|b| b.payloads)
+        .collect();
+    assert_eq!(out, vec![b"2".to_vec(), b"3".to_vec(), b"4".to_vec()]);
+    assert!(
+        a.store.ended_own().expect("ended")[0].carried == 3,
+        "carried to the end"
+    );
+}
