@@ -134,19 +134,24 @@ pub const OUTBOX_MSGS: u64 = 32;
 /// The outbox policy of chaos runs unless `CHAOS_ON_FULL` says otherwise.
 pub const ON_FULL: &str = "evict-oldest";
 
-/// The daemons' `config.toml`: `[outbox]` from `CHAOS_OUTBOX_MSGS` (0: the
-/// daemon's built-in defaults, no file) and `CHAOS_ON_FULL`.
+/// What every chaos daemon's `config.toml` says: no mDNS, so a node
+/// restarted on a new port is found only through its own Hello and the
+/// cards its peers pass on (what a run with fresh ports tests).
+const DISCOVERY_OFF: &str = "[discovery]\nmdns = \"off\"\n";
+
+/// The daemons' `config.toml`: [`DISCOVERY_OFF`], and `[outbox]` from
+/// `CHAOS_OUTBOX_MSGS` (0: the daemon's built-in defaults) and `CHAOS_ON_FULL`.
 fn outbox_config_from_env() -> Option<String> {
     let msgs = env_u64("CHAOS_OUTBOX_MSGS").unwrap_or(OUTBOX_MSGS);
     if msgs == 0 {
-        return None;
+        return Some(DISCOVERY_OFF.to_owned());
     }
     let on_full = std::env::var("CHAOS_ON_FULL")
         .ok()
         .filter(|v| !v.trim().is_empty())
         .unwrap_or_else(|| ON_FULL.into());
     Some(format!(
-        "[outbox]\nmax_msgs = {msgs}\non_full = {:?}\n",
+        "{DISCOVERY_OFF}[outbox]\nmax_msgs = {msgs}\non_full = {:?}\n",
         on_full.trim()
     ))
 }
@@ -288,6 +293,9 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     );
     let mut cluster_cfg = ClusterConfig::new(&cfg.bin, cfg.nodes);
     cluster_cfg.isolation = cfg.isolation;
+    // Every restart listens on a new port: the others find it through its
+    // Hello and each other's cards.
+    cluster_cfg.restart_port = crate::cluster::RestartPort::Fresh;
     cluster_cfg.log_dir = Some(cfg.out_dir.clone());
     cluster_cfg.daemon_config = cfg.daemon_config.clone();
     if let Some(toml) = &cfg.daemon_config {

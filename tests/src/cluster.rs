@@ -3,9 +3,11 @@
 //!
 //! Each node has its own data dir (in one temp dir) and socket. As root the
 //! nodes run in network namespaces ([`Netns`]) and listen on
-//! `10.213.0.(10+I):4919`; otherwise they listen on `127.0.0.1`, on the port
-//! the first start picked, so a restarted node is found where its peers'
-//! tickets say. The cluster kills every daemon it started when dropped.
+//! `10.213.0.(10+I)`; otherwise they listen on `127.0.0.1`. Which port a
+//! restarted node listens on is [`ClusterConfig::restart_port`]'s: the one
+//! its first start picked (found where its peers' tickets say), or a new
+//! one its peers must learn. The cluster kills every daemon it started when
+//! dropped.
 
 use std::fs::File;
 use std::net::{IpAddr, SocketAddr};
@@ -15,6 +17,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use mesh_api::{EventEntry, NodeStatus};
 use mesh_cluster::{Placement, Stopped};
+
+pub use mesh_cluster::RestartPort;
 
 use crate::netns::{self, Netns};
 
@@ -51,6 +55,8 @@ pub struct ClusterConfig {
     /// Data dirs for some nodes (by index) instead of one in the cluster's
     /// temp dir, e.g. on a filesystem a test can fill up.
     pub data_dirs: std::collections::BTreeMap<usize, PathBuf>,
+    /// Which port a restarted node listens on.
+    pub restart_port: RestartPort,
 }
 
 impl ClusterConfig {
@@ -65,6 +71,7 @@ impl ClusterConfig {
             rust_log: std::env::var("CHAOS_RUST_LOG").unwrap_or_else(|_| "info".into()),
             daemon_config: None,
             data_dirs: Default::default(),
+            restart_port: RestartPort::Kept,
         }
     }
 }
@@ -106,16 +113,26 @@ impl Cluster {
                 }
             },
         };
+        let port = match cfg.restart_port {
+            RestartPort::Kept => NETNS_PEER_PORT,
+            RestartPort::Remembered | RestartPort::Fresh => 0,
+        };
         let placements = match &net {
             Some(n) => (0..cfg.nodes)
                 .map(|i| Placement {
-                    bind: SocketAddr::new(IpAddr::V4(n.node_ip(i)), NETNS_PEER_PORT),
+                    bind: SocketAddr::new(IpAddr::V4(n.node_ip(i)), port),
                     prefix: ["ip", "netns", "exec", n.node_ns(i)]
                         .map(Into::into)
                         .to_vec(),
+                    restart_port: cfg.restart_port,
                 })
                 .collect(),
-            None => Vec::new(),
+            None => (0..cfg.nodes)
+                .map(|_| Placement {
+                    restart_port: cfg.restart_port,
+                    ..Placement::default()
+                })
+                .collect(),
         };
         let mut launch = mesh_cluster::ClusterConfig::new(cfg.bin, cfg.nodes);
         launch.log_dir = cfg.log_dir;

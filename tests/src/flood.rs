@@ -237,11 +237,15 @@ async fn run(bin: &Path, out_dir: &Path, frames: u64) -> anyhow::Result<FloodRep
     net.add_peer(target, vec![cluster.peer_addr(0)])
         .await
         .context("adding node 0 to the flooder")?;
+    let name = mesh_protocol::NodeName::new("flooder").context("a valid name")?;
+    let card = mesh_protocol::NodeCard::sign(&flooder, name, net.local_addrs(), 1)
+        .context("the flooder's card")?;
     let hello = Frame::Hello {
         version: PROTOCOL_VERSION,
         node: flooder.public(),
         epoch,
         marks: vec![],
+        card: Box::new(card),
     };
     let arsenal = Arsenal::new(&flooder, epoch, target, other);
 

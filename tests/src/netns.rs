@@ -47,6 +47,8 @@ pub const NODES_MAX: usize = 32;
 const PRIO_PARTITION: &str = "10";
 /// The `tc` filter priority of random-loss rules.
 const PRIO_LOSS: &str = "20";
+/// The `tc` filter priority of the cuts between two nodes.
+const PRIO_CUT: &str = "30";
 
 /// Namespace sets made by this process so far (names stay unique).
 static NEXT_SET: AtomicU32 = AtomicU32::new(0);
@@ -79,6 +81,8 @@ pub fn unavailable_reason() -> Option<String> {
 pub struct Netns {
     switch: String,
     nodes: Vec<String>,
+    /// Each node's address now (moved ones differ from their first).
+    ips: Vec<Ipv4Addr>,
     destroyed: bool,
 }
 
@@ -99,9 +103,13 @@ impl Netns {
         remove_stale()?;
         let set = NEXT_SET.fetch_add(1, Ordering::Relaxed);
         let base = format!("{NS_PREFIX}{}-{set}", std::process::id());
+        let [a, b, c] = SUBNET_PREFIX;
         let mut ns = Netns {
             switch: format!("{base}-sw"),
             nodes: (0..n).map(|i| format!("{base}-n{i}")).collect(),
+            ips: (0..n)
+                .map(|i| Ipv4Addr::new(a, b, c, NODE_HOST_BASE + i as u8))
+                .collect(),
             destroyed: false,
         };
         // On error, `ns` is dropped and removes what was made.
@@ -176,10 +184,100 @@ impl Netns {
         &self.nodes[i]
     }
 
-    /// Node `i`'s address, valid inside the namespaces only.
+    /// Node `i`'s address now, valid inside the namespaces only.
     pub fn node_ip(&self, i: usize) -> Ipv4Addr {
+        self.ips[i]
+    }
+
+    /// Moves node `i` to the address `10.213.0.host` (as DHCP would after a
+    /// reboot): its old address is gone from its interface.
+    ///
+    /// # Errors
+    /// If `host` is some other node's, or an `ip` command fails.
+    pub fn move_node(&mut self, i: usize, host: u8) -> anyhow::Result<Ipv4Addr> {
         let [a, b, c] = SUBNET_PREFIX;
-        Ipv4Addr::new(a, b, c, NODE_HOST_BASE + i as u8)
+        let ip = Ipv4Addr::new(a, b, c, host);
+        if self.ips.iter().enumerate().any(|(k, x)| k != i && *x == ip) {
+            bail!("{ip} is node {i}'s neighbour's address");
+        }
+        let ns = self.nodes[i].clone();
+        ip_cmd(&["-n", &ns, "addr", "flush", "dev", "eth0"])?;
+        ip_cmd(&["-n", &ns, "addr", "add", &format!("{ip}/24"), "dev", "eth0"])?;
+        self.ips[i] = ip;
+        Ok(ip)
+    }
+
+    /// Lets multicast through: a route for 224.0.0.0/4 on every node's
+    /// `eth0`, and no multicast snooping on the bridge (which would hold
+    /// back groups no querier announced). For mDNS, inside these
+    /// namespaces only.
+    ///
+    /// # Errors
+    /// If an `ip` command fails.
+    pub fn enable_multicast(&self) -> anyhow::Result<()> {
+        ip_cmd(&[
+            "-n",
+            &self.switch,
+            "link",
+            "set",
+            "br0",
+            "type",
+            "bridge",
+            "mcast_snooping",
+            "0",
+        ])?;
+        for ns in &self.nodes {
+            ip_cmd(&["-n", ns, "link", "set", "eth0", "multicast", "on"])?;
+            ip_cmd(&["-n", ns, "route", "add", "224.0.0.0/4", "dev", "eth0"])?;
+        }
+        Ok(())
+    }
+
+    /// Cuts nodes `i` and `j` off from each other only (every other pair
+    /// still talks): drops what either sends the other, by source address.
+    ///
+    /// # Errors
+    /// If a `tc` command fails.
+    pub fn cut_pair(&self, i: usize, j: usize) -> anyhow::Result<()> {
+        for (from, to) in [(i, j), (j, i)] {
+            let src = format!("{}/32", self.node_ip(from));
+            tc(
+                &self.switch,
+                &[
+                    "filter",
+                    "add",
+                    "dev",
+                    &port_name(to),
+                    "parent",
+                    "1:",
+                    "protocol",
+                    "ip",
+                    "prio",
+                    PRIO_CUT,
+                    "u32",
+                    "match",
+                    "ip",
+                    "src",
+                    &src,
+                    "flowid",
+                    "1:2",
+                ],
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on a thread inside node `i`'s namespace (sockets it makes
+    /// stay there, whichever thread uses them later) and answers its result.
+    ///
+    /// # Errors
+    /// If the namespace cannot be entered.
+    pub fn run_in<T: Send + 'static>(
+        &self,
+        i: usize,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> anyhow::Result<T> {
+        run_in_namespace(&self.nodes[i], f)
     }
 
     /// Cuts the network into `sides`: nodes on different sides (a node on
@@ -268,6 +366,7 @@ impl Netns {
     /// If a `tc` command fails.
     pub fn heal(&self) -> anyhow::Result<()> {
         self.clear(PRIO_PARTITION)?;
+        self.clear(PRIO_CUT)?;
         self.clear(PRIO_LOSS)
     }
 
@@ -415,7 +514,13 @@ pub fn remove_stale() -> anyhow::Result<Vec<String>> {
                 }
             }
         }
-        ip(&["netns", "del", &ns])?;
+        if let Err(e) = ip(&["netns", "del", &ns]) {
+            // Another run cleaning up at the same time removed it first.
+            if list_namespaces()?.contains(&ns) {
+                return Err(e);
+            }
+            continue;
+        }
         removed.push(ns);
     }
     Ok(removed)
@@ -427,17 +532,30 @@ pub fn remove_stale() -> anyhow::Result<Vec<String>> {
 /// # Errors
 /// If the namespace cannot be entered or the socket cannot be bound.
 pub fn udp_socket_in(ns: &str, addr: std::net::SocketAddr) -> anyhow::Result<std::net::UdpSocket> {
+    run_in_namespace(ns, move || {
+        std::net::UdpSocket::bind(addr).with_context(|| format!("cannot bind {addr}"))
+    })?
+}
+
+/// Runs `f` on a thread of its own that entered namespace `ns` (setns
+/// changes only the calling thread), and answers its result.
+///
+/// # Errors
+/// If the namespace cannot be entered, or `f` panicked.
+pub fn run_in_namespace<T: Send + 'static>(
+    ns: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> anyhow::Result<T> {
     let path = format!("/run/netns/{ns}");
     let file = std::fs::File::open(&path).with_context(|| format!("cannot open {path}"))?;
-    // setns changes only the calling thread: do it on a thread of its own.
-    std::thread::spawn(move || -> anyhow::Result<std::net::UdpSocket> {
+    std::thread::spawn(move || -> anyhow::Result<T> {
         use std::os::fd::AsFd as _;
         rustix::thread::move_into_link_name_space(
             file.as_fd(),
             Some(rustix::thread::LinkNameSpaceType::Network),
         )
         .context("setns failed")?;
-        std::net::UdpSocket::bind(addr).with_context(|| format!("cannot bind {addr}"))
+        Ok(f())
     })
     .join()
     .map_err(|_| anyhow::anyhow!("the namespace thread panicked"))?
@@ -446,6 +564,11 @@ pub fn udp_socket_in(ns: &str, addr: std::net::SocketAddr) -> anyhow::Result<std
 /// Runs `ip ARGS`; an error carries its stderr.
 fn ip(args: &[&str]) -> anyhow::Result<()> {
     run("ip", args).map(drop)
+}
+
+/// [`ip`], under a name that does not shadow the `ip` address variables.
+fn ip_cmd(args: &[&str]) -> anyhow::Result<()> {
+    ip(args)
 }
 
 /// Runs `tc -n NS ARGS`; an error carries its stderr.

@@ -134,15 +134,22 @@ fn namespaces_left_by_a_dead_run_are_removed_on_start() {
         .trim()
         .parse()
         .unwrap();
-    let stale = format!("{}{}-0-sw", netns::NS_PREFIX, pid_max + 1);
+    // Our pid in the set's place keeps two runs of this test apart.
+    let stale = format!(
+        "{}{}-{}-sw",
+        netns::NS_PREFIX,
+        pid_max + 1,
+        std::process::id()
+    );
     let ok = std::process::Command::new("ip")
         .args(["netns", "add", &stale])
         .status()
         .unwrap();
     assert!(ok.success());
     let removed = netns::remove_stale().unwrap();
-    assert!(removed.contains(&stale), "{removed:?}");
     assert!(!netns::list_namespaces().unwrap().contains(&stale));
+    // Another run's clean-up may have taken it first; then it is gone all the same.
+    let _ = removed;
 }
 
 #[test]

@@ -120,8 +120,12 @@ fn two_daemons_linked_with_ticket_and_peer_add_send_tail_and_page_events() {
     let peers = parse_json(&ok(a.mesh(&["peer", "list", "--json"]).unwrap())).unwrap();
     assert_eq!(peers["peers"][0]["node"], b.node());
     let text = ok(a.mesh(&["peer", "list"]).unwrap());
+    let b_name = parse_json(&ok(b.mesh(&["status", "--json"]).unwrap())).unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(
-        text.starts_with(&format!("  {}  connected", b.node())),
+        text.starts_with(&format!("  {}  {b_name:12}  connected", b.node())),
         "{text}"
     );
     let text = ok(a.mesh(&["status"]).unwrap());
@@ -205,8 +209,9 @@ fn mesh_peer_pause_and_resume_show_in_the_peer_list_and_an_unknown_peer_is_an_er
         "{out}"
     );
     let text = ok(a.mesh(&["peer", "list"]).unwrap());
+    let line = text.lines().next().unwrap_or_default();
     assert!(
-        text.starts_with(&format!("  {}  paused", b.node())),
+        line.starts_with(&format!("  {}  ", b.node())) && line.contains(" paused "),
         "{text}"
     );
     let st = parse_json(&ok(a.mesh(&["status", "--json"]).unwrap())).unwrap();

@@ -22,6 +22,8 @@ async fn mesh_demo_narrates_the_catch_up_and_the_gap_and_removes_its_dir() {
             .unwrap();
         let text = String::from_utf8(out).unwrap();
         for want in [
+            "bravo joined alpha's mesh with it",
+            "charlie joined bravo with bravo's code",
             "alpha-bravo, alpha-charlie and bravo-charlie are connected",
             "charlie's marks: 1 for alpha's stream, 1 for bravo's stream.",
             "alpha -> charlie: 5 messages, seqs #2..=#6",

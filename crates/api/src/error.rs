@@ -65,7 +65,7 @@ impl Fault {
     pub const fn meaning(self) -> &'static str {
         match self {
             Fault::Caller => "the request was wrong or not allowed; change it",
-            Fault::NotFound => "no such peer, cursor or route",
+            Fault::NotFound => "no such peer, cursor, invite or route",
             Fault::Capacity => "a bound was reached (peer outbox full, node busy); retry later",
             Fault::Unavailable => "the daemon is not running, stopping, or its store is down",
             Fault::Bug => "a bug in the daemon or the client; please report it",
@@ -147,11 +147,23 @@ pub enum ErrorCode {
     NodeUnavailable,
     /// A bug.
     Internal,
+    /// The inviter asks to try the join again shortly; nothing was spent.
+    TryAgain,
+    /// The inviter knows no such invite (or its secret does not match).
+    UnknownInvite,
+    /// The invite has expired.
+    InviteExpired,
+    /// The invite was revoked.
+    InviteRevoked,
+    /// Every use of the invite is spent.
+    InviteSpent,
+    /// The inviter cannot be reached at the addresses in the invite code.
+    InviterUnreachable,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::BadJson,
         ErrorCode::BodyTooLarge,
         ErrorCode::BadRequest,
@@ -169,6 +181,12 @@ impl ErrorCode {
         ErrorCode::StoreUnavailable,
         ErrorCode::NodeUnavailable,
         ErrorCode::Internal,
+        ErrorCode::TryAgain,
+        ErrorCode::UnknownInvite,
+        ErrorCode::InviteExpired,
+        ErrorCode::InviteRevoked,
+        ErrorCode::InviteSpent,
+        ErrorCode::InviterUnreachable,
     ];
 
     /// The code as it is written in `error.code`.
@@ -191,6 +209,12 @@ impl ErrorCode {
             ErrorCode::StoreUnavailable => "store_unavailable",
             ErrorCode::NodeUnavailable => "node_unavailable",
             ErrorCode::Internal => "internal",
+            ErrorCode::TryAgain => "try_again",
+            ErrorCode::UnknownInvite => "unknown_invite",
+            ErrorCode::InviteExpired => "invite_expired",
+            ErrorCode::InviteRevoked => "invite_revoked",
+            ErrorCode::InviteSpent => "invite_spent",
+            ErrorCode::InviterUnreachable => "inviter_unreachable",
         }
     }
 

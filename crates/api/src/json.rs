@@ -289,6 +289,9 @@ pub struct TicketResponse {
 pub struct NodeStatus {
     /// This node's id.
     pub node: String,
+    /// Its name (`[node] name`, default the host's name).
+    #[serde(default)]
+    pub name: String,
     /// This node's store epoch (hex).
     pub epoch: String,
     /// Addresses it listens on for peers.
@@ -339,8 +342,17 @@ pub struct StatusResponse {
 pub struct PeerStatus {
     /// The peer's id.
     pub node: String,
-    /// Addresses this node dials it at.
+    /// Its name, from its newest card, if one came.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// Addresses this node dials it at: where its newest card says it
+    /// listens (learned from its Hello or from another peer), or the
+    /// addresses it was added with before any card came.
     pub addrs: Vec<SocketAddr>,
+    /// When the peer issued its newest card held here (ms since the Unix
+    /// epoch, by its clock), if one came.
+    #[serde(default)]
+    pub card_issued_ms: Option<u64>,
     /// Whether a connection is up now.
     pub connected: bool,
     /// The peer's store epoch as last seen (hex), if any.
@@ -358,6 +370,10 @@ pub struct PeerStatus {
     /// with one node key (a copied data dir run twice); absent means none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub identity_conflict: Option<String>,
+    /// Why its last connection was refused for speaking another protocol
+    /// version (by either side), until a connection is live again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
 }
 
 /// The answer of `GET /v1/peers`.
@@ -374,4 +390,95 @@ pub struct StreamMark {
     pub stream: StreamJson,
     /// The mark.
     pub mark: Seq,
+}
+
+/// `POST /v1/invites`: make an invite.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InviteRequest {
+    /// How many nodes may join with it (default 1).
+    #[serde(default)]
+    pub uses: Option<u32>,
+    /// How long it is good for, in ms (default one hour).
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+}
+
+/// An invite as `GET /v1/invites` shows it (never its secret).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InviteJson {
+    /// Its id (16 hex digits), for `mesh invite revoke`.
+    pub id: String,
+    /// `open`, `claimed` (a node is joining with it now), `spent`,
+    /// `expired` or `revoked`.
+    pub state: String,
+    /// How many nodes may join with it.
+    pub uses: u32,
+    /// How many still may.
+    pub uses_left: u32,
+    /// When it was made (ms since the Unix epoch).
+    pub created_ms: u64,
+    /// When it expires (ms since the Unix epoch).
+    pub expires_ms: u64,
+    /// The node it is claimed for, while claimed.
+    pub claimed_by: Option<String>,
+    /// Until when that claim holds (ms since the Unix epoch).
+    pub claimed_until_ms: Option<u64>,
+    /// The nodes that joined with it.
+    pub joined: Vec<String>,
+}
+
+/// The answer of `POST /v1/invites`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InviteResponse {
+    /// The code to hand to the new node's `mesh join` (it holds the secret:
+    /// shown once, never stored).
+    pub code: String,
+    /// The invite.
+    pub invite: InviteJson,
+}
+
+/// The answer of `GET /v1/invites`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InvitesResponse {
+    /// Every invite this node made, by id.
+    pub invites: Vec<InviteJson>,
+}
+
+/// `POST /v1/join`: join the mesh of an invite's inviter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinBody {
+    /// The invite code, as `mesh invite` printed it.
+    pub code: String,
+}
+
+/// The answer of `POST /v1/join`: the inviter, now a peer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinResponse {
+    /// The inviter's node id.
+    pub inviter: String,
+    /// Its name.
+    pub name: String,
+    /// Where it listens, from its card.
+    pub addrs: Vec<SocketAddr>,
+}
+
+/// A node on the LAN that is not a peer, as `GET /v1/peers/nearby` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NearbyJson {
+    /// Its node id.
+    pub node: String,
+    /// The name it announces, if any.
+    pub name: Option<String>,
+    /// Where it announces it listens.
+    pub addrs: Vec<SocketAddr>,
+}
+
+/// The answer of `GET /v1/peers/nearby`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NearbyResponse {
+    /// Nodes mDNS found on the LAN that are not peers (never added by being
+    /// found: invite one to make it a peer).
+    pub nearby: Vec<NearbyJson>,
 }

@@ -10,6 +10,9 @@ pub const SOCKET_FILE: &str = "mesh.sock";
 pub const CONFIG_FILE: &str = "config.toml";
 /// The node key's file name in the data dir.
 pub const KEY_FILE: &str = "node.key";
+/// The file in the data dir that remembers the port the node listened on
+/// (decimal text), asked for again when `bind` has port 0.
+pub const LISTEN_PORT_FILE: &str = "listen-port";
 
 /// The files of one node inside its data dir.
 #[derive(Clone, Debug)]
@@ -97,6 +100,11 @@ impl DataDir {
     /// The optional config file.
     pub fn config_path(&self) -> PathBuf {
         self.root.join(CONFIG_FILE)
+    }
+
+    /// The remembered listen port ([`LISTEN_PORT_FILE`]).
+    pub fn listen_port_path(&self) -> PathBuf {
+        self.root.join(LISTEN_PORT_FILE)
     }
 }
 

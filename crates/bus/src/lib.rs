@@ -15,7 +15,12 @@ pub use crate::core::{
     Config as CoreConfig, DropCounts, DropReason, FrameCounts, Metrics, PeerChangeError,
     SendError as CoreSendError, SendReceipt,
 };
-pub use crate::net::{NetConfig, NetCounters, PeerError, close_code, load_or_create_node_key};
-pub use crate::node::{
-    Node, NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, Receipts, SendError,
+pub use crate::net::{
+    MdnsMode, NearbyNode, NetConfig, NetCounters, PeerError, RELAYS_MAX, close_code,
+    load_or_create_node_key,
 };
+pub use crate::node::{
+    INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,
+    Node, NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, Receipts, SendError, TRY_AGAIN_MS,
+};
+pub use iroh::RelayUrl;

@@ -45,7 +45,13 @@ fn seq_of(frame: &Frame) -> u64 {
 
 /// A bare iroh endpoint speaking our ALPN, for hand-written misbehaviour.
 async fn raw_endpoint() -> Endpoint {
+    raw_endpoint_with(SecretKey::generate()).await
+}
+
+/// [`raw_endpoint`] with the key `key`.
+async fn raw_endpoint_with(key: SecretKey) -> Endpoint {
     Endpoint::builder(presets::Minimal)
+        .secret_key(key)
         .relay_mode(RelayMode::Disabled)
         .clear_address_lookup()
         .portmapper_config(PortmapperConfig::Disabled)
@@ -206,6 +212,46 @@ async fn an_unknown_node_is_refused_with_403_and_never_reported() {
     assert!(a.net.peers().await.is_empty());
     a.net.shutdown().await;
     b.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_with_a_version_1_preamble_is_refused_with_a_reason_naming_both_versions() {
+    let mut a = NetNode::new().await;
+    let key = SecretKey::generate();
+    a.net
+        .add_peer(key.public(), Vec::new())
+        .await
+        .expect("a knows the old node");
+    let raw = raw_endpoint_with(key.clone()).await;
+    let conn = timeout(T, raw.connect(addr_of(&a), ALPN))
+        .await
+        .expect("connect in time")
+        .expect("a knows the key");
+    let (mut send, _recv) = conn.open_bi().await.expect("stream");
+    // What a node of protocol 1 writes: its preamble and its instance.
+    let mut old = b"amesh/1\n".to_vec();
+    old.extend_from_slice(&[0; INSTANCE_BYTES]);
+    send.write_all(&old).await.expect("preamble written");
+    let closed = timeout(T, conn.closed()).await.expect("closed in time");
+    let (code, reason) = app_close(closed);
+    assert_eq!(code, u64::from(close_code::VERSION_MISMATCH), "{reason}");
+    assert_eq!(
+        reason,
+        format!(
+            "peer speaks agent-mesh protocol 1, this node speaks {}; upgrade the older node",
+            mesh_protocol::PROTOCOL_VERSION
+        )
+    );
+    // Shown for that peer, counted, and no connection was reported.
+    let peers = a.net.peers().await;
+    assert_eq!(peers[0].refused.as_deref(), Some(reason.as_str()));
+    assert_eq!(a.net.counters().version_refused, 1);
+    assert!(matches!(
+        a.events.try_recv(),
+        Err(mpsc::error::TryRecvError::Empty)
+    ));
+    raw.close().await;
+    a.net.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

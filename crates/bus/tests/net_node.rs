@@ -57,13 +57,15 @@ async fn raw_peer(node: &Node, key: SecretKey) -> (NetNode, ConnId) {
     (raw, conn)
 }
 
-/// A Hello from `from` (epoch `epoch`) speaking `version`.
-fn hello(from: NodeId, epoch: Epoch, version: u32) -> Frame {
+/// A Hello from `from` (epoch `epoch`) speaking `version`, with its card.
+fn hello(from: &SecretKey, epoch: Epoch, version: u32) -> Frame {
+    let name = mesh_protocol::NodeName::new("raw").unwrap();
     Frame::Hello {
         version,
-        node: from,
+        node: from.public(),
         epoch,
         marks: Vec::new(),
+        card: Box::new(mesh_protocol::NodeCard::sign(from, name, Vec::new(), 1).unwrap()),
     }
 }
 
@@ -343,7 +345,7 @@ async fn a_batch_with_a_bad_signature_is_refused_at_the_edge_and_counted() {
         let net = &raw.net;
         async move { net.send(me, conn, &frame).await.expect("raw sends") }
     };
-    to(hello(raw.id(), epoch, PROTOCOL_VERSION)).await;
+    to(hello(&key, epoch, PROTOCOL_VERSION)).await;
     let Frame::Batch {
         mut batch,
         payloads,
@@ -365,9 +367,10 @@ async fn a_batch_with_a_bad_signature_is_refused_at_the_edge_and_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_speaking_another_protocol_version_is_closed_with_a_code_naming_both() {
     let a = fresh().await;
-    let (mut raw, conn) = raw_peer(&a.node, SecretKey::generate()).await;
+    let key = SecretKey::generate();
+    let (mut raw, conn) = raw_peer(&a.node, key.clone()).await;
     let theirs = PROTOCOL_VERSION + 1;
-    let frame = hello(raw.id(), Epoch([6; 16]), theirs);
+    let frame = hello(&key, Epoch([6; 16]), theirs);
     raw.net
         .send(a.node.node_id(), conn, &frame)
         .await
@@ -394,10 +397,11 @@ async fn a_peer_that_stops_reading_is_disconnected_as_too_slow() {
     // node's send queue together.
     const SENDS: usize = 160;
     let a = fresh().await;
-    let (mut raw, conn) = raw_peer(&a.node, SecretKey::generate()).await;
+    let key = SecretKey::generate();
+    let (mut raw, conn) = raw_peer(&a.node, key.clone()).await;
     let me = a.node.node_id();
     raw.net
-        .send(me, conn, &hello(raw.id(), Epoch([7; 16]), PROTOCOL_VERSION))
+        .send(me, conn, &hello(&key, Epoch([7; 16]), PROTOCOL_VERSION))
         .await
         .expect("raw sends");
     // From here on the raw peer takes no event: its reader stops, and QUIC
@@ -555,6 +559,18 @@ impl MeshStore for SlowStore {
     }
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
         self.0.cursor(name)
+    }
+    fn cards(&self) -> Result<Vec<mesh_protocol::NodeCard>, StoreError> {
+        self.0.cards()
+    }
+    fn invites(&self) -> Result<Vec<mesh_store::InviteRecord>, StoreError> {
+        self.0.invites()
+    }
+    fn invite(
+        &self,
+        id: &mesh_protocol::InviteId,
+    ) -> Result<Option<mesh_store::InviteRecord>, StoreError> {
+        self.0.invite(id)
     }
     fn max_lamport(&self) -> Result<u64, StoreError> {
         self.0.max_lamport()

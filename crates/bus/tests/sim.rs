@@ -146,6 +146,8 @@ impl Params {
             journal_bytes_max: u64::MAX,
             journal_age_ms_max: 0,
             ack_ride_ms: self.ack_ride_ms,
+            card_ask_ms: 200,
+            card_ask_retry_ms: 400,
         }
     }
 }
@@ -965,8 +967,8 @@ impl Sim {
             }
             Effect::Reply { req, result } => self.replied(node, req, result)?,
             Effect::Written { req, result } => self.written(node, req, result)?,
-            // The simulated peer sets are fixed.
-            Effect::Journaled { .. } | Effect::PeerChanged { .. } => {}
+            // The simulated peer sets (and their links) are fixed.
+            Effect::Journaled { .. } | Effect::PeerChanged { .. } | Effect::PeerAddrs { .. } => {}
             Effect::EpochChanged { epoch } => {
                 return Err(format!(
                     "node {node} started epoch {epoch:?}, but no store here goes back in time"
@@ -1501,6 +1503,8 @@ fn frame_short(f: &Frame) -> String {
             earliest_available, ..
         } => format!("ResyncGap {earliest_available}"),
         Frame::ResyncDone { upto, .. } => format!("ResyncDone {upto}"),
+        Frame::CardQuery { .. } => "CardQuery".to_string(),
+        Frame::CardAnswer { card, .. } => format!("CardAnswer {}", card.is_some()),
         Frame::StreamEnded { held, .. } => format!("StreamEnded {held}"),
     }
 }

@@ -5,11 +5,13 @@ use std::io::{BufRead, Write};
 use anyhow::{Context, bail};
 use mesh_api::client::Client;
 use mesh_api::{
-    AddPeerRequest, BatchResponse, BodyEncoding, EventEntry, EventRecord, EventsPage, LaggedEvent,
-    NodeStatus, PeerStatus, PeersResponse, SendRequest, SendResponse, TicketResponse, path_segment,
+    AddPeerRequest, BatchResponse, BodyEncoding, EventEntry, EventRecord, EventsPage, InviteJson,
+    InviteRequest, InviteResponse, InvitesResponse, JoinBody, JoinResponse, LaggedEvent,
+    NearbyResponse, NodeStatus, PeerStatus, PeersResponse, SendRequest, SendResponse,
+    TicketResponse, path_segment,
 };
 
-use crate::{PeerCommand, UsageError};
+use crate::{InviteCommand, PeerCommand, UsageError};
 
 /// The most messages `mesh send --lines` puts in one request.
 const SEND_LINES_CHUNK: usize = 1000;
@@ -22,6 +24,7 @@ pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
     }
     let st: NodeStatus = serde_json::from_value(st).context("unexpected status answer")?;
     println!("node    {}", st.node);
+    println!("name    {}", st.name);
     println!("epoch   {}", st.epoch);
     let addrs: Vec<String> = st.addrs.iter().map(|a| a.to_string()).collect();
     println!("listen  {}", addrs.join(", "));
@@ -55,21 +58,32 @@ pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
 
 fn print_peers(peers: &[PeerStatus]) {
     for p in peers {
-        let state = match (p.paused, p.connected) {
-            (true, _) => "paused",
-            (false, true) => "connected",
-            (false, false) => "offline",
+        let state = match (p.paused, p.connected, &p.refused) {
+            (true, _, _) => "paused",
+            (false, true, _) => "connected",
+            (false, false, Some(_)) => "refused",
+            (false, false, None) => "offline",
         };
         let marks: Vec<String> = p.marks.iter().map(|m| m.mark.to_string()).collect();
+        let addrs: Vec<String> = p.addrs.iter().map(|a| a.to_string()).collect();
         println!(
-            "  {}  {state:9}  queued {} msgs / {} bytes  received marks [{}]",
+            "  {}  {:12}  {state:9}  queued {} msgs / {} bytes  received marks [{}]  at {}",
             p.node,
+            p.name.as_deref().unwrap_or("-"),
             p.queued_msgs,
             p.outbox_bytes,
-            marks.join(", ")
+            marks.join(", "),
+            if addrs.is_empty() {
+                "(no address yet)".to_owned()
+            } else {
+                addrs.join(", ")
+            }
         );
+        if let Some(why) = &p.refused {
+            println!("      refused: {why}");
+        }
         if let Some(why) = &p.identity_conflict {
-            println!("    IDENTITY CONFLICT: {why}");
+            println!("      IDENTITY CONFLICT: {why}");
         }
     }
 }
@@ -104,9 +118,31 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
                 serde_json::from_value(peers).context("unexpected peers answer")?;
             let peers = peers.peers;
             if peers.is_empty() {
-                println!("no peers yet: add one with `mesh peer add TICKET`");
+                println!(
+                    "no peers yet: invite one with `mesh invite` (or add one with `mesh peer add TICKET`)"
+                );
             }
             print_peers(&peers);
+        }
+        PeerCommand::Nearby { json } => {
+            let nearby: serde_json::Value = c.get("/v1/peers/nearby").await?;
+            if json {
+                return print_json(&nearby);
+            }
+            let nearby: NearbyResponse =
+                serde_json::from_value(nearby).context("unexpected nearby answer")?;
+            if nearby.nearby.is_empty() {
+                println!("no other agent-mesh nodes found on the LAN (mDNS)");
+            }
+            for n in &nearby.nearby {
+                let addrs: Vec<String> = n.addrs.iter().map(|a| a.to_string()).collect();
+                println!(
+                    "  {}  {:12}  at {}",
+                    n.node,
+                    n.name.as_deref().unwrap_or("-"),
+                    addrs.join(", ")
+                );
+            }
         }
         PeerCommand::Remove { id } => {
             let _: serde_json::Value = c
@@ -131,6 +167,79 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `mesh invite ...`.
+pub(crate) async fn invite(
+    c: &Client,
+    cmd: Option<InviteCommand>,
+    uses: u32,
+    ttl_ms: u64,
+    json: bool,
+) -> anyhow::Result<()> {
+    match cmd {
+        None => {
+            let req = InviteRequest {
+                uses: Some(uses),
+                ttl_ms: Some(ttl_ms),
+            };
+            let made: serde_json::Value = c.post("/v1/invites", &req).await?;
+            if json {
+                return print_json(&made);
+            }
+            let made: InviteResponse =
+                serde_json::from_value(made).context("unexpected invite answer")?;
+            println!("{}", made.code);
+        }
+        Some(InviteCommand::List { json }) => {
+            let list: serde_json::Value = c.get("/v1/invites").await?;
+            if json {
+                return print_json(&list);
+            }
+            let list: InvitesResponse =
+                serde_json::from_value(list).context("unexpected invites answer")?;
+            if list.invites.is_empty() {
+                println!("no invites yet: make one with `mesh invite`");
+            }
+            for i in &list.invites {
+                print_invite(i);
+            }
+        }
+        Some(InviteCommand::Revoke { id }) => {
+            let path = format!("/v1/invites/{}/revoke", path_segment(&id));
+            let i: InviteJson = c.post(&path, &()).await?;
+            println!("revoked invite {}", i.id);
+        }
+    }
+    Ok(())
+}
+
+fn print_invite(i: &InviteJson) {
+    let joined = if i.joined.is_empty() {
+        String::new()
+    } else {
+        let short: Vec<String> = i
+            .joined
+            .iter()
+            .map(|n| n.chars().take(10).collect())
+            .collect();
+        format!("  joined: {}", short.join(", "))
+    };
+    println!(
+        "  {}  {:8}  {}/{} uses left  expires {}{joined}",
+        i.id, i.state, i.uses_left, i.uses, i.expires_ms
+    );
+}
+
+/// `mesh join`.
+pub(crate) async fn join(c: &Client, code: String, json: bool) -> anyhow::Result<()> {
+    let joined: serde_json::Value = c.post("/v1/join", &JoinBody { code }).await?;
+    if json {
+        return print_json(&joined);
+    }
+    let joined: JoinResponse = serde_json::from_value(joined).context("unexpected join answer")?;
+    println!("joined: {} ({}) is a peer now", joined.inviter, joined.name);
     Ok(())
 }
 

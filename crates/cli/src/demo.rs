@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use mesh_api::client::Client;
 use mesh_api::{
-    BatchResponse, EventEntry, EventRecord, EventsPage, PeerStatus, SendRequest, SendResponse,
-    StatusResponse,
+    BatchResponse, EventEntry, EventRecord, EventsPage, InviteRequest, InviteResponse, JoinBody,
+    JoinResponse, PeerStatus, SendRequest, SendResponse, StatusResponse,
 };
-use mesh_cluster::{NodeProc, NodeSpec, Placement, Stopped};
+use mesh_cluster::{NodeProc, NodeSpec, Placement, RestartPort, Stopped, call};
 
 /// The whole demo finishes within this, or stops with an error.
 pub const DEMO_TIMEOUT: Duration = Duration::from_secs(90);
@@ -120,16 +120,31 @@ async fn start_nodes(
     Ok([alpha, bravo, charlie])
 }
 
-/// Step 2: every pair adds each other's ticket and connects.
+/// Step 2: alpha invites bravo and charlie, bravo invites charlie; they join.
 async fn link(say: &mut Narrator<'_, impl Write>, nodes: [&DemoNode; 3]) -> anyhow::Result<()> {
     let [alpha, bravo, charlie] = nodes;
-    say.line("2. Link them: each node adds the others' tickets, as `mesh peer add TICKET` does.")?;
+    say.line(
+        "2. Link them with invites: alpha invites two nodes (`mesh invite --uses 2`), bravo one\n   \
+         (`mesh invite`); the new nodes join with the code (`mesh join CODE`). Joining makes both\n   \
+         sides peers: no ticket is copied by hand, nothing is run on the inviter.",
+    )?;
     let t = Instant::now();
-    let pairs = [(alpha, bravo), (alpha, charlie), (bravo, charlie)];
-    for (a, b) in pairs {
-        a.proc.add_peer(&b.proc).await?;
-        b.proc.add_peer(&a.proc).await?;
+    let code = alpha.invite(2).await?;
+    say.line(format_args!(
+        "   alpha's code: {}… (its id and addresses, and the invite's secret)",
+        code.chars().take(40).collect::<String>()
+    ))?;
+    for joiner in [bravo, charlie] {
+        joiner.join(&code).await?;
+        say.line(format_args!(
+            "   {} joined alpha's mesh with it",
+            joiner.name
+        ))?;
     }
+    let code = bravo.invite(1).await?;
+    charlie.join(&code).await?;
+    say.line("   charlie joined bravo with bravo's code")?;
+    let pairs = [(alpha, bravo), (alpha, charlie), (bravo, charlie)];
     for (a, b) in pairs {
         wait_connected(a, b).await?;
     }
@@ -401,8 +416,9 @@ struct DemoNode {
 }
 
 impl DemoNode {
-    /// Starts a node on 127.0.0.1 (a port its first start picks and its
-    /// restarts keep); `config` is written to its `config.toml` first.
+    /// Starts a node on 127.0.0.1 (a port its first start picks and it
+    /// remembers for its restarts); `config` is written to its
+    /// `config.toml` first.
     async fn start(
         bin: &Path,
         root: &Path,
@@ -421,7 +437,12 @@ impl DemoNode {
             bin: bin.to_owned(),
             data: dir,
             log: root.join(format!("{name}.log")),
-            placement: Placement::default(),
+            placement: Placement {
+                // `mesh daemon --bind 127.0.0.1:0` every time, as a person
+                // runs it: the node asks for the port it remembers.
+                restart_port: RestartPort::Remembered,
+                ..Placement::default()
+            },
             rust_log: "warn".into(),
         });
         proc.start().await?;
@@ -430,6 +451,29 @@ impl DemoNode {
 
     fn id(&self) -> &str {
         self.proc.id()
+    }
+
+    /// `mesh invite --uses USES`: the code.
+    async fn invite(&self, uses: u32) -> anyhow::Result<String> {
+        let req = InviteRequest {
+            uses: Some(uses),
+            ttl_ms: None,
+        };
+        let made: InviteResponse = call(self.client().post("/v1/invites", &req))
+            .await
+            .with_context(|| format!("{} making an invite", self.name))?;
+        Ok(made.code)
+    }
+
+    /// `mesh join CODE`.
+    async fn join(&self, code: &str) -> anyhow::Result<()> {
+        let body = JoinBody {
+            code: code.to_owned(),
+        };
+        let _: JoinResponse = call(self.client().post("/v1/join", &body))
+            .await
+            .with_context(|| format!("{} joining", self.name))?;
+        Ok(())
     }
 
     fn client(&self) -> &Client {

@@ -55,6 +55,39 @@ pub enum Command {
     /// Manage the peers this node exchanges messages with.
     #[command(subcommand)]
     Peer(PeerCommand),
+    /// Invite a node: prints one line, a code the new node passes to `mesh join`.
+    ///
+    /// The code holds this node's id and addresses and the invite's secret
+    /// (shown once: the node keeps only its hash). When the new node joins,
+    /// both become each other's peers; nothing is needed here. `mesh invite
+    /// list` shows the invites, `mesh invite revoke ID` ends one.
+    #[command(args_conflicts_with_subcommands = true)]
+    Invite {
+        /// List or revoke invites instead of making one.
+        #[command(subcommand)]
+        cmd: Option<InviteCommand>,
+        /// How many nodes may join with it.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+        uses: u32,
+        /// How long it is good for: e.g. `90s`, `30m`, `1h`, `2d` (at most 30 days).
+        #[arg(long, default_value = "1h", value_parser = parse_duration_ms)]
+        ttl: u64,
+        /// Print JSON (the code and the invite) instead of the code.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Join the mesh of the node that printed CODE with `mesh invite`.
+    ///
+    /// This node dials the inviter, proves its key, and once the inviter
+    /// answers both are each other's peers, stored. Exits 5 if the inviter
+    /// asks to try again (its invite is in use, or its store is busy).
+    Join {
+        /// The invite code (`meshinvite1…`).
+        code: String,
+        /// Print JSON (the inviter's id, name and addresses).
+        #[arg(long)]
+        json: bool,
+    },
     /// Send a message to a peer; prints its seq once it is durably committed.
     ///
     /// Exits non-zero with the reason if it was not committed: 3 for a bad
@@ -123,6 +156,48 @@ pub enum Command {
     Bench(mesh_bench::BenchCommand),
 }
 
+/// `mesh invite list` and `mesh invite revoke`.
+#[derive(Debug, Subcommand)]
+pub enum InviteCommand {
+    /// List the invites this node made: state, uses left, expiry, who joined.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke an invite: refused to everyone from now on (nodes that joined
+    /// with it stay peers).
+    Revoke {
+        /// The invite's id, as `mesh invite list` shows it.
+        id: String,
+    },
+}
+
+/// A duration as `90s`, `30m`, `1h`, `2d`, `500ms` (or plain seconds), in ms.
+fn parse_duration_ms(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, unit) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 90s, 30m, 1h or 2d"))?;
+    let ms_per = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(format!("{text:?}: the unit is one of ms, s, m, h, d")),
+    };
+    let ms = n
+        .checked_mul(ms_per)
+        .ok_or_else(|| format!("{text:?} is too long"))?;
+    if ms == 0 {
+        return Err("a duration of 0 is no time at all".into());
+    }
+    Ok(ms)
+}
+
 /// `mesh peer ...`.
 #[derive(Debug, Subcommand)]
 pub enum PeerCommand {
@@ -133,6 +208,15 @@ pub enum PeerCommand {
     },
     /// List known peers with their connection state and queues.
     List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List agent-mesh nodes on the LAN (found by mDNS) that are not peers.
+    ///
+    /// Finding a node never makes it a peer: invite it (`mesh invite`, then
+    /// `mesh join` there) to exchange messages.
+    Nearby {
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -219,6 +303,13 @@ pub fn run(command: Command, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
             Command::Id => commands::id(&c).await,
             Command::Ticket => commands::ticket(&c).await,
             Command::Peer(cmd) => commands::peer(&c, cmd).await,
+            Command::Invite {
+                cmd,
+                uses,
+                ttl,
+                json,
+            } => commands::invite(&c, cmd, uses, ttl, json).await,
+            Command::Join { code, json } => commands::join(&c, code, json).await,
             Command::Send {
                 peer,
                 text,
@@ -286,6 +377,43 @@ mod tests {
         assert_eq!(exit_code(&gone.into()), Fault::Unavailable.exit_code());
         assert_eq!(exit_code(&UsageError("no".into()).into()), EXIT_USAGE);
         assert_eq!(exit_code(&anyhow::anyhow!("disk")), EXIT_OTHER);
+    }
+
+    #[test]
+    fn durations_read_as_a_person_writes_them() {
+        assert_eq!(parse_duration_ms("90s"), Ok(90_000));
+        assert_eq!(parse_duration_ms("30m"), Ok(1_800_000));
+        assert_eq!(parse_duration_ms("1h"), Ok(3_600_000));
+        assert_eq!(parse_duration_ms("2d"), Ok(172_800_000));
+        assert_eq!(parse_duration_ms("500ms"), Ok(500));
+        assert_eq!(parse_duration_ms("45"), Ok(45_000));
+        assert!(parse_duration_ms("1w").is_err());
+        assert!(parse_duration_ms("0s").is_err());
+        assert!(parse_duration_ms("h").is_err());
+    }
+
+    #[test]
+    fn invite_takes_options_or_a_subcommand_but_not_both() {
+        let cli = Cli::try_parse_from(["mesh", "invite", "--uses", "3", "--ttl", "30m"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Invite {
+                cmd: None,
+                uses: 3,
+                ttl: 1_800_000,
+                json: false
+            }
+        ));
+        let cli = Cli::try_parse_from(["mesh", "invite", "revoke", "0102030405060708"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Invite {
+                cmd: Some(InviteCommand::Revoke { .. }),
+                ..
+            }
+        ));
+        assert!(Cli::try_parse_from(["mesh", "invite", "--uses", "2", "list"]).is_err());
+        assert!(Cli::try_parse_from(["mesh", "invite", "--uses", "0"]).is_err());
     }
 
     #[test]

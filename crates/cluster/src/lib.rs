@@ -27,7 +27,7 @@ use anyhow::{Context, bail};
 use mesh_api::client::{Client, ClientError};
 use mesh_api::{EventEntry, EventsPage, StatusResponse};
 
-pub use node::{NodeProc, NodeSpec, Placement, Stopped};
+pub use node::{NodeProc, NodeSpec, Placement, RestartPort, Stopped};
 
 /// How often a starting, stopping or linking node is looked at.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(25);

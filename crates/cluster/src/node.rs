@@ -22,19 +22,36 @@ use crate::{
 /// command its `mesh` runs under (e.g. `ip netns exec NS`), if any.
 #[derive(Clone, Debug)]
 pub struct Placement {
-    /// `--bind`; port 0 picks one at the first start, kept for restarts.
+    /// `--bind`; port 0 picks one at the first start (see `restart_port`).
     pub bind: SocketAddr,
     /// Words run before the `mesh` executable; it must exec it, so that
     /// signals reach the daemon.
     pub prefix: Vec<OsString>,
+    /// Which port a restart listens on, when `bind` has port 0.
+    pub restart_port: RestartPort,
+}
+
+/// Which port a restarted daemon listens on, for a `bind` with port 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RestartPort {
+    /// The harness passes the port the first start picked (`--bind IP:PORT`).
+    #[default]
+    Kept,
+    /// The daemon is started with `--bind IP:0` every time, as a person
+    /// does: it asks for the port it remembers in its data dir.
+    Remembered,
+    /// `--bind IP:0` with the daemon's remembered port forgotten first: a
+    /// new port at every start, which its peers must learn.
+    Fresh,
 }
 
 impl Default for Placement {
-    /// 127.0.0.1, a port the first start picks, no prefix.
+    /// 127.0.0.1, a port the first start picks and restarts keep, no prefix.
     fn default() -> Self {
         Placement {
             bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             prefix: Vec::new(),
+            restart_port: RestartPort::Kept,
         }
     }
 }
@@ -69,6 +86,8 @@ pub enum Stopped {
 #[derive(Debug)]
 pub struct NodeProc {
     spec: NodeSpec,
+    /// Where it listens now (port 0 until its first start answered).
+    addr: SocketAddr,
     client: Client,
     id: String,
     epoch: String,
@@ -82,6 +101,7 @@ impl NodeProc {
     pub fn new(spec: NodeSpec) -> NodeProc {
         NodeProc {
             client: Client::new(spec.data.join(mesh_api::paths::SOCKET_FILE)),
+            addr: spec.placement.bind,
             spec,
             id: String::new(),
             epoch: String::new(),
@@ -126,9 +146,15 @@ impl NodeProc {
         &self.spec.log
     }
 
-    /// The address it listens on for peers (port 0 until its first start answered).
+    /// The address it listens on for peers (port 0 until its first start
+    /// answered; as of its last start).
     pub fn peer_addr(&self) -> SocketAddr {
-        self.spec.placement.bind
+        self.addr
+    }
+
+    /// Listens on `bind` from its next start on (a node moved to a new IP).
+    pub fn set_bind(&mut self, bind: SocketAddr) {
+        self.spec.placement.bind = bind;
     }
 
     /// Whether its process runs (it may be paused).
@@ -163,6 +189,14 @@ impl NodeProc {
             bail!("{} is already running", self.spec.name);
         }
         let spec = &self.spec;
+        if spec.placement.restart_port == RestartPort::Fresh {
+            let remembered = spec.data.join(mesh_api::paths::LISTEN_PORT_FILE);
+            match std::fs::remove_file(&remembered) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => bail!("cannot forget {}: {e}", remembered.display()),
+            }
+        }
         // The prefix and `setpriv` exec what follows: the child's pid is the
         // daemon's, so signals reach it directly.
         let mut argv: Vec<OsString> = spec.placement.prefix.clone();
@@ -243,19 +277,24 @@ impl NodeProc {
         }
         self.id = st.node.clone();
         self.epoch = st.epoch.clone();
-        let bind = &mut self.spec.placement.bind;
+        let bind = self.spec.placement.bind;
+        self.addr = bind;
         if bind.port() == 0 {
-            // Keep the port the daemon picked, so its peers find it again
-            // after a restart.
             let ip = bind.ip();
-            *bind = st
+            let at = st
                 .addrs
                 .iter()
                 .copied()
-                .find(|a| a.ip() == ip && a.port() != 0)
+                .find(|a| (a.ip() == ip || ip.is_unspecified()) && a.port() != 0)
                 .with_context(|| {
                     format!("{} lists no {ip} address: {:?}", self.spec.name, st.addrs)
                 })?;
+            self.addr = at;
+            if self.spec.placement.restart_port == RestartPort::Kept {
+                // Keep the port the daemon picked, so its peers find it again
+                // after a restart.
+                self.spec.placement.bind = at;
+            }
         }
         Ok(())
     }

@@ -17,10 +17,11 @@ pub(crate) use mesh_bus::core::{
     WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX,
 };
 pub(crate) use mesh_bus::{
-    CoreConfig, CoreSendError, DropReason, NetConfig, Node, NodeConfig, NodeError, NodePeer,
-    NodeStatus, Outgoing, PeerChangeError, PeerError, Receipts, SendError, SendReceipt,
-    load_or_create_node_key,
+    CoreConfig, CoreSendError, DropReason, InviteError, JoinError, MdnsMode, NetConfig, Node,
+    NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, PeerChangeError, PeerError, RELAYS_MAX,
+    Receipts, RelayUrl, SendError, SendReceipt, load_or_create_node_key,
 };
+pub(crate) use mesh_protocol::JoinRefusal;
 
 /// The running bus node, as the API uses it. Cheap to clone.
 #[derive(Clone)]

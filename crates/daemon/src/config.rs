@@ -6,8 +6,11 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use mesh_protocol::NodeName;
 use mesh_store::{OnFull, OutboxBounds};
 use serde::{Deserialize, Deserializer};
+
+use crate::bus::{MdnsMode, RELAYS_MAX, RelayUrl};
 
 /// The largest config file read, in bytes; a config is a few hundred bytes.
 pub const CONFIG_FILE_BYTES_MAX: u64 = 64 * 1024;
@@ -44,8 +47,11 @@ pub const JOURNAL_AGE_MS_MIN: u64 = 60_000;
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct Config {
-    /// Address to listen on for peers (`--bind` overrides it).
+    /// Address to listen on for peers (`--bind` overrides it). With port 0
+    /// the port picked on the first start is asked for again on later ones.
     pub bind: SocketAddr,
+    /// This node.
+    pub node: NodeSection,
     /// Retention of each outgoing stream.
     pub outbox: OutboxConfig,
     /// The local API.
@@ -56,17 +62,21 @@ pub struct Config {
     pub store: StoreConfig,
     /// Retention of the journal.
     pub journal: JournalConfig,
+    /// Finding peers on the LAN.
+    pub discovery: DiscoveryConfig,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             bind: SocketAddr::from(([0, 0, 0, 0], 0)),
+            node: NodeSection::default(),
             outbox: OutboxConfig::default(),
             api: ApiConfig::default(),
             net: NetConfig::default(),
             store: StoreConfig::default(),
             journal: JournalConfig::default(),
+            discovery: DiscoveryConfig::default(),
         }
     }
 }
@@ -93,6 +103,66 @@ impl Default for StoreConfig {
             hold_ms: crate::bus::HOLD_MS,
             hold_max_msgs: crate::bus::HOLD_MSGS_MAX,
             hold_max_bytes: crate::bus::HOLD_BYTES_MAX,
+        }
+    }
+}
+
+impl Config {
+    /// The node's name: `[node] name`, else this host's name (made valid).
+    pub fn node_name(&self) -> NodeName {
+        match &self.node.name {
+            // Checked when the config was read.
+            Some(name) => NodeName::new(name).unwrap_or_else(|_| NodeName::from_hostname(name)),
+            None => NodeName::from_hostname(&hostname()),
+        }
+    }
+
+    /// The relays of `[net] relays`, parsed (checked when the config was read).
+    pub fn relays(&self) -> Vec<RelayUrl> {
+        self.net
+            .relays
+            .iter()
+            .filter_map(|u| u.parse().ok())
+            .collect()
+    }
+}
+
+/// This host's name, or empty if it cannot be read.
+fn hostname() -> String {
+    ["/proc/sys/kernel/hostname", "/etc/hostname"]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// `[node]`: this node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct NodeSection {
+    /// Its name for people, in its card and `mesh status`: 1 to 63 bytes of
+    /// `[a-z0-9._-]`, starting with a letter or digit. Default: the host's
+    /// name, lowercased, with other characters replaced by `-`.
+    pub name: Option<String>,
+}
+
+/// `[discovery]`: finding peers on the LAN.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct DiscoveryConfig {
+    /// mDNS on the interfaces the node listens on (none when bound to loopback).
+    pub mdns: MdnsConfig,
+}
+
+impl MdnsConfig {
+    /// What the transport does.
+    pub fn mode(self) -> MdnsMode {
+        match self {
+            MdnsConfig::On => MdnsMode::On,
+            MdnsConfig::Resolve => MdnsMode::Resolve,
+            MdnsConfig::Off => MdnsMode::Off,
         }
     }
 }
@@ -147,6 +217,19 @@ pub fn parse_age_ms(text: &str) -> Result<u64, String> {
         _ => return Err(bad()),
     };
     n.checked_mul(ms).ok_or_else(bad)
+}
+
+/// `discovery.mdns`, spelled as in the file.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MdnsConfig {
+    /// `"on"`: announce this node and find others (the default).
+    #[default]
+    On,
+    /// `"resolve"`: find others, announce nothing.
+    Resolve,
+    /// `"off"`: no mDNS at all.
+    Off,
 }
 
 /// `[outbox]`: the bounds of each outgoing stream and what happens when one is full.
@@ -230,13 +313,13 @@ impl Default for ApiConfig {
 }
 
 /// `[net]`: networking between daemons.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct NetConfig {
-    /// Use iroh relay servers to reach peers behind NAT. Not yet built: `true`
-    /// is refused at start-up (`StartError::RelaysUnsupported`).
-    pub relays: bool,
+    /// Relay servers (URLs of self-hosted `iroh-relay`s, at most
+    /// [`RELAYS_MAX`]) for peers with no direct route. Empty: relays off.
+    pub relays: Vec<String>,
 }
 
 /// Why the config file was refused.
@@ -317,6 +400,25 @@ impl Config {
             key,
             why,
         };
+        if let Some(name) = &self.node.name
+            && let Err(e) = NodeName::new(name)
+        {
+            return Err(bad("node.name", e.why.to_owned()));
+        }
+        if self.net.relays.len() > RELAYS_MAX {
+            return Err(bad(
+                "net.relays",
+                format!(
+                    "lists {} relays, at most {RELAYS_MAX}",
+                    self.net.relays.len()
+                ),
+            ));
+        }
+        for url in &self.net.relays {
+            if let Err(e) = url.parse::<RelayUrl>() {
+                return Err(bad("net.relays", format!("{url:?} is not a URL: {e}")));
+            }
+        }
         if self.outbox.max_msgs == 0 {
             return Err(bad("outbox.max_msgs", "must be at least 1".into()));
         }
@@ -398,21 +500,29 @@ mod tests {
         Config::parse(text, Path::new("config.toml"))
     }
 
-    /// The example file with every commented-out key line switched on.
+    /// The example file with every commented-out key line switched on,
+    /// but for keys whose default is computed (shown as `"<...>"`).
     fn example_uncommented() -> String {
         let text = include_str!("../../../config/meshd.toml");
         text.lines()
             .filter_map(|l| l.strip_prefix("# "))
             .filter(|l| l.starts_with('[') || l.contains(" = "))
+            .filter(|l| !l.contains("= \"<"))
             .collect::<Vec<_>>()
             .join("\n")
     }
 
     #[test]
     fn the_example_file_lists_every_key_with_its_default() {
+        let full = include_str!("../../../config/meshd.toml");
+        assert!(
+            full.contains("# name = \"<hostname>\""),
+            "[node] name is listed"
+        );
         let text = example_uncommented();
         for key in [
             "bind",
+            "[node]",
             "[outbox]",
             "max_msgs",
             "max_bytes",
@@ -429,10 +539,18 @@ mod tests {
             "hold_max_bytes",
             "[journal]",
             "max_age",
+            "[discovery]",
+            "mdns",
         ] {
             assert!(text.contains(key), "{key} missing from config/meshd.toml");
         }
         assert_eq!(parse(&text).unwrap(), Config::default());
+    }
+
+    #[test]
+    fn the_default_name_is_the_host_name_made_valid() {
+        let name = Config::default().node_name();
+        assert_eq!(name, NodeName::from_hostname(&hostname()));
     }
 
     #[test]
@@ -448,7 +566,7 @@ mod tests {
     #[test]
     fn values_map_to_store_bounds() {
         let c = parse(
-            "bind = \"127.0.0.1:7000\"\n[outbox]\nmax_msgs = 5\nmax_bytes = 10\non_full = \"evict-oldest\"\n[api]\nsubscriber_buffer = 8\n[net]\nrelays = true\n",
+            "bind = \"127.0.0.1:7000\"\n[node]\nname = \"lab-1\"\n[outbox]\nmax_msgs = 5\nmax_bytes = 10\non_full = \"evict-oldest\"\n[api]\nsubscriber_buffer = 8\n[net]\nrelays = [\"http://127.0.0.1:3340\"]\n[discovery]\nmdns = \"resolve\"\n",
         )
         .unwrap();
         assert_eq!(c.bind.port(), 7000);
@@ -461,7 +579,9 @@ mod tests {
             }
         );
         assert_eq!(c.api.subscriber_buffer, 8);
-        assert!(c.net.relays);
+        assert_eq!(c.relays().len(), 1);
+        assert_eq!(c.node_name().as_str(), "lab-1");
+        assert_eq!(c.discovery.mdns, MdnsConfig::Resolve);
     }
 
     #[test]
@@ -494,6 +614,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("api.subscriber_stall_ms"), "{e}");
+        let e = parse("[node]\nname = \"Bad Name\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("node.name"), "{e}");
+        let e = parse("[net]\nrelays = [\"not a url\"]\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("net.relays"), "{e}");
+        let e = parse("[discovery]\nmdns = \"loud\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("mdns") && e.contains("loud"), "{e}");
     }
 
     #[test]

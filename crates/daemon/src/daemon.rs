@@ -33,15 +33,6 @@ pub enum StartError {
     /// `config.toml` is unreadable or has a bad key or value.
     #[error(transparent)]
     Config(#[from] ConfigError),
-    /// `config.toml` asks for relays, which this build cannot use.
-    #[error(
-        "{}: [net] relays = true is not supported yet; this build dials direct addresses only",
-        .path.display()
-    )]
-    RelaysUnsupported {
-        /// The config file.
-        path: PathBuf,
-    },
     /// The store cannot be opened (held by another daemon, damaged, disk error).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -84,11 +75,6 @@ impl Daemon {
     pub async fn start(dir: DataDir, bind: Option<SocketAddr>) -> Result<Daemon, StartError> {
         dir.create()?;
         let config = Config::load(&dir.config_path())?;
-        if config.net.relays {
-            return Err(StartError::RelaysUnsupported {
-                path: dir.config_path(),
-            });
-        }
         let bind = bind.unwrap_or(config.bind);
         let key = crate::bus::load_or_create_node_key(dir.root()).map_err(NodeError::from)?;
         // The store lock is what refuses a second daemon on the same data dir.
@@ -97,7 +83,12 @@ impl Daemon {
         let handle = StoreHandle::spawn(store.clone())?;
         let socket = ApiSocket::bind(&dir.socket_path()).await?;
         let node_config = NodeConfig {
-            net: NetConfig::with_bind_addr(bind),
+            net: NetConfig {
+                preferred_port: read_port(&dir),
+                relays: config.relays(),
+                mdns: config.discovery.mdns.mode(),
+                ..NetConfig::with_bind_addr(bind)
+            },
             core: CoreConfig {
                 outbox: config.outbox.bounds(),
                 hold_ms: config.store.hold_ms,
@@ -107,8 +98,10 @@ impl Daemon {
                 journal_age_ms_max: config.journal.max_age,
                 ..Default::default()
             },
+            name: config.node_name(),
         };
         let node = Arc::new(Node::start(node_config, key, handle.clone()).await?);
+        remember_port(&dir, node.local_port());
         let state = ApiState::new(ApiParts {
             bus: Bus::new(node.clone()),
             store: store.clone(),
@@ -186,6 +179,36 @@ impl Daemon {
         drop(node);
         handle.close().await;
         wait_released(&store, dir.root()).await;
+    }
+}
+
+/// The port this node listened on before, if it remembered one.
+fn read_port(dir: &DataDir) -> Option<u16> {
+    let text = std::fs::read_to_string(dir.listen_port_path()).ok()?;
+    match text.trim().parse::<u16>() {
+        Ok(0) | Err(_) => {
+            tracing::warn!(file = %dir.listen_port_path().display(), "ignoring a remembered port that is not a port");
+            None
+        }
+        Ok(port) => Some(port),
+    }
+}
+
+/// Remembers `port` for the next start (written whole: a temp file
+/// renamed into place, then the dir synced). A failure only costs the next
+/// start its port, so it is logged, not fatal.
+fn remember_port(dir: &DataDir, port: u16) {
+    if port == 0 || read_port(dir) == Some(port) {
+        return;
+    }
+    let path = dir.listen_port_path();
+    let tmp = path.with_extension("tmp");
+    let written = std::fs::write(&tmp, format!("{port}\n"))
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .and_then(|()| std::fs::File::open(dir.root())?.sync_all());
+    if let Err(e) = written {
+        tracing::warn!(file = %path.display(), error = %e, "cannot remember the listen port; the next start may pick another");
     }
 }
 

@@ -577,7 +577,11 @@ async fn metrics_parse_as_prometheus_text_with_each_family_once() {
             families["mesh_api_sent_total"].samples,
             [(String::new(), 3.0)]
         );
-        assert_eq!(families["mesh_frames_dropped_total"].samples.len(), 13);
+        assert_eq!(
+            families["mesh_frames_dropped_total"].samples.len(),
+            mesh_bus::DropReason::ALL.len(),
+            "one sample per drop reason"
+        );
         // The checker itself refuses a family given twice.
         let twice = format!("{text}# TYPE mesh_journal_head gauge\nmesh_journal_head 3\n");
         assert!(parse_prometheus(&twice).is_err());

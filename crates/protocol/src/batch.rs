@@ -442,14 +442,14 @@ pub struct Envelope<'a> {
 }
 
 /// Serde for a 64-byte signature as a fixed tuple (no length prefix).
-mod sig_bytes {
+pub(crate) mod sig_bytes {
     use std::fmt;
 
     use serde::de::{Error, SeqAccess, Visitor};
     use serde::ser::SerializeTuple;
     use serde::{Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(sig: &[u8; 64], s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: Serializer>(sig: &[u8; 64], s: S) -> Result<S::Ok, S::Error> {
         let mut t = s.serialize_tuple(64)?;
         for b in sig {
             t.serialize_element(b)?;
@@ -457,7 +457,7 @@ mod sig_bytes {
         t.end()
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 64], D::Error> {
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[u8; 64], D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
             type Value = [u8; 64];

@@ -10,9 +10,11 @@ use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::batch::{Cid, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, SignedBatch};
+use crate::card::NodeCard;
 use crate::ids::{Epoch, NodeId, Seq, StreamId};
 
-/// The protocol version a node speaks, sent in [`Frame::Hello`].
+/// The protocol version a node speaks, sent in [`Frame::Hello`] (and, as
+/// its digit, in the connection preamble).
 pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Bytes of the length prefix in front of every frame body.
@@ -56,6 +58,9 @@ pub enum Frame {
         epoch: Epoch,
         /// The sender's marks for streams the receiver authors.
         marks: Vec<Mark>,
+        /// The sender's newest card: its name and where it listens now
+        /// (boxed: a frame stays the size of its common variants).
+        card: Box<NodeCard>,
     },
     /// A signed batch with its payloads, one per entry.
     Batch {
@@ -93,6 +98,23 @@ pub enum Frame {
         /// The author's last seq.
         upto: Seq,
     },
+    /// Please send me the newest card you hold of `node` (a peer of both of
+    /// us that I cannot reach).
+    CardQuery {
+        /// The node asked about.
+        #[serde(with = "crate::ids::node_id_serde")]
+        node: NodeId,
+    },
+    /// The answer to a [`Frame::CardQuery`]: the newest card held of `node`,
+    /// if any. The card is signed by `node`, so whoever passes it on cannot
+    /// change it.
+    CardAnswer {
+        /// The node asked about.
+        #[serde(with = "crate::ids::node_id_serde")]
+        node: NodeId,
+        /// Its newest card held here.
+        card: Option<Box<NodeCard>>,
+    },
     /// The author's `stream` (of an epoch it no longer writes) has ended:
     /// its store holds it up to `held` as the receiver may have it, and
     /// nothing later of it will ever come. Sent when the author's store
@@ -120,19 +142,28 @@ impl Frame {
             Frame::Resync { .. } => 3,
             Frame::ResyncGap { .. } => 4,
             Frame::ResyncDone { .. } => 5,
-            Frame::StreamEnded { .. } => 6,
+            Frame::CardQuery { .. } => 6,
+            Frame::CardAnswer { .. } => 7,
+            Frame::StreamEnded { .. } => STREAM_ENDED_TAG,
         }
     }
 }
 
+/// The postcard tag of [`Frame::StreamEnded`]: its place in the enum's
+/// declaration order (the variant is declared last, so this is also the
+/// highest tag).
+const STREAM_ENDED_TAG: usize = 8;
+
 /// Variant names by postcard tag, in declaration order.
-const FRAME_NAMES: [&str; 7] = [
+const FRAME_NAMES: [&str; 9] = [
     "Hello",
     "Batch",
     "Ack",
     "Resync",
     "ResyncGap",
     "ResyncDone",
+    "CardQuery",
+    "CardAnswer",
     "StreamEnded",
 ];
 
@@ -360,6 +391,11 @@ mod tests {
         }
     }
 
+    fn card(b: u8) -> NodeCard {
+        let name = crate::card::NodeName::new("n").unwrap();
+        NodeCard::sign(&SecretKey::from_bytes(&[b; 32]), name, vec![], 1).unwrap()
+    }
+
     fn hello(marks: usize) -> Frame {
         let mark = Mark {
             stream: StreamId::direct(node(1), Epoch([3; 16]), node(2)),
@@ -371,6 +407,7 @@ mod tests {
             node: node(2),
             epoch: Epoch([4; 16]),
             marks: vec![mark; marks],
+            card: Box::new(card(2)),
         }
     }
 
@@ -409,6 +446,11 @@ mod tests {
             Frame::ResyncDone {
                 stream: stream.clone(),
                 upto: 1,
+            },
+            Frame::CardQuery { node: node(3) },
+            Frame::CardAnswer {
+                node: node(3),
+                card: Some(Box::new(card(3))),
             },
             Frame::StreamEnded { stream, held: 1 },
         ];
@@ -508,7 +550,10 @@ mod tests {
     #[test]
     fn unknown_tags_and_empty_bodies_are_refused() {
         assert_eq!(decode_frame(&[]), Err(FrameError::Empty));
-        assert_eq!(decode_frame(&[7]), Err(FrameError::UnknownTag(7)));
+        assert_eq!(
+            decode_frame(&[FRAME_NAMES.len() as u8]),
+            Err(FrameError::UnknownTag(FRAME_NAMES.len() as u8))
+        );
         // A multi-byte tag varint is never a known frame.
         assert_eq!(
             decode_frame(&[0x80, 0x00]),

@@ -12,6 +12,9 @@ use crate::batch::Cid;
 use crate::cursor::{Cursor, CursorError};
 use crate::frame::{FRAME_HEADER_BYTES, Frame, decode_frame, encode_frame, frame_body_len};
 use crate::ids::NodeId;
+use crate::join::{
+    INVITE_ADDRS_MAX, InviteCode, JoinAnswer, JoinRequest, decode_join, encode_join,
+};
 use crate::ticket::{MAX_TICKET_ADDRS, NodeTicket};
 
 /// Feeds `data` to the frame decoder as one frame body (no length prefix);
@@ -97,6 +100,58 @@ pub fn ticket(data: &[u8]) {
     assert!(
         again.as_ref() == Ok(&ticket),
         "ticket {ticket:?} does not survive printing"
+    );
+}
+
+/// Feeds `data` to the join decoders as one message body (no length
+/// prefix), as a request (the inviter's side) and as an answer (the
+/// joiner's); a request that decodes has its card and proof checked.
+///
+/// Panics if a decoded message does not re-encode to exactly `data`.
+pub fn join(data: &[u8]) {
+    if let Ok(req) = decode_join::<JoinRequest>(data) {
+        assert_reencodes(&req, data, "join request");
+        let _ = req.card.verify();
+        let _ = req.check_proof(&some_node());
+    }
+    if let Ok(answer) = decode_join::<JoinAnswer>(data) {
+        assert_reencodes(&answer, data, "join answer");
+        if let JoinAnswer::Welcome { card } = &answer {
+            let _ = card.verify();
+        }
+    }
+}
+
+fn assert_reencodes<T: serde::Serialize>(msg: &T, data: &[u8], what: &str) {
+    let mut out = Vec::with_capacity(data.len() + FRAME_HEADER_BYTES);
+    if let Err(e) = encode_join(msg, &mut out) {
+        panic!("a decoded {what} does not re-encode: {e}");
+    }
+    assert!(
+        out.get(FRAME_HEADER_BYTES..) == Some(data),
+        "a decoded {what} re-encodes to other bytes"
+    );
+}
+
+/// Feeds `data` (if UTF-8) to the invite code parser.
+///
+/// Panics if a parsed code breaks its address limit or does not survive
+/// printing and parsing again.
+pub fn invite(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(code) = InviteCode::from_str(text) else {
+        return;
+    };
+    assert!(
+        code.addrs.len() <= INVITE_ADDRS_MAX,
+        "invite code over the address limit"
+    );
+    let again = code.to_string().parse::<InviteCode>();
+    assert!(
+        again.as_ref() == Ok(&code),
+        "invite code {code:?} does not survive printing"
     );
 }
 

@@ -1,5 +1,5 @@
-//! Wire types of agent-mesh: ids, signed batches, frames, journal cursors and
-//! node tickets.
+//! Wire types of agent-mesh: ids, signed batches, frames, node cards,
+//! journal cursors, node tickets, invite codes and the join exchange.
 //!
 //! This crate is pure: no IO, no clock, no async runtime. Everything a peer or
 //! a local client can send is decoded here, behind a size cap, into types that
@@ -14,16 +14,21 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod batch;
+mod card;
 mod cursor;
 mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
 mod ids;
+mod join;
 mod ticket;
 
 pub use batch::{
     BATCH_DOMAIN, Cid, EntryHeader, Envelope, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES,
     NewEnvelope, OpenBatch, SignedBatch, VerifiedBatch, VerifyError,
+};
+pub use card::{
+    CARD_ADDRS_MAX, CARD_DOMAIN, CardError, NODE_NAME_BYTES_MAX, NameError, NodeCard, NodeName,
 };
 pub use cursor::{Cursor, CursorError};
 pub use frame::{
@@ -33,5 +38,10 @@ pub use frame::{
 pub use ids::{
     Channel, Epoch, IdError, MAX_TOPIC_NAME_BYTES, NodeId, SecretKey, Seq, StreamId, TopicName,
     parse_node_id,
+};
+pub use join::{
+    INVITE_ADDRS_MAX, INVITE_SECRET_DOMAIN, InviteCode, InviteId, InviteSecret, JOIN_ALPN,
+    JOIN_MESSAGE_BYTES_MAX, JOIN_PROOF_DOMAIN, JoinAnswer, JoinError, JoinRefusal, JoinRequest,
+    RequestId, decode_join, encode_join,
 };
 pub use ticket::{MAX_TICKET_ADDRS, NodeTicket, TicketError};

@@ -13,16 +13,20 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use mesh_protocol::{FRAME_HEADER_BYTES, Frame, Payloads, decode_frame, fuzzing};
+use mesh_protocol::{
+    FRAME_HEADER_BYTES, Frame, JoinRequest, Payloads, decode_frame, encode_join, fuzzing,
+};
 
 /// A fuzz harness: takes any bytes, panics only on a bug.
 type Harness = fn(&[u8]);
 
 /// Each fuzz target's corpus folder and the harness function it calls.
-const TARGETS: [(&str, Harness); 3] = [
+const TARGETS: [(&str, Harness); 5] = [
     ("frame_decode", fuzzing::frame),
     ("cursor_parse", fuzzing::cursor),
     ("ticket_parse", fuzzing::ticket),
+    ("join_decode", fuzzing::join),
+    ("invite_parse", fuzzing::invite),
 ];
 
 fn corpus_dir(target: &str) -> PathBuf {
@@ -61,7 +65,13 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let ack = body(&common::frames()[2].1);
     let batch = body(&common::frames()[1].1);
     frame("garbage-empty", vec![]);
-    frame("garbage-unknown-tag", vec![7]);
+    frame("garbage-unknown-tag", vec![9]);
+    {
+        // A Hello whose card's signature no longer verifies (its last byte).
+        let mut b = body(&common::frames()[0].1);
+        *b.last_mut().unwrap() ^= 1;
+        frame("garbage-hello-card-bad-sig", b);
+    }
     frame("garbage-ack-trailing-byte", [ack.as_slice(), &[0]].concat());
     frame(
         "garbage-ack-redundant-varint",
@@ -142,6 +152,56 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
         "garbage-ticket-wrong-prefix".into(),
         ticket.replacen("meshnode1", "meshnode2", 1).into_bytes(),
     ));
+
+    let join_body = |msg: &dyn Fn(&mut Vec<u8>)| {
+        let mut out = Vec::new();
+        msg(&mut out);
+        out.split_off(FRAME_HEADER_BYTES)
+    };
+    let req = common::join_request();
+    let req_body = join_body(&|out| encode_join(&req, out).unwrap());
+    out.push(("join_decode", "seed-join-request".into(), req_body.clone()));
+    for (i, a) in common::join_answers().iter().enumerate() {
+        let b = join_body(&|out| encode_join(a, out).unwrap());
+        out.push(("join_decode", format!("seed-join-answer-{i}"), b));
+    }
+    {
+        let unproven = JoinRequest {
+            proof: None,
+            ..req.clone()
+        };
+        let b = join_body(&|out| encode_join(&unproven, out).unwrap());
+        out.push(("join_decode", "seed-join-request-no-proof".into(), b));
+    }
+    out.push((
+        "join_decode",
+        "garbage-join-request-truncated".into(),
+        req_body[..req_body.len() / 2].to_vec(),
+    ));
+    {
+        let mut b = req_body.clone();
+        *b.last_mut().unwrap() ^= 1;
+        out.push(("join_decode", "garbage-join-request-bad-proof".into(), b));
+    }
+
+    let invite = common::invite_code().to_string();
+    out.push((
+        "invite_parse",
+        "seed-invite".into(),
+        invite.clone().into_bytes(),
+    ));
+    out.push((
+        "invite_parse",
+        "garbage-invite-truncated".into(),
+        invite.as_bytes()[..invite.len() - 4].to_vec(),
+    ));
+    out.push((
+        "invite_parse",
+        "garbage-invite-wrong-prefix".into(),
+        invite
+            .replacen("meshinvite1", "meshinvite2", 1)
+            .into_bytes(),
+    ));
     out
 }
 
@@ -220,6 +280,8 @@ fn the_frame_seeds_hold_every_variant_and_a_batch_that_opens() {
             "Resync",
             "ResyncGap",
             "ResyncDone",
+            "CardQuery",
+            "CardAnswer",
             "StreamEnded"
         ]
     );

@@ -1,5 +1,6 @@
 //! Known-answer tests: the exact bytes of the fixed batch, its signature, every
-//! frame variant, a cursor and a ticket. Any change to the wire format, the
+//! frame variant, a node card and its signature, a cursor, a ticket, an
+//! invite code, a join request, its proof's signed bytes and every join answer. Any change to the wire format, the
 //! signed bytes or the text formats fails here first; if the change is meant,
 //! bump the version it touches and update these values and `docs/protocol.md`.
 
@@ -9,7 +10,9 @@
 mod common;
 
 use mesh_protocol::{
-    BATCH_DOMAIN, Cursor, FRAME_HEADER_BYTES, NodeTicket, SignedBatch, decode_frame, frame_body_len,
+    BATCH_DOMAIN, CARD_DOMAIN, Cursor, FRAME_HEADER_BYTES, InviteCode, JOIN_PROOF_DOMAIN,
+    JoinAnswer, JoinRequest, NodeTicket, SignedBatch, decode_frame, decode_join, encode_join,
+    frame_body_len,
 };
 
 fn hex(b: &[u8]) -> String {
@@ -27,13 +30,26 @@ const AUTHOR_HEX: &str = "8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf37488
 const RECIPIENT_HEX: &str = "8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394";
 const SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f7369676e65642d62617463682f7631008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401020180d0eab6b73300ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f050281d0eab6b73301d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c05";
 const SIG_HEX: &str = "4b2ed530c32cf3d41ba7df85103eb081a4c908e06bceb68575d1784ce68a3e787a8e8392c8ef2271a25f898758be5346231e47a86faf8d8141c254e12ed6ad06";
-const HELLO_HEX: &str = "000000e900028139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b3940201d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac0200";
+const HELLO_HEX: &str = "0000015d00028139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b3940201d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac02008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39405627261766f0100c0000202b72680d0eab6b733ce7257391fc8b2799571d394f44f248544d541a99d4cee39e7c305614aae374fde450fd5b4fa31030d3199a4913e8ac72e79d99f993ef53680335910f9d61a09";
 const BATCH_HEX: &str = "000000f3018a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401020180d0eab6b73300ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f050281d0eab6b73301d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c054b2ed530c32cf3d41ba7df85103eb081a4c908e06bceb68575d1784ce68a3e787a8e8392c8ef2271a25f898758be5346231e47a86faf8d8141c254e12ed6ad06020568656c6c6f05776f726c64";
 const ACK_HEX: &str = "00000053028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
 const RESYNC_HEX: &str = "00000053038a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401";
 const RESYNC_GAP_HEX: &str = "00000043048a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac02";
 const RESYNC_DONE_HEX: &str = "00000053058a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
-const STREAM_ENDED_HEX: &str = "00000053068a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
+const CARD_QUERY_HEX: &str =
+    "00000021068a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c";
+const CARD_ANSWER_HEX: &str = "000000a9078a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c018a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c05616c7068610200c0000201b7260120010db8000000000000000000000001b72680d0eab6b73352caf44066a597cd3a17cb8e9a188f3bfe392f601561abf19d26d2a9f37d21fbd7db1b44851f87ef1aed40e7c5f88c5b6d863a22c89be5378717a4c7e11e6601";
+const CARD_SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f6e6f64652d636172642f7631008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39405627261766f0100c0000202b72680d0eab6b733";
+const CARD_SIG_HEX: &str = "ce7257391fc8b2799571d394f44f248544d541a99d4cee39e7c305614aae374fde450fd5b4fa31030d3199a4913e8ac72e79d99f993ef53680335910f9d61a09";
+const INVITE_TEXT: &str = "meshinvite1ha4e7nbk17opbvaircmjpeiteb56e2dv3ma146vjei403d0fdte0406000103dp604g023do0000000000000000000re9g1081g81860s4alalalalalalalalalalalalak";
+const JOIN_PROOF_BYTES_HEX: &str = "6167656e742d6d6573682f6a6f696e2d70726f6f662f7631008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c0102030405060708f3f000a22fd9328572fead94e6abca7b12e7af9bacd069bbbe3baee39b1f165fbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39405627261766f0100c0000202b72680d0eab6b733ce7257391fc8b2799571d394f44f248544d541a99d4cee39e7c305614aae374fde450fd5b4fa31030d3199a4913e8ac72e79d99f993ef53680335910f9d61a09";
+const JOIN_REQUEST_HEX: &str = "000000dd0102030405060708aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaabbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39405627261766f0100c0000202b72680d0eab6b733ce7257391fc8b2799571d394f44f248544d541a99d4cee39e7c305614aae374fde450fd5b4fa31030d3199a4913e8ac72e79d99f993ef53680335910f9d61a0901914f54a4755d4e6b55317771e9dbdaa558a046e229f6125fe56016f2d1576165f37575b54fb3f8ac6fa7bffae4f37f637f6d0497dfd81fc2ce257cde230d2806";
+const JOIN_ANSWER_HEX: [&str; 3] = [
+    "00000088008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c05616c7068610200c0000201b7260120010db8000000000000000000000001b72680d0eab6b73352caf44066a597cd3a17cb8e9a188f3bfe392f601561abf19d26d2a9f37d21fbd7db1b44851f87ef1aed40e7c5f88c5b6d863a22c89be5378717a4c7e11e6601",
+    "0000000301f403",
+    "000000020206",
+];
+const STREAM_ENDED_HEX: &str = "00000053088a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
 const CURSOR_TEXT: &str = "mc1ha4e7nbk17opa001081g81860s40i2gb1g6gs3o00000000000l2qqh86o";
 const TICKET_TEXT: &str = "meshnode1ha4e7nbk17opbvaircmjpeiteb56e2dv3ma146vjei403d0fdte0406000103k9204g023do0000000000000000000t28g";
 
@@ -72,6 +88,8 @@ fn every_frame_variant_encodes_to_its_pinned_bytes() {
         RESYNC_HEX,
         RESYNC_GAP_HEX,
         RESYNC_DONE_HEX,
+        CARD_QUERY_HEX,
+        CARD_ANSWER_HEX,
         STREAM_ENDED_HEX,
     ];
     let frames = common::frames();
@@ -91,6 +109,8 @@ fn every_pinned_frame_decodes_to_its_fixed_value() {
         RESYNC_HEX,
         RESYNC_GAP_HEX,
         RESYNC_DONE_HEX,
+        CARD_QUERY_HEX,
+        CARD_ANSWER_HEX,
         STREAM_ENDED_HEX,
     ];
     for ((name, frame), want) in common::frames().into_iter().zip(want) {
@@ -127,4 +147,51 @@ fn the_fixed_ticket_prints_as_its_pinned_text() {
         "ticket text changed:\n  got  {text}\n  want {TICKET_TEXT}"
     );
     assert_eq!(TICKET_TEXT.parse::<NodeTicket>(), Ok(common::ticket()));
+}
+
+#[test]
+fn the_fixed_card_signs_its_pinned_bytes_and_verifies() {
+    let card = common::recipient_card();
+    let signed = card.signed_bytes();
+    assert!(signed.starts_with(CARD_DOMAIN));
+    assert_hex("card signed bytes", &signed, CARD_SIGNED_BYTES_HEX);
+    assert_hex("card signature", &card.sig, CARD_SIG_HEX);
+    assert!(card.verify().is_ok());
+}
+
+#[test]
+fn the_fixed_invite_code_prints_as_its_pinned_text() {
+    let text = common::invite_code().to_string();
+    assert!(
+        text == INVITE_TEXT,
+        "invite text changed:\n  got  {text}\n  want {INVITE_TEXT}"
+    );
+    assert_eq!(INVITE_TEXT.parse::<InviteCode>(), Ok(common::invite_code()));
+}
+
+#[test]
+fn the_fixed_join_request_and_its_proof_are_pinned() {
+    let req = common::join_request();
+    let proof = req.proof_bytes(&common::author());
+    assert!(proof.starts_with(JOIN_PROOF_DOMAIN));
+    assert_hex("join proof bytes", &proof, JOIN_PROOF_BYTES_HEX);
+    let mut out = Vec::new();
+    encode_join(&req, &mut out).unwrap();
+    assert_hex("join request", &out, JOIN_REQUEST_HEX);
+    let back: JoinRequest = decode_join(&out[FRAME_HEADER_BYTES..]).unwrap();
+    assert_eq!(back.check_proof(&common::author()), Ok(()));
+    assert_eq!(back, req);
+}
+
+#[test]
+fn every_join_answer_encodes_to_its_pinned_bytes() {
+    for (answer, want) in common::join_answers().into_iter().zip(JOIN_ANSWER_HEX) {
+        let mut out = Vec::new();
+        encode_join(&answer, &mut out).unwrap();
+        assert_hex("join answer", &out, want);
+        assert_eq!(
+            decode_join::<JoinAnswer>(&out[FRAME_HEADER_BYTES..]),
+            Ok(answer)
+        );
+    }
 }

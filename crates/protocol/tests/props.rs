@@ -1,4 +1,5 @@
-//! Property tests of the codec, the batch signature, cursors and tickets.
+//! Property tests of the codec, the batch and card signatures, cursors,
+//! tickets, invite codes and join messages.
 //!
 //! Case counts are kept small: signing and verifying run unoptimised here.
 
@@ -7,10 +8,11 @@
 
 mod common;
 
-use common::{arb_addr, arb_epoch, arb_frame, arb_node, arb_open_batch};
+use common::{arb_addr, arb_card, arb_epoch, arb_frame, arb_invite, arb_node, arb_open_batch};
 use mesh_protocol::{
-    Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, MAX_TICKET_ADDRS,
-    NodeTicket, Payloads, SignedBatch, VerifyError, decode_frame, encode_frame, frame_body_len,
+    Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError, InviteCode, JoinAnswer,
+    JoinRequest, MAX_FRAME_BYTES, MAX_TICKET_ADDRS, NodeCard, NodeTicket, Payloads, RequestId,
+    SignedBatch, VerifyError, decode_frame, decode_join, encode_frame, encode_join, frame_body_len,
 };
 use proptest::prelude::*;
 
@@ -188,6 +190,56 @@ proptest! {
         let ticket = NodeTicket::new(node, addrs).unwrap();
         prop_assert_eq!(ticket.to_string().parse::<NodeTicket>(), Ok(ticket));
     }
+
+    #[test]
+    fn a_card_round_trips_and_verifies(card in arb_card()) {
+        let bytes = postcard::to_stdvec(&card).unwrap();
+        let back: NodeCard = postcard::from_bytes(&bytes).unwrap();
+        prop_assert!(back.verify().is_ok());
+        prop_assert_eq!(back, card);
+    }
+
+    #[test]
+    fn any_single_bit_flip_of_an_encoded_card_fails_decode_or_verify(
+        card in arb_card(),
+        bit in any::<usize>(),
+    ) {
+        let mut bytes = postcard::to_stdvec(&card).unwrap();
+        flip(&mut bytes, bit);
+        if let Ok(c) = postcard::from_bytes::<NodeCard>(&bytes) {
+            prop_assert!(c.verify().is_err() || c == card);
+        }
+    }
+
+    #[test]
+    fn an_invite_code_round_trips_through_its_text(code in arb_invite()) {
+        prop_assert_eq!(code.to_string().parse::<InviteCode>(), Ok(code));
+    }
+
+    #[test]
+    fn a_join_request_round_trips_and_its_proof_holds(
+        code in arb_invite(),
+        request in any::<[u8; 16]>(),
+        joiner in common::arb_secret(),
+        name in common::arb_name(),
+    ) {
+        let card = NodeCard::sign(&joiner, name, vec![], 1).unwrap();
+        let req = JoinRequest::new(&joiner, &code, RequestId(request), card);
+        let mut out = Vec::new();
+        encode_join(&req, &mut out).unwrap();
+        let back: JoinRequest = decode_join(&out[4..]).unwrap();
+        prop_assert!(back.check_proof(&code.inviter).is_ok());
+        prop_assert_eq!(back, req);
+    }
+
+    #[test]
+    fn a_join_answer_round_trips(card in arb_card(), after_ms in any::<u32>()) {
+        for answer in [JoinAnswer::Welcome { card: card.clone() }, JoinAnswer::TryAgain { after_ms }] {
+            let mut out = Vec::new();
+            encode_join(&answer, &mut out).unwrap();
+            prop_assert_eq!(decode_join::<JoinAnswer>(&out[4..]), Ok(answer));
+        }
+    }
 }
 
 proptest! {
@@ -202,12 +254,20 @@ proptest! {
 
     #[test]
     fn decode_frame_never_panics_on_a_known_tag_and_arbitrary_bytes(
-        tag in 0u8..6,
+        tag in 0u8..8,
         bytes in proptest::collection::vec(any::<u8>(), 0..400),
     ) {
         let mut b = vec![tag];
         b.extend_from_slice(&bytes);
         let _ = decode_frame(&b);
+    }
+
+    #[test]
+    fn decode_join_never_panics_on_arbitrary_bytes(
+        bytes in proptest::collection::vec(any::<u8>(), 0..600),
+    ) {
+        let _ = decode_join::<JoinRequest>(&bytes);
+        let _ = decode_join::<JoinAnswer>(&bytes);
     }
 
     #[test]

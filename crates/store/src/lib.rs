@@ -26,11 +26,12 @@ pub use logic::{
 pub use mem::MemStore;
 pub use redb_store::{CACHE_BYTES, RedbStore, STORE_FILE_NAME};
 pub use types::{
-    Arrival, EndedOwn, Eviction, JournalBounds, JournalItem, JournalRecord, LossReason, OnFull,
-    OutboxBounds, OwnStream, PeerRecord, Receipt, StoreMeta, StoredBatch, TrimReport, WriteOp,
+    Arrival, EndedOwn, Eviction, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord,
+    InviteSpend, JournalBounds, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds,
+    OwnStream, PeerRecord, Receipt, StoreMeta, StoredBatch, TrimReport, WriteOp,
 };
 
-use mesh_protocol::{Mark, Seq, StreamId};
+use mesh_protocol::{InviteId, Mark, NodeCard, Seq, StreamId};
 
 /// The schema version this build writes and reads.
 pub const SCHEMA_VERSION: u32 = 4;
@@ -150,6 +151,15 @@ pub trait MeshStore: Send + Sync + 'static {
 
     /// Every known peer.
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError>;
+
+    /// The newest card held of each node (this node's own and its peers').
+    fn cards(&self) -> Result<Vec<NodeCard>, StoreError>;
+
+    /// Every invite this node handed out, by id.
+    fn invites(&self) -> Result<Vec<InviteRecord>, StoreError>;
+
+    /// One invite, if it exists.
+    fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError>;
 
     /// A named durable cursor, if set.
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError>;

@@ -7,11 +7,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use mesh_protocol::{Cid, Epoch, NodeId, Seq, SignedBatch, StreamId};
+use mesh_protocol::{Cid, Epoch, NodeCard, NodeId, Seq, SignedBatch, StreamId};
 
 use crate::{
-    Arrival, EndedOwn, Eviction, JournalBounds, JournalRecord, LossReason, OwnStream, PeerRecord,
-    Receipt, StoreError, TrimReport, WriteOp,
+    Arrival, EndedOwn, Eviction, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord,
+    JournalBounds, JournalRecord, LossReason, OwnStream, PeerRecord, Receipt, StoreError,
+    TrimReport, WriteOp,
 };
 
 /// The longest durable cursor name, in bytes.
@@ -165,6 +166,7 @@ pub(crate) enum Write {
         record: JournalRecord,
     },
     PutPeer(PeerRecord),
+    /// Forgets the peer and its card.
     RemovePeer(NodeId),
     Cursor {
         name: String,
@@ -172,6 +174,8 @@ pub(crate) enum Write {
     },
     /// The store's epoch changes.
     Epoch(Epoch),
+    PutCard(NodeCard),
+    PutInvite(InviteRecord),
 }
 
 /// Counters shared by the groups of one transaction.
@@ -1046,6 +1050,38 @@ impl<B: Base> GroupView<'_, B> {
                 }
                 e.carried = e.carried.max(e.held);
                 self.set_ended(e);
+                Ok(())
+            }
+            WriteOp::PutCard(card) => {
+                self.writes.push(Write::PutCard(card));
+                Ok(())
+            }
+            WriteOp::PutInvite(invite) => {
+                if invite.uses == 0 || invite.uses > INVITE_USES_MAX {
+                    return refuse(format!(
+                        "invite {} has {} uses; it may have 1..={INVITE_USES_MAX}",
+                        invite.id, invite.uses
+                    ));
+                }
+                if invite.spent.len() > invite.uses as usize {
+                    return refuse(format!(
+                        "invite {} has {} spends for {} uses",
+                        invite.id,
+                        invite.spent.len(),
+                        invite.uses
+                    ));
+                }
+                if invite
+                    .spent
+                    .iter()
+                    .any(|s| s.requests.len() > INVITE_SPEND_REQUESTS_MAX)
+                {
+                    return refuse(format!(
+                        "invite {} has a spend of more than {INVITE_SPEND_REQUESTS_MAX} requests",
+                        invite.id
+                    ));
+                }
+                self.writes.push(Write::PutInvite(invite));
                 Ok(())
             }
         }

@@ -4,12 +4,12 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use mesh_protocol::{Cid, Epoch, Mark, Seq, SignedBatch, StreamId};
+use mesh_protocol::{Cid, Epoch, InviteId, Mark, NodeCard, Seq, SignedBatch, StreamId};
 
 use crate::logic::{self, Base, BatchMeta, Fail, JOURNAL_TIME_STEP_MS, RowInfo, TxCounters, Write};
 use crate::{
-    Arrival, EndedOwn, JournalBounds, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord,
-    Receipt, SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
+    Arrival, EndedOwn, InviteRecord, JournalBounds, JournalItem, JournalRecord, MeshStore,
+    OwnStream, PeerRecord, Receipt, SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
 };
 
 /// The committed state of a [`MemStore`].
@@ -35,6 +35,8 @@ struct State {
     times: BTreeMap<Arrival, u64>,
     last_write_ms: u64,
     peers: BTreeMap<[u8; 32], PeerRecord>,
+    cards: BTreeMap<[u8; 32], NodeCard>,
+    invites: BTreeMap<InviteId, InviteRecord>,
     cursors: BTreeMap<String, Arrival>,
     ended: BTreeMap<StreamId, EndedOwn>,
     max_lamport: u64,
@@ -190,6 +192,8 @@ impl State {
             times: BTreeMap::new(),
             last_write_ms: 0,
             peers: BTreeMap::new(),
+            cards: BTreeMap::new(),
+            invites: BTreeMap::new(),
             cursors: BTreeMap::new(),
             ended: BTreeMap::new(),
             max_lamport: 0,
@@ -280,11 +284,18 @@ impl State {
                 }
                 Write::RemovePeer(n) => {
                     self.peers.remove(n.as_bytes());
+                    self.cards.remove(n.as_bytes());
                 }
                 Write::Cursor { name, arrival } => {
                     self.cursors.insert(name, arrival);
                 }
                 Write::Epoch(epoch) => self.epoch = epoch,
+                Write::PutCard(card) => {
+                    self.cards.insert(*card.node.as_bytes(), card);
+                }
+                Write::PutInvite(invite) => {
+                    self.invites.insert(invite.id, invite);
+                }
             }
         }
     }
@@ -510,6 +521,18 @@ impl MeshStore for MemStore {
 
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
         Ok(self.lock().peers.values().cloned().collect())
+    }
+
+    fn cards(&self) -> Result<Vec<NodeCard>, StoreError> {
+        Ok(self.lock().cards.values().cloned().collect())
+    }
+
+    fn invites(&self) -> Result<Vec<InviteRecord>, StoreError> {
+        Ok(self.lock().invites.values().cloned().collect())
+    }
+
+    fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError> {
+        Ok(self.lock().invites.get(id).cloned())
     }
 
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use mesh_protocol::{Cid, Epoch, NewEnvelope, NodeId, OpenBatch, Seq, StreamId};
+use mesh_protocol::{Cid, Epoch, NewEnvelope, NodeCard, NodeId, OpenBatch, Seq, StreamId};
 use mesh_store::{Receipt, StoreError, WriteOp};
 
 use super::peers::PeerChange;
@@ -284,6 +284,10 @@ pub(super) enum Group {
         upto: Seq,
         batches: Vec<OpenBatch>,
     },
+    /// A node's newer card (this node's own, or a peer's learned one).
+    Card {
+        card: NodeCard,
+    },
 }
 
 /// A commit being built: the store's groups and what each is for.
@@ -342,6 +346,9 @@ pub(super) struct Committer {
     trim_wanted: bool,
     /// When the next trim is due (its timer).
     trim_at: Option<Millis>,
+    /// Newer cards to keep, at most one per node (so at most one per peer
+    /// and this node's own).
+    cards: BTreeMap<NodeId, NodeCard>,
     in_flight: Option<InFlight>,
     next_commit: u64,
     /// After a store failure: no commit before this.
@@ -367,6 +374,7 @@ impl Committer {
             after_switch: Vec::new(),
             trim_wanted: false,
             trim_at: None,
+            cards: BTreeMap::new(),
             in_flight: None,
             next_commit: 1,
             store_retry_at: None,
@@ -395,6 +403,7 @@ impl Committer {
         !self.inbound.work.is_empty()
             || !self.peer_changes.is_empty()
             || !self.writes.is_empty()
+            || !self.cards.is_empty()
             || !self.lost.is_empty()
             || self.switch.is_some()
             || !self.reports.is_empty()
@@ -601,6 +610,30 @@ impl Committer {
         }
     }
 
+    /// The card of `node` waiting for (or in) a commit, if any.
+    pub(super) fn card_waiting(&self, node: NodeId) -> Option<&NodeCard> {
+        let flying = self.in_flight.as_ref().and_then(|f| {
+            f.groups.iter().find_map(|g| match g {
+                Group::Card { card } if card.node == node => Some(card),
+                _ => None,
+            })
+        });
+        [self.cards.get(&node), flying]
+            .into_iter()
+            .flatten()
+            .max_by_key(|c| c.issued_ms)
+    }
+
+    /// Queues `card` to be kept; it replaces an older one of its node waiting.
+    pub(super) fn queue_card(&mut self, card: NodeCard) {
+        match self.cards.get(&card.node) {
+            Some(waiting) if !card.is_newer_than(waiting) => {}
+            _ => {
+                self.cards.insert(card.node, card);
+            }
+        }
+    }
+
     /// Whether a new epoch waits for its commit (not yet in one).
     pub(super) fn switch_waiting(&self) -> bool {
         self.switch.is_some()
@@ -713,6 +746,11 @@ impl Committer {
     /// When the next trim is due.
     pub(super) fn trim_deadline(&self) -> Option<Millis> {
         self.trim_at
+    }
+
+    /// The cards waiting, taken for the next commit.
+    pub(super) fn take_cards(&mut self) -> BTreeMap<NodeId, NodeCard> {
+        std::mem::take(&mut self.cards)
     }
 
     /// Whether the next commit may start now. Keeps the clock of acks

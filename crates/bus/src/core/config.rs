@@ -51,6 +51,16 @@ pub const JOURNAL_BYTES_MAX: u64 = 1 << 30;
 /// The default of [`Config::journal_age_ms_max`]: 30 days.
 pub const JOURNAL_AGE_MS_MAX: u64 = 30 * 24 * 3_600_000;
 
+/// The most card queries one peer has open from this node at a time.
+pub const CARD_QUERIES_MAX: usize = 64;
+
+/// The most card queries of one peer answered per [`CARD_ANSWER_WINDOW_MS`];
+/// more are dropped (and counted).
+pub const CARD_ANSWERS_MAX: u32 = 64;
+
+/// The window of [`CARD_ANSWERS_MAX`], in ms.
+pub const CARD_ANSWER_WINDOW_MS: u64 = 10_000;
+
 /// The configuration of a [`crate::core::Core`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Config {
@@ -90,6 +100,12 @@ pub struct Config {
     /// commit. An ack record is advice: one not yet written only means the
     /// peer may get duplicates it drops, and its next Hello restates it.
     pub ack_ride_ms: u64,
+    /// A peer without a connection this long is asked about: every
+    /// connected peer is asked for its newest card.
+    pub card_ask_ms: u64,
+    /// Ask again after this long while it still has none (also how long a
+    /// query may go unanswered before it is sent again).
+    pub card_ask_retry_ms: u64,
 }
 
 impl Default for Config {
@@ -108,6 +124,8 @@ impl Default for Config {
             journal_bytes_max: JOURNAL_BYTES_MAX,
             journal_age_ms_max: JOURNAL_AGE_MS_MAX,
             ack_ride_ms: ACK_RIDE_MS,
+            card_ask_ms: 3_000,
+            card_ask_retry_ms: 10_000,
         }
     }
 }

@@ -100,6 +100,7 @@ impl Core {
         if let Some(carry) = self.committer.take_carry() {
             self.build_carry(&mut batch, carry);
         }
+        self.build_cards(&mut batch, &epochs);
         // New sends wait while a new epoch is under way, so that they come
         // after what is carried over to it.
         if !self.committer.switching() && !self.author.has_carry() {
@@ -249,6 +250,34 @@ impl Core {
                 PeerChange::Remove(node) => WriteOp::RemovePeer(*node),
             };
             batch.push(vec![op], Group::Peer { req, change });
+        }
+    }
+
+    /// One group per newer card, after the peer changes: a peer's card
+    /// carries its addresses, which replace those of its record (written
+    /// with the newest epoch, as the peer changes are).
+    fn build_cards(&mut self, batch: &mut Batch, epochs: &BTreeMap<NodeId, Epoch>) {
+        for (node, card) in self.committer.take_cards() {
+            let mut ops = Vec::with_capacity(2);
+            if let Some(record) = self.peers.record(node) {
+                // A card without addresses (a node reached through relays
+                // only) leaves the known ones as they are.
+                let addrs = if card.addrs.is_empty() {
+                    record.addrs.clone()
+                } else {
+                    card.addrs.clone()
+                };
+                ops.push(WriteOp::PutPeer(PeerRecord {
+                    node,
+                    addrs,
+                    epoch: epochs.get(&node).copied().or(record.epoch),
+                }));
+            } else if node != self.me {
+                // Removed since the card was learned.
+                continue;
+            }
+            ops.push(WriteOp::PutCard(card.clone()));
+            batch.push(ops, Group::Card { card });
         }
     }
 
@@ -462,6 +491,7 @@ impl Core {
             },
             Group::Peer { req, change } => self.on_peer_committed(req, change, result),
             Group::Write { req } => self.out.push(Effect::Written { req, result }),
+            Group::Card { card } => self.on_card_committed(card, result),
             Group::Append { to, batch, senders } => {
                 self.on_append_committed(to, batch, senders, result, after, now);
             }

@@ -3,11 +3,11 @@
 use std::fmt;
 
 use mesh_protocol::{
-    Epoch, Frame, Mark, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
+    Epoch, Frame, Mark, NodeCard, NodeId, OpenBatch, Seq, SignedBatch, StreamId, VerifyError,
 };
 use mesh_store::{
-    Arrival, CURSOR_NAME_BYTES_MAX, EndedOwn, MeshStore, OwnStream, PeerRecord, Receipt,
-    SUBSCRIBER_NAME_BYTES_MAX, StoreError, StoredBatch, WriteOp,
+    Arrival, CURSOR_NAME_BYTES_MAX, EndedOwn, InviteRecord, MeshStore, OwnStream, PeerRecord,
+    Receipt, SUBSCRIBER_NAME_BYTES_MAX, StoreError, StoredBatch, WriteOp,
 };
 
 /// A point in time: milliseconds on the driver's clock.
@@ -175,6 +175,13 @@ pub enum Input {
         /// The peer.
         node: NodeId,
     },
+    /// This node issued a newer card (its name or addresses changed): it
+    /// is written with the next commit and sent in every later Hello. A
+    /// card of another node, or not newer than the one held, is ignored.
+    OwnCard {
+        /// The card, signed by this node with a larger `issued_ms`.
+        card: NodeCard,
+    },
 }
 
 /// Something the driver must do, drained with [`crate::core::Core::poll_effect`].
@@ -259,6 +266,14 @@ pub enum Effect {
         /// The new epoch.
         epoch: Epoch,
     },
+    /// A newer card of the peer `node` is committed: dial it at `addrs`
+    /// from now on (at once, if it has no connection).
+    PeerAddrs {
+        /// The peer.
+        node: NodeId,
+        /// Where its newest card says it listens.
+        addrs: Vec<std::net::SocketAddr>,
+    },
     /// Close `conn` to `peer`: the peer broke the protocol. The core already
     /// ignores the connection; a later [`Input::PeerDisconnected`] is harmless.
     CloseConnection {
@@ -292,16 +307,21 @@ pub enum LocalWrite {
         /// Last arrival missed.
         to: Arrival,
     },
+    /// Write an invite's record (made, claimed, spent or revoked). The
+    /// node's one owner of invites decides what; the core only sequences it.
+    PutInvite(InviteRecord),
 }
 
 impl LocalWrite {
-    /// The name it carries, and the longest the store takes.
+    /// The name it carries, and the longest the store takes (an invite
+    /// carries none).
     pub(crate) fn name(&self) -> (&str, usize) {
         match self {
             LocalWrite::PutCursor { name, .. } => (name, CURSOR_NAME_BYTES_MAX),
             LocalWrite::SubscriberLagged { subscriber, .. } => {
                 (subscriber, SUBSCRIBER_NAME_BYTES_MAX)
             }
+            LocalWrite::PutInvite(_) => ("", 0),
         }
     }
 
@@ -318,6 +338,7 @@ impl LocalWrite {
                 from,
                 to,
             },
+            LocalWrite::PutInvite(invite) => WriteOp::PutInvite(invite),
         }
     }
 }
@@ -440,7 +461,9 @@ pub enum CloseReason {
     #[error("unknown peer")]
     UnknownPeer,
     /// The peer speaks another protocol version.
-    #[error("protocol version {theirs} is not ours ({ours})")]
+    #[error(
+        "peer speaks agent-mesh protocol {theirs}, this node speaks {ours}; upgrade the older node"
+    )]
     VersionMismatch {
         /// The peer's version.
         theirs: u32,
@@ -478,6 +501,8 @@ pub struct Recovered {
     /// time: the driver fills it from its RNG (zeros from [`Recovered::read`]),
     /// so a core stays deterministic given its inputs.
     pub entropy: [u8; 32],
+    /// `MeshStore::cards`: this node's newest card and its peers'.
+    pub cards: Vec<NodeCard>,
 }
 
 impl Recovered {
@@ -492,6 +517,7 @@ impl Recovered {
             peers: store.peers()?,
             ended_own: store.ended_own()?,
             entropy: [0; 32],
+            cards: store.cards()?,
         })
     }
 }

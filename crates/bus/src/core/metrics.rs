@@ -17,6 +17,10 @@ pub struct FrameCounts {
     pub resync_gap: u64,
     /// `ResyncDone` frames.
     pub resync_done: u64,
+    /// `CardQuery` frames.
+    pub card_query: u64,
+    /// `CardAnswer` frames.
+    pub card_answer: u64,
     /// `StreamEnded` frames.
     pub stream_ended: u64,
 }
@@ -30,6 +34,8 @@ impl FrameCounts {
             Frame::Resync { .. } => &mut self.resync,
             Frame::ResyncGap { .. } => &mut self.resync_gap,
             Frame::ResyncDone { .. } => &mut self.resync_done,
+            Frame::CardQuery { .. } => &mut self.card_query,
+            Frame::CardAnswer { .. } => &mut self.card_answer,
             Frame::StreamEnded { .. } => &mut self.stream_ended,
         };
         *c += 1;
@@ -66,6 +72,15 @@ pub enum DropReason {
     UnknownStream,
     /// An ack or resync naming a seq this node never sent.
     BogusSeq,
+    /// A card that is not its node's, does not verify, or names a node
+    /// that is not a peer.
+    BadCard,
+    /// A valid card older than the one held (a rollback, or a late answer).
+    StaleCard,
+    /// A card answer to a query this node did not send on that connection.
+    UnsolicitedCard,
+    /// A card query past the peer's answer rate ([`crate::core::CARD_ANSWERS_MAX`]).
+    CardQueryLimited,
     /// A batch with another envelope at the receiver's committed mark than
     /// the one committed there (journaled once as a conflict).
     Conflict,
@@ -83,7 +98,7 @@ impl From<crate::core::BadBatch> for DropReason {
 
 impl DropReason {
     /// Every reason, in the order [`DropCounts::iter`] gives them.
-    pub const ALL: [DropReason; 14] = [
+    pub const ALL: [DropReason; 18] = [
         DropReason::BadSignature,
         DropReason::Malformed,
         DropReason::CidMismatch,
@@ -97,6 +112,10 @@ impl DropReason {
         DropReason::StaleConnection,
         DropReason::UnknownStream,
         DropReason::BogusSeq,
+        DropReason::BadCard,
+        DropReason::StaleCard,
+        DropReason::UnsolicitedCard,
+        DropReason::CardQueryLimited,
         DropReason::Conflict,
     ];
 
@@ -116,6 +135,10 @@ impl DropReason {
             DropReason::StaleConnection => "stale_connection",
             DropReason::UnknownStream => "unknown_stream",
             DropReason::BogusSeq => "bogus_seq",
+            DropReason::BadCard => "bad_card",
+            DropReason::StaleCard => "stale_card",
+            DropReason::UnsolicitedCard => "unsolicited_card",
+            DropReason::CardQueryLimited => "card_query_limited",
             DropReason::Conflict => "conflict",
         }
     }
@@ -205,6 +228,10 @@ pub struct Metrics {
     pub conflicts: u64,
     /// Commits whose trim took journal rows.
     pub trims: u64,
+    /// Newer peer cards committed (from Hellos and card answers).
+    pub cards_learned: u64,
+    /// Card queries sent about peers without a connection.
+    pub cards_asked: u64,
 }
 
 #[cfg(test)]
@@ -225,7 +252,7 @@ mod tests {
         assert_eq!(names[0], ("bad_signature", 1));
         assert_eq!(names[12], ("bogus_seq", 13));
         assert_eq!(d.get(DropReason::Duplicate), 7);
-        assert_eq!(d.total(), (1..=14).sum::<u64>());
+        assert_eq!(d.total(), (1..=DropReason::ALL.len() as u64).sum::<u64>());
         let mut unique: Vec<&str> = names.iter().map(|(n, _)| *n).collect();
         unique.sort_unstable();
         unique.dedup();

@@ -19,6 +19,7 @@
 //! what they queued and routes each group's outcome back to them.
 
 mod author;
+mod cards;
 mod commit;
 mod config;
 mod flush;
@@ -34,15 +35,16 @@ mod timers;
 use std::collections::VecDeque;
 
 use mesh_protocol::{
-    Epoch, Frame, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, SecretKey, Seq, StreamId,
+    Epoch, Frame, Mark, NodeCard, NodeId, NodeName, OpenBatch, PROTOCOL_VERSION, SecretKey, Seq,
+    StreamId,
 };
 use mesh_store::{JournalBounds, OwnStream, StoreError};
 
 pub use config::{
-    ACK_RIDE_MS, Config, HOLD_BYTES_MAX, HOLD_MS, HOLD_MSGS_MAX, JOURNAL_AGE_MS_MAX,
-    JOURNAL_BYTES_MAX, PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX,
-    WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX, WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX,
-    WAITING_SENDS_MAX, WAITING_WRITES_MAX,
+    ACK_RIDE_MS, CARD_ANSWER_WINDOW_MS, CARD_ANSWERS_MAX, CARD_QUERIES_MAX, Config, HOLD_BYTES_MAX,
+    HOLD_MS, HOLD_MSGS_MAX, JOURNAL_AGE_MS_MAX, JOURNAL_BYTES_MAX, PAYLOAD_BYTES_MAX,
+    REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX, WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX,
+    WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX, WAITING_WRITES_MAX,
 };
 pub use io::{
     BadBatch, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis,
@@ -152,14 +154,28 @@ pub struct Core {
     armed: Option<Millis>,
     /// The journal's bounds as the last trim reported them.
     journal: Option<JournalBounds>,
+    /// This node's newest card, sent in every Hello.
+    own_card: NodeCard,
     out: Out,
 }
 
 impl Core {
     /// A core for the node `secret`, starting from the committed state `state`.
+    ///
+    /// Its Hellos carry this node's card from `state.cards`; without one
+    /// (a store that never held one) a card named `node` with no addresses,
+    /// issued at 0, which any card the node issues later replaces.
     pub fn new(config: Config, secret: SecretKey, state: Recovered) -> Core {
         let me = secret.public();
         let epoch = state.epoch;
+        let own_card = state
+            .cards
+            .iter()
+            .find(|c| c.node == me)
+            .cloned()
+            .unwrap_or_else(|| placeholder_card(&secret));
+        let mut peers = Peers::new(me, state.peers);
+        peers.load_cards(state.cards);
         let author = Author::new(
             secret,
             epoch,
@@ -172,15 +188,26 @@ impl Core {
         Core {
             config,
             me,
-            peers: Peers::new(me, state.peers),
+            peers,
             author,
             receiver: Receiver::new(me, state.marks),
             committer,
             timers: TimerTable::default(),
             armed: None,
             journal: None,
+            own_card,
             out: Out::default(),
         }
+    }
+
+    /// This node's card, as its Hellos carry it.
+    pub fn own_card(&self) -> &NodeCard {
+        &self.own_card
+    }
+
+    /// The newest committed card of the peer `node`.
+    pub fn peer_card(&self, node: &NodeId) -> Option<&NodeCard> {
+        self.peers.card(*node)
     }
 
     /// This node's id.
@@ -259,6 +286,8 @@ impl Core {
             Input::PeerDisconnected { peer, conn } => {
                 if self.peers.live_conn(peer) == Some(conn) {
                     self.forget_conn(peer);
+                    let at = now.plus(self.config.card_ask_ms);
+                    self.peers.schedule_ask(peer, at);
                 }
             }
             Input::Frame { peer, conn, frame } => self.on_frame(peer, conn, frame, now),
@@ -295,7 +324,19 @@ impl Core {
             Input::PeerAdded { req, record } => self.on_peer_change(req, PeerChange::Put(record)),
             Input::PeerRemoved { req, node } => self.on_peer_change(req, PeerChange::Remove(node)),
             Input::Write { req, write } => self.on_write(req, write),
+            Input::OwnCard { card } => self.on_own_card(card),
         }
+    }
+
+    /// This node issued a newer card: kept with the next commit, sent in
+    /// every later Hello and in answers about this node.
+    fn on_own_card(&mut self, card: NodeCard) {
+        debug_assert_eq!(card.node, self.me, "a node issues only its own card");
+        if card.node != self.me || !card.is_newer_than(&self.own_card) {
+            return;
+        }
+        self.own_card = card.clone();
+        self.committer.queue_card(card);
     }
 
     /// Queues a local write for the next commit; a name the store could
@@ -434,9 +475,13 @@ impl Core {
             node,
             epoch,
             marks,
+            card,
         } = frame
         {
             self.on_hello(peer, conn, version, node, epoch, marks, now);
+            if self.peers.peer_epoch(peer).is_some() {
+                self.learn_card(peer, *card);
+            }
             return;
         }
         let Some(epoch) = self.peers.peer_epoch(peer) else {
@@ -478,6 +523,8 @@ impl Core {
                 self.receiver
                     .on_stream_ended(from, stream, held, queue, out);
             }
+            Frame::CardQuery { node } => self.on_card_query(peer, node, now),
+            Frame::CardAnswer { node, card } => self.on_card_answer(peer, node, card),
             Frame::Batch { .. } => {
                 debug_assert!(false, "a batch frame must come as Input::Batch");
                 self.out.drop(DropReason::Malformed);
@@ -654,6 +701,7 @@ impl Core {
             node: self.me,
             epoch: self.author.epoch(),
             marks,
+            card: Box::new(self.own_card.clone()),
         }
     }
 
@@ -684,6 +732,7 @@ impl Core {
             Timer::Peer(peer, PeerTimer::Feed) => {
                 self.author.on_feed_timer(peer, now, config, out);
             }
+            Timer::Peer(peer, PeerTimer::Ask) => self.on_ask_due(peer, now),
             Timer::Resync(stream) => {
                 self.receiver.on_resync_timer(
                     &stream,
@@ -709,6 +758,9 @@ impl Core {
         for peer in self.peers.take_touched() {
             let hello = self.peers.hello_deadline(peer, config);
             self.timers.set(Timer::Peer(peer, PeerTimer::Hello), hello);
+            self.peers.ensure_ask(peer, now.plus(config.card_ask_ms));
+            let ask = self.peers.ask_deadline(peer);
+            self.timers.set(Timer::Peer(peer, PeerTimer::Ask), ask);
             // Whether a stream may be asked for depends on its author's link.
             self.receiver.touch_author(peer);
         }
@@ -744,5 +796,16 @@ impl Core {
             self.out.push(Effect::SetTimer { at });
         }
         self.armed = next;
+    }
+}
+
+/// The card a core sends before this node ever issued one: named `node`, no
+/// addresses, issued at 0.
+fn placeholder_card(secret: &SecretKey) -> NodeCard {
+    let name = NodeName::from_hostname("");
+    match NodeCard::sign(secret, name, Vec::new(), 0) {
+        Ok(card) => card,
+        // No addresses is within every bound.
+        Err(e) => unreachable!("a card without addresses signs: {e}"),
     }
 }

@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use mesh_protocol::{Epoch, NodeId};
+use mesh_protocol::{Epoch, NodeCard, NodeId};
 use mesh_store::PeerRecord;
 
-use super::{Config, ConnId, Millis};
+use super::{CARD_ANSWER_WINDOW_MS, CARD_ANSWERS_MAX, CARD_QUERIES_MAX, Config, ConnId, Millis};
 
 /// A peer added (or its addresses changed) or removed, to be committed.
 #[derive(Clone, Debug)]
@@ -44,6 +44,31 @@ struct Peer {
     epoch_seen: Option<Epoch>,
     /// The live connection and its phase.
     conn: Option<(ConnId, Phase)>,
+    /// Its newest card, as committed.
+    card: Option<NodeCard>,
+    /// While it has no connection: when to ask the connected peers for its
+    /// newest card next.
+    ask_at: Option<Millis>,
+    /// Card queries sent to it on its live connection and not answered
+    /// yet: about which node, sent when (at most [`CARD_QUERIES_MAX`]).
+    asked: BTreeMap<NodeId, Millis>,
+    /// Card queries it sent on its live connection that were answered in
+    /// the window starting at the first: (start, count).
+    answered: (Millis, u32),
+}
+
+impl Peer {
+    fn new(record: PeerRecord) -> Peer {
+        Peer {
+            epoch_seen: record.epoch,
+            record,
+            conn: None,
+            card: None,
+            ask_at: None,
+            asked: BTreeMap::new(),
+            answered: (Millis(0), 0),
+        }
+    }
 }
 
 /// What a due Hello timer asks for.
@@ -69,22 +94,25 @@ pub(super) struct Peers {
 impl Peers {
     /// The committed peers of node `me` (a record of `me` itself is ignored).
     pub(super) fn new(me: NodeId, records: Vec<PeerRecord>) -> Peers {
-        let table = records
+        let table: BTreeMap<NodeId, Peer> = records
             .into_iter()
             .filter(|r| r.node != me)
-            .map(|record| {
-                let peer = Peer {
-                    epoch_seen: record.epoch,
-                    record,
-                    conn: None,
-                };
-                (peer.record.node, peer)
-            })
+            .map(|record| (record.node, Peer::new(record)))
             .collect();
         Peers {
             me,
+            // The first turn schedules a card query for each (see `ensure_ask`).
+            touched: table.keys().copied().collect(),
             table,
-            touched: BTreeSet::new(),
+        }
+    }
+
+    /// Sets the committed cards of known peers (others are ignored).
+    pub(super) fn load_cards(&mut self, cards: Vec<NodeCard>) {
+        for card in cards {
+            if let Some(p) = self.table.get_mut(&card.node) {
+                p.card = Some(card);
+            }
         }
     }
 
@@ -127,13 +155,118 @@ impl Peers {
         }
     }
 
-    /// Forgets the peer's connection, if it has one.
+    /// Forgets the peer's connection, if it has one, and the card queries
+    /// on it.
     pub(super) fn close(&mut self, peer: NodeId) {
-        if let Some(p) = self.table.get_mut(&peer)
-            && p.conn.take().is_some()
+        if let Some(p) = self.table.get_mut(&peer) {
+            p.asked.clear();
+            p.answered = (Millis(0), 0);
+            if p.conn.take().is_some() {
+                self.touched.insert(peer);
+            }
+        }
+    }
+
+    /// The peer's newest committed card.
+    pub(super) fn card(&self, node: NodeId) -> Option<&NodeCard> {
+        self.table.get(&node)?.card.as_ref()
+    }
+
+    /// The peer's card is committed, with its addresses as the peer's (if
+    /// it has any): it is the one held now.
+    pub(super) fn set_card(&mut self, card: NodeCard) {
+        if let Some(p) = self.table.get_mut(&card.node)
+            && p.card.as_ref().is_none_or(|c| card.is_newer_than(c))
         {
+            if !card.addrs.is_empty() {
+                p.record.addrs = card.addrs.clone();
+            }
+            p.card = Some(card);
+        }
+    }
+
+    /// While `peer` has no connection, ask the others for its card at `at`.
+    pub(super) fn schedule_ask(&mut self, peer: NodeId, at: Millis) {
+        if let Some(p) = self.table.get_mut(&peer) {
+            p.ask_at = Some(at);
             self.touched.insert(peer);
         }
+    }
+
+    /// Schedules the first card query about `peer` at `at` if none is:
+    /// a peer just added or loaded is asked about once it has gone that
+    /// long without a connection.
+    pub(super) fn ensure_ask(&mut self, peer: NodeId, at: Millis) {
+        if let Some(p) = self.table.get_mut(&peer)
+            && p.ask_at.is_none()
+        {
+            p.ask_at = Some(at);
+        }
+    }
+
+    /// When to ask about `peer` next: only while it has no connection.
+    pub(super) fn ask_deadline(&self, peer: NodeId) -> Option<Millis> {
+        let p = self.table.get(&peer)?;
+        if p.conn.is_some() {
+            return None;
+        }
+        p.ask_at
+    }
+
+    /// The peers with a live connection (Hello received) other than
+    /// `about` that may be asked about it now: not already asked within
+    /// `retry_ms`, and with room for one more open query. Marks them asked
+    /// at `now`.
+    pub(super) fn ask_about(
+        &mut self,
+        about: NodeId,
+        now: Millis,
+        retry_ms: u64,
+    ) -> Vec<(NodeId, ConnId)> {
+        let mut out = Vec::new();
+        for (node, p) in self.table.iter_mut() {
+            let Some((conn, Phase::Live { .. })) = p.conn else {
+                continue;
+            };
+            if *node == about {
+                continue;
+            }
+            let due = p
+                .asked
+                .get(&about)
+                .is_none_or(|sent| now >= sent.plus(retry_ms));
+            if !due || (!p.asked.contains_key(&about) && p.asked.len() >= CARD_QUERIES_MAX) {
+                continue;
+            }
+            p.asked.insert(about, now);
+            out.push((*node, conn));
+        }
+        out
+    }
+
+    /// `from` answered our query about `about`: whether we had asked it.
+    pub(super) fn take_answer(&mut self, from: NodeId, about: NodeId) -> bool {
+        self.table
+            .get_mut(&from)
+            .is_some_and(|p| p.asked.remove(&about).is_some())
+    }
+
+    /// Whether `from` may be answered one more card query at `now`: at most
+    /// [`CARD_ANSWERS_MAX`] in each [`CARD_ANSWER_WINDOW_MS`]. Counts it.
+    pub(super) fn may_answer(&mut self, from: NodeId, now: Millis) -> bool {
+        let Some(p) = self.table.get_mut(&from) else {
+            return false;
+        };
+        let (start, count) = &mut p.answered;
+        if now >= start.plus(CARD_ANSWER_WINDOW_MS) {
+            *start = now;
+            *count = 0;
+        }
+        if *count >= CARD_ANSWERS_MAX {
+            return false;
+        }
+        *count += 1;
+        true
     }
 
     /// The peer's Hello announced `epoch`: returns `None` if it is the one
@@ -183,12 +316,8 @@ impl Peers {
             PeerChange::Put(record) => match self.table.get_mut(&record.node) {
                 Some(p) => p.record.addrs = record.addrs,
                 None => {
-                    let peer = Peer {
-                        epoch_seen: record.epoch,
-                        record,
-                        conn: None,
-                    };
-                    self.table.insert(peer.record.node, peer);
+                    self.touched.insert(record.node);
+                    self.table.insert(record.node, Peer::new(record));
                 }
             },
             PeerChange::Remove(node) => {

@@ -4,8 +4,8 @@
 use std::collections::VecDeque;
 
 use mesh_protocol::{
-    Channel, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads,
-    SecretKey, Seq, StreamId,
+    Channel, Epoch, Frame, Mark, NewEnvelope, NodeCard, NodeId, NodeName, OpenBatch,
+    PROTOCOL_VERSION, Payloads, SecretKey, Seq, StreamId,
 };
 use mesh_store::{
     JournalRecord, LossReason, MemStore, MeshStore, OnFull, OutboxBounds, PeerRecord, Receipt,
@@ -258,6 +258,7 @@ impl Node {
                 node: id(peer),
                 epoch: epoch(peer_epoch),
                 marks,
+                card: Box::new(card(peer, 1)),
             },
         );
     }
@@ -289,8 +290,20 @@ fn frame_name(f: &Frame) -> String {
         Frame::Resync { after, .. } => format!("resync {after}"),
         Frame::Ack { upto, .. } => format!("ack {upto}"),
         Frame::Hello { .. } => "hello".to_string(),
+        Frame::CardQuery { .. } => "card query".to_string(),
+        Frame::CardAnswer { .. } => "card answer".to_string(),
         Frame::StreamEnded { held, .. } => format!("ended {held}"),
     }
+}
+
+/// Node `n`'s card, issued at `issued_ms`, listening on 127.0.0.1:(4000 + n).
+fn card(n: u8, issued_ms: u64) -> mesh_protocol::NodeCard {
+    let name = mesh_protocol::NodeName::new(&format!("node-{n}")).expect("a valid name");
+    let addrs = vec![std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        4000 + u16::from(n),
+    ))];
+    mesh_protocol::NodeCard::sign(&key(n), name, addrs, issued_ms).expect("one address")
 }
 
 /// A batch of `author` (in `author_epoch`) to `to`, signed, as a frame.
@@ -693,6 +706,7 @@ fn a_hello_naming_another_node_closes_the_connection() {
             node: id(3),
             epoch: epoch(3),
             marks: Vec::new(),
+            card: Box::new(card(3, 1)),
         },
     );
     assert!(b.other.iter().any(|e| matches!(
@@ -1882,6 +1896,7 @@ fn a_mark_naming_our_envelope_is_trusted_once_the_outbox_shows_it() {
                 node: id(2),
                 epoch: epoch(2),
                 marks: vec![m],
+                card: Box::new(card(2, 1)),
             },
         )
     };
@@ -1920,6 +1935,7 @@ fn hello_of_2(a: &mut Node, conn: ConnId, marks: Vec<Mark>) -> Vec<(NodeId, Conn
             node: id(2),
             epoch: epoch(2),
             marks,
+            card: Box::new(card(2, 1)),
         },
     ));
     out
@@ -2110,6 +2126,7 @@ fn the_author_saying_its_ended_stream_holds_less_than_we_do_is_journaled_as_roll
             node: id(1),
             epoch: epoch(4),
             marks: Vec::new(),
+            card: Box::new(card(1, 1)),
         },
     );
     let ended = Frame::StreamEnded {
@@ -2177,4 +2194,263 @@ fn a_crash_between_the_new_epoch_and_its_carry_over_carries_on_after_the_restart
         a.store.ended_own().expect("ended")[0].carried == 3,
         "carried to the end"
     );
+}
+
+impl Node {
+    /// Opens connection `conn` from `peer` and feeds its Hello carrying `card`.
+    fn hello_with_card(&mut self, peer: u8, conn: ConnId, card: mesh_protocol::NodeCard) {
+        self.run(Input::PeerConnected {
+            peer: id(peer),
+            conn,
+        });
+        self.frame(
+            peer,
+            conn,
+            Frame::Hello {
+                version: PROTOCOL_VERSION,
+                node: id(peer),
+                epoch: epoch(peer),
+                marks: Vec::new(),
+                card: Box::new(card),
+            },
+        );
+    }
+
+    fn stored_card(&self, n: u8) -> Option<mesh_protocol::NodeCard> {
+        let cards = self.store.cards().expect("mem store reads");
+        cards.into_iter().find(|c| c.node == id(n))
+    }
+
+    fn stored_addrs(&self, n: u8) -> Vec<std::net::SocketAddr> {
+        let peers = self.store.peers().expect("mem store reads");
+        peers
+            .into_iter()
+            .find(|p| p.node == id(n))
+            .map(|p| p.addrs)
+            .unwrap_or_default()
+    }
+
+    fn dropped(&self, reason: DropReason) -> u64 {
+        self.core.metrics().dropped.get(reason)
+    }
+
+    fn learned(&self) -> Vec<(NodeId, Vec<std::net::SocketAddr>)> {
+        self.other
+            .iter()
+            .filter_map(|e| match e {
+                Effect::PeerAddrs { node, addrs } => Some((*node, addrs.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// `card` with its addresses changed after signing.
+fn tampered(mut card: mesh_protocol::NodeCard) -> mesh_protocol::NodeCard {
+    card.addrs = vec![std::net::SocketAddr::from(([192, 0, 2, 66], 1))];
+    card
+}
+
+#[test]
+fn a_newer_card_in_a_hello_is_committed_and_its_addresses_replace_the_peers() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    b.hello_with_card(1, ConnId(1), card(1, 10));
+    assert_eq!(b.stored_card(1), Some(card(1, 10)));
+    assert_eq!(b.stored_addrs(1), card(1, 10).addrs);
+    assert_eq!(b.learned(), vec![(id(1), card(1, 10).addrs)]);
+    assert_eq!(b.core.peer_card(&id(1)), Some(&card(1, 10)));
+
+    // The same card again (every reconnect) writes nothing.
+    let persists = b.persists.len();
+    b.run(Input::PeerDisconnected {
+        peer: id(1),
+        conn: ConnId(1),
+    });
+    b.hello_with_card(1, ConnId(2), card(1, 10));
+    assert_eq!(b.persists.len(), persists);
+    assert_eq!(b.dropped(DropReason::StaleCard), 0);
+
+    // A newer one replaces it, and survives a restart of the core.
+    let newer = NodeCard::sign(
+        &key(1),
+        NodeName::new("moved").expect("a valid name"),
+        vec![std::net::SocketAddr::from(([127, 0, 0, 1], 5001))],
+        20,
+    )
+    .expect("one address");
+    b.run(Input::PeerDisconnected {
+        peer: id(1),
+        conn: ConnId(2),
+    });
+    b.hello_with_card(1, ConnId(3), newer.clone());
+    assert_eq!(b.stored_card(1), Some(newer.clone()));
+    assert_eq!(b.stored_addrs(1), newer.addrs);
+    b.restart();
+    assert_eq!(b.core.peer_card(&id(1)), Some(&newer));
+}
+
+#[test]
+fn an_older_forged_or_foreign_card_is_dropped_and_counted_and_changes_nothing() {
+    let mut b = Node::new(2, 2, &[1, 3], Config::default());
+    b.hello_with_card(1, ConnId(1), card(1, 10));
+    let persists = b.persists.len();
+    let hellos = [
+        (ConnId(2), card(1, 9)),            // rolled back
+        (ConnId(3), tampered(card(1, 11))), // not signed as it reads
+        (ConnId(4), card(3, 12)),           // another node's card
+    ];
+    for (conn, c) in hellos {
+        b.run(Input::PeerDisconnected {
+            peer: id(1),
+            conn: ConnId(conn.0 - 1),
+        });
+        b.hello_with_card(1, conn, c);
+    }
+    assert_eq!(b.dropped(DropReason::StaleCard), 1);
+    assert_eq!(b.dropped(DropReason::BadCard), 2);
+    assert_eq!(b.persists.len(), persists, "nothing was written");
+    assert_eq!(b.stored_card(1), Some(card(1, 10)));
+    assert_eq!(b.stored_card(3), None);
+    // The Hellos themselves were taken: the connection is live.
+    assert!(b.core.peers.peer_epoch(id(1)).is_some());
+}
+
+#[test]
+fn a_node_that_cannot_reach_a_peer_asks_the_connected_ones_and_dials_the_newer_card() {
+    let config = Config::default();
+    let mut a = Node::new(1, 1, &[2, 3], config.clone());
+    a.hello_with_card(3, ConnId(1), card(3, 1));
+    // Peer 2 has never connected: it is asked about once that has lasted
+    // `card_ask_ms`.
+    let sent = a.run(Input::Timer);
+    assert!(
+        !sent
+            .iter()
+            .any(|(_, _, f)| matches!(f, Frame::CardQuery { .. }))
+    );
+    a.now = a.now.plus(config.card_ask_ms);
+    let sent = a.run(Input::Timer);
+    let asked: Vec<_> = sent
+        .iter()
+        .filter(|(_, _, f)| matches!(f, Frame::CardQuery { node } if *node == id(2)))
+        .map(|(to, conn, _)| (*to, *conn))
+        .collect();
+    assert_eq!(asked, vec![(id(3), ConnId(1))]);
+    // Not again before the retry.
+    let again = a.run(Input::Timer);
+    assert!(
+        !again
+            .iter()
+            .any(|(_, _, f)| matches!(f, Frame::CardQuery { .. }))
+    );
+
+    a.frame(
+        3,
+        ConnId(1),
+        Frame::CardAnswer {
+            node: id(2),
+            card: Some(Box::new(card(2, 7))),
+        },
+    );
+    assert_eq!(a.stored_card(2), Some(card(2, 7)));
+    assert_eq!(
+        a.learned(),
+        vec![(id(3), card(3, 1).addrs), (id(2), card(2, 7).addrs)]
+    );
+
+    // An answer nobody asked for is dropped, even with a newer card.
+    a.frame(
+        3,
+        ConnId(1),
+        Frame::CardAnswer {
+            node: id(2),
+            card: Some(Box::new(card(2, 8))),
+        },
+    );
+    assert_eq!(a.dropped(DropReason::UnsolicitedCard), 1);
+    assert_eq!(a.stored_card(2), Some(card(2, 7)));
+
+    // After the retry it asks again; a forged answer is dropped.
+    a.now = a.now.plus(config.card_ask_retry_ms);
+    let sent = a.run(Input::Timer);
+    assert!(
+        sent.iter()
+            .any(|(_, _, f)| matches!(f, Frame::CardQuery { node } if *node == id(2)))
+    );
+    a.frame(
+        3,
+        ConnId(1),
+        Frame::CardAnswer {
+            node: id(2),
+            card: Some(Box::new(tampered(card(2, 9)))),
+        },
+    );
+    assert_eq!(a.dropped(DropReason::BadCard), 1);
+    assert_eq!(a.stored_card(2), Some(card(2, 7)));
+}
+
+#[test]
+fn card_queries_are_answered_with_the_newest_card_held_and_rate_limited() {
+    let mut c = Node::new(3, 3, &[1, 2], Config::default());
+    c.hello_with_card(2, ConnId(1), card(2, 4));
+    c.hello_with_card(1, ConnId(2), card(1, 1));
+    let answer = |c: &mut Node, about: NodeId| {
+        let sent = c.frame(1, ConnId(2), Frame::CardQuery { node: about });
+        sent.into_iter().find_map(|(to, _, f)| match f {
+            Frame::CardAnswer { node, card } if to == id(1) && node == about => {
+                Some(card.map(|c| *c))
+            }
+            _ => None,
+        })
+    };
+    assert_eq!(answer(&mut c, id(2)), Some(Some(card(2, 4))));
+    assert_eq!(answer(&mut c, id(9)), Some(None));
+    let own = c.core.own_card().clone();
+    assert_eq!(answer(&mut c, id(3)), Some(Some(own)));
+    for _ in 3..CARD_ANSWERS_MAX {
+        assert!(answer(&mut c, id(2)).is_some());
+    }
+    assert_eq!(answer(&mut c, id(2)), None, "past the rate, no answer");
+    assert_eq!(c.dropped(DropReason::CardQueryLimited), 1);
+    // The next window answers again.
+    c.now = c.now.plus(CARD_ANSWER_WINDOW_MS);
+    assert!(answer(&mut c, id(2)).is_some());
+}
+
+#[test]
+fn a_node_issues_its_own_newer_card_commits_it_and_sends_it_in_every_hello() {
+    let mut a = Node::new(1, 1, &[2], Config::default());
+    let mine = card(1, 50);
+    a.run(Input::OwnCard { card: mine.clone() });
+    assert_eq!(a.stored_card(1), Some(mine.clone()));
+    assert!(a.learned().is_empty(), "its own addresses are not a peer's");
+    let sent = a.run(Input::PeerConnected {
+        peer: id(2),
+        conn: ConnId(1),
+    });
+    assert!(
+        sent.iter()
+            .any(|(_, _, f)| matches!(f, Frame::Hello { card, .. } if **card == mine))
+    );
+    // An older one is ignored; a restart keeps the newest.
+    a.run(Input::OwnCard { card: card(1, 40) });
+    assert_eq!(a.core.own_card(), &mine);
+    a.restart();
+    assert_eq!(a.core.own_card(), &mine);
+}
+
+#[test]
+fn a_newer_card_without_addresses_leaves_the_known_ones() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    b.hello_with_card(1, ConnId(1), card(1, 10));
+    let relayed = NodeCard::sign(&key(1), NodeName::new("node-1").expect("name"), vec![], 11)
+        .expect("no addresses");
+    b.run(Input::PeerDisconnected {
+        peer: id(1),
+        conn: ConnId(1),
+    });
+    b.hello_with_card(1, ConnId(2), relayed.clone());
+    assert_eq!(b.stored_card(1), Some(relayed));
+    assert_eq!(b.stored_addrs(1), card(1, 10).addrs);
+    assert_eq!(b.learned().last(), Some(&(id(1), card(1, 10).addrs)));
 }

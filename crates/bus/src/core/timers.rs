@@ -36,6 +36,8 @@ pub(super) enum PeerTimer {
     Hello,
     /// Feeding the peer: retry a failed outbox read, or resend after silence.
     Feed,
+    /// The peer has no connection: ask the connected peers for its card.
+    Ask,
 }
 
 /// Deadlines by timer, and the same ordered by time.

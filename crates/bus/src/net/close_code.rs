@@ -37,6 +37,9 @@ pub const NO_HELLO: u32 = 504;
 /// The peer speaks another protocol version, in its preamble or its Hello
 /// (the reason names both).
 pub const VERSION_MISMATCH: u32 = 505;
+/// Join exchange: this node takes no joins now (too many at once, or it
+/// does not take joins at all); try again later.
+pub const JOIN_BUSY: u32 = 530;
 
 impl From<&CloseReason> for u32 {
     /// The close code the bus sends for `reason`.

@@ -3,16 +3,23 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use iroh::RelayUrl;
+
 /// The ALPN of the agent-mesh daemon-to-daemon protocol.
 pub const ALPN: &[u8] = b"agent-mesh/1";
 
-/// The first bytes each side writes on the frame stream, before any frame.
+/// The first bytes each side writes on the frame stream, before any frame:
+/// `amesh/` and the protocol version as one digit
+/// ([`mesh_protocol::PROTOCOL_VERSION`]), then a newline.
 ///
 /// It makes the opener's stream visible to the acceptor at once, and the
 /// acceptor's copy tells the dialer its connection was taken as the live one.
-/// The digit is [`mesh_protocol::PROTOCOL_VERSION`]: a node of another
-/// version is refused here, before any frame, with a reason naming both.
+/// A preamble of another version is refused with
+/// [`super::close_code::VERSION_MISMATCH`], its reason naming both versions.
 pub const PREAMBLE: [u8; 8] = *b"amesh/2\n";
+
+/// The bytes every version's preamble starts with.
+pub const PREAMBLE_MAGIC: &[u8; 6] = b"amesh/";
 
 /// Bytes of the instance that follows [`PREAMBLE`]: a big-endian `u64`, the
 /// microseconds since the Unix epoch when the sender's transport was bound.
@@ -82,12 +89,27 @@ pub const PAUSED_REASON: &str = "link paused";
 /// How long closing the endpoint may take at shutdown.
 pub(crate) const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// How to bind the transport. Relays, address lookup and the portmapper are
-/// always off: peers are dialed at the addresses they were added with.
+/// The most relay servers a node uses.
+pub const RELAYS_MAX: usize = 8;
+
+/// How to bind the transport. Address lookup (beyond the peers' known
+/// addresses) and the portmapper are always off; relays are off unless
+/// some are configured.
 #[derive(Clone, Debug)]
 pub struct NetConfig {
     /// The UDP socket to bind; port 0 picks a free one.
     pub bind_addr: SocketAddr,
+    /// With port 0 in `bind_addr`: the port to ask for first (the one this
+    /// node listened on before); if it is taken, a free one is picked.
+    pub preferred_port: Option<u16>,
+    /// Relay servers (self-hosted `iroh-relay`, at most [`RELAYS_MAX`]) for
+    /// peers with no direct route; every peer is also dialed through them.
+    /// Empty: relays off.
+    pub relays: Vec<RelayUrl>,
+    /// LAN discovery (off unless asked for; see [`super::MdnsMode`]).
+    pub mdns: super::MdnsMode,
+    /// The name an mDNS announcement carries.
+    pub mdns_name: String,
     /// QUIC idle timeout; see [`IDLE_TIMEOUT`].
     pub idle_timeout: Duration,
     /// QUIC keep-alive interval; see [`KEEP_ALIVE_INTERVAL`].
@@ -98,6 +120,10 @@ impl Default for NetConfig {
     fn default() -> Self {
         NetConfig {
             bind_addr: SocketAddr::from(([0, 0, 0, 0], 0)),
+            preferred_port: None,
+            relays: Vec::new(),
+            mdns: super::MdnsMode::Off,
+            mdns_name: String::new(),
             idle_timeout: IDLE_TIMEOUT,
             keep_alive: KEEP_ALIVE_INTERVAL,
         }

@@ -7,13 +7,17 @@ use iroh::endpoint::{
     Connection, ConnectionError, ReadError, ReadExactError, RecvStream, SendStream, VarInt,
     WriteError,
 };
-use mesh_protocol::{FRAME_HEADER_BYTES, Frame, FrameError, NodeId, decode_frame, frame_body_len};
+use mesh_protocol::{
+    FRAME_HEADER_BYTES, Frame, FrameError, NodeId, PROTOCOL_VERSION, decode_frame, frame_body_len,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tracing::warn;
 
 use super::counters::Counters;
 use super::queue::SendQueue;
-use super::{DisconnectReason, INSTANCE_BYTES, PREAMBLE, READ_BUFFER_BYTES, close_code};
+use super::{
+    DisconnectReason, INSTANCE_BYTES, PREAMBLE, PREAMBLE_MAGIC, READ_BUFFER_BYTES, close_code,
+};
 use crate::core::ConnId;
 
 /// A connection whose frame stream is open and whose preamble was read.
@@ -69,38 +73,66 @@ pub(crate) fn close(connection: &Connection, code: u32, reason: &str) {
 /// Why the preamble exchange failed.
 #[derive(Debug)]
 pub(crate) enum HandshakeError {
-    /// The peer speaks another protocol version; the text names both.
-    Version(String),
-    /// The peer closed the connection with `code` (see [`close_code`]).
-    Closed { code: u64, reason: String },
-    /// Anything else: the stream broke, or the bytes are not a preamble.
-    Other(String),
+    /// The peer's preamble names another protocol version.
+    Version(u32),
+    /// The peer closed the connection (or it failed) before its preamble.
+    Closed(DisconnectReason),
+    /// The peer wrote something that is no preamble.
+    Bad(String),
+}
+
+impl HandshakeError {
+    /// The peer's close code and reason, if the peer closed the connection.
+    pub(crate) fn closed_by_peer(&self) -> Option<(u64, String)> {
+        match self {
+            HandshakeError::Closed(DisconnectReason::ClosedByPeer { code, reason }) => {
+                Some((*code, reason.clone()))
+            }
+            _ => None,
+        }
+    }
+
+    /// The refusal to show for this peer, if it is one of protocol versions:
+    /// ours of its preamble, its of ours (a peer of this protocol or newer
+    /// closes with [`close_code::VERSION_MISMATCH`], an older one reads
+    /// `amesh/2` as a bad preamble).
+    pub(crate) fn refusal(&self) -> Option<String> {
+        match self {
+            HandshakeError::Version(theirs) => Some(version_refusal(*theirs)),
+            HandshakeError::Closed(DisconnectReason::ClosedByPeer { code, reason })
+                if *code == u64::from(close_code::VERSION_MISMATCH) =>
+            {
+                Some(format!("the peer refused this node's protocol: {reason}"))
+            }
+            HandshakeError::Closed(DisconnectReason::ClosedByPeer { code, .. })
+                if *code == u64::from(close_code::BAD_PREAMBLE) =>
+            {
+                Some(format!(
+                    "the peer refused this node's preamble (agent-mesh protocol {PROTOCOL_VERSION}): \
+                     it probably runs an older agent-mesh; upgrade it"
+                ))
+            }
+            _ => None,
+        }
+    }
 }
 
 impl std::fmt::Display for HandshakeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            HandshakeError::Version(why) | HandshakeError::Other(why) => f.write_str(why),
-            HandshakeError::Closed { code, reason } => {
-                write!(f, "closed by peer: {reason} (code {code})")
-            }
+            HandshakeError::Version(theirs) => f.write_str(&version_refusal(*theirs)),
+            HandshakeError::Closed(reason) => write!(f, "{reason}"),
+            HandshakeError::Bad(why) => f.write_str(why),
         }
     }
 }
 
-/// The refusal of a peer whose preamble names `theirs` as its version.
-pub(crate) fn version_refusal(theirs: &str) -> String {
+/// The reason sent with [`close_code::VERSION_MISMATCH`] to a peer whose
+/// preamble names protocol `theirs`.
+pub(crate) fn version_refusal(theirs: u32) -> String {
     format!(
-        "peer speaks agent-mesh protocol {theirs}, this node speaks {}; upgrade the older node",
-        mesh_protocol::PROTOCOL_VERSION
+        "peer speaks agent-mesh protocol {theirs}, this node speaks {PROTOCOL_VERSION}; upgrade the older node"
     )
-}
-
-/// The version a preamble of another version names (`amesh/<v>\n`), if it is one.
-fn preamble_version(magic: &[u8]) -> Option<String> {
-    let v = magic.strip_prefix(b"amesh/")?.strip_suffix(b"\n")?;
-    let v = std::str::from_utf8(v).ok()?;
-    (!v.is_empty() && v.bytes().all(|b| b.is_ascii_digit())).then(|| v.to_owned())
 }
 
 /// Reads the peer's preamble from `recv` and returns its instance.
@@ -108,25 +140,29 @@ async fn read_preamble(recv: &mut RecvStream) -> Result<u64, HandshakeError> {
     let mut got = [0u8; PREAMBLE.len() + INSTANCE_BYTES];
     recv.read_exact(&mut got).await.map_err(|e| match e {
         ReadExactError::FinishedEarly(n) => {
-            HandshakeError::Other(format!("stream ended after {n} preamble bytes"))
+            HandshakeError::Bad(format!("stream ended after {n} preamble bytes"))
         }
-        ReadExactError::ReadError(e) => match read_error(e) {
-            DisconnectReason::ClosedByPeer { code, reason } => {
-                HandshakeError::Closed { code, reason }
-            }
-            other => HandshakeError::Other(other.to_string()),
-        },
+        ReadExactError::ReadError(e) => HandshakeError::Closed(read_error(e)),
     })?;
     let (magic, instance) = got.split_at(PREAMBLE.len());
     if magic != PREAMBLE {
         return Err(match preamble_version(magic) {
-            Some(v) => HandshakeError::Version(version_refusal(&v)),
-            None => HandshakeError::Other(format!("bad preamble {magic:02x?}")),
+            Some(theirs) => HandshakeError::Version(theirs),
+            None => HandshakeError::Bad(format!("bad preamble {magic:02x?}")),
         });
     }
     let mut be = [0u8; INSTANCE_BYTES];
     be.copy_from_slice(instance);
     Ok(u64::from_be_bytes(be))
+}
+
+/// The version a well-formed preamble of any version names (`amesh/N\n`).
+fn preamble_version(magic: &[u8]) -> Option<u32> {
+    let rest = magic.strip_prefix(PREAMBLE_MAGIC.as_slice())?;
+    match rest {
+        [d, b'\n'] if d.is_ascii_digit() => Some(u32::from(d - b'0')),
+        _ => None,
+    }
 }
 
 /// Dialer side of the handshake: opens the frame stream, writes the preamble
@@ -139,10 +175,10 @@ pub(crate) async fn open_frame_stream(
     let (mut send, mut recv) = connection
         .open_bi()
         .await
-        .map_err(|e| HandshakeError::Other(conn_error(e).to_string()))?;
+        .map_err(|e| HandshakeError::Closed(conn_error(e)))?;
     send.write_all(&preamble(instance))
         .await
-        .map_err(|e| HandshakeError::Other(write_error(e).to_string()))?;
+        .map_err(|e| HandshakeError::Closed(write_error(e)))?;
     let theirs = read_preamble(&mut recv).await?;
     Ok((send, recv, theirs))
 }
@@ -156,7 +192,7 @@ pub(crate) async fn accept_frame_stream(
     let (send, mut recv) = connection
         .accept_bi()
         .await
-        .map_err(|e| HandshakeError::Other(conn_error(e).to_string()))?;
+        .map_err(|e| HandshakeError::Closed(conn_error(e)))?;
     let theirs = read_preamble(&mut recv).await?;
     Ok((send, recv, theirs))
 }
@@ -406,5 +442,21 @@ fn write_error(e: WriteError) -> DisconnectReason {
         WriteError::ConnectionLost(e) => conn_error(e),
         WriteError::Stopped(_) => DisconnectReason::StreamEnded,
         other => DisconnectReason::Transport(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_preamble_of_another_version_is_told_from_a_bad_one() {
+        assert_eq!(preamble_version(b"amesh/1\n"), Some(1));
+        assert_eq!(preamble_version(b"amesh/9\n"), Some(9));
+        assert_eq!(preamble_version(&PREAMBLE), Some(PROTOCOL_VERSION));
+        assert_eq!(preamble_version(b"amesh/x\n"), None);
+        assert_eq!(preamble_version(b"GET / HT"), None);
+        let why = version_refusal(1);
+        assert!(why.contains("protocol 1") && why.contains(&format!("speaks {PROTOCOL_VERSION}")));
     }
 }

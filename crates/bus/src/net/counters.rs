@@ -28,6 +28,8 @@ pub struct NetCounters {
     /// Connections refused (here or by the peer) because two live processes
     /// share one node key.
     pub identity_conflicts: u64,
+    /// Connections refused (by either side) for another protocol version.
+    pub version_refused: u64,
 }
 
 /// The live counters, shared with the connection tasks (metrics only: no
@@ -44,6 +46,7 @@ pub(crate) struct Counters {
     pub(crate) dial_failures: AtomicU64,
     pub(crate) paused_refused: AtomicU64,
     pub(crate) identity_conflicts: AtomicU64,
+    pub(crate) version_refused: AtomicU64,
 }
 
 impl Counters {
@@ -64,6 +67,7 @@ impl Counters {
             dial_failures: g(&self.dial_failures),
             paused_refused: g(&self.paused_refused),
             identity_conflicts: g(&self.identity_conflicts),
+            version_refused: g(&self.version_refused),
         }
     }
 }

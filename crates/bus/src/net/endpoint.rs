@@ -9,27 +9,72 @@ use iroh::address_lookup::memory::MemoryLookup;
 use iroh::endpoint::{
     Connection, Incoming, PortmapperConfig, QuicTransportConfig, VarInt, presets,
 };
-use iroh::{Endpoint, EndpointAddr, RelayMode};
+use iroh::{Endpoint, EndpointAddr, RelayMode, RelayUrl};
 use mesh_protocol::{MAX_TICKET_ADDRS, NodeId, SecretKey};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 use tracing::{debug, warn};
 
-use super::conn::{self, Established};
+use super::conn::{self, Established, HandshakeError};
 use super::error::{error_chain, find_io_kind};
 use super::{
-    ALPN, DIAL_TIMEOUT, HANDSHAKE_TIMEOUT, NetConfig, NetError, PENDING_ACCEPTS_MAX, close_code,
+    ALPN, DIAL_TIMEOUT, HANDSHAKE_TIMEOUT, NetConfig, NetError, PENDING_ACCEPTS_MAX, RELAYS_MAX,
+    close_code,
 };
 
-/// Binds the endpoint: relays, address lookup (but for an in-memory table
-/// of the peers' addresses) and the portmapper off, one bi stream per
-/// connection.
+/// Binds the endpoint (see [`bind_at`]). With port 0 in `config.bind_addr`
+/// and a `config.preferred_port`, that port is asked for first; if it is
+/// taken, a new one is picked and both are logged.
 pub(crate) async fn bind(
     config: &NetConfig,
     secret: SecretKey,
 ) -> Result<(Endpoint, MemoryLookup), NetError> {
     let addr = config.bind_addr;
+    if config.relays.len() > RELAYS_MAX {
+        return Err(NetError::Bind {
+            addr,
+            why: format!(
+                "{} relays configured, at most {RELAYS_MAX} allowed",
+                config.relays.len()
+            ),
+        });
+    }
+    if let Some(port) = config
+        .preferred_port
+        .filter(|p| addr.port() == 0 && *p != 0)
+    {
+        let preferred = SocketAddr::new(addr.ip(), port);
+        match bind_at(config, preferred, secret.clone()).await {
+            Err(NetError::AddrInUse { .. }) => {
+                let bound = bind_at(config, addr, secret).await?;
+                let now = local_port(&bound.0);
+                warn!(
+                    wanted = port,
+                    got = now,
+                    "the port this node listened on before ({port}) is taken; listening on {now} instead, peers learn it from its next Hello"
+                );
+                return Ok(bound);
+            }
+            other => return other,
+        }
+    }
+    bind_at(config, addr, secret).await
+}
+
+/// The port the endpoint is bound to (0 if it reports none).
+pub(crate) fn local_port(endpoint: &Endpoint) -> u16 {
+    endpoint.bound_sockets().first().map_or(0, SocketAddr::port)
+}
+
+/// Binds the endpoint at `addr`: relays (but for the configured ones),
+/// address lookup (but for an in-memory table of the peers' addresses) and
+/// the portmapper off, one bi stream per connection.
+async fn bind_at(
+    config: &NetConfig,
+    addr: SocketAddr,
+    secret: SecretKey,
+) -> Result<(Endpoint, MemoryLookup), NetError> {
     let bind_err = |why: String| NetError::Bind { addr, why };
     let idle = config.idle_timeout.try_into().map_err(|_| {
         bind_err(format!(
@@ -46,13 +91,17 @@ pub(crate) async fn bind(
         .build();
     let endpoint = Endpoint::builder(presets::Minimal)
         .secret_key(secret)
-        .relay_mode(RelayMode::Disabled)
+        .relay_mode(if config.relays.is_empty() {
+            RelayMode::Disabled
+        } else {
+            RelayMode::custom(config.relays.iter().cloned())
+        })
         .clear_address_lookup()
         .portmapper_config(PortmapperConfig::Disabled)
         .clear_ip_transports()
         .bind_addr(addr)
         .map_err(|e| bind_err(e.to_string()))?
-        .alpns(vec![ALPN.to_vec()])
+        .alpns(vec![ALPN.to_vec(), mesh_protocol::JOIN_ALPN.to_vec()])
         .transport_config(transport)
         .bind()
         .await
@@ -142,12 +191,38 @@ async fn tls_handshake(incoming: Incoming) -> Option<Connection> {
     }
 }
 
+/// A handshake that did not give a live connection, and the protocol
+/// refusal to record for the peer, if it was one.
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) peer: NodeId,
+    pub(crate) refusal: Option<String>,
+    /// The peer's close code and reason, if the peer closed the connection.
+    pub(crate) closed: Option<(u64, String)>,
+    pub(crate) why: String,
+}
+
+/// Closes `connection` as the handshake error `e` asks: another version's
+/// preamble with [`close_code::VERSION_MISMATCH`] and a reason naming both
+/// versions, a bad one with [`close_code::BAD_PREAMBLE`].
+fn close_for(connection: &Connection, e: &HandshakeError) {
+    match e {
+        HandshakeError::Version(theirs) => conn::close(
+            connection,
+            close_code::VERSION_MISMATCH,
+            &conn::version_refusal(*theirs),
+        ),
+        HandshakeError::Bad(_) => conn::close(connection, close_code::BAD_PREAMBLE, "bad preamble"),
+        HandshakeError::Closed(_) => {}
+    }
+}
+
 /// The acceptor's frame-stream handshake on a connection from a known peer;
 /// a connection that fails it is closed with its code.
-pub(crate) async fn accept_stream(connection: Connection) -> Option<Established> {
+pub(crate) async fn accept_stream(connection: Connection) -> Result<Established, Failed> {
     let peer = connection.remote_id();
     match timeout(HANDSHAKE_TIMEOUT, conn::accept_frame_stream(&connection)).await {
-        Ok(Ok((send, recv, peer_instance))) => Some(Established {
+        Ok(Ok((send, recv, peer_instance))) => Ok(Established {
             peer,
             connection,
             send,
@@ -155,15 +230,15 @@ pub(crate) async fn accept_stream(connection: Connection) -> Option<Established>
             dialed_here: false,
             peer_instance,
         }),
-        Ok(Err(conn::HandshakeError::Version(why))) => {
-            warn!(peer = %peer.fmt_short(), "refused a connection: {why}");
-            conn::close(&connection, close_code::VERSION_MISMATCH, &why);
-            None
-        }
         Ok(Err(e)) => {
             debug!(peer = %peer.fmt_short(), error = %e, "incoming frame stream failed");
-            conn::close(&connection, close_code::BAD_PREAMBLE, "bad preamble");
-            None
+            close_for(&connection, &e);
+            Err(Failed {
+                peer,
+                refusal: e.refusal(),
+                closed: e.closed_by_peer(),
+                why: e.to_string(),
+            })
         }
         Err(_) => {
             debug!(peer = %peer.fmt_short(), "incoming frame stream timed out");
@@ -172,50 +247,42 @@ pub(crate) async fn accept_stream(connection: Connection) -> Option<Established>
                 close_code::HANDSHAKE_TIMEOUT,
                 "handshake timed out",
             );
-            None
+            Err(Failed {
+                peer,
+                refusal: None,
+                closed: None,
+                why: "handshake timed out".into(),
+            })
         }
     }
 }
 
-/// Why a dial did not give a connection.
-#[derive(Debug)]
-pub(crate) enum DialError {
-    /// The peer closed it during the handshake, with `code`.
-    Refused { code: u64, reason: String },
-    /// It failed otherwise.
-    Other(String),
-}
-
-impl std::fmt::Display for DialError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DialError::Refused { code, reason } => {
-                write!(f, "refused by the peer: {reason} (code {code})")
-            }
-            DialError::Other(e) => f.write_str(e),
-        }
-    }
-}
-
-/// Dials `peer` at `addrs` and opens the frame stream.
+/// Dials `peer` at `addrs` (and through `relays`, if any) and opens the
+/// frame stream.
 pub(crate) async fn dial(
     endpoint: Endpoint,
     peer: NodeId,
     addrs: Vec<SocketAddr>,
+    relays: Vec<RelayUrl>,
     instance: u64,
-) -> Result<Established, DialError> {
+) -> Result<Established, Failed> {
+    let failed = |why: String| Failed {
+        peer,
+        refusal: None,
+        closed: None,
+        why,
+    };
     let mut addr = EndpointAddr::new(peer);
     for a in addrs {
         addr = addr.with_ip_addr(a);
     }
+    for r in relays {
+        addr = addr.with_relay_url(r);
+    }
     let connection = match timeout(DIAL_TIMEOUT, endpoint.connect(addr, ALPN)).await {
         Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(DialError::Other(e.to_string())),
-        Err(_) => {
-            return Err(DialError::Other(format!(
-                "no answer within {DIAL_TIMEOUT:?}"
-            )));
-        }
+        Ok(Err(e)) => return Err(failed(e.to_string())),
+        Err(_) => return Err(failed(format!("no answer within {DIAL_TIMEOUT:?}"))),
     };
     match timeout(
         HANDSHAKE_TIMEOUT,
@@ -231,24 +298,22 @@ pub(crate) async fn dial(
             dialed_here: true,
             peer_instance,
         }),
-        Ok(Err(conn::HandshakeError::Version(why))) => {
-            warn!(peer = %peer.fmt_short(), "closing a connection: {why}");
-            conn::close(&connection, close_code::VERSION_MISMATCH, &why);
-            Err(DialError::Other(why))
+        Ok(Err(e)) => {
+            close_for(&connection, &e);
+            Err(Failed {
+                peer,
+                refusal: e.refusal(),
+                closed: e.closed_by_peer(),
+                why: e.to_string(),
+            })
         }
-        Ok(Err(conn::HandshakeError::Closed { code, reason })) => {
-            Err(DialError::Refused { code, reason })
-        }
-        Ok(Err(e)) => Err(DialError::Other(e.to_string())),
         Err(_) => {
             conn::close(
                 &connection,
                 close_code::HANDSHAKE_TIMEOUT,
                 "handshake timed out",
             );
-            Err(DialError::Other(format!(
-                "no preamble within {HANDSHAKE_TIMEOUT:?}"
-            )))
+            Err(failed(format!("no preamble within {HANDSHAKE_TIMEOUT:?}")))
         }
     }
 }

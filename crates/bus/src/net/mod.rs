@@ -24,6 +24,7 @@ mod counters;
 mod endpoint;
 mod error;
 mod key;
+mod mdns;
 mod peers;
 mod queue;
 mod raw;
@@ -33,16 +34,18 @@ pub use crate::core::ConnId;
 pub use config::{
     ALPN, CATCHUP_QUEUE_BYTES_MAX, DIAL_BACKOFF_MAX, DIAL_BACKOFF_MIN, DIAL_TIMEOUT,
     HANDSHAKE_TIMEOUT, IDLE_TIMEOUT, INSTANCE_BYTES, KEEP_ALIVE_INTERVAL, NetConfig, PAUSED_REASON,
-    PEERS_MAX, PENDING_ACCEPTS_MAX, PREAMBLE, READ_BUFFER_BYTES, RECEIVED_BYTES_MAX,
-    RECEIVED_FRAMES_MAX, SEND_QUEUE_BYTES_MAX, STABLE_CONNECTION,
+    PEERS_MAX, PENDING_ACCEPTS_MAX, PREAMBLE, PREAMBLE_MAGIC, READ_BUFFER_BYTES,
+    RECEIVED_BYTES_MAX, RECEIVED_FRAMES_MAX, RELAYS_MAX, SEND_QUEUE_BYTES_MAX, STABLE_CONNECTION,
 };
 pub use conn::RecvLease;
 pub use counters::NetCounters;
 pub use error::{DisconnectReason, NetError, PeerError, SendError};
 pub use key::{NODE_KEY_BYTES, NODE_KEY_FILE, load_or_create_node_key};
+pub use mdns::{MDNS_SERVICE, MdnsMode, NEARBY_MAX};
 pub use raw::{NET_EVENTS_MAX, NET_QUEUE_BYTES_MAX, Net, NetEvent};
-pub use transport::PeerStatus;
+pub use transport::{NearbyNode, PeerStatus};
 
 pub(crate) use config::SHUTDOWN_TIMEOUT;
 pub(crate) use endpoint::local_addrs as endpoint_addrs;
+pub(crate) use endpoint::local_port as endpoint_port;
 pub(crate) use transport::{Event, Transport};

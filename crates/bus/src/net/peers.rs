@@ -40,6 +40,9 @@ pub(crate) struct PeerState {
     pub(crate) superseded: Option<u64>,
     /// The last identity conflict seen on this link, for a person.
     pub(crate) conflict: Option<String>,
+    /// The last protocol-version refusal with this peer, until a connection
+    /// is live again.
+    pub(crate) refused: Option<String>,
 }
 
 impl PeerState {
@@ -54,6 +57,7 @@ impl PeerState {
             paused: None,
             superseded: None,
             conflict: None,
+            refused: None,
         }
     }
 

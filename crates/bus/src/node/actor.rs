@@ -201,6 +201,8 @@ impl<S: MeshStore + ?Sized> Actor<S> {
     }
 
     pub(super) async fn run(mut self) {
+        // What the core was fed before the loop started (this node's card).
+        self.carry_out();
         let mut drain_until: Option<Instant> = None;
         loop {
             if drain_until.is_none() && *self.closing.borrow() {
@@ -455,18 +457,22 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             .into_iter()
             .map(|p| NodePeer {
                 own_stream: self.core.own_stream(&p.node).cloned(),
+                card: self.core.peer_card(&p.node).cloned(),
                 node: p.node,
                 addrs: p.addrs,
                 conn: p.conn,
                 paused: p.paused,
                 identity_conflict: p.identity_conflict,
+                refused: p.refused,
             })
             .collect();
         NodeStatus {
+            card: self.core.own_card().clone(),
             node: self.core.node_id(),
             epoch: self.core.epoch(),
             ticket: self.transport.ticket(),
             peers,
+            nearby: self.transport.nearby(),
             journal_head: *self.head.borrow(),
             journal: self.core.journal_bounds(),
             store_down: self.core.store_down().map(str::to_owned),

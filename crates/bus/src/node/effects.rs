@@ -56,6 +56,10 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                     warn!(epoch = %epoch.fmt_short(), "this node started a new store epoch: its store went back in time");
                     self.epoch.send_replace(epoch);
                 }
+                Effect::PeerAddrs { node, addrs } => {
+                    info!(peer = %node.fmt_short(), ?addrs, "learned where the peer listens");
+                    self.transport.set_addrs(node, addrs);
+                }
                 Effect::CloseConnection { peer, conn, reason } => {
                     warn!(peer = %peer.fmt_short(), %conn, %reason, "closing a connection: the peer broke the protocol");
                     let code = u32::from(&reason);

@@ -9,15 +9,21 @@
 
 mod actor;
 mod effects;
+mod join;
 mod receipts;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use iroh::Endpoint;
-use mesh_protocol::{Epoch, MAX_TICKET_ADDRS, NodeId, NodeTicket, SecretKey};
-use mesh_store::{Arrival, JournalBounds, MeshStore, OwnStream, Receipt, StoreError, StoreHandle};
+use iroh::{Endpoint, RelayUrl};
+use mesh_protocol::{
+    Epoch, InviteCode, InviteId, InviteSecret, JoinAnswer, MAX_TICKET_ADDRS, NodeCard, NodeId,
+    NodeName, NodeTicket, SecretKey,
+};
+use mesh_store::{
+    Arrival, InviteRecord, JournalBounds, MeshStore, OwnStream, Receipt, StoreError, StoreHandle,
+};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, error_span, info};
@@ -25,9 +31,14 @@ use tracing::{Instrument, error_span, info};
 use crate::core::{self, Core, LocalWrite, Metrics, Recovered, SendReceipt};
 use crate::net::{ConnId, NetConfig, NetCounters, NetError, PeerError, Transport, endpoint_addrs};
 
+pub use join::{
+    INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,
+    TRY_AGAIN_MS,
+};
 pub use receipts::Receipts;
 
 use actor::{Actor, Cmd, PeerChange};
+use join::{InviteCmd, Inviter};
 
 /// Requests from the handle waiting for the node task.
 pub const COMMANDS_MAX: usize = 1024;
@@ -44,12 +55,24 @@ pub const SUBMIT_PART_MSGS_MAX: usize = 256;
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 /// How to start a node.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct NodeConfig {
     /// The transport.
     pub net: NetConfig,
     /// The core.
     pub core: core::Config,
+    /// The node's name, in its card.
+    pub name: NodeName,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            net: NetConfig::default(),
+            core: core::Config::default(),
+            name: NodeName::from_hostname(""),
+        }
+    }
 }
 
 /// Why the node could not start or do what was asked.
@@ -107,10 +130,14 @@ pub struct NodeStatus {
     pub node: NodeId,
     /// Its store epoch.
     pub epoch: Epoch,
+    /// Its newest card: its name and the addresses its Hellos announce.
+    pub card: NodeCard,
     /// A ticket other nodes can add.
     pub ticket: NodeTicket,
     /// Every known peer, by id.
     pub peers: Vec<NodePeer>,
+    /// The nodes mDNS found on the LAN that are not peers, by id.
+    pub nearby: Vec<crate::net::NearbyNode>,
     /// The last journal position written.
     pub journal_head: Arrival,
     /// The journal's retained range and bytes, as the last trim found them.
@@ -129,8 +156,14 @@ pub struct NodeStatus {
 pub struct NodePeer {
     /// The peer.
     pub node: NodeId,
-    /// Where it is dialed.
+    /// Where it is dialed: where its newest card says it listens, or the
+    /// addresses it was added with before any card came.
     pub addrs: Vec<SocketAddr>,
+    /// Its newest card held (its name, addresses and when it issued it).
+    pub card: Option<NodeCard>,
+    /// Why its last connection was refused for another protocol version,
+    /// until one is live again.
+    pub refused: Option<String>,
     /// Its live connection, if any.
     pub conn: Option<ConnId>,
     /// This node's stream to it, as committed (`None` before the first message).
@@ -148,15 +181,22 @@ pub struct NodePeer {
 pub struct Node {
     id: NodeId,
     epoch: watch::Receiver<Epoch>,
-    /// For tickets: the addresses it is bound to.
+    /// Signs this node's join requests.
+    secret: SecretKey,
+    /// For tickets (the addresses it is bound to), and join dials.
     endpoint: Endpoint,
+    /// The relays a join dials through.
+    relays: Vec<RelayUrl>,
     commands: mpsc::Sender<Cmd>,
+    /// The inviter's requests.
+    invites: mpsc::Sender<InviteCmd>,
     /// Holds [`COMMAND_BYTES_MAX`] permits, one per payload byte handed over
     /// and not yet taken by the task.
     budget: Arc<Semaphore>,
     head: watch::Receiver<Arrival>,
     closing: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
+    inviter: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Node {
@@ -181,7 +221,11 @@ impl Node {
         recovered.entropy = rand::random();
         let id = secret.public();
         let span = error_span!("node", me = %id.fmt_short());
-        let mut transport = Transport::bind(&config.net, secret.clone(), actor::open)
+        let mut net = config.net.clone();
+        if net.mdns_name.is_empty() {
+            net.mdns_name = config.name.to_string();
+        }
+        let mut transport = Transport::bind(&net, secret.clone(), actor::open)
             .instrument(span.clone())
             .await?;
         let added = span.in_scope(|| {
@@ -200,11 +244,28 @@ impl Node {
         }
         let epoch = recovered.epoch;
         let endpoint = transport.endpoint().clone();
-        let core = Core::new(config.core.clone(), secret, recovered);
+        let held = recovered.cards.iter().find(|c| c.node == id).cloned();
+        let card = own_card(&secret, held.as_ref(), &config.name, &endpoint);
+        let mut core = Core::new(config.core.clone(), secret.clone(), recovered);
+        if let Some(card) = card {
+            info!(name = %card.name, addrs = ?card.addrs, "this node issued a new card");
+            core.handle(core::Input::OwnCard { card }, actor::now());
+        }
         let (commands, commands_rx) = mpsc::channel(COMMANDS_MAX);
         let (head_tx, head_rx) = watch::channel(head);
         let (epoch_tx, epoch_rx) = watch::channel(epoch);
         let (closing, closing_rx) = watch::channel(false);
+        let ((joins_tx, joins), (invites, invites_rx)) = join::channels();
+        transport.accept_joins(joins_tx);
+        let inviter = Inviter {
+            me: id,
+            commands: commands.clone(),
+            store: store.reader(),
+            joins,
+            cmds: invites_rx,
+            closing: closing_rx.clone(),
+        };
+        let inviter = tokio::spawn(inviter.run().instrument(span.clone()));
         let actor = Actor::new(
             core,
             store,
@@ -219,12 +280,16 @@ impl Node {
         Ok(Node {
             id,
             epoch: epoch_rx,
+            secret,
             endpoint,
+            relays: config.net.relays.clone(),
             commands,
+            invites,
             budget: Arc::new(Semaphore::new(COMMAND_BYTES_MAX)),
             head: head_rx,
             closing,
             task: Mutex::new(Some(task)),
+            inviter: Mutex::new(Some(inviter)),
         })
     }
 
@@ -242,6 +307,11 @@ impl Node {
     /// A watch of the store's epoch.
     pub fn epoch_watch(&self) -> watch::Receiver<Epoch> {
         self.epoch.clone()
+    }
+
+    /// The UDP port the node listens on for peers.
+    pub fn local_port(&self) -> u16 {
+        crate::net::endpoint_port(&self.endpoint)
     }
 
     /// A ticket other nodes can add to reach this one.
@@ -400,12 +470,88 @@ impl Node {
 
     /// Sends the command `cmd` builds and waits for its answer.
     async fn ask<R>(&self, cmd: impl FnOnce(oneshot::Sender<R>) -> Cmd) -> Result<R, NodeError> {
+        ask(&self.commands, cmd).await
+    }
+
+    /// Makes an invite for `uses` nodes, good for `ttl_ms`; answers its
+    /// code (this node's id and addresses, the invite's id and secret) once
+    /// its record is committed. The secret is in the code only: the store
+    /// keeps its hash.
+    ///
+    /// # Errors
+    /// [`InviteError::BadUses`], [`InviteError::BadTtl`], or the node's.
+    pub async fn create_invite(&self, uses: u32, ttl_ms: u64) -> Result<InviteCode, InviteError> {
+        let id = InviteId(rand::random());
+        let secret = InviteSecret(rand::random());
         let (reply, answer) = oneshot::channel();
-        self.commands
-            .send(cmd(reply))
+        let cmd = InviteCmd::Create {
+            uses,
+            ttl_ms,
+            reply,
+            secret: secret.clone(),
+            id,
+        };
+        self.invites
+            .send(cmd)
             .await
             .map_err(|_| NodeError::Stopped)?;
-        answer.await.map_err(|_| NodeError::Stopped)
+        answer.await.map_err(|_| NodeError::Stopped)??;
+        Ok(InviteCode {
+            inviter: self.id,
+            addrs: endpoint_addrs(&self.endpoint),
+            id,
+            secret,
+        })
+    }
+
+    /// Revokes the invite `id`: refused to everyone from now on (nodes that
+    /// joined with it stay peers). Answers its record as committed.
+    ///
+    /// # Errors
+    /// [`InviteError::Unknown`], or the node's.
+    pub async fn revoke_invite(&self, id: InviteId) -> Result<InviteRecord, InviteError> {
+        let (reply, answer) = oneshot::channel();
+        self.invites
+            .send(InviteCmd::Revoke { id, reply })
+            .await
+            .map_err(|_| NodeError::Stopped)?;
+        answer.await.map_err(|_| NodeError::Stopped)?
+    }
+
+    /// Joins the mesh of `code`'s inviter: presents a fresh proven request
+    /// on the join ALPN, and when the inviter welcomes this node, makes the
+    /// inviter a peer (durably) at the addresses of its card. Answers the
+    /// inviter's card.
+    ///
+    /// # Errors
+    /// [`JoinError::Refused`] (for good), [`JoinError::TryAgain`] (nothing
+    /// spent), [`JoinError::Unreachable`], [`JoinError::BadAnswer`], or
+    /// the node's when adding the inviter.
+    pub async fn join(&self, code: &InviteCode) -> Result<NodeCard, JoinError> {
+        if code.inviter == self.id {
+            return Err(NodeError::from(PeerError::SelfPeer).into());
+        }
+        let card = self.status().await?.card;
+        let req = join::request(&self.secret, code, card);
+        match join::present(&self.endpoint, code, &self.relays, &req).await? {
+            JoinAnswer::Welcome { card } => {
+                if card.node != code.inviter || card.verify().is_err() {
+                    return Err(JoinError::BadAnswer(
+                        "the welcome carries a card that is not the inviter's".into(),
+                    ));
+                }
+                let addrs = if card.addrs.is_empty() {
+                    code.addrs.clone()
+                } else {
+                    card.addrs.clone()
+                };
+                self.add_peer(code.inviter, addrs).await?;
+                info!(inviter = %code.inviter.fmt_short(), name = %card.name, "joined");
+                Ok(card)
+            }
+            JoinAnswer::TryAgain { after_ms } => Err(JoinError::TryAgain { after_ms }),
+            JoinAnswer::Refused { refusal } => Err(JoinError::Refused(refusal)),
+        }
     }
 
     /// A watch of the last journal position written; it moves after every
@@ -434,6 +580,14 @@ impl Node {
             // A panic in the task has been logged by tokio already.
             let _ = task.await;
         }
+        let inviter = self
+            .inviter
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(inviter) = inviter {
+            let _ = inviter.await;
+        }
     }
 }
 
@@ -441,6 +595,41 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.closing.send_replace(true);
     }
+}
+
+/// A new card for this node if its name or listen addresses differ from
+/// the one it holds (`held`), issued later than that one even if the clock
+/// went back; `None` if nothing changed.
+fn own_card(
+    secret: &SecretKey,
+    held: Option<&NodeCard>,
+    name: &NodeName,
+    endpoint: &Endpoint,
+) -> Option<NodeCard> {
+    let addrs: Vec<SocketAddr> = endpoint_addrs(endpoint)
+        .into_iter()
+        .take(mesh_protocol::CARD_ADDRS_MAX)
+        .collect();
+    if held.is_some_and(|c| c.name == *name && c.addrs == addrs) {
+        return None;
+    }
+    let after = held.map_or(0, |c| c.issued_ms.saturating_add(1));
+    let issued_ms = actor::now().0.max(after);
+    // At most CARD_ADDRS_MAX addresses: within every bound.
+    NodeCard::sign(secret, name.clone(), addrs, issued_ms).ok()
+}
+
+/// Sends the command `cmd` builds to the node task and waits for its answer.
+async fn ask<R>(
+    commands: &mpsc::Sender<Cmd>,
+    cmd: impl FnOnce(oneshot::Sender<R>) -> Cmd,
+) -> Result<R, NodeError> {
+    let (reply, answer) = oneshot::channel();
+    commands
+        .send(cmd(reply))
+        .await
+        .map_err(|_| NodeError::Stopped)?;
+    answer.await.map_err(|_| NodeError::Stopped)
 }
 
 /// Runs `f` on the blocking pool (store reads block).

@@ -33,6 +33,7 @@ pub(crate) fn node_config(core: CoreConfig) -> NodeConfig {
     NodeConfig {
         net: NetConfig::with_bind_addr(loopback()),
         core,
+        ..NodeConfig::default()
     }
 }
 

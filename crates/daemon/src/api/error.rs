@@ -5,7 +5,7 @@
 //! | fault | status | what |
 //! |---|---|---|
 //! | [`CallerError`] | 400, 403, 405, 409 | bad input, not allowed, a cursor of another node |
-//! | [`NotFound`] | 404 | unknown peer, cursor or route |
+//! | [`NotFound`] | 404 | unknown peer, cursor, invite or route |
 //! | [`Capacity`] | 429, 409 | a full peer outbox, a busy node; too many peers |
 //! | [`Unavailable`] | 503 | the store or the node cannot serve now |
 //! | [`Bug`] | 500 | nothing the caller can change |
@@ -21,7 +21,10 @@ use mesh_api::{ErrorCode, Fault};
 use mesh_protocol::{CursorError, NodeId};
 use mesh_store::{Arrival, StoreError};
 
-use crate::bus::{CoreSendError, NodeError, PeerChangeError, PeerError, SendError};
+use crate::bus::{
+    CoreSendError, InviteError, JoinError, JoinRefusal, NodeError, PeerChangeError, PeerError,
+    SendError,
+};
 
 /// Why a request failed: what went wrong, where (an item or line of a
 /// batch), and a note on what else the request did.
@@ -126,6 +129,14 @@ pub enum CallerError {
     /// The route exists but not with this method.
     #[error("method not allowed for this route")]
     MethodNotAllowed,
+    /// The inviter refused the join for good (its code says why).
+    #[error("{why}; ask the inviter for a new invite (`mesh invite` on a member)")]
+    JoinRefused {
+        /// Expired, revoked or spent.
+        refusal: JoinRefusal,
+        /// What the inviter said.
+        why: String,
+    },
 }
 
 /// What the request names does not exist.
@@ -138,6 +149,9 @@ pub enum NotFound {
     /// No named cursor of that name.
     #[error("no cursor named {0:?}; set it with PUT /v1/cursors/{{name}}")]
     UnknownCursor(String),
+    /// No such invite (here, or at the inviter of a join).
+    #[error("{0}")]
+    UnknownInvite(String),
     /// No such route.
     #[error("no route {method} {path}; the routes are under /v1 (see the README)")]
     NoRoute {
@@ -163,6 +177,10 @@ pub enum Capacity {
     /// The node knows as many peers as it may.
     #[error("{0}")]
     TooManyPeers(String),
+    /// The inviter asks to try the join again: the invite is in use by
+    /// another node, or the inviter's store is busy or down. Nothing spent.
+    #[error("{0}; run `mesh join` again in a moment")]
+    TryAgain(String),
 }
 
 /// The node cannot serve now; nothing the caller did, and nothing was written.
@@ -175,6 +193,9 @@ pub enum Unavailable {
     /// The node (bus) is stopping or has stopped.
     #[error("{0}")]
     Node(String),
+    /// The inviter of a join cannot be reached.
+    #[error("{0}; is the inviter running and reachable at the addresses in the code?")]
+    Inviter(String),
 }
 
 /// A bug in the node: a store conflict, a task that died, an answer that
@@ -243,6 +264,11 @@ impl ApiError {
                 CallerError::MethodNotAllowed => {
                     (S::METHOD_NOT_ALLOWED, ErrorCode::MethodNotAllowed)
                 }
+                CallerError::JoinRefused { refusal, .. } => match refusal {
+                    JoinRefusal::Expired => (S::CONFLICT, ErrorCode::InviteExpired),
+                    JoinRefusal::Revoked => (S::CONFLICT, ErrorCode::InviteRevoked),
+                    _ => (S::CONFLICT, ErrorCode::InviteSpent),
+                },
                 CallerError::BodyUnreadable(_)
                 | CallerError::BadNodeId { .. }
                 | CallerError::BadValue(_)
@@ -253,16 +279,19 @@ impl ApiError {
             ErrorKind::NotFound(e) => match e {
                 NotFound::UnknownPeer(_) => (S::NOT_FOUND, ErrorCode::UnknownPeer),
                 NotFound::UnknownCursor(_) => (S::NOT_FOUND, ErrorCode::UnknownCursor),
+                NotFound::UnknownInvite(_) => (S::NOT_FOUND, ErrorCode::UnknownInvite),
                 NotFound::NoRoute { .. } => (S::NOT_FOUND, ErrorCode::NoRoute),
             },
             ErrorKind::Capacity(e) => match e {
                 Capacity::OutboxFull(_) => (S::TOO_MANY_REQUESTS, ErrorCode::OutboxFull),
                 Capacity::Busy(_) => (S::TOO_MANY_REQUESTS, ErrorCode::Busy),
                 Capacity::TooManyPeers(_) => (S::CONFLICT, ErrorCode::TooManyPeers),
+                Capacity::TryAgain(_) => (S::TOO_MANY_REQUESTS, ErrorCode::TryAgain),
             },
             ErrorKind::Unavailable(e) => match e {
                 Unavailable::Store(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::StoreUnavailable),
                 Unavailable::Node(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::NodeUnavailable),
+                Unavailable::Inviter(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::InviterUnreachable),
             },
             ErrorKind::Bug(_) => (S::INTERNAL_SERVER_ERROR, ErrorCode::Internal),
         }
@@ -396,6 +425,45 @@ pub(crate) fn node_error(e: NodeError) -> ApiError {
         },
         NodeError::Stopped => Unavailable::Node("the node is stopping".into()).into(),
         NodeError::Net(n) => Unavailable::Node(n.to_string()).into(),
+        other => Bug::new(other.to_string()).into(),
+    }
+}
+
+/// The API error for an invite that could not be made or revoked.
+pub(crate) fn invite_error(e: InviteError) -> ApiError {
+    match e {
+        InviteError::BadUses(_) | InviteError::BadTtl(_) => {
+            CallerError::BadValue(e.to_string()).into()
+        }
+        InviteError::Unknown(_) => NotFound::UnknownInvite(e.to_string()).into(),
+        InviteError::Node(n) => node_error(n),
+        other => Bug::new(other.to_string()).into(),
+    }
+}
+
+/// The API error for a join that did not make this node a member: the
+/// inviter's refusals by their own codes, "try again", an inviter that
+/// cannot be reached; a refusal of this node's own request (no proof, a
+/// bad one, a redelivery, a bad card) is a bug here.
+pub(crate) fn join_error(e: JoinError) -> ApiError {
+    match e {
+        JoinError::Refused(refusal) => match refusal {
+            JoinRefusal::UnknownInvite => NotFound::UnknownInvite(format!(
+                "the inviter refused: {refusal}; check the code, or ask for a new invite"
+            ))
+            .into(),
+            JoinRefusal::Expired | JoinRefusal::Revoked | JoinRefusal::Spent => {
+                CallerError::JoinRefused {
+                    refusal,
+                    why: format!("the inviter refused: {refusal}"),
+                }
+                .into()
+            }
+            other => Bug::new(format!("the inviter refused this node's request: {other}")).into(),
+        },
+        e @ JoinError::TryAgain { .. } => Capacity::TryAgain(e.to_string()).into(),
+        e @ JoinError::Unreachable(_) => Unavailable::Inviter(e.to_string()).into(),
+        JoinError::Node(n) => node_error(n),
         other => Bug::new(other.to_string()).into(),
     }
 }

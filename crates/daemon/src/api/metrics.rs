@@ -11,23 +11,6 @@ use axum::response::{IntoResponse, Response};
 use super::ApiState;
 use crate::bus::{DropReason, NodeStatus};
 
-/// Each drop reason's label value.
-const DROP_REASONS: [(DropReason, &str); 13] = [
-    (DropReason::BadSignature, "bad_signature"),
-    (DropReason::Malformed, "malformed"),
-    (DropReason::CidMismatch, "cid_mismatch"),
-    (DropReason::WrongAuthor, "wrong_author"),
-    (DropReason::WrongRecipient, "wrong_recipient"),
-    (DropReason::StaleEpoch, "stale_epoch"),
-    (DropReason::Duplicate, "duplicate"),
-    (DropReason::OutsideWindow, "outside_window"),
-    (DropReason::QueueFull, "queue_full"),
-    (DropReason::BeforeHello, "before_hello"),
-    (DropReason::StaleConnection, "stale_connection"),
-    (DropReason::UnknownStream, "unknown_stream"),
-    (DropReason::BogusSeq, "bogus_seq"),
-];
-
 pub(super) async fn metrics(State(st): State<ApiState>) -> Response {
     // A node that has stopped has no counters to give; the API's still count.
     let bus = st.inner.bus.status().await.ok();
@@ -121,14 +104,14 @@ fn render_bus(t: &mut Text, status: &NodeStatus) {
     for (name, help, v) in bus_counters(status) {
         t.counter(&format!("mesh_{name}"), help, v);
     }
-    let labels: Vec<String> = DROP_REASONS
+    let labels: Vec<String> = DropReason::ALL
         .iter()
-        .map(|(_, name)| format!("{{reason=\"{name}\"}}"))
+        .map(|r| format!("{{reason=\"{}\"}}", r.name()))
         .collect();
-    let samples: Vec<(&str, u64)> = DROP_REASONS
+    let samples: Vec<(&str, u64)> = DropReason::ALL
         .iter()
         .zip(&labels)
-        .map(|((reason, _), label)| (label.as_str(), status.core.dropped.get(*reason)))
+        .map(|(reason, label)| (label.as_str(), status.core.dropped.get(*reason)))
         .collect();
     t.family(
         "mesh_frames_dropped_total",
@@ -139,7 +122,7 @@ fn render_bus(t: &mut Text, status: &NodeStatus) {
 }
 
 /// The bus's counters: (name after `mesh_`, help, value).
-fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 19] {
+fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 23] {
     let m = &status.core;
     [
         (
@@ -228,6 +211,26 @@ fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 19] 
             "journal_trims_total",
             "Commits whose trim took journal rows.",
             m.trims,
+        ),
+        (
+            "unknown_node_refused_total",
+            "Incoming connections refused because the remote is not a peer.",
+            status.net.refused,
+        ),
+        (
+            "version_refused_total",
+            "Connections refused (by either side) for another protocol version.",
+            status.net.version_refused,
+        ),
+        (
+            "cards_learned_total",
+            "Newer peer cards committed (from Hellos and from other peers).",
+            m.cards_learned,
+        ),
+        (
+            "cards_asked_total",
+            "Card queries sent about peers without a connection.",
+            m.cards_asked,
         ),
     ]
 }

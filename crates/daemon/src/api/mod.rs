@@ -7,8 +7,10 @@
 //! [`ApiError::status`] (the classes are in [`error`]).
 //!
 //! Routes: `GET /v1/status`, `GET /v1/ticket`, `POST /v1/peers {ticket}`,
-//! `GET /v1/peers`, `DELETE /v1/peers/{id}`, `POST /v1/peers/{id}/pause`,
-//! `POST /v1/peers/{id}/resume`, `POST /v1/send`,
+//! `GET /v1/peers`, `GET /v1/peers/nearby`, `DELETE /v1/peers/{id}`, `POST /v1/peers/{id}/pause`,
+//! `POST /v1/peers/{id}/resume`, `POST /v1/invites {uses, ttl_ms}`,
+//! `GET /v1/invites`, `POST /v1/invites/{id}/revoke`, `POST /v1/join {code}`,
+//! `POST /v1/send`,
 //! `POST /v1/send/batch` (a JSON array, or NDJSON with
 //! `Content-Type: application/x-ndjson`), `GET /v1/events?after=&limit=`,
 //! `GET /v1/subscribe?after=` (SSE), `PUT`/`GET /v1/cursors/{name}`,
@@ -22,6 +24,7 @@
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+mod invites;
 mod json;
 mod metrics;
 mod ndjson;
@@ -148,9 +151,16 @@ impl ApiState {
             .route("/v1/status", get(peers::status))
             .route("/v1/ticket", get(peers::ticket))
             .route("/v1/peers", post(peers::add_peer).get(peers::list_peers))
+            .route("/v1/peers/nearby", get(peers::nearby))
             .route("/v1/peers/{id}", axum::routing::delete(peers::remove_peer))
             .route("/v1/peers/{id}/pause", post(peers::pause_peer))
             .route("/v1/peers/{id}/resume", post(peers::resume_peer))
+            .route(
+                "/v1/invites",
+                post(invites::create_invite).get(invites::list_invites),
+            )
+            .route("/v1/invites/{id}/revoke", post(invites::revoke_invite))
+            .route("/v1/join", post(invites::join))
             .route("/v1/send", post(send::send_one))
             .route("/v1/send/batch", post(send::send_batch))
             .route("/v1/events", get(routes::events))

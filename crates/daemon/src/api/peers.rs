@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use axum::Json;
 use axum::extract::{Path, Request, State};
 use mesh_api::{
-    AddPeerRequest, JournalStatus, NodeStatus, PeerStatus, PeersResponse, StatusResponse,
-    StreamJson, StreamMark, TicketResponse,
+    AddPeerRequest, JournalStatus, NearbyJson, NearbyResponse, NodeStatus, PeerStatus,
+    PeersResponse, StatusResponse, StreamJson, StreamMark, TicketResponse,
 };
 use mesh_protocol::{NodeId, NodeTicket};
 use mesh_store::{MeshStore, OwnStream};
@@ -71,6 +71,9 @@ fn peer_status(
     };
     PeerStatus {
         node: p.node.to_string(),
+        name: p.card.as_ref().map(|c| c.name.to_string()),
+        card_issued_ms: p.card.as_ref().map(|c| c.issued_ms),
+        refused: p.refused,
         addrs: p.addrs,
         connected: p.conn.is_some(),
         epoch: epochs.get(&p.node).cloned(),
@@ -107,6 +110,7 @@ pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResp
         });
     let node = NodeStatus {
         node: bus.node.to_string(),
+        name: bus.card.name.to_string(),
         epoch: bus.epoch.to_string(),
         addrs: ticket.addrs.clone(),
         ticket: ticket.to_string(),
@@ -158,6 +162,20 @@ pub(super) async fn list_peers(
     Ok(Json(PeersResponse {
         peers: st.peers().await?,
     }))
+}
+
+pub(super) async fn nearby(State(st): State<ApiState>) -> Result<Json<NearbyResponse>, ApiError> {
+    let status = st.inner.bus.status().await.map_err(node_error)?;
+    let nearby = status
+        .nearby
+        .into_iter()
+        .map(|n| NearbyJson {
+            node: n.node.to_string(),
+            name: n.name,
+            addrs: n.addrs,
+        })
+        .collect();
+    Ok(Json(NearbyResponse { nearby }))
 }
 
 pub(super) async fn remove_peer(

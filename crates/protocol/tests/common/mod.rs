@@ -9,8 +9,9 @@
 use std::net::SocketAddr;
 
 use mesh_protocol::{
-    Channel, Cid, Cursor, Epoch, Frame, Mark, NewEnvelope, NodeId, NodeTicket, OpenBatch,
-    PROTOCOL_VERSION, Payloads, SecretKey, StreamId, TopicName, encode_frame,
+    Channel, Cid, Cursor, Epoch, Frame, InviteCode, InviteId, InviteSecret, JoinAnswer,
+    JoinRefusal, JoinRequest, Mark, NewEnvelope, NodeCard, NodeId, NodeName, NodeTicket, OpenBatch,
+    PROTOCOL_VERSION, Payloads, RequestId, SecretKey, StreamId, TopicName, encode_frame,
 };
 use proptest::prelude::*;
 
@@ -24,9 +25,66 @@ pub(crate) fn author() -> NodeId {
     author_secret().public()
 }
 
+/// The recipient's secret key.
+pub(crate) fn recipient_secret() -> SecretKey {
+    SecretKey::from_bytes(&[2u8; 32])
+}
+
 /// The recipient of the fixed direct stream.
 pub(crate) fn recipient() -> NodeId {
-    SecretKey::from_bytes(&[2u8; 32]).public()
+    recipient_secret().public()
+}
+
+/// The recipient's fixed card: `bravo` at 192.0.2.2:4919, issued at [`CREATED_MS`].
+pub(crate) fn recipient_card() -> NodeCard {
+    let name = NodeName::new("bravo").unwrap();
+    let addrs = vec!["192.0.2.2:4919".parse().unwrap()];
+    NodeCard::sign(&recipient_secret(), name, addrs, CREATED_MS).unwrap()
+}
+
+/// The author's fixed card: `alpha` at 192.0.2.1:4919 and [2001:db8::1]:4919.
+pub(crate) fn author_card() -> NodeCard {
+    let name = NodeName::new("alpha").unwrap();
+    let addrs = vec![
+        "192.0.2.1:4919".parse().unwrap(),
+        "[2001:db8::1]:4919".parse().unwrap(),
+    ];
+    NodeCard::sign(&author_secret(), name, addrs, CREATED_MS).unwrap()
+}
+
+/// The author's fixed invite code: its card's addresses, invite id
+/// `0102030405060708`, secret 16 bytes of `aa`.
+pub(crate) fn invite_code() -> InviteCode {
+    InviteCode {
+        inviter: author(),
+        addrs: author_card().addrs,
+        id: InviteId([1, 2, 3, 4, 5, 6, 7, 8]),
+        secret: InviteSecret([0xaa; 16]),
+    }
+}
+
+/// The recipient's fixed join request for [`invite_code`], request id 16
+/// bytes of `bb`, proven with its key.
+pub(crate) fn join_request() -> JoinRequest {
+    JoinRequest::new(
+        &recipient_secret(),
+        &invite_code(),
+        RequestId([0xbb; 16]),
+        recipient_card(),
+    )
+}
+
+/// One fixed join answer of every kind.
+pub(crate) fn join_answers() -> Vec<JoinAnswer> {
+    vec![
+        JoinAnswer::Welcome {
+            card: author_card(),
+        },
+        JoinAnswer::TryAgain { after_ms: 500 },
+        JoinAnswer::Refused {
+            refusal: JoinRefusal::Redelivered,
+        },
+    ]
 }
 
 /// The author's store epoch: bytes 00 01 .. 0f.
@@ -107,6 +165,7 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
                         cid: None,
                     },
                 ],
+                card: Box::new(recipient_card()),
             },
         ),
         (
@@ -142,6 +201,14 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
             Frame::ResyncDone {
                 stream: direct_stream(),
                 upto: 2,
+            },
+        ),
+        ("CardQuery", Frame::CardQuery { node: author() }),
+        (
+            "CardAnswer",
+            Frame::CardAnswer {
+                node: author(),
+                card: Some(Box::new(author_card())),
             },
         ),
         (
@@ -249,6 +316,24 @@ pub(crate) fn arb_open_batch() -> impl Strategy<Value = OpenBatch> {
         })
 }
 
+/// Any valid node name.
+pub(crate) fn arb_name() -> impl Strategy<Value = NodeName> {
+    "[a-z0-9][a-z0-9._-]{0,62}".prop_map(|s| NodeName::new(&s).unwrap())
+}
+
+/// Any correctly signed card with 0 to 16 addresses.
+pub(crate) fn arb_card() -> impl Strategy<Value = NodeCard> {
+    (
+        arb_secret(),
+        arb_name(),
+        proptest::collection::vec(arb_addr(), 0..=16),
+        any::<u64>(),
+    )
+        .prop_map(|(secret, name, addrs, issued_ms)| {
+            NodeCard::sign(&secret, name, addrs, issued_ms).unwrap()
+        })
+}
+
 /// Any frame of any variant.
 pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
     let cid = proptest::option::of(any::<[u8; 32]>().prop_map(Cid));
@@ -259,13 +344,15 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
             any::<u32>(),
             arb_node(),
             arb_epoch(),
-            proptest::collection::vec(mark, 0..4)
+            proptest::collection::vec(mark, 0..4),
+            arb_card(),
         )
-            .prop_map(|(version, node, epoch, marks)| Frame::Hello {
+            .prop_map(|(version, node, epoch, marks, card)| Frame::Hello {
                 version,
                 node,
                 epoch,
-                marks
+                marks,
+                card: Box::new(card),
             }),
         arb_open_batch().prop_map(|b| {
             let (batch, payloads) = b.into_parts();
@@ -281,8 +368,31 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
             earliest_available
         }),
         (arb_stream(), arb_seq()).prop_map(|(stream, upto)| Frame::ResyncDone { stream, upto }),
+        arb_node().prop_map(|node| Frame::CardQuery { node }),
+        (arb_node(), proptest::option::of(arb_card())).prop_map(|(node, card)| {
+            Frame::CardAnswer {
+                node,
+                card: card.map(Box::new),
+            }
+        }),
         (arb_stream(), arb_seq()).prop_map(|(stream, held)| Frame::StreamEnded { stream, held }),
     ]
+}
+
+/// Any invite code.
+pub(crate) fn arb_invite() -> impl Strategy<Value = InviteCode> {
+    (
+        arb_node(),
+        proptest::collection::vec(arb_addr(), 0..=16),
+        any::<[u8; 8]>(),
+        any::<[u8; 16]>(),
+    )
+        .prop_map(|(inviter, addrs, id, secret)| InviteCode {
+            inviter,
+            addrs,
+            id: InviteId(id),
+            secret: InviteSecret(secret),
+        })
 }
 
 /// Any socket address, v4 or v6.

@@ -15,6 +15,13 @@
 //! | `journal-times-v1` | first arrival of a commit  | its time, ms since the Unix epoch (one a minute at most) |
 //! | `peers-v2`       | node id bytes                | postcard `PeerRecord`                   |
 //! | `cursors-v2`     | name                         | arrival                                 |
+//! | `cards-v1`       | node id bytes                | postcard `NodeCard`: the newest card of this node and of each peer |
+//! | `invites-v1`     | invite id (8 bytes)          | postcard `InviteRecord`                 |
+//!
+//! `cards-v1` and `invites-v1` were added to schema 3 without a version
+//! bump (new tables change no existing encoding): a file written before
+//! them lacks them, reads take a missing one as empty, and the first
+//! commit creates them.
 //!
 //! The meta table keeps its name across schema versions, so that a file of
 //! another version is recognised by its `schema_version`: one of schema 2
@@ -51,7 +58,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
-use mesh_protocol::{Cid, Epoch, Mark, Seq, SignedBatch, StreamId};
+use mesh_protocol::{Cid, Epoch, InviteId, Mark, NodeCard, Seq, SignedBatch, StreamId};
 use redb::backends::InMemoryBackend;
 use redb::{
     Builder, Database, Durability, ReadableDatabase, ReadableTable, StorageBackend, Table,
@@ -63,8 +70,8 @@ use serde_bytes::Bytes;
 use crate::logic::{self, Base, BatchMeta, Fail, RowInfo, TxCounters, Write};
 use crate::mem::gather;
 use crate::{
-    Arrival, EndedOwn, JournalBounds, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord,
-    Receipt, SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
+    Arrival, EndedOwn, InviteRecord, JournalBounds, JournalItem, JournalRecord, MeshStore,
+    OwnStream, PeerRecord, Receipt, SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
 };
 
 mod open;
@@ -109,6 +116,8 @@ const JOURNAL: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("journal-v
 const JOURNAL_TIMES: TableDefinition<'_, u64, u64> = TableDefinition::new("journal-times-v1");
 const PEERS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("peers-v2");
 const CURSORS: TableDefinition<'_, &str, u64> = TableDefinition::new("cursors-v2");
+const CARDS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("cards-v1");
+const INVITES: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("invites-v1");
 
 const META_SCHEMA: &str = "schema_version";
 const META_EPOCH: &str = "epoch";

@@ -326,6 +326,8 @@ pub(super) fn init(db: &Database, name: &str) -> Result<(), StoreError> {
         tx.open_table(JOURNAL).map_err(|e| werr(e.into()))?;
         tx.open_table(PEERS).map_err(|e| werr(e.into()))?;
         tx.open_table(CURSORS).map_err(|e| werr(e.into()))?;
+        tx.open_table(CARDS).map_err(|e| werr(e.into()))?;
+        tx.open_table(INVITES).map_err(|e| werr(e.into()))?;
     }
     tx.commit().map_err(|e| werr(e.into()))
 }

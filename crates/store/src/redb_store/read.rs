@@ -285,6 +285,49 @@ impl MeshStore for RedbStore {
         Ok(out)
     }
 
+    fn cards(&self) -> Result<Vec<NodeCard>, StoreError> {
+        let rx = self.begin_read()?;
+        let t = match rx.open_table(CARDS) {
+            Ok(t) => t,
+            // A file written before the table existed: no cards yet.
+            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.read_err(e)),
+        };
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (_, v) = row.map_err(|e| self.read_err(e))?;
+            out.push(decode(&self.name, "node card", v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn invites(&self) -> Result<Vec<InviteRecord>, StoreError> {
+        let rx = self.begin_read()?;
+        let t = match rx.open_table(INVITES) {
+            Ok(t) => t,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(e) => return Err(self.read_err(e)),
+        };
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (_, v) = row.map_err(|e| self.read_err(e))?;
+            out.push(decode(&self.name, "invite", v.value())?);
+        }
+        Ok(out)
+    }
+
+    fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError> {
+        let rx = self.begin_read()?;
+        let t = match rx.open_table(INVITES) {
+            Ok(t) => t,
+            Err(TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(e) => return Err(self.read_err(e)),
+        };
+        let v = t.get(id.0.as_slice()).map_err(|e| self.read_err(e))?;
+        v.map(|v| decode(&self.name, "invite", v.value()))
+            .transpose()
+    }
+
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
         let rx = self.begin_read()?;
         let t = rx.open_table(CURSORS).map_err(|e| self.read_err(e))?;

@@ -34,6 +34,8 @@ impl RedbStore {
                 times: tx.open_table(JOURNAL_TIMES).map_err(|e| werr(e.into()))?,
                 peers: tx.open_table(PEERS).map_err(|e| werr(e.into()))?,
                 cursors: tx.open_table(CURSORS).map_err(|e| werr(e.into()))?,
+                cards: tx.open_table(CARDS).map_err(|e| werr(e.into()))?,
+                invites: tx.open_table(INVITES).map_err(|e| werr(e.into()))?,
                 journal_pending: Vec::new(),
                 marks_pending: HashMap::new(),
                 cids_pending: HashMap::new(),
@@ -151,6 +153,8 @@ pub(super) struct Tables<'tx> {
     times: Table<'tx, u64, u64>,
     peers: Table<'tx, &'static [u8], &'static [u8]>,
     cursors: Table<'tx, &'static str, u64>,
+    cards: Table<'tx, &'static [u8], &'static [u8]>,
+    invites: Table<'tx, &'static [u8], &'static [u8]>,
     /// Journal records of the groups applied so far, in arrival order;
     /// written as rows at [`Tables::flush`], when every run is complete.
     journal_pending: Vec<(Arrival, JournalRecord)>,
@@ -282,6 +286,19 @@ impl Tables<'_> {
                 }
                 Write::RemovePeer(n) => {
                     self.peers.remove(n.as_bytes().as_slice()).map_err(werr)?;
+                    self.cards.remove(n.as_bytes().as_slice()).map_err(werr)?;
+                }
+                Write::PutCard(card) => {
+                    let v = encode(&card)?;
+                    self.cards
+                        .insert(card.node.as_bytes().as_slice(), v.as_slice())
+                        .map_err(werr)?;
+                }
+                Write::PutInvite(invite) => {
+                    let v = encode(&invite)?;
+                    self.invites
+                        .insert(invite.id.0.as_slice(), v.as_slice())
+                        .map_err(werr)?;
                 }
                 Write::Cursor {
                     name: cursor,

@@ -99,6 +99,18 @@ impl MeshStore for Gated {
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
         self.inner.cursor(name)
     }
+    fn cards(&self) -> Result<Vec<mesh_protocol::NodeCard>, StoreError> {
+        self.inner.cards()
+    }
+    fn invites(&self) -> Result<Vec<crate::InviteRecord>, StoreError> {
+        self.inner.invites()
+    }
+    fn invite(
+        &self,
+        id: &mesh_protocol::InviteId,
+    ) -> Result<Option<crate::InviteRecord>, StoreError> {
+        self.inner.invite(id)
+    }
     fn max_lamport(&self) -> Result<u64, StoreError> {
         self.inner.max_lamport()
     }

@@ -35,7 +35,9 @@ macro_rules! suite {
                 a_cursor_must_be_named_and_point_into_the_journal,
                 max_lamport_is_the_highest_clock_ever_committed,
                 a_loss_record_is_a_journal_entry,
-                a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written
+                a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written,
+                cards_round_trip_the_newest_replaces_and_a_removed_peer_loses_its_card,
+                invites_round_trip_and_one_with_too_many_uses_or_spends_is_refused
             );
         }
     };
@@ -1112,4 +1114,95 @@ fn a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written(s: &dyn M
         ],
     );
     assert_eq!(r.arrivals, Some((6, 7)));
+}
+
+pub(super) fn card(n: u8, issued_ms: u64) -> mesh_protocol::NodeCard {
+    let name = mesh_protocol::NodeName::new(&format!("node-{n}")).expect("name");
+    let addrs = vec![std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        4000 + u16::from(n),
+    ))];
+    mesh_protocol::NodeCard::sign(&key(n), name, addrs, issued_ms).expect("card")
+}
+
+fn cards_round_trip_the_newest_replaces_and_a_removed_peer_loses_its_card(s: &dyn MeshStore) {
+    assert_eq!(s.cards().expect("cards"), vec![]);
+    let peer = PeerRecord {
+        node: node(PEER),
+        addrs: vec![],
+        epoch: None,
+    };
+    receipt_of(
+        s,
+        vec![
+            WriteOp::PutPeer(peer),
+            WriteOp::PutCard(card(PEER, 1)),
+            WriteOp::PutCard(card(3, 1)),
+        ],
+    );
+    let by_node = |s: &dyn MeshStore| {
+        let mut c = s.cards().expect("cards");
+        c.sort_by_key(|c| *c.node.as_bytes());
+        c
+    };
+    let mut want = vec![card(PEER, 1), card(3, 1)];
+    want.sort_by_key(|c| *c.node.as_bytes());
+    assert_eq!(by_node(s), want);
+    receipt_of(s, vec![WriteOp::PutCard(card(PEER, 2))]);
+    assert!(by_node(s).contains(&card(PEER, 2)));
+    assert!(!by_node(s).contains(&card(PEER, 1)));
+    receipt_of(s, vec![WriteOp::RemovePeer(node(PEER))]);
+    assert_eq!(by_node(s), vec![card(3, 1)]);
+}
+
+fn invite(uses: u32, spent: usize) -> crate::InviteRecord {
+    crate::InviteRecord {
+        id: mesh_protocol::InviteId([uses as u8; 8]),
+        secret_hash: [7; 32],
+        uses,
+        created_ms: 10,
+        expires_ms: 20,
+        claimed_by: None,
+        claimed_until_ms: 0,
+        claimed_request: None,
+        spent: (0..spent)
+            .map(|i| crate::InviteSpend {
+                by: node(i as u8 + 10),
+                requests: vec![mesh_protocol::RequestId([i as u8; 16])],
+                until_ms: 30,
+            })
+            .collect(),
+        revoked: false,
+    }
+}
+
+fn invites_round_trip_and_one_with_too_many_uses_or_spends_is_refused(s: &dyn MeshStore) {
+    let a = invite(1, 0);
+    let b = invite(3, 2);
+    receipt_of(
+        s,
+        vec![WriteOp::PutInvite(a.clone()), WriteOp::PutInvite(b.clone())],
+    );
+    assert_eq!(s.invite(&a.id).expect("invite"), Some(a.clone()));
+    assert_eq!(
+        s.invite(&mesh_protocol::InviteId([0; 8])).expect("invite"),
+        None
+    );
+    let spent = crate::InviteRecord {
+        claimed_by: Some(node(5)),
+        spent: invite(1, 1).spent,
+        ..a.clone()
+    };
+    assert_eq!(spent.uses_left(), 0);
+    receipt_of(s, vec![WriteOp::PutInvite(spent.clone())]);
+    assert_eq!(s.invites().expect("invites"), vec![spent, b]);
+    for bad in [
+        invite(0, 0),
+        invite(crate::INVITE_USES_MAX + 1, 0),
+        invite(2, 3),
+    ] {
+        let e = commit1(s, vec![WriteOp::PutInvite(bad)]).expect_err("refused");
+        assert!(matches!(e, StoreError::Conflict(_)), "{e}");
+    }
+    assert_eq!(s.invites().expect("invites").len(), 2);
 }

@@ -10,7 +10,7 @@ use tokio::time::{Instant, timeout};
 use tracing::{Instrument, debug, error_span, info, warn};
 
 use super::{
-    Authenticated, ConnTask, DIAL_BACKOFF_MAX, Dialed, DisconnectReason, Event, Live,
+    Authenticated, ConnTask, DIAL_BACKOFF_MAX, Dialed, DisconnectReason, Event, Failed, Live,
     PAUSED_REASON, PeerState, Reader, SHUTDOWN_TIMEOUT, STABLE_CONNECTION, SendQueue, Transport,
     cancel_redial, close_code, conn, endpoint, jitter, new_wins,
 };
@@ -27,6 +27,23 @@ impl<T: Send + 'static> Transport<T> {
     pub(super) fn on_authenticated(&mut self, a: Authenticated) {
         let Authenticated { connection, slot } = a;
         let peer = connection.remote_id();
+        if connection.alpn() == mesh_protocol::JOIN_ALPN {
+            // Any node may ask to join; the inviter bounds and times it.
+            drop(slot);
+            let refused = match &self.joins {
+                Some(joins) => joins.try_send(connection).err().map(|e| e.into_inner()),
+                None => Some(connection),
+            };
+            if let Some(connection) = refused {
+                debug!(peer = %peer.fmt_short(), "a join attempt refused: too many at once");
+                conn::close(
+                    &connection,
+                    close_code::JOIN_BUSY,
+                    "too many joins at once; try again",
+                );
+            }
+            return;
+        }
         let Some(ps) = self.peers.get_mut(&peer) else {
             Counters::add(&self.counters.refused, 1);
             warn!(peer = %peer, "refused a connection from an unknown node");
@@ -160,6 +177,7 @@ impl<T: Send + 'static> Transport<T> {
         };
         let conn = ConnId(self.next_conn);
         self.next_conn += 1;
+        ps.refused = None;
         ps.live = Some(Live {
             conn,
             dialed_here,
@@ -223,13 +241,21 @@ impl<T: Send + 'static> Transport<T> {
             DisconnectReason::ClosedByPeer { code, reason } => Some((*code, reason.clone())),
             _ => None,
         };
+        if let DisconnectReason::ClosedByPeer { code, reason } = &reason
+            && *code == u64::from(close_code::VERSION_MISMATCH)
+        {
+            self.note_refusal(
+                peer,
+                format!("the peer refused this node's protocol: {reason}"),
+            );
+        }
         self.ready
             .push_back(Event::Disconnected { peer, conn, reason });
         let Some(ps) = self.peers.get_mut(&peer) else {
             return;
         };
         if let Some((code, why)) = refused {
-            note_refusal(&self.counters, peer, ps, code, why);
+            note_conflict(&self.counters, peer, ps, code, why);
         }
         let Some(live) = ps.live.take_if(|l| l.conn == conn) else {
             return;
@@ -263,6 +289,13 @@ impl<T: Send + 'static> Transport<T> {
         }
     }
 
+    /// An incoming handshake failed; a protocol refusal is recorded.
+    pub(super) fn on_handshake_failed(&mut self, failed: Failed) {
+        if let Some(why) = failed.refusal {
+            self.note_refusal(failed.peer, why);
+        }
+    }
+
     pub(super) fn on_dialed(&mut self, dialed: Dialed) {
         let (peer, attempt, result) = dialed;
         let Some(ps) = self.peers.get_mut(&peer) else {
@@ -278,13 +311,17 @@ impl<T: Send + 'static> Transport<T> {
             // Even a superseded dial may have become the peer's live
             // connection, so it goes through the same rule as any other.
             Ok(est) => self.on_established(est),
-            Err(e) => {
+            Err(failed) => {
                 Counters::add(&self.counters.dial_failures, 1);
-                debug!(peer = %peer.fmt_short(), error = %e, "dial failed");
-                if let super::endpoint::DialError::Refused { code, reason } = e {
-                    note_refusal(&self.counters, peer, ps, code, reason);
+                debug!(peer = %peer.fmt_short(), error = %failed.why, "dial failed");
+                let idle = ps.idle();
+                if let Some((code, reason)) = failed.closed {
+                    note_conflict(&self.counters, peer, ps, code, reason);
                 }
-                if ps.idle() {
+                if let Some(why) = failed.refusal {
+                    self.note_refusal(peer, why);
+                }
+                if idle {
                     self.schedule_redial(peer);
                 }
             }
@@ -334,18 +371,19 @@ impl<T: Send + 'static> Transport<T> {
         let Some(ps) = self.peers.get_mut(&peer) else {
             return;
         };
-        if ps.paused.is_some() || ps.addrs.is_empty() {
+        if ps.paused.is_some() || (ps.addrs.is_empty() && self.relays.is_empty()) {
             return;
         }
         let attempt = self.next_attempt;
         self.next_attempt += 1;
         let (ep, addrs, instance) = (self.endpoint.clone(), ps.addrs.clone(), self.instance);
+        let relays = self.relays.clone();
         let span = error_span!("dial", peer = %peer.fmt_short(), attempt);
         let dial = async move {
             (
                 peer,
                 attempt,
-                endpoint::dial(ep, peer, addrs, instance).await,
+                endpoint::dial(ep, peer, addrs, relays, instance).await,
             )
         };
         let abort = self.dials.spawn(dial.instrument(span));
@@ -404,7 +442,7 @@ fn refused_paused(counters: &Counters, peer: NodeId, ps: &mut PeerState) {
 /// The peer closed a connection of ours with `code`: an identity conflict
 /// (another process with this node's key is connected to it) is logged
 /// (once per distinct reason), counted and kept for status.
-fn note_refusal(counters: &Counters, peer: NodeId, ps: &mut PeerState, code: u64, why: String) {
+fn note_conflict(counters: &Counters, peer: NodeId, ps: &mut PeerState, code: u64, why: String) {
     if code != u64::from(close_code::IDENTITY_CONFLICT) {
         return;
     }

@@ -12,17 +12,18 @@ use std::sync::Arc;
 
 use iroh::address_lookup::memory::MemoryLookup;
 use iroh::endpoint::Connection;
-use iroh::{Endpoint, EndpointAddr};
+use iroh::{Endpoint, EndpointAddr, RelayUrl};
 use mesh_protocol::{Frame, MAX_TICKET_ADDRS, NodeId, NodeTicket, SecretKey};
 use rand::rngs::SmallRng;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{AbortHandle, JoinError, JoinHandle, JoinSet};
 use tokio::time::{Instant, Sleep};
-use tracing::{Instrument, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::conn::{self, ConnEvent, ConnWhat, Established, Reader, RecvLease};
 use super::counters::{Counters, NetCounters};
-use super::endpoint::{self, Authenticated};
+use super::endpoint::{self, Authenticated, Failed};
+use super::mdns::{self, Found, Mdns};
 use super::peers::{Live, PeerState, jitter, new_wins};
 use super::queue::SendQueue;
 use super::{
@@ -74,6 +75,21 @@ pub struct PeerStatus {
     /// The last identity conflict seen on this link (two live processes
     /// share one node key), for a person.
     pub identity_conflict: Option<String>,
+    /// Why the last connection with the peer was refused for speaking
+    /// another protocol version (either side's refusal), until one is live.
+    pub refused: Option<String>,
+}
+
+/// A node mDNS found on the LAN that is not a peer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct NearbyNode {
+    /// Its id.
+    pub node: NodeId,
+    /// The name it announces, if any.
+    pub name: Option<String>,
+    /// Where it announces it listens.
+    pub addrs: Vec<SocketAddr>,
 }
 
 /// A live connection's queue and tasks; kept until its reader reports its end.
@@ -87,7 +103,7 @@ struct ConnTask {
     local: Option<DisconnectReason>,
 }
 
-type Dialed = (NodeId, u64, Result<Established, endpoint::DialError>);
+type Dialed = (NodeId, u64, Result<Established, Failed>);
 
 /// One thing that happened, taken out of a select so its handler may borrow
 /// the whole transport.
@@ -95,10 +111,11 @@ enum Source<T> {
     Conn(ConnEvent<T>),
     Taken(ConnId),
     Inbound(Authenticated),
-    Handshake(Result<Option<Established>, JoinError>),
+    Handshake(Result<Result<Established, Failed>, JoinError>),
     Dialed(Result<Dialed, JoinError>),
     ReaderDone(Result<(tokio::task::Id, ()), JoinError>),
     RedialDue,
+    Found(Found),
 }
 
 /// The transport of one node (see the module doc). `T` is what a received
@@ -109,6 +126,8 @@ pub(crate) struct Transport<T> {
     lookup: MemoryLookup,
     /// This transport's instance, sent in every preamble.
     instance: u64,
+    /// Relay servers every peer is also dialed through.
+    relays: Vec<RelayUrl>,
     open: fn(Frame) -> T,
     counters: Arc<Counters>,
     /// Holds [`RECEIVED_BYTES_MAX`] permits, one per received byte not yet taken.
@@ -125,11 +144,18 @@ pub(crate) struct Transport<T> {
     taken: mpsc::Receiver<ConnId>,
     inbound: mpsc::Receiver<Authenticated>,
     accept: JoinHandle<()>,
-    handshakes: JoinSet<Option<Established>>,
+    handshakes: JoinSet<Result<Established, Failed>>,
     dials: JoinSet<Dialed>,
     /// Redials waiting out their backoff, by when they are due.
     redials: BTreeSet<(Instant, NodeId)>,
     redial_timer: Pin<Box<Sleep>>,
+    /// LAN discovery, if it runs.
+    mdns: Option<Mdns>,
+    /// Strangers it found, by id (at most [`mdns::NEARBY_MAX`]), with when
+    /// each was last seen.
+    nearby: HashMap<NodeId, (NearbyNode, Instant)>,
+    /// Where connections on the join ALPN go (the node's inviter), if anywhere.
+    joins: Option<mpsc::Sender<Connection>>,
     /// Events made by one source beyond the one returned at once.
     ready: VecDeque<Event<T>>,
     next_conn: u64,
@@ -148,6 +174,14 @@ impl<T: Send + 'static> Transport<T> {
         open: fn(Frame) -> T,
     ) -> Result<Self, NetError> {
         let (endpoint, lookup) = endpoint::bind(config, secret).await?;
+        let bound = SocketAddr::new(config.bind_addr.ip(), endpoint::local_port(&endpoint));
+        let mdns = mdns::start(
+            config.mdns,
+            endpoint.id(),
+            bound,
+            &endpoint::local_addrs(&endpoint),
+            &config.mdns_name,
+        );
         let (inbound_tx, inbound) = mpsc::channel(PENDING_ACCEPTS_MAX);
         let accept = tokio::spawn(
             endpoint::accept_loop(endpoint.clone(), inbound_tx)
@@ -161,6 +195,7 @@ impl<T: Send + 'static> Transport<T> {
             endpoint,
             lookup,
             instance: endpoint::instance_now(),
+            relays: config.relays.clone(),
             open,
             counters: Arc::default(),
             budget: Arc::new(Semaphore::new(RECEIVED_BYTES_MAX)),
@@ -179,6 +214,9 @@ impl<T: Send + 'static> Transport<T> {
             dials: JoinSet::new(),
             redials: BTreeSet::new(),
             redial_timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            mdns,
+            nearby: HashMap::new(),
+            joins: None,
             ready: VecDeque::new(),
             next_conn: 1,
             next_attempt: 1,
@@ -188,6 +226,14 @@ impl<T: Send + 'static> Transport<T> {
     /// This node's id.
     pub(crate) fn node_id(&self) -> NodeId {
         self.me
+    }
+
+    /// Hands every connection on the join ALPN, from any node, to `joins`
+    /// (bounded: one that finds it full is closed with
+    /// [`close_code::JOIN_BUSY`]). Without it, such connections are closed
+    /// the same way.
+    pub(crate) fn accept_joins(&mut self, joins: mpsc::Sender<Connection>) {
+        self.joins = Some(joins);
     }
 
     /// The endpoint (for the addresses a ticket names).
@@ -260,6 +306,9 @@ impl<T: Send + 'static> Transport<T> {
         if let Some(r) = self.readers.try_join_next_with_id() {
             return Some(Source::ReaderDone(r));
         }
+        if let Some(found) = self.mdns.as_mut().and_then(|m| m.found.try_recv().ok()) {
+            return Some(Source::Found(found));
+        }
         let due = self
             .redials
             .first()
@@ -284,6 +333,7 @@ impl<T: Send + 'static> Transport<T> {
             Some(r) = self.dials.join_next(), if !self.dials.is_empty() => Source::Dialed(r),
             Some(r) = self.readers.join_next_with_id(), if !self.readers.is_empty() => Source::ReaderDone(r),
             () = &mut self.redial_timer, if next_redial.is_some() => Source::RedialDue,
+            Some(found) = found(&mut self.mdns) => Source::Found(found),
         }
     }
 
@@ -308,8 +358,8 @@ impl<T: Send + 'static> Transport<T> {
             // Ended meanwhile.
             Source::Taken(_) => {}
             Source::Inbound(a) => self.on_authenticated(a),
-            Source::Handshake(Ok(Some(est))) => self.on_established(est),
-            Source::Handshake(Ok(None)) => {}
+            Source::Handshake(Ok(Ok(est))) => self.on_established(est),
+            Source::Handshake(Ok(Err(failed))) => self.on_handshake_failed(failed),
             Source::Handshake(Err(e)) | Source::Dialed(Err(e)) if e.is_cancelled() => {}
             Source::Handshake(Err(e)) | Source::Dialed(Err(e)) => {
                 warn!(error = %e, "handshake task failed");
@@ -317,8 +367,57 @@ impl<T: Send + 'static> Transport<T> {
             Source::Dialed(Ok(dialed)) => self.on_dialed(dialed),
             Source::ReaderDone(r) => self.on_reader_done(r),
             Source::RedialDue => self.on_redials_due(),
+            Source::Found(found) => self.on_found(found),
         }
         None
+    }
+
+    /// mDNS found (or lost) a node: a known peer's addresses are dialed at
+    /// once if it has no connection; a stranger is listed as nearby.
+    fn on_found(&mut self, found: Found) {
+        let Found { node, addrs, name } = found;
+        if let Some(ps) = self.peers.get_mut(&node) {
+            if addrs.is_empty() || addrs.iter().all(|a| ps.addrs.contains(a)) {
+                return;
+            }
+            let mut merged = addrs.clone();
+            merged.extend(ps.addrs.iter().filter(|a| !addrs.contains(a)));
+            merged.truncate(MAX_TICKET_ADDRS);
+            info!(peer = %node.fmt_short(), ?addrs, "mDNS found a peer at a new address");
+            if let Err(e) = self.add_peer(node, merged) {
+                warn!(peer = %node.fmt_short(), error = %e, "mDNS addresses not used");
+            }
+            return;
+        }
+        if addrs.is_empty() {
+            self.nearby.remove(&node);
+            return;
+        }
+        if !self.nearby.contains_key(&node) && self.nearby.len() >= mdns::NEARBY_MAX {
+            let oldest = self
+                .nearby
+                .iter()
+                .min_by_key(|(_, (_, seen))| *seen)
+                .map(|(n, _)| *n);
+            if let Some(oldest) = oldest {
+                self.nearby.remove(&oldest);
+            }
+        }
+        debug!(node = %node.fmt_short(), ?name, "mDNS found a node that is not a peer");
+        self.nearby
+            .insert(node, (NearbyNode { node, name, addrs }, Instant::now()));
+    }
+
+    /// The nodes mDNS found on the LAN that are not peers, by id.
+    pub(crate) fn nearby(&self) -> Vec<NearbyNode> {
+        let mut out: Vec<NearbyNode> = self
+            .nearby
+            .values()
+            .filter(|(n, _)| !self.peers.contains_key(&n.node))
+            .map(|(n, _)| n.clone())
+            .collect();
+        out.sort_by_key(|n| *n.node.as_bytes());
+        out
     }
 
     /// Checks that `node` at `addrs` may be added (see [`Transport::add_peer`]).
@@ -369,6 +468,34 @@ impl<T: Send + 'static> Transport<T> {
             self.start_dial(node);
         }
         Ok(())
+    }
+
+    /// Dials the known peer `node` at `addrs` from now on (its newest card
+    /// says it listens there): at once, with the backoff reset, if it has no
+    /// connection. Unknown peers and too many addresses are ignored.
+    pub(crate) fn set_addrs(&mut self, node: NodeId, addrs: Vec<SocketAddr>) {
+        if addrs.len() > MAX_TICKET_ADDRS || !self.peers.contains_key(&node) {
+            return;
+        }
+        if let Err(e) = self.add_peer(node, addrs) {
+            warn!(peer = %node.fmt_short(), error = %e, "learned addresses not used");
+        }
+    }
+
+    /// Records that the last connection with `peer` was refused for
+    /// speaking another protocol version; logs it once per peer (until a
+    /// connection is live again) and counts it.
+    pub(crate) fn note_refusal(&mut self, peer: NodeId, why: String) {
+        Counters::add(&self.counters.version_refused, 1);
+        let Some(ps) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        if ps.refused.as_deref() == Some(why.as_str()) {
+            tracing::debug!(peer = %peer.fmt_short(), %why, "protocol version refused again");
+            return;
+        }
+        warn!(peer = %peer.fmt_short(), %why, "protocol version refused (logged once per peer)");
+        ps.refused = Some(why);
     }
 
     /// Forgets `node` (and its pause): refuses it from now on and closes its
@@ -442,6 +569,7 @@ impl<T: Send + 'static> Transport<T> {
                     dialed_here: live.is_some_and(|l| l.dialed_here),
                     paused: ps.paused.is_some(),
                     identity_conflict: ps.conflict.clone(),
+                    refused: ps.refused.clone(),
                 }
             })
             .collect();
@@ -502,6 +630,9 @@ impl<T: Send + 'static> Transport<T> {
             .is_some_and(|l| l.conn == conn);
         if live {
             self.close_conn(conn, code, reason);
+            if code == close_code::VERSION_MISMATCH {
+                self.note_refusal(peer, reason.to_owned());
+            }
         }
     }
 
@@ -523,6 +654,14 @@ impl<T: Send + 'static> Transport<T> {
         });
         conn::close(&c.connection, code, reason);
         c.queue.close();
+    }
+}
+
+/// The next discovery, or never if mDNS does not run.
+async fn found(mdns: &mut Option<Mdns>) -> Option<Found> {
+    match mdns {
+        Some(m) => m.found.recv().await,
+        None => std::future::pending().await,
     }
 }
 
