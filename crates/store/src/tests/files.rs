@@ -495,6 +495,63 @@ fn a_schema_3_store_is_migrated_on_open_and_keeps_everything() {
     );
 }
 
+/// A data dir of schema 3 with the membership tables, written by the build
+/// at commit c230d62 (its `crates/store` with a scratch example program, run
+/// on an empty dir): peer 2 (epoch `[2; 16]`, at 127.0.0.1:7000); the cards
+/// of node 1 (issued at 100) and node 2 (at 200), each `node-N` at
+/// 127.0.0.1:400N; invite `[3; 8]` (3 uses, one spent by node 2 with
+/// request `[1; 16]` until 30) and invite `[4; 8]` (1 use, revoked).
+const STORE_V3_CARDS: &[u8] = include_bytes!("data/store-v3-cards.redb");
+
+#[test]
+fn a_schema_3_store_with_cards_and_invites_keeps_them_through_the_migration() {
+    let dir = tempdir();
+    std::fs::write(dir.path().join(STORE_FILE_NAME), STORE_V3_CARDS).expect("write");
+    let s = RedbStore::open(dir.path()).expect("migrates");
+    assert_eq!(s.meta().schema_version, SCHEMA_VERSION);
+    let check = |s: &RedbStore| {
+        let cards = s.cards().expect("cards");
+        let want: Vec<_> = [(1, 100), (2, 200)]
+            .into_iter()
+            .map(|(n, at)| super::conformance::card(n, at))
+            .collect();
+        let mut got = cards.clone();
+        got.sort_by_key(|c| c.issued_ms);
+        assert_eq!(got, want, "byte for byte as signed");
+        let invites = s.invites().expect("invites");
+        assert_eq!(invites.len(), 2);
+        let used = s
+            .invite(&mesh_protocol::InviteId([3; 8]))
+            .expect("invite")
+            .expect("kept");
+        assert_eq!((used.uses, used.uses_left(), used.revoked), (3, 2, false));
+        assert_eq!(used.spent[0].by, node(2));
+        assert_eq!(
+            used.spent[0].requests,
+            vec![mesh_protocol::RequestId([1; 16])]
+        );
+        let revoked = s
+            .invite(&mesh_protocol::InviteId([4; 8]))
+            .expect("invite")
+            .expect("kept");
+        assert!(revoked.revoked);
+        assert_eq!(s.peers().expect("peers").len(), 1);
+        let b = s.journal_bounds().expect("bounds");
+        assert_eq!((b.first, b.head, b.bytes), (1, 0, 0), "nothing journaled");
+    };
+    check(&s);
+    // The tables take writes as schema 4, and a removed peer loses its card.
+    commit1(&s, vec![WriteOp::RemovePeer(node(2))]).expect("removes");
+    assert_eq!(
+        s.cards().expect("cards"),
+        vec![super::conformance::card(1, 100)]
+    );
+    drop(s);
+    let s = RedbStore::open(dir.path()).expect("reopens");
+    assert_eq!(s.cards().expect("cards").len(), 1);
+    assert_eq!(s.invites().expect("invites").len(), 2);
+}
+
 #[test]
 fn a_new_epoch_survives_a_reopen() {
     let dir = tempdir();
