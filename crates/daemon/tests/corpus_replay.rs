@@ -44,6 +44,9 @@ fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
     files
 }
 
+/// A valid invite code: the one pinned in mesh-protocol's known answers.
+const INVITE: &str = "meshinvite1ha4e7nbk17opbvaircmjpeiteb56e2dv3ma146vjei403d0fdte0406000103dp604g023do0000000000000000000re9g1081g81860s4alalalalalalalalalalalalak";
+
 /// The seed inputs of each target, by file name.
 fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     let node = SecretKey::from_bytes(&[1; 32]).public();
@@ -63,6 +66,8 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     json("seed-batch", format!("[{send},{send_b64}]"));
     json("seed-peer", format!(r#"{{"ticket":"{ticket}"}}"#));
     json("seed-cursor", format!(r#"{{"cursor":"{cursor}"}}"#));
+    json("seed-invite", r#"{"uses":3,"ttl_ms":600000}"#.to_owned());
+    json("seed-join", format!(r#"{{"code":"{INVITE}"}}"#));
     json(
         "garbage-send-bad-base64",
         format!(r#"{{"to":"{node}","body":"!!","encoding":"base64"}}"#),

@@ -9,8 +9,8 @@
 //! cut into frames. A panic here is a bug. Not a stable API.
 
 use bytes::BytesMut;
-use mesh_api::{AddPeerRequest, CursorBody, SendRequest};
-use mesh_protocol::{Cursor, MAX_BATCH_PAYLOAD_BYTES, NodeTicket};
+use mesh_api::{AddPeerRequest, CursorBody, InviteRequest, JoinBody, SendRequest};
+use mesh_protocol::{Cursor, InviteCode, MAX_BATCH_PAYLOAD_BYTES, NodeTicket};
 
 use super::BATCH_MSGS_MAX;
 use super::ndjson::take_line;
@@ -18,7 +18,7 @@ use super::routes::parse_json;
 use super::send::message;
 
 /// Feeds `data` to every JSON body the API decodes: a send, a batch of
-/// sends, a peer to add and a cursor to set.
+/// sends, a peer to add, a cursor to set, an invite to make and a join.
 ///
 /// Panics if a decoded send does not survive encoding and decoding again,
 /// or if one is taken as a message with a payload over the limit.
@@ -36,6 +36,10 @@ pub fn json_body(data: &[u8]) {
     }
     if let Ok(c) = parse_json::<CursorBody>(data) {
         let _ = c.cursor.parse::<Cursor>();
+    }
+    let _ = parse_json::<InviteRequest>(data);
+    if let Ok(j) = parse_json::<JoinBody>(data) {
+        let _ = j.code.parse::<InviteCode>();
     }
 }
 
