@@ -5,7 +5,8 @@
 //! network namespaces ([`netns`]), drives them with a recorded [`workload`],
 //! injects seeded faults ([`nemesis`]) and judges the result ([`checker`]);
 //! [`chaos`] ties it together. [`outage`] fills a node's disk and
-//! [`flood`] sends it hostile frames; [`daemon`] runs one daemon and the CLI
+//! [`flood`] sends it hostile frames; [`restore`] rolls a store back and
+//! runs a copied one twice; [`daemon`] runs one daemon and the CLI
 //! as a person would. The process-level tests live in `bin/mesh/tests/`,
 //! where the `mesh` executable's path is known. What the fault harness does
 //! and how to run it: `docs/reliability.md`.
@@ -20,6 +21,7 @@ pub mod history;
 pub mod nemesis;
 pub mod netns;
 pub mod outage;
+pub mod restore;
 pub mod rng;
 pub mod workload;
 

@@ -1,9 +1,12 @@
 //! Store outage: a node's data dir on a small tmpfs that is filled up while
 //! it takes sends, then emptied again (root only).
 //!
-//! What must hold: sends are refused (`503 store_unavailable`) or held, never
-//! acknowledged and then lost; the daemon keeps running and takes sends
-//! again by itself once the filesystem has room; and after the other node
+//! What must hold: a send the store cannot commit is held, its request
+//! open and unanswered, while the node keeps answering reads and status;
+//! each held send is answered exactly once — Ok after the store returns
+//! (committed), or 503 after the hold (and a `lost` record is journaled once
+//! the store is back) — never both, and none is lost; a node stopped during
+//! a hold acknowledges none of its held sends; and after the other node
 //! catches up, the checker finds nothing lost, duplicated or out of order.
 
 use std::collections::BTreeMap;
@@ -14,30 +17,39 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use mesh_api::EventRecord;
+use mesh_api::client::Client;
 use serde::Serialize;
 
 use crate::chaos::{Follower, converge};
 use crate::checker::{Summary, check};
 use crate::cluster::{Cluster, ClusterConfig, Isolation, write_journal};
-use crate::history::History;
+use crate::history::{History, Op};
 use crate::workload::{Ended, Send};
 
 /// The tmpfs's size.
 pub const TMPFS_BYTES: u64 = 32 << 20;
 /// Sends before the filesystem is filled.
 const SENDS_BEFORE: u64 = 20;
-/// The most sends tried while the filesystem is full.
-const SENDS_FULL_MAX: u64 = 20_000;
-/// Refused (or unanswered) sends in a row that show the outage bit.
-const REFUSED_IN_A_ROW: u32 = 5;
+/// Sends held at once in each phase.
+const HELD: u64 = 5;
+/// `[store] hold_ms` of the node on the tmpfs: short, so a run takes seconds.
+pub const HOLD_MS: u64 = 6_000;
+/// The most sends tried until one is held (the store may take a few
+/// commits from free pages inside its file after the disk is full).
+const PROBES_MAX: u64 = 2_000;
+/// How long a probe may take before it counts as held.
+const HELD_AFTER: Duration = Duration::from_secs(2);
+/// How long a held send may take to be answered: the hold and then some.
+const SEND_TIMEOUT: Duration = Duration::from_millis(HOLD_MS + 30_000);
+/// How long a plain send may take.
+const QUICK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the status may take while sends are held.
+const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the other phases may take.
+const PHASE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Accepted sends in a row that show the node recovered.
 const OK_IN_A_ROW: u32 = 5;
-/// How long the full phase and the recovery phase may each take.
-const PHASE_TIMEOUT: Duration = Duration::from_secs(90);
-/// How long one send may take.
-const SEND_TIMEOUT: Duration = Duration::from_secs(5);
-/// The pause between sends while the node refuses them.
-const REFUSED_PAUSE: Duration = Duration::from_millis(50);
 
 /// A tmpfs mounted on a temp dir, unmounted when dropped.
 #[derive(Debug)]
@@ -133,27 +145,31 @@ impl Drop for Tmpfs {
 }
 
 /// What a store outage run saw.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct OutageReport {
     /// Bytes the filler took.
     pub filler_bytes: u64,
-    /// Sends acknowledged while the filesystem was full (before the outage bit).
-    pub ok_while_full: u64,
-    /// Sends refused while it was full.
-    pub refused_while_full: u64,
-    /// Sends with no answer while it was full.
-    pub unknown_while_full: u64,
-    /// The first refusal's error.
-    pub first_refusal: Option<String>,
-    /// Whether the node refused sends at all (the outage bit).
-    pub outage_bit: bool,
-    /// Milliseconds from freeing space to accepted sends again, if it recovered.
+    /// Sends committed after the disk was full, before one was held.
+    pub ok_before_held: u64,
+    /// Whether the node held a send (its request stayed open).
+    pub held: bool,
+    /// Whether the status answered, naming the store as down, while sends
+    /// were held; how long it took.
+    pub status_while_held_ms: Option<u64>,
+    /// The sends held past the hold: how each ended, and after how long (ms).
+    pub let_go: Vec<(String, u64)>,
+    /// Sends the `lost` records of node 0 count.
+    pub lost_recorded: u64,
+    /// Sends held while node 0 was stopped: how each ended.
+    pub stopped_while_held: Vec<String>,
+    /// Of those, how many are in node 0's journal at the end (must be 0).
+    pub stopped_journaled: u64,
+    /// Sends held, then committed once the store came back: how each ended.
+    pub held_then_committed: Vec<String>,
+    /// Milliseconds from freeing space to accepted sends again.
     pub recovered_after_ms: Option<u64>,
     /// Whether the daemon was still running at the end.
     pub daemon_survived: bool,
-    /// If it did not recover by itself: whether a restart (SIGTERM, start
-    /// on the same data dir) made it take sends again.
-    pub recovered_after_restart: Option<bool>,
     /// Whether the other node caught up.
     pub converged: bool,
     /// The checker's counts.
@@ -163,10 +179,23 @@ pub struct OutageReport {
 }
 
 impl OutageReport {
-    /// Whether the node refused while full, recovered by itself, kept
+    /// Whether every held send ended as the hold says, nothing held was
+    /// acknowledged by a stopped node, the node recovered and kept
     /// running, and nothing acknowledged was lost.
     pub fn passed(&self) -> bool {
-        self.outage_bit
+        let let_go_ok = self.let_go.len() as u64 == HELD
+            && self
+                .let_go
+                .iter()
+                .all(|(e, ms)| e == "fail" && *ms >= HOLD_MS - 500);
+        self.held
+            && self.status_while_held_ms.is_some()
+            && let_go_ok
+            && self.lost_recorded == HELD
+            && self.stopped_while_held.iter().all(|e| e != "ok")
+            && self.stopped_journaled == 0
+            && self.held_then_committed.len() as u64 == HELD
+            && self.held_then_committed.iter().all(|e| e == "ok")
             && self.recovered_after_ms.is_some()
             && self.daemon_survived
             && self.converged
@@ -187,6 +216,88 @@ pub fn run_blocking(bin: &Path, out_dir: &Path) -> anyhow::Result<OutageReport> 
     rt.block_on(run(bin, out_dir))
 }
 
+fn ended_name(e: Ended) -> String {
+    match e {
+        Ended::Ok => "ok",
+        Ended::Fail => "fail",
+        Ended::Unknown => "unknown",
+    }
+    .to_owned()
+}
+
+/// The sends of one run: numbered in order, all from node 0 to node 1.
+struct Sender {
+    api: Client,
+    history: Arc<History>,
+    to_id: String,
+    c: u64,
+}
+
+impl Sender {
+    fn next(&mut self) -> Send {
+        self.c += 1;
+        Send {
+            client: 0,
+            c: self.c,
+            from: 0,
+            to: 1,
+            to_id: self.to_id.clone(),
+        }
+    }
+
+    /// Starts a send on a task: it ends within `timeout`.
+    fn spawn(&mut self, timeout: Duration) -> (u64, tokio::task::JoinHandle<(Ended, u64)>) {
+        let send = self.next();
+        let c = send.c;
+        let (api, history) = (self.api.clone(), self.history.clone());
+        let task = tokio::spawn(async move {
+            let started = Instant::now();
+            let ended = send.run(&api, &history, timeout).await;
+            (ended, started.elapsed().as_millis() as u64)
+        });
+        (c, task)
+    }
+
+    async fn one(&mut self, timeout: Duration) -> Ended {
+        let send = self.next();
+        send.run(&self.api, &self.history, timeout).await
+    }
+}
+
+async fn join(task: tokio::task::JoinHandle<(Ended, u64)>) -> anyhow::Result<(Ended, u64)> {
+    task.await.context("a send task failed")
+}
+
+/// Sends one at a time until one is held (not answered within
+/// [`HELD_AFTER`]); returns it, still open, and how many were committed first.
+async fn until_held(
+    sender: &mut Sender,
+) -> anyhow::Result<(tokio::task::JoinHandle<(Ended, u64)>, u64)> {
+    let mut ok = 0;
+    for _ in 0..PROBES_MAX {
+        let (_, mut task) = sender.spawn(SEND_TIMEOUT);
+        tokio::select! {
+            done = &mut task => match done.context("a send task failed")?.0 {
+                Ended::Ok => ok += 1,
+                other => bail!("a send ended {other:?} before any was held"),
+            },
+            () = tokio::time::sleep(HELD_AFTER) => return Ok((task, ok)),
+        }
+    }
+    bail!("no send was held after {PROBES_MAX} sends to a full disk")
+}
+
+/// How many sends node 0's `lost` records count, from its journal.
+fn lost_in(journal: &[mesh_api::EventEntry]) -> u64 {
+    journal
+        .iter()
+        .filter_map(|e| match &e.record {
+            EventRecord::Lost { msgs, .. } => Some(*msgs),
+            _ => None,
+        })
+        .sum()
+}
+
 async fn run(bin: &Path, out_dir: &Path) -> anyhow::Result<OutageReport> {
     if out_dir.exists() {
         std::fs::remove_dir_all(out_dir)
@@ -198,84 +309,117 @@ async fn run(bin: &Path, out_dir: &Path) -> anyhow::Result<OutageReport> {
     cfg.isolation = Isolation::Loopback;
     cfg.log_dir = Some(out_dir.to_owned());
     cfg.data_dirs = BTreeMap::from([(0, tmpfs.path().join("n0"))]);
+    cfg.daemon_config = Some(format!("[store]\nhold_ms = {HOLD_MS}\n"));
     let mut cluster = Cluster::start(cfg).await?;
     let history = Arc::new(History::new(Some(&out_dir.join("history.jsonl")))?);
-    let to_id = cluster.node_id(1).to_owned();
-    let api = cluster.client(0).clone();
-    let mut c = 0u64;
-    let send = |c: &mut u64| {
-        *c += 1;
-        Send {
-            client: 0,
-            c: *c,
-            from: 0,
-            to: 1,
-            to_id: to_id.clone(),
-        }
+    let mut sender = Sender {
+        api: cluster.client(0).clone(),
+        history: history.clone(),
+        to_id: cluster.node_id(1).to_owned(),
+        c: 0,
     };
-
+    let mut report = OutageReport {
+        out_dir: out_dir.to_owned(),
+        ..OutageReport::default()
+    };
     for _ in 0..SENDS_BEFORE {
-        let ended = send(&mut c).run(&api, &history, SEND_TIMEOUT).await;
-        if ended != Ended::Ok {
+        if sender.one(QUICK_TIMEOUT).await != Ended::Ok {
             bail!("a send failed before the outage: see {}", out_dir.display());
         }
     }
 
-    let filler_bytes = tmpfs.fill()?;
-    eprintln!("outage: the tmpfs is full ({filler_bytes} bytes of filler)");
-    let mut report = OutageReport {
-        filler_bytes,
-        ok_while_full: 0,
-        refused_while_full: 0,
-        unknown_while_full: 0,
-        first_refusal: None,
-        outage_bit: false,
-        recovered_after_ms: None,
-        daemon_survived: false,
-        recovered_after_restart: None,
-        converged: false,
-        summary: Summary::default(),
-        out_dir: out_dir.to_owned(),
-    };
-    let started = Instant::now();
-    let mut in_a_row = 0;
-    for _ in 0..SENDS_FULL_MAX {
-        if started.elapsed() > PHASE_TIMEOUT || !cluster.is_running(0) {
-            break;
-        }
-        let before = history.ops().len();
-        match send(&mut c).run(&api, &history, SEND_TIMEOUT).await {
-            Ended::Ok => {
-                report.ok_while_full += 1;
-                in_a_row = 0;
-                continue;
-            }
-            Ended::Fail => report.refused_while_full += 1,
-            Ended::Unknown => report.unknown_while_full += 1,
-        }
-        if report.first_refusal.is_none() {
-            report.first_refusal = history.ops().get(before + 1).map(|op| format!("{op:?}"));
-        }
-        in_a_row += 1;
-        if in_a_row >= REFUSED_IN_A_ROW {
-            report.outage_bit = true;
-            break;
-        }
-        tokio::time::sleep(REFUSED_PAUSE).await;
-    }
+    // Held past the hold: answered 503, journaled as lost once the store is back.
+    report.filler_bytes = tmpfs.fill()?;
     eprintln!(
-        "outage: while full, {} sends acknowledged, {} refused, {} unanswered; first refusal: {:?}",
-        report.ok_while_full,
-        report.refused_while_full,
-        report.unknown_while_full,
-        report.first_refusal
+        "outage: the tmpfs is full ({} bytes of filler)",
+        report.filler_bytes
+    );
+    let (first, ok) = until_held(&mut sender).await?;
+    report.ok_before_held = ok;
+    report.held = true;
+    let mut held = vec![first];
+    for _ in 1..HELD {
+        held.push(sender.spawn(SEND_TIMEOUT).1);
+    }
+    let asked = Instant::now();
+    if let Ok(Ok(st)) = tokio::time::timeout(
+        STATUS_TIMEOUT,
+        sender.api.get::<mesh_api::StatusResponse>("/v1/status"),
+    )
+    .await
+        && st.node.store_down.is_some()
+    {
+        report.status_while_held_ms = Some(asked.elapsed().as_millis() as u64);
+    }
+    for task in held {
+        let (ended, ms) = join(task).await?;
+        report.let_go.push((ended_name(ended), ms));
+    }
+    eprintln!("outage: held past the hold: {:?}", report.let_go);
+    tmpfs.unfill()?;
+    let api = sender.api.clone();
+    let started = Instant::now();
+    while started.elapsed() < PHASE_TIMEOUT {
+        let j = mesh_cluster::read_journal(&api).await?;
+        report.lost_recorded = lost_in(&j);
+        if report.lost_recorded >= HELD {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("outage: lost records count {} sends", report.lost_recorded);
+
+    // Stopped while held: nothing is acknowledged.
+    tmpfs.fill()?;
+    let (first, _) = until_held(&mut sender).await?;
+    let (c2, second) = sender.spawn(SEND_TIMEOUT);
+    let first_c = c2 - 1;
+    cluster.stop(0).await?;
+    for task in [first, second] {
+        report
+            .stopped_while_held
+            .push(ended_name(join(task).await?.0));
+    }
+    tmpfs.unfill()?;
+    cluster.restart(0).await?;
+    let j = mesh_cluster::read_journal(cluster.client(0)).await?;
+    let bodies: Vec<String> = [first_c, c2]
+        .iter()
+        .map(|c| crate::history::body(0, *c))
+        .collect();
+    report.stopped_journaled = j
+        .iter()
+        .filter(
+            |e| matches!(&e.record, EventRecord::Envelope { body, .. } if bodies.contains(body)),
+        )
+        .count() as u64;
+    eprintln!(
+        "outage: stopped while held: {:?}, journaled {}",
+        report.stopped_while_held, report.stopped_journaled
     );
 
+    // Held, then committed when the store comes back within the hold.
+    sender.api = cluster.client(0).clone();
+    tmpfs.fill()?;
+    let (first, _) = until_held(&mut sender).await?;
+    let mut held = vec![first];
+    for _ in 1..HELD {
+        held.push(sender.spawn(SEND_TIMEOUT).1);
+    }
     tmpfs.unfill()?;
     let freed = Instant::now();
+    for task in held {
+        report
+            .held_then_committed
+            .push(ended_name(join(task).await?.0));
+    }
+    eprintln!(
+        "outage: held then committed: {:?}",
+        report.held_then_committed
+    );
     let mut in_a_row = 0;
     while freed.elapsed() < PHASE_TIMEOUT && cluster.is_running(0) {
-        if send(&mut c).run(&api, &history, SEND_TIMEOUT).await == Ended::Ok {
+        if sender.one(QUICK_TIMEOUT).await == Ended::Ok {
             in_a_row += 1;
             if in_a_row >= OK_IN_A_ROW {
                 report.recovered_after_ms = Some(freed.elapsed().as_millis() as u64);
@@ -283,25 +427,12 @@ async fn run(bin: &Path, out_dir: &Path) -> anyhow::Result<OutageReport> {
             }
         } else {
             in_a_row = 0;
-            tokio::time::sleep(REFUSED_PAUSE).await;
         }
     }
     report.daemon_survived = cluster.is_running(0);
-    if report.recovered_after_ms.is_none() {
-        eprintln!("outage: node 0 did not recover by itself; restarting it");
-        cluster.stop(0).await?;
-        cluster.restart(0).await?;
-        let mut ok = 0;
-        for _ in 0..OK_IN_A_ROW {
-            if send(&mut c).run(&api, &history, SEND_TIMEOUT).await == Ended::Ok {
-                ok += 1;
-            }
-        }
-        report.recovered_after_restart = Some(ok == OK_IN_A_ROW);
-    }
     history.flush()?;
 
-    let ops = history.ops();
+    let ops: Vec<Op> = history.ops();
     let mut follower = Follower::new(2);
     let (converged, _) = converge(&cluster, &mut follower, &ops, Duration::from_secs(60)).await;
     report.converged = converged;
@@ -319,13 +450,8 @@ async fn run(bin: &Path, out_dir: &Path) -> anyhow::Result<OutageReport> {
         serde_json::to_vec_pretty(&report)?,
     )?;
     eprintln!(
-        "outage: recovered by itself after {:?} ms, after a restart: {:?}, daemon survived: {}, \
-         converged: {}\noutage: {}",
-        report.recovered_after_ms,
-        report.recovered_after_restart,
-        report.daemon_survived,
-        report.converged,
-        report.summary.total
+        "outage: recovered after {:?} ms, daemon survived: {}, converged: {}\noutage: {}",
+        report.recovered_after_ms, report.daemon_survived, report.converged, report.summary.total
     );
     Ok(report)
 }

@@ -133,6 +133,73 @@ pub enum EventRecord {
         /// Free text for a person.
         detail: String,
     },
+    /// Local sends to `to` were held while the store could not commit them,
+    /// past the hold bound, and let go: their senders were answered 503,
+    /// and none of them was written or sent.
+    Lost {
+        /// The recipient node.
+        to: String,
+        /// How many sends.
+        msgs: u64,
+        /// Their payload bytes.
+        bytes: u64,
+        /// When the first was taken, ms since the Unix epoch.
+        first_ms: u64,
+        /// When the last was taken.
+        last_ms: u64,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// The author of `stream` started a new store epoch: this node holds the
+    /// stream up to `last`, and nothing later of it can ever arrive.
+    EpochEnded {
+        /// The ended stream.
+        stream: StreamJson,
+        /// The last seq this node holds.
+        last: Seq,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// The author's store of `stream` went back in time (a restored backup,
+    /// or a copy run as a second node): seqs `from..=to` are what was seen
+    /// of the stream but its author's store lost, or holds others under.
+    RolledBack {
+        /// The stream.
+        stream: StreamJson,
+        /// First seq concerned.
+        from: Seq,
+        /// Last seq concerned.
+        to: Seq,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// A batch of `stream` came with another envelope at `seq` than the one
+    /// held here: two writers used one stream and seq. It was not taken.
+    Conflict {
+        /// The stream.
+        stream: StreamJson,
+        /// The seq.
+        seq: Seq,
+        /// The payload hash held here (hex).
+        ours: String,
+        /// The payload hash the batch carried (hex).
+        theirs: String,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// The journal's entries at arrivals `from..=to` were trimmed by
+    /// retention (`[journal] max_bytes`, `max_age`): a read from before
+    /// the retained range gets this first, never a silent skip.
+    Trimmed {
+        /// First trimmed arrival asked for.
+        from: u64,
+        /// Last trimmed arrival.
+        to: u64,
+        /// How many entries (arrivals are dense: `to - from + 1`).
+        entries: u64,
+        /// Free text for a person.
+        detail: String,
+    },
     /// An entry of a kind this build does not know.
     Other {},
 }
@@ -240,6 +307,24 @@ pub struct NodeStatus {
     pub peers: Vec<PeerStatus>,
     /// The store file's size in bytes, if known.
     pub store_bytes: Option<u64>,
+    /// The journal's retained range and size (absent from older daemons).
+    #[serde(default)]
+    pub journal: Option<JournalStatus>,
+    /// Why the store cannot commit now, if it cannot (local sends are held
+    /// meanwhile, up to `[store] hold_ms`).
+    #[serde(default)]
+    pub store_down: Option<String>,
+}
+
+/// The journal's retained range and size, in `GET /v1/status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JournalStatus {
+    /// The first retained arrival (`head + 1` when nothing is retained).
+    pub first: u64,
+    /// The last arrival written.
+    pub head: u64,
+    /// The bytes its rows take in the store.
+    pub bytes: u64,
 }
 
 /// The whole answer of `GET /v1/status`: the node, and what the API adds.
@@ -289,6 +374,10 @@ pub struct PeerStatus {
     /// This node's local alias for it (`mesh peer name`), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
+    /// The last identity conflict seen on the link: two live processes run
+    /// with one node key (a copied data dir run twice); absent means none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity_conflict: Option<String>,
     /// Why its last connection was refused for speaking another protocol
     /// version (by either side), until a connection is live again.
     #[serde(default, skip_serializing_if = "Option::is_none")]

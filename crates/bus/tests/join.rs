@@ -20,8 +20,8 @@ use mesh_protocol::{
     encode_join,
 };
 use mesh_store::{
-    Arrival, InviteRecord, JournalItem, MemStore, MeshStore, OwnStream, PeerRecord, Receipt,
-    RedbStore, StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
+    Arrival, EndedOwn, InviteRecord, JournalBounds, JournalItem, MemStore, MeshStore, OwnStream,
+    PeerRecord, Receipt, RedbStore, StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
 };
 use tokio::time::timeout;
 
@@ -310,8 +310,16 @@ impl MeshStore for NoNewPeers {
     ) -> Result<Vec<StoredBatch>, StoreError> {
         self.inner.read_outbox(s, after, max)
     }
-    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
-        self.inner.journal(after, limit)
+    fn journal_page(
+        &self,
+        after: Arrival,
+        limit: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<JournalItem>, StoreError> {
+        self.inner.journal_page(after, limit, max_bytes)
+    }
+    fn journal_bounds(&self) -> Result<JournalBounds, StoreError> {
+        self.inner.journal_bounds()
     }
     fn journal_head(&self) -> Result<Arrival, StoreError> {
         self.inner.journal_head()
@@ -363,6 +371,10 @@ impl MeshStore for NoNewPeers {
         name: &str,
     ) -> Result<Option<Arrival>, StoreError> {
         self.inner.agent_cursor(agent, name)
+    }
+
+    fn ended_own(&self) -> Result<Vec<EndedOwn>, StoreError> {
+        self.inner.ended_own()
     }
 }
 

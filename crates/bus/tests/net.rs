@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{NetNode, T, ack, link_one_way, loopback};
+use common::{NetNode, T, ack, link_one_way, loopback, until};
 use iroh::endpoint::{ConnectionError, PortmapperConfig, presets};
 use iroh::{Endpoint, EndpointAddr, RelayMode};
 use mesh_bus::net::{
@@ -571,4 +571,81 @@ async fn a_crashed_higher_id_peer_that_restarts_is_reconnected_before_the_idle_t
     assert_eq!(high.frame().await, (low.id(), ch, ack(5)));
     low.net.shutdown().await;
     high.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_live_processes_with_one_key_are_an_identity_conflict_at_both_ends() {
+    let mut b = NetNode::new().await;
+    let key = SecretKey::generate();
+    // Clone X connects first; clone Y, a later process with the same key
+    // (a copied data dir run twice), replaces it as a restart would.
+    let mut x = NetNode::bind(key.clone()).await;
+    link_one_way(&x, &b).await;
+    let bx = b.connected(x.id()).await;
+    let xb = x.connected(b.id()).await;
+    let mut y = NetNode::bind(key.clone()).await;
+    y.net
+        .add_peer(b.id(), b.net.local_addrs())
+        .await
+        .expect("add b");
+    let yb = y.connected(b.id()).await;
+    b.disconnected(x.id(), bx).await;
+    let by = b.connected(y.id()).await;
+    x.disconnected(b.id(), xb).await;
+    // X is alive and dials again: never silently taken for a dead process.
+    until("b to see the identity conflict", || async {
+        b.net.peers().await[0].identity_conflict.is_some()
+    })
+    .await;
+    until("x to hear it was refused for it", || async {
+        x.net.peers().await[0].identity_conflict.is_some()
+    })
+    .await;
+    let why = b.net.peers().await[0].identity_conflict.clone().unwrap();
+    assert!(why.contains("two processes run with node key"), "{why}");
+    assert!(b.net.counters().identity_conflicts >= 1);
+    assert!(x.net.counters().identity_conflicts >= 1);
+    // The live one keeps working; X is not let in in its place.
+    y.net.try_send(b.id(), yb, &ack(3)).await.expect("y -> b");
+    assert_eq!(b.frame().await, (y.id(), by, ack(3)));
+    assert_eq!(b.net.peers().await[0].conn, Some(by));
+    // Once Y is gone, X gets in.
+    let y_id = y.id();
+    y.net.shutdown().await;
+    b.disconnected(y_id, by).await;
+    let bx = b.connected(x.id()).await;
+    assert_ne!(bx, by);
+    x.net.shutdown().await;
+    b.net.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_of_protocol_1_is_refused_at_its_preamble_naming_both_versions() {
+    let mut a = NetNode::new().await;
+    let raw = raw_endpoint().await;
+    a.net
+        .add_peer(raw.id(), Vec::new())
+        .await
+        .expect("allow raw");
+    let conn = timeout(T, raw.connect(addr_of(&a), ALPN))
+        .await
+        .expect("connect in time")
+        .expect("connect");
+    let (mut send, _recv) = conn.open_bi().await.expect("open stream");
+    // What a node of the first protocol writes.
+    send.write_all(b"amesh/1\n").await.expect("v1 preamble");
+    send.write_all(&[0; INSTANCE_BYTES])
+        .await
+        .expect("instance");
+    let (code, reason) = app_close(timeout(T, conn.closed()).await.expect("closed in time"));
+    assert_eq!(code, u64::from(close_code::VERSION_MISMATCH));
+    assert!(
+        reason.contains("protocol 1")
+            && reason.contains(&mesh_protocol::PROTOCOL_VERSION.to_string()),
+        "{reason}"
+    );
+    assert_eq!(PREAMBLE, *b"amesh/2\n");
+    a.no_event_yet();
+    raw.close().await;
+    a.net.shutdown().await;
 }

@@ -540,11 +540,19 @@ impl MeshStore for SlowStore {
     ) -> Result<Vec<StoredBatch>, StoreError> {
         self.0.read_outbox(s, after, max)
     }
-    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
-        self.0.journal(after, limit)
+    fn journal_page(
+        &self,
+        after: Arrival,
+        limit: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<JournalItem>, StoreError> {
+        self.0.journal_page(after, limit, max_bytes)
     }
-    fn journal_head(&self) -> Result<Arrival, StoreError> {
-        self.0.journal_head()
+    fn journal_bounds(&self) -> Result<mesh_store::JournalBounds, StoreError> {
+        self.0.journal_bounds()
+    }
+    fn ended_own(&self) -> Result<Vec<mesh_store::EndedOwn>, StoreError> {
+        self.0.ended_own()
     }
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
         self.0.peers()

@@ -15,8 +15,10 @@
 //! acks wait 0, 5 or 50 ms for company (`Config::ack_ride_ms`).
 //!
 //! Checked during the run: at most one commit in flight per core; marks
-//! never move backwards; a sender is answered Ok only once its message is
-//! committed, and with its journal arrival; an ack never runs ahead of the
+//! never move backwards; a sender is answered once at most, Ok only once
+//! its message is committed, and with its journal arrival; a send held
+//! through a store outage is answered Ok only after its commit, or let go
+//! (`Held`) only after the hold bound, never both; an ack never runs ahead of the
 //! committed mark; under `reject`, no unacknowledged envelope is ever
 //! evicted; a local write (a cursor, a subscriber's lag record) is answered
 //! Ok only once it is committed, and refused only when the store's rules
@@ -26,7 +28,9 @@
 //! such a gap); nothing is there that was never sent; every stream is
 //! delivered and acknowledged in full; every lag record is a write that
 //! was issued, once; every cursor holds its last write answered Ok or a
-//! later one. The simulated driver opens batches at its edge
+//! later one; no send answered with an error is in any journal; the lost
+//! records of held sends count no more sends than were let go (exactly as
+//! many on a node that never crashed). The simulated driver opens batches at its edge
 //! (`open_batch`), as the real one does.
 //!
 //! `SIM_SEED=n` reruns one seed with a trace of every event;
@@ -85,6 +89,10 @@ struct Params {
     batch_inputs: bool,
     /// Local writes (cursors, subscriber lag records).
     writes: usize,
+    /// How long a send is held through a store outage (outages last 10 to 300 ms).
+    hold_ms: u64,
+    /// The most sends held at once.
+    hold_msgs_max: usize,
 }
 
 impl Params {
@@ -114,6 +122,8 @@ impl Params {
             } else {
                 rng.random_range(60..=300)
             },
+            hold_ms: [40, 150, 10_000][rng.random_range(0..3)],
+            hold_msgs_max: rng.random_range(2..=8),
         }
     }
 
@@ -130,6 +140,11 @@ impl Params {
             retransmit_ms: 300,
             resync_retry_ms: 150,
             store_retry_ms: 50,
+            hold_ms: self.hold_ms,
+            hold_msgs_max: self.hold_msgs_max,
+            hold_bytes_max: 1 << 20,
+            journal_bytes_max: u64::MAX,
+            journal_age_ms_max: 0,
             ack_ride_ms: self.ack_ride_ms,
             dedup_window_ms: mesh_bus::core::DEDUP_WINDOW_MS,
             card_ask_ms: 200,
@@ -221,10 +236,11 @@ struct SimNode {
     down: bool,
 }
 
-/// A send as issued: recipient and payload.
+/// A send as issued: recipient, payload and when.
 struct Issued {
     to: usize,
     payload: Vec<u8>,
+    at: Millis,
 }
 
 /// A local write as issued, and whether the store's rules take it.
@@ -247,6 +263,12 @@ struct Sim {
     next_conn: u64,
     issued: BTreeMap<(usize, u64), Issued>,
     ok: BTreeMap<(usize, u64), (StreamId, Seq)>,
+    /// Sends answered with an error.
+    failed: BTreeSet<(usize, u64)>,
+    /// Sends let go after the hold, by (node, recipient node): how many.
+    let_go: BTreeMap<(usize, usize), u64>,
+    /// Nodes that crashed at least once.
+    crashed: BTreeSet<usize>,
     /// Local writes by (node, request).
     writes: BTreeMap<(usize, u64), IssuedWrite>,
     /// Local writes answered Ok, with the arrival of what they journaled.
@@ -280,6 +302,8 @@ struct Coverage {
     gaps_recorded: u64,
     retransmits: u64,
     load_failures: u64,
+    sends_held: u64,
+    sends_let_go: u64,
 }
 
 impl Coverage {
@@ -297,6 +321,8 @@ impl Coverage {
         self.gaps_recorded += m.gaps_recorded;
         self.retransmits += m.retransmits;
         self.load_failures += m.load_failures;
+        self.sends_held += m.sends_held;
+        self.sends_let_go += m.sends_let_go;
     }
 
     fn add(&mut self, o: &Coverage) {
@@ -314,6 +340,8 @@ impl Coverage {
         self.gaps_recorded += o.gaps_recorded;
         self.retransmits += o.retransmits;
         self.load_failures += o.load_failures;
+        self.sends_held += o.sends_held;
+        self.sends_let_go += o.sends_let_go;
     }
 }
 
@@ -376,6 +404,9 @@ impl Sim {
             next_conn: 1,
             issued: BTreeMap::new(),
             ok: BTreeMap::new(),
+            failed: BTreeSet::new(),
+            let_go: BTreeMap::new(),
+            crashed: BTreeSet::new(),
             writes: BTreeMap::new(),
             writes_ok: BTreeMap::new(),
             events: 0,
@@ -655,6 +686,7 @@ impl Sim {
             Issued {
                 to,
                 payload: payload.clone(),
+                at: self.now,
             },
         );
         let to_id = self.nodes[to].id;
@@ -779,6 +811,7 @@ impl Sim {
             self.coverage.add_core(core.metrics());
             self.coverage.crashes += 1;
         }
+        self.crashed.insert(node);
         n.inc += 1;
         n.timer = None;
         n.commit = None;
@@ -937,6 +970,11 @@ impl Sim {
             Effect::Written { req, result } => self.written(node, req, result)?,
             // The simulated peer sets (and their links) are fixed.
             Effect::Journaled { .. } | Effect::PeerChanged { .. } | Effect::PeerAddrs { .. } => {}
+            Effect::EpochChanged { epoch } => {
+                return Err(format!(
+                    "node {node} started epoch {epoch:?}, but no store here goes back in time"
+                ));
+            }
             Effect::SetTimer { at } => {
                 self.nodes[node].timer = Some(at);
                 let when = at.0.max(self.now.0);
@@ -998,12 +1036,35 @@ impl Sim {
         req: ReqId,
         result: Result<SendReceipt, SendError>,
     ) -> Check {
+        let key = (node, req.0);
+        if self.ok.contains_key(&key) || self.failed.contains(&key) {
+            return Err(format!(
+                "node {node}: send {req:?} answered twice: {result:?}"
+            ));
+        }
         let receipt = match result {
             Ok(receipt) => receipt,
             Err(SendError::Internal(why)) => {
                 return Err(format!("node {node}: internal error on a send: {why}"));
             }
-            Err(_) => return Ok(()),
+            Err(SendError::Held { held_ms, .. }) => {
+                let issued = self.issued.get(&key).ok_or("an answer to no send")?;
+                let waited = self.now.0 - issued.at.0;
+                if waited < self.config.hold_ms || held_ms != waited {
+                    return Err(format!(
+                        "node {node}: send {req:?} let go after {waited} ms (it says {held_ms}), \
+                         before the hold of {} ms ended",
+                        self.config.hold_ms
+                    ));
+                }
+                *self.let_go.entry((node, issued.to)).or_default() += 1;
+                self.failed.insert(key);
+                return Ok(());
+            }
+            Err(_) => {
+                self.failed.insert(key);
+                return Ok(());
+            }
         };
         let own = self.nodes[node].store.own_streams().unwrap();
         let next = own
@@ -1116,7 +1177,37 @@ impl Sim {
         }
         self.check_delivered(&lost, &delivered)?;
         self.check_acked()?;
+        self.check_let_go()?;
         self.check_writes()
+    }
+
+    /// The lost records of held sends: per node and recipient, no more
+    /// sends than were let go, and as many on a node that never crashed
+    /// (a crash drops the records not yet written; their senders were
+    /// answered all the same).
+    fn check_let_go(&self) -> Check {
+        let mut recorded: BTreeMap<(usize, usize), u64> = BTreeMap::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            for item in n.store.journal(0, usize::MAX).unwrap() {
+                if let JournalRecord::SendsLost { to, msgs, .. } = item.record {
+                    *recorded.entry((i, self.idx(&to))).or_default() += msgs;
+                }
+            }
+        }
+        let keys: BTreeSet<_> = recorded.keys().chain(self.let_go.keys()).copied().collect();
+        for k in keys {
+            let (got, want) = (
+                recorded.get(&k).copied().unwrap_or(0),
+                self.let_go.get(&k).copied().unwrap_or(0),
+            );
+            if got > want || (got != want && !self.crashed.contains(&k.0)) {
+                return Err(format!(
+                    "node {} recorded {got} sends to node {} as lost, but {want} were let go",
+                    k.0, k.1
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every seq an author gave up (evict-oldest), per stream; a loss
@@ -1189,7 +1280,9 @@ impl Sim {
                     }
                     *expect = to + 1;
                 }
-                JournalRecord::Loss { .. } | JournalRecord::SubscriberLagged { .. } => {}
+                JournalRecord::Loss { .. }
+                | JournalRecord::SubscriberLagged { .. }
+                | JournalRecord::SendsLost { .. } => {}
                 other => return Err(format!("node {j}: unexpected journal record {other:?}")),
             }
         }
@@ -1222,6 +1315,11 @@ impl Sim {
         {
             return Err(format!(
                 "node {j}: journal holds send {from}/{req} in the wrong place"
+            ));
+        }
+        if self.failed.contains(&(from, req)) {
+            return Err(format!(
+                "node {j}: send {from}/{req} was answered with an error but is journaled"
             ));
         }
         if let Some((s, q)) = self.ok.get(&(from, req))
@@ -1409,6 +1507,7 @@ fn frame_short(f: &Frame) -> String {
         Frame::CardQuery { .. } => "CardQuery".to_string(),
         Frame::CardAnswer { card, .. } => format!("CardAnswer {}", card.is_some()),
         Frame::Agents { cards } => format!("Agents {}", cards.len()),
+        Frame::StreamEnded { held, .. } => format!("StreamEnded {held}"),
     }
 }
 

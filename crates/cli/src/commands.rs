@@ -31,6 +31,26 @@ pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
     if let Some(b) = st.store_bytes {
         println!("store   {b} bytes");
     }
+    if let Some(why) = &st.store_down {
+        println!("store   DOWN: {why} (sends are held, then answered 503)");
+    }
+    if let Some(j) = st.journal {
+        if j.first > j.head {
+            println!("journal empty after arrival {} ({} bytes)", j.head, j.bytes);
+        } else {
+            println!(
+                "journal arrivals {}..={} ({} bytes){}",
+                j.first,
+                j.head,
+                j.bytes,
+                if j.first > 1 {
+                    format!("; 1..={} trimmed", j.first - 1)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
     println!("peers   {}", st.peers.len());
     print_peers(&st.peers);
     Ok(())
@@ -65,6 +85,9 @@ fn print_peers(peers: &[PeerStatus]) {
         );
         if let Some(why) = &p.refused {
             println!("      refused: {why}");
+        }
+        if let Some(why) = &p.identity_conflict {
+            println!("      IDENTITY CONFLICT: {why}");
         }
     }
 }
@@ -419,6 +442,21 @@ fn print_entry(e: &EventEntry, me: &str, json: bool) -> anyhow::Result<()> {
             short(&stream.author)
         ),
         EventRecord::Lagged { detail, .. } => format!("LAGGED {detail}"),
+        EventRecord::Lost {
+            to, msgs, detail, ..
+        } => format!("LOST {msgs} sends to {}: {detail}", short(to)),
+        EventRecord::EpochEnded { detail, .. } => format!("EPOCH ENDED {detail}"),
+        EventRecord::RolledBack {
+            stream,
+            from,
+            to,
+            detail,
+        } => format!(
+            "ROLLED BACK stream of {} #{from}..=#{to}: {detail}",
+            short(&stream.author)
+        ),
+        EventRecord::Conflict { detail, .. } => format!("CONFLICT {detail}"),
+        EventRecord::Trimmed { detail, .. } => format!("TRIMMED {detail}"),
         EventRecord::Other {} => "(an entry this build does not know)".to_owned(),
     };
     let mut out = std::io::stdout().lock();

@@ -495,6 +495,31 @@ impl<W: Write> Narrator<'_, W> {
                 } => {
                     let _ = write!(line, "LAGGED {subscriber}: arrivals {from}..={to}");
                 }
+                EventRecord::Lost { msgs, to, .. } => {
+                    let _ = write!(line, "LOST {msgs} sends to {}", name(to));
+                }
+                EventRecord::EpochEnded { stream, last, .. } => {
+                    let _ = write!(
+                        line,
+                        "EPOCH ENDED {}'s stream at #{last}",
+                        name(&stream.author)
+                    );
+                }
+                EventRecord::RolledBack {
+                    stream, from, to, ..
+                } => {
+                    let _ = write!(
+                        line,
+                        "ROLLED BACK {}'s stream #{from}..=#{to}",
+                        name(&stream.author)
+                    );
+                }
+                EventRecord::Conflict { stream, seq, .. } => {
+                    let _ = write!(line, "CONFLICT {}'s stream #{seq}", name(&stream.author));
+                }
+                EventRecord::Trimmed { from, to, .. } => {
+                    let _ = write!(line, "TRIMMED arrivals {from}..={to}");
+                }
                 EventRecord::Other {} => line.push_str("(an entry this build does not know)"),
             }
             self.line(line)?;

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use mesh_protocol::NodeName;
 use mesh_store::{OnFull, OutboxBounds};
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
 
 use crate::bus::{MdnsMode, RELAYS_MAX, RelayUrl};
 
@@ -26,6 +26,21 @@ pub const SUBSCRIBER_STALL_MS_DEFAULT: u64 = 5_000;
 
 /// The accepted range of `api.subscriber_stall_ms`.
 pub const SUBSCRIBER_STALL_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=3_600_000;
+
+/// The default bytes buffered per live subscription (its entries as sent).
+pub const SUBSCRIBER_BUFFER_BYTES_DEFAULT: u64 = 16 << 20;
+
+/// The accepted range of `api.subscriber_buffer_bytes`.
+pub const SUBSCRIBER_BUFFER_BYTES_RANGE: std::ops::RangeInclusive<u64> = (64 << 10)..=(1 << 30);
+
+/// The accepted range of `store.hold_ms`.
+pub const HOLD_MS_RANGE: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+
+/// The smallest `journal.max_bytes` accepted: a few rows.
+pub const JOURNAL_BYTES_MIN: u64 = 1 << 20;
+
+/// The shortest `journal.max_age` accepted (other than `"0"`, no bound), in ms.
+pub const JOURNAL_AGE_MS_MIN: u64 = 60_000;
 
 /// The daemon's configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -45,6 +60,10 @@ pub struct Config {
     pub net: NetConfig,
     /// The agents' sockets.
     pub agents: AgentsConfig,
+    /// The store: how long a send is held while it cannot commit.
+    pub store: StoreConfig,
+    /// Retention of the journal.
+    pub journal: JournalConfig,
     /// Finding peers on the LAN.
     pub discovery: DiscoveryConfig,
 }
@@ -58,7 +77,35 @@ impl Default for Config {
             api: ApiConfig::default(),
             net: NetConfig::default(),
             agents: AgentsConfig::default(),
+            store: StoreConfig::default(),
+            journal: JournalConfig::default(),
             discovery: DiscoveryConfig::default(),
+        }
+    }
+}
+
+/// `[store]`: what happens to a local send while the store cannot commit it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct StoreConfig {
+    /// How long a send is held, unanswered and retried, while the store
+    /// cannot commit it, in ms ([`HOLD_MS_RANGE`]); then it is answered 503
+    /// and journaled as lost once the store is back.
+    pub hold_ms: u64,
+    /// The most sends held at once (1 to the bus's waiting bound); a send
+    /// past it is answered 503 at once.
+    pub hold_max_msgs: usize,
+    /// The most payload bytes held at once (1 to the bus's waiting bound).
+    pub hold_max_bytes: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            hold_ms: crate::bus::HOLD_MS,
+            hold_max_msgs: crate::bus::HOLD_MSGS_MAX,
+            hold_max_bytes: crate::bus::HOLD_BYTES_MAX,
         }
     }
 }
@@ -121,6 +168,58 @@ impl MdnsConfig {
             MdnsConfig::Off => MdnsMode::Off,
         }
     }
+}
+
+/// `[journal]`: how much of the journal is kept; the oldest entries go
+/// first, and their payloads with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct JournalConfig {
+    /// The most bytes the journal's rows may take (at least [`JOURNAL_BYTES_MIN`]).
+    pub max_bytes: u64,
+    /// The oldest an entry may get, written as `"30d"`, `"12h"`, `"90m"`,
+    /// `"600s"`, or `"0"` for no age bound; in ms here.
+    #[serde(deserialize_with = "age_ms")]
+    pub max_age: u64,
+}
+
+impl Default for JournalConfig {
+    fn default() -> Self {
+        JournalConfig {
+            max_bytes: crate::bus::JOURNAL_BYTES_MAX,
+            max_age: crate::bus::JOURNAL_AGE_MS_MAX,
+        }
+    }
+}
+
+/// Reads an age like `"30d"` (units `s`, `m`, `h`, `d`; `"0"`: none) as ms.
+fn age_ms<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_age_ms(&text).map_err(serde::de::Error::custom)
+}
+
+/// Parses an age like `"30d"` as ms; `"0"` is 0 (no bound).
+pub fn parse_age_ms(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    if t == "0" {
+        return Ok(0);
+    }
+    let bad = || {
+        format!(
+            "{text:?} is not an age: write a number and a unit s, m, h or d (\"30d\"), or \"0\" for none"
+        )
+    };
+    let (n, unit) = t.split_at(t.len().saturating_sub(1));
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let ms = match unit {
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(ms).ok_or_else(bad)
 }
 
 /// `discovery.mdns`, spelled as in the file.
@@ -241,6 +340,10 @@ pub struct ApiConfig {
     /// this gets the first answer), as a number and a unit: `"24h"`,
     /// `"90m"` ([`DEDUP_WINDOW_MS_RANGE`]).
     pub dedup_window: String,
+    /// Bytes buffered per live subscription, its entries as sent
+    /// ([`SUBSCRIBER_BUFFER_BYTES_RANGE`]); the buffer is full at
+    /// `subscriber_buffer` entries or at these bytes, whichever comes first.
+    pub subscriber_buffer_bytes: u64,
 }
 
 impl ApiConfig {
@@ -256,6 +359,7 @@ impl Default for ApiConfig {
             subscriber_buffer: SUBSCRIBER_BUFFER_DEFAULT,
             subscriber_stall_ms: SUBSCRIBER_STALL_MS_DEFAULT,
             dedup_window: DEDUP_WINDOW_DEFAULT.to_owned(),
+            subscriber_buffer_bytes: SUBSCRIBER_BUFFER_BYTES_DEFAULT,
         }
     }
 }
@@ -389,6 +493,52 @@ impl Config {
                 ));
             }
         }
+        if !SUBSCRIBER_BUFFER_BYTES_RANGE.contains(&self.api.subscriber_buffer_bytes) {
+            return Err(bad(
+                "api.subscriber_buffer_bytes",
+                format!(
+                    "must be between {} and {}",
+                    SUBSCRIBER_BUFFER_BYTES_RANGE.start(),
+                    SUBSCRIBER_BUFFER_BYTES_RANGE.end()
+                ),
+            ));
+        }
+        if !HOLD_MS_RANGE.contains(&self.store.hold_ms) {
+            return Err(bad(
+                "store.hold_ms",
+                format!(
+                    "must be between {} and {} (milliseconds)",
+                    HOLD_MS_RANGE.start(),
+                    HOLD_MS_RANGE.end()
+                ),
+            ));
+        }
+        let msgs_max = crate::bus::WAITING_SENDS_MAX;
+        if !(1..=msgs_max).contains(&self.store.hold_max_msgs) {
+            return Err(bad(
+                "store.hold_max_msgs",
+                format!("must be between 1 and {msgs_max}"),
+            ));
+        }
+        let bytes_max = crate::bus::WAITING_SEND_BYTES_MAX;
+        if !(1..=bytes_max).contains(&self.store.hold_max_bytes) {
+            return Err(bad(
+                "store.hold_max_bytes",
+                format!("must be between 1 and {bytes_max}"),
+            ));
+        }
+        if self.journal.max_bytes < JOURNAL_BYTES_MIN {
+            return Err(bad(
+                "journal.max_bytes",
+                format!("must be at least {JOURNAL_BYTES_MIN}"),
+            ));
+        }
+        if self.journal.max_age != 0 && self.journal.max_age < JOURNAL_AGE_MS_MIN {
+            return Err(bad(
+                "journal.max_age",
+                "must be \"0\" (no bound) or at least a minute".into(),
+            ));
+        }
         if !SUBSCRIBER_STALL_MS_RANGE.contains(&self.api.subscriber_stall_ms) {
             return Err(bad(
                 "api.subscriber_stall_ms",
@@ -443,9 +593,16 @@ mod tests {
             "subscriber_buffer",
             "subscriber_stall_ms",
             "dedup_window",
+            "subscriber_buffer_bytes",
             "[net]",
             "relays",
             "[agents]",
+            "[store]",
+            "hold_ms",
+            "hold_max_msgs",
+            "hold_max_bytes",
+            "[journal]",
+            "max_age",
             "[discovery]",
             "mdns",
         ] {
@@ -533,6 +690,49 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("mdns") && e.contains("loud"), "{e}");
+    }
+
+    #[test]
+    fn store_and_journal_keys_are_read_and_checked() {
+        let c = parse(
+            "[store]\nhold_ms = 5000\nhold_max_msgs = 10\nhold_max_bytes = 4096\n[journal]\nmax_bytes = 67108864\nmax_age = \"12h\"\n[api]\nsubscriber_buffer_bytes = 1048576\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                c.store.hold_ms,
+                c.store.hold_max_msgs,
+                c.store.hold_max_bytes
+            ),
+            (5000, 10, 4096)
+        );
+        assert_eq!(
+            (c.journal.max_bytes, c.journal.max_age),
+            (64 << 20, 12 * 3_600_000)
+        );
+        assert_eq!(c.api.subscriber_buffer_bytes, 1 << 20);
+        assert_eq!(
+            parse("[journal]\nmax_age = \"0\"\n")
+                .unwrap()
+                .journal
+                .max_age,
+            0
+        );
+        for (text, key) in [
+            ("[store]\nhold_ms = 5\n", "store.hold_ms"),
+            ("[store]\nhold_max_msgs = 0\n", "store.hold_max_msgs"),
+            ("[store]\nhold_max_bytes = 0\n", "store.hold_max_bytes"),
+            ("[journal]\nmax_bytes = 10\n", "journal.max_bytes"),
+            ("[journal]\nmax_age = \"30s\"\n", "journal.max_age"),
+            ("[journal]\nmax_age = \"a week\"\n", "max_age"),
+            (
+                "[api]\nsubscriber_buffer_bytes = 10\n",
+                "api.subscriber_buffer_bytes",
+            ),
+        ] {
+            let e = parse(text).unwrap_err().to_string();
+            assert!(e.contains(key), "{text}: {e}");
+        }
     }
 
     #[test]

@@ -96,6 +96,11 @@ impl Daemon {
             core: CoreConfig {
                 outbox: config.outbox.bounds(),
                 dedup_window_ms: config.api.dedup_window_ms(),
+                hold_ms: config.store.hold_ms,
+                hold_msgs_max: config.store.hold_max_msgs,
+                hold_bytes_max: config.store.hold_max_bytes,
+                journal_bytes_max: config.journal.max_bytes,
+                journal_age_ms_max: config.journal.max_age,
                 ..Default::default()
             },
             name: config.node_name(),
@@ -138,6 +143,7 @@ impl Daemon {
             store: store.clone(),
             store_file,
             subscriber_buffer: config.api.subscriber_buffer,
+            subscriber_buffer_bytes: config.api.subscriber_buffer_bytes,
             subscriber_stall: Duration::from_millis(config.api.subscriber_stall_ms),
             registry: registry.clone(),
             agent_sockets_private: agent_socket_dir.starts_with(dir.root()),
@@ -173,7 +179,8 @@ impl Daemon {
         self.node.node_id()
     }
 
-    /// This node's store epoch.
+    /// This node's store epoch now (a new one if its store was found to
+    /// have gone back in time).
     pub fn epoch(&self) -> Epoch {
         self.node.epoch()
     }

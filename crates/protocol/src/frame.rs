@@ -10,7 +10,7 @@ use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::agent::{AgentCard, MAX_AGENT_CARDS};
-use crate::batch::{MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, SignedBatch};
+use crate::batch::{Cid, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, SignedBatch};
 use crate::card::NodeCard;
 use crate::ids::{Epoch, NodeId, Seq, StreamId};
 
@@ -28,12 +28,20 @@ pub const MAX_FRAME_BYTES: usize = MAX_BATCH_PAYLOAD_BYTES as usize + 64 * 1024;
 pub const MAX_HELLO_MARKS: usize = 4096;
 
 /// A receiver's mark on a stream: every envelope up to `seq` is committed.
+///
+/// `cid` is the payload hash of the envelope at `seq` as the receiver
+/// committed it, when it has one (not after a gap record moved the mark):
+/// it lets the author check that the receiver holds *its* envelope at that
+/// seq, and so tell a store that went back in time (or a clone writing the
+/// same stream) from a receiver that is merely ahead.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Mark {
     /// The stream.
     pub stream: StreamId,
     /// The highest seq such that every envelope up to it is committed.
     pub seq: Seq,
+    /// The payload hash of the envelope at `seq`, if known.
+    pub cid: Option<Cid>,
 }
 
 /// One message between two daemons on their frame stream.
@@ -115,6 +123,17 @@ pub enum Frame {
         /// The cards.
         cards: Vec<AgentCard>,
     },
+    /// The author's `stream` (of an epoch it no longer writes) has ended:
+    /// its store holds it up to `held` as the receiver may have it, and
+    /// nothing later of it will ever come. Sent when the author's store
+    /// went back in time (a restored backup, a clone), so that a receiver
+    /// that holds more of the stream can say which seqs the author lost.
+    StreamEnded {
+        /// The ended stream.
+        stream: StreamId,
+        /// The last seq the author's store holds as it sent it.
+        held: Seq,
+    },
 }
 
 impl Frame {
@@ -134,12 +153,18 @@ impl Frame {
             Frame::CardQuery { .. } => 6,
             Frame::CardAnswer { .. } => 7,
             Frame::Agents { .. } => 8,
+            Frame::StreamEnded { .. } => STREAM_ENDED_TAG,
         }
     }
 }
 
+/// The postcard tag of [`Frame::StreamEnded`]: its place in the enum's
+/// declaration order (the variant is declared last, so this is also the
+/// highest tag).
+const STREAM_ENDED_TAG: usize = 9;
+
 /// Variant names by postcard tag, in declaration order.
-const FRAME_NAMES: [&str; 9] = [
+const FRAME_NAMES: [&str; 10] = [
     "Hello",
     "Batch",
     "Ack",
@@ -149,6 +174,7 @@ const FRAME_NAMES: [&str; 9] = [
     "CardQuery",
     "CardAnswer",
     "Agents",
+    "StreamEnded",
 ];
 
 /// The payloads of a batch frame, each encoded as length-prefixed bytes.
@@ -394,6 +420,7 @@ mod tests {
         let mark = Mark {
             stream: StreamId::direct(node(1), Epoch([3; 16]), node(2)),
             seq: 1,
+            cid: Some(Cid([5; 32])),
         };
         Frame::Hello {
             version: PROTOCOL_VERSION,
@@ -436,13 +463,17 @@ mod tests {
                 stream: stream.clone(),
                 earliest_available: 1,
             },
-            Frame::ResyncDone { stream, upto: 1 },
+            Frame::ResyncDone {
+                stream: stream.clone(),
+                upto: 1,
+            },
             Frame::CardQuery { node: node(3) },
             Frame::CardAnswer {
                 node: node(3),
                 card: Some(Box::new(card(3))),
             },
             Frame::Agents { cards: vec![] },
+            Frame::StreamEnded { stream, held: 1 },
         ];
         for (i, f) in frames.iter().enumerate() {
             let b = body(f);
@@ -565,7 +596,10 @@ mod tests {
     #[test]
     fn unknown_tags_and_empty_bodies_are_refused() {
         assert_eq!(decode_frame(&[]), Err(FrameError::Empty));
-        assert_eq!(decode_frame(&[9]), Err(FrameError::UnknownTag(9)));
+        assert_eq!(
+            decode_frame(&[FRAME_NAMES.len() as u8]),
+            Err(FrameError::UnknownTag(FRAME_NAMES.len() as u8))
+        );
         // A multi-byte tag varint is never a known frame.
         assert_eq!(
             decode_frame(&[0x80, 0x00]),

@@ -306,7 +306,8 @@ fn the_frame_seeds_hold_every_variant_and_a_batch_that_opens() {
             "ResyncDone",
             "CardQuery",
             "CardAnswer",
-            "Agents"
+            "Agents",
+            "StreamEnded"
         ]
     );
 }

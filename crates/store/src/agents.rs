@@ -518,3 +518,14 @@ mod tests {
         assert_eq!(arrival_of(&runs, &b, 2), None);
     }
 }
+
+/// The entry an inbox row gets in place of one retention trimmed.
+pub(crate) fn trimmed(arrival: Arrival) -> crate::JournalItem {
+    crate::JournalItem {
+        arrival,
+        record: crate::JournalRecord::Trimmed {
+            from: arrival,
+            to: arrival,
+        },
+    }
+}

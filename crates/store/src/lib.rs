@@ -24,19 +24,22 @@ pub use agents::{
     ALIAS_BYTES_MAX, AgentIndex, AgentOp, AgentRecord, CLIENT_ID_BYTES_MAX, DedupKey, DedupRecord,
     InboxItem, InboxKind, InboxRow, MessageDir, MessageRow,
 };
-pub use logic::{CURSOR_NAME_BYTES_MAX, SUBSCRIBER_NAME_BYTES_MAX};
+pub use logic::{
+    CURSOR_NAME_BYTES_MAX, DETAIL_BYTES_MAX, JOURNAL_TIME_STEP_MS, SUBSCRIBER_NAME_BYTES_MAX,
+    TRIM_ROWS_MAX,
+};
 pub use mem::MemStore;
 pub use redb_store::{CACHE_BYTES, RedbStore, STORE_FILE_NAME};
 pub use types::{
-    Arrival, Eviction, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord, InviteSpend,
-    JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds, OwnStream, PeerRecord, Receipt,
-    StoreMeta, StoredBatch, WriteOp,
+    Arrival, EndedOwn, Eviction, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord,
+    InviteSpend, JournalBounds, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds,
+    OwnStream, PeerRecord, Receipt, StoreMeta, StoredBatch, TrimReport, WriteOp,
 };
 
 use mesh_protocol::{InviteId, Mark, NodeCard, Seq, StreamId};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Errors from the store, grouped by who is at fault.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -95,7 +98,8 @@ pub enum StoreError {
 /// durable before it returns (`Durability::Immediate` on disk): a group's
 /// result is `Ok` only if its writes are durable.
 pub trait MeshStore: Send + Sync + 'static {
-    /// Epoch and schema version.
+    /// Epoch and schema version. The epoch changes only with a committed
+    /// [`WriteOp::NewEpoch`].
     fn meta(&self) -> StoreMeta;
 
     /// Applies `groups` in one durable transaction and answers each group.
@@ -108,7 +112,8 @@ pub trait MeshStore: Send + Sync + 'static {
     /// Author-side state of every stream this node writes.
     fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError>;
 
-    /// Every receiver mark this node holds.
+    /// Every receiver mark this node holds, with the payload hash of the
+    /// envelope at each mark where it is known.
     fn marks(&self) -> Result<Vec<Mark>, StoreError>;
 
     /// Outbox batches of `stream` that hold any seq above `after`, in order,
@@ -122,11 +127,32 @@ pub trait MeshStore: Send + Sync + 'static {
         max_bytes: u64,
     ) -> Result<Vec<StoredBatch>, StoreError>;
 
-    /// Up to `limit` journal entries after `after`, in arrival order.
-    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError>;
+    /// Up to `limit` journal entries after `after`, in arrival order, and
+    /// no more once `max_bytes` of payload and text are read (the entry
+    /// that crosses it is the last; the first is always given). If `after`
+    /// is before the retained journal, the first entry is a
+    /// [`JournalRecord::Trimmed`] naming the trimmed arrivals from
+    /// `after + 1` on, at the last of them: never a silent skip.
+    fn journal_page(
+        &self,
+        after: Arrival,
+        limit: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<JournalItem>, StoreError>;
 
-    /// The last arrival position written (0 if the journal is empty).
-    fn journal_head(&self) -> Result<Arrival, StoreError>;
+    /// Up to `limit` journal entries after `after`, in arrival order
+    /// ([`MeshStore::journal_page`] without a byte bound).
+    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
+        self.journal_page(after, limit, u64::MAX)
+    }
+
+    /// The journal's retained range and the bytes it takes.
+    fn journal_bounds(&self) -> Result<JournalBounds, StoreError>;
+
+    /// The last arrival position written (0 if nothing was ever journaled).
+    fn journal_head(&self) -> Result<Arrival, StoreError> {
+        Ok(self.journal_bounds()?.head)
+    }
 
     /// Every known peer.
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError>;
@@ -177,4 +203,6 @@ pub trait MeshStore: Send + Sync + 'static {
         agent: &mesh_protocol::AgentName,
         name: &str,
     ) -> Result<Option<Arrival>, StoreError>;
+    /// The own streams of earlier epochs of this store (see [`WriteOp::NewEpoch`]).
+    fn ended_own(&self) -> Result<Vec<EndedOwn>, StoreError>;
 }

@@ -5,30 +5,44 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
 use mesh_protocol::{
-    AgentName, Epoch, InviteId, Mark, MsgId, NodeCard, NodeId, Seq, SignedBatch, StreamId,
+    AgentName, Cid, Epoch, InviteId, Mark, MsgId, NodeCard, NodeId, Seq, SignedBatch, StreamId,
 };
 
 use crate::agents::{AgentWrite, dedup_key_bytes};
-use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
+use crate::logic::{self, Base, BatchMeta, Fail, JOURNAL_TIME_STEP_MS, RowInfo, TxCounters, Write};
 use crate::{
-    AgentRecord, Arrival, DedupRecord, InboxItem, InboxRow, InviteRecord, JournalItem,
-    JournalRecord, MeshStore, MessageRow, OwnStream, PeerRecord, Receipt, SCHEMA_VERSION,
-    StoreError, StoreMeta, StoredBatch, WriteOp,
+    AgentRecord, Arrival, DedupRecord, EndedOwn, InboxItem, InboxRow, InviteRecord, JournalBounds,
+    JournalItem, JournalRecord, MeshStore, MessageRow, OwnStream, PeerRecord, Receipt,
+    SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
 };
 
 /// The committed state of a [`MemStore`].
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 struct State {
+    epoch: Epoch,
     own: BTreeMap<StreamId, OwnStream>,
     /// Own batches and the arrival of their first envelope, whose payloads
-    /// are read back from the journal as on disk.
+    /// are read back from the journal as on disk (unless kept in `payloads`).
     outbox: BTreeMap<(StreamId, Seq), (SignedBatch, Arrival)>,
+    /// Payloads the outbox keeps itself (their journal entries are trimmed,
+    /// or were never written).
+    payloads: BTreeMap<(StreamId, Seq), Vec<Vec<u8>>>,
     marks: BTreeMap<StreamId, Seq>,
+    mark_cids: BTreeMap<StreamId, Cid>,
     journal: BTreeMap<Arrival, JournalRecord>,
+    /// The first retained arrival.
+    journal_first: Arrival,
+    /// The last arrival ever written (it stays when everything is trimmed).
+    journal_head: Arrival,
+    journal_bytes: u64,
+    /// Dated journal positions: the first arrival of a commit, its time.
+    times: BTreeMap<Arrival, u64>,
+    last_write_ms: u64,
     peers: BTreeMap<[u8; 32], PeerRecord>,
     cards: BTreeMap<[u8; 32], NodeCard>,
     invites: BTreeMap<InviteId, InviteRecord>,
     cursors: BTreeMap<String, Arrival>,
+    ended: BTreeMap<StreamId, EndedOwn>,
     max_lamport: u64,
     /// While set, every commit fails as a disk would (see [`MemStore::set_unavailable`]).
     unavailable: bool,
@@ -105,6 +119,26 @@ impl Agents {
     }
 }
 
+/// The bytes a journal record is counted as in memory: its payload or
+/// text and a fixed overhead (the disk store counts its rows' real bytes).
+pub(crate) fn record_bytes(r: &JournalRecord) -> u64 {
+    const OVERHEAD_BYTES: u64 = 64;
+    record_text_bytes(r) + OVERHEAD_BYTES
+}
+
+/// The payload or text bytes of a journal record, as a page's byte bound counts them.
+pub(crate) fn record_text_bytes(r: &JournalRecord) -> u64 {
+    let body = match r {
+        JournalRecord::Envelope { payload, .. } => payload.len(),
+        JournalRecord::Loss { detail, .. }
+        | JournalRecord::SendsLost { detail, .. }
+        | JournalRecord::RolledBack { detail, .. } => detail.len(),
+        JournalRecord::SubscriberLagged { subscriber, .. } => subscriber.len(),
+        _ => 0,
+    };
+    body as u64
+}
+
 /// An in-memory [`MeshStore`] with exactly the rules of the on-disk store.
 ///
 /// Everything `commit` accepted survives as long as the object does; a
@@ -112,26 +146,24 @@ impl Agents {
 /// `commit`. [`MemStore::set_unavailable`] simulates a failing disk.
 #[derive(Debug)]
 pub struct MemStore {
-    epoch: Epoch,
     state: Mutex<State>,
 }
 
 struct MemBase<'a> {
-    epoch: Epoch,
     state: &'a State,
 }
 
 impl Base for MemBase<'_> {
-    fn epoch(&self) -> Epoch {
-        self.epoch
-    }
-
     fn name(&self) -> &str {
         "in-memory store"
     }
 
     fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError> {
         Ok(self.state.own.get(stream).cloned())
+    }
+
+    fn own_streams(&mut self) -> Result<Vec<OwnStream>, StoreError> {
+        Ok(self.state.own.values().cloned().collect())
     }
 
     fn batch_meta(
@@ -146,17 +178,113 @@ impl Base for MemBase<'_> {
             .map(|(b, _)| BatchMeta::of(b)))
     }
 
+    fn batch_first_arrival(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<Arrival>, StoreError> {
+        Ok(self
+            .state
+            .outbox
+            .get(&(stream.clone(), first_seq))
+            .map(|(_, a)| *a))
+    }
+
+    fn batch_holding(
+        &mut self,
+        stream: &StreamId,
+        seq: Seq,
+    ) -> Result<Option<(Seq, BatchMeta)>, StoreError> {
+        Ok(self
+            .state
+            .outbox
+            .range((stream.clone(), 0)..=(stream.clone(), seq))
+            .next_back()
+            .map(|((_, first), (b, _))| (*first, BatchMeta::of(b))))
+    }
+
+    fn batch_moved(&mut self, stream: &StreamId, first_seq: Seq) -> Result<bool, StoreError> {
+        Ok(self
+            .state
+            .payloads
+            .contains_key(&(stream.clone(), first_seq)))
+    }
+
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
         Ok(self.state.marks.get(stream).copied())
+    }
+
+    fn journal_rows(&mut self, from: Arrival, max: usize) -> Result<Vec<RowInfo>, StoreError> {
+        Ok(self
+            .state
+            .journal
+            .range(from..)
+            .take(max)
+            .map(|(a, r)| RowInfo {
+                first: *a,
+                last: *a,
+                bytes: record_bytes(r),
+                run: match r {
+                    JournalRecord::Envelope { stream, seq, .. } => Some((stream.clone(), *seq, 1)),
+                    _ => None,
+                },
+            })
+            .collect())
+    }
+
+    fn journal_times(
+        &mut self,
+        after: Arrival,
+        max: usize,
+    ) -> Result<Vec<(Arrival, u64)>, StoreError> {
+        Ok(self
+            .state
+            .times
+            .range(after.saturating_add(1)..)
+            .take(max)
+            .map(|(a, t)| (*a, *t))
+            .collect())
+    }
+
+    fn ended(&mut self, stream: &StreamId) -> Result<Option<EndedOwn>, StoreError> {
+        Ok(self.state.ended.get(stream).cloned())
     }
 }
 
 impl State {
+    fn new(epoch: Epoch) -> State {
+        State {
+            epoch,
+            own: BTreeMap::new(),
+            outbox: BTreeMap::new(),
+            payloads: BTreeMap::new(),
+            marks: BTreeMap::new(),
+            mark_cids: BTreeMap::new(),
+            journal: BTreeMap::new(),
+            journal_first: 1,
+            journal_head: 0,
+            journal_bytes: 0,
+            times: BTreeMap::new(),
+            last_write_ms: 0,
+            peers: BTreeMap::new(),
+            cards: BTreeMap::new(),
+            invites: BTreeMap::new(),
+            cursors: BTreeMap::new(),
+            agents: Agents::default(),
+            ended: BTreeMap::new(),
+            max_lamport: 0,
+            unavailable: false,
+        }
+    }
+
     fn apply(&mut self, writes: Vec<Write>) {
         for w in writes {
             match w {
                 Write::OwnStream(o) => {
                     self.own.insert(o.stream.clone(), o);
+                }
+                Write::DelOwn(stream) => {
+                    self.own.remove(&stream);
                 }
                 Write::PutBatch {
                     first_seq,
@@ -172,12 +300,59 @@ impl State {
                         .insert((stream, first_seq), (batch, first_arrival));
                 }
                 Write::DelBatch { stream, first_seq } => {
-                    self.outbox.remove(&(stream, first_seq));
+                    self.outbox.remove(&(stream.clone(), first_seq));
+                    self.payloads.remove(&(stream, first_seq));
+                }
+                Write::DropOutbox(stream) => {
+                    self.outbox.retain(|(s, _), _| *s != stream);
+                    self.payloads.retain(|(s, _), _| *s != stream);
+                }
+                Write::PutPayloads {
+                    stream,
+                    first_seq,
+                    payloads,
+                } => {
+                    self.payloads.insert((stream, first_seq), payloads);
+                }
+                Write::MovePayloads {
+                    stream,
+                    first_seq,
+                    first_arrival,
+                    n,
+                } => {
+                    let payloads = (0..n)
+                        .filter_map(|i| match self.journal.get(&(first_arrival + i)) {
+                            Some(JournalRecord::Envelope { payload, .. }) => Some(payload.clone()),
+                            _ => None,
+                        })
+                        .collect();
+                    self.payloads.insert((stream, first_seq), payloads);
+                }
+                Write::DelJournal { first, last } => {
+                    let kept = self.journal.split_off(&(last + 1));
+                    self.journal.retain(|a, _| *a < first);
+                    self.journal.extend(kept);
+                }
+                Write::DelTimesBefore(first) => {
+                    self.times = self.times.split_off(&first);
                 }
                 Write::Mark { stream, seq } => {
                     self.marks.insert(stream, seq);
                 }
+                Write::MarkCid { stream, cid } => match cid {
+                    Some(c) => {
+                        self.mark_cids.insert(stream, c);
+                    }
+                    None => {
+                        self.mark_cids.remove(&stream);
+                    }
+                },
+                Write::Ended(e) => {
+                    self.ended.insert(e.stream.clone(), e);
+                }
                 Write::Journal { arrival, record } => {
+                    self.journal_bytes += record_bytes(&record);
+                    self.journal_head = self.journal_head.max(arrival);
                     self.journal.insert(arrival, record);
                 }
                 Write::PutPeer(p) => {
@@ -190,6 +365,7 @@ impl State {
                 Write::Cursor { name, arrival } => {
                     self.cursors.insert(name, arrival);
                 }
+                Write::Epoch(epoch) => self.epoch = epoch,
                 Write::PutCard(card) => {
                     self.cards.insert(*card.node.as_bytes(), card);
                 }
@@ -201,8 +377,16 @@ impl State {
         }
     }
 
-    fn journal_head(&self) -> Arrival {
-        self.journal.last_key_value().map_or(0, |(k, _)| *k)
+    fn counters(&self) -> TxCounters {
+        TxCounters {
+            journal_head: self.journal_head,
+            max_lamport: self.max_lamport,
+            journal_first: self.journal_first,
+            journal_bytes: self.journal_bytes,
+            last_write_ms: self.last_write_ms,
+            epoch: self.epoch,
+            now_ms: None,
+        }
     }
 }
 
@@ -210,8 +394,7 @@ impl MemStore {
     /// An empty store of `epoch`.
     pub fn new(epoch: Epoch) -> Self {
         MemStore {
-            epoch,
-            state: Mutex::new(State::default()),
+            state: Mutex::new(State::new(epoch)),
         }
     }
 
@@ -224,7 +407,6 @@ impl MemStore {
     /// A new store holding a copy of this one's committed state (same epoch).
     pub fn fork(&self) -> MemStore {
         MemStore {
-            epoch: self.epoch,
             state: Mutex::new(self.lock().clone()),
         }
     }
@@ -241,7 +423,7 @@ impl MemStore {
 impl MeshStore for MemStore {
     fn meta(&self) -> StoreMeta {
         StoreMeta {
-            epoch: self.epoch,
+            epoch: self.lock().epoch,
             schema_version: SCHEMA_VERSION,
         }
     }
@@ -258,18 +440,13 @@ impl MeshStore for MemStore {
                 })
                 .collect();
         }
-        let mut counters = TxCounters {
-            journal_head: state.journal_head(),
-            max_lamport: state.max_lamport,
-        };
+        let before = state.counters();
+        let mut counters = before;
         // Reads of the maps cannot fail, so no group here is ever `Fail::Fatal`.
         let mut out = Vec::with_capacity(groups.len());
         for ops in groups {
             let planned = {
-                let mut base = MemBase {
-                    epoch: self.epoch,
-                    state: &state,
-                };
+                let mut base = MemBase { state: &state };
                 logic::plan_group(&mut base, &mut counters, ops)
             };
             match planned {
@@ -281,6 +458,21 @@ impl MeshStore for MemStore {
             }
         }
         state.max_lamport = counters.max_lamport;
+        state.journal_first = counters.journal_first;
+        // The trims took their rows off; the journal writes added theirs.
+        let added = state.journal_bytes - before.journal_bytes;
+        state.journal_bytes = counters.journal_bytes + added;
+        state.epoch = counters.epoch;
+        if let Some(now) = counters.now_ms
+            && state.journal_head > before.journal_head
+        {
+            let first = before.journal_head + 1;
+            let dated = state.times.last_key_value().map(|(_, t)| *t);
+            if dated.is_none_or(|t| now >= t.saturating_add(JOURNAL_TIME_STEP_MS)) {
+                state.times.insert(first, now);
+            }
+            state.last_write_ms = now;
+        }
         out
     }
 
@@ -289,13 +481,14 @@ impl MeshStore for MemStore {
     }
 
     fn marks(&self) -> Result<Vec<Mark>, StoreError> {
-        Ok(self
-            .lock()
+        let state = self.lock();
+        Ok(state
             .marks
             .iter()
             .map(|(s, seq)| Mark {
                 stream: s.clone(),
                 seq: *seq,
+                cid: state.mark_cids.get(s).copied(),
             })
             .collect())
     }
@@ -325,6 +518,12 @@ impl MeshStore for MemStore {
         gather(candidates, |(b, _)| b, after, max_bytes)?
             .into_iter()
             .map(|(batch, first_arrival)| {
+                if let Some(p) = state.payloads.get(&(stream.clone(), batch.first_seq)) {
+                    return Ok(StoredBatch {
+                        batch: batch.clone(),
+                        payloads: p.clone(),
+                    });
+                }
                 let payloads = (0..batch.entries.len() as u64)
                     .map(|i| match state.journal.get(&(first_arrival + i)) {
                         Some(JournalRecord::Envelope {
@@ -351,24 +550,50 @@ impl MeshStore for MemStore {
             .collect()
     }
 
-    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
+    fn journal_page(
+        &self,
+        after: Arrival,
+        limit: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<JournalItem>, StoreError> {
         let state = self.lock();
         let Some(next) = after.checked_add(1) else {
             return Ok(Vec::new());
         };
-        Ok(state
-            .journal
-            .range(next..)
-            .take(limit)
-            .map(|(a, r)| JournalItem {
+        let mut out = Vec::new();
+        if limit == 0 {
+            return Ok(out);
+        }
+        if next < state.journal_first {
+            out.push(JournalItem {
+                arrival: state.journal_first - 1,
+                record: JournalRecord::Trimmed {
+                    from: next,
+                    to: state.journal_first - 1,
+                },
+            });
+        }
+        let mut bytes = 0u64;
+        for (a, r) in state.journal.range(next..) {
+            if out.len() >= limit || (!out.is_empty() && bytes >= max_bytes) {
+                break;
+            }
+            bytes += record_text_bytes(r);
+            out.push(JournalItem {
                 arrival: *a,
                 record: r.clone(),
-            })
-            .collect())
+            });
+        }
+        Ok(out)
     }
 
-    fn journal_head(&self) -> Result<Arrival, StoreError> {
-        Ok(self.lock().journal_head())
+    fn journal_bounds(&self) -> Result<JournalBounds, StoreError> {
+        let state = self.lock();
+        Ok(JournalBounds {
+            first: state.journal_first,
+            head: state.journal_head,
+            bytes: state.journal_bytes,
+        })
     }
 
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
@@ -417,6 +642,12 @@ impl MeshStore for MemStore {
             .range(lo..=hi)
             .take(limit)
             .map(|((_, arrival), row)| {
+                if *arrival < state.journal_first {
+                    return Ok(InboxItem {
+                        item: crate::agents::trimmed(*arrival),
+                        row: *row,
+                    });
+                }
                 let record =
                     state
                         .journal
@@ -444,6 +675,9 @@ impl MeshStore for MemStore {
         let Some(place) = state.agents.messages.get(id).cloned() else {
             return Ok(None);
         };
+        if place.arrival < state.journal_first {
+            return Ok(None);
+        }
         let corrupt = |why: String| StoreError::Corrupt {
             path: "in-memory store".into(),
             why,
@@ -477,6 +711,10 @@ impl MeshStore for MemStore {
             .cursors
             .get(&(agent.clone(), name.to_owned()))
             .copied())
+    }
+
+    fn ended_own(&self) -> Result<Vec<EndedOwn>, StoreError> {
+        Ok(self.lock().ended.values().cloned().collect())
     }
 }
 

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use mesh_protocol::{
-    Epoch, InviteId, NodeCard, NodeId, OpenBatch, RequestId, Seq, SignedBatch, StreamId,
+    Cid, Epoch, InviteId, NodeCard, NodeId, OpenBatch, RequestId, Seq, SignedBatch, StreamId,
 };
 use serde::{Deserialize, Serialize};
 
@@ -163,6 +163,68 @@ pub enum JournalRecord {
         /// Last arrival not delivered live.
         to: Arrival,
     },
+    /// `msgs` local sends to `to` (`bytes` payload bytes, taken between
+    /// `first_ms` and `last_ms`) were held while the store could not
+    /// commit them, longer than the hold bound, and let go: their senders
+    /// were answered 503, and none of them was ever written or sent.
+    SendsLost {
+        /// The recipient node.
+        to: NodeId,
+        /// How many sends.
+        msgs: u64,
+        /// Their payload bytes.
+        bytes: u64,
+        /// When the first of them was taken (ms since the Unix epoch).
+        first_ms: u64,
+        /// When the last of them was taken.
+        last_ms: u64,
+        /// Free text for a person (the hold bound, the store's error).
+        detail: String,
+    },
+    /// The author of `stream` started a new store epoch: this node holds
+    /// the stream up to `last`, and nothing later of it can ever arrive.
+    EpochEnded {
+        /// The ended stream.
+        stream: StreamId,
+        /// The last seq this node holds (its mark).
+        last: Seq,
+    },
+    /// The author's store of `stream` went back in time (a restored
+    /// backup, or a clone writing the same stream): seqs `from..=to` are
+    /// what the world saw of the stream but the author's store lost, or
+    /// holds other envelopes under. Journaled by the author when a peer
+    /// shows it the range, and by the receiver from the author's word.
+    RolledBack {
+        /// The stream.
+        stream: StreamId,
+        /// First seq concerned.
+        from: Seq,
+        /// Last seq concerned.
+        to: Seq,
+        /// Free text for a person (what was re-sent where).
+        detail: String,
+    },
+    /// A batch of `stream` came with another envelope at `seq` than the one
+    /// committed here (`ours`, `theirs`: the payload hashes): two writers
+    /// used one (author, epoch, seq). It was not taken.
+    Conflict {
+        /// The stream.
+        stream: StreamId,
+        /// The seq.
+        seq: Seq,
+        /// The payload hash committed here.
+        ours: Cid,
+        /// The payload hash the batch carried.
+        theirs: Cid,
+    },
+    /// Never stored: a read from before the retained journal gets this
+    /// first, naming the arrivals `from..=to` retention has trimmed.
+    Trimmed {
+        /// First trimmed arrival the read asked for.
+        from: Arrival,
+        /// Last trimmed arrival.
+        to: Arrival,
+    },
 }
 
 /// A journal entry with its arrival position.
@@ -172,6 +234,46 @@ pub struct JournalItem {
     pub arrival: Arrival,
     /// The entry.
     pub record: JournalRecord,
+}
+
+/// The journal's retained range and size.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JournalBounds {
+    /// The first retained arrival (`head + 1` when nothing is retained):
+    /// everything before it was trimmed.
+    pub first: Arrival,
+    /// The last arrival written (0 before the first).
+    pub head: Arrival,
+    /// Bytes the retained rows take in the store (keys and values).
+    pub bytes: u64,
+}
+
+/// An own stream of an epoch this node no longer writes: its store went
+/// back in time and a new epoch was started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndedOwn {
+    /// The stream.
+    pub stream: StreamId,
+    /// The last seq this store holds as its peer may have it.
+    pub held: Seq,
+    /// The highest seq the peer was seen to hold, once reported as rolled
+    /// back (`held` until then).
+    pub reported: Seq,
+    /// The envelopes up to here were acknowledged or carried over to the
+    /// new epoch; the rest of the retained ones are still to carry.
+    pub carried: Seq,
+}
+
+/// What a [`WriteOp::Trim`] did, and when the next is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrimReport {
+    /// The journal's bounds after it.
+    pub bounds: JournalBounds,
+    /// More is over the bounds than one trim takes: trim again soon.
+    pub more: bool,
+    /// When (ms since the Unix epoch) the oldest retained entry passes the
+    /// age bound, if there is one.
+    pub next_due_ms: Option<u64>,
 }
 
 /// A known peer.
@@ -282,6 +384,115 @@ pub enum WriteOp {
     /// An agent write: local agents, inbox and message index, retried-send
     /// records, aliases, agents' cursors (see [`crate::AgentOp`]).
     Agents(crate::AgentOp),
+    /// Trim the journal, oldest rows first, while its rows take more than
+    /// `bytes_max` bytes or were written more than `age_ms_max` ms before
+    /// `now_ms` (0: no age bound); at most [`crate::TRIM_ROWS_MAX`] rows.
+    /// Payloads still needed by the outbox are not lost: an acknowledged
+    /// batch whose rows go is evicted with them (it is the oldest of its
+    /// stream), an unacknowledged one keeps its payloads in the outbox.
+    /// Also dates the journal rows this commit writes (at `now_ms`), which
+    /// is what the age bound reads. Its receipt's `trim` says what is left.
+    /// Put it first in a commit: the bounds hold before the commit's own rows.
+    Trim {
+        /// The clock, ms since the Unix epoch.
+        now_ms: u64,
+        /// The most bytes the journal's rows may take.
+        bytes_max: u64,
+        /// The oldest a row may be, in ms (0: no bound).
+        age_ms_max: u64,
+    },
+    /// Journal that local sends were held past the hold bound and let go
+    /// (a [`JournalRecord::SendsLost`]). Check: `msgs >= 1`.
+    RecordLost {
+        /// The recipient node.
+        to: NodeId,
+        /// How many sends.
+        msgs: u64,
+        /// Their payload bytes.
+        bytes: u64,
+        /// When the first was taken.
+        first_ms: u64,
+        /// When the last was taken.
+        last_ms: u64,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// Receiver: the author of `stream` started a new epoch. Journals a
+    /// [`JournalRecord::EpochEnded`] at the stream's mark (as earlier groups
+    /// of the commit left it); nothing if this node holds none of it.
+    EndEpoch {
+        /// The ended stream.
+        stream: StreamId,
+    },
+    /// Receiver: the author of `stream` says its store lost `from..=to`,
+    /// which this node holds: journal a [`JournalRecord::RolledBack`].
+    /// Check: `1 <= from <= to`.
+    RecordRolledBack {
+        /// The stream.
+        stream: StreamId,
+        /// First seq concerned.
+        from: Seq,
+        /// Last seq concerned.
+        to: Seq,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// Receiver: journal a [`JournalRecord::Conflict`].
+    RecordConflict {
+        /// The stream.
+        stream: StreamId,
+        /// The seq.
+        seq: Seq,
+        /// The payload hash committed here.
+        ours: Cid,
+        /// The payload hash the batch carried.
+        theirs: Cid,
+    },
+    /// Author: this store went back in time; every own stream is ended
+    /// (kept as an [`EndedOwn`], held and carried up to its acknowledged
+    /// mark: only that is known to be as its peer has it; an outbox with
+    /// nothing unacknowledged is dropped) and the store's epoch becomes
+    /// `epoch`, which later appends must be in. Checks: `epoch` is new (no
+    /// own stream has it).
+    NewEpoch {
+        /// The new epoch.
+        epoch: Epoch,
+    },
+    /// Author: the peer of the ended own stream `stream` holds it up to
+    /// `world`, which this store holds only up to `held`: journals a
+    /// [`JournalRecord::RolledBack`] for `held + 1 ..= world` (once: the
+    /// ended stream remembers what was reported) and lowers the ended
+    /// stream's `held`. Checks: the stream is ended.
+    ReportRolledBack {
+        /// The ended stream.
+        stream: StreamId,
+        /// What this store holds of it as the peer has it.
+        held: Seq,
+        /// What the peer holds of it.
+        world: Seq,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// Author: append `batch` (of the current epoch) to the outbox without
+    /// journaling it — its envelopes are the unacknowledged ones of the
+    /// ended stream `from` up to `upto`, journaled when first sent — and
+    /// record that `from` is carried up to `upto`. Once `from` is carried
+    /// to its end its outbox is dropped. Checks as [`WriteOp::AppendOwn`];
+    /// `from` is ended and `upto` moves its carried mark on.
+    CarryOver {
+        /// The re-signed batch.
+        batch: OpenBatch,
+        /// The ended stream its envelopes come from.
+        from: StreamId,
+        /// The last seq of `from` carried with it.
+        upto: Seq,
+    },
+    /// Author: drop the outbox of the ended own stream `stream` (nothing of
+    /// it is left to carry). Checks: the stream is ended.
+    DropEnded {
+        /// The ended stream.
+        stream: StreamId,
+    },
     /// Keep `card` as the newest card of its node (this node's own, or a
     /// peer's), replacing the one held. The caller has verified it and
     /// checked it is newer; [`WriteOp::RemovePeer`] forgets a peer's card.
@@ -372,8 +583,13 @@ pub struct Eviction {
 pub struct Receipt {
     /// Arrival positions of the journal entries written, first to last (`None` if none).
     pub arrivals: Option<(Arrival, Arrival)>,
-    /// The new state of every own stream the ops changed (appends, evictions, acks).
+    /// The new state of every own stream the ops changed (appends,
+    /// evictions, acks, trims), and of a new epoch's.
     pub own_streams: Vec<OwnStream>,
+    /// What a [`WriteOp::Trim`] in the ops did.
+    pub trim: Option<TrimReport>,
+    /// The ended own streams the ops changed.
+    pub ended: Vec<EndedOwn>,
 }
 
 /// What to do when an outbox is full of unacknowledged envelopes (the bus

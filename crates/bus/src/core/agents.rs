@@ -477,9 +477,10 @@ impl Core {
         first_seq: Seq,
         sends: &mut [WaitingSend],
     ) -> Vec<WriteOp> {
-        let stream = StreamId::direct(self.me, self.epoch, to);
+        let epoch = self.epoch();
+        let stream = StreamId::direct(self.me, epoch, to);
         let local = to == self.me;
-        let tag = MsgId::stream_tag(&self.me, self.epoch, &to);
+        let tag = MsgId::stream_tag(&self.me, epoch, &to);
         let mut entries = Vec::new();
         for (i, s) in sends.iter_mut().enumerate() {
             let Some(t) = s.tracked.as_deref() else {

@@ -1,16 +1,58 @@
 //! The author side: this node's own streams, signing, and feeding each
 //! peer its stream on the live connection (live, catch-up, resync, gaps,
-//! retransmit after silence) as far as the peer acknowledges.
+//! retransmit after silence) as far as the peer acknowledges; checking a
+//! peer's mark against the store before trusting it (a store that went back
+//! in time, or a clone writing the same stream, is found there), and the own
+//! streams of ended epochs, whose unacknowledged envelopes are carried over.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use mesh_protocol::{
-    Channel, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, Payloads, SecretKey, Seq,
+    Channel, Cid, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, Payloads, SecretKey, Seq,
     StreamId, VerifyError,
 };
-use mesh_store::{OwnStream, StoreError, StoredBatch};
+use mesh_store::{EndedOwn, OwnStream, StoreError, StoredBatch};
 
+use super::commit::{CarryWork, Report};
 use super::{Config, ConnId, DropReason, Effect, LoadId, Millis, Out};
+
+/// A peer's Hello mark for our stream, checked against what is committed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum HelloCheck {
+    /// The mark can be taken as it is (as far as the store can tell).
+    Trust(Seq),
+    /// The mark names an envelope the outbox holds: compare hashes first.
+    Verify { mark: Seq, cid: Cid },
+    /// The peer holds more of the stream than this store ever wrote: the
+    /// store went back in time.
+    RolledBack { mark: Seq },
+}
+
+/// What an outbox read brought back besides a feed's catch-up.
+#[derive(Debug)]
+pub(super) enum Loaded {
+    /// Nothing more to do (a catch-up chunk was sent, or the read is stale).
+    Done,
+    /// The peer's mark names our own envelope: feed it from there.
+    Verified {
+        peer: NodeId,
+        mark: Seq,
+        reset: bool,
+    },
+    /// The peer's mark names another envelope than ours at that seq.
+    Forked { peer: NodeId, mark: Seq },
+    /// The next envelopes of an ended stream to carry over.
+    Carry(CarryWork),
+}
+
+/// A feed waiting for the read that checks the peer's mark.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Verify {
+    mark: Seq,
+    cid: Cid,
+    /// The peer's store epoch changed: its ack resets ours.
+    reset: bool,
+}
 
 /// How far this node's stream to a peer has been sent on the live connection.
 ///
@@ -33,6 +75,8 @@ struct Feed {
     announce_done: bool,
     /// When the peer last made progress (or we started waiting for it).
     progress_at: Millis,
+    /// The peer's mark is being checked; nothing is sent until it is.
+    verify: Option<Verify>,
 }
 
 impl Feed {
@@ -42,14 +86,17 @@ impl Feed {
         if self.retry_at.is_some() {
             return self.retry_at;
         }
-        (self.load.is_none() && self.acked < self.cursor)
+        (self.verify.is_none() && self.load.is_none() && self.acked < self.cursor)
             .then(|| self.progress_at.plus(config.retransmit_ms))
     }
 
     /// Whether a freshly committed batch starting at `first` may go out at
     /// once: nothing is being read and the cursor is right before it.
     fn takes_fresh(&self, first: Seq) -> bool {
-        self.load.is_none() && self.retry_at.is_none() && self.cursor.saturating_add(1) == first
+        self.verify.is_none()
+            && self.load.is_none()
+            && self.retry_at.is_none()
+            && self.cursor.saturating_add(1) == first
     }
 
     /// Hands one stored batch to the connection, byte for byte as signed.
@@ -94,6 +141,17 @@ pub(super) struct Author {
     next_load: u64,
     /// Peers whose feed changed since [`Author::take_touched`].
     touched: BTreeSet<NodeId>,
+    /// Own streams of earlier epochs of this store.
+    ended: BTreeMap<StreamId, EndedOwn>,
+    /// The outboxes of ended streams still holding envelopes to carry over.
+    old: BTreeMap<StreamId, OwnStream>,
+    /// The carry-over read in flight.
+    carry_load: Option<(LoadId, StreamId)>,
+    /// A new epoch is under way: nothing more goes out on the old streams.
+    frozen: bool,
+    /// Randomness for new epochs, and how many were made.
+    entropy: [u8; 32],
+    epochs_made: u64,
 }
 
 impl Author {
@@ -104,16 +162,24 @@ impl Author {
         epoch: Epoch,
         streams: Vec<OwnStream>,
         lamport: u64,
+        ended: Vec<EndedOwn>,
+        entropy: [u8; 32],
     ) -> Author {
         let me = secret.public();
-        let own = streams
-            .into_iter()
-            .filter(|o| o.stream.author == me && o.stream.epoch == epoch)
-            .filter_map(|o| match o.stream.channel {
-                Channel::Direct(to) => Some((to, o)),
-                Channel::Topic(_) => None,
-            })
-            .collect();
+        let ended: BTreeMap<StreamId, EndedOwn> =
+            ended.into_iter().map(|e| (e.stream.clone(), e)).collect();
+        let mut own = BTreeMap::new();
+        let mut old = BTreeMap::new();
+        for o in streams.into_iter().filter(|o| o.stream.author == me) {
+            let Channel::Direct(to) = o.stream.channel else {
+                continue;
+            };
+            if o.stream.epoch == epoch {
+                own.insert(to, o);
+            } else if ended.contains_key(&o.stream) {
+                old.insert(o.stream.clone(), o);
+            }
+        }
         Author {
             secret,
             me,
@@ -123,7 +189,213 @@ impl Author {
             feeds: BTreeMap::new(),
             next_load: 1,
             touched: BTreeSet::new(),
+            ended,
+            old,
+            carry_load: None,
+            frozen: false,
+            entropy,
+            epochs_made: 0,
         }
+    }
+
+    /// This node's current store epoch, as the author writes it.
+    pub(super) fn epoch(&self) -> Epoch {
+        self.epoch
+    }
+
+    /// An epoch for this store to start: new with overwhelming likelihood
+    /// (drawn from the driver's randomness), never the current one.
+    pub(super) fn next_epoch(&mut self) -> Epoch {
+        loop {
+            self.epochs_made += 1;
+            let mut h = blake3::Hasher::new_keyed(&self.entropy);
+            h.update(b"agent-mesh/epoch\0");
+            h.update(&self.epoch.0);
+            h.update(&self.epochs_made.to_le_bytes());
+            let mut e = [0u8; 16];
+            e.copy_from_slice(&h.finalize().as_bytes()[..16]);
+            if Epoch(e) != self.epoch {
+                return Epoch(e);
+            }
+        }
+    }
+
+    /// Checks a peer's Hello mark for our current stream to it (`None`: it
+    /// names none) against what is committed.
+    pub(super) fn check_hello(&self, peer: NodeId, mark: Option<&Mark>) -> HelloCheck {
+        let Some(mark) = mark.filter(|m| m.seq > 0) else {
+            return HelloCheck::Trust(0);
+        };
+        let own = self.own_view(peer);
+        if mark.seq >= own.next_seq {
+            return HelloCheck::RolledBack { mark: mark.seq };
+        }
+        match mark.cid {
+            // A batch evicted is one the peer acknowledged (or a loss it
+            // was told of): nothing left to compare.
+            Some(cid) if mark.seq >= own.first_retained => HelloCheck::Verify {
+                mark: mark.seq,
+                cid,
+            },
+            _ => HelloCheck::Trust(mark.seq),
+        }
+    }
+
+    /// The ended streams to `peer` it holds more of than this store does:
+    /// what to journal as rolled back and tell it (a `StreamEnded` frame).
+    pub(super) fn ended_reports(&self, peer: NodeId, marks: &[Mark]) -> Vec<Report> {
+        marks
+            .iter()
+            .filter_map(|m| {
+                let e = self.ended.get(&m.stream)?;
+                (m.stream.channel == Channel::Direct(peer) && m.seq > e.held).then(|| Report {
+                    stream: m.stream.clone(),
+                    held: e.held,
+                    world: m.seq,
+                    detail: rolled_back_detail(peer, e.held, m.seq, None),
+                })
+            })
+            .collect()
+    }
+
+    /// The report of our current stream to `peer`, which holds it up to
+    /// `world`: the store holds it as the peer has it only up to its acked
+    /// mark; a new epoch `epoch` takes over.
+    pub(super) fn current_report(&self, peer: NodeId, world: Seq, epoch: Epoch) -> Report {
+        let own = self.own_view(peer);
+        Report {
+            stream: own.stream.clone(),
+            held: own.last_acked,
+            world,
+            detail: rolled_back_detail(peer, own.last_acked, world, Some(epoch)),
+        }
+    }
+
+    /// Stops every feed: a new epoch is under way, and nothing more goes
+    /// out on the old streams.
+    pub(super) fn freeze(&mut self) {
+        self.frozen = true;
+        let peers: Vec<NodeId> = self.feeds.keys().copied().collect();
+        for p in peers {
+            self.drop_feed(p);
+        }
+    }
+
+    /// Whether a new epoch is under way.
+    pub(super) fn is_frozen(&self) -> bool {
+        self.frozen
+    }
+
+    /// The new epoch `epoch` is committed: the current streams are ended
+    /// (`ended` from the store), those with envelopes left to carry keep
+    /// their outbox for it, and the new epoch's streams start empty.
+    pub(super) fn switched(&mut self, epoch: Epoch, ended: &[EndedOwn]) {
+        for e in ended {
+            self.ended.insert(e.stream.clone(), e.clone());
+        }
+        for (_, o) in std::mem::take(&mut self.own) {
+            if o.last_acked + 1 < o.next_seq {
+                self.old.insert(o.stream.clone(), o);
+            }
+        }
+        self.epoch = epoch;
+        self.frozen = false;
+        self.carry_load = None;
+    }
+
+    /// Ended streams changed by a commit (carried on, reported).
+    pub(super) fn ended_changed(&mut self, ended: &[EndedOwn]) {
+        for e in ended {
+            self.ended.insert(e.stream.clone(), e.clone());
+        }
+    }
+
+    /// Whether envelopes of ended streams are still to be carried over
+    /// (new sends wait until they are, so they come after them).
+    pub(super) fn has_carry(&self) -> bool {
+        self.frozen || !self.old.is_empty()
+    }
+
+    /// Reads the next envelopes to carry over, unless a read is under way:
+    /// the oldest ended stream's, after what is carried.
+    pub(super) fn next_carry(&mut self, config: &Config, out: &mut Out) {
+        if self.frozen || self.carry_load.is_some() {
+            return;
+        }
+        let Some((stream, o)) = self.old.iter().next() else {
+            return;
+        };
+        let carried = self.ended.get(stream).map_or(o.last_acked, |e| e.carried);
+        let after = carried.max(o.first_retained.saturating_sub(1));
+        let load = LoadId(self.next_load);
+        self.next_load += 1;
+        self.carry_load = Some((load, stream.clone()));
+        out.metrics.loads += 1;
+        let Channel::Direct(peer) = stream.channel else {
+            return;
+        };
+        out.push(Effect::LoadOutbox {
+            load,
+            peer,
+            stream: stream.clone(),
+            after,
+            max_bytes: config.catchup_chunk_bytes,
+        });
+    }
+
+    /// A carry-over chunk committed (`Ok`) or not: the next may be read.
+    pub(super) fn carry_done(&mut self, from: &StreamId, upto: Seq, ok: bool) {
+        if ok
+            && let Some(o) = self.old.get(from)
+            && upto + 1 >= o.next_seq
+        {
+            self.old.remove(from);
+        }
+    }
+
+    /// Turns a carry-over read into the envelopes to re-sign, those after
+    /// what is carried of `stream`.
+    fn carry_loaded(
+        &mut self,
+        stream: StreamId,
+        result: Result<Vec<StoredBatch>, StoreError>,
+        out: &mut Out,
+    ) -> Loaded {
+        let Ok(batches) = result else {
+            out.metrics.load_failures += 1;
+            return Loaded::Done;
+        };
+        let Some(o) = self.old.get(&stream) else {
+            return Loaded::Done;
+        };
+        let carried = self.ended.get(&stream).map_or(o.last_acked, |e| e.carried);
+        let Channel::Direct(to) = stream.channel else {
+            return Loaded::Done;
+        };
+        let mut envelopes = Vec::new();
+        for sb in batches {
+            for (i, (h, p)) in sb.batch.entries.iter().zip(sb.payloads).enumerate() {
+                let seq = sb.batch.first_seq + i as u64;
+                if seq > carried {
+                    envelopes.push((
+                        seq,
+                        NewEnvelope {
+                            lamport: 0,
+                            created_ms: h.created_ms,
+                            kind: h.kind,
+                            payload: p,
+                        },
+                    ));
+                }
+            }
+        }
+        // Empty: nothing retained past what is carried (evicted under
+        // evict-oldest, with its loss record); the ended outbox just goes.
+        Loaded::Carry(CarryWork {
+            from: stream,
+            to,
+            envelopes,
+        })
     }
 
     /// This node's current-epoch stream to `to`.
@@ -195,10 +467,10 @@ impl Author {
         )
     }
 
-    /// The mark `marks` (a peer's Hello) holds for our stream to `peer`.
-    pub(super) fn mark_in(&self, peer: NodeId, marks: &[Mark]) -> Seq {
+    /// The mark `marks` (a peer's Hello) holds for our current stream to `peer`.
+    pub(super) fn mark_in<'m>(&self, peer: NodeId, marks: &'m [Mark]) -> Option<&'m Mark> {
         let mine = self.stream_id(peer);
-        marks.iter().find(|m| m.stream == mine).map_or(0, |m| m.seq)
+        marks.iter().find(|m| m.stream == mine)
     }
 
     /// The peer's Hello came on `conn` with `mark` for our stream: feeds it
@@ -212,6 +484,9 @@ impl Author {
         config: &Config,
         out: &mut Out,
     ) {
+        if self.frozen {
+            return;
+        }
         let feed = Feed {
             conn,
             cursor: 0,
@@ -220,9 +495,81 @@ impl Author {
             retry_at: None,
             announce_done: false,
             progress_at: Millis::default(),
+            verify: None,
         };
         self.feeds.insert(peer, feed);
         self.touched.insert(peer);
+        out.metrics.resyncs_served += 1;
+        self.serve(peer, mark, now, config, out);
+    }
+
+    /// The peer's Hello came on `conn` with `mark` for our stream, naming
+    /// an envelope the outbox holds: reads it to compare its hash with
+    /// `cid` before feeding the peer (nothing is sent until then).
+    #[allow(clippy::too_many_arguments)] // One Hello's mark, taken apart.
+    pub(super) fn start_verify(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        mark: Seq,
+        cid: Cid,
+        reset: bool,
+        now: Millis,
+        out: &mut Out,
+    ) {
+        if self.frozen {
+            return;
+        }
+        let feed = Feed {
+            conn,
+            cursor: 0,
+            acked: 0,
+            load: None,
+            retry_at: None,
+            announce_done: false,
+            progress_at: now,
+            verify: Some(Verify { mark, cid, reset }),
+        };
+        self.feeds.insert(peer, feed);
+        self.touched.insert(peer);
+        self.load_verify(peer, out);
+    }
+
+    /// Asks for the batch holding the mark a feed verifies.
+    fn load_verify(&mut self, peer: NodeId, out: &mut Out) {
+        let stream = self.stream_id(peer);
+        let Some(feed) = self.feeds.get_mut(&peer) else {
+            return;
+        };
+        let Some(v) = feed.verify else { return };
+        let load = LoadId(self.next_load);
+        self.next_load += 1;
+        feed.load = Some(load);
+        feed.retry_at = None;
+        out.metrics.loads += 1;
+        out.push(Effect::LoadOutbox {
+            load,
+            peer,
+            stream,
+            after: v.mark - 1,
+            max_bytes: 0,
+        });
+    }
+
+    /// The peer's mark is verified: feed it from there.
+    pub(super) fn verified(
+        &mut self,
+        peer: NodeId,
+        mark: Seq,
+        now: Millis,
+        config: &Config,
+        out: &mut Out,
+    ) {
+        let Some(feed) = self.feeds.get_mut(&peer) else {
+            return;
+        };
+        feed.verify = None;
+        feed.acked = mark;
         out.metrics.resyncs_served += 1;
         self.serve(peer, mark, now, config, out);
     }
@@ -288,6 +635,10 @@ impl Author {
         }
         let last = self.own.get(&peer).map_or(0, |o| o.next_seq - 1);
         let feed = self.feeds.get_mut(&peer)?;
+        // Until the peer's mark is checked, nothing it says of our stream counts.
+        if feed.verify.is_some() {
+            return None;
+        }
         self.touched.insert(peer);
         // The cursor can be ahead of `last`: a read may see a commit whose
         // answer has not come back yet.
@@ -326,7 +677,7 @@ impl Author {
         let Some(feed) = self.feeds.get_mut(&peer) else {
             return;
         };
-        if feed.load.is_some() || feed.retry_at.is_some() {
+        if feed.verify.is_some() || feed.load.is_some() || feed.retry_at.is_some() {
             return;
         }
         if feed.cursor < last {
@@ -361,7 +712,8 @@ impl Author {
         }
     }
 
-    /// The answer to an outbox read: sends what it holds, then moves on.
+    /// The answer to an outbox read: a feed's catch-up (sent, then the feed
+    /// moves on), the check of a peer's mark, or envelopes to carry over.
     pub(super) fn on_loaded(
         &mut self,
         load: LoadId,
@@ -369,18 +721,24 @@ impl Author {
         now: Millis,
         config: &Config,
         out: &mut Out,
-    ) {
+    ) -> Loaded {
+        if let Some((l, stream)) = self.carry_load.clone()
+            && l == load
+        {
+            self.carry_load = None;
+            return self.carry_loaded(stream, result, out);
+        }
         let Some(peer) = self
             .feeds
             .iter()
             .find_map(|(id, f)| (f.load == Some(load)).then_some(*id))
         else {
             out.metrics.stale_answers += 1;
-            return;
+            return Loaded::Done;
         };
         let own = self.own_view(peer);
         let Some(feed) = self.feeds.get_mut(&peer) else {
-            return;
+            return Loaded::Done;
         };
         self.touched.insert(peer);
         feed.load = None;
@@ -389,13 +747,28 @@ impl Author {
             Err(_) => {
                 out.metrics.load_failures += 1;
                 feed.retry_at = Some(now.plus(config.store_retry_ms));
-                return;
+                return Loaded::Done;
             }
         };
-        if !self.send_loaded(peer, &own, batches, now, config, out) {
-            return;
+        if let Some(v) = feed.verify {
+            let at = batches.iter().find_map(|sb| {
+                let i = v.mark.checked_sub(sb.batch.first_seq)?;
+                sb.batch.entries.get(usize::try_from(i).ok()?)
+            });
+            return match at {
+                Some(h) if h.payload_cid != v.cid => Loaded::Forked { peer, mark: v.mark },
+                // Ours, or evicted since (then acknowledged or given up).
+                _ => Loaded::Verified {
+                    peer,
+                    mark: v.mark,
+                    reset: v.reset,
+                },
+            };
         }
-        self.pump(peer, config, out);
+        if self.send_loaded(peer, &own, batches, now, config, out) {
+            self.pump(peer, config, out);
+        }
+        Loaded::Done
     }
 
     /// Sends the batches of one read past the cursor, with a gap before any
@@ -476,6 +849,10 @@ impl Author {
         self.touched.insert(peer);
         if feed.retry_at.is_some_and(|t| now >= t) {
             feed.retry_at = None;
+            if feed.verify.is_some() {
+                self.load_verify(peer, out);
+                return;
+            }
             self.pump(peer, config, out);
         }
         let Some(feed) = self.feeds.get(&peer) else {
@@ -498,4 +875,22 @@ impl Author {
     pub(super) fn take_touched(&mut self) -> BTreeSet<NodeId> {
         std::mem::take(&mut self.touched)
     }
+}
+
+/// The sentence of a rolled-back stream's record, for a person.
+fn rolled_back_detail(peer: NodeId, held: Seq, world: Seq, new: Option<Epoch>) -> String {
+    let mut d = format!(
+        "this node's store went back in time (a restored backup, or a copy run as a second \
+         node): peer {} holds this stream up to seq {world}, but this store holds it as the \
+         peer has it only up to {held}",
+        peer.fmt_short()
+    );
+    if let Some(e) = new {
+        d.push_str(&format!(
+            "; it started store epoch {}, and re-sends what the peer never acknowledged \
+             there from seq 1",
+            e.fmt_short()
+        ));
+    }
+    d
 }

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use mesh_protocol::{Epoch, NodeCard, NodeId, OpenBatch, Seq, StreamId};
+use mesh_protocol::{Cid, Epoch, NewEnvelope, NodeCard, NodeId, OpenBatch, Seq, StreamId};
 use mesh_store::{Receipt, StoreError, WriteOp};
 
 use super::peers::PeerChange;
@@ -11,6 +11,61 @@ use super::{
     CommitId, Config, Effect, LocalWrite, Millis, Out, ReqId, WAITING_BATCH_BYTES_MAX,
     WAITING_BATCHES_MAX, WAITING_SENDS_MAX,
 };
+
+/// Why the store is taken to be down: its last error.
+#[derive(Clone, Debug)]
+pub(super) struct StoreDown {
+    pub(super) why: String,
+}
+
+/// Held sends to one peer let go after the hold bound, to be journaled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct LostTally {
+    pub(super) msgs: u64,
+    pub(super) bytes: u64,
+    pub(super) first_ms: u64,
+    pub(super) last_ms: u64,
+}
+
+impl LostTally {
+    fn add(&mut self, other: LostTally) {
+        if self.msgs == 0 {
+            *self = other;
+            return;
+        }
+        self.msgs += other.msgs;
+        self.bytes += other.bytes;
+        self.first_ms = self.first_ms.min(other.first_ms);
+        self.last_ms = self.last_ms.max(other.last_ms);
+    }
+}
+
+/// A rolled-back stream to journal: what this store holds of it as its
+/// peer has it, what the peer holds, and a sentence for a person.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Report {
+    pub(super) stream: StreamId,
+    pub(super) held: Seq,
+    pub(super) world: Seq,
+    pub(super) detail: String,
+}
+
+/// The next store epoch, to be committed with the rollbacks that call for it.
+#[derive(Clone, Debug)]
+pub(super) struct EpochSwitch {
+    pub(super) epoch: Epoch,
+    pub(super) reports: Vec<Report>,
+}
+
+/// Envelopes of an ended own stream, read back to be re-signed into the
+/// new epoch's stream to the same peer.
+#[derive(Debug)]
+pub(super) struct CarryWork {
+    pub(super) from: StreamId,
+    pub(super) to: NodeId,
+    /// The seq of `from` of each envelope, and the envelope.
+    pub(super) envelopes: Vec<(Seq, NewEnvelope)>,
+}
 
 /// A local send waiting for the next commit.
 #[derive(Debug)]
@@ -42,20 +97,35 @@ pub(super) enum InboundWork {
         stream: StreamId,
         earliest: Seq,
     },
+    /// A batch came with `theirs` at `seq`, where `ours` is committed.
+    Conflict {
+        stream: StreamId,
+        seq: Seq,
+        ours: Cid,
+        theirs: Cid,
+    },
+    /// The author says its store lost `from..=to` of `stream`, which this node holds.
+    RolledBack {
+        stream: StreamId,
+        from: Seq,
+        to: Seq,
+    },
 }
 
 impl InboundWork {
     fn stream(&self) -> &StreamId {
         match self {
             InboundWork::Accept { batch, .. } => batch.batch().stream(),
-            InboundWork::Gap { stream, .. } => stream,
+            InboundWork::Gap { stream, .. }
+            | InboundWork::Conflict { stream, .. }
+            | InboundWork::RolledBack { stream, .. } => stream,
         }
     }
 
     fn bytes(&self) -> u64 {
         match self {
             InboundWork::Accept { batch, .. } => batch.batch().payload_bytes(),
-            InboundWork::Gap { .. } => 0,
+            _ => 0,
         }
     }
 }
@@ -122,19 +192,40 @@ pub(super) struct AckWork {
     pub(super) reset: bool,
     /// The peer's epoch to record, if it changed.
     pub(super) epoch: Option<Epoch>,
+    /// The peer's earlier epoch, whose stream to us has ended.
+    pub(super) ended: Option<Epoch>,
 }
 
 impl AckWork {
-    /// `older`, which failed to commit, folded under `self`, which came after it.
-    fn under(self, older: AckWork) -> AckWork {
-        if self.reset {
-            return self;
-        }
+    /// An ack of `upto`, nothing else.
+    pub(super) fn upto(upto: Seq) -> AckWork {
         AckWork {
-            upto: self.upto.max(older.upto),
-            reset: older.reset,
-            epoch: self.epoch.or(older.epoch),
+            upto,
+            reset: false,
+            epoch: None,
+            ended: None,
         }
+    }
+
+    /// `older`, which failed to commit (or is not committed yet), folded
+    /// under `self`, which came after it.
+    fn under(self, older: AckWork) -> AckWork {
+        let (upto, reset) = if self.reset {
+            (self.upto, true)
+        } else {
+            (self.upto.max(older.upto), older.reset)
+        };
+        AckWork {
+            upto,
+            reset,
+            epoch: self.epoch.or(older.epoch),
+            ended: older.ended.or(self.ended),
+        }
+    }
+
+    /// Whether it must be written at once rather than wait for company.
+    fn urgent(&self) -> bool {
+        self.reset || self.epoch.is_some()
     }
 }
 
@@ -151,6 +242,7 @@ pub(super) enum Group {
         peer: NodeId,
         stream: StreamId,
         last: Seq,
+        cid: Option<Cid>,
     },
     Gap {
         peer: NodeId,
@@ -161,6 +253,9 @@ pub(super) enum Group {
         to: NodeId,
         batch: OpenBatch,
         senders: Vec<ReqId>,
+        /// Each send's agent addressing and retried-send record, kept so
+        /// that a batch the store could not write is held as it came.
+        tracked: Vec<Option<Box<super::agents::Tracked>>>,
     },
     Peer {
         req: ReqId,
@@ -173,6 +268,31 @@ pub(super) enum Group {
     },
     /// Store ops no request waits for (expired retried-send records).
     Housekeeping,
+    Trim,
+    Lost {
+        to: NodeId,
+        tally: LostTally,
+    },
+    EndEpoch,
+    Conflict {
+        stream: StreamId,
+    },
+    RolledBack {
+        stream: StreamId,
+        from: Seq,
+    },
+    NewEpoch {
+        switch: EpochSwitch,
+    },
+    Report {
+        report: Report,
+    },
+    Carry {
+        from: StreamId,
+        to: NodeId,
+        upto: Seq,
+        batches: Vec<OpenBatch>,
+    },
     /// A node's newer card (this node's own, or a peer's learned one).
     Card {
         card: NodeCard,
@@ -203,7 +323,9 @@ struct InFlight {
 /// The queues of work waiting for the next commit, and the one in flight.
 ///
 /// Invariants: at most one commit is in flight; `send_bytes` is the payload
-/// bytes of `sends`; each queue stays within its bound.
+/// bytes of `sends`; each queue stays within its bound. While the store is
+/// down (`store_down`), the sends waiting are the held ones, within the
+/// hold bounds.
 #[derive(Debug)]
 pub(super) struct Committer {
     sends: VecDeque<WaitingSend>,
@@ -218,6 +340,21 @@ pub(super) struct Committer {
     peer_changes: VecDeque<(ReqId, PeerChange)>,
     /// Local writes, in the order asked (at most [`super::WAITING_WRITES_MAX`]).
     writes: VecDeque<(ReqId, LocalWrite)>,
+    /// Held sends let go, per peer (at most one tally each), to be journaled.
+    lost: BTreeMap<NodeId, LostTally>,
+    /// A new store epoch to commit.
+    switch: Option<EpochSwitch>,
+    /// Rolled-back ended streams to journal (at most one per ended stream).
+    reports: Vec<Report>,
+    /// The next carry-over chunk (one at a time).
+    carry: Option<CarryWork>,
+    /// Rollbacks found while a new epoch was being committed: reported,
+    /// and told to their peers, once it is.
+    after_switch: Vec<Report>,
+    /// A trim is due even if nothing else is.
+    trim_wanted: bool,
+    /// When the next trim is due (its timer).
+    trim_at: Option<Millis>,
     /// Newer cards to keep, at most one per node (so at most one per peer
     /// and this node's own).
     cards: BTreeMap<NodeId, NodeCard>,
@@ -225,6 +362,8 @@ pub(super) struct Committer {
     next_commit: u64,
     /// After a store failure: no commit before this.
     store_retry_at: Option<Millis>,
+    /// The store failed and has not committed anything since.
+    store_down: Option<StoreDown>,
 }
 
 impl Committer {
@@ -237,10 +376,18 @@ impl Committer {
             acks_since: None,
             peer_changes: VecDeque::new(),
             writes: VecDeque::new(),
+            lost: BTreeMap::new(),
+            switch: None,
+            reports: Vec::new(),
+            carry: None,
+            after_switch: Vec::new(),
+            trim_wanted: false,
+            trim_at: None,
             cards: BTreeMap::new(),
             in_flight: None,
             next_commit: 1,
             store_retry_at: None,
+            store_down: None,
         }
     }
 
@@ -249,13 +396,28 @@ impl Committer {
         self.in_flight.is_some() || !self.is_empty()
     }
 
+    /// Whether a stopping node must wait for the store: a commit is
+    /// outstanding, or work waits while the store works. Held sends (the
+    /// store is down) are not waited for: they are answered "stopped".
+    pub(super) fn must_drain(&self) -> bool {
+        self.in_flight.is_some() || (!self.is_empty() && self.store_down.is_none())
+    }
+
     fn is_empty(&self) -> bool {
-        self.sends.is_empty()
-            && self.inbound.work.is_empty()
-            && self.acks.is_empty()
-            && self.peer_changes.is_empty()
-            && self.writes.is_empty()
-            && self.cards.is_empty()
+        self.sends.is_empty() && self.acks.is_empty() && !self.has_other_work()
+    }
+
+    /// Whether anything but sends and acks waits for a commit.
+    fn has_other_work(&self) -> bool {
+        !self.inbound.work.is_empty()
+            || !self.peer_changes.is_empty()
+            || !self.writes.is_empty()
+            || !self.cards.is_empty()
+            || !self.lost.is_empty()
+            || self.switch.is_some()
+            || !self.reports.is_empty()
+            || self.carry.is_some()
+            || self.trim_wanted
     }
 
     /// Sends waiting, and their payload bytes.
@@ -283,6 +445,82 @@ impl Committer {
             self.sends.push_front(s);
         }
         self.check();
+    }
+
+    /// Sends whose commit failed for want of a store, held again ahead of
+    /// any that came since; returns the newest sends past the hold bounds,
+    /// which the caller refuses (the oldest are held first).
+    pub(super) fn hold_again(
+        &mut self,
+        sends: Vec<WaitingSend>,
+        config: &Config,
+    ) -> Vec<WaitingSend> {
+        for s in sends.into_iter().rev() {
+            self.send_bytes += s.payload.len() as u64;
+            self.sends.push_front(s);
+        }
+        let (msgs_max, bytes_max) = config.hold_bounds();
+        let mut over = Vec::new();
+        while self.sends.len() > msgs_max || self.send_bytes > bytes_max {
+            let Some(s) = self.sends.pop_back() else {
+                break;
+            };
+            self.send_bytes -= s.payload.len() as u64;
+            over.push(s);
+        }
+        over.reverse();
+        self.check();
+        over
+    }
+
+    /// While the store is down: the held sends taken `hold_ms` ago or
+    /// earlier, removed, in their order.
+    pub(super) fn expire_held(&mut self, now: Millis, config: &Config) -> Vec<WaitingSend> {
+        if self.store_down.is_none() {
+            return Vec::new();
+        }
+        let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.sends)
+            .into_iter()
+            .partition(|s| now.0 >= s.created_ms.saturating_add(config.hold_ms));
+        self.sends = kept.into();
+        self.send_bytes = self.sends.iter().map(|s| s.payload.len() as u64).sum();
+        self.check();
+        expired
+    }
+
+    /// While the store is down: when the oldest held send's hold ends.
+    pub(super) fn hold_deadline(&self, config: &Config) -> Option<Millis> {
+        self.store_down.as_ref()?;
+        let oldest = self.sends.iter().map(|s| s.created_ms).min()?;
+        Some(Millis(oldest.saturating_add(config.hold_ms)))
+    }
+
+    /// Held sends let go: journaled once the store takes a commit.
+    pub(super) fn note_lost(&mut self, sends: &[WaitingSend]) {
+        for s in sends {
+            let t = LostTally {
+                msgs: 1,
+                bytes: s.payload.len() as u64,
+                first_ms: s.created_ms,
+                last_ms: s.created_ms,
+            };
+            self.lost.entry(s.to).or_default().add(t);
+        }
+    }
+
+    /// The lost tallies waiting, taken for the next commit.
+    pub(super) fn take_lost(&mut self) -> BTreeMap<NodeId, LostTally> {
+        std::mem::take(&mut self.lost)
+    }
+
+    /// A lost tally whose record did not commit: kept for the next one.
+    pub(super) fn lost_again(&mut self, to: NodeId, tally: LostTally) {
+        self.lost.entry(to).or_default().add(tally);
+    }
+
+    /// The store is down, and why, if it is.
+    pub(super) fn store_down(&self) -> Option<&StoreDown> {
+        self.store_down.as_ref()
     }
 
     fn check(&self) {
@@ -321,19 +559,18 @@ impl Committer {
             return;
         }
         if upto > last_acked && upto > self.ack_in_progress(peer) {
-            let work = AckWork {
-                upto,
-                reset: false,
-                epoch: None,
-            };
-            self.acks.insert(peer, work);
+            self.acks.insert(peer, AckWork::upto(upto));
         }
     }
 
-    /// The peer announced a new store epoch with `mark`: what was waiting
-    /// of its acks is replaced.
+    /// Ack work that must be written as it says (a new peer epoch, a reset):
+    /// folded over whatever waits of the peer's acks.
     pub(super) fn new_epoch_ack(&mut self, peer: NodeId, work: AckWork) {
-        self.acks.insert(peer, work);
+        let merged = match self.acks.remove(&peer) {
+            Some(older) => work.under(older),
+            None => work,
+        };
+        self.acks.insert(peer, merged);
     }
 
     /// The peer is gone: its acks are not written.
@@ -364,6 +601,24 @@ impl Committer {
         std::mem::take(&mut self.writes)
     }
 
+    /// Starts a new store epoch with the next commit (or adds `report` to
+    /// the one already asked for, which keeps its epoch).
+    pub(super) fn switch_epoch(&mut self, epoch: Epoch, report: Report) {
+        match &mut self.switch {
+            Some(sw) => {
+                if !sw.reports.iter().any(|r| r.stream == report.stream) {
+                    sw.reports.push(report);
+                }
+            }
+            None => {
+                self.switch = Some(EpochSwitch {
+                    epoch,
+                    reports: vec![report],
+                })
+            }
+        }
+    }
+
     /// The card of `node` waiting for (or in) a commit, if any.
     pub(super) fn card_waiting(&self, node: NodeId) -> Option<&NodeCard> {
         let flying = self.in_flight.as_ref().and_then(|f| {
@@ -386,6 +641,120 @@ impl Committer {
                 self.cards.insert(card.node, card);
             }
         }
+    }
+
+    /// Whether a new epoch waits for its commit (not yet in one).
+    pub(super) fn switch_waiting(&self) -> bool {
+        self.switch.is_some()
+    }
+
+    /// The epoch of the new epoch waiting for its commit.
+    pub(super) fn waiting_epoch(&self) -> Option<Epoch> {
+        self.switch.as_ref().map(|s| s.epoch)
+    }
+
+    /// A rollback found while the new epoch is being committed.
+    pub(super) fn report_after_switch(&mut self, report: Report) {
+        if !self.after_switch.iter().any(|r| r.stream == report.stream) {
+            self.after_switch.push(report);
+        }
+    }
+
+    /// The rollbacks found while the new epoch was being committed.
+    pub(super) fn take_after_switch(&mut self) -> Vec<Report> {
+        std::mem::take(&mut self.after_switch)
+    }
+
+    /// Whether a new epoch waits for, or is in, a commit.
+    pub(super) fn switching(&self) -> bool {
+        self.switch.is_some()
+            || self
+                .in_flight
+                .as_ref()
+                .is_some_and(|f| f.groups.iter().any(|g| matches!(g, Group::NewEpoch { .. })))
+    }
+
+    /// The new epoch waiting, taken for the next commit.
+    pub(super) fn take_switch(&mut self) -> Option<EpochSwitch> {
+        self.switch.take()
+    }
+
+    /// A new epoch whose commit failed: asked for again, with any reports
+    /// asked for since.
+    pub(super) fn switch_again(&mut self, mut switch: EpochSwitch) {
+        for r in std::mem::take(&mut self.after_switch) {
+            if !switch.reports.iter().any(|x| x.stream == r.stream) {
+                switch.reports.push(r);
+            }
+        }
+        if let Some(later) = self.switch.take() {
+            for r in later.reports {
+                if !switch.reports.iter().any(|x| x.stream == r.stream) {
+                    switch.reports.push(r);
+                }
+            }
+        }
+        self.switch = Some(switch);
+    }
+
+    /// Journals a rolled-back ended stream with the next commit (once per
+    /// stream waiting).
+    pub(super) fn queue_report(&mut self, report: Report) {
+        match self.reports.iter_mut().find(|r| r.stream == report.stream) {
+            Some(r) => r.world = r.world.max(report.world),
+            None => self.reports.push(report),
+        }
+    }
+
+    /// The reports waiting, taken for the next commit.
+    pub(super) fn take_reports(&mut self) -> Vec<Report> {
+        std::mem::take(&mut self.reports)
+    }
+
+    /// Queues the next carry-over chunk; one at a time.
+    pub(super) fn queue_carry(&mut self, carry: CarryWork) {
+        debug_assert!(self.carry.is_none(), "one carry-over chunk at a time");
+        self.carry = Some(carry);
+    }
+
+    /// The carry-over chunk waiting, taken for the next commit.
+    pub(super) fn take_carry(&mut self) -> Option<CarryWork> {
+        self.carry.take()
+    }
+
+    /// Whether a carry-over chunk waits for, or is in, a commit.
+    pub(super) fn carrying(&self) -> bool {
+        self.carry.is_some()
+            || self
+                .in_flight
+                .as_ref()
+                .is_some_and(|f| f.groups.iter().any(|g| matches!(g, Group::Carry { .. })))
+    }
+
+    /// A trim is due: the next commit happens for it alone if need be.
+    pub(super) fn want_trim(&mut self) {
+        self.trim_wanted = true;
+        self.trim_at = None;
+    }
+
+    /// Whether a trim is wanted even if nothing else waits.
+    pub(super) fn trim_wanted(&self) -> bool {
+        self.trim_wanted
+    }
+
+    /// The next commit carries the wanted trim (every commit carries one).
+    pub(super) fn take_trim(&mut self) {
+        self.trim_wanted = false;
+    }
+
+    /// When the next trim is due, from the last trim's report.
+    pub(super) fn set_trim_at(&mut self, at: Option<Millis>) {
+        self.trim_at = at;
+    }
+
+    /// When the next trim is due.
+    pub(super) fn trim_deadline(&self) -> Option<Millis> {
+        self.trim_at
     }
 
     /// The cards waiting, taken for the next commit.
@@ -428,11 +797,8 @@ impl Committer {
             return false;
         };
         self.sends.is_empty()
-            && self.inbound.work.is_empty()
-            && self.peer_changes.is_empty()
-            && self.writes.is_empty()
-            && self.cards.is_empty()
-            && self.acks.values().all(|a| !a.reset && a.epoch.is_none())
+            && !self.has_other_work()
+            && self.acks.values().all(|a| !a.urgent())
             && now < since.plus(config.ack_ride_ms)
     }
 
@@ -452,10 +818,12 @@ impl Committer {
         std::mem::take(&mut self.peer_changes)
     }
 
-    /// Issues `batch` as the commit in flight, unless it is empty.
-    pub(super) fn start(&mut self, batch: Batch, out: &mut Out) {
+    /// Issues `batch` as the commit in flight, unless it holds nothing but
+    /// the trim every commit carries and no trim was wanted.
+    pub(super) fn start(&mut self, batch: Batch, wanted_trim: bool, out: &mut Out) {
         debug_assert!(self.in_flight.is_none(), "one commit in flight at most");
-        if batch.groups.is_empty() {
+        let only_trim = batch.meta.iter().all(|g| matches!(g, Group::Trim));
+        if batch.groups.is_empty() || (only_trim && !wanted_trim) {
             return;
         }
         let id = CommitId(self.next_commit);
@@ -509,9 +877,19 @@ impl Committer {
         self.acks.insert(peer, again);
     }
 
-    /// The store failed: no commit before `store_retry_ms` from now.
-    pub(super) fn store_failed(&mut self, now: Millis, config: &Config) {
+    /// The store failed (`why`): no commit before `store_retry_ms` from
+    /// now, and the sends waiting are held until it works again.
+    pub(super) fn store_failed(&mut self, now: Millis, config: &Config, why: String) {
         self.store_retry_at = Some(now.plus(config.store_retry_ms));
+        match &mut self.store_down {
+            Some(down) => down.why = why,
+            None => self.store_down = Some(StoreDown { why }),
+        }
+    }
+
+    /// The store committed something: it works.
+    pub(super) fn store_works(&mut self) {
+        self.store_down = None;
     }
 
     /// When the store may be tried again, after a failure.

@@ -36,6 +36,21 @@ pub const PAYLOAD_BYTES_MAX: u64 = MAX_BATCH_PAYLOAD_BYTES;
 /// The default of [`Config::ack_ride_ms`].
 pub const ACK_RIDE_MS: u64 = 50;
 
+/// The default of [`Config::hold_ms`]: two minutes.
+pub const HOLD_MS: u64 = 120_000;
+
+/// The default of [`Config::hold_msgs_max`].
+pub const HOLD_MSGS_MAX: usize = 1024;
+
+/// The default of [`Config::hold_bytes_max`].
+pub const HOLD_BYTES_MAX: u64 = 8 << 20;
+
+/// The default of [`Config::journal_bytes_max`]: 1 GiB.
+pub const JOURNAL_BYTES_MAX: u64 = 1 << 30;
+
+/// The default of [`Config::journal_age_ms_max`]: 30 days.
+pub const JOURNAL_AGE_MS_MAX: u64 = 30 * 24 * 3_600_000;
+
 /// The most card queries one peer has open from this node at a time.
 pub const CARD_QUERIES_MAX: usize = 64;
 
@@ -63,8 +78,23 @@ pub struct Config {
     pub retransmit_ms: u64,
     /// Ask a missing part of a stream again after this long.
     pub resync_retry_ms: u64,
-    /// After the store failed, wait this long before the next commit.
+    /// After the store failed, wait this long before the next commit: the
+    /// ticker on which held sends are tried again.
     pub store_retry_ms: u64,
+    /// How long a local send is held, unanswered, while the store cannot
+    /// commit it; then it is answered 503 and journaled as lost once the
+    /// store is back.
+    pub hold_ms: u64,
+    /// The most sends held at once (at most [`WAITING_SENDS_MAX`]); a send
+    /// past it is refused at once while the store is down.
+    pub hold_msgs_max: usize,
+    /// The most payload bytes of sends held at once (at most
+    /// [`WAITING_SEND_BYTES_MAX`]).
+    pub hold_bytes_max: u64,
+    /// The most bytes the journal's rows may take before the oldest go.
+    pub journal_bytes_max: u64,
+    /// The oldest a journal entry may get, in ms (0: no age bound).
+    pub journal_age_ms_max: u64,
     /// A peer's ack that is all there is to commit waits at most this long
     /// for other work (sends, peer batches, peer changes) to share its
     /// commit. An ack record is advice: one not yet written only means the
@@ -91,10 +121,26 @@ impl Default for Config {
             retransmit_ms: 10_000,
             resync_retry_ms: 2_000,
             store_retry_ms: 1_000,
+            hold_ms: HOLD_MS,
+            hold_msgs_max: HOLD_MSGS_MAX,
+            hold_bytes_max: HOLD_BYTES_MAX,
+            journal_bytes_max: JOURNAL_BYTES_MAX,
+            journal_age_ms_max: JOURNAL_AGE_MS_MAX,
             ack_ride_ms: ACK_RIDE_MS,
             dedup_window_ms: super::DEDUP_WINDOW_MS,
             card_ask_ms: 3_000,
             card_ask_retry_ms: 10_000,
         }
+    }
+}
+
+impl Config {
+    /// The hold bounds in effect: the configured ones, within the waiting
+    /// queue's (held sends are sends waiting for a commit).
+    pub(crate) fn hold_bounds(&self) -> (usize, u64) {
+        (
+            self.hold_msgs_max.min(WAITING_SENDS_MAX),
+            self.hold_bytes_max.min(WAITING_SEND_BYTES_MAX),
+        )
     }
 }

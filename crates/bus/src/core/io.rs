@@ -7,9 +7,9 @@ use mesh_protocol::{
     StreamId, VerifyError,
 };
 use mesh_store::{
-    AgentOp, AgentRecord, Arrival, CURSOR_NAME_BYTES_MAX, DedupRecord, InboxKind, InboxRow,
-    InviteRecord, MeshStore, OwnStream, PeerRecord, Receipt, SUBSCRIBER_NAME_BYTES_MAX, StoreError,
-    StoredBatch, WriteOp,
+    AgentOp, AgentRecord, Arrival, CURSOR_NAME_BYTES_MAX, DedupRecord, EndedOwn, InboxKind,
+    InboxRow, InviteRecord, MeshStore, OwnStream, PeerRecord, Receipt, SUBSCRIBER_NAME_BYTES_MAX,
+    StoreError, StoredBatch, WriteOp,
 };
 
 /// A point in time: milliseconds on the driver's clock.
@@ -336,6 +336,13 @@ pub enum Effect {
         /// store's rules refuse, [`StoreError::Busy`] when too many wait.
         result: Result<Receipt, StoreError>,
     },
+    /// This node's store went back in time and the core started a new
+    /// store epoch (committed): local cursors of the old one no longer
+    /// name this journal's positions.
+    EpochChanged {
+        /// The new epoch.
+        epoch: Epoch,
+    },
     /// A newer card of the peer `node` is committed: dial it at `addrs`
     /// from now on (at once, if it has no connection).
     PeerAddrs {
@@ -562,6 +569,29 @@ pub enum SendError {
     /// The environment: the store failed; the message was not written.
     #[error("the store could not write the message: {0}")]
     Store(String),
+    /// The environment: the store could not commit the message while it
+    /// was held, `held_ms` long; it was let go, never written, and a lost
+    /// record is journaled once the store is back.
+    #[error(
+        "the store could not commit the message for {held_ms} ms ({why}); it was let go and never written"
+    )]
+    Held {
+        /// How long it was held.
+        held_ms: u64,
+        /// The store's last error.
+        why: String,
+    },
+    /// The environment: the store cannot commit now and as many sends as
+    /// the node holds are held already; nothing was written.
+    #[error(
+        "the store cannot commit now ({why}) and {held} sends are held already; nothing was written"
+    )]
+    StoreDown {
+        /// Sends held.
+        held: usize,
+        /// The store's last error.
+        why: String,
+    },
     /// A bug: the store refused a write the core believed valid.
     #[error("internal error, the message was not written: {0}")]
     Internal(String),
@@ -641,6 +671,12 @@ pub struct Recovered {
     pub agents: Vec<AgentRecord>,
     /// `MeshStore::dedup`: retried-send records, oldest first.
     pub dedup: Vec<DedupRecord>,
+    /// `MeshStore::ended_own`: own streams of earlier epochs.
+    pub ended_own: Vec<EndedOwn>,
+    /// Randomness for the epoch this node starts if its store went back in
+    /// time: the driver fills it from its RNG (zeros from [`Recovered::read`]),
+    /// so a core stays deterministic given its inputs.
+    pub entropy: [u8; 32],
     /// `MeshStore::cards`: this node's newest card and its peers'.
     pub cards: Vec<NodeCard>,
 }
@@ -657,6 +693,8 @@ impl Recovered {
             peers: store.peers()?,
             agents: store.agents()?,
             dedup: store.dedup()?,
+            ended_own: store.ended_own()?,
+            entropy: [0; 32],
             cards: store.cards()?,
         })
     }

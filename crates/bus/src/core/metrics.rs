@@ -23,6 +23,8 @@ pub struct FrameCounts {
     pub card_answer: u64,
     /// `Agents` frames.
     pub agents: u64,
+    /// `StreamEnded` frames.
+    pub stream_ended: u64,
 }
 
 impl FrameCounts {
@@ -37,6 +39,7 @@ impl FrameCounts {
             Frame::CardQuery { .. } => &mut self.card_query,
             Frame::CardAnswer { .. } => &mut self.card_answer,
             Frame::Agents { .. } => &mut self.agents,
+            Frame::StreamEnded { .. } => &mut self.stream_ended,
         };
         *c += 1;
     }
@@ -81,6 +84,9 @@ pub enum DropReason {
     UnsolicitedCard,
     /// A card query past the peer's answer rate ([`crate::core::CARD_ANSWERS_MAX`]).
     CardQueryLimited,
+    /// A batch with another envelope at the receiver's committed mark than
+    /// the one committed there (journaled once as a conflict).
+    Conflict,
 }
 
 impl From<crate::core::BadBatch> for DropReason {
@@ -95,7 +101,7 @@ impl From<crate::core::BadBatch> for DropReason {
 
 impl DropReason {
     /// Every reason, in the order [`DropCounts::iter`] gives them.
-    pub const ALL: [DropReason; 17] = [
+    pub const ALL: [DropReason; 18] = [
         DropReason::BadSignature,
         DropReason::Malformed,
         DropReason::CidMismatch,
@@ -113,6 +119,7 @@ impl DropReason {
         DropReason::StaleCard,
         DropReason::UnsolicitedCard,
         DropReason::CardQueryLimited,
+        DropReason::Conflict,
     ];
 
     /// The reason's name in `snake_case`, as metrics label it.
@@ -135,6 +142,7 @@ impl DropReason {
             DropReason::StaleCard => "stale_card",
             DropReason::UnsolicitedCard => "unsolicited_card",
             DropReason::CardQueryLimited => "card_query_limited",
+            DropReason::Conflict => "conflict",
         }
     }
 
@@ -212,6 +220,17 @@ pub struct Metrics {
     pub stale_answers: u64,
     /// Peers whose Hello announced a new store epoch.
     pub peer_epoch_changes: u64,
+    /// Local sends whose commit failed for want of a store, put back to be
+    /// retried (each time).
+    pub sends_held: u64,
+    /// Held sends let go after the hold bound (answered 503, journaled as lost).
+    pub sends_let_go: u64,
+    /// New epochs this node started because its store went back in time.
+    pub epoch_switches: u64,
+    /// Batches found to conflict with what is committed here.
+    pub conflicts: u64,
+    /// Commits whose trim took journal rows.
+    pub trims: u64,
     /// Newer peer cards committed (from Hellos and card answers).
     pub cards_learned: u64,
     /// Card queries sent about peers without a connection.

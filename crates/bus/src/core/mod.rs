@@ -39,14 +39,14 @@ use mesh_protocol::{
     Epoch, Frame, Mark, NodeCard, NodeId, NodeName, OpenBatch, PROTOCOL_VERSION, SecretKey, Seq,
     StreamId,
 };
-use mesh_store::{OwnStream, StoreError};
+use mesh_store::{JournalBounds, OwnStream, StoreError};
 
 pub use agents::{DEDUP_BYTES_MAX, DEDUP_ENTRIES_MAX, DEDUP_WINDOW_MS};
 pub use config::{
-    ACK_RIDE_MS, CARD_ANSWER_WINDOW_MS, CARD_ANSWERS_MAX, CARD_QUERIES_MAX, Config,
-    PAYLOAD_BYTES_MAX, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX, WAITING_BATCH_BYTES_MAX,
-    WAITING_BATCHES_MAX, WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX,
-    WAITING_WRITES_MAX,
+    ACK_RIDE_MS, CARD_ANSWER_WINDOW_MS, CARD_ANSWERS_MAX, CARD_QUERIES_MAX, Config, HOLD_BYTES_MAX,
+    HOLD_MS, HOLD_MSGS_MAX, JOURNAL_AGE_MS_MAX, JOURNAL_BYTES_MAX, PAYLOAD_BYTES_MAX,
+    REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX, WAITING_BATCH_BYTES_MAX, WAITING_BATCHES_MAX,
+    WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX, WAITING_WRITES_MAX,
 };
 pub use io::{
     BadBatch, BadCards, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis,
@@ -55,7 +55,7 @@ pub use io::{
 pub use metrics::{AgentCounts, DropCounts, DropReason, FrameCounts, Metrics};
 
 use agents::Agents;
-use author::Author;
+use author::{Author, HelloCheck, Loaded};
 use commit::{AckWork, Committer, WaitingSend};
 use peers::{HelloStep, PeerChange, Peers};
 use receiver::{Env, Receiver, Sender};
@@ -113,6 +113,8 @@ impl Out {
 ///      add the peer to (or remove it from) the transport, then answer the
 ///      local client;
 ///    - [`Effect::Written`]: answer the local client of that write;
+///    - [`Effect::EpochChanged`]: the store's epoch changed (it went back
+///      in time and the core started a new one): cursors change with it;
 ///    - [`Effect::CloseConnection`]: close it (the core already ignores it).
 /// 3. Repeat with the next input. Answers to `Persist` and `LoadOutbox` may
 ///    be fed whenever they are ready, interleaved with other inputs.
@@ -146,7 +148,6 @@ impl Out {
 pub struct Core {
     config: Config,
     me: NodeId,
-    epoch: Epoch,
     peers: Peers,
     author: Author,
     receiver: Receiver,
@@ -155,6 +156,8 @@ pub struct Core {
     timers: TimerTable,
     /// The deadline last handed out with [`Effect::SetTimer`].
     armed: Option<Millis>,
+    /// The journal's bounds as the last trim reported them.
+    journal: Option<JournalBounds>,
     /// This node's newest card, sent in every Hello.
     own_card: NodeCard,
     out: Out,
@@ -177,17 +180,26 @@ impl Core {
             .unwrap_or_else(|| placeholder_card(&secret));
         let mut peers = Peers::new(me, state.peers);
         peers.load_cards(state.cards);
+        let author = Author::new(
+            secret,
+            epoch,
+            state.own_streams,
+            state.max_lamport,
+            state.ended_own,
+            state.entropy,
+        );
+        let committer = Committer::new();
         Core {
             config,
             me,
-            epoch,
             peers,
-            author: Author::new(secret, epoch, state.own_streams, state.max_lamport),
+            author,
             receiver: Receiver::new(me, state.marks),
-            committer: Committer::new(),
+            committer,
             agents: Agents::new(state.agents, state.dedup),
             timers: TimerTable::default(),
             armed: None,
+            journal: None,
             own_card,
             out: Out::default(),
         }
@@ -208,9 +220,19 @@ impl Core {
         self.me
     }
 
-    /// This node's store epoch.
+    /// This node's store epoch (it changes only with [`Effect::EpochChanged`]).
     pub fn epoch(&self) -> Epoch {
-        self.epoch
+        self.author.epoch()
+    }
+
+    /// The journal's retained range and bytes, as the last trim found them.
+    pub fn journal_bounds(&self) -> Option<JournalBounds> {
+        self.journal
+    }
+
+    /// Whether the store is failing, and its last error.
+    pub fn store_down(&self) -> Option<&str> {
+        self.committer.store_down().map(|d| d.why.as_str())
     }
 
     /// The counters.
@@ -241,6 +263,13 @@ impl Core {
     /// Whether a commit is outstanding or anything waits for one.
     pub fn is_committing(&self) -> bool {
         self.committer.is_committing()
+    }
+
+    /// Whether a stopping driver must still wait for the store: a commit is
+    /// outstanding, or work waits while the store works. Sends held while
+    /// the store is down are not waited for (they are never answered as sent).
+    pub fn must_drain(&self) -> bool {
+        self.committer.must_drain()
     }
 
     /// Feeds one input. Drain [`Core::poll_effect`] afterwards.
@@ -296,7 +325,24 @@ impl Core {
             Input::Committed { commit, results } => self.on_committed(commit, results, now),
             Input::OutboxLoaded { load, result } => {
                 let (config, out) = (&self.config, &mut self.out);
-                self.author.on_loaded(load, result, now, config, out);
+                match self.author.on_loaded(load, result, now, config, out) {
+                    Loaded::Done => {}
+                    Loaded::Verified { peer, mark, reset } => {
+                        if reset {
+                            let work = AckWork {
+                                reset: true,
+                                ..AckWork::upto(mark)
+                            };
+                            self.committer.new_epoch_ack(peer, work);
+                        } else {
+                            self.note_ack(peer, mark);
+                        }
+                        let (config, out) = (&self.config, &mut self.out);
+                        self.author.verified(peer, mark, now, config, out);
+                    }
+                    Loaded::Forked { peer, mark } => self.store_went_back(peer, mark),
+                    Loaded::Carry(work) => self.committer.queue_carry(work),
+                }
             }
             Input::Timer => self.on_timer(now),
             Input::PeerAdded { req, record } => self.on_peer_change(req, PeerChange::Put(record)),
@@ -441,6 +487,15 @@ impl Core {
             return Err(SendError::TooLarge { len, max });
         }
         let (waiting, waiting_bytes) = self.committer.sends_waiting();
+        if let Some(down) = self.committer.store_down() {
+            let (msgs_max, bytes_max) = self.config.hold_bounds();
+            if waiting >= msgs_max || waiting_bytes + len > bytes_max {
+                return Err(SendError::StoreDown {
+                    held: waiting,
+                    why: down.why.clone(),
+                });
+            }
+        }
         if waiting >= WAITING_SENDS_MAX || waiting_bytes + len > WAITING_SEND_BYTES_MAX {
             return Err(SendError::Busy { waiting });
         }
@@ -500,6 +555,11 @@ impl Core {
                     out,
                 };
                 self.receiver.on_resync_done(from, stream, upto, &mut env);
+            }
+            Frame::StreamEnded { stream, held } => {
+                let queue = &mut self.committer.inbound;
+                self.receiver
+                    .on_stream_ended(from, stream, held, queue, out);
             }
             Frame::CardQuery { node } => self.on_card_query(peer, node, now),
             Frame::CardAnswer { node, card } => self.on_card_answer(peer, node, card),
@@ -572,24 +632,58 @@ impl Core {
         if node != peer {
             return self.close(peer, conn, CloseReason::WrongNode);
         }
-        let mark = self.author.mark_in(peer, &marks);
-        match self.peers.see_epoch(peer, epoch) {
+        // Ended streams the peer holds more of than this store: journaled,
+        // and the peer is told what this store still holds of them.
+        for report in self.author.ended_reports(peer, &marks) {
+            let frame = Frame::StreamEnded {
+                stream: report.stream.clone(),
+                held: report.held,
+            };
+            self.out.send(peer, conn, frame);
+            self.committer.queue_report(report);
+        }
+        let check = if self.author.is_frozen() {
+            // A new epoch is under way: the old streams are not fed.
+            match self
+                .author
+                .check_hello(peer, self.author.mark_in(peer, &marks))
+            {
+                c @ HelloCheck::RolledBack { .. } => c,
+                _ => HelloCheck::Trust(0),
+            }
+        } else {
+            self.author
+                .check_hello(peer, self.author.mark_in(peer, &marks))
+        };
+        let trusted = match check {
+            HelloCheck::Trust(m) => Some(m),
+            _ => None,
+        };
+        let seen = self.peers.see_epoch(peer, epoch);
+        let reset = matches!(seen, Some(Some(_)));
+        match seen {
             // A peer whose store is new holds nothing of ours, whatever it
-            // acknowledged before: its acked state is reset to what it says now.
-            Some(reset) => {
-                if reset {
+            // acknowledged before: its acked state is reset to what it says
+            // now (once its mark is checked), and its earlier epoch's
+            // stream to us has ended.
+            Some(earlier) => {
+                if earlier.is_some() {
                     self.out.metrics.peer_epoch_changes += 1;
                     self.receiver.forget_held(peer, Some(epoch));
                 }
                 let work = AckWork {
-                    upto: mark,
-                    reset,
+                    upto: trusted.unwrap_or(0),
+                    reset: earlier.is_some() && trusted.is_some(),
                     epoch: Some(epoch),
+                    ended: earlier,
                 };
                 self.committer.new_epoch_ack(peer, work);
             }
-            None if mark > 0 => self.note_ack(peer, mark),
-            None => {}
+            None => {
+                if let Some(m) = trusted.filter(|m| *m > 0) {
+                    self.note_ack(peer, m);
+                }
+            }
         }
         self.peers.go_live(peer, epoch);
         // What the peer announced before comes again on this connection,
@@ -597,7 +691,45 @@ impl Core {
         self.forget_peer_agents(peer);
         self.announce_to(peer, conn);
         let (config, out) = (&self.config, &mut self.out);
-        self.author.start_feed(peer, conn, mark, now, config, out);
+        match check {
+            HelloCheck::Trust(mark) => self.author.start_feed(peer, conn, mark, now, config, out),
+            HelloCheck::Verify { mark, cid } => self
+                .author
+                .start_verify(peer, conn, mark, cid, reset, now, out),
+            HelloCheck::RolledBack { mark } => self.store_went_back(peer, mark),
+        }
+    }
+
+    /// `peer` holds our current stream to it up to `mark`, which this store
+    /// never wrote or holds otherwise: the store went back in time (a
+    /// restored backup, a clone). A new epoch is started before anything
+    /// more is sent; what the peer saw that this store lost is journaled
+    /// with it, and the unacknowledged envelopes are carried over.
+    fn store_went_back(&mut self, peer: NodeId, mark: Seq) {
+        tracing::warn!(
+            peer = %peer.fmt_short(),
+            mark,
+            "this node's store went back in time: the peer holds more of our stream than this \
+             store wrote, or other envelopes; starting a new epoch"
+        );
+        if self.committer.switch_waiting() {
+            // A new epoch waits for its commit: this stream ends with it too.
+            let epoch = self
+                .committer
+                .waiting_epoch()
+                .unwrap_or(self.author.epoch());
+            let report = self.author.current_report(peer, mark, epoch);
+            self.committer.switch_epoch(epoch, report);
+        } else if self.committer.switching() {
+            // It is being committed: this stream is an ended one once it is.
+            let report = self.author.current_report(peer, mark, self.author.epoch());
+            self.committer.report_after_switch(report);
+        } else {
+            let epoch = self.author.next_epoch();
+            let report = self.author.current_report(peer, mark, epoch);
+            self.committer.switch_epoch(epoch, report);
+            self.author.freeze();
+        }
     }
 
     /// Remembers that `peer` holds everything of our stream up to `upto`.
@@ -613,7 +745,7 @@ impl Core {
         Frame::Hello {
             version: PROTOCOL_VERSION,
             node: self.me,
-            epoch: self.epoch,
+            epoch: self.author.epoch(),
             marks,
             card: Box::new(self.own_card.clone()),
         }
@@ -658,6 +790,8 @@ impl Core {
                     },
                 );
             }
+            Timer::Hold => self.expire_held(now),
+            Timer::Trim => self.committer.want_trim(),
             // Handled by the flush that ends every turn.
             Timer::StoreRetry | Timer::AckRide => {}
         }
@@ -693,6 +827,10 @@ impl Core {
         self.timers.set(Timer::StoreRetry, retry);
         let ride = self.committer.ack_ride_deadline(config);
         self.timers.set(Timer::AckRide, ride);
+        let hold = self.committer.hold_deadline(config);
+        self.timers.set(Timer::Hold, hold);
+        let trim = self.committer.trim_deadline();
+        self.timers.set(Timer::Trim, trim);
     }
 
     fn arm_timer(&mut self, now: Millis) {

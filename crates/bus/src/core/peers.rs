@@ -270,16 +270,26 @@ impl Peers {
     }
 
     /// The peer's Hello announced `epoch`: returns `None` if it is the one
-    /// already seen, or `Some(reset)` if it is new (`reset`: a store epoch
-    /// was seen before, so the peer's store is not the one that acknowledged).
-    pub(super) fn see_epoch(&mut self, peer: NodeId, epoch: Epoch) -> Option<bool> {
+    /// already seen, or `Some(earlier)` if it is new, with the epoch seen
+    /// before (`Some`: the peer's store is not the one that acknowledged,
+    /// and that epoch's stream to us has ended).
+    pub(super) fn see_epoch(&mut self, peer: NodeId, epoch: Epoch) -> Option<Option<Epoch>> {
         let p = self.table.get_mut(&peer)?;
         if p.epoch_seen == Some(epoch) {
             return None;
         }
-        let reset = p.epoch_seen.is_some();
-        p.epoch_seen = Some(epoch);
-        Some(reset)
+        Some(p.epoch_seen.replace(epoch))
+    }
+
+    /// Every peer whose connection is live, with it.
+    pub(super) fn live(&self) -> Vec<(NodeId, ConnId)> {
+        self.table
+            .iter()
+            .filter_map(|(n, p)| match p.conn {
+                Some((c, Phase::Live { .. })) => Some((*n, c)),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The peer's Hello came on its live connection.
@@ -288,17 +298,6 @@ impl Peers {
             *phase = Phase::Live { peer_epoch: epoch };
             self.touched.insert(peer);
         }
-    }
-
-    /// Every peer whose connection is live (its Hello came), with it.
-    pub(super) fn live(&self) -> Vec<(NodeId, ConnId)> {
-        self.table
-            .iter()
-            .filter_map(|(n, p)| match p.conn {
-                Some((conn, Phase::Live { .. })) => Some((*n, conn)),
-                _ => None,
-            })
-            .collect()
     }
 
     /// The peer's epoch is committed.

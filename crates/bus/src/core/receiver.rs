@@ -5,7 +5,7 @@ use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet};
 
 use mesh_protocol::{
-    Channel, Epoch, Frame, MAX_HELLO_MARKS, Mark, NodeId, OpenBatch, Seq, StreamId,
+    Channel, Cid, Epoch, Frame, MAX_HELLO_MARKS, Mark, NodeId, OpenBatch, Seq, StreamId,
 };
 
 use super::commit::{InboundQueue, InboundWork};
@@ -21,6 +21,12 @@ use super::{Config, DropReason, Millis, Out, REORDER_BYTES_MAX, REORDER_ENVELOPE
 struct Inbound {
     /// Every envelope up to here is committed.
     committed: Seq,
+    /// The payload hash of the envelope at `committed`, if known.
+    committed_cid: Option<Cid>,
+    /// A conflict with what is committed was found (and queued to be journaled).
+    conflicted: bool,
+    /// The highest seq journaled as rolled back by the author.
+    rolled_back_to: Seq,
     /// Every envelope up to here is committed or in a commit under way.
     pending: Seq,
     /// Verified batches that start past `pending + 1`, by first seq.
@@ -37,10 +43,11 @@ struct Inbound {
 }
 
 impl Inbound {
-    /// A stream committed up to `mark`.
-    fn at(mark: Seq) -> Inbound {
+    /// A stream committed up to `mark`, whose envelope there has `cid`.
+    fn at(mark: Seq, cid: Option<Cid>) -> Inbound {
         Inbound {
             committed: mark,
+            committed_cid: cid,
             pending: mark,
             known_last: mark,
             ..Inbound::default()
@@ -116,7 +123,7 @@ impl Receiver {
     pub(super) fn new(me: NodeId, marks: Vec<Mark>) -> Receiver {
         let streams = marks
             .into_iter()
-            .map(|m| (m.stream, Inbound::at(m.seq)))
+            .map(|m| (m.stream, Inbound::at(m.seq, m.cid)))
             .collect();
         Receiver {
             me,
@@ -150,6 +157,7 @@ impl Receiver {
             .map(|(s, i)| Mark {
                 stream: s.clone(),
                 seq: i.committed,
+                cid: i.committed_cid,
             })
             .collect();
         // Only the newest epoch's mark matters to the peer; keep it if cut.
@@ -209,6 +217,29 @@ impl Receiver {
         }
         let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
         let inb = self.inbound(&stream);
+        if let Some(ours) = inb.committed_cid
+            && first <= inb.committed
+            && inb.committed <= last
+        {
+            let at = usize::try_from(inb.committed - first).unwrap_or(usize::MAX);
+            let theirs = open.batch().entries().get(at).map(|h| h.payload_cid);
+            if let Some(theirs) = theirs.filter(|t| *t != ours) {
+                // Two writers used one (author, epoch, seq): never a duplicate.
+                env.out.drop(DropReason::Conflict);
+                if !inb.conflicted && queue.has_room(0) {
+                    inb.conflicted = true;
+                    env.out.metrics.conflicts += 1;
+                    let seq = inb.committed;
+                    queue.push(InboundWork::Conflict {
+                        stream,
+                        seq,
+                        ours,
+                        theirs,
+                    });
+                }
+                return 0;
+            }
+        }
         inb.known_last = inb.known_last.max(last);
         if last <= inb.pending {
             env.out.drop(DropReason::Duplicate);
@@ -423,17 +454,73 @@ impl Receiver {
         }
     }
 
-    /// A commit moved the committed mark of `stream` to at least `mark`;
-    /// returns whether it moved (then the author is owed an ack).
-    pub(super) fn committed(&mut self, stream: &StreamId, mark: Seq) -> bool {
+    /// A commit moved the committed mark of `stream` to at least `mark`,
+    /// where the envelope has `cid` (`None` after a gap); returns whether
+    /// it moved (then the author is owed an ack).
+    pub(super) fn committed(&mut self, stream: &StreamId, mark: Seq, cid: Option<Cid>) -> bool {
         let inb = self.inbound(stream);
         if mark > inb.committed {
             inb.committed = mark;
+            inb.committed_cid = cid;
             inb.pending = inb.pending.max(mark);
             inb.check();
             true
         } else {
             false
+        }
+    }
+
+    /// A conflict's record did not commit: the next conflicting batch queues it again.
+    pub(super) fn conflict_unrecorded(&mut self, stream: &StreamId) {
+        if let Some(inb) = self.streams.get_mut(stream) {
+            inb.conflicted = false;
+        }
+    }
+
+    /// The author says its `stream` (of an epoch it no longer writes) ended
+    /// with `held` as this node may have it: if this node holds more, the
+    /// author's store lost it, which is journaled (once per range).
+    pub(super) fn on_stream_ended(
+        &mut self,
+        from: Sender,
+        stream: StreamId,
+        held: Seq,
+        queue: &mut InboundQueue,
+        out: &mut Out,
+    ) {
+        let reason = if stream.author != from.peer {
+            Some(DropReason::WrongAuthor)
+        } else if stream.channel != Channel::Direct(self.me) {
+            Some(DropReason::WrongRecipient)
+        } else if stream.epoch == from.epoch {
+            // The author's current stream has not ended.
+            Some(DropReason::UnknownStream)
+        } else {
+            None
+        };
+        if let Some(r) = reason {
+            out.drop(r);
+            return;
+        }
+        let Some(inb) = self.streams.get_mut(&stream) else {
+            return;
+        };
+        let from_seq = held.max(inb.rolled_back_to) + 1;
+        if inb.committed < from_seq || !queue.has_room(0) {
+            return;
+        }
+        inb.rolled_back_to = inb.committed;
+        queue.push(InboundWork::RolledBack {
+            stream,
+            from: from_seq,
+            to: inb.committed,
+        });
+    }
+
+    /// A rolled-back record did not commit: the author's next word queues it again.
+    pub(super) fn rolled_back_unrecorded(&mut self, stream: &StreamId, from: Seq) {
+        if let Some(inb) = self.streams.get_mut(stream) {
+            inb.rolled_back_to = inb.rolled_back_to.min(from.saturating_sub(1));
         }
     }
 

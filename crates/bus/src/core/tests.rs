@@ -298,6 +298,7 @@ fn frame_name(f: &Frame) -> String {
         Frame::CardQuery { .. } => "card query".to_string(),
         Frame::CardAnswer { .. } => "card answer".to_string(),
         Frame::Agents { cards } => format!("agents {}", cards.len()),
+        Frame::StreamEnded { held, .. } => format!("ended {held}"),
     }
 }
 
@@ -501,17 +502,19 @@ fn a_sender_is_answered_only_after_its_commit() {
     a.release_commit();
     assert_eq!(ok_seq(a.reply(req)), 1);
 
-    // A failed commit answers with the error, and the seq is not used up.
+    // A failed commit holds the send, unanswered; it is committed, and
+    // answered, once the store is back.
     a.store.set_unavailable(true);
-    let failed = a.send(id(2), b"lost");
-    assert!(a.reply(failed).is_none());
+    let held = a.send(id(2), b"held");
+    assert!(a.reply(held).is_none());
     a.release_commit();
-    assert!(matches!(a.reply(failed), Some(Err(SendError::Store(_)))));
+    assert!(a.reply(held).is_none(), "held, not answered");
     a.store.set_unavailable(false);
     a.now = a.now.plus(a.config.store_retry_ms);
     let again = a.send(id(2), b"again");
     a.release_commit();
-    assert_eq!(ok_seq(a.reply(again)), 2);
+    assert_eq!(ok_seq(a.reply(held)), 2, "the held send goes first");
+    assert_eq!(ok_seq(a.reply(again)), 3);
 }
 
 #[test]
@@ -1193,26 +1196,6 @@ fn a_missing_part_is_asked_again_until_it_comes() {
     assert!(b.log.is_empty(), "nothing is missing any more: {:?}", b.log);
 }
 
-#[test]
-fn a_hello_claiming_more_than_was_sent_harms_only_that_peer() {
-    let mut a = Node::new(1, 1, &[2], Config::default());
-    a.send(id(2), b"1");
-    let mark = Mark {
-        stream: stream(1, 1, 2),
-        seq: u64::MAX,
-    };
-    a.hello_from(2, 2, ConnId(5), vec![mark]);
-    let req = a.send(id(2), b"2");
-    assert_eq!(ok_seq(a.reply(req)), 2);
-    a.now = a.now.plus(10 * a.config.retransmit_ms);
-    a.run(Input::Timer);
-    let own = a.core.own_stream(&id(2)).expect("stream");
-    assert_eq!(
-        own.last_acked, 1,
-        "an ack is never recorded past what was written"
-    );
-}
-
 fn peer_changed(node: &Node, req: ReqId) -> Option<Result<(), PeerChangeError>> {
     node.other.iter().find_map(|e| match e {
         Effect::PeerChanged { req: r, result, .. } if *r == req => Some(result.clone()),
@@ -1472,8 +1455,12 @@ fn an_ack_rides_in_the_next_commit_of_sends_ahead_of_their_appends() {
     let req = a.send(id(2), b"three");
     assert_eq!(a.persists.len(), commits + 1, "one commit for both");
     let groups = &a.persists[commits];
-    assert!(matches!(groups[0][..], [WriteOp::Acked { upto: 2, .. }]));
-    assert_eq!(appends(&groups[1..]), vec![(3, 1)]);
+    assert!(
+        matches!(groups[0][..], [WriteOp::Trim { .. }]),
+        "trims first"
+    );
+    assert!(matches!(groups[1][..], [WriteOp::Acked { upto: 2, .. }]));
+    assert_eq!(appends(&groups[2..]), vec![(3, 1)]);
     assert_eq!(ok_seq(a.reply(req)), 3);
     assert_eq!(a.own_acked(), 2);
     assert!(!a.core.is_committing(), "nothing is left to commit");
@@ -1680,6 +1667,539 @@ fn a_local_write_the_store_cannot_take_is_refused_and_a_full_queue_is_busy() {
         "{busy:?}"
     );
     assert!(written(&a, ReqId(100)).is_none(), "the others wait");
+}
+
+/// The envelope of `stream` at `seq` in `node`'s journal, and its hash.
+fn mark_of(node: &Node, stream: &StreamId, seq: Seq) -> Mark {
+    let payload = node
+        .received(stream)
+        .into_iter()
+        .find(|(q, _)| *q == seq)
+        .map(|(_, p)| p)
+        .expect("journaled");
+    Mark {
+        stream: stream.clone(),
+        seq,
+        cid: Some(mesh_protocol::Cid::of(&payload)),
+    }
+}
+
+fn hold_config(hold_msgs_max: usize) -> Config {
+    Config {
+        hold_ms: 5_000,
+        hold_msgs_max,
+        ..Config::default()
+    }
+}
+
+#[test]
+fn a_held_send_is_let_go_after_the_hold_with_a_lost_record_once_the_store_is_back() {
+    let (mut a, _) = sender_with(0, hold_config(16));
+    a.store.set_unavailable(true);
+    let req = a.send(id(2), b"never");
+    assert!(a.reply(req).is_none(), "held");
+    // Retried on the ticker meanwhile, still unanswered.
+    a.now = a.now.plus(a.config.store_retry_ms);
+    a.run(Input::Timer);
+    assert!(a.reply(req).is_none());
+    assert!(a.core.metrics().sends_held >= 2);
+    a.now = T0.plus(a.config.hold_ms);
+    a.run(Input::Timer);
+    match a.reply(req) {
+        Some(Err(SendError::Held { held_ms, why })) => {
+            assert_eq!(*held_ms, a.config.hold_ms);
+            assert!(why.contains("unavailable"), "{why}");
+        }
+        other => panic!("expected Held, got {other:?}"),
+    }
+    assert!(
+        a.journal().is_empty(),
+        "nothing written while the store is down"
+    );
+    a.store.set_unavailable(false);
+    a.now = a.now.plus(a.config.store_retry_ms);
+    let next = a.send(id(2), b"after");
+    assert_eq!(ok_seq(a.reply(next)), 1, "the let-go send never took a seq");
+    let lost: Vec<_> = a
+        .journal()
+        .into_iter()
+        .filter(|r| matches!(r, JournalRecord::SendsLost { .. }))
+        .collect();
+    assert!(
+        matches!(
+            &lost[..],
+            [JournalRecord::SendsLost { to, msgs: 1, bytes: 5, first_ms, .. }]
+                if *to == id(2) && *first_ms == T0.0
+        ),
+        "{lost:?}"
+    );
+    assert_eq!(a.core.metrics().sends_let_go, 1);
+}
+
+#[test]
+fn sends_past_the_hold_bounds_are_refused_at_once_while_the_store_is_down() {
+    let (mut a, _) = sender_with(0, hold_config(2));
+    a.store.set_unavailable(true);
+    let first = a.send(id(2), b"1");
+    assert!(a.core.store_down().is_some());
+    let second = a.send(id(2), b"2");
+    let third = a.send(id(2), b"3");
+    assert!(a.reply(first).is_none() && a.reply(second).is_none());
+    assert!(
+        matches!(
+            a.reply(third),
+            Some(Err(SendError::StoreDown { held: 2, .. }))
+        ),
+        "{:?}",
+        a.reply(third)
+    );
+    a.store.set_unavailable(false);
+    a.now = a.now.plus(a.config.store_retry_ms);
+    a.run(Input::Timer);
+    assert_eq!(ok_seq(a.reply(first)), 1);
+    assert_eq!(ok_seq(a.reply(second)), 2);
+}
+
+#[test]
+fn a_stopping_node_waits_for_a_commit_under_way_but_not_for_held_sends() {
+    let (mut a, _) = sender_with(0, hold_config(16));
+    a.hold_commits = true;
+    a.send(id(2), b"1");
+    assert!(a.core.must_drain(), "a commit is under way");
+    a.store.set_unavailable(true);
+    a.release_commit();
+    assert!(a.core.is_committing(), "the send is held");
+    assert!(!a.core.must_drain(), "a held send is not waited for");
+}
+
+#[test]
+fn every_commit_trims_the_journal_first_and_keeps_it_within_its_bytes() {
+    let config = Config {
+        journal_bytes_max: 600,
+        ..Config::default()
+    };
+    let (mut a, conn) = sender_with(0, config);
+    for i in 0..20u8 {
+        let req = a.send(id(2), &[i; 100]);
+        ok_seq(a.reply(req));
+        a.frame(2, conn, ack(u64::from(i) + 1));
+        a.ride_out_acks();
+    }
+    for p in &a.persists {
+        assert!(matches!(p[0][..], [WriteOp::Trim { .. }]), "{p:?}");
+    }
+    let b = a.store.journal_bounds().expect("bounds");
+    assert!(b.bytes <= 600 + 200, "{b:?}");
+    assert!(b.first > 1, "{b:?}");
+    let bounds = a.core.journal_bounds().expect("reported");
+    assert!(bounds.first > 1);
+    let own = a.core.own_stream(&id(2)).expect("stream");
+    assert!(
+        own.first_retained > 1,
+        "acknowledged sends went with their rows: {own:?}"
+    );
+}
+
+#[test]
+fn a_trim_due_by_age_runs_alone_when_nothing_else_commits() {
+    let config = Config {
+        journal_age_ms_max: 60_000,
+        ..Config::default()
+    };
+    let (mut a, _) = sender_with(1, config);
+    let commits = a.persists.len();
+    // The rows of the send age out a minute after they were dated.
+    a.now = T0.plus(2 * 60_000 + 1);
+    a.run(Input::Timer);
+    assert_eq!(a.persists.len(), commits + 1, "a trim-only commit");
+    assert_eq!(a.persists[commits].len(), 1);
+    let b = a.store.journal_bounds().expect("bounds");
+    assert_eq!(
+        b.first,
+        b.head + 1,
+        "everything is older than a minute: {b:?}"
+    );
+}
+
+#[test]
+fn a_peer_with_a_new_epoch_has_its_old_stream_journaled_as_ended() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    b.hello_from(1, 1, ConnId(7), Vec::new());
+    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"b"]));
+    assert_eq!(b.core.mark(&stream(1, 1, 2)), 2);
+    b.run(Input::PeerDisconnected {
+        peer: id(1),
+        conn: ConnId(7),
+    });
+    b.hello_from(1, 3, ConnId(8), Vec::new());
+    b.frame(1, ConnId(8), batch(1, 3, 2, 1, &[b"new"]));
+    let j = b.journal();
+    let ended = j
+        .iter()
+        .position(|r| {
+            *r == JournalRecord::EpochEnded {
+                stream: stream(1, 1, 2),
+                last: 2,
+            }
+        })
+        .expect("the old epoch's stream is ended");
+    let new = j
+        .iter()
+        .position(|r| matches!(r, JournalRecord::Envelope { stream: s, seq: 1, .. } if *s == stream(1, 3, 2)))
+        .expect("the new epoch's message");
+    assert!(ended < new, "{j:?}");
+    // Once only: the next Hello of the same epoch ends nothing more.
+    b.hello_from(1, 3, ConnId(9), Vec::new());
+    let n = b
+        .journal()
+        .iter()
+        .filter(|r| matches!(r, JournalRecord::EpochEnded { .. }))
+        .count();
+    assert_eq!(n, 1);
+}
+
+#[test]
+fn a_batch_with_another_envelope_at_the_mark_is_a_conflict_journaled_once() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    b.hello_from(1, 1, ConnId(7), Vec::new());
+    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"b"]));
+    // The same (author, epoch, seqs), other payloads: a clone or a restored store.
+    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"X"]));
+    b.frame(1, ConnId(7), batch(1, 1, 2, 2, &[b"Y", b"c"]));
+    let conflicts: Vec<_> = b
+        .journal()
+        .into_iter()
+        .filter(|r| matches!(r, JournalRecord::Conflict { .. }))
+        .collect();
+    assert!(
+        matches!(&conflicts[..], [JournalRecord::Conflict { seq: 2, ours, theirs, .. }]
+            if *ours == mesh_protocol::Cid::of(b"b") && *theirs == mesh_protocol::Cid::of(b"X")),
+        "{conflicts:?}"
+    );
+    assert_eq!(b.core.metrics().dropped.get(DropReason::Conflict), 2);
+    assert_eq!(b.core.mark(&stream(1, 1, 2)), 2, "never taken");
+    // The same envelopes again are duplicates, as ever.
+    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"b"]));
+    assert_eq!(b.core.metrics().dropped.get(DropReason::Duplicate), 1);
+}
+
+#[test]
+fn a_mark_naming_our_envelope_is_trusted_once_the_outbox_shows_it() {
+    let (mut a, conn) = sender_with(3, Config::default());
+    a.run(Input::PeerDisconnected { peer: id(2), conn });
+    let s = stream(1, 1, 2);
+    let m = mark_of(&a, &s, 2);
+    let out = {
+        a.run(Input::PeerConnected {
+            peer: id(2),
+            conn: ConnId(8),
+        });
+        a.frame(
+            2,
+            ConnId(8),
+            Frame::Hello {
+                version: PROTOCOL_VERSION,
+                node: id(2),
+                epoch: epoch(2),
+                marks: vec![m],
+                card: Box::new(card(2, 1)),
+            },
+        )
+    };
+    assert!(
+        out.iter()
+            .any(|(_, _, f)| matches!(f, Frame::Batch { batch, .. } if batch.first_seq <= 3)),
+        "fed from the mark once checked: {out:?}"
+    );
+    a.ride_out_acks();
+    assert_eq!(a.own_acked(), 2);
+    assert_eq!(a.core.metrics().epoch_switches, 0);
+}
+
+/// A node 1 that sent "1", "2", "3" to node 2, which acknowledged "1".
+fn sent_three_acked_one() -> Node {
+    let (mut a, conn) = sender_with(0, Config::default());
+    for p in [b"1", b"2", b"3"] {
+        let req = a.send(id(2), p);
+        ok_seq(a.reply(req));
+    }
+    a.frame(2, conn, ack(1));
+    a.ride_out_acks();
+    assert_eq!(a.own_acked(), 1);
+    a.run(Input::PeerDisconnected { peer: id(2), conn });
+    a
+}
+
+/// Node 2's Hello on `conn` with `marks`, to node `a`; returns what `a` sent.
+fn hello_of_2(a: &mut Node, conn: ConnId, marks: Vec<Mark>) -> Vec<(NodeId, ConnId, Frame)> {
+    let mut out = a.run(Input::PeerConnected { peer: id(2), conn });
+    out.extend(a.frame(
+        2,
+        conn,
+        Frame::Hello {
+            version: PROTOCOL_VERSION,
+            node: id(2),
+            epoch: epoch(2),
+            marks,
+            card: Box::new(card(2, 1)),
+        },
+    ));
+    out
+}
+
+fn epoch_changed(node: &Node) -> Option<Epoch> {
+    node.other.iter().find_map(|e| match e {
+        Effect::EpochChanged { epoch } => Some(*epoch),
+        _ => None,
+    })
+}
+
+#[test]
+fn a_peer_holding_more_than_this_store_wrote_makes_it_start_a_new_epoch_before_sending() {
+    let mut a = sent_three_acked_one();
+    let old = stream(1, 1, 2);
+    let claim = Mark {
+        stream: old.clone(),
+        seq: 5,
+        cid: Some(mesh_protocol::Cid([9; 32])),
+    };
+    let out = hello_of_2(&mut a, ConnId(8), vec![claim]);
+    let new_epoch = epoch_changed(&a).expect("a new epoch");
+    assert_ne!(new_epoch, epoch(1));
+    assert_eq!(a.core.epoch(), new_epoch);
+    assert_eq!(a.store.meta().epoch, new_epoch, "committed");
+    // Nothing of the old stream went out; the peer hears of the new epoch,
+    // then what this store still holds of the old stream.
+    assert!(
+        !out.iter()
+            .any(|(_, _, f)| matches!(f, Frame::Batch { batch, .. } if batch.epoch == epoch(1))),
+        "{out:?}"
+    );
+    let hello = out
+        .iter()
+        .rposition(|(_, _, f)| matches!(f, Frame::Hello { epoch, .. } if *epoch == new_epoch))
+        .expect("a Hello of the new epoch");
+    let ended = out
+        .iter()
+        .position(|(_, _, f)| matches!(f, Frame::StreamEnded { stream, held: 1 } if *stream == old))
+        .expect("StreamEnded");
+    assert!(hello < ended);
+    let rolled: Vec<_> = a
+        .journal()
+        .into_iter()
+        .filter(|r| matches!(r, JournalRecord::RolledBack { .. }))
+        .collect();
+    assert!(
+        matches!(&rolled[..], [JournalRecord::RolledBack { stream, from: 2, to: 5, .. }] if *stream == old),
+        "{rolled:?}"
+    );
+    // The unacknowledged "2" and "3" are carried over to the new stream,
+    // without being journaled again, and sent to the peer from seq 1.
+    let new = StreamId::direct(id(1), new_epoch, id(2));
+    let own = a.core.own_stream(&id(2)).expect("new stream");
+    assert_eq!((own.stream.clone(), own.next_seq), (new.clone(), 3));
+    let sent: Vec<_> = a
+        .sent
+        .iter()
+        .filter_map(|(_, _, f)| match f {
+            Frame::Batch { batch, payloads } if batch.epoch == new_epoch => {
+                Some((batch.first_seq, payloads.0.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(sent, vec![(1, vec![b"2".to_vec(), b"3".to_vec()])]);
+    assert_eq!(
+        a.journal()
+            .iter()
+            .filter(|r| matches!(r, JournalRecord::Envelope { .. }))
+            .count(),
+        3,
+        "each message journaled once"
+    );
+    assert!(
+        a.store
+            .own_streams()
+            .expect("own")
+            .iter()
+            .all(|o| o.stream != old),
+        "the old outbox is dropped"
+    );
+    // Sends go on in the new epoch, after what was carried.
+    let req = a.send(id(2), b"4");
+    assert_eq!(ok_seq(a.reply(req)), 3);
+}
+
+#[test]
+fn a_mark_naming_another_envelope_than_ours_is_a_fork_and_its_unacknowledged_are_carried_over() {
+    let mut a = sent_three_acked_one();
+    let old = stream(1, 1, 2);
+    // The peer holds seq 3, but not ours: another writer used the seq.
+    let forked = Mark {
+        stream: old.clone(),
+        seq: 3,
+        cid: Some(mesh_protocol::Cid::of(b"someone else's 3")),
+    };
+    a.hold_commits = false;
+    let req = {
+        let out = hello_of_2(&mut a, ConnId(8), vec![forked]);
+        assert!(
+            !out.iter().any(
+                |(_, _, f)| matches!(f, Frame::Batch { batch, .. } if batch.epoch == epoch(1))
+            ),
+            "nothing of the old stream is sent: {out:?}"
+        );
+        a.send(id(2), b"4")
+    };
+    let new_epoch = epoch_changed(&a).expect("a new epoch");
+    let rolled: Vec<_> = a
+        .journal()
+        .into_iter()
+        .filter(|r| matches!(r, JournalRecord::RolledBack { .. }))
+        .collect();
+    assert!(
+        matches!(
+            &rolled[..],
+            [JournalRecord::RolledBack { from: 2, to: 3, .. }]
+        ),
+        "{rolled:?}"
+    );
+    let new = StreamId::direct(id(1), new_epoch, id(2));
+    let out: Vec<Vec<u8>> = a
+        .store
+        .read_outbox(&new, 0, u64::MAX)
+        .expect("outbox")
+        .into_iter()
+        .flat_map(|b| b.payloads)
+        .collect();
+    assert_eq!(out, vec![b"2".to_vec(), b"3".to_vec(), b"4".to_vec()]);
+    assert_eq!(
+        ok_seq(a.reply(req)),
+        3,
+        "a new send comes after the carried ones"
+    );
+}
+
+#[test]
+fn a_peer_holding_more_of_an_ended_stream_is_journaled_once_and_told() {
+    let mut a = sent_three_acked_one();
+    let old = stream(1, 1, 2);
+    let claim = |seq| Mark {
+        stream: old.clone(),
+        seq,
+        cid: None,
+    };
+    hello_of_2(&mut a, ConnId(8), vec![claim(5)]);
+    a.run(Input::PeerDisconnected {
+        peer: id(2),
+        conn: ConnId(8),
+    });
+    // Later, the peer still shows the old stream (it may not have seen the
+    // new epoch yet): told again, journaled once per range.
+    let out = hello_of_2(&mut a, ConnId(9), vec![claim(5)]);
+    assert!(
+        out.iter()
+            .any(|(_, _, f)| matches!(f, Frame::StreamEnded { held: 1, .. }))
+    );
+    let out = hello_of_2(&mut a, ConnId(10), vec![claim(7)]);
+    assert!(
+        out.iter()
+            .any(|(_, _, f)| matches!(f, Frame::StreamEnded { .. }))
+    );
+    let ranges: Vec<(Seq, Seq)> = a
+        .journal()
+        .into_iter()
+        .filter_map(|r| match r {
+            JournalRecord::RolledBack { from, to, .. } => Some((from, to)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ranges, vec![(2, 5), (6, 7)]);
+    assert_eq!(a.core.metrics().epoch_switches, 1);
+}
+
+#[test]
+fn the_author_saying_its_ended_stream_holds_less_than_we_do_is_journaled_as_rolled_back() {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    b.hello_from(1, 1, ConnId(7), Vec::new());
+    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"b", b"c"]));
+    // The author's new epoch, then its word on the old stream.
+    b.frame(
+        1,
+        ConnId(7),
+        Frame::Hello {
+            version: PROTOCOL_VERSION,
+            node: id(1),
+            epoch: epoch(4),
+            marks: Vec::new(),
+            card: Box::new(card(1, 1)),
+        },
+    );
+    let ended = Frame::StreamEnded {
+        stream: stream(1, 1, 2),
+        held: 1,
+    };
+    b.frame(1, ConnId(7), ended.clone());
+    b.frame(1, ConnId(7), ended);
+    let j = b.journal();
+    let rolled: Vec<_> = j
+        .iter()
+        .filter(|r| matches!(r, JournalRecord::RolledBack { .. }))
+        .collect();
+    assert!(
+        matches!(
+            &rolled[..],
+            [JournalRecord::RolledBack { from: 2, to: 3, .. }]
+        ),
+        "{j:?}"
+    );
+    assert!(j.contains(&JournalRecord::EpochEnded {
+        stream: stream(1, 1, 2),
+        last: 3
+    }));
+    // The author's current stream cannot end this way.
+    b.frame(
+        1,
+        ConnId(7),
+        Frame::StreamEnded {
+            stream: stream(1, 4, 2),
+            held: 0,
+        },
+    );
+    assert_eq!(b.core.metrics().dropped.get(DropReason::UnknownStream), 1);
+}
+
+#[test]
+fn a_crash_between_the_new_epoch_and_its_carry_over_carries_on_after_the_restart() {
+    let mut a = sent_three_acked_one();
+    let claim = Mark {
+        stream: stream(1, 1, 2),
+        seq: 5,
+        cid: None,
+    };
+    a.hold_commits = true;
+    hello_of_2(&mut a, ConnId(8), vec![claim]);
+    a.release_commit();
+    let new_epoch = epoch_changed(&a).expect("the new epoch is committed");
+    assert_eq!(a.held.len(), 1, "the carry-over's commit is under way");
+    // The power goes before the carry-over's commit returns.
+    a.restart();
+    a.hold_commits = false;
+    let req = a.send(id(2), b"4");
+    assert_eq!(ok_seq(a.reply(req)), 3, "after what is carried over");
+    let new = StreamId::direct(id(1), new_epoch, id(2));
+    let out: Vec<Vec<u8>> = a
+        .store
+        .read_outbox(&new, 0, u64::MAX)
+        .expect("outbox")
+        .into_iter()
+        .flat_map(|b| b.payloads)
+        .collect();
+    assert_eq!(out, vec![b"2".to_vec(), b"3".to_vec(), b"4".to_vec()]);
+    assert!(
+        a.store.ended_own().expect("ended")[0].carried == 3,
+        "carried to the end"
+    );
 }
 
 impl Node {

@@ -19,6 +19,10 @@ pub(super) enum Timer {
     StoreRetry,
     /// Acks waiting for company must be committed alone.
     AckRide,
+    /// The oldest held send's hold ends.
+    Hold,
+    /// The journal is due to be trimmed.
+    Trim,
     /// A timer of one peer's connection.
     Peer(NodeId, PeerTimer),
     /// Ask the stream's author again for what is missing.

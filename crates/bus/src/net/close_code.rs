@@ -17,6 +17,9 @@ pub const HANDSHAKE_TIMEOUT: u32 = 408;
 pub const DUPLICATE: u32 = 409;
 /// The peer was removed from the known peers.
 pub const PEER_REMOVED: u32 = 410;
+/// Identity conflict: another process with the same node key (another
+/// instance) is connected already; two live processes share one key.
+pub const IDENTITY_CONFLICT: u32 = 412;
 /// A frame header announced more than `MAX_FRAME_BYTES` (or zero).
 pub const FRAME_TOO_LARGE: u32 = 413;
 /// The peer's Hello names another node than the connection's key.
@@ -31,7 +34,8 @@ pub const SLOW_PEER: u32 = 429;
 pub const PAUSED: u32 = 503;
 /// The peer sent no Hello after every retry of ours.
 pub const NO_HELLO: u32 = 504;
-/// The peer speaks another protocol version (the reason names both).
+/// The peer speaks another protocol version, in its preamble or its Hello
+/// (the reason names both).
 pub const VERSION_MISMATCH: u32 = 505;
 /// Join exchange: this node takes no joins now (too many at once, or it
 /// does not take joins at all); try again later.

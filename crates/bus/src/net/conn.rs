@@ -82,6 +82,16 @@ pub(crate) enum HandshakeError {
 }
 
 impl HandshakeError {
+    /// The peer's close code and reason, if the peer closed the connection.
+    pub(crate) fn closed_by_peer(&self) -> Option<(u64, String)> {
+        match self {
+            HandshakeError::Closed(DisconnectReason::ClosedByPeer { code, reason }) => {
+                Some((*code, reason.clone()))
+            }
+            _ => None,
+        }
+    }
+
     /// The refusal to show for this peer, if it is one of protocol versions:
     /// ours of its preamble, its of ours (a peer of this protocol or newer
     /// closes with [`close_code::VERSION_MISMATCH`], an older one reads

@@ -25,6 +25,9 @@ pub struct NetCounters {
     pub dial_failures: u64,
     /// Incoming connections closed because the link to their peer is paused.
     pub paused_refused: u64,
+    /// Connections refused (here or by the peer) because two live processes
+    /// share one node key.
+    pub identity_conflicts: u64,
     /// Connections refused (by either side) for another protocol version.
     pub version_refused: u64,
 }
@@ -42,6 +45,7 @@ pub(crate) struct Counters {
     pub(crate) connections: AtomicU64,
     pub(crate) dial_failures: AtomicU64,
     pub(crate) paused_refused: AtomicU64,
+    pub(crate) identity_conflicts: AtomicU64,
     pub(crate) version_refused: AtomicU64,
 }
 
@@ -62,6 +66,7 @@ impl Counters {
             connections: g(&self.connections),
             dial_failures: g(&self.dial_failures),
             paused_refused: g(&self.paused_refused),
+            identity_conflicts: g(&self.identity_conflicts),
             version_refused: g(&self.version_refused),
         }
     }

@@ -197,6 +197,8 @@ async fn tls_handshake(incoming: Incoming) -> Option<Connection> {
 pub(crate) struct Failed {
     pub(crate) peer: NodeId,
     pub(crate) refusal: Option<String>,
+    /// The peer's close code and reason, if the peer closed the connection.
+    pub(crate) closed: Option<(u64, String)>,
     pub(crate) why: String,
 }
 
@@ -234,6 +236,7 @@ pub(crate) async fn accept_stream(connection: Connection) -> Result<Established,
             Err(Failed {
                 peer,
                 refusal: e.refusal(),
+                closed: e.closed_by_peer(),
                 why: e.to_string(),
             })
         }
@@ -247,6 +250,7 @@ pub(crate) async fn accept_stream(connection: Connection) -> Result<Established,
             Err(Failed {
                 peer,
                 refusal: None,
+                closed: None,
                 why: "handshake timed out".into(),
             })
         }
@@ -265,6 +269,7 @@ pub(crate) async fn dial(
     let failed = |why: String| Failed {
         peer,
         refusal: None,
+        closed: None,
         why,
     };
     let mut addr = EndpointAddr::new(peer);
@@ -298,6 +303,7 @@ pub(crate) async fn dial(
             Err(Failed {
                 peer,
                 refusal: e.refusal(),
+                closed: e.closed_by_peer(),
                 why: e.to_string(),
             })
         }

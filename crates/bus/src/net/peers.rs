@@ -34,6 +34,12 @@ pub(crate) struct PeerState {
     /// `Some` while the link is paused, with whether a refused connection of
     /// this pause has been logged (only the first is, at info).
     pub(crate) paused: Option<bool>,
+    /// The peer's instance that a connection to a newer instance replaced:
+    /// a dead process never dials again, so a connection from it later
+    /// means two processes run with the peer's key.
+    pub(crate) superseded: Option<u64>,
+    /// The last identity conflict seen on this link, for a person.
+    pub(crate) conflict: Option<String>,
     /// The last protocol-version refusal with this peer, until a connection
     /// is live again.
     pub(crate) refused: Option<String>,
@@ -49,6 +55,8 @@ impl PeerState {
             dial: None,
             backoff: DIAL_BACKOFF_MIN,
             paused: None,
+            superseded: None,
+            conflict: None,
             refused: None,
         }
     }

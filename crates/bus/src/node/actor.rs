@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::pin::Pin;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mesh_protocol::{Frame, NodeId, OpenBatch, Seq, StreamId};
+use mesh_protocol::{Epoch, Frame, NodeId, OpenBatch, Seq, StreamId};
 use mesh_store::{Arrival, MeshStore, PeerRecord, Receipt, StoreError, StoreHandle, StoredBatch};
 use tokio::sync::{OwnedSemaphorePermit, mpsc, oneshot, watch};
 use tokio::time::{Instant, Sleep};
@@ -149,6 +149,8 @@ pub(super) struct Actor<S: MeshStore + ?Sized> {
     pub(super) head: watch::Sender<Arrival>,
     /// The peers' names; the task is its only writer.
     names: watch::Sender<super::PeerNames>,
+    /// The store's epoch; the task is its only writer.
+    pub(super) epoch: watch::Sender<Epoch>,
     /// Where the store answers. Unbounded in type, bounded by what is
     /// outstanding: one commit (the core's rule) and at most one outbox read
     /// per live connection (each of at most a catch-up chunk of payload).
@@ -180,6 +182,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
         commands: mpsc::Receiver<Cmd>,
         closing: watch::Receiver<bool>,
         (head, names): (watch::Sender<Arrival>, watch::Sender<super::PeerNames>),
+        epoch: watch::Sender<Epoch>,
     ) -> Self {
         let (store_tx, store_rx) = mpsc::unbounded_channel();
         Actor {
@@ -190,6 +193,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             closing,
             head,
             names,
+            epoch,
             store_tx,
             store_rx,
             committing: None,
@@ -214,7 +218,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 drain_until = Some(Instant::now() + SHUTDOWN_DRAIN);
             }
             if let Some(deadline) = drain_until
-                && (!self.core.is_committing() || Instant::now() >= deadline)
+                && (!self.core.must_drain() || Instant::now() >= deadline)
             {
                 break;
             }
@@ -501,6 +505,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 addrs: p.addrs,
                 conn: p.conn,
                 paused: p.paused,
+                identity_conflict: p.identity_conflict,
                 refused: p.refused,
             })
             .collect();
@@ -513,14 +518,20 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             agents: self.core.agent_cards(),
             nearby: self.transport.nearby(),
             journal_head: *self.head.borrow(),
+            journal: self.core.journal_bounds(),
+            store_down: self.core.store_down().map(str::to_owned),
             net: self.transport.counters_now(),
             core: self.core.metrics().clone(),
         }
     }
 
     async fn stop(self) {
-        if self.core.is_committing() {
+        if self.core.must_drain() {
             warn!("stopping with a commit still unanswered; its senders are told the node stopped");
+        } else if self.core.is_committing() {
+            warn!(
+                "stopping with sends held while the store is down; their senders are told the node stopped, and none of them was written"
+            );
         }
         // Dropping the waiters and parts tells everyone waiting that the node stopped.
         drop(self.waiters);

@@ -52,6 +52,10 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                         let _ = reply.send(result);
                     }
                 }
+                Effect::EpochChanged { epoch } => {
+                    warn!(epoch = %epoch.fmt_short(), "this node started a new store epoch: its store went back in time");
+                    self.epoch.send_replace(epoch);
+                }
                 Effect::PeerAddrs { node, addrs } => {
                     info!(peer = %node.fmt_short(), ?addrs, "learned where the peer listens");
                     self.transport.set_addrs(node, addrs);

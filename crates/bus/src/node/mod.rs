@@ -21,7 +21,9 @@ use mesh_protocol::{
     Epoch, InviteCode, InviteId, InviteSecret, JoinAnswer, MAX_TICKET_ADDRS, NodeCard, NodeId,
     NodeName, NodeTicket, SecretKey,
 };
-use mesh_store::{Arrival, InviteRecord, MeshStore, OwnStream, Receipt, StoreError, StoreHandle};
+use mesh_store::{
+    Arrival, InviteRecord, JournalBounds, MeshStore, OwnStream, Receipt, StoreError, StoreHandle,
+};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, error_span, info};
@@ -158,6 +160,10 @@ pub struct NodeStatus {
     pub agents: Vec<mesh_protocol::AgentCard>,
     /// The last journal position written.
     pub journal_head: Arrival,
+    /// The journal's retained range and bytes, as the last trim found them.
+    pub journal: Option<JournalBounds>,
+    /// Why the store cannot commit now (sends are held meanwhile), if it cannot.
+    pub store_down: Option<String>,
     /// Transport counters.
     pub net: NetCounters,
     /// Core counters.
@@ -186,6 +192,9 @@ pub struct NodePeer {
     pub paused: bool,
     /// The agents it announced on its last connection.
     pub agents: Vec<mesh_protocol::AgentCard>,
+    /// The last identity conflict seen on the link (two live processes
+    /// share one node key), for a person.
+    pub identity_conflict: Option<String>,
 }
 
 /// The running node. Dropping it stops the node in the background; prefer
@@ -193,7 +202,7 @@ pub struct NodePeer {
 #[derive(Debug)]
 pub struct Node {
     id: NodeId,
-    epoch: Epoch,
+    epoch: watch::Receiver<Epoch>,
     /// Signs this node's join requests.
     secret: SecretKey,
     /// For tickets (the addresses it is bound to), and join dials.
@@ -227,11 +236,12 @@ impl Node {
         store: StoreHandle<S>,
     ) -> Result<Node, NodeError> {
         let reader = store.reader();
-        let (recovered, head) = blocking(move || {
+        let (mut recovered, head) = blocking(move || {
             let recovered = Recovered::read(&*reader)?;
             Ok((recovered, reader.journal_head()?))
         })
         .await?;
+        recovered.entropy = rand::random();
         let id = secret.public();
         let span = error_span!("node", me = %id.fmt_short());
         let mut net = config.net.clone();
@@ -266,6 +276,7 @@ impl Node {
         }
         let (commands, commands_rx) = mpsc::channel(COMMANDS_MAX);
         let (head_tx, head_rx) = watch::channel(head);
+        let (epoch_tx, epoch_rx) = watch::channel(epoch);
         let (closing, closing_rx) = watch::channel(false);
         let ((joins_tx, joins), (invites, invites_rx)) = join::channels();
         transport.accept_joins(joins_tx);
@@ -286,12 +297,13 @@ impl Node {
             commands_rx,
             closing_rx,
             (head_tx, names_tx),
+            epoch_tx,
         );
         let task = tokio::spawn(actor.run().instrument(span));
         info!(node = %id.fmt_short(), epoch = %epoch.fmt_short(), addrs = ?endpoint_addrs(&endpoint), "node started");
         Ok(Node {
             id,
-            epoch,
+            epoch: epoch_rx,
             secret,
             endpoint,
             relays: config.net.relays.clone(),
@@ -311,9 +323,15 @@ impl Node {
         self.id
     }
 
-    /// This node's store epoch.
+    /// This node's store epoch now. It changes only if the store is found
+    /// to have gone back in time (then the node starts a new one).
     pub fn epoch(&self) -> Epoch {
-        self.epoch
+        *self.epoch.borrow()
+    }
+
+    /// A watch of the store's epoch.
+    pub fn epoch_watch(&self) -> watch::Receiver<Epoch> {
+        self.epoch.clone()
     }
 
     /// The UDP port the node listens on for peers.
@@ -605,8 +623,9 @@ impl Node {
     }
 
     /// Stops taking requests, waits (at most [`SHUTDOWN_DRAIN`]) until what
-    /// is being committed is answered, then closes the transport. Later
-    /// calls return at once.
+    /// is being committed is answered, then closes the transport. Sends held
+    /// while the store is down are not waited for: they are answered
+    /// [`SendError::Stopped`], never as sent. Later calls return at once.
     pub async fn shutdown(&self) {
         self.closing.send_replace(true);
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();

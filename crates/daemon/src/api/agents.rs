@@ -160,7 +160,7 @@ impl ApiState {
     /// The id of the message committed with `receipt` (agent messages).
     pub(super) fn msg_id(&self, stream: &StreamId, seq: u64) -> MsgId {
         let to = stream.recipient().unwrap_or(self.inner.node);
-        MsgId::derive(&self.inner.node, self.inner.epoch, &to, seq)
+        MsgId::derive(&stream.author, stream.epoch, &to, seq)
     }
 
     /// Up to `limit` entries of `agent`'s inbox after `after` (answering
@@ -273,6 +273,13 @@ impl ApiState {
                     },
                     _ => {}
                 }
+            }
+            JournalRecord::Trimmed { .. } => {
+                e.kind = "trimmed".into();
+                e.body = format!(
+                    "journal retention ([journal] max_bytes / max_age) removed arrival {arrival} \
+                     before it was read: what it said is gone"
+                );
             }
             JournalRecord::SubscriberLagged {
                 subscriber,
@@ -834,7 +841,13 @@ async fn sent_state(
     let mut pos = row.arrival;
     let mut read = 0usize;
     while read < LOSS_SCAN_ENTRIES_MAX {
-        let chunk = st.journal(pos, super::routes::JOURNAL_READ_ENTRIES).await?;
+        let chunk = st
+            .journal_page(
+                pos,
+                super::routes::JOURNAL_READ_ENTRIES,
+                super::routes::JOURNAL_READ_BYTES,
+            )
+            .await?;
         if chunk.is_empty() {
             break;
         }

@@ -516,7 +516,9 @@ pub(crate) fn send_error(to: NodeId, e: SendError) -> ApiError {
             }
             e @ CoreSendError::Busy { .. } => Capacity::Busy(e.to_string()).into(),
             e @ CoreSendError::OutboxFull { .. } => Capacity::OutboxFull(e.to_string()).into(),
-            e @ CoreSendError::Store(_) => Unavailable::Store(e.to_string()).into(),
+            e @ (CoreSendError::Store(_)
+            | CoreSendError::Held { .. }
+            | CoreSendError::StoreDown { .. }) => Unavailable::Store(e.to_string()).into(),
             e @ CoreSendError::UnknownAgent(_) => {
                 CallerError::UnverifiedSender(e.to_string()).into()
             }

@@ -63,6 +63,72 @@ pub(super) fn entry(node: &NodeId, epoch: Epoch, item: &JournalItem) -> EventEnt
                 detail,
             }
         }
+        JournalRecord::SendsLost {
+            to,
+            msgs,
+            bytes,
+            first_ms,
+            last_ms,
+            detail,
+        } => EventRecord::Lost {
+            to: to.to_string(),
+            msgs: *msgs,
+            bytes: *bytes,
+            first_ms: *first_ms,
+            last_ms: *last_ms,
+            detail: detail.clone(),
+        },
+        JournalRecord::EpochEnded { stream, last } => EventRecord::EpochEnded {
+            stream: stream.into(),
+            last: *last,
+            detail: format!(
+                "its author {} started a new store epoch (its store was lost or went back in \
+                 time): this node holds the stream up to #{last}, and nothing later of it can \
+                 arrive; the author's new messages come on a new stream",
+                stream.author.fmt_short()
+            ),
+        },
+        JournalRecord::RolledBack {
+            stream,
+            from,
+            to,
+            detail,
+        } => EventRecord::RolledBack {
+            stream: stream.into(),
+            from: *from,
+            to: *to,
+            detail: detail.clone(),
+        },
+        JournalRecord::Conflict {
+            stream,
+            seq,
+            ours,
+            theirs,
+        } => EventRecord::Conflict {
+            stream: stream.into(),
+            seq: *seq,
+            ours: ours.to_string(),
+            theirs: theirs.to_string(),
+            detail: format!(
+                "a batch from {} came with another message at #{seq} than the one held here: two \
+                 processes write this stream (a cloned data dir, or a restored backup); it was \
+                 not taken",
+                stream.author.fmt_short()
+            ),
+        },
+        JournalRecord::Trimmed { from, to } => {
+            let resume = Cursor::new(node, epoch, *to).to_string();
+            EventRecord::Trimmed {
+                from: *from,
+                to: *to,
+                entries: to - from + 1,
+                detail: format!(
+                    "journal arrivals {from}..={to} were trimmed by retention ([journal] max_bytes, \
+                     max_age) and can no longer be read; the journal goes on after them \
+                     (after={resume})"
+                ),
+            }
+        }
         _ => EventRecord::Other {},
     };
     EventEntry {

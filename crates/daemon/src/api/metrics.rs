@@ -189,7 +189,7 @@ fn render_bus(t: &mut Text, status: &NodeStatus) {
 }
 
 /// The bus's counters: (name after `mesh_`, help, value).
-fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 16] {
+fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 23] {
     let m = &status.core;
     [
         (
@@ -243,6 +243,41 @@ fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 16] 
             "link_paused_refused_total",
             "Incoming connections refused because the link to their peer is paused.",
             status.net.paused_refused,
+        ),
+        (
+            "identity_conflicts_total",
+            "Connections refused, here or by the peer, because two live processes share one node key.",
+            status.net.identity_conflicts,
+        ),
+        (
+            "sends_held_total",
+            "Local sends held after a commit failed for want of a store (each time).",
+            m.sends_held,
+        ),
+        (
+            "sends_let_go_total",
+            "Held sends let go after the hold bound (answered 503, journaled as lost).",
+            m.sends_let_go,
+        ),
+        (
+            "epoch_switches_total",
+            "New store epochs started because the store went back in time.",
+            m.epoch_switches,
+        ),
+        (
+            "conflicts_total",
+            "Peer batches with another message at a committed seq (journaled as conflicts).",
+            m.conflicts,
+        ),
+        (
+            "peer_epoch_changes_total",
+            "Peers seen with a new store epoch.",
+            m.peer_epoch_changes,
+        ),
+        (
+            "journal_trims_total",
+            "Commits whose trim took journal rows.",
+            m.trims,
         ),
         (
             "unknown_node_refused_total",

@@ -26,6 +26,8 @@
 mod agent_socket;
 mod agents;
 pub mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod invites;
 mod json;
 mod metrics;
@@ -91,6 +93,8 @@ pub(crate) struct ApiParts {
     pub(crate) store_file: PathBuf,
     /// Journal entries buffered per live subscription (`[api] subscriber_buffer`).
     pub(crate) subscriber_buffer: usize,
+    /// Bytes buffered per live subscription (`[api] subscriber_buffer_bytes`).
+    pub(crate) subscriber_buffer_bytes: u64,
     /// How long a live subscriber may take nothing from its full buffer
     /// before it is lagged (`[api] subscriber_stall_ms`).
     pub(crate) subscriber_stall: Duration,
@@ -113,12 +117,12 @@ pub(crate) struct ApiState {
 
 struct Inner {
     node: NodeId,
-    epoch: Epoch,
     bus: Bus,
     store: Arc<RedbStore>,
     store_file: PathBuf,
     head: watch::Receiver<Arrival>,
     subscriber_buffer: usize,
+    subscriber_buffer_bytes: u64,
     subscriber_stall: std::time::Duration,
     daemon_uid: u32,
     /// Set to true when the server stops: live subscriptions end.
@@ -161,12 +165,12 @@ impl ApiState {
         ApiState {
             inner: Arc::new(Inner {
                 node: parts.bus.node_id(),
-                epoch: parts.bus.epoch(),
                 head: parts.bus.journal_head(),
                 bus: parts.bus,
                 store: parts.store,
                 store_file: parts.store_file,
                 subscriber_buffer: parts.subscriber_buffer.max(1),
+                subscriber_buffer_bytes: parts.subscriber_buffer_bytes.max(1),
                 subscriber_stall: parts.subscriber_stall,
                 daemon_uid: daemon_uid(),
                 closing: watch::Sender::new(false),
@@ -265,6 +269,11 @@ impl ApiState {
 
     fn read_head(&self) -> Arrival {
         *self.inner.head.borrow()
+    }
+
+    /// The store's epoch now: cursors are issued and checked under it.
+    fn epoch(&self) -> Epoch {
+        self.inner.bus.epoch()
     }
 }
 

@@ -87,25 +87,11 @@ impl Lines {
 
     /// The next complete line already buffered (the remainder at the end of the body).
     fn take_line(&mut self) -> Result<Option<Bytes>, ApiError> {
-        let line = if let Some(i) = memchr::memchr(b'\n', &self.buf[self.scanned..]) {
-            let mut line = self.buf.split_to(self.scanned + i + 1);
-            line.truncate(line.len() - 1);
-            line.freeze()
-        } else if self.buf.len() > SEND_REQUEST_BYTES_MAX {
-            return Err(CallerError::BodyTooLarge {
-                limit_bytes: SEND_REQUEST_BYTES_MAX,
-                hint: "; that is the limit of one NDJSON line",
-            }
-            .into());
-        } else if self.eof && !self.buf.is_empty() {
-            self.buf.split().freeze()
-        } else {
-            self.scanned = self.buf.len();
-            return Ok(None);
-        };
-        self.scanned = 0;
-        self.line_no += 1;
-        Ok(Some(line))
+        let line = take_line(&mut self.buf, &mut self.scanned, self.eof)?;
+        if line.is_some() {
+            self.line_no += 1;
+        }
+        Ok(line)
     }
 
     /// Whether the chunk holds a signed batch's worth.
@@ -191,6 +177,36 @@ impl Lines {
             self.read_frame().await?;
         }
     }
+}
+
+/// The next complete line in `buf` (without its `\n`), taken out of it; at
+/// the end of the body (`eof`) the remainder is the last line. `scanned`
+/// is how much of `buf` was searched for a line end before (so each byte
+/// is searched once), kept by the caller between calls. A line longer than
+/// [`SEND_REQUEST_BYTES_MAX`] is refused before it is all buffered.
+pub(super) fn take_line(
+    buf: &mut BytesMut,
+    scanned: &mut usize,
+    eof: bool,
+) -> Result<Option<Bytes>, ApiError> {
+    let line = if let Some(i) = memchr::memchr(b'\n', &buf[*scanned..]) {
+        let mut line = buf.split_to(*scanned + i + 1);
+        line.truncate(line.len() - 1);
+        line.freeze()
+    } else if buf.len() > SEND_REQUEST_BYTES_MAX {
+        return Err(CallerError::BodyTooLarge {
+            limit_bytes: SEND_REQUEST_BYTES_MAX,
+            hint: "; that is the limit of one NDJSON line",
+        }
+        .into());
+    } else if eof && !buf.is_empty() {
+        buf.split().freeze()
+    } else {
+        *scanned = buf.len();
+        return Ok(None);
+    };
+    *scanned = 0;
+    Ok(Some(line))
 }
 
 fn json_line(v: &impl serde::Serialize) -> Bytes {

@@ -7,8 +7,8 @@ use std::sync::atomic::Ordering;
 use axum::Json;
 use axum::extract::{Path, Request, State};
 use mesh_api::{
-    AddPeerRequest, AliasRequest, NearbyJson, NearbyResponse, NodeStatus, PeerStatus,
-    PeersResponse, StatusResponse, StreamJson, StreamMark, TicketResponse,
+    AddPeerRequest, AliasRequest, JournalStatus, NearbyJson, NearbyResponse, NodeStatus,
+    PeerStatus, PeersResponse, StatusResponse, StreamJson, StreamMark, TicketResponse,
 };
 use mesh_protocol::{AgentName, NodeId, NodeTicket};
 use mesh_store::{MeshStore, OwnStream};
@@ -87,6 +87,7 @@ fn peer_status(
         outbox_bytes,
         paused: p.paused,
         alias: None,
+        identity_conflict: p.identity_conflict,
     }
 }
 
@@ -101,6 +102,18 @@ fn queued(o: &OwnStream) -> u64 {
 pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResponse>, ApiError> {
     let bus = st.inner.bus.status().await.map_err(node_error)?;
     let ticket = bus.ticket.clone();
+    let store_down = bus.store_down.clone();
+    // Read from the store (the node only knows it as of its last trim); a
+    // store that cannot be read does not hide the rest of the status.
+    let journal = read_store(&st.inner.store, |s| s.journal_bounds())
+        .await
+        .ok()
+        .or(bus.journal)
+        .map(|b| JournalStatus {
+            first: b.first,
+            head: b.head,
+            bytes: b.bytes,
+        });
     let node = NodeStatus {
         node: bus.node.to_string(),
         name: bus.card.name.to_string(),
@@ -111,6 +124,8 @@ pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResp
         store_bytes: std::fs::metadata(&st.inner.store_file)
             .ok()
             .map(|m| m.len()),
+        journal,
+        store_down,
     };
     Ok(Json(StatusResponse {
         node,

@@ -74,27 +74,33 @@ impl ApiState {
     pub(super) fn parse_after(&self, after: Option<&str>) -> Result<Arrival, ApiError> {
         match after.map(str::trim).filter(|s| !s.is_empty()) {
             None => Ok(0),
-            Some(text) => Ok(Cursor::parse_for(text, &self.inner.node, self.inner.epoch)?),
+            Some(text) => Ok(Cursor::parse_for(text, &self.inner.node, self.epoch())?),
         }
     }
 
     /// The cursor text after arrival `arrival`.
     pub(super) fn cursor_text(&self, arrival: Arrival) -> String {
-        Cursor::new(&self.inner.node, self.inner.epoch, arrival).to_string()
+        Cursor::new(&self.inner.node, self.epoch(), arrival).to_string()
     }
 
-    /// Up to `limit` journal entries after `after`.
-    pub(super) async fn journal(
+    /// Up to `limit` journal entries after `after`, stopping after the one
+    /// that crosses `max_bytes` of payload (a trimmed entry first if `after`
+    /// is before the retained journal).
+    pub(super) async fn journal_page(
         &self,
         after: Arrival,
         limit: usize,
+        max_bytes: u64,
     ) -> Result<Vec<JournalItem>, ApiError> {
-        read_store(&self.inner.store, move |s| s.journal(after, limit)).await
+        read_store(&self.inner.store, move |s| {
+            s.journal_page(after, limit, max_bytes)
+        })
+        .await
     }
 
     /// The JSON form of a journal entry.
     pub(super) fn entry(&self, item: &JournalItem) -> EventEntry {
-        super::json::entry(&self.inner.node, self.inner.epoch, item)
+        super::json::entry(&self.inner.node, self.epoch(), item)
     }
 }
 
@@ -116,9 +122,12 @@ pub(super) fn cut(text: &str) -> String {
     text.chars().take(SHOWN_CHARS_MAX).collect()
 }
 
-/// Journal entries read from the store at a time (at most this many payloads
-/// of up to 1 MiB are in memory at once).
+/// Journal entries read from the store at a time.
 pub(super) const JOURNAL_READ_ENTRIES: usize = 64;
+
+/// Payload bytes after which a read from the store stops (past the one
+/// entry that crosses it): what one read holds in memory.
+pub(super) const JOURNAL_READ_BYTES: u64 = 1 << 20;
 
 /// `GET /v1/events` query.
 #[derive(Debug, Deserialize)]
@@ -153,8 +162,13 @@ pub(super) async fn events(
     let mut bytes = 0usize;
     let mut pos = after;
     'read: while items.len() < limit {
+        let left = (EVENTS_PAGE_BYTES_MAX - bytes) as u64;
         let chunk = st
-            .journal(pos, (limit - items.len()).min(JOURNAL_READ_ENTRIES))
+            .journal_page(
+                pos,
+                (limit - items.len()).min(JOURNAL_READ_ENTRIES),
+                left.min(JOURNAL_READ_BYTES),
+            )
             .await?;
         if chunk.is_empty() {
             break;

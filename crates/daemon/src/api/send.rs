@@ -78,7 +78,7 @@ impl ApiState {
 
     /// A writer of this node's send answers.
     pub(super) fn answers(&self) -> Answers {
-        Answers::new(self.inner.node, self.inner.epoch)
+        Answers::new(self.inner.node, self.epoch())
     }
 }
 
@@ -182,7 +182,7 @@ impl Answers {
         {
             let json = serde_json::to_vec(&StreamJson::from(&sent.stream)).unwrap_or_default();
             let to = sent.stream.recipient().unwrap_or(self.node);
-            let tag = mesh_protocol::MsgId::stream_tag(&self.node, self.epoch, &to);
+            let tag = mesh_protocol::MsgId::stream_tag(&self.node, sent.stream.epoch, &to);
             self.stream = Some((sent.stream.clone(), json, tag));
         }
         let cursor = Cursor::new(&self.node, self.epoch, sent.arrival);

@@ -2,7 +2,9 @@
 //!
 //! Each subscription has a pump task that reads the journal from the store
 //! (never from the writer's path) into the subscription's own bounded buffer
-//! of `subscriber_buffer` entries. Backlog — everything committed before the
+//! of `subscriber_buffer` entries and `subscriber_buffer_bytes` bytes (an
+//! entry's bytes are its event as sent; one larger than the whole bound
+//! waits for the buffer to empty). Backlog — everything committed before the
 //! subscription was opened, or before it resumed after a lag — is paced by the
 //! reader. Entries committed later are live: the pump waits for room in the
 //! buffer as long as the reader keeps taking entries, however slowly (it then
@@ -28,6 +30,7 @@
 //! agent's inbox as well as the journal.
 
 use std::convert::Infallible;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -39,11 +42,11 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use mesh_store::Arrival;
 use serde::Deserialize;
-use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 
-use super::routes::JOURNAL_READ_ENTRIES;
 use super::routes::query;
+use super::routes::{JOURNAL_READ_BYTES, JOURNAL_READ_ENTRIES};
 use super::{ApiError, ApiState, PeerCred};
 use crate::bus::LocalWrite;
 use mesh_api::{EventEntry, InboxEntry, LaggedEvent};
@@ -111,7 +114,10 @@ async fn open(
         .fetch_add(1, Ordering::Relaxed)
         + 1;
     let uid = cred.and_then(|c| c.0.uid);
-    let (tx, mut rx) = mpsc::channel::<Event>(st.inner.subscriber_buffer);
+    let (tx, mut rx) = mpsc::channel::<Item>(st.inner.subscriber_buffer);
+    let bytes_max = u32::try_from(st.inner.subscriber_buffer_bytes).unwrap_or(u32::MAX);
+    let budget = Arc::new(Semaphore::new(bytes_max as usize));
+    let taken = Arc::new(Notify::new());
     // Everything committed from now on is live for this subscriber.
     let backlog_to = st.read_head();
     tracing::debug!(
@@ -129,11 +135,24 @@ async fn open(
         pos: start,
         backlog_to,
         unrecorded: false,
-        tx,
+        buffer: Buffer {
+            tx,
+            budget,
+            bytes_max,
+            taken: taken.clone(),
+        },
     };
     tokio::spawn(pump.run());
     let stream = futures_util::stream::poll_fn(move |cx| {
-        rx.poll_recv(cx).map(|o| o.map(Ok::<_, Infallible>))
+        rx.poll_recv(cx).map(|o| {
+            o.map(|(event, bytes)| {
+                // Taken: its bytes are the buffer's again, and the pump
+                // sees progress.
+                drop(bytes);
+                taken.notify_one();
+                Ok::<_, Infallible>(event)
+            })
+        })
     });
     Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(KEEP_ALIVE_INTERVAL))
@@ -149,6 +168,39 @@ impl Drop for Open<'_> {
     }
 }
 
+/// An event in a subscription's buffer, holding its share of the byte bound.
+type Item = (Event, OwnedSemaphorePermit);
+
+/// A subscription's buffer: bounded in entries (the channel) and in bytes
+/// (the semaphore's permits, one per byte of the events in it).
+struct Buffer {
+    tx: mpsc::Sender<Item>,
+    budget: Arc<Semaphore>,
+    bytes_max: u32,
+    /// Notified each time the reader takes an event.
+    taken: Arc<Notify>,
+}
+
+impl Buffer {
+    /// The permits an event of `bytes` takes: an event larger than the
+    /// whole bound waits for the buffer to empty.
+    fn permits(&self, bytes: usize) -> u32 {
+        u32::try_from(bytes).unwrap_or(u32::MAX).min(self.bytes_max)
+    }
+
+    /// Puts `event` in the buffer, waiting as long as it takes; `Err` once
+    /// the reader is gone.
+    async fn send(&self, event: Event, bytes: usize) -> Result<(), ()> {
+        let permit = self
+            .budget
+            .clone()
+            .acquire_many_owned(self.permits(bytes))
+            .await
+            .map_err(|_| ())?;
+        self.tx.send((event, permit)).await.map_err(|_| ())
+    }
+}
+
 /// One subscription's reader of the journal.
 struct Pump {
     st: ApiState,
@@ -161,7 +213,7 @@ struct Pump {
     backlog_to: Arrival,
     /// A lag's loss record could not be written; tell the next entry.
     unrecorded: bool,
-    tx: mpsc::Sender<Event>,
+    buffer: Buffer,
 }
 
 impl Pump {
@@ -197,7 +249,10 @@ impl Pump {
             Err(e) => {
                 tracing::warn!(subscriber = self.id, "subscription failed: {e}");
                 // Best effort: the stream ends either way.
-                let _ = self.tx.try_send(error_event(&e));
+                let event = error_event(&e);
+                if let Ok(permit) = self.buffer.budget.clone().try_acquire_many_owned(1) {
+                    let _ = self.buffer.tx.try_send((event, permit));
+                }
             }
         }
     }
@@ -222,14 +277,14 @@ impl Pump {
             if page.is_empty() {
                 tokio::select! {
                     changed = head.changed() => if changed.is_err() { return Ok(()) },
-                    _ = self.tx.closed() => return Ok(()),
+                    _ = self.buffer.tx.closed() => return Ok(()),
                     _ = closing.changed() => return Ok(()),
                 }
                 continue;
             }
-            for (arrival, event) in page {
+            for (arrival, event, bytes) in page {
                 if arrival > self.backlog_to {
-                    match self.offer(event, closing).await {
+                    match self.offer(event, bytes, closing).await {
                         Offer::Taken => {}
                         Offer::Lagged => {
                             let head_now = *head.borrow();
@@ -240,7 +295,7 @@ impl Pump {
                     }
                 } else {
                     tokio::select! {
-                        sent = self.tx.send(event) => if sent.is_err() { return Ok(()) },
+                        sent = self.buffer.send(event, bytes) => if sent.is_err() { return Ok(()) },
                         _ = closing.changed() => return Ok(()),
                     }
                 }
@@ -250,18 +305,19 @@ impl Pump {
         }
     }
 
-    /// The next entries after `pos`, as events.
-    async fn page(&self) -> Result<Vec<(Arrival, Event)>, ApiError> {
+    /// The next entries after `pos`, as events with their sizes in bytes.
+    async fn page(&self) -> Result<Vec<(Arrival, Event, usize)>, ApiError> {
         match &self.source {
             Source::Journal => Ok(self
                 .st
-                .journal(self.pos, JOURNAL_READ_ENTRIES)
+                .journal_page(self.pos, JOURNAL_READ_ENTRIES, JOURNAL_READ_BYTES)
                 .await?
                 .into_iter()
                 .map(|item| {
                     let mut entry = self.st.entry(&item);
                     entry.losses_unrecorded = self.unrecorded;
-                    (item.arrival, entry_event(&entry))
+                    let (event, bytes) = entry_event(&entry);
+                    (item.arrival, event, bytes)
                 })
                 .collect()),
             Source::Inbox(agent) => Ok(self
@@ -272,28 +328,55 @@ impl Pump {
                 .iter()
                 .map(|item| {
                     let entry = self.st.inbox_entry(item);
-                    (item.item.arrival, inbox_event(&entry))
+                    let (event, bytes) = inbox_event(&entry);
+                    (item.item.arrival, event, bytes)
                 })
                 .collect()),
         }
     }
 
-    /// Hands a live entry to the buffer, waiting for room as long as the
-    /// reader takes something from it at least every `subscriber_stall`.
-    async fn offer(&self, event: Event, closing: &mut tokio::sync::watch::Receiver<bool>) -> Offer {
-        let ev = match self.tx.try_send(event) {
-            Ok(()) => return Offer::Taken,
-            Err(TrySendError::Closed(_)) => return Offer::Stop,
-            Err(TrySendError::Full(ev)) => ev,
+    /// Hands a live entry of `bytes` to the buffer, waiting for room (in
+    /// entries and bytes) as long as the reader takes something from it at
+    /// least every `subscriber_stall`.
+    async fn offer(
+        &self,
+        event: Event,
+        bytes: usize,
+        closing: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Offer {
+        let buffer = &self.buffer;
+        let want = buffer.permits(bytes);
+        let permit = match buffer.budget.clone().try_acquire_many_owned(want) {
+            Ok(p) => Some(p),
+            Err(tokio::sync::TryAcquireError::Closed) => return Offer::Stop,
+            Err(tokio::sync::TryAcquireError::NoPermits) => None,
         };
-        // The buffer is full: any entry the reader takes makes room.
-        tokio::select! {
-            permit = self.tx.reserve() => match permit {
-                Ok(permit) => { permit.send(ev); Offer::Taken }
-                Err(_) => Offer::Stop,
+        let event = match permit {
+            Some(permit) => match buffer.tx.try_send((event, permit)) {
+                Ok(()) => return Offer::Taken,
+                Err(TrySendError::Closed(_)) => return Offer::Stop,
+                Err(TrySendError::Full((ev, _permit))) => ev,
             },
-            () = tokio::time::sleep(self.st.inner.subscriber_stall) => Offer::Lagged,
-            _ = closing.changed() => Offer::Stop,
+            None => event,
+        };
+        // The buffer is full, in entries or bytes: what the reader takes
+        // makes room, and each take restarts the stall clock.
+        let room = async {
+            let permit = buffer.budget.clone().acquire_many_owned(want).await.ok()?;
+            let slot = buffer.tx.reserve().await.ok()?;
+            Some((permit, slot))
+        };
+        tokio::pin!(room);
+        loop {
+            tokio::select! {
+                got = &mut room => return match got {
+                    Some((permit, slot)) => { slot.send((event, permit)); Offer::Taken }
+                    None => Offer::Stop,
+                },
+                () = buffer.taken.notified() => continue,
+                () = tokio::time::sleep(self.st.inner.subscriber_stall) => return Offer::Lagged,
+                _ = closing.changed() => return Offer::Stop,
+            }
         }
     }
 
@@ -366,11 +449,11 @@ impl Pump {
             skipped_to: to,
             loss_recorded: recorded,
         };
-        let event = Event::default()
-            .event("lagged")
-            .data(serde_json::to_string(&lagged).unwrap_or_default());
+        let data = serde_json::to_string(&lagged).unwrap_or_default();
+        let bytes = data.len();
+        let event = Event::default().event("lagged").data(data);
         tokio::select! {
-            sent = self.tx.send(event) => if sent.is_err() { return Ok(()) },
+            sent = self.buffer.send(event, bytes) => if sent.is_err() { return Ok(()) },
             _ = closing.changed() => return Ok(()),
         }
         // What was committed while the reader stood still is backlog now.
@@ -387,18 +470,25 @@ enum Offer {
     Stop,
 }
 
-fn entry_event(entry: &EventEntry) -> Event {
-    Event::default()
+/// The `entry` event of `entry`, and its bytes as the buffer counts them.
+fn entry_event(entry: &EventEntry) -> (Event, usize) {
+    let data = serde_json::to_string(entry).unwrap_or_default();
+    let bytes = data.len() + entry.cursor.len();
+    let event = Event::default()
         .event("entry")
         .id(entry.cursor.clone())
-        .data(serde_json::to_string(entry).unwrap_or_default())
+        .data(data);
+    (event, bytes)
 }
 
-fn inbox_event(entry: &InboxEntry) -> Event {
-    Event::default()
+fn inbox_event(entry: &InboxEntry) -> (Event, usize) {
+    let data = serde_json::to_string(entry).unwrap_or_default();
+    let bytes = data.len() + entry.cursor.len();
+    let event = Event::default()
         .event("entry")
         .id(entry.cursor.clone())
-        .data(serde_json::to_string(entry).unwrap_or_default())
+        .data(data);
+    (event, bytes)
 }
 
 fn error_event(e: &ApiError) -> Event {

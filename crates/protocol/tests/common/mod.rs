@@ -9,7 +9,7 @@
 use std::net::SocketAddr;
 
 use mesh_protocol::{
-    AgentCard, AgentEnvelope, AgentName, Bounce, BounceReason, Channel, Cursor, Epoch, Frame,
+    AgentCard, AgentEnvelope, AgentName, Bounce, BounceReason, Channel, Cid, Cursor, Epoch, Frame,
     InviteCode, InviteId, InviteSecret, JoinAnswer, JoinRefusal, JoinRequest, Mark, MsgId,
     NewEnvelope, NodeCard, NodeId, NodeName, NodeTicket, OpenBatch, PROTOCOL_VERSION, Payloads,
     RequestId, SecretKey, StreamId, SupersedeKey, TopicName, encode_frame,
@@ -154,13 +154,16 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
                 node: recipient(),
                 epoch: RECIPIENT_EPOCH,
                 marks: vec![
+                    // Seq 2 of the fixed batch is "world".
                     Mark {
                         stream: direct_stream(),
                         seq: 2,
+                        cid: Some(Cid::of(b"world")),
                     },
                     Mark {
                         stream: topic_stream(),
                         seq: 300,
+                        cid: None,
                     },
                 ],
                 card: Box::new(recipient_card()),
@@ -213,6 +216,13 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
             "Agents",
             Frame::Agents {
                 cards: vec![agent_card()],
+            },
+        ),
+        (
+            "StreamEnded",
+            Frame::StreamEnded {
+                stream: direct_stream(),
+                held: 2,
             },
         ),
     ]
@@ -393,7 +403,9 @@ pub(crate) fn arb_card() -> impl Strategy<Value = NodeCard> {
 
 /// Any frame of any variant.
 pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
-    let mark = (arb_stream(), arb_seq()).prop_map(|(stream, seq)| Mark { stream, seq });
+    let cid = proptest::option::of(any::<[u8; 32]>().prop_map(Cid));
+    let mark =
+        (arb_stream(), arb_seq(), cid).prop_map(|(stream, seq, cid)| Mark { stream, seq, cid });
     prop_oneof![
         (
             any::<u32>(),
@@ -431,6 +443,7 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
             }
         }),
         proptest::collection::vec(arb_agent_card(), 0..3).prop_map(|cards| Frame::Agents { cards }),
+        (arb_stream(), arb_seq()).prop_map(|(stream, held)| Frame::StreamEnded { stream, held }),
     ]
 }
 

@@ -363,9 +363,18 @@ impl RedbStore {
                 rows.push((arrival, r));
             }
         }
+        let first = self.bounds_in(&rx)?.first;
         let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
         let mut out = Vec::with_capacity(rows.len());
         for (arrival, row) in rows {
+            if arrival < first {
+                // Retention took its journal entry: the reader is told.
+                out.push(InboxItem {
+                    item: crate::agents::trimmed(arrival),
+                    row,
+                });
+                continue;
+            }
             let mut found = Vec::with_capacity(1);
             // The row holding `arrival` is the first keyed at or after it.
             if let Some(r) = journal
@@ -375,7 +384,14 @@ impl RedbStore {
             {
                 let (k, v) = r.map_err(|e| self.read_err(e))?;
                 let view: RowView = decode(&self.name, "journal row", v.value())?;
-                view.push_items(&self.name, k.value(), arrival, 1, &mut found)?;
+                view.push_items(
+                    &self.name,
+                    k.value(),
+                    arrival,
+                    (1, u64::MAX),
+                    &mut 0,
+                    &mut found,
+                )?;
             }
             match found.pop() {
                 Some(item) if item.arrival == arrival => out.push(InboxItem { item, row }),
@@ -420,6 +436,10 @@ impl RedbStore {
                 .transpose()?,
             None => None,
         };
+        if place.arrival < self.bounds_in(&rx)?.first {
+            // Retention took its journal entry, and what it said with it.
+            return Ok(None);
+        }
         let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
         let mut found = Vec::with_capacity(1);
         if let Some(r) = journal
@@ -429,7 +449,14 @@ impl RedbStore {
         {
             let (k, v) = r.map_err(|e| self.read_err(e))?;
             let view: RowView = decode(&self.name, "journal row", v.value())?;
-            view.push_items(&self.name, k.value(), place.arrival, 1, &mut found)?;
+            view.push_items(
+                &self.name,
+                k.value(),
+                place.arrival,
+                (1, u64::MAX),
+                &mut 0,
+                &mut found,
+            )?;
         }
         let record = found
             .pop()

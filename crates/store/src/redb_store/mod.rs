@@ -4,11 +4,15 @@
 //!
 //! | table            | key                          | value                                   |
 //! |------------------|------------------------------|-----------------------------------------|
-//! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"` | little-endian u32, 16 bytes, little-endian u64 |
+//! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"`, `"journal_first"`, `"journal_bytes"`, `"last_write_ms"` | little-endian u32, 16 bytes, then little-endian u64s |
 //! | `outbox-v2`      | (postcard `StreamId`, first seq) | postcard (last seq, msgs, bytes, `SignedBatch`, arrival of its first envelope) |
+//! | `outbox-payloads-v1` | (postcard `StreamId`, first seq) | postcard payloads of an outbox batch whose journal rows are gone |
 //! | `own-streams-v3` | postcard `StreamId`          | postcard (next seq, first retained, last acked, msgs, bytes, evictable msgs, evictable bytes) |
+//! | `ended-own-v1`   | postcard `StreamId`          | postcard (held, reported, carried) of an own stream of an earlier epoch |
 //! | `marks-v2`       | postcard `StreamId`          | mark                                    |
+//! | `mark-cids-v1`   | postcard `StreamId`          | payload hash (32 bytes) of the envelope at the mark |
 //! | `journal-v2`     | last arrival in the row      | postcard `Row`: a run of envelopes, or one other record |
+//! | `journal-times-v1` | first arrival of a commit  | its time, ms since the Unix epoch (one a minute at most) |
 //! | `peers-v2`       | node id bytes                | postcard `PeerRecord`                   |
 //! | `cursors-v2`     | name                         | arrival                                 |
 //! | `cards-v1`       | node id bytes                | postcard `NodeCard`: the newest card of this node and of each peer |
@@ -26,9 +30,14 @@
 //!
 //! The meta table keeps its name across schema versions, so that a file of
 //! another version is recognised by its `schema_version`: one of schema 2
-//! is migrated when it is opened (its `own-streams-v2` rows gain their
-//! evictable counts, counted from the outbox, in one durable
-//! transaction); any other is refused.
+//! or 3 is migrated when it is opened, one durable transaction per version
+//! (2 to 3: its `own-streams-v2` rows gain their evictable counts, counted
+//! from the outbox; 3 to 4: the journal's size is counted and the new
+//! tables made); any other is refused.
+//!
+//! The journal is trimmed from its oldest row (`WriteOp::Trim`); what is
+//! left starts at `journal_first`, and `journal_bytes` counts its rows'
+//! keys and values.
 //!
 //! A journal row holds consecutive envelopes of one stream written in one
 //! commit (up to [`JOURNAL_ROW_BYTES_MAX`]), the stream named once: one
@@ -38,9 +47,11 @@
 //! with a key `>= a`.
 //!
 //! An outbox row holds its batch's signed headers, not its payloads: the
-//! same commit journals every envelope of an own batch and the journal is
-//! never trimmed, so `read_outbox` takes the payloads from the journal
-//! (checking stream, seqs and lengths) and a send writes each payload once.
+//! same commit journals every envelope of an own batch, so `read_outbox`
+//! takes the payloads from the journal (checking stream, seqs and lengths)
+//! and a send writes each payload once. Before a trim removes the journal
+//! rows of a batch still in the outbox and unacknowledged, its payloads
+//! are copied to `outbox-payloads-v1`, where `read_outbox` looks first.
 //!
 //! Postcard is canonical for these types, so a stored `SignedBatch` decodes
 //! to the value that was signed and re-encodes to the same bytes.
@@ -52,7 +63,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
-use mesh_protocol::{Epoch, InviteId, Mark, NodeCard, Seq, SignedBatch, StreamId};
+use mesh_protocol::{Cid, Epoch, InviteId, Mark, NodeCard, Seq, SignedBatch, StreamId};
 use redb::backends::InMemoryBackend;
 use redb::{
     Builder, Database, Durability, ReadableDatabase, ReadableTable, StorageBackend, Table,
@@ -61,11 +72,11 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use serde_bytes::Bytes;
 
-use crate::logic::{self, Base, BatchMeta, Fail, TxCounters, Write};
+use crate::logic::{self, Base, BatchMeta, Fail, RowInfo, TxCounters, Write};
 use crate::mem::gather;
 use crate::{
-    Arrival, InviteRecord, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt,
-    SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
+    Arrival, EndedOwn, InviteRecord, JournalBounds, JournalItem, JournalRecord, MeshStore,
+    OwnStream, PeerRecord, Receipt, SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
 };
 
 mod agents;
@@ -96,14 +107,19 @@ const ROW_ENTRY_OVERHEAD_BYTES: usize = 32;
 
 const META: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("meta-v1");
 const OUTBOX: TableDefinition<'_, (&[u8], u64), &[u8]> = TableDefinition::new("outbox-v2");
+const OUTBOX_PAYLOADS: TableDefinition<'_, (&[u8], u64), &[u8]> =
+    TableDefinition::new("outbox-payloads-v1");
 const OWN: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("own-streams-v3");
+const ENDED_OWN: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("ended-own-v1");
 /// The own-streams table of schema 2, read only to migrate it.
 const OWN_V2: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("own-streams-v2");
 
-/// The schema version this build migrates to [`SCHEMA_VERSION`] when it opens a file.
-const SCHEMA_VERSION_MIGRATED: u32 = 2;
+/// The oldest schema version this build migrates to [`SCHEMA_VERSION`].
+const SCHEMA_VERSION_OLDEST: u32 = 2;
 const MARKS: TableDefinition<'_, &[u8], u64> = TableDefinition::new("marks-v2");
+const MARK_CIDS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("mark-cids-v1");
 const JOURNAL: TableDefinition<'_, u64, &[u8]> = TableDefinition::new("journal-v2");
+const JOURNAL_TIMES: TableDefinition<'_, u64, u64> = TableDefinition::new("journal-times-v1");
 const PEERS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("peers-v2");
 const CURSORS: TableDefinition<'_, &str, u64> = TableDefinition::new("cursors-v2");
 const CARDS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("cards-v1");
@@ -112,6 +128,22 @@ const INVITES: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("invites
 const META_SCHEMA: &str = "schema_version";
 const META_EPOCH: &str = "epoch";
 const META_MAX_LAMPORT: &str = "max_lamport";
+const META_JOURNAL_FIRST: &str = "journal_first";
+const META_JOURNAL_BYTES: &str = "journal_bytes";
+const META_LAST_WRITE_MS: &str = "last_write_ms";
+
+/// The bytes a journal row takes, as `journal_bytes` counts them.
+fn row_bytes(value_len: usize) -> u64 {
+    8 + value_len as u64
+}
+
+/// An ended own stream's counters; the stream is the row's key.
+#[derive(Serialize, Deserialize)]
+struct EndedCounters {
+    held: Seq,
+    reported: Seq,
+    carried: Seq,
+}
 
 /// What retention needs of a stored batch, first in its value so that it
 /// decodes without the batch (decoding a node id validates a curve point).
@@ -123,8 +155,8 @@ struct StoredMeta {
 }
 
 /// A stored outbox batch, borrowed for encoding. Its payloads are the
-/// journal's envelopes from `first_arrival` on (the journal is never
-/// trimmed; a batch is journaled in the commit that stores it).
+/// journal's envelopes from `first_arrival` on (a batch is journaled in the
+/// commit that stores it), unless `outbox-payloads-v1` holds them.
 #[derive(Serialize)]
 struct BatchRef<'a> {
     meta: StoredMeta,
@@ -196,13 +228,16 @@ impl RowView<'_> {
         (last + 1).saturating_sub(n)
     }
 
-    /// Appends the row's records at `from` or later to `out`, until it holds `limit`.
+    /// Appends the row's records at `from` or later to `out`, until it
+    /// holds `limit` or `bytes` (payloads and texts read so far) reaches
+    /// `max_bytes`.
     fn push_items(
         self,
         name: &str,
         last: Arrival,
         from: Arrival,
-        limit: usize,
+        (limit, max_bytes): (usize, u64),
+        bytes: &mut u64,
         out: &mut Vec<JournalItem>,
     ) -> Result<(), StoreError> {
         let first = self.first_arrival(last);
@@ -215,9 +250,10 @@ impl RowView<'_> {
                 let stream: StreamId = decode(name, "stream id", stream)?;
                 let skip = usize::try_from(from.saturating_sub(first)).unwrap_or(usize::MAX);
                 for (i, e) in entries.into_iter().enumerate().skip(skip) {
-                    if out.len() >= limit {
+                    if out.len() >= limit || (!out.is_empty() && *bytes >= max_bytes) {
                         break;
                     }
+                    *bytes += e.payload.len() as u64;
                     out.push(JournalItem {
                         arrival: first + i as u64,
                         record: JournalRecord::Envelope {
@@ -232,7 +268,8 @@ impl RowView<'_> {
                 }
             }
             RowView::Record(record) => {
-                if last >= from && out.len() < limit {
+                if last >= from && out.len() < limit && (out.is_empty() || *bytes < max_bytes) {
+                    *bytes += crate::mem::record_text_bytes(&record);
                     out.push(JournalItem {
                         arrival: last,
                         record,
@@ -241,6 +278,29 @@ impl RowView<'_> {
             }
         }
         Ok(())
+    }
+
+    /// What trimming needs to know of the row keyed `last` of `value_len` bytes.
+    fn info(self, name: &str, last: Arrival, value_len: usize) -> Result<RowInfo, StoreError> {
+        let first = self.first_arrival(last);
+        let run = match self {
+            RowView::Run {
+                stream,
+                first_seq,
+                entries,
+            } => Some((
+                decode(name, "stream id", stream)?,
+                first_seq,
+                entries.len() as u64,
+            )),
+            RowView::Record(_) => None,
+        };
+        Ok(RowInfo {
+            first,
+            last,
+            bytes: row_bytes(value_len),
+            run,
+        })
     }
 }
 
@@ -310,14 +370,15 @@ pub struct RedbStore {
     path: Option<PathBuf>,
     /// The file's path, or a name for a store on another backend; for messages.
     name: String,
-    meta: StoreMeta,
+    /// The epoch moves with a committed `NewEpoch`.
+    meta: RwLock<StoreMeta>,
 }
 
 impl fmt::Debug for RedbStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedbStore")
             .field("name", &self.name)
-            .field("epoch", &self.meta.epoch)
+            .field("epoch", &self.meta_now().epoch)
             .finish_non_exhaustive()
     }
 }
@@ -526,7 +587,7 @@ impl RedbStore {
                     .map_err(|e| from_redb(&self.name, "cannot read", e))?;
                 let meta = read_meta(&rx, &self.name, false)?;
                 drop(rx);
-                if meta.epoch != self.meta.epoch {
+                if meta.epoch != self.meta_now().epoch {
                     return Err(corrupt(&self.name, "its epoch changed while it was open"));
                 }
                 Ok(d)
@@ -544,5 +605,9 @@ impl RedbStore {
 
     fn read_err(&self, e: impl Into<redb::Error>) -> StoreError {
         from_redb(&self.name, "cannot read", e)
+    }
+
+    fn meta_now(&self) -> StoreMeta {
+        self.meta.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 }

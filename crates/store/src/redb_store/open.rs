@@ -74,7 +74,8 @@ impl RedbStore {
         }
     }
 
-    /// Checks the store in `db` (migrating one of the previous schema) and wraps it.
+    /// Checks the store in `db` (migrating one of a previous schema, one
+    /// version at a time) and wraps it.
     pub(super) fn load(db: Database, name: &str, path: Option<&Path>) -> Result<Self, StoreError> {
         let read = |strict: bool| {
             let rx = db
@@ -83,25 +84,37 @@ impl RedbStore {
             read_meta(&rx, name, !strict)
         };
         let mut meta = read(false)?;
-        if meta.schema_version == SCHEMA_VERSION_MIGRATED {
+        if meta.schema_version == 2 {
             migrate_v2(&db, name)?;
+            meta = read(false)?;
+        }
+        if meta.schema_version == 3 {
+            migrate_v3(&db, name)?;
             meta = read(true)?;
         }
         Ok(RedbStore {
             db: RwLock::new(Some(db)),
             path: path.map(Path::to_owned),
             name: name.to_owned(),
-            meta,
+            meta: RwLock::new(meta),
         })
     }
 }
 
-/// Rewrites a store of schema [`SCHEMA_VERSION_MIGRATED`] as
-/// [`SCHEMA_VERSION`], in one durable transaction: each own stream's row
-/// moves from `own-streams-v2` to `own-streams-v3`, with its evictable
-/// envelopes counted from the outbox (the batches from the first retained
-/// on that lie wholly at or below its acked mark). Nothing else changed
-/// between the two.
+/// Sets the meta row `key` to `version` in `tx`.
+fn set_version(tx: &redb::WriteTransaction, name: &str, version: u32) -> Result<(), StoreError> {
+    let werr = |e: redb::Error| from_redb(name, "cannot migrate", e);
+    let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
+    meta.insert(META_SCHEMA, version.to_le_bytes().as_slice())
+        .map_err(|e| werr(e.into()))?;
+    Ok(())
+}
+
+/// Rewrites a store of schema 2 as schema 3, in one durable transaction:
+/// each own stream's row moves from `own-streams-v2` to `own-streams-v3`,
+/// with its evictable envelopes counted from the outbox (the batches from
+/// the first retained on that lie wholly at or below its acked mark).
+/// Nothing else changed between the two.
 pub(super) fn migrate_v2(db: &Database, name: &str) -> Result<(), StoreError> {
     let werr = |e: redb::Error| from_redb(name, "cannot migrate", e);
     let mut tx = db.begin_write().map_err(|e| werr(e.into()))?;
@@ -145,19 +158,70 @@ pub(super) fn migrate_v2(db: &Database, name: &str) -> Result<(), StoreError> {
                 .map_err(|e| werr(e.into()))?;
             streams += 1;
         }
-        let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
-        meta.insert(META_SCHEMA, SCHEMA_VERSION.to_le_bytes().as_slice())
-            .map_err(|e| werr(e.into()))?;
     }
+    set_version(&tx, name, 3)?;
     tx.delete_table(OWN_V2).map_err(|e| werr(e.into()))?;
     tx.commit().map_err(|e| werr(e.into()))?;
-    tracing::info!(store = %name, streams, from = SCHEMA_VERSION_MIGRATED, to = SCHEMA_VERSION, "store migrated");
+    tracing::info!(store = %name, streams, from = 2, to = 3, "store migrated");
     Ok(())
 }
 
+/// Rewrites a store of schema 3 as schema 4, in one durable transaction:
+/// the journal, never trimmed before, starts at arrival 1 and its rows'
+/// bytes are counted; its rows count as written now (the age bound starts
+/// from the migration); the tables schema 4 adds are made. Nothing stored
+/// is re-encoded.
+pub(super) fn migrate_v3(db: &Database, name: &str) -> Result<(), StoreError> {
+    let werr = |e: redb::Error| from_redb(name, "cannot migrate", e);
+    let mut tx = db.begin_write().map_err(|e| werr(e.into()))?;
+    tx.set_durability(Durability::Immediate)
+        .map_err(|e| werr(e.into()))?;
+    let mut bytes = 0u64;
+    let mut rows = 0u64;
+    {
+        let journal = tx.open_table(JOURNAL).map_err(|e| werr(e.into()))?;
+        for row in journal.iter().map_err(|e| werr(e.into()))? {
+            let (_, v) = row.map_err(|e| werr(e.into()))?;
+            bytes += row_bytes(v.value().len());
+            rows += 1;
+        }
+        let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
+        for (key, value) in [
+            (META_JOURNAL_FIRST, 1),
+            (META_JOURNAL_BYTES, bytes),
+            (META_LAST_WRITE_MS, now_ms()),
+        ] {
+            meta.insert(key, value.to_le_bytes().as_slice())
+                .map_err(|e| werr(e.into()))?;
+        }
+        open_v4_tables(&tx, name)?;
+    }
+    set_version(&tx, name, 4)?;
+    tx.commit().map_err(|e| werr(e.into()))?;
+    tracing::info!(store = %name, journal_rows = rows, journal_bytes = bytes, from = 3, to = 4, "store migrated");
+    Ok(())
+}
+
+/// Makes the tables schema 4 added.
+fn open_v4_tables(tx: &redb::WriteTransaction, name: &str) -> Result<(), StoreError> {
+    let werr = |e: redb::TableError| from_redb(name, "cannot create", e);
+    tx.open_table(OUTBOX_PAYLOADS).map_err(werr)?;
+    tx.open_table(ENDED_OWN).map_err(werr)?;
+    tx.open_table(MARK_CIDS).map_err(werr)?;
+    tx.open_table(JOURNAL_TIMES).map_err(werr)?;
+    Ok(())
+}
+
+/// The clock, ms since the Unix epoch.
+pub(super) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Reads and checks the meta table, and that every table of its schema
-/// exists: [`SCHEMA_VERSION`], or also [`SCHEMA_VERSION_MIGRATED`] if
-/// `migratable` (the caller then migrates it).
+/// exists: [`SCHEMA_VERSION`], or also an older one from
+/// [`SCHEMA_VERSION_OLDEST`] on if `migratable` (the caller then migrates it).
 pub(super) fn read_meta(
     rx: &redb::ReadTransaction,
     name: &str,
@@ -183,7 +247,7 @@ pub(super) fn read_meta(
         .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
         .map(u32::from_le_bytes)
         .ok_or_else(|| corrupt(name, "its schema version is missing"))?;
-    let migrates = migratable && version == SCHEMA_VERSION_MIGRATED;
+    let migrates = migratable && (SCHEMA_VERSION_OLDEST..SCHEMA_VERSION).contains(&version);
     if version != SCHEMA_VERSION && !migrates {
         return Err(StoreError::SchemaVersion {
             path: name.to_owned(),
@@ -198,11 +262,23 @@ pub(super) fn read_meta(
     read_u64(&meta, META_MAX_LAMPORT, name)?;
     let check = |r: Result<(), TableError>| r.map_err(|e| from_redb(name, "cannot read", e));
     check(rx.open_table(OUTBOX).map(drop))?;
-    check(rx.open_table(if migrates { OWN_V2 } else { OWN }).map(drop))?;
+    check(
+        rx.open_table(if version == 2 { OWN_V2 } else { OWN })
+            .map(drop),
+    )?;
     check(rx.open_table(MARKS).map(drop))?;
     check(rx.open_table(JOURNAL).map(drop))?;
     check(rx.open_table(PEERS).map(drop))?;
     check(rx.open_table(CURSORS).map(drop))?;
+    if version >= 4 {
+        for key in [META_JOURNAL_FIRST, META_JOURNAL_BYTES, META_LAST_WRITE_MS] {
+            read_u64(&meta, key, name)?;
+        }
+        check(rx.open_table(OUTBOX_PAYLOADS).map(drop))?;
+        check(rx.open_table(ENDED_OWN).map(drop))?;
+        check(rx.open_table(MARK_CIDS).map(drop))?;
+        check(rx.open_table(JOURNAL_TIMES).map(drop))?;
+    }
     Ok(StoreMeta {
         epoch,
         schema_version: version,
@@ -237,6 +313,13 @@ pub(super) fn init(db: &Database, name: &str) -> Result<(), StoreError> {
             .map_err(|e| werr(e.into()))?;
         meta.insert(META_MAX_LAMPORT, 0u64.to_le_bytes().as_slice())
             .map_err(|e| werr(e.into()))?;
+        meta.insert(META_JOURNAL_FIRST, 1u64.to_le_bytes().as_slice())
+            .map_err(|e| werr(e.into()))?;
+        for key in [META_JOURNAL_BYTES, META_LAST_WRITE_MS] {
+            meta.insert(key, 0u64.to_le_bytes().as_slice())
+                .map_err(|e| werr(e.into()))?;
+        }
+        open_v4_tables(&tx, name)?;
         tx.open_table(OUTBOX).map_err(|e| werr(e.into()))?;
         tx.open_table(OWN).map_err(|e| werr(e.into()))?;
         tx.open_table(MARKS).map_err(|e| werr(e.into()))?;

@@ -2,70 +2,89 @@
 
 use super::*;
 
-impl RedbStore {
-    /// The payloads of own `batch` (of the stream with key `stream`), read
-    /// from its envelopes in the journal, journaled from `first_arrival` on.
-    pub(super) fn journal_payloads(
-        &self,
-        journal: &impl ReadableTable<u64, &'static [u8]>,
-        stream: &[u8],
-        batch: &SignedBatch,
-        first_arrival: Arrival,
-    ) -> Result<Vec<Vec<u8>>, StoreError> {
-        let n = batch.entries.len();
-        let mut out: Vec<Vec<u8>> = Vec::with_capacity(n);
-        let missing = |why: &str| {
-            corrupt(
-                &self.name,
-                format!(
-                    "the outbox batch at seq {} has {why} in the journal from arrival {first_arrival}",
-                    batch.first_seq
-                ),
-            )
+/// The payloads of own `batch` (of the stream with key `stream`), read
+/// from its envelopes in `journal`, journaled from `first_arrival` on.
+pub(super) fn journal_payloads(
+    name: &str,
+    journal: &impl ReadableTable<u64, &'static [u8]>,
+    stream: &[u8],
+    batch: &SignedBatch,
+    first_arrival: Arrival,
+) -> Result<Vec<Vec<u8>>, StoreError> {
+    let rerr = |e: redb::StorageError| from_redb(name, "cannot read", e);
+    let n = batch.entries.len();
+    let mut out: Vec<Vec<u8>> = Vec::with_capacity(n);
+    let missing = |why: &str| {
+        corrupt(
+            name,
+            format!(
+                "the outbox batch at seq {} has {why} in the journal from arrival {first_arrival}",
+                batch.first_seq
+            ),
+        )
+    };
+    let rows = journal.range(first_arrival..).map_err(rerr)?;
+    for row in rows {
+        if out.len() == n {
+            break;
+        }
+        let (k, v) = row.map_err(rerr)?;
+        let row: RowView = decode(name, "journal row", v.value())?;
+        let first = row.first_arrival(k.value());
+        let RowView::Run {
+            stream: s,
+            first_seq,
+            entries,
+        } = row
+        else {
+            return Err(missing("another record"));
         };
-        let rows = journal
-            .range(first_arrival..)
-            .map_err(|e| self.read_err(e))?;
-        for row in rows {
-            if out.len() == n {
+        if s != stream {
+            return Err(missing("another stream's envelopes"));
+        }
+        let skip = usize::try_from(first_arrival.saturating_sub(first)).unwrap_or(usize::MAX);
+        for (i, e) in entries.iter().enumerate().skip(skip) {
+            let Some(h) = batch.entries.get(out.len()) else {
                 break;
-            }
-            let (k, v) = row.map_err(|e| self.read_err(e))?;
-            let row: RowView = decode(&self.name, "journal row", v.value())?;
-            let first = row.first_arrival(k.value());
-            let RowView::Run {
-                stream: s,
-                first_seq,
-                entries,
-            } = row
-            else {
-                return Err(missing("another record"));
             };
-            if s != stream {
-                return Err(missing("another stream's envelopes"));
+            let seq = batch.first_seq + out.len() as u64;
+            if first_seq + i as u64 != seq || e.payload.len() != h.payload_len as usize {
+                return Err(missing("other envelopes"));
             }
-            let skip = usize::try_from(first_arrival.saturating_sub(first)).unwrap_or(usize::MAX);
-            for (i, e) in entries.iter().enumerate().skip(skip) {
-                let Some(h) = batch.entries.get(out.len()) else {
-                    break;
-                };
-                let seq = batch.first_seq + out.len() as u64;
-                if first_seq + i as u64 != seq || e.payload.len() != h.payload_len as usize {
-                    return Err(missing("other envelopes"));
-                }
-                out.push(e.payload.to_vec());
-            }
+            out.push(e.payload.to_vec());
         }
-        if out.len() != n {
-            return Err(missing("fewer envelopes"));
-        }
-        Ok(out)
+    }
+    if out.len() != n {
+        return Err(missing("fewer envelopes"));
+    }
+    Ok(out)
+}
+
+impl RedbStore {
+    /// The journal's bounds in the read transaction `rx`.
+    pub(super) fn bounds_in(
+        &self,
+        rx: &redb::ReadTransaction,
+    ) -> Result<JournalBounds, StoreError> {
+        let meta = rx.open_table(META).map_err(|e| self.read_err(e))?;
+        let first = read_u64(&meta, META_JOURNAL_FIRST, &self.name)?;
+        let bytes = read_u64(&meta, META_JOURNAL_BYTES, &self.name)?;
+        let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        let last = t
+            .last()
+            .map_err(|e| self.read_err(e))?
+            .map_or(0, |(k, _)| k.value());
+        Ok(JournalBounds {
+            first,
+            head: last.max(first.saturating_sub(1)),
+            bytes,
+        })
     }
 }
 
 impl MeshStore for RedbStore {
     fn meta(&self) -> StoreMeta {
-        self.meta.clone()
+        self.meta_now()
     }
 
     fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
@@ -101,12 +120,23 @@ impl MeshStore for RedbStore {
     fn marks(&self) -> Result<Vec<Mark>, StoreError> {
         let rx = self.begin_read()?;
         let t = rx.open_table(MARKS).map_err(|e| self.read_err(e))?;
+        let cids = rx.open_table(MARK_CIDS).map_err(|e| self.read_err(e))?;
         let mut out = Vec::new();
         for row in t.iter().map_err(|e| self.read_err(e))? {
             let (k, v) = row.map_err(|e| self.read_err(e))?;
+            let cid = cids
+                .get(k.value())
+                .map_err(|e| self.read_err(e))?
+                .map(|c| {
+                    <[u8; 32]>::try_from(c.value())
+                        .map(Cid)
+                        .map_err(|_| corrupt(&self.name, "a mark's payload hash is not 32 bytes"))
+                })
+                .transpose()?;
             out.push(Mark {
                 stream: decode(&self.name, "stream id", k.value())?,
                 seq: v.value(),
+                cid,
             });
         }
         Ok(out)
@@ -141,10 +171,36 @@ impl MeshStore for RedbStore {
         });
         let chosen = gather(batches, |b| &b.batch, after, max_bytes)?;
         let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        let kept = rx
+            .open_table(OUTBOX_PAYLOADS)
+            .map_err(|e| self.read_err(e))?;
         chosen
             .into_iter()
             .map(|b| {
-                let payloads = self.journal_payloads(&journal, k, &b.batch, b.first_arrival)?;
+                let moved = kept
+                    .get((k, b.batch.first_seq))
+                    .map_err(|e| self.read_err(e))?;
+                let payloads = match moved {
+                    Some(v) => {
+                        let p: Vec<serde_bytes::ByteBuf> =
+                            decode(&self.name, "outbox payloads", v.value())?;
+                        if p.len() != b.batch.entries.len() {
+                            return Err(corrupt(
+                                &self.name,
+                                format!(
+                                    "the outbox keeps {} payloads for the batch at seq {} of {} entries",
+                                    p.len(),
+                                    b.batch.first_seq,
+                                    b.batch.entries.len()
+                                ),
+                            ));
+                        }
+                        p.into_iter().map(serde_bytes::ByteBuf::into_vec).collect()
+                    }
+                    None => {
+                        journal_payloads(&self.name, &journal, k, &b.batch, b.first_arrival)?
+                    }
+                };
                 Ok(StoredBatch {
                     batch: b.batch,
                     payloads,
@@ -153,7 +209,12 @@ impl MeshStore for RedbStore {
             .collect()
     }
 
-    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
+    fn journal_page(
+        &self,
+        after: Arrival,
+        limit: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<JournalItem>, StoreError> {
         let Some(next) = after.checked_add(1) else {
             return Ok(Vec::new());
         };
@@ -161,27 +222,59 @@ impl MeshStore for RedbStore {
             return Ok(Vec::new());
         }
         let rx = self.begin_read()?;
-        let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        let bounds = self.bounds_in(&rx)?;
         let mut out = Vec::new();
+        if next < bounds.first {
+            out.push(JournalItem {
+                arrival: bounds.first - 1,
+                record: JournalRecord::Trimmed {
+                    from: next,
+                    to: bounds.first - 1,
+                },
+            });
+        }
+        let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        let mut bytes = 0u64;
         // Rows are keyed by their last arrival: the first row at or after
         // `next` holds it (and maybe earlier arrivals, skipped).
         for row in t.range(next..).map_err(|e| self.read_err(e))? {
             let (k, v) = row.map_err(|e| self.read_err(e))?;
             let row: RowView = decode(&self.name, "journal row", v.value())?;
-            row.push_items(&self.name, k.value(), next, limit, &mut out)?;
-            if out.len() >= limit {
+            row.push_items(
+                &self.name,
+                k.value(),
+                next,
+                (limit, max_bytes),
+                &mut bytes,
+                &mut out,
+            )?;
+            if out.len() >= limit || (!out.is_empty() && bytes >= max_bytes) {
                 break;
             }
         }
         Ok(out)
     }
 
-    fn journal_head(&self) -> Result<Arrival, StoreError> {
+    fn journal_bounds(&self) -> Result<JournalBounds, StoreError> {
         let rx = self.begin_read()?;
-        let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
-        Ok(t.last()
-            .map_err(|e| self.read_err(e))?
-            .map_or(0, |(k, _)| k.value()))
+        self.bounds_in(&rx)
+    }
+
+    fn ended_own(&self) -> Result<Vec<EndedOwn>, StoreError> {
+        let rx = self.begin_read()?;
+        let t = rx.open_table(ENDED_OWN).map_err(|e| self.read_err(e))?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            let c: EndedCounters = decode(&self.name, "ended own stream", v.value())?;
+            out.push(EndedOwn {
+                stream: decode(&self.name, "stream id", k.value())?,
+                held: c.held,
+                reported: c.reported,
+                carried: c.carried,
+            });
+        }
+        Ok(out)
     }
 
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {

@@ -1,6 +1,7 @@
 //! One write transaction: checks, table updates and journal rows.
 
 use super::*;
+use crate::logic::JOURNAL_TIME_STEP_MS;
 
 impl RedbStore {
     pub(super) fn try_commit(
@@ -18,33 +19,43 @@ impl RedbStore {
         tx.set_durability(Durability::Immediate)
             .map_err(|e| werr(e.into()))?;
         let mut out = Vec::with_capacity(groups.len());
-        {
+        let epoch_before = self.meta_now().epoch;
+        let counters = {
             let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
             let mut t = Tables {
                 name,
-                epoch: self.meta.epoch,
                 outbox: tx.open_table(OUTBOX).map_err(|e| werr(e.into()))?,
+                payloads: tx.open_table(OUTBOX_PAYLOADS).map_err(|e| werr(e.into()))?,
                 own: tx.open_table(OWN).map_err(|e| werr(e.into()))?,
+                ended: tx.open_table(ENDED_OWN).map_err(|e| werr(e.into()))?,
                 marks: tx.open_table(MARKS).map_err(|e| werr(e.into()))?,
+                mark_cids: tx.open_table(MARK_CIDS).map_err(|e| werr(e.into()))?,
                 journal: tx.open_table(JOURNAL).map_err(|e| werr(e.into()))?,
+                times: tx.open_table(JOURNAL_TIMES).map_err(|e| werr(e.into()))?,
                 peers: tx.open_table(PEERS).map_err(|e| werr(e.into()))?,
                 cursors: tx.open_table(CURSORS).map_err(|e| werr(e.into()))?,
                 cards: tx.open_table(CARDS).map_err(|e| werr(e.into()))?,
                 invites: tx.open_table(INVITES).map_err(|e| werr(e.into()))?,
                 journal_pending: Vec::new(),
                 marks_pending: HashMap::new(),
+                cids_pending: HashMap::new(),
                 own_pending: HashMap::new(),
                 agents: agents::AgentTables::new(&tx),
             };
-            let journal_head = t
+            let journal_first = read_u64(&meta, META_JOURNAL_FIRST, name)?;
+            let last_row = t
                 .journal
                 .last()
                 .map_err(|e| werr(e.into()))?
                 .map_or(0, |(k, _)| k.value());
-            let max_lamport = read_u64(&meta, META_MAX_LAMPORT, name)?;
             let before = TxCounters {
-                journal_head,
-                max_lamport,
+                journal_head: last_row.max(journal_first.saturating_sub(1)),
+                max_lamport: read_u64(&meta, META_MAX_LAMPORT, name)?,
+                journal_first,
+                journal_bytes: read_u64(&meta, META_JOURNAL_BYTES, name)?,
+                last_write_ms: read_u64(&meta, META_LAST_WRITE_MS, name)?,
+                epoch: epoch_before,
+                now_ms: None,
             };
             let mut counters = before;
             for ops in groups {
@@ -58,16 +69,47 @@ impl RedbStore {
                     Err(Fail::Fatal(e)) => return Err(e),
                 }
             }
-            t.flush()?;
-            if counters.max_lamport != before.max_lamport {
-                meta.insert(
-                    META_MAX_LAMPORT,
-                    counters.max_lamport.to_le_bytes().as_slice(),
-                )
-                .map_err(|e| werr(e.into()))?;
+            let written = t.flush(counters.now_ms)?;
+            counters.journal_bytes += written;
+            if written > 0
+                && let Some(now) = counters.now_ms
+            {
+                counters.last_write_ms = now;
             }
-        }
+            let mut put = |key: &str, value: u64, was: u64| {
+                if value == was {
+                    return Ok(());
+                }
+                meta.insert(key, value.to_le_bytes().as_slice())
+                    .map(drop)
+                    .map_err(|e| werr(e.into()))
+            };
+            put(META_MAX_LAMPORT, counters.max_lamport, before.max_lamport)?;
+            put(
+                META_JOURNAL_FIRST,
+                counters.journal_first,
+                before.journal_first,
+            )?;
+            put(
+                META_JOURNAL_BYTES,
+                counters.journal_bytes,
+                before.journal_bytes,
+            )?;
+            put(
+                META_LAST_WRITE_MS,
+                counters.last_write_ms,
+                before.last_write_ms,
+            )?;
+            if counters.epoch != before.epoch {
+                meta.insert(META_EPOCH, counters.epoch.0.as_slice())
+                    .map_err(|e| werr(e.into()))?;
+            }
+            counters
+        };
         tx.commit().map_err(|e| werr(e.into()))?;
+        if counters.epoch != epoch_before {
+            self.meta.write().unwrap_or_else(|p| p.into_inner()).epoch = counters.epoch;
+        }
         Ok(out)
     }
 }
@@ -84,24 +126,32 @@ pub(super) fn outbox_meta(
         .get((stream, first_seq))
         .map_err(|e| from_redb(name, "cannot read", e))?;
     let Some(v) = v else { return Ok(None) };
-    // Only the leading meta is decoded: the batch and payloads follow it.
-    let (m, _): (StoredMeta, _) = postcard::take_from_bytes(v.value())
+    decode_meta(v.value(), name).map(Some)
+}
+
+/// The meta at the head of an encoded outbox row.
+fn decode_meta(value: &[u8], name: &str) -> Result<BatchMeta, StoreError> {
+    // Only the leading meta is decoded: decoding the batch validates a key.
+    let (m, _): (StoredMeta, _) = postcard::take_from_bytes(value)
         .map_err(|e| corrupt(name, format!("a stored outbox batch does not decode: {e}")))?;
-    Ok(Some(BatchMeta {
+    Ok(BatchMeta {
         last_seq: m.last_seq,
         msgs: m.msgs,
         bytes: m.bytes,
-    }))
+    })
 }
 
 /// The tables of one write transaction.
 pub(super) struct Tables<'tx> {
     name: &'tx str,
-    epoch: Epoch,
     outbox: Table<'tx, (&'static [u8], u64), &'static [u8]>,
+    payloads: Table<'tx, (&'static [u8], u64), &'static [u8]>,
     own: Table<'tx, &'static [u8], &'static [u8]>,
+    ended: Table<'tx, &'static [u8], &'static [u8]>,
     marks: Table<'tx, &'static [u8], u64>,
+    mark_cids: Table<'tx, &'static [u8], &'static [u8]>,
     journal: Table<'tx, u64, &'static [u8]>,
+    times: Table<'tx, u64, u64>,
     peers: Table<'tx, &'static [u8], &'static [u8]>,
     cursors: Table<'tx, &'static str, u64>,
     cards: Table<'tx, &'static [u8], &'static [u8]>,
@@ -113,6 +163,7 @@ pub(super) struct Tables<'tx> {
     /// commit at [`Tables::flush`] however many groups moved them; reads
     /// in the transaction look here first.
     marks_pending: HashMap<StreamId, Seq>,
+    cids_pending: HashMap<StreamId, Option<Cid>>,
     own_pending: HashMap<StreamId, OwnStream>,
     /// The agent tables, opened when first written.
     agents: agents::AgentTables<'tx>,
@@ -125,10 +176,16 @@ impl Tables<'_> {
 
     fn apply(&mut self, writes: Vec<Write>) -> Result<(), StoreError> {
         let name = self.name;
+        let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
         for w in writes {
             match w {
                 Write::OwnStream(o) => {
                     self.own_pending.insert(o.stream.clone(), o);
+                }
+                Write::DelOwn(stream) => {
+                    self.own_pending.remove(&stream);
+                    let k = stream_key(&stream)?;
+                    self.own.remove(k.as_slice()).map_err(werr)?;
                 }
                 Write::PutBatch {
                     first_seq,
@@ -148,16 +205,78 @@ impl Tables<'_> {
                     })?;
                     self.outbox
                         .insert((k.as_slice(), first_seq), v.as_slice())
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                        .map_err(werr)?;
                 }
                 Write::DelBatch { stream, first_seq } => {
                     let k = stream_key(&stream)?;
                     self.outbox
                         .remove((k.as_slice(), first_seq))
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                        .map_err(werr)?;
+                    self.payloads
+                        .remove((k.as_slice(), first_seq))
+                        .map_err(werr)?;
+                }
+                Write::DropOutbox(stream) => {
+                    let k = stream_key(&stream)?;
+                    let range = (k.as_slice(), 0)..=(k.as_slice(), u64::MAX);
+                    self.outbox
+                        .retain_in(range.clone(), |_, _| false)
+                        .map_err(werr)?;
+                    self.payloads.retain_in(range, |_, _| false).map_err(werr)?;
+                }
+                Write::PutPayloads {
+                    stream,
+                    first_seq,
+                    payloads,
+                } => self.put_payloads(&stream, first_seq, &payloads)?,
+                Write::MovePayloads {
+                    stream,
+                    first_seq,
+                    first_arrival,
+                    n,
+                } => {
+                    let k = stream_key(&stream)?;
+                    let row = self
+                        .outbox
+                        .get((k.as_slice(), first_seq))
+                        .map_err(werr)?
+                        .ok_or_else(|| {
+                            corrupt(
+                                name,
+                                format!("no outbox batch of {stream:?} at {first_seq}"),
+                            )
+                        })?;
+                    let b: BatchOwned = decode(name, "outbox batch", row.value())?;
+                    drop(row);
+                    debug_assert_eq!(b.batch.entries.len() as u64, n);
+                    let payloads =
+                        read::journal_payloads(name, &self.journal, &k, &b.batch, first_arrival)?;
+                    self.put_payloads(&stream, first_seq, &payloads)?;
+                }
+                Write::DelJournal { first, last } => {
+                    self.journal
+                        .retain_in(first..=last, |_, _| false)
+                        .map_err(werr)?;
+                }
+                Write::DelTimesBefore(first) => {
+                    self.times.retain_in(..first, |_, _| false).map_err(werr)?;
                 }
                 Write::Mark { stream, seq } => {
                     self.marks_pending.insert(stream, seq);
+                }
+                Write::MarkCid { stream, cid } => {
+                    self.cids_pending.insert(stream, cid);
+                }
+                Write::Ended(e) => {
+                    let k = stream_key(&e.stream)?;
+                    let v = encode(&EndedCounters {
+                        held: e.held,
+                        reported: e.reported,
+                        carried: e.carried,
+                    })?;
+                    self.ended
+                        .insert(k.as_slice(), v.as_slice())
+                        .map_err(werr)?;
                 }
                 Write::Journal { arrival, record } => {
                     self.journal_pending.push((arrival, record));
@@ -166,27 +285,23 @@ impl Tables<'_> {
                     let v = encode(&p)?;
                     self.peers
                         .insert(p.node.as_bytes().as_slice(), v.as_slice())
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                        .map_err(werr)?;
                 }
                 Write::RemovePeer(n) => {
-                    self.peers
-                        .remove(n.as_bytes().as_slice())
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
-                    self.cards
-                        .remove(n.as_bytes().as_slice())
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                    self.peers.remove(n.as_bytes().as_slice()).map_err(werr)?;
+                    self.cards.remove(n.as_bytes().as_slice()).map_err(werr)?;
                 }
                 Write::PutCard(card) => {
                     let v = encode(&card)?;
                     self.cards
                         .insert(card.node.as_bytes().as_slice(), v.as_slice())
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                        .map_err(werr)?;
                 }
                 Write::PutInvite(invite) => {
                     let v = encode(&invite)?;
                     self.invites
                         .insert(invite.id.0.as_slice(), v.as_slice())
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                        .map_err(werr)?;
                 }
                 Write::Cursor {
                     name: cursor,
@@ -194,17 +309,36 @@ impl Tables<'_> {
                 } => {
                     self.cursors
                         .insert(cursor.as_str(), arrival)
-                        .map_err(|e| from_redb(name, "cannot write", e))?;
+                        .map_err(werr)?;
                 }
                 Write::Agents(w) => self.agents.apply(w, name)?,
+                // Written with the commit's counters.
+                Write::Epoch(_) => {}
             }
         }
         Ok(())
     }
 
+    fn put_payloads(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+        payloads: &[Vec<u8>],
+    ) -> Result<(), StoreError> {
+        let k = stream_key(stream)?;
+        let refs: Vec<&Bytes> = payloads.iter().map(|p| Bytes::new(p)).collect();
+        let v = encode(&refs)?;
+        let name = self.name;
+        self.payloads
+            .insert((k.as_slice(), first_seq), v.as_slice())
+            .map_err(|e| from_redb(name, "cannot write", e))?;
+        Ok(())
+    }
+
     /// Writes what [`Tables::apply`] deferred: marks, own streams, and the
-    /// journal packed into rows.
-    fn flush(&mut self) -> Result<(), StoreError> {
+    /// journal packed into rows, dated `now_ms` if given; returns the bytes
+    /// of the rows written.
+    fn flush(&mut self, now_ms: Option<u64>) -> Result<u64, StoreError> {
         let name = self.name;
         self.agents.flush(name)?;
         let werr = |e| from_redb(name, "cannot write", e);
@@ -214,6 +348,21 @@ impl Tables<'_> {
             let k = stream_key(&stream)?;
             self.marks.insert(k.as_slice(), seq).map_err(werr)?;
         }
+        let mut cids: Vec<_> = self.cids_pending.drain().collect();
+        cids.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for (stream, cid) in cids {
+            let k = stream_key(&stream)?;
+            match cid {
+                Some(c) => {
+                    self.mark_cids
+                        .insert(k.as_slice(), c.0.as_slice())
+                        .map_err(werr)?;
+                }
+                None => {
+                    self.mark_cids.remove(k.as_slice()).map_err(werr)?;
+                }
+            }
+        }
         let mut own: Vec<_> = self.own_pending.drain().map(|(_, o)| o).collect();
         own.sort_unstable_by(|a, b| a.stream.cmp(&b.stream));
         for o in own {
@@ -222,9 +371,16 @@ impl Tables<'_> {
             self.own.insert(k.as_slice(), v.as_slice()).map_err(werr)?;
         }
         let pending = std::mem::take(&mut self.journal_pending);
+        if let (Some(now), Some((first, _))) = (now_ms, pending.first()) {
+            let dated = self.times.last().map_err(werr)?.map(|(_, t)| t.value());
+            if dated.is_none_or(|t| now >= t.saturating_add(JOURNAL_TIME_STEP_MS)) {
+                self.times.insert(*first, now).map_err(werr)?;
+            }
+        }
         let mut buf = Vec::new();
         let mut rest = pending.as_slice();
         let mut key = Vec::new();
+        let mut written = 0u64;
         while let Some(((arrival, record), _)) = rest.split_first() {
             let n = run_len(rest);
             let row = match record {
@@ -260,9 +416,10 @@ impl Tables<'_> {
             let taken = n.max(1);
             let last = arrival + taken as u64 - 1;
             self.journal.insert(last, buf.as_slice()).map_err(werr)?;
+            written += row_bytes(buf.len());
             rest = &rest[taken..];
         }
-        Ok(())
+        Ok(written)
     }
 }
 
@@ -312,10 +469,6 @@ pub(super) fn run_len(records: &[(Arrival, JournalRecord)]) -> usize {
 }
 
 impl Base for Tables<'_> {
-    fn epoch(&self) -> Epoch {
-        self.epoch
-    }
-
     fn name(&self) -> &str {
         self.name
     }
@@ -334,6 +487,21 @@ impl Base for Tables<'_> {
             .transpose()
     }
 
+    fn own_streams(&mut self) -> Result<Vec<OwnStream>, StoreError> {
+        let mut out = Vec::new();
+        for row in self.own.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let stream: StreamId = decode(self.name, "stream id", k.value())?;
+            if self.own_pending.contains_key(&stream) {
+                continue;
+            }
+            let counters: OwnCounters = decode(self.name, "own stream", v.value())?;
+            out.push(counters.with(stream, self.name)?);
+        }
+        out.extend(self.own_pending.values().cloned());
+        Ok(out)
+    }
+
     fn batch_meta(
         &mut self,
         stream: &StreamId,
@@ -341,6 +509,48 @@ impl Base for Tables<'_> {
     ) -> Result<Option<BatchMeta>, StoreError> {
         let k = stream_key(stream)?;
         outbox_meta(&self.outbox, &k, first_seq, self.name)
+    }
+
+    fn batch_holding(
+        &mut self,
+        stream: &StreamId,
+        seq: Seq,
+    ) -> Result<Option<(Seq, BatchMeta)>, StoreError> {
+        let k = stream_key(stream)?;
+        let k = k.as_slice();
+        let row = self
+            .outbox
+            .range((k, 0)..=(k, seq))
+            .map_err(|e| self.err(e))?
+            .next_back();
+        let Some(row) = row else { return Ok(None) };
+        let (key, v) = row.map_err(|e| self.err(e))?;
+        let first = key.value().1;
+        Ok(Some((first, decode_meta(v.value(), self.name)?)))
+    }
+
+    fn batch_first_arrival(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<Arrival>, StoreError> {
+        let k = stream_key(stream)?;
+        let v = self
+            .outbox
+            .get((k.as_slice(), first_seq))
+            .map_err(|e| self.err(e))?;
+        let Some(v) = v else { return Ok(None) };
+        let b: BatchOwned = decode(self.name, "outbox batch", v.value())?;
+        Ok(Some(b.first_arrival))
+    }
+
+    fn batch_moved(&mut self, stream: &StreamId, first_seq: Seq) -> Result<bool, StoreError> {
+        let k = stream_key(stream)?;
+        Ok(self
+            .payloads
+            .get((k.as_slice(), first_seq))
+            .map_err(|e| self.err(e))?
+            .is_some())
     }
 
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
@@ -353,5 +563,51 @@ impl Base for Tables<'_> {
             .get(k.as_slice())
             .map_err(|e| self.err(e))?
             .map(|v| v.value()))
+    }
+
+    fn journal_rows(&mut self, from: Arrival, max: usize) -> Result<Vec<RowInfo>, StoreError> {
+        let mut out = Vec::new();
+        for row in self.journal.range(from..).map_err(|e| self.err(e))? {
+            if out.len() >= max {
+                break;
+            }
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let view: RowView = decode(self.name, "journal row", v.value())?;
+            out.push(view.info(self.name, k.value(), v.value().len())?);
+        }
+        Ok(out)
+    }
+
+    fn journal_times(
+        &mut self,
+        after: Arrival,
+        max: usize,
+    ) -> Result<Vec<(Arrival, u64)>, StoreError> {
+        let mut out = Vec::new();
+        let rows = self
+            .times
+            .range(after.saturating_add(1)..)
+            .map_err(|e| self.err(e))?;
+        for row in rows {
+            if out.len() >= max {
+                break;
+            }
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            out.push((k.value(), v.value()));
+        }
+        Ok(out)
+    }
+
+    fn ended(&mut self, stream: &StreamId) -> Result<Option<EndedOwn>, StoreError> {
+        let k = stream_key(stream)?;
+        let v = self.ended.get(k.as_slice()).map_err(|e| self.err(e))?;
+        let Some(v) = v else { return Ok(None) };
+        let c: EndedCounters = decode(self.name, "ended own stream", v.value())?;
+        Ok(Some(EndedOwn {
+            stream: stream.clone(),
+            held: c.held,
+            reported: c.reported,
+            carried: c.carried,
+        }))
     }
 }

@@ -79,11 +79,19 @@ impl MeshStore for Gated {
     ) -> Result<Vec<StoredBatch>, StoreError> {
         self.inner.read_outbox(s, after, max)
     }
-    fn journal(&self, after: Arrival, limit: usize) -> Result<Vec<JournalItem>, StoreError> {
-        self.inner.journal(after, limit)
+    fn journal_page(
+        &self,
+        after: Arrival,
+        limit: usize,
+        max_bytes: u64,
+    ) -> Result<Vec<JournalItem>, StoreError> {
+        self.inner.journal_page(after, limit, max_bytes)
     }
-    fn journal_head(&self) -> Result<Arrival, StoreError> {
-        self.inner.journal_head()
+    fn journal_bounds(&self) -> Result<crate::JournalBounds, StoreError> {
+        self.inner.journal_bounds()
+    }
+    fn ended_own(&self) -> Result<Vec<crate::EndedOwn>, StoreError> {
+        self.inner.ended_own()
     }
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
         self.inner.peers()

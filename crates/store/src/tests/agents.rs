@@ -23,7 +23,8 @@ macro_rules! suite {
                 agents_aliases_and_agent_cursors_round_trip_and_a_removed_agent_loses_its_inbox,
                 dedup_records_round_trip_oldest_first_and_expire_by_time,
                 a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it,
-                a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_own
+                a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_own,
+                an_inbox_entry_whose_journal_entry_retention_trimmed_reads_as_trimmed
             );
         }
     };
@@ -451,4 +452,34 @@ fn a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_o
         })
         .collect();
     assert_eq!(marked, [false, true, false, false]);
+}
+
+fn an_inbox_entry_whose_journal_entry_retention_trimmed_reads_as_trimmed(s: &dyn MeshStore) {
+    accept_into(s, 1, 3, "bob", &[2]);
+    let first_row = s.journal_bounds().expect("bounds").bytes;
+    accept_into(s, 4, 3, "bob", &[5]);
+    let both = s.journal_bounds().expect("bounds").bytes;
+    // Keep the bytes of the second commit's rows only: the first ones go.
+    commit1(
+        s,
+        vec![WriteOp::Trim {
+            now_ms: 1_000_000,
+            bytes_max: both - first_row,
+            age_ms_max: 0,
+        }],
+    )
+    .expect("trims");
+    assert_eq!(s.journal_bounds().expect("bounds").first, 4);
+    let inbox = s.inbox(&name("bob"), 0, 10).expect("reads");
+    assert_eq!(inbox.len(), 2, "{inbox:?}");
+    assert_eq!(inbox[0].item.arrival, 2);
+    assert_eq!(
+        inbox[0].item.record,
+        JournalRecord::Trimmed { from: 2, to: 2 },
+        "the reader is told what retention took"
+    );
+    assert!(matches!(
+        &inbox[1].item.record,
+        JournalRecord::Envelope { seq: 5, .. }
+    ));
 }

@@ -446,3 +446,152 @@ fn a_store_written_before_the_agent_tables_reads_none_and_then_keeps_them() {
     let s = RedbStore::open(dir.path()).expect("reopens");
     assert_eq!(s.agents().expect("reads"), vec![record]);
 }
+
+/// A data dir as the store of schema 3 left it: written by the build at
+/// commit d854b2d (its `crates/store` with a scratch example program, run
+/// on an empty dir), with these commits in order: own batches to node 2 of
+/// seqs 1..=3 (10 bytes each) and 4..=5 (20), acknowledged up to 3; to node
+/// 3, seq 1 (5 bytes); node 5's batch 1..=2 (16 bytes each) accepted;
+/// node 6's gap up to 2; peer 2 (epoch `[2; 16]`, at 127.0.0.1:7000);
+/// cursor `reader` at 4; a subscriber's lag of arrivals 2..=3.
+const STORE_V3: &[u8] = include_bytes!("data/store-v3.redb");
+
+// One file's story from the migration to a trim and a reopen; each step needs the last.
+#[test]
+fn a_schema_3_store_is_migrated_on_open_and_keeps_everything() {
+    let dir = tempdir();
+    let path = dir.path().join(STORE_FILE_NAME);
+    std::fs::write(&path, STORE_V3).expect("write");
+    let s = RedbStore::open(dir.path()).expect("migrates");
+    assert_eq!(s.meta().schema_version, SCHEMA_VERSION);
+    let to2 = own_stream_id(&s, PEER);
+    let o = own_state(&s, &to2).expect("stream");
+    assert_eq!(
+        (o.next_seq, o.last_acked, o.msgs, o.bytes, o.evictable_msgs),
+        (6, 3, 5, 70, 3)
+    );
+    let out = outbox(&s, &to2);
+    let want = [own(&s, PEER, 1, 3, 10), own(&s, PEER, 4, 2, 20)];
+    assert_eq!(out.len(), 2);
+    for (got, want) in out.iter().zip(&want) {
+        assert_eq!(got.batch, *want.batch().signed(), "byte for byte as signed");
+        assert!(got.payloads == want.payloads());
+    }
+    let j = journal(&s);
+    assert_eq!(j.len(), 10);
+    assert!(matches!(
+        &j[8].record,
+        JournalRecord::Gap { from: 1, to: 2, .. }
+    ));
+    assert!(matches!(
+        &j[9].record,
+        JournalRecord::SubscriberLagged { from: 2, to: 3, .. }
+    ));
+    let b = s.journal_bounds().expect("bounds");
+    assert_eq!((b.first, b.head), (1, 10));
+    assert!(b.bytes > 0);
+    let marks = s.marks().expect("marks");
+    assert_eq!(marks.len(), 2);
+    assert!(
+        marks.iter().all(|m| m.seq == 2 && m.cid.is_none()),
+        "schema 3 kept no payload hash of a mark: {marks:?}"
+    );
+    assert_eq!(s.cursor("reader").expect("cursor"), Some(4));
+    assert_eq!(s.peers().expect("peers").len(), 1);
+    assert!(s.ended_own().expect("ended").is_empty());
+    // It works on as schema 4: a trim of everything keeps the outbox whole.
+    let r = commit1(
+        &s,
+        vec![WriteOp::Trim {
+            now_ms: 1,
+            bytes_max: 0,
+            age_ms_max: 0,
+        }],
+    )
+    .expect("trims");
+    assert_eq!(r.trim.expect("report").bounds.first, 11);
+    let out = outbox(&s, &to2);
+    assert_eq!(out.len(), 1, "the acknowledged batch went with its rows");
+    assert!(out[0].payloads == want[1].payloads());
+    let before = dump(&s, &["reader"]).expect("dump");
+    drop(s);
+    let s = RedbStore::open(dir.path()).expect("reopens");
+    assert_eq!(dump(&s, &["reader"]).expect("dump"), before);
+    assert_eq!(
+        s.journal(0, 5).expect("page")[0].record,
+        JournalRecord::Trimmed { from: 1, to: 10 }
+    );
+}
+
+/// A data dir of schema 3 with the membership tables, written by the build
+/// at commit c230d62 (its `crates/store` with a scratch example program, run
+/// on an empty dir): peer 2 (epoch `[2; 16]`, at 127.0.0.1:7000); the cards
+/// of node 1 (issued at 100) and node 2 (at 200), each `node-N` at
+/// 127.0.0.1:400N; invite `[3; 8]` (3 uses, one spent by node 2 with
+/// request `[1; 16]` until 30) and invite `[4; 8]` (1 use, revoked).
+const STORE_V3_CARDS: &[u8] = include_bytes!("data/store-v3-cards.redb");
+
+#[test]
+fn a_schema_3_store_with_cards_and_invites_keeps_them_through_the_migration() {
+    let dir = tempdir();
+    std::fs::write(dir.path().join(STORE_FILE_NAME), STORE_V3_CARDS).expect("write");
+    let s = RedbStore::open(dir.path()).expect("migrates");
+    assert_eq!(s.meta().schema_version, SCHEMA_VERSION);
+    let check = |s: &RedbStore| {
+        let cards = s.cards().expect("cards");
+        let want: Vec<_> = [(1, 100), (2, 200)]
+            .into_iter()
+            .map(|(n, at)| super::conformance::card(n, at))
+            .collect();
+        let mut got = cards.clone();
+        got.sort_by_key(|c| c.issued_ms);
+        assert_eq!(got, want, "byte for byte as signed");
+        let invites = s.invites().expect("invites");
+        assert_eq!(invites.len(), 2);
+        let used = s
+            .invite(&mesh_protocol::InviteId([3; 8]))
+            .expect("invite")
+            .expect("kept");
+        assert_eq!((used.uses, used.uses_left(), used.revoked), (3, 2, false));
+        assert_eq!(used.spent[0].by, node(2));
+        assert_eq!(
+            used.spent[0].requests,
+            vec![mesh_protocol::RequestId([1; 16])]
+        );
+        let revoked = s
+            .invite(&mesh_protocol::InviteId([4; 8]))
+            .expect("invite")
+            .expect("kept");
+        assert!(revoked.revoked);
+        assert_eq!(s.peers().expect("peers").len(), 1);
+        let b = s.journal_bounds().expect("bounds");
+        assert_eq!((b.first, b.head, b.bytes), (1, 0, 0), "nothing journaled");
+    };
+    check(&s);
+    // The tables take writes as schema 4, and a removed peer loses its card.
+    commit1(&s, vec![WriteOp::RemovePeer(node(2))]).expect("removes");
+    assert_eq!(
+        s.cards().expect("cards"),
+        vec![super::conformance::card(1, 100)]
+    );
+    drop(s);
+    let s = RedbStore::open(dir.path()).expect("reopens");
+    assert_eq!(s.cards().expect("cards").len(), 1);
+    assert_eq!(s.invites().expect("invites").len(), 2);
+}
+
+#[test]
+fn a_new_epoch_survives_a_reopen() {
+    let dir = tempdir();
+    let s = RedbStore::open(dir.path()).expect("opens");
+    append_ok(&s, own(&s, PEER, 1, 2, 10));
+    let epoch = mesh_protocol::Epoch([0x77; 16]);
+    commit1(&s, vec![WriteOp::NewEpoch { epoch }]).expect("new epoch");
+    assert_eq!(s.meta().epoch, epoch);
+    let before = dump(&s, &[]).expect("dump");
+    drop(s);
+    let s = RedbStore::open(dir.path()).expect("reopens");
+    assert_eq!(s.meta().epoch, epoch);
+    assert_eq!(dump(&s, &[]).expect("dump"), before);
+    append_ok(&s, own(&s, PEER, 1, 1, 10));
+}

@@ -5,6 +5,7 @@ mod actor;
 mod agents;
 mod conformance;
 mod crash;
+mod durable;
 mod files;
 pub(crate) mod util;
 

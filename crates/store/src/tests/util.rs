@@ -5,8 +5,8 @@ use mesh_protocol::{
 };
 
 use crate::{
-    JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt, StoreError, StoredBatch,
-    WriteOp,
+    EndedOwn, JournalBounds, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt,
+    StoreError, StoredBatch, WriteOp,
 };
 
 /// A fixed secret key per `n`.
@@ -148,6 +148,10 @@ pub(crate) struct Dump {
     pub(crate) marks: Vec<Mark>,
     pub(crate) journal: Vec<(u64, JournalRecord)>,
     pub(crate) head: u64,
+    /// The journal's retained range (its bytes differ between implementations).
+    pub(crate) range: (u64, u64),
+    pub(crate) ended: Vec<EndedOwn>,
+    pub(crate) epoch: Epoch,
     pub(crate) peers: Vec<PeerRecord>,
     pub(crate) cursors: Vec<Option<u64>>,
     pub(crate) max_lamport: u64,
@@ -175,6 +179,12 @@ pub(crate) fn dump(s: &dyn MeshStore, cursor_names: &[&str]) -> Result<Dump, Sto
             .map(|i| (i.arrival, i.record))
             .collect(),
         head: s.journal_head()?,
+        range: {
+            let b: JournalBounds = s.journal_bounds()?;
+            (b.first, b.head)
+        },
+        ended: s.ended_own()?,
+        epoch: s.meta().epoch,
         peers: s.peers()?,
         cursors: cursor_names
             .iter()

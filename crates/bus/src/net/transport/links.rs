@@ -100,6 +100,27 @@ impl<T: Send + 'static> Transport<T> {
             (None, None) => None,
         };
         let new = (est.dialed_here, est.peer_instance);
+        if let Some((_, rival_instance)) = rival
+            && ps.superseded == Some(est.peer_instance)
+            && rival_instance != est.peer_instance
+        {
+            // The instance a newer one replaced is alive: two processes
+            // run with the peer's key. Neither is dropped in silence.
+            let why = format!(
+                "identity conflict: two processes run with node key {} (instances {} and {}, \
+                 both live): a copied data dir run twice? Stop one of them",
+                peer.fmt_short(),
+                est.peer_instance,
+                rival_instance
+            );
+            Counters::add(&self.counters.identity_conflicts, 1);
+            if ps.conflict.as_deref() != Some(why.as_str()) {
+                warn!(peer = %peer.fmt_short(), "{why}; refusing the connection of the older one");
+            }
+            conn::close(&est.connection, close_code::IDENTITY_CONFLICT, &why);
+            ps.conflict = Some(why);
+            return;
+        }
         if let Some(rival) = rival
             && !new_wins(self.me, peer, new, rival)
         {
@@ -110,6 +131,13 @@ impl<T: Send + 'static> Transport<T> {
                 "duplicate connection",
             );
             return;
+        }
+        if let Some((_, rival_instance)) = rival
+            && rival_instance < est.peer_instance
+        {
+            // A newer instance of the peer takes over: the old one is taken
+            // for dead, and a connection from it later is a conflict.
+            ps.superseded = Some(rival_instance);
         }
         if let Some(old) = ps.pending.take() {
             conn::close(
@@ -209,6 +237,10 @@ impl<T: Send + 'static> Transport<T> {
             reason = local;
         }
         info!(peer = %peer.fmt_short(), %conn, %reason, "disconnected");
+        let refused = match &reason {
+            DisconnectReason::ClosedByPeer { code, reason } => Some((*code, reason.clone())),
+            _ => None,
+        };
         if let DisconnectReason::ClosedByPeer { code, reason } = &reason
             && *code == u64::from(close_code::VERSION_MISMATCH)
         {
@@ -222,6 +254,9 @@ impl<T: Send + 'static> Transport<T> {
         let Some(ps) = self.peers.get_mut(&peer) else {
             return;
         };
+        if let Some((code, why)) = refused {
+            note_conflict(&self.counters, peer, ps, code, why);
+        }
         let Some(live) = ps.live.take_if(|l| l.conn == conn) else {
             return;
         };
@@ -280,6 +315,9 @@ impl<T: Send + 'static> Transport<T> {
                 Counters::add(&self.counters.dial_failures, 1);
                 debug!(peer = %peer.fmt_short(), error = %failed.why, "dial failed");
                 let idle = ps.idle();
+                if let Some((code, reason)) = failed.closed {
+                    note_conflict(&self.counters, peer, ps, code, reason);
+                }
                 if let Some(why) = failed.refusal {
                     self.note_refusal(peer, why);
                 }
@@ -399,4 +437,18 @@ fn refused_paused(counters: &Counters, peer: NodeId, ps: &mut PeerState) {
     } else {
         debug!(peer = %peer.fmt_short(), "refused a connection: the link is paused");
     }
+}
+
+/// The peer closed a connection of ours with `code`: an identity conflict
+/// (another process with this node's key is connected to it) is logged
+/// (once per distinct reason), counted and kept for status.
+fn note_conflict(counters: &Counters, peer: NodeId, ps: &mut PeerState, code: u64, why: String) {
+    if code != u64::from(close_code::IDENTITY_CONFLICT) {
+        return;
+    }
+    Counters::add(&counters.identity_conflicts, 1);
+    if ps.conflict.as_deref() != Some(why.as_str()) {
+        warn!(peer = %peer.fmt_short(), "the peer refused this node: {why}");
+    }
+    ps.conflict = Some(why);
 }

@@ -72,6 +72,9 @@ pub struct PeerStatus {
     pub dialed_here: bool,
     /// Whether the link is paused.
     pub paused: bool,
+    /// The last identity conflict seen on this link (two live processes
+    /// share one node key), for a person.
+    pub identity_conflict: Option<String>,
     /// Why the last connection with the peer was refused for speaking
     /// another protocol version (either side's refusal), until one is live.
     pub refused: Option<String>,
@@ -565,6 +568,7 @@ impl<T: Send + 'static> Transport<T> {
                     conn: live.map(|l| l.conn),
                     dialed_here: live.is_some_and(|l| l.dialed_here),
                     paused: ps.paused.is_some(),
+                    identity_conflict: ps.conflict.clone(),
                     refused: ps.refused.clone(),
                 }
             })

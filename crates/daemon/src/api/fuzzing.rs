@@ -1,0 +1,103 @@
+//! Entry points for the fuzz targets in `fuzz/` and the corpus replay
+//! test: the decoders any local client reaches — the JSON request bodies
+//! and the NDJSON line splitter.
+//!
+//! Each function takes untrusted bytes, runs them through the same code the
+//! routes use, and checks what must hold for any input: nothing panics, a
+//! request that decodes survives encoding and decoding again, and the line
+//! splitter gives back exactly the lines it was fed, however the bytes were
+//! cut into frames. A panic here is a bug. Not a stable API.
+
+use bytes::BytesMut;
+use mesh_api::{AddPeerRequest, CursorBody, InviteRequest, JoinBody, SendRequest};
+use mesh_protocol::{Cursor, InviteCode, MAX_BATCH_PAYLOAD_BYTES, NodeTicket};
+
+use super::BATCH_MSGS_MAX;
+use super::ndjson::take_line;
+use super::routes::parse_json;
+use super::send::message;
+
+/// Feeds `data` to every JSON body the API decodes: a send, a batch of
+/// sends, a peer to add, a cursor to set, an invite to make and a join.
+///
+/// Panics if a decoded send does not survive encoding and decoding again,
+/// or if one is taken as a message with a payload over the limit.
+pub fn json_body(data: &[u8]) {
+    if let Ok(req) = parse_json::<SendRequest>(data) {
+        check_send(req);
+    }
+    if let Ok(reqs) = parse_json::<Vec<SendRequest>>(data) {
+        for req in reqs.into_iter().take(BATCH_MSGS_MAX) {
+            check_send(req);
+        }
+    }
+    if let Ok(p) = parse_json::<AddPeerRequest>(data) {
+        let _ = p.ticket.parse::<NodeTicket>();
+    }
+    if let Ok(c) = parse_json::<CursorBody>(data) {
+        let _ = c.cursor.parse::<Cursor>();
+    }
+    let _ = parse_json::<InviteRequest>(data);
+    if let Ok(j) = parse_json::<JoinBody>(data) {
+        let _ = j.code.parse::<InviteCode>();
+    }
+}
+
+fn check_send(req: SendRequest) {
+    let again = serde_json::to_vec(&req).map(|b| parse_json::<SendRequest>(&b));
+    assert!(
+        matches!(&again, Ok(Ok(r)) if *r == req),
+        "a decoded send request does not survive encoding: {req:?}"
+    );
+    // No names resolve here: the harness has no node to ask.
+    if let Ok(m) = message(req, |name| {
+        Err(super::CallerError::BadValue(format!("{name} is not a node id")).into())
+    }) {
+        assert!(
+            m.payload.len() as u64 <= MAX_BATCH_PAYLOAD_BYTES,
+            "a message over the payload limit was taken"
+        );
+    }
+}
+
+/// Feeds `data[1..]` to the NDJSON line splitter in frames of `data[0]`
+/// bytes (at least 1), then ends the body, and parses each line as a send.
+///
+/// Panics unless the lines, joined by `\n`, are exactly the bytes fed (a
+/// last `\n` aside): no byte is lost, none is added, none moves to another
+/// line at a frame boundary.
+pub fn ndjson(data: &[u8]) {
+    let Some((&step, body)) = data.split_first() else {
+        return;
+    };
+    let step = usize::from(step).max(1);
+    let mut buf = BytesMut::new();
+    let mut scanned = 0;
+    let mut lines = Vec::new();
+    let frames = body.chunks(step).map(Some).chain([None]);
+    for frame in frames {
+        let eof = frame.is_none();
+        if let Some(f) = frame {
+            buf.extend_from_slice(f);
+        }
+        loop {
+            match take_line(&mut buf, &mut scanned, eof) {
+                Ok(Some(line)) => lines.push(line),
+                Ok(None) => break,
+                // A line over the limit is refused; nothing to compare.
+                Err(_) => return,
+            }
+        }
+    }
+    assert!(buf.is_empty(), "bytes left in the splitter at the end");
+    let mut joined = lines.join(&b'\n');
+    if body.last() == Some(&b'\n') {
+        joined.push(b'\n');
+    }
+    assert!(joined == body, "the lines are not the bytes fed");
+    for line in lines {
+        if let Ok(req) = parse_json::<SendRequest>(&line) {
+            check_send(req);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+//! Replays the committed fuzz corpus of the local decoders
+//! (`fuzz/corpus/json_body/`, `fuzz/corpus/ndjson_lines/`) through the same
+//! harness the fuzz targets call, on every `cargo test`, without nightly or
+//! cargo-fuzz.
+//!
+//! The seed files (`seed-*`, `garbage-*`) are made here;
+//! `the_committed_seeds_are_the_current_ones` checks them, and writes them
+//! instead when `MESH_BLESS_CORPUS=1` is set.
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+use std::path::{Path, PathBuf};
+
+use mesh_daemon::api::fuzzing;
+use mesh_protocol::{Cursor, Epoch, NodeTicket, SecretKey};
+
+/// A fuzz harness: takes any bytes, panics only on a bug.
+type Harness = fn(&[u8]);
+
+/// Each fuzz target's corpus folder and the harness function it calls.
+const TARGETS: [(&str, Harness); 2] = [
+    ("json_body", fuzzing::json_body),
+    ("ndjson_lines", fuzzing::ndjson),
+];
+
+fn corpus_dir(target: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fuzz/corpus")
+        .join(target)
+}
+
+fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
+    let dir = corpus_dir(target);
+    let entries = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("cannot read the {target} corpus at {}: {e}", dir.display()));
+    let mut files: Vec<_> = entries
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            let bytes = std::fs::read(&p).unwrap();
+            (p, bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// A valid invite code: the one pinned in mesh-protocol's known answers.
+const INVITE: &str = "meshinvite1ha4e7nbk17opbvaircmjpeiteb56e2dv3ma146vjei403d0fdte0406000103dp604g023do0000000000000000000re9g1081g81860s4alalalalalalalalalalalalak";
+
+/// The seed inputs of each target, by file name.
+fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
+    let node = SecretKey::from_bytes(&[1; 32]).public();
+    let ticket = NodeTicket::new(node, vec!["192.0.2.1:4433".parse().unwrap()])
+        .unwrap()
+        .to_string();
+    let cursor = Cursor::new(&node, Epoch([2; 16]), 42).to_string();
+    let send = format!(r#"{{"to":"{node}","body":"hello"}}"#);
+    let send_b64 =
+        format!(r#"{{"to":"{node}","body":"aGVsbG8=","encoding":"base64","msg_kind":7}}"#);
+    let mut out = Vec::new();
+    let mut json = |name: &str, text: String| {
+        out.push(("json_body", name.to_owned(), text.into_bytes()));
+    };
+    json("seed-send", send.clone());
+    json("seed-send-base64", send_b64.clone());
+    json("seed-batch", format!("[{send},{send_b64}]"));
+    json("seed-peer", format!(r#"{{"ticket":"{ticket}"}}"#));
+    json("seed-cursor", format!(r#"{{"cursor":"{cursor}"}}"#));
+    json("seed-invite", r#"{"uses":3,"ttl_ms":600000}"#.to_owned());
+    json("seed-join", format!(r#"{{"code":"{INVITE}"}}"#));
+    json(
+        "garbage-send-bad-base64",
+        format!(r#"{{"to":"{node}","body":"!!","encoding":"base64"}}"#),
+    );
+    json(
+        "garbage-send-unknown-field",
+        format!(r#"{{"to":"{node}","body":"x","colour":"red"}}"#),
+    );
+    json(
+        "garbage-send-bad-node",
+        r#"{"to":"bob","body":"x","msg_kind":70000}"#.to_owned(),
+    );
+    json("garbage-truncated", send[..send.len() / 2].to_owned());
+    json(
+        "garbage-escapes",
+        r#"{"to":"\ud800","body":"\u0000\n"}"#.to_owned(),
+    );
+    let mut ndjson = |name: &str, step: u8, text: &str| {
+        let mut bytes = vec![step];
+        bytes.extend_from_slice(text.as_bytes());
+        out.push(("ndjson_lines", name.to_owned(), bytes));
+    };
+    ndjson("seed-lines", 7, &format!("{send}\n{send_b64}\n"));
+    ndjson("seed-lines-no-last-newline", 1, &format!("{send}\n{send}"));
+    ndjson("seed-lines-blank", 3, &format!("\n \n{send}\r\n\n"));
+    ndjson("garbage-lines", 2, "{\n}\n[1,2]\nnull\n\u{feff}{}");
+    out
+}
+
+#[test]
+fn every_fuzz_target_has_a_non_empty_corpus() {
+    for (target, _) in TARGETS {
+        assert!(!corpus(target).is_empty(), "the {target} corpus is empty");
+    }
+}
+
+#[test]
+fn every_corpus_input_runs_through_its_harness_without_a_panic() {
+    for (target, harness) in TARGETS {
+        for (path, bytes) in corpus(target) {
+            let run = std::panic::catch_unwind(|| harness(&bytes));
+            assert!(
+                run.is_ok(),
+                "{target}: {} panics the harness",
+                path.display()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_committed_seeds_are_the_current_ones() {
+    let bless = std::env::var_os("MESH_BLESS_CORPUS").is_some();
+    for (target, name, bytes) in seeds() {
+        let path = corpus_dir(target).join(&name);
+        if bless {
+            std::fs::create_dir_all(corpus_dir(target)).unwrap();
+            std::fs::write(&path, &bytes).unwrap();
+            continue;
+        }
+        let committed = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "seed {} missing ({e}); rerun with MESH_BLESS_CORPUS=1",
+                path.display()
+            )
+        });
+        assert!(
+            committed == bytes,
+            "seed {} is stale; rerun with MESH_BLESS_CORPUS=1",
+            path.display()
+        );
+    }
+}
+
+#[test]
+fn the_harnesses_catch_what_they_check() {
+    // The splitter's oracle holds on a body cut at every size.
+    let body = b"{\"to\":\"x\",\"body\":\"a\"}\n\nzz\n";
+    for step in 1..=u8::try_from(body.len()).unwrap() {
+        let mut input = vec![step];
+        input.extend_from_slice(body);
+        fuzzing::ndjson(&input);
+    }
+    fuzzing::json_body(b"");
+    fuzzing::ndjson(b"");
+}
