@@ -114,7 +114,8 @@ pub struct AgentSendResponse {
 /// One entry of an agent's inbox.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InboxEntry {
-    /// `message`, `bounce` or `lagged`.
+    /// `message`, `bounce`, `lagged`, or `trimmed` (journal retention took
+    /// the entry before it was read).
     pub kind: String,
     /// The message id (for a bounce: the id of the message it bounces).
     pub id: Option<String>,
