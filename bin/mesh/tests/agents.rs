@@ -268,6 +268,27 @@ fn agents_on_two_nodes_talk_both_ways_by_the_name_in_each_nodes_card() {
 }
 
 #[test]
+fn a_name_two_nodes_answer_to_is_refused_listing_both_and_nothing_is_sent() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    let c = start_named(&tmp.path().join("c"), "shared");
+    for peer in [&b, &c] {
+        ok(a.mesh(&["peer", "add", peer.ticket()]).unwrap());
+        ok(peer.mesh(&["peer", "add", a.ticket()]).unwrap());
+    }
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    wait_peer_name(&a, c.node(), "shared");
+    // b's alias here is c's own name.
+    ok(a.mesh(&["peer", "name", b.node(), "shared"]).unwrap());
+    let head = journal_head(&a);
+    let out = as_agent(&a, "alice", &["send", "bob@shared", "which one?"]);
+    refused(&out, 3, &["ambiguous", b.node(), c.node()]);
+    assert_eq!(journal_head(&a), head, "nothing was written");
+    wait_metric(&a, "mesh_agent_sends_total", 0);
+}
+
+#[test]
 fn a_message_for_an_agent_the_other_node_does_not_host_comes_back_as_a_bounce() {
     let tmp = temp_dir().unwrap();
     let (a, b) = pair(tmp.path());

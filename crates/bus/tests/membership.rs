@@ -67,8 +67,8 @@ async fn a_node_that_cannot_reach_a_peer_learns_where_it_is_from_another_peer() 
     let (xi, yi) = (x.node.node_id(), y.node.node_id());
     // Z knows both and both know Z. Y knows X only at an address where
     // nothing listens any more (where X was before it moved), and X knows
-    // no address of Y: only Y can dial that link, and only once it learns
-    // where X is.
+    // no address of Y: neither can dial the other until it learns from Z
+    // where the other is.
     for (a, b) in [(&x, &z), (&y, &z), (&z, &x), (&z, &y)] {
         a.node
             .add_peer(b.node.node_id(), b.node.ticket().addrs)
@@ -93,8 +93,15 @@ async fn a_node_that_cannot_reach_a_peer_learns_where_it_is_from_another_peer() 
         "y found x through z {:.2} s after it was told a dead address",
         started.elapsed().as_secs_f64()
     );
+    // Either side may learn first: y asks z where x is, or x asks z where y
+    // is and dials y (whose Hello then tells y where x is). Which one wins
+    // is timing.
     let y_status = y.node.status().await.unwrap();
-    assert!(y_status.core.cards_asked >= 1, "y asked about x");
+    let x_status = x.node.status().await.unwrap();
+    assert!(
+        y_status.core.cards_asked + x_status.core.cards_asked >= 1,
+        "x or y asked z about the other"
+    );
     assert!(y_status.core.cards_learned >= 1, "y learned x's card");
     let z_status = z.node.status().await.unwrap();
     assert!(z_status.core.frames_out.card_answer >= 1, "z answered");
