@@ -197,6 +197,14 @@ fn ack(stream: &StreamId, upto: u64, reset: bool) -> WriteOp {
     }
 }
 
+/// Accepting seqs `first..first + n` of `PEER`'s stream, new from `from`.
+fn accept(first: u64, n: usize, from: u64) -> WriteOp {
+    WriteOp::Accept {
+        batch: peer_batch(PEER, first, n),
+        from,
+    }
+}
+
 fn an_eviction_that_would_drop_unacked_seqs_without_a_loss_record_is_refused(s: &dyn MeshStore) {
     let stream = own_stream_id(s, PEER);
     for seq in 1..=3 {
@@ -412,20 +420,8 @@ fn accept_moves_the_mark_and_journals_in_the_same_commit(s: &dyn MeshStore) {
 
 fn accept_from_inside_a_batch_journals_only_the_new_part(s: &dyn MeshStore) {
     let stream = peer_stream(PEER);
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 2),
-            from: 1,
-        }],
-    );
-    let r = receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 4),
-            from: 3,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 2, 1)]);
+    let r = receipt_of(s, vec![accept(1, 4, 3)]);
     assert_eq!(r.arrivals, Some((3, 4)));
     assert_eq!(mark(s, &stream), 4);
     let seqs: Vec<_> = journal(s)
@@ -441,32 +437,12 @@ fn accept_from_inside_a_batch_journals_only_the_new_part(s: &dyn MeshStore) {
 fn an_accept_that_does_not_follow_the_mark_is_refused_and_writes_nothing(s: &dyn MeshStore) {
     let stream = peer_stream(PEER);
     for (first, n, from) in [(1, 2, 2), (2, 2, 2), (1, 2, 3), (1, 2, 0)] {
-        let err = commit1(
-            s,
-            vec![WriteOp::Accept {
-                batch: peer_batch(PEER, first, n),
-                from,
-            }],
-        )
-        .expect_err("does not follow mark 0");
+        let err = commit1(s, vec![accept(first, n, from)]).expect_err("does not follow mark 0");
         assert!(matches!(err, StoreError::Conflict(_)), "{err}");
     }
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 2),
-            from: 1,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 2, 1)]);
     // A duplicate of what is already committed.
-    let err = commit1(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 2),
-            from: 1,
-        }],
-    )
-    .expect_err("already committed");
+    let err = commit1(s, vec![accept(1, 2, 1)]).expect_err("already committed");
     assert!(matches!(err, StoreError::Conflict(_)), "{err}");
     assert_eq!(mark(s, &stream), 2);
     assert_eq!(s.journal_head().expect("head"), 2);
@@ -474,13 +450,7 @@ fn an_accept_that_does_not_follow_the_mark_is_refused_and_writes_nothing(s: &dyn
 
 fn a_gap_moves_the_mark_and_is_a_journal_entry(s: &dyn MeshStore) {
     let stream = peer_stream(PEER);
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 1),
-            from: 1,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 1, 1)]);
     let r = receipt_of(
         s,
         vec![WriteOp::Gap {
@@ -503,13 +473,7 @@ fn a_gap_moves_the_mark_and_is_a_journal_entry(s: &dyn MeshStore) {
         .expect_err("nothing is missing");
         assert!(matches!(err, StoreError::Conflict(_)), "{err}");
     }
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 5, 1),
-            from: 5,
-        }],
-    );
+    receipt_of(s, vec![accept(5, 1, 5)]);
     assert_eq!(mark(s, &stream), 5);
     assert_eq!(s.journal_head().expect("head"), 3);
 }
@@ -593,10 +557,7 @@ fn one_callers_conflict_does_not_fail_the_others_in_the_group(s: &dyn MeshStore)
                 from: 2,
             },
         ],
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 1),
-            from: 1,
-        }],
+        vec![accept(1, 1, 1)],
     ]);
     assert_eq!(results.len(), 3);
     assert_eq!(
@@ -632,14 +593,8 @@ fn later_groups_see_earlier_groups_of_the_same_commit(s: &dyn MeshStore) {
             batch: own(s, PEER, 2, 1, 10),
             evict: None,
         }],
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 1),
-            from: 1,
-        }],
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 2, 1),
-            from: 2,
-        }],
+        vec![accept(1, 1, 1)],
+        vec![accept(2, 1, 2)],
     ]);
     let arrivals: Vec<_> = results
         .into_iter()
@@ -681,14 +636,8 @@ fn ops_of_one_group_see_each_other(s: &dyn MeshStore) {
                 batch: own(s, PEER, 3, 1, 10),
                 evict: Some(keep(1, u64::MAX)),
             },
-            WriteOp::Accept {
-                batch: peer_batch(PEER, 1, 1),
-                from: 1,
-            },
-            WriteOp::Accept {
-                batch: peer_batch(PEER, 2, 2),
-                from: 2,
-            },
+            accept(1, 1, 1),
+            accept(2, 2, 2),
         ],
     );
     assert_eq!(r.arrivals, Some((1, 6)));
@@ -754,13 +703,7 @@ fn read_outbox_starts_at_the_batch_holding_after_plus_one_and_caps_bytes(s: &dyn
 }
 
 fn the_journal_pages_in_arrival_order(s: &dyn MeshStore) {
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 3),
-            from: 1,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 3, 1)]);
     append_ok(s, own(s, PEER, 1, 2, 10));
     let arrivals = |after, limit| -> Vec<u64> {
         s.journal(after, limit)
@@ -998,13 +941,7 @@ fn a_cursor_must_be_named_and_point_into_the_journal(s: &dyn MeshStore) {
 
 fn max_lamport_is_the_highest_clock_ever_committed(s: &dyn MeshStore) {
     assert_eq!(s.max_lamport().expect("lamport"), 0);
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 7),
-            from: 1,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 7, 1)]);
     assert_eq!(s.max_lamport().expect("lamport"), 7);
     append_ok(s, own(s, PEER, 1, 2, 10));
     assert_eq!(
