@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
 use std::net::{SocketAddr, UdpSocket};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mesh_tests::daemon::{DaemonProcess, Output, parse_json, temp_dir};
@@ -77,45 +77,22 @@ fn received(d: &DaemonProcess, from: &str) -> Vec<String> {
         .collect()
 }
 
-/// Two daemons, each a peer of the other.
-struct Pair {
-    a_dir: PathBuf,
-    b_dir: PathBuf,
-    a: DaemonProcess,
-    b: DaemonProcess,
-    a_id: String,
-    b_id: String,
-}
-
-/// Starts daemons in `a` and `b` below `tmp` and adds each as the other's peer.
-fn linked_pair(tmp: &Path) -> Pair {
-    let (a_dir, b_dir) = (tmp.join("a"), tmp.join("b"));
-    let a = start(&a_dir);
-    let b = start(&b_dir);
+/// Starts daemons in `a_dir` and `b_dir`, adds each as the other's peer and
+/// answers them with their node ids.
+fn linked_pair(a_dir: &Path, b_dir: &Path) -> (DaemonProcess, DaemonProcess, String, String) {
+    let a = start(a_dir);
+    let b = start(b_dir);
     ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
     ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
     let (a_id, b_id) = (a.node().to_owned(), b.node().to_owned());
-    Pair {
-        a_dir,
-        b_dir,
-        a,
-        b,
-        a_id,
-        b_id,
-    }
+    (a, b, a_id, b_id)
 }
 
 #[test]
 fn two_nodes_both_restarted_on_port_0_reconnect_and_the_queued_message_arrives() {
     let tmp = temp_dir().unwrap();
-    let Pair {
-        a_dir,
-        b_dir,
-        a,
-        b,
-        a_id,
-        b_id,
-    } = linked_pair(tmp.path());
+    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (a, b, a_id, b_id) = linked_pair(&a_dir, &b_dir);
     let (a_port, b_port) = (port(&a), port(&b));
     ok(a.mesh(&["send", &b_id, "before"]).unwrap());
     wait_for("the first message", || received(&b, &a_id) == ["before"]);
@@ -148,14 +125,8 @@ fn two_nodes_both_restarted_on_port_0_reconnect_and_the_queued_message_arrives()
 #[test]
 fn a_node_whose_port_was_taken_is_found_at_its_new_one_and_peers_dial_that_after_a_restart() {
     let tmp = temp_dir().unwrap();
-    let Pair {
-        a_dir,
-        b_dir,
-        a,
-        b,
-        a_id,
-        b_id,
-    } = linked_pair(tmp.path());
+    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (a, b, a_id, b_id) = linked_pair(&a_dir, &b_dir);
     let b_port = port(&b);
     wait_for("a to see b", || peer(&a, &b_id)["connected"] == true);
     assert!(b.terminate().unwrap().success());
@@ -199,9 +170,7 @@ fn a_node_whose_port_was_taken_is_found_at_its_new_one_and_peers_dial_that_after
 #[test]
 fn a_removed_peer_is_cut_off_at_once_and_its_next_dials_are_refused() {
     let tmp = temp_dir().unwrap();
-    let Pair {
-        a, b, a_id, b_id, ..
-    } = linked_pair(tmp.path());
+    let (a, b, a_id, b_id) = linked_pair(&tmp.path().join("a"), &tmp.path().join("b"));
     wait_for("b to see a", || peer(&b, &a_id)["connected"] == true);
     ok(a.mesh(&["peer", "remove", &b_id]).unwrap());
     // b still lists a and keeps dialing it; a refuses every dial.

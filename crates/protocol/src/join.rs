@@ -127,11 +127,12 @@ impl FromStr for InviteCode {
     type Err = JoinError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = |why| JoinError::BadInviteCode {
-            text: cut(text),
-            why,
-        };
-        read_text(text, INVITE_PREFIX, INVITE_TEXT_BYTES_MAX).map_err(bad)
+        read_text(text, INVITE_PREFIX, INVITE_TEXT_BYTES_MAX).map_err(|why| {
+            JoinError::BadInviteCode {
+                text: cut(text),
+                why,
+            }
+        })
     }
 }
 

@@ -77,11 +77,11 @@ impl FromStr for NodeTicket {
     type Err = TicketError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = |why| TicketError::Malformed {
-            text: cut(text),
-            why,
-        };
-        let t: NodeTicket = read_text(text, PREFIX, MAX_TEXT).map_err(bad)?;
+        let t: NodeTicket =
+            read_text(text, PREFIX, MAX_TEXT).map_err(|why| TicketError::Malformed {
+                text: cut(text),
+                why,
+            })?;
         NodeTicket::new(t.node, t.addrs)
     }
 }
