@@ -453,18 +453,9 @@ pub fn loss_bytecode(percent: u32) -> String {
 
 /// Namespace names this machine has.
 pub fn list_namespaces() -> anyhow::Result<Vec<String>> {
-    let out = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .context("cannot run `ip netns list`")?;
-    if !out.status.success() {
-        bail!(
-            "`ip netns list` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let out = run("ip", &["netns", "list"])?;
     // Lines look like "name" or "name (id: 3)".
-    Ok(String::from_utf8_lossy(&out.stdout)
+    Ok(out
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_owned)
