@@ -240,29 +240,7 @@ impl Netns {
     /// If a `tc` command fails.
     pub fn cut_pair(&self, i: usize, j: usize) -> anyhow::Result<()> {
         for (from, to) in [(i, j), (j, i)] {
-            let src = format!("{}/32", self.node_ip(from));
-            tc(
-                &self.switch,
-                &[
-                    "filter",
-                    "add",
-                    "dev",
-                    &port_name(to),
-                    "parent",
-                    "1:",
-                    "protocol",
-                    "ip",
-                    "prio",
-                    PRIO_CUT,
-                    "u32",
-                    "match",
-                    "ip",
-                    "src",
-                    &src,
-                    "flowid",
-                    "1:2",
-                ],
-            )?;
+            self.drop_from(from, to, PRIO_CUT)?;
         }
         Ok(())
     }
@@ -290,35 +268,12 @@ impl Netns {
         self.clear(PRIO_PARTITION)?;
         let side_of = |i: usize| sides.iter().position(|s| s.contains(&i));
         for j in 0..self.nodes.len() {
-            let port = port_name(j);
             for k in 0..self.nodes.len() {
                 let apart = k != j && (side_of(k).is_none() || side_of(k) != side_of(j));
                 if !apart {
                     continue;
                 }
-                let src = format!("{}/32", self.node_ip(k));
-                tc(
-                    &self.switch,
-                    &[
-                        "filter",
-                        "add",
-                        "dev",
-                        &port,
-                        "parent",
-                        "1:",
-                        "protocol",
-                        "ip",
-                        "prio",
-                        PRIO_PARTITION,
-                        "u32",
-                        "match",
-                        "ip",
-                        "src",
-                        &src,
-                        "flowid",
-                        "1:2",
-                    ],
-                )?;
+                self.drop_from(k, j, PRIO_PARTITION)?;
             }
         }
         Ok(())
@@ -368,6 +323,34 @@ impl Netns {
         self.clear(PRIO_PARTITION)?;
         self.clear(PRIO_CUT)?;
         self.clear(PRIO_LOSS)
+    }
+
+    /// Drops every packet from node `from` to node `to` at `to`'s bridge
+    /// port, by source address, as a filter of priority `prio`.
+    fn drop_from(&self, from: usize, to: usize, prio: &str) -> anyhow::Result<()> {
+        let src = format!("{}/32", self.node_ip(from));
+        tc(
+            &self.switch,
+            &[
+                "filter",
+                "add",
+                "dev",
+                &port_name(to),
+                "parent",
+                "1:",
+                "protocol",
+                "ip",
+                "prio",
+                prio,
+                "u32",
+                "match",
+                "ip",
+                "src",
+                &src,
+                "flowid",
+                "1:2",
+            ],
+        )
     }
 
     /// Removes the filters of priority `prio` from every port.
@@ -470,18 +453,9 @@ pub fn loss_bytecode(percent: u32) -> String {
 
 /// Namespace names this machine has.
 pub fn list_namespaces() -> anyhow::Result<Vec<String>> {
-    let out = Command::new("ip")
-        .args(["netns", "list"])
-        .output()
-        .context("cannot run `ip netns list`")?;
-    if !out.status.success() {
-        bail!(
-            "`ip netns list` failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
+    let out = run("ip", &["netns", "list"])?;
     // Lines look like "name" or "name (id: 3)".
-    Ok(String::from_utf8_lossy(&out.stdout)
+    Ok(out
         .lines()
         .filter_map(|l| l.split_whitespace().next())
         .map(str::to_owned)

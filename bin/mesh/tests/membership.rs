@@ -77,19 +77,22 @@ fn received(d: &DaemonProcess, from: &str) -> Vec<String> {
         .collect()
 }
 
-fn link(a: &DaemonProcess, b: &DaemonProcess) {
+/// Starts daemons in `a_dir` and `b_dir`, adds each as the other's peer and
+/// answers them with their node ids.
+fn linked_pair(a_dir: &Path, b_dir: &Path) -> (DaemonProcess, DaemonProcess, String, String) {
+    let a = start(a_dir);
+    let b = start(b_dir);
     ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
     ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+    let (a_id, b_id) = (a.node().to_owned(), b.node().to_owned());
+    (a, b, a_id, b_id)
 }
 
 #[test]
 fn two_nodes_both_restarted_on_port_0_reconnect_and_the_queued_message_arrives() {
     let tmp = temp_dir().unwrap();
     let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
-    let a = start(&a_dir);
-    let b = start(&b_dir);
-    link(&a, &b);
-    let (a_id, b_id) = (a.node().to_owned(), b.node().to_owned());
+    let (a, b, a_id, b_id) = linked_pair(&a_dir, &b_dir);
     let (a_port, b_port) = (port(&a), port(&b));
     ok(a.mesh(&["send", &b_id, "before"]).unwrap());
     wait_for("the first message", || received(&b, &a_id) == ["before"]);
@@ -123,10 +126,7 @@ fn two_nodes_both_restarted_on_port_0_reconnect_and_the_queued_message_arrives()
 fn a_node_whose_port_was_taken_is_found_at_its_new_one_and_peers_dial_that_after_a_restart() {
     let tmp = temp_dir().unwrap();
     let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
-    let a = start(&a_dir);
-    let b = start(&b_dir);
-    link(&a, &b);
-    let (a_id, b_id) = (a.node().to_owned(), b.node().to_owned());
+    let (a, b, a_id, b_id) = linked_pair(&a_dir, &b_dir);
     let b_port = port(&b);
     wait_for("a to see b", || peer(&a, &b_id)["connected"] == true);
     assert!(b.terminate().unwrap().success());
@@ -170,10 +170,7 @@ fn a_node_whose_port_was_taken_is_found_at_its_new_one_and_peers_dial_that_after
 #[test]
 fn a_removed_peer_is_cut_off_at_once_and_its_next_dials_are_refused() {
     let tmp = temp_dir().unwrap();
-    let a = start(&tmp.path().join("a"));
-    let b = start(&tmp.path().join("b"));
-    link(&a, &b);
-    let (a_id, b_id) = (a.node().to_owned(), b.node().to_owned());
+    let (a, b, a_id, b_id) = linked_pair(&tmp.path().join("a"), &tmp.path().join("b"));
     wait_for("b to see a", || peer(&b, &a_id)["connected"] == true);
     ok(a.mesh(&["peer", "remove", &b_id]).unwrap());
     // b still lists a and keeps dialing it; a refuses every dial.

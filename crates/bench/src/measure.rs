@@ -25,57 +25,62 @@ const DISK_WALK_DEPTH_MAX: usize = 4;
 /// then `fdatasync`, again and again, for at most `time`. Returns
 /// (iterations, per second).
 pub(super) fn fsync_rate(dir: &Path, time: Duration) -> anyhow::Result<(u64, f64)> {
-    let path = dir.join("fsync-probe");
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("cannot create {}", path.display()))?;
-    let block = [0x5au8; 4096];
-    // The first write allocates the block; the loop measures overwrites.
-    file.write_all_at(&block, 0)?;
-    file.sync_all()?;
-    let start = Instant::now();
-    let mut n = 0u64;
-    while n < PROBE_ITERATIONS_MAX && (n < 3 || start.elapsed() < time) {
+    on_probe_file(dir, "fsync-probe", |file| {
+        let block = [0x5au8; 4096];
+        // The first write allocates the block; the loop measures overwrites.
         file.write_all_at(&block, 0)?;
-        file.sync_data()?;
-        n += 1;
-    }
-    let secs = start.elapsed().as_secs_f64();
-    drop(file);
-    let _ = std::fs::remove_file(&path);
-    Ok((n, n as f64 / secs))
+        file.sync_all()?;
+        let start = Instant::now();
+        let mut n = 0u64;
+        while n < PROBE_ITERATIONS_MAX && (n < 3 || start.elapsed() < time) {
+            file.write_all_at(&block, 0)?;
+            file.sync_data()?;
+            n += 1;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        Ok((n, n as f64 / secs))
+    })
 }
 
 /// The disk's write bandwidth in `dir`: 1 MiB writes, an `fdatasync` after
 /// every [`WRITE_SYNC_BYTES`], for at most `time` or [`WRITE_PROBE_BYTES_MAX`].
 /// Returns (MiB written, MiB per second).
 pub(super) fn write_rate(dir: &Path, time: Duration) -> anyhow::Result<(u64, f64)> {
-    let path = dir.join("write-probe");
+    on_probe_file(dir, "write-probe", |file| {
+        let chunk = vec![0xa5u8; 1 << 20];
+        let start = Instant::now();
+        let mut written = 0u64;
+        while written < WRITE_PROBE_BYTES_MAX && (written == 0 || start.elapsed() < time) {
+            file.write_all_at(&chunk, written)?;
+            written += chunk.len() as u64;
+            if written.is_multiple_of(WRITE_SYNC_BYTES) {
+                file.sync_data()?;
+            }
+        }
+        file.sync_data()?;
+        let secs = start.elapsed().as_secs_f64();
+        Ok((written >> 20, written as f64 / (1 << 20) as f64 / secs))
+    })
+}
+
+/// Runs `probe` on a new empty file `name` in `dir`, then removes the file,
+/// whether the probe succeeded or not.
+fn on_probe_file<T>(
+    dir: &Path,
+    name: &str,
+    probe: impl FnOnce(&std::fs::File) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let path = dir.join(name);
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(true)
         .write(true)
         .open(&path)
         .with_context(|| format!("cannot create {}", path.display()))?;
-    let chunk = vec![0xa5u8; 1 << 20];
-    let start = Instant::now();
-    let mut written = 0u64;
-    while written < WRITE_PROBE_BYTES_MAX && (written == 0 || start.elapsed() < time) {
-        file.write_all_at(&chunk, written)?;
-        written += chunk.len() as u64;
-        if written.is_multiple_of(WRITE_SYNC_BYTES) {
-            file.sync_data()?;
-        }
-    }
-    file.sync_data()?;
-    let secs = start.elapsed().as_secs_f64();
+    let out = probe(&file);
     drop(file);
     let _ = std::fs::remove_file(&path);
-    Ok((written >> 20, written as f64 / (1 << 20) as f64 / secs))
+    out
 }
 
 /// The rate of the smallest durable store commit (one named cursor) on a

@@ -7,18 +7,26 @@ mod common;
 
 use common::{NetNode, ack, until};
 use mesh_bus::net::NetEvent;
-use mesh_bus::net::{DisconnectReason, PAUSED_REASON, PeerError, close_code};
+use mesh_bus::net::{ConnId, DisconnectReason, PAUSED_REASON, PeerError, close_code};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_paused_link_is_closed_refused_and_not_dialed_until_resumed() {
+/// Two nodes, each the other's peer, where only `b` has an address for the
+/// other: answers them once `a`'s dial connected, with each side's
+/// connection.
+async fn a_dialed_b() -> (NetNode, NetNode, ConnId, ConnId) {
     let mut a = NetNode::new().await;
     let mut b = NetNode::new().await;
-    // A dials; once connected, B learns A's address too (and so redials A
-    // whenever it has no connection).
     b.net.add_peer(a.id(), Vec::new()).await.unwrap();
     a.net.add_peer(b.id(), b.net.local_addrs()).await.unwrap();
     let ca = a.next_connected(b.id()).await;
     let cb = b.next_connected(a.id()).await;
+    (a, b, ca, cb)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_link_is_closed_refused_and_not_dialed_until_resumed() {
+    // A dials; once connected, B learns A's address too (and so redials A
+    // whenever it has no connection).
+    let (mut a, mut b, ca, cb) = a_dialed_b().await;
     b.net.add_peer(a.id(), a.net.local_addrs()).await.unwrap();
 
     a.net.set_paused(b.id(), true).await.unwrap();
@@ -68,13 +76,8 @@ async fn a_paused_link_is_closed_refused_and_not_dialed_until_resumed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn resuming_dials_the_peer_at_once_even_when_it_cannot_dial_back() {
-    let mut a = NetNode::new().await;
-    let mut b = NetNode::new().await;
     // B has no address for A: every connection is A's dial.
-    b.net.add_peer(a.id(), Vec::new()).await.unwrap();
-    a.net.add_peer(b.id(), b.net.local_addrs()).await.unwrap();
-    let ca = a.next_connected(b.id()).await;
-    let cb = b.next_connected(a.id()).await;
+    let (mut a, mut b, ca, cb) = a_dialed_b().await;
     a.net.set_paused(b.id(), true).await.unwrap();
     a.next_disconnected(b.id(), ca).await;
     b.next_disconnected(a.id(), cb).await;

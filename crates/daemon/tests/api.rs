@@ -12,7 +12,7 @@ use common::{
 use std::time::Duration;
 
 use hyper::{Method, StatusCode};
-use mesh_api::client::ClientError;
+use mesh_api::client::{ClientError, Lines};
 use mesh_api::{EventEntry, EventsPage, Fault};
 use mesh_daemon::api::{ApiSocket, BindError};
 use mesh_protocol::{Cursor, Epoch, NodeId, NodeTicket};
@@ -70,6 +70,23 @@ async fn with_node(opts: Opts, test: impl AsyncFnOnce(&mut TestNode)) {
 async fn send_many(d: &TestNode, to: NodeId, n: usize, per: usize, body: impl Fn(usize) -> String) {
     let bodies: Vec<String> = (0..n).map(body).collect();
     d.send_all(&to.to_string(), &bodies, per).await;
+}
+
+/// Posts `body` to the NDJSON batch route; answers its answer lines.
+async fn post_ndjson<S>(d: &TestNode, body: S) -> Result<Lines, ClientError>
+where
+    S: futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static,
+{
+    d.client
+        .stream_lines(Method::POST, "/v1/send/batch", "application/x-ndjson", body)
+        .await
+}
+
+/// A request body sent as one chunk.
+fn one_chunk(
+    body: String,
+) -> impl futures_util::Stream<Item = Result<bytes::Bytes, std::io::Error>> + Send + 'static {
+    futures_util::stream::iter([Ok(bytes::Bytes::from(body))])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,23 +176,26 @@ async fn a_named_cursor_is_durable_across_a_restart() {
             .await
             .unwrap();
         assert_eq!(v["cursor"], c2.as_str());
-        // A cursor past the journal head can only be forged: refused, not stored.
-        let forged = json!({ "cursor": d.cursor(99) });
-        let path = "/v1/cursors/planner.inbox";
-        d.expect_error(
-            (Method::PUT, path),
-            Some(&forged),
-            (StatusCode::BAD_REQUEST, "bad_cursor"),
-        )
-        .await;
-        let body = json!({ "cursor": c2 });
-        let path = "/v1/cursors/bad%20name";
-        d.expect_error(
-            (Method::PUT, path),
-            Some(&body),
-            (StatusCode::BAD_REQUEST, "bad_request"),
-        )
-        .await;
+        for (path, body, code) in [
+            // A cursor past the journal head can only be forged: refused, not stored.
+            (
+                "/v1/cursors/planner.inbox",
+                json!({ "cursor": d.cursor(99) }),
+                "bad_cursor",
+            ),
+            (
+                "/v1/cursors/bad%20name",
+                json!({ "cursor": c2 }),
+                "bad_request",
+            ),
+        ] {
+            d.expect_error(
+                (Method::PUT, path),
+                Some(&body),
+                (StatusCode::BAD_REQUEST, code),
+            )
+            .await;
+        }
         d.stop().await;
 
         d.restart().await;
@@ -212,11 +232,12 @@ async fn a_stopped_subscriber_lags_alone_and_its_loss_is_a_durable_record() {
 
         // Writers are never held up by the stopped subscriber.
         let pad = "x".repeat(2048);
-        send_many(d, peer, N, 50, |i| format!("{i:05}{pad}")).await;
+        let body = |i| format!("{i:05}{pad}");
+        send_many(d, peer, N, 50, body).await;
 
         let seen = reader.await.unwrap();
         assert_eq!(seen.lagged, 0, "the reading subscriber never lagged");
-        let want: Vec<String> = (0..N).map(|i| format!("{i:05}{pad}")).collect();
+        let want: Vec<String> = (0..N).map(body).collect();
         assert!(
             seen.bodies == want,
             "the reading subscriber got every message once, in order"
@@ -256,10 +277,11 @@ async fn a_reading_subscriber_with_a_tiny_buffer_is_not_lagged_by_one_large_comm
         let peer = d.add_absent_peer().await;
         let sub = d.client.subscribe("/v1/subscribe").await.unwrap();
         let reader = spawn_reader(sub, Some(d.id.clone()), |s| s.bodies.len() == N);
-        send_many(d, peer, N, N, |i| format!("{i:05}")).await;
+        let body = |i| format!("{i:05}");
+        send_many(d, peer, N, N, body).await;
         let seen = reader.await.unwrap();
         assert_eq!((seen.lagged, seen.losses), (0, 0), "nothing but entries");
-        let want: Vec<String> = (0..N).map(|i| format!("{i:05}")).collect();
+        let want: Vec<String> = (0..N).map(body).collect();
         assert_eq!(seen.bodies, want);
     })
     .await
@@ -428,16 +450,7 @@ async fn an_ndjson_batch_commits_line_by_line_and_says_how_far_it_got() {
             )
         };
         let body: String = (0..600).map(line).collect();
-        let mut lines = d
-            .client
-            .stream_lines(
-                Method::POST,
-                "/v1/send/batch",
-                "application/x-ndjson",
-                futures_util::stream::iter([Ok(bytes::Bytes::from(body))]),
-            )
-            .await
-            .unwrap();
+        let mut lines = post_ndjson(d, one_chunk(body)).await.unwrap();
         let mut answers = Vec::new();
         while let Some(l) = lines.next_line().await.unwrap() {
             answers.push(serde_json::from_str::<Value>(&l).unwrap());
@@ -455,11 +468,7 @@ async fn an_ndjson_batch_commits_line_by_line_and_says_how_far_it_got() {
         tx.send(Ok(format!("{}{}", line(0), line(1)).into()))
             .await
             .unwrap();
-        let mut lines = d
-            .client
-            .stream_lines(Method::POST, "/v1/send/batch", "application/x-ndjson", body)
-            .await
-            .unwrap();
+        let mut lines = post_ndjson(d, body).await.unwrap();
         for _ in 0..2 {
             let v: Value =
                 serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
@@ -483,15 +492,7 @@ async fn an_ndjson_batch_commits_line_by_line_and_says_how_far_it_got() {
 
         // A bad line in the first chunk: an error status, nothing of it committed.
         let body = format!("{}{}not json\n{}", line(0), line(1), line(2));
-        let mut lines = d
-            .client
-            .stream_lines(
-                Method::POST,
-                "/v1/send/batch",
-                "application/x-ndjson",
-                futures_util::stream::iter([Ok(bytes::Bytes::from(body))]),
-            )
-            .await;
+        let mut lines = post_ndjson(d, one_chunk(body)).await;
         // The first chunk holds the bad line, so the whole answer is an error status.
         match &mut lines {
             Err(ClientError::Api {

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::card::{NodeCard, addrs_max};
 use crate::frame::encoded_len;
 use crate::ids::{NodeId, SecretKey, cut};
+use crate::ticket::{read_text, write_text};
 
 /// The ALPN of the join exchange; the only one a node that is not a peer
 /// may reach.
@@ -118,12 +119,7 @@ impl fmt::Debug for InviteCode {
 
 impl fmt::Display for InviteCode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let bytes = postcard::to_stdvec(self).map_err(|_| fmt::Error)?;
-        write!(
-            f,
-            "{INVITE_PREFIX}{}",
-            data_encoding::BASE32_DNSSEC.encode(&bytes)
-        )
+        write_text(f, INVITE_PREFIX, self)
     }
 }
 
@@ -131,29 +127,12 @@ impl FromStr for InviteCode {
     type Err = JoinError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = |why| JoinError::BadInviteCode {
-            text: cut(text),
-            why,
-        };
-        let text = text.trim();
-        if text.len() > INVITE_TEXT_BYTES_MAX {
-            return Err(bad("too long"));
-        }
-        let body = text
-            .strip_prefix(INVITE_PREFIX)
-            .ok_or_else(|| bad("wrong prefix"))?;
-        let raw = data_encoding::BASE32_DNSSEC
-            .decode(body.as_bytes())
-            .map_err(|_| bad("not base32"))?;
-        let (code, rest) =
-            postcard::take_from_bytes::<InviteCode>(&raw).map_err(|_| bad("does not decode"))?;
-        if !rest.is_empty() {
-            return Err(bad("trailing bytes"));
-        }
-        if encoded_len(&code).ok() != Some(raw.len()) {
-            return Err(bad("not canonical"));
-        }
-        Ok(code)
+        read_text(text, INVITE_PREFIX, INVITE_TEXT_BYTES_MAX).map_err(|why| {
+            JoinError::BadInviteCode {
+                text: cut(text),
+                why,
+            }
+        })
     }
 }
 

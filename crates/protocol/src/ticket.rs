@@ -4,6 +4,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::str::FromStr;
 
+use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::frame::encoded_len;
@@ -57,8 +58,7 @@ impl NodeTicket {
 impl fmt::Display for NodeTicket {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // Encoding a NodeId and socket addresses into a Vec cannot fail.
-        let bytes = postcard::to_stdvec(self).map_err(|_| fmt::Error)?;
-        write!(f, "{PREFIX}{}", data_encoding::BASE32_DNSSEC.encode(&bytes))
+        write_text(f, PREFIX, self)
     }
 }
 
@@ -77,32 +77,55 @@ impl FromStr for NodeTicket {
     type Err = TicketError;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let bad = |why| TicketError::Malformed {
-            text: cut(text),
-            why,
-        };
-        let text = text.trim();
-        if text.len() > MAX_TEXT {
-            return Err(bad("too long"));
-        }
-        let body = text
-            .strip_prefix(PREFIX)
-            .ok_or_else(|| bad("wrong prefix"))?;
-        let raw = data_encoding::BASE32_DNSSEC
-            .decode(body.as_bytes())
-            .map_err(|_| bad("not base32"))?;
-        let (t, rest) =
-            postcard::take_from_bytes::<NodeTicket>(&raw).map_err(|_| bad("does not decode"))?;
-        if !rest.is_empty() {
-            return Err(bad("trailing bytes"));
-        }
-        // A varint with redundant bytes decodes but re-encodes shorter: one
-        // ticket, one text (up to letter case and surrounding whitespace).
-        if encoded_len(&t).ok() != Some(raw.len()) {
-            return Err(bad("not canonical"));
-        }
+        let t: NodeTicket =
+            read_text(text, PREFIX, MAX_TEXT).map_err(|why| TicketError::Malformed {
+                text: cut(text),
+                why,
+            })?;
         NodeTicket::new(t.node, t.addrs)
     }
+}
+
+/// Writes `value` as text: `prefix`, then the base32 (DNSSEC alphabet) of
+/// its postcard encoding.
+pub(crate) fn write_text<T: Serialize>(
+    f: &mut fmt::Formatter<'_>,
+    prefix: &str,
+    value: &T,
+) -> fmt::Result {
+    let bytes = postcard::to_stdvec(value).map_err(|_| fmt::Error)?;
+    write!(f, "{prefix}{}", data_encoding::BASE32_DNSSEC.encode(&bytes))
+}
+
+/// Reads text written by [`write_text`], trimmed of surrounding whitespace.
+///
+/// # Errors
+/// Why the text is not one `T`: longer than `text_bytes_max`, another
+/// prefix, not base32, not a `T`, trailing bytes, or not the canonical
+/// encoding of the `T` it decodes to.
+pub(crate) fn read_text<T: Serialize + DeserializeOwned>(
+    text: &str,
+    prefix: &str,
+    text_bytes_max: usize,
+) -> Result<T, &'static str> {
+    let text = text.trim();
+    if text.len() > text_bytes_max {
+        return Err("too long");
+    }
+    let body = text.strip_prefix(prefix).ok_or("wrong prefix")?;
+    let raw = data_encoding::BASE32_DNSSEC
+        .decode(body.as_bytes())
+        .map_err(|_| "not base32")?;
+    let (value, rest) = postcard::take_from_bytes::<T>(&raw).map_err(|_| "does not decode")?;
+    if !rest.is_empty() {
+        return Err("trailing bytes");
+    }
+    // A varint with redundant bytes decodes but re-encodes shorter: one
+    // value, one text (up to letter case and surrounding whitespace).
+    if encoded_len(&value).ok() != Some(raw.len()) {
+        return Err("not canonical");
+    }
+    Ok(value)
 }
 
 #[cfg(test)]

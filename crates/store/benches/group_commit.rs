@@ -17,11 +17,15 @@
 //! envelopes on one stream).
 
 use std::fs::OpenOptions;
+use std::future::Future;
 use std::os::unix::fs::FileExt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use mesh_protocol::{Channel, Epoch, NewEnvelope, OpenBatch, SecretKey};
 use mesh_store::{MeshStore, RedbStore, StoreHandle, WriteOp};
 
@@ -87,11 +91,20 @@ fn chains(epoch: Epoch, writers: usize, len: usize, per: usize) -> Vec<Vec<OpenB
     })
 }
 
-/// Runs `rounds` batches from each writer on fresh stores, returning only the time spent committing.
-fn run(rt: &tokio::runtime::Runtime, writers: usize, per: usize, rounds: u64) -> Duration {
-    let len = (CHAIN_TOTAL_MAX / writers / per)
-        .min(CHAIN_ENVELOPES_MAX / per)
-        .max(1);
+/// Runs `rounds` rounds in chunks of at most `len`, each chunk on a fresh
+/// store: `prepare(store, n)` builds the work of a chunk of `n` rounds
+/// untimed, `commit(handle, work)` commits it. Returns only the time spent in
+/// `commit`.
+fn on_fresh_stores<W, Fut>(
+    rt: &tokio::runtime::Runtime,
+    rounds: u64,
+    len: usize,
+    prepare: impl Fn(&RedbStore, usize) -> W,
+    commit: impl Fn(StoreHandle<RedbStore>, W) -> Fut,
+) -> Duration
+where
+    Fut: Future<Output = ()>,
+{
     let mut left = rounds as usize;
     let mut spent = Duration::ZERO;
     while left > 0 {
@@ -99,11 +112,47 @@ fn run(rt: &tokio::runtime::Runtime, writers: usize, per: usize, rounds: u64) ->
         left -= n;
         let dir = tempfile::tempdir().expect("tempdir");
         let store = Arc::new(RedbStore::open(dir.path()).expect("store opens"));
-        let epoch = store.meta().epoch;
-        let work = chains(epoch, writers, n, per);
+        let work = prepare(&store, n);
         let handle = StoreHandle::spawn(store).expect("writer starts");
         spent += rt.block_on(async {
             let start = Instant::now();
+            commit(handle.clone(), work).await;
+            let spent = start.elapsed();
+            handle.close().await;
+            spent
+        });
+    }
+    spent
+}
+
+/// The runtime the benchmarks drive the store writer on.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// A group of few, long samples: each sample commits thousands of envelopes.
+fn slow_group<'a>(c: &'a mut Criterion, name: &str) -> BenchmarkGroup<'a, WallTime> {
+    let mut g = c.benchmark_group(name);
+    g.sample_size(10)
+        .measurement_time(Duration::from_secs(8))
+        .warm_up_time(Duration::from_secs(2));
+    g
+}
+
+/// Runs `rounds` batches from each writer on fresh stores, returning only the time spent committing.
+fn run(rt: &tokio::runtime::Runtime, writers: usize, per: usize, rounds: u64) -> Duration {
+    let len = (CHAIN_TOTAL_MAX / writers / per)
+        .min(CHAIN_ENVELOPES_MAX / per)
+        .max(1);
+    on_fresh_stores(
+        rt,
+        rounds,
+        len,
+        |store, n| chains(store.meta().epoch, writers, n, per),
+        |handle, work| async move {
             let tasks: Vec<_> = work
                 .into_iter()
                 .map(|batches| {
@@ -120,23 +169,13 @@ fn run(rt: &tokio::runtime::Runtime, writers: usize, per: usize, rounds: u64) ->
             for t in tasks {
                 t.await.expect("writer task");
             }
-            let spent = start.elapsed();
-            handle.close().await;
-            spent
-        });
-    }
-    spent
+        },
+    )
 }
 
 fn group_commit(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let mut g = c.benchmark_group("group_commit_1k");
-    g.sample_size(10)
-        .measurement_time(Duration::from_secs(8))
-        .warm_up_time(Duration::from_secs(2));
+    let rt = runtime();
+    let mut g = slow_group(c, "group_commit_1k");
     for (writers, per) in SHAPES {
         g.throughput(Throughput::Elements((writers * per) as u64));
         let id = BenchmarkId::new("writers_x_batch", format!("{writers}x{per}"));
@@ -189,56 +228,46 @@ fn run_bulk(
     op: fn(OpenBatch) -> WriteOp,
 ) -> Duration {
     let len = (CHAIN_TOTAL_MAX / BULK_PER / per_commit).max(1);
-    let mut left = rounds as usize;
-    let mut spent = Duration::ZERO;
-    while left > 0 {
-        let n = left.min(len);
-        left -= n;
-        let dir = tempfile::tempdir().expect("tempdir");
-        let store = Arc::new(RedbStore::open(dir.path()).expect("store opens"));
-        let batches = if foreign {
-            // Another node's stream, as a receiver sees it.
-            chain_by(
-                &SecretKey::from_bytes(&[3; 32]),
-                Epoch([5; 16]),
-                0,
-                n * per_commit,
-                BULK_PER,
-            )
-        } else {
-            chain(store.meta().epoch, 0, n * per_commit, BULK_PER)
-        };
-        let handle = StoreHandle::spawn(store).expect("writer starts");
-        spent += rt.block_on(async {
+    on_fresh_stores(
+        rt,
+        rounds,
+        len,
+        |store, n| {
+            if foreign {
+                // Another node's stream, as a receiver sees it.
+                chain_by(
+                    &SecretKey::from_bytes(&[3; 32]),
+                    Epoch([5; 16]),
+                    0,
+                    n * per_commit,
+                    BULK_PER,
+                )
+            } else {
+                chain(store.meta().epoch, 0, n * per_commit, BULK_PER)
+            }
+        },
+        |handle, batches| async move {
             let mut batches = batches.into_iter();
-            let start = Instant::now();
-            for _ in 0..n {
+            loop {
                 let groups: Vec<_> = batches
                     .by_ref()
                     .take(per_commit)
                     .map(|b| vec![op(b)])
                     .collect();
+                if groups.is_empty() {
+                    break;
+                }
                 for r in handle.commit_groups(groups).await {
                     r.expect("bulk group commits");
                 }
             }
-            let spent = start.elapsed();
-            handle.close().await;
-            spent
-        });
-    }
-    spent
+        },
+    )
 }
 
 fn bulk(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
-    let mut g = c.benchmark_group("bulk_1k");
-    g.sample_size(10)
-        .measurement_time(Duration::from_secs(8))
-        .warm_up_time(Duration::from_secs(2));
+    let rt = runtime();
+    let mut g = slow_group(c, "bulk_1k");
     g.throughput(Throughput::Elements((CATCH_UP_BATCHES * BULK_PER) as u64));
     g.bench_function("catch_up_256x16", |b| {
         b.iter_custom(|rounds| {

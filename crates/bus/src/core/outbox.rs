@@ -151,6 +151,19 @@ mod tests {
         }
     }
 
+    /// Asserts that `err` is a full outbox holding `msgs` messages of `bytes`
+    /// payload bytes.
+    #[track_caller]
+    fn assert_full(err: &SendError, msgs: u64, bytes: u64) {
+        assert!(
+            matches!(
+                err,
+                SendError::OutboxFull { msgs: m, bytes: b, .. } if (*m, *b) == (msgs, bytes)
+            ),
+            "{err:?}"
+        );
+    }
+
     fn bounds(max_msgs: u64, max_bytes: u64, on_full: OnFull) -> OutboxBounds {
         OutboxBounds {
             max_msgs,
@@ -184,17 +197,7 @@ mod tests {
         r.admit(10).expect("room from an acked batch");
         r.admit(10).expect("room from the other acked batch");
         let err = r.admit(10).expect_err("only unacked ones are left");
-        assert!(
-            matches!(
-                err,
-                SendError::OutboxFull {
-                    msgs: 3,
-                    bytes: 30,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert_full(&err, 3, 30);
         assert_eq!(r.evict_for(2, 20), keep(1, 80));
         // The next batch of the commit cannot know what the eviction freed: it says where to stop.
         let mut r = Room::new(&own(3, 30, (2, 20)), b, peer());
@@ -210,17 +213,7 @@ mod tests {
         let b = bounds(100, 10, OnFull::Reject);
         let mut r = Room::new(&own(2, 9, (1, 1)), b, peer());
         let err = r.admit(3).expect_err("8 + 3 > 10");
-        assert!(
-            matches!(
-                err,
-                SendError::OutboxFull {
-                    msgs: 1,
-                    bytes: 8,
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert_full(&err, 1, 8);
         r.admit(2).expect("8 + 2 fits once the acked byte goes");
         assert_eq!(r.evict_for(1, 2), keep(99, 8));
     }

@@ -1,6 +1,6 @@
 //! One suite of rules, run against every [`MeshStore`] implementation.
 
-use mesh_protocol::{Channel, Epoch, StreamId};
+use mesh_protocol::{Channel, Epoch, OpenBatch, StreamId};
 
 use super::util::*;
 use crate::{Eviction, JournalRecord, LossReason, MeshStore, PeerRecord, StoreError, WriteOp};
@@ -101,39 +101,19 @@ fn an_append_at_the_next_seq_is_stored_journaled_and_read_back_byte_for_byte(s: 
 fn an_append_that_skips_a_seq_is_refused_and_writes_nothing(s: &dyn MeshStore) {
     append_ok(s, own(s, PEER, 1, 1, 10));
     let before = dump(s, &[]).expect("dump");
-    let err = commit1(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 3, 1, 10),
-            evict: None,
-        }],
-    )
-    .expect_err("seq 2 was skipped");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_conflict(s, vec![append(own(s, PEER, 3, 1, 10))], "seq 2 was skipped");
     assert_eq!(dump(s, &[]).expect("dump"), before);
     // Re-appending an already used seq is refused too.
-    let err = commit1(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 1, 1, 10),
-            evict: None,
-        }],
-    )
-    .expect_err("seq 1 is taken");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_conflict(s, vec![append(own(s, PEER, 1, 1, 10))], "seq 1 is taken");
     assert_eq!(dump(s, &[]).expect("dump"), before);
 }
 
 fn a_stream_starts_at_seq_1(s: &dyn MeshStore) {
-    let err = commit1(
+    assert_conflict(
         s,
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 2, 1, 10),
-            evict: None,
-        }],
-    )
-    .expect_err("a new stream starts at 1");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+        vec![append(own(s, PEER, 2, 1, 10))],
+        "a new stream starts at 1",
+    );
     assert!(s.own_streams().expect("read").is_empty());
     assert_eq!(s.journal_head().expect("head"), 0);
 }
@@ -142,15 +122,7 @@ fn an_append_in_another_epoch_is_refused(s: &dyn MeshStore) {
     let mut other = s.meta().epoch;
     other.0[0] ^= 0xff;
     let b = batch(ME, other, Channel::Direct(node(PEER)), 1, &[10]);
-    let err = commit1(
-        s,
-        vec![WriteOp::AppendOwn {
-            batch: b,
-            evict: None,
-        }],
-    )
-    .expect_err("own streams carry the store's epoch");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_conflict(s, vec![append(b)], "own streams carry the store's epoch");
     assert!(s.own_streams().expect("read").is_empty());
 }
 
@@ -197,6 +169,27 @@ fn ack(stream: &StreamId, upto: u64, reset: bool) -> WriteOp {
     }
 }
 
+/// Appending `batch` to its own stream, evicting nothing.
+fn append(batch: OpenBatch) -> WriteOp {
+    WriteOp::AppendOwn { batch, evict: None }
+}
+
+/// Commits `ops` as one group and asserts that they are refused as a
+/// conflict.
+#[track_caller]
+fn assert_conflict(s: &dyn MeshStore, ops: Vec<WriteOp>, why: &str) {
+    let err = commit1(s, ops).expect_err(why);
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+}
+
+/// Accepting seqs `first..first + n` of `PEER`'s stream, new from `from`.
+fn accept(first: u64, n: usize, from: u64) -> WriteOp {
+    WriteOp::Accept {
+        batch: peer_batch(PEER, first, n),
+        from,
+    }
+}
+
 fn an_eviction_that_would_drop_unacked_seqs_without_a_loss_record_is_refused(s: &dyn MeshStore) {
     let stream = own_stream_id(s, PEER);
     for seq in 1..=3 {
@@ -204,15 +197,14 @@ fn an_eviction_that_would_drop_unacked_seqs_without_a_loss_record_is_refused(s: 
     }
     receipt_of(s, vec![ack(&stream, 1, false)]);
     let before = dump(s, &[]).expect("dump");
-    let err = commit1(
+    assert_conflict(
         s,
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 4, 1, 10),
             evict: Some(keep(1, u64::MAX)),
         }],
-    )
-    .expect_err("seq 2 is not acknowledged");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+        "seq 2 is not acknowledged",
+    );
     assert_eq!(dump(s, &[]).expect("dump"), before, "nothing written");
     append_evicting(s, 4, 1, 10, keep(2, u64::MAX));
     assert_eq!(firsts(s, &stream), vec![2, 3, 4]);
@@ -339,15 +331,14 @@ fn an_eviction_counts_payload_bytes(s: &dyn MeshStore) {
     let stream = own_stream_id(s, PEER);
     append_ok(s, own(s, PEER, 1, 1, 100));
     append_ok(s, own(s, PEER, 2, 1, 100));
-    let err = commit1(
+    assert_conflict(
         s,
         vec![WriteOp::AppendOwn {
             batch: own(s, PEER, 3, 1, 100),
             evict: Some(keep(u64::MAX, 150)),
         }],
-    )
-    .expect_err("200 bytes are unacknowledged");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+        "200 bytes are unacknowledged",
+    );
     receipt_of(s, vec![ack(&stream, 1, false)]);
     assert_eq!(
         own_state(s, &stream).map(|o| (o.evictable_msgs, o.evictable_bytes)),
@@ -412,20 +403,8 @@ fn accept_moves_the_mark_and_journals_in_the_same_commit(s: &dyn MeshStore) {
 
 fn accept_from_inside_a_batch_journals_only_the_new_part(s: &dyn MeshStore) {
     let stream = peer_stream(PEER);
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 2),
-            from: 1,
-        }],
-    );
-    let r = receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 4),
-            from: 3,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 2, 1)]);
+    let r = receipt_of(s, vec![accept(1, 4, 3)]);
     assert_eq!(r.arrivals, Some((3, 4)));
     assert_eq!(mark(s, &stream), 4);
     let seqs: Vec<_> = journal(s)
@@ -441,46 +420,18 @@ fn accept_from_inside_a_batch_journals_only_the_new_part(s: &dyn MeshStore) {
 fn an_accept_that_does_not_follow_the_mark_is_refused_and_writes_nothing(s: &dyn MeshStore) {
     let stream = peer_stream(PEER);
     for (first, n, from) in [(1, 2, 2), (2, 2, 2), (1, 2, 3), (1, 2, 0)] {
-        let err = commit1(
-            s,
-            vec![WriteOp::Accept {
-                batch: peer_batch(PEER, first, n),
-                from,
-            }],
-        )
-        .expect_err("does not follow mark 0");
-        assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+        assert_conflict(s, vec![accept(first, n, from)], "does not follow mark 0");
     }
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 2),
-            from: 1,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 2, 1)]);
     // A duplicate of what is already committed.
-    let err = commit1(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 2),
-            from: 1,
-        }],
-    )
-    .expect_err("already committed");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    assert_conflict(s, vec![accept(1, 2, 1)], "already committed");
     assert_eq!(mark(s, &stream), 2);
     assert_eq!(s.journal_head().expect("head"), 2);
 }
 
 fn a_gap_moves_the_mark_and_is_a_journal_entry(s: &dyn MeshStore) {
     let stream = peer_stream(PEER);
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 1),
-            from: 1,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 1, 1)]);
     let r = receipt_of(
         s,
         vec![WriteOp::Gap {
@@ -493,23 +444,16 @@ fn a_gap_moves_the_mark_and_is_a_journal_entry(s: &dyn MeshStore) {
     assert!(matches!(&journal(s)[1].record,
         JournalRecord::Gap { stream: g, from: 2, to: 4 } if *g == stream));
     for earliest in [5, 4, 0] {
-        let err = commit1(
+        assert_conflict(
             s,
             vec![WriteOp::Gap {
                 stream: stream.clone(),
                 earliest_available: earliest,
             }],
-        )
-        .expect_err("nothing is missing");
-        assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+            "nothing is missing",
+        );
     }
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 5, 1),
-            from: 5,
-        }],
-    );
+    receipt_of(s, vec![accept(5, 1, 5)]);
     assert_eq!(mark(s, &stream), 5);
     assert_eq!(s.journal_head().expect("head"), 3);
 }
@@ -517,55 +461,24 @@ fn a_gap_moves_the_mark_and_is_a_journal_entry(s: &dyn MeshStore) {
 fn acks_never_move_backwards_unless_reset(s: &dyn MeshStore) {
     let stream = own_stream_id(s, PEER);
     append_ok(s, own(s, PEER, 1, 5, 10));
-    let r = receipt_of(
-        s,
-        vec![WriteOp::Acked {
-            stream: stream.clone(),
-            upto: 3,
-            reset: false,
-        }],
-    );
+    let r = receipt_of(s, vec![ack(&stream, 3, false)]);
     assert_eq!(r.own_streams.len(), 1);
     assert_eq!(r.own_streams[0].last_acked, 3);
-    let r = receipt_of(
-        s,
-        vec![WriteOp::Acked {
-            stream: stream.clone(),
-            upto: 1,
-            reset: false,
-        }],
-    );
+    let r = receipt_of(s, vec![ack(&stream, 1, false)]);
     assert!(r.own_streams.is_empty(), "a stale ack changes nothing");
     assert_eq!(own_state(s, &stream).expect("stream").last_acked, 3);
-    receipt_of(
-        s,
-        vec![WriteOp::Acked {
-            stream: stream.clone(),
-            upto: 0,
-            reset: true,
-        }],
-    );
+    receipt_of(s, vec![ack(&stream, 0, true)]);
     assert_eq!(own_state(s, &stream).expect("stream").last_acked, 0);
-    let err = commit1(
-        s,
-        vec![WriteOp::Acked {
-            stream: stream.clone(),
-            upto: 6,
-            reset: false,
-        }],
-    )
-    .expect_err("only 5 were sent");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
-    let err = commit1(
+    assert_conflict(s, vec![ack(&stream, 6, false)], "only 5 were sent");
+    assert_conflict(
         s,
         vec![WriteOp::Acked {
             stream: own_stream_id(s, 7),
             upto: 1,
             reset: false,
         }],
-    )
-    .expect_err("unknown stream");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+        "unknown stream",
+    );
     assert_eq!(own_state(s, &stream).expect("stream").last_acked, 0);
 }
 
@@ -573,16 +486,10 @@ fn one_callers_conflict_does_not_fail_the_others_in_the_group(s: &dyn MeshStore)
     let a = own_stream_id(s, PEER);
     let b = own_stream_id(s, 3);
     let results = s.commit(vec![
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 1, 1, 10),
-            evict: None,
-        }],
+        vec![append(own(s, PEER, 1, 1, 10))],
         // Valid first op, invalid second: the whole group must leave no trace.
         vec![
-            WriteOp::AppendOwn {
-                batch: own(s, 3, 1, 1, 10),
-                evict: None,
-            },
+            append(own(s, 3, 1, 1, 10)),
             WriteOp::PutPeer(PeerRecord {
                 node: node(3),
                 addrs: vec![],
@@ -593,10 +500,7 @@ fn one_callers_conflict_does_not_fail_the_others_in_the_group(s: &dyn MeshStore)
                 from: 2,
             },
         ],
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 1),
-            from: 1,
-        }],
+        vec![accept(1, 1, 1)],
     ]);
     assert_eq!(results.len(), 3);
     assert_eq!(
@@ -624,22 +528,10 @@ fn one_callers_conflict_does_not_fail_the_others_in_the_group(s: &dyn MeshStore)
 
 fn later_groups_see_earlier_groups_of_the_same_commit(s: &dyn MeshStore) {
     let results = s.commit(vec![
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 1, 1, 10),
-            evict: None,
-        }],
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 2, 1, 10),
-            evict: None,
-        }],
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 1),
-            from: 1,
-        }],
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 2, 1),
-            from: 2,
-        }],
+        vec![append(own(s, PEER, 1, 1, 10))],
+        vec![append(own(s, PEER, 2, 1, 10))],
+        vec![accept(1, 1, 1)],
+        vec![accept(2, 1, 2)],
     ]);
     let arrivals: Vec<_> = results
         .into_iter()
@@ -663,32 +555,16 @@ fn ops_of_one_group_see_each_other(s: &dyn MeshStore) {
     let r = receipt_of(
         s,
         vec![
-            WriteOp::AppendOwn {
-                batch: own(s, PEER, 1, 1, 10),
-                evict: None,
-            },
-            WriteOp::AppendOwn {
-                batch: own(s, PEER, 2, 1, 10),
-                evict: None,
-            },
-            WriteOp::Acked {
-                stream: stream.clone(),
-                upto: 1,
-                reset: false,
-            },
+            append(own(s, PEER, 1, 1, 10)),
+            append(own(s, PEER, 2, 1, 10)),
+            ack(&stream, 1, false),
             // Lossless only because of the ack two ops earlier.
             WriteOp::AppendOwn {
                 batch: own(s, PEER, 3, 1, 10),
                 evict: Some(keep(1, u64::MAX)),
             },
-            WriteOp::Accept {
-                batch: peer_batch(PEER, 1, 1),
-                from: 1,
-            },
-            WriteOp::Accept {
-                batch: peer_batch(PEER, 2, 2),
-                from: 2,
-            },
+            accept(1, 1, 1),
+            accept(2, 2, 2),
         ],
     );
     assert_eq!(r.arrivals, Some((1, 6)));
@@ -754,13 +630,7 @@ fn read_outbox_starts_at_the_batch_holding_after_plus_one_and_caps_bytes(s: &dyn
 }
 
 fn the_journal_pages_in_arrival_order(s: &dyn MeshStore) {
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 3),
-            from: 1,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 3, 1)]);
     append_ok(s, own(s, PEER, 1, 2, 10));
     let arrivals = |after, limit| -> Vec<u64> {
         s.journal(after, limit)
@@ -810,10 +680,7 @@ fn a_large_commit_of_many_streams_reads_back_entry_by_entry_from_any_position(s:
             batch: big(4, 1, &[10, 40_000, 10, 0]),
             from: 1,
         }],
-        vec![WriteOp::AppendOwn {
-            batch: own(s, PEER, 1, 9, 3000),
-            evict: None,
-        }],
+        vec![append(own(s, PEER, 1, 9, 3000))],
     ];
     let results = s.commit(groups);
     assert!(results[1].is_err(), "an accept past the mark is refused");
@@ -877,12 +744,7 @@ fn one_send_to_each_of_many_peers_in_one_commit_reads_back_per_peer(s: &dyn Mesh
     for round in 0..2u64 {
         let groups = peers
             .iter()
-            .map(|&to| {
-                vec![WriteOp::AppendOwn {
-                    batch: own(s, to, round + 1, 1, 700 + usize::from(to)),
-                    evict: None,
-                }]
-            })
+            .map(|&to| vec![append(own(s, to, round + 1, 1, 700 + usize::from(to)))])
             .collect();
         assert!(s.commit(groups).iter().all(Result::is_ok));
     }
@@ -976,15 +838,14 @@ fn a_cursor_must_be_named_and_point_into_the_journal(s: &dyn MeshStore) {
         ("x".repeat(65), 1),
         ("ok".to_string(), 2),
     ] {
-        let err = commit1(
+        assert_conflict(
             s,
             vec![WriteOp::PutCursor {
                 name: name.clone(),
                 arrival,
             }],
-        )
-        .expect_err("bad cursor");
-        assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+            "bad cursor",
+        );
         assert_eq!(s.cursor(&name).expect("cursor"), None);
     }
     receipt_of(
@@ -998,13 +859,7 @@ fn a_cursor_must_be_named_and_point_into_the_journal(s: &dyn MeshStore) {
 
 fn max_lamport_is_the_highest_clock_ever_committed(s: &dyn MeshStore) {
     assert_eq!(s.max_lamport().expect("lamport"), 0);
-    receipt_of(
-        s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 7),
-            from: 1,
-        }],
-    );
+    receipt_of(s, vec![accept(1, 7, 1)]);
     assert_eq!(s.max_lamport().expect("lamport"), 7);
     append_ok(s, own(s, PEER, 1, 2, 10));
     assert_eq!(
@@ -1056,7 +911,7 @@ fn a_loss_record_is_a_journal_entry(s: &dyn MeshStore) {
             ..
         }
     ));
-    let err = commit1(
+    assert_conflict(
         s,
         vec![WriteOp::RecordLoss {
             stream,
@@ -1065,9 +920,8 @@ fn a_loss_record_is_a_journal_entry(s: &dyn MeshStore) {
             reason: LossReason::SubscriberLagged,
             detail: String::new(),
         }],
-    )
-    .expect_err("empty range");
-    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+        "empty range",
+    );
     assert_eq!(s.journal_head().expect("head"), 1);
 }
 
@@ -1103,16 +957,7 @@ fn a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written(s: &dyn M
     }
     assert_eq!(s.journal_head().expect("head"), 5);
     // Within one group, an entry written earlier may be named.
-    let r = receipt_of(
-        s,
-        vec![
-            WriteOp::AppendOwn {
-                batch: own(s, PEER, 4, 1, 10),
-                evict: None,
-            },
-            lag("s", 6, 6),
-        ],
-    );
+    let r = receipt_of(s, vec![append(own(s, PEER, 4, 1, 10)), lag("s", 6, 6)]);
     assert_eq!(r.arrivals, Some((6, 7)));
 }
 
