@@ -492,6 +492,17 @@ pub(crate) mod node_id_bytes {
     }
 }
 
+/// The entry an inbox row gets in place of one retention trimmed.
+pub(crate) fn trimmed(arrival: Arrival) -> crate::JournalItem {
+    crate::JournalItem {
+        arrival,
+        record: crate::JournalRecord::Trimmed {
+            from: arrival,
+            to: arrival,
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use mesh_protocol::{Epoch, SecretKey};
@@ -516,16 +527,5 @@ mod tests {
         assert_eq!(arrival_of(&runs, &b, 1), Some(12));
         assert_eq!(arrival_of(&runs, &a, 8), None);
         assert_eq!(arrival_of(&runs, &b, 2), None);
-    }
-}
-
-/// The entry an inbox row gets in place of one retention trimmed.
-pub(crate) fn trimmed(arrival: Arrival) -> crate::JournalItem {
-    crate::JournalItem {
-        arrival,
-        record: crate::JournalRecord::Trimmed {
-            from: arrival,
-            to: arrival,
-        },
     }
 }
