@@ -267,9 +267,13 @@ pub async fn clone_run_twice(bin: &Path, out: &Path) -> anyhow::Result<CloneRepo
             })
         })
         .await?;
+    // The kept one delivers what it acknowledged (after a fork it found,
+    // under its new epoch) before it stops; then the refused one is alone.
     if refused_is_clone {
+        wait_acked(c.client(0), &b).await?;
         c.stop(0).await?;
     } else {
+        wait_acked(clone.client(), &b).await?;
         clone.stop().await?;
     }
     let refused = if refused_is_clone {

@@ -6,7 +6,9 @@ use std::path::Path;
 
 fn run<T>(name: &str, f: impl AsyncFnOnce(&Path, &Path) -> anyhow::Result<T>) -> T {
     let bin = Path::new(env!("CARGO_BIN_EXE_mesh"));
-    let out = mesh_tests::run_dir(bin, name);
+    // One dir per process: it is cleared first, and two copies of this
+    // test may run at once.
+    let out = mesh_tests::run_dir(bin, &format!("{name}-{}", std::process::id()));
     if out.exists() {
         std::fs::remove_dir_all(&out).expect("clear the run dir");
     }

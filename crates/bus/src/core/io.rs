@@ -651,6 +651,16 @@ pub enum CloseReason {
         /// Hellos we sent.
         attempts: u32,
     },
+    /// The peer sent another envelope at a seq this node committed: two
+    /// writers share its key (a cloned data dir, or a store restored from
+    /// a backup that has not seen our Hello yet).
+    #[error(
+        "identity conflict: another envelope at committed seq {seq}: two writers use this node's key"
+    )]
+    Conflict {
+        /// The committed seq.
+        seq: Seq,
+    },
 }
 
 /// The committed state a core starts from: read from the store at start-up

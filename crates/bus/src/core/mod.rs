@@ -609,6 +609,13 @@ impl Core {
         let queue = &mut self.committer.inbound;
         let top = self.receiver.on_batch(from, open, queue, &mut env);
         self.author.observe_lamport(top);
+        if let Some(seq) = self.receiver.take_conflict() {
+            // A second writer with the peer's key (a clone) fed this
+            // connection: nothing more of it is taken, or the writer's next
+            // seqs would pass as the stream's. Its next connection starts
+            // with our Hello, whose mark tells the writer its stream forked.
+            self.close(peer, conn, CloseReason::Conflict { seq });
+        }
     }
 
     #[allow(clippy::too_many_arguments)] // The fields of one Hello frame, taken apart.

@@ -116,6 +116,8 @@ pub(super) struct Receiver {
     streams: BTreeMap<StreamId, Inbound>,
     /// Streams whose state changed since [`Receiver::take_touched`].
     touched: BTreeSet<StreamId>,
+    /// The seq of the last batch's conflict, until [`Receiver::take_conflict`].
+    conflict: Option<Seq>,
 }
 
 impl Receiver {
@@ -129,7 +131,14 @@ impl Receiver {
             me,
             streams,
             touched: BTreeSet::new(),
+            conflict: None,
         }
+    }
+
+    /// The committed seq at which the last batch conflicted, if it did
+    /// (another envelope there than the one committed).
+    pub(super) fn take_conflict(&mut self) -> Option<Seq> {
+        self.conflict.take()
     }
 
     /// The committed mark of `stream` (0 if none).
@@ -226,6 +235,7 @@ impl Receiver {
             if let Some(theirs) = theirs.filter(|t| *t != ours) {
                 // Two writers used one (author, epoch, seq): never a duplicate.
                 env.out.drop(DropReason::Conflict);
+                let committed = inb.committed;
                 if !inb.conflicted && queue.has_room(0) {
                     inb.conflicted = true;
                     env.out.metrics.conflicts += 1;
@@ -237,6 +247,7 @@ impl Receiver {
                         theirs,
                     });
                 }
+                self.conflict = Some(committed);
                 return 0;
             }
         }

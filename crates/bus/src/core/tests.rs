@@ -1865,7 +1865,30 @@ fn a_batch_with_another_envelope_at_the_mark_is_a_conflict_journaled_once() {
     b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"b"]));
     // The same (author, epoch, seqs), other payloads: a clone or a restored store.
     b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"X"]));
-    b.frame(1, ConnId(7), batch(1, 1, 2, 2, &[b"Y", b"c"]));
+    // The connection that fed it is closed: the other writer's next seq
+    // on it must not pass as the stream's.
+    assert!(b.other.iter().any(|e| matches!(
+        e,
+        Effect::CloseConnection {
+            conn: ConnId(7),
+            reason: CloseReason::Conflict { seq: 2 },
+            ..
+        }
+    )));
+    b.frame(1, ConnId(7), batch(1, 1, 2, 3, &[b"Z"]));
+    assert_eq!(b.core.metrics().dropped.get(DropReason::StaleConnection), 1);
+    assert_eq!(b.core.mark(&stream(1, 1, 2)), 2);
+    b.run(Input::PeerDisconnected {
+        peer: id(1),
+        conn: ConnId(7),
+    });
+    b.hello_from(1, 1, ConnId(8), Vec::new());
+    b.frame(1, ConnId(8), batch(1, 1, 2, 2, &[b"Y", b"c"]));
+    b.run(Input::PeerDisconnected {
+        peer: id(1),
+        conn: ConnId(8),
+    });
+    b.hello_from(1, 1, ConnId(9), Vec::new());
     let conflicts: Vec<_> = b
         .journal()
         .into_iter()
@@ -1879,7 +1902,7 @@ fn a_batch_with_another_envelope_at_the_mark_is_a_conflict_journaled_once() {
     assert_eq!(b.core.metrics().dropped.get(DropReason::Conflict), 2);
     assert_eq!(b.core.mark(&stream(1, 1, 2)), 2, "never taken");
     // The same envelopes again are duplicates, as ever.
-    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"b"]));
+    b.frame(1, ConnId(9), batch(1, 1, 2, 1, &[b"a", b"b"]));
     assert_eq!(b.core.metrics().dropped.get(DropReason::Duplicate), 1);
 }
 

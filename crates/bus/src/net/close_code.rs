@@ -49,6 +49,7 @@ impl From<&CloseReason> for u32 {
             CloseReason::VersionMismatch { .. } => VERSION_MISMATCH,
             CloseReason::WrongNode => WRONG_NODE,
             CloseReason::NoHello { .. } => NO_HELLO,
+            CloseReason::Conflict { .. } => IDENTITY_CONFLICT,
         }
     }
 }
@@ -66,6 +67,7 @@ mod tests {
             CloseReason::VersionMismatch { theirs: 2, ours: 1 },
             CloseReason::WrongNode,
             CloseReason::NoHello { attempts: 5 },
+            CloseReason::Conflict { seq: 3 },
         ];
         let codes: BTreeSet<u32> = reasons.iter().map(u32::from).collect();
         assert_eq!(codes.len(), reasons.len(), "{codes:?}");
