@@ -68,6 +68,20 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     json("seed-cursor", format!(r#"{{"cursor":"{cursor}"}}"#));
     json("seed-invite", r#"{"uses":3,"ttl_ms":600000}"#.to_owned());
     json("seed-join", format!(r#"{{"code":"{INVITE}"}}"#));
+    json("seed-agent", r#"{"name":"planner","uid":1000}"#.to_owned());
+    json(
+        "seed-agent-send",
+        r#"{"to":"bob@build-box","body":"hi","in_reply_to":"0000000000000000000000000000002a","client_id":"r-1"}"#.to_owned(),
+    );
+    json(
+        "seed-reply",
+        r#"{"id":"0000000000000000000000000000002a","body":"aGk=","encoding":"base64"}"#.to_owned(),
+    );
+    json("seed-alias", r#"{"alias":"build-box"}"#.to_owned());
+    json(
+        "garbage-agent-bad-name",
+        r#"{"name":"Planner!"}"#.to_owned(),
+    );
     json(
         "garbage-send-bad-base64",
         format!(r#"{{"to":"{node}","body":"!!","encoding":"base64"}}"#),

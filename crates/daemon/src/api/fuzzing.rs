@@ -9,8 +9,11 @@
 //! cut into frames. A panic here is a bug. Not a stable API.
 
 use bytes::BytesMut;
-use mesh_api::{AddPeerRequest, CursorBody, InviteRequest, JoinBody, SendRequest};
-use mesh_protocol::{Cursor, InviteCode, MAX_BATCH_PAYLOAD_BYTES, NodeTicket};
+use mesh_api::{
+    AddAgentRequest, AddPeerRequest, AgentSendRequest, AliasRequest, CursorBody, InviteRequest,
+    JoinBody, ReplyRequest, SendRequest,
+};
+use mesh_protocol::{AgentName, Cursor, InviteCode, MAX_BATCH_PAYLOAD_BYTES, MsgId, NodeTicket};
 
 use super::BATCH_MSGS_MAX;
 use super::ndjson::take_line;
@@ -18,10 +21,14 @@ use super::routes::parse_json;
 use super::send::message;
 
 /// Feeds `data` to every JSON body the API decodes: a send, a batch of
-/// sends, a peer to add, a cursor to set, an invite to make and a join.
+/// sends, a peer to add, a cursor to set, an invite to make, a join, and
+/// the agent routes' bodies (an agent to add, an agent send or one line of
+/// a batch of them, a reply, a peer's alias), with the field parsers each
+/// route runs on them.
 ///
-/// Panics if a decoded send does not survive encoding and decoding again,
-/// or if one is taken as a message with a payload over the limit.
+/// Panics if a decoded send or agent send does not survive encoding and
+/// decoding again, or if a send is taken as a message with a payload over
+/// the limit.
 pub fn json_body(data: &[u8]) {
     if let Ok(req) = parse_json::<SendRequest>(data) {
         check_send(req);
@@ -40,6 +47,31 @@ pub fn json_body(data: &[u8]) {
     let _ = parse_json::<InviteRequest>(data);
     if let Ok(j) = parse_json::<JoinBody>(data) {
         let _ = j.code.parse::<InviteCode>();
+    }
+    agent_bodies(data);
+}
+
+fn agent_bodies(data: &[u8]) {
+    if let Ok(a) = parse_json::<AddAgentRequest>(data) {
+        let _ = AgentName::new(&a.name);
+    }
+    if let Ok(req) = parse_json::<AgentSendRequest>(data) {
+        let again = serde_json::to_vec(&req).map(|b| parse_json::<AgentSendRequest>(&b));
+        assert!(
+            matches!(&again, Ok(Ok(r)) if *r == req),
+            "a decoded agent send does not survive encoding: {req:?}"
+        );
+        let _ = req.in_reply_to.as_deref().map(str::parse::<MsgId>);
+        let _ = super::agents::check_client_id(req.client_id.as_deref());
+        let _ = req.encoding.decode(req.body);
+    }
+    if let Ok(r) = parse_json::<ReplyRequest>(data) {
+        let _ = r.id.parse::<MsgId>();
+        let _ = super::agents::check_client_id(r.client_id.as_deref());
+        let _ = r.encoding.decode(r.body);
+    }
+    if let Ok(a) = parse_json::<AliasRequest>(data) {
+        let _ = a.alias.as_deref().map(AgentName::new);
     }
 }
 
