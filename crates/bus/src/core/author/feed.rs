@@ -1,49 +1,12 @@
-//! The author side: this node's own streams, signing, and feeding each
-//! peer its stream on the live connection (live, catch-up, resync, gaps,
-//! retransmit after silence) as far as the peer acknowledges; checking a
-//! peer's mark against the store before trusting it (a store that went back
-//! in time, or a clone writing the same stream, is found there), and the own
-//! streams of ended epochs, whose unacknowledged envelopes are carried over.
+//! Feeding each peer our stream on its live connection, as far as it acknowledges.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use mesh_protocol::{
-    Channel, Cid, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, Payloads, SecretKey, Seq,
-    StreamId, VerifyError,
-};
-use mesh_store::{EndedOwn, OwnStream, StoreError, StoredBatch};
+use mesh_protocol::{Cid, Frame, NodeId, OpenBatch, Payloads, Seq, StreamId};
+use mesh_store::{OwnStream, StoreError, StoredBatch};
 
-use super::commit::{CarryWork, Report};
-use super::{Config, ConnId, DropReason, Effect, LoadId, Millis, Out};
-
-/// A peer's Hello mark for our stream, checked against what is committed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum HelloCheck {
-    /// The mark can be taken as it is (as far as the store can tell).
-    Trust(Seq),
-    /// The mark names an envelope the outbox holds: compare hashes first.
-    Verify { mark: Seq, cid: Cid },
-    /// The peer holds more of the stream than this store ever wrote: the
-    /// store went back in time.
-    RolledBack { mark: Seq },
-}
-
-/// What an outbox read brought back besides a feed's catch-up.
-#[derive(Debug)]
-pub(super) enum Loaded {
-    /// Nothing more to do (a catch-up chunk was sent, or the read is stale).
-    Done,
-    /// The peer's mark names our own envelope: feed it from there.
-    Verified {
-        peer: NodeId,
-        mark: Seq,
-        reset: bool,
-    },
-    /// The peer's mark names another envelope than ours at that seq.
-    Forked { peer: NodeId, mark: Seq },
-    /// The next envelopes of an ended stream to carry over.
-    Carry(CarryWork),
-}
+use super::{Author, Loaded};
+use crate::core::{Config, ConnId, DropReason, Effect, LoadId, Millis, Out};
 
 /// A feed waiting for the read that checks the peer's mark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +23,7 @@ struct Verify {
 /// than this connection carried, up to what is committed), but nothing is
 /// sent past what is committed.
 #[derive(Debug)]
-struct Feed {
+pub(super) struct Feed {
     /// The connection the feed belongs to.
     conn: ConnId,
     /// The highest seq handed to the connection (or known to be at the peer).
@@ -124,358 +87,10 @@ impl Feed {
     }
 }
 
-/// This node's own streams and the feeds that carry them to peers.
-///
-/// Invariant: a feed exists only for a peer whose Hello came on the
-/// connection the feed names.
-#[derive(Debug)]
-pub(super) struct Author {
-    secret: SecretKey,
-    me: NodeId,
-    epoch: Epoch,
-    /// The highest Lamport clock seen or given out.
-    lamport: u64,
-    /// This node's current-epoch stream to each recipient, as committed.
-    own: BTreeMap<NodeId, OwnStream>,
-    feeds: BTreeMap<NodeId, Feed>,
-    next_load: u64,
-    /// Peers whose feed changed since [`Author::take_touched`].
-    touched: BTreeSet<NodeId>,
-    /// Own streams of earlier epochs of this store.
-    ended: BTreeMap<StreamId, EndedOwn>,
-    /// The outboxes of ended streams still holding envelopes to carry over.
-    old: BTreeMap<StreamId, OwnStream>,
-    /// The carry-over read in flight.
-    carry_load: Option<(LoadId, StreamId)>,
-    /// A new epoch is under way: nothing more goes out on the old streams.
-    frozen: bool,
-    /// Randomness for new epochs, and how many were made.
-    entropy: [u8; 32],
-    epochs_made: u64,
-}
-
 impl Author {
-    /// The author of `secret`'s streams in `epoch`, from the committed
-    /// streams (other nodes' and other epochs' are ignored).
-    pub(super) fn new(
-        secret: SecretKey,
-        epoch: Epoch,
-        streams: Vec<OwnStream>,
-        lamport: u64,
-        ended: Vec<EndedOwn>,
-        entropy: [u8; 32],
-    ) -> Author {
-        let me = secret.public();
-        let ended: BTreeMap<StreamId, EndedOwn> =
-            ended.into_iter().map(|e| (e.stream.clone(), e)).collect();
-        let mut own = BTreeMap::new();
-        let mut old = BTreeMap::new();
-        for o in streams.into_iter().filter(|o| o.stream.author == me) {
-            let Channel::Direct(to) = o.stream.channel else {
-                continue;
-            };
-            if o.stream.epoch == epoch {
-                own.insert(to, o);
-            } else if ended.contains_key(&o.stream) {
-                old.insert(o.stream.clone(), o);
-            }
-        }
-        Author {
-            secret,
-            me,
-            epoch,
-            lamport,
-            own,
-            feeds: BTreeMap::new(),
-            next_load: 1,
-            touched: BTreeSet::new(),
-            ended,
-            old,
-            carry_load: None,
-            frozen: false,
-            entropy,
-            epochs_made: 0,
-        }
-    }
-
-    /// This node's current store epoch, as the author writes it.
-    pub(super) fn epoch(&self) -> Epoch {
-        self.epoch
-    }
-
-    /// An epoch for this store to start: new with overwhelming likelihood
-    /// (drawn from the driver's randomness), never the current one.
-    pub(super) fn next_epoch(&mut self) -> Epoch {
-        loop {
-            self.epochs_made += 1;
-            let mut h = blake3::Hasher::new_keyed(&self.entropy);
-            h.update(b"agent-mesh/epoch\0");
-            h.update(&self.epoch.0);
-            h.update(&self.epochs_made.to_le_bytes());
-            let mut e = [0u8; 16];
-            e.copy_from_slice(&h.finalize().as_bytes()[..16]);
-            if Epoch(e) != self.epoch {
-                return Epoch(e);
-            }
-        }
-    }
-
-    /// Checks a peer's Hello mark for our current stream to it (`None`: it
-    /// names none) against what is committed.
-    pub(super) fn check_hello(&self, peer: NodeId, mark: Option<&Mark>) -> HelloCheck {
-        let Some(mark) = mark.filter(|m| m.seq > 0) else {
-            return HelloCheck::Trust(0);
-        };
-        let own = self.own_view(peer);
-        if mark.seq >= own.next_seq {
-            return HelloCheck::RolledBack { mark: mark.seq };
-        }
-        match mark.cid {
-            // A batch evicted is one the peer acknowledged (or a loss it
-            // was told of): nothing left to compare.
-            Some(cid) if mark.seq >= own.first_retained => HelloCheck::Verify {
-                mark: mark.seq,
-                cid,
-            },
-            _ => HelloCheck::Trust(mark.seq),
-        }
-    }
-
-    /// The ended streams to `peer` it holds more of than this store does:
-    /// what to journal as rolled back and tell it (a `StreamEnded` frame).
-    pub(super) fn ended_reports(&self, peer: NodeId, marks: &[Mark]) -> Vec<Report> {
-        marks
-            .iter()
-            .filter_map(|m| {
-                let e = self.ended.get(&m.stream)?;
-                (m.stream.channel == Channel::Direct(peer) && m.seq > e.held).then(|| Report {
-                    stream: m.stream.clone(),
-                    held: e.held,
-                    world: m.seq,
-                    detail: rolled_back_detail(peer, e.held, m.seq, None),
-                })
-            })
-            .collect()
-    }
-
-    /// The report of our current stream to `peer`, which holds it up to
-    /// `world`: the store holds it as the peer has it only up to its acked
-    /// mark; a new epoch `epoch` takes over.
-    pub(super) fn current_report(&self, peer: NodeId, world: Seq, epoch: Epoch) -> Report {
-        let own = self.own_view(peer);
-        Report {
-            stream: own.stream.clone(),
-            held: own.last_acked,
-            world,
-            detail: rolled_back_detail(peer, own.last_acked, world, Some(epoch)),
-        }
-    }
-
-    /// Stops every feed: a new epoch is under way, and nothing more goes
-    /// out on the old streams.
-    pub(super) fn freeze(&mut self) {
-        self.frozen = true;
-        let peers: Vec<NodeId> = self.feeds.keys().copied().collect();
-        for p in peers {
-            self.drop_feed(p);
-        }
-    }
-
-    /// Whether a new epoch is under way.
-    pub(super) fn is_frozen(&self) -> bool {
-        self.frozen
-    }
-
-    /// The new epoch `epoch` is committed: the current streams are ended
-    /// (`ended` from the store), those with envelopes left to carry keep
-    /// their outbox for it, and the new epoch's streams start empty.
-    pub(super) fn switched(&mut self, epoch: Epoch, ended: &[EndedOwn]) {
-        for e in ended {
-            self.ended.insert(e.stream.clone(), e.clone());
-        }
-        for (_, o) in std::mem::take(&mut self.own) {
-            if o.last_acked + 1 < o.next_seq {
-                self.old.insert(o.stream.clone(), o);
-            }
-        }
-        self.epoch = epoch;
-        self.frozen = false;
-        self.carry_load = None;
-    }
-
-    /// Ended streams changed by a commit (carried on, reported).
-    pub(super) fn ended_changed(&mut self, ended: &[EndedOwn]) {
-        for e in ended {
-            self.ended.insert(e.stream.clone(), e.clone());
-        }
-    }
-
-    /// Whether envelopes of ended streams are still to be carried over
-    /// (new sends wait until they are, so they come after them).
-    pub(super) fn has_carry(&self) -> bool {
-        self.frozen || !self.old.is_empty()
-    }
-
-    /// Reads the next envelopes to carry over, unless a read is under way:
-    /// the oldest ended stream's, after what is carried.
-    pub(super) fn next_carry(&mut self, config: &Config, out: &mut Out) {
-        if self.frozen || self.carry_load.is_some() {
-            return;
-        }
-        let Some((stream, o)) = self.old.iter().next() else {
-            return;
-        };
-        let carried = self.ended.get(stream).map_or(o.last_acked, |e| e.carried);
-        let after = carried.max(o.first_retained.saturating_sub(1));
-        let load = LoadId(self.next_load);
-        self.next_load += 1;
-        self.carry_load = Some((load, stream.clone()));
-        out.metrics.loads += 1;
-        let Channel::Direct(peer) = stream.channel else {
-            return;
-        };
-        out.push(Effect::LoadOutbox {
-            load,
-            peer,
-            stream: stream.clone(),
-            after,
-            max_bytes: config.catchup_chunk_bytes,
-        });
-    }
-
-    /// A carry-over chunk committed (`Ok`) or not: the next may be read.
-    pub(super) fn carry_done(&mut self, from: &StreamId, upto: Seq, ok: bool) {
-        if ok
-            && let Some(o) = self.old.get(from)
-            && upto + 1 >= o.next_seq
-        {
-            self.old.remove(from);
-        }
-    }
-
-    /// Turns a carry-over read into the envelopes to re-sign, those after
-    /// what is carried of `stream`.
-    fn carry_loaded(
-        &mut self,
-        stream: StreamId,
-        result: Result<Vec<StoredBatch>, StoreError>,
-        out: &mut Out,
-    ) -> Loaded {
-        let Ok(batches) = result else {
-            out.metrics.load_failures += 1;
-            return Loaded::Done;
-        };
-        let Some(o) = self.old.get(&stream) else {
-            return Loaded::Done;
-        };
-        let carried = self.ended.get(&stream).map_or(o.last_acked, |e| e.carried);
-        let Channel::Direct(to) = stream.channel else {
-            return Loaded::Done;
-        };
-        let mut envelopes = Vec::new();
-        for sb in batches {
-            for (i, (h, p)) in sb.batch.entries.iter().zip(sb.payloads).enumerate() {
-                let seq = sb.batch.first_seq + i as u64;
-                if seq > carried {
-                    envelopes.push((
-                        seq,
-                        NewEnvelope {
-                            lamport: 0,
-                            created_ms: h.created_ms,
-                            kind: h.kind,
-                            payload: p,
-                        },
-                    ));
-                }
-            }
-        }
-        // Empty: nothing retained past what is carried (evicted under
-        // evict-oldest, with its loss record); the ended outbox just goes.
-        Loaded::Carry(CarryWork {
-            from: stream,
-            to,
-            envelopes,
-        })
-    }
-
-    /// This node's current-epoch stream to `to`.
-    pub(super) fn stream_id(&self, to: NodeId) -> StreamId {
-        StreamId::direct(self.me, self.epoch, to)
-    }
-
-    /// The committed state of the stream to `to` (`None` before its first message).
-    pub(super) fn own(&self, to: &NodeId) -> Option<&OwnStream> {
-        self.own.get(to)
-    }
-
-    /// The committed state of the stream to `to`, empty before its first message.
-    pub(super) fn own_view(&self, to: NodeId) -> OwnStream {
-        self.own
-            .get(&to)
-            .cloned()
-            .unwrap_or_else(|| OwnStream::empty(self.stream_id(to)))
-    }
-
-    /// The Lamport clock moves past one seen on a peer's envelope.
-    pub(super) fn observe_lamport(&mut self, lamport: u64) {
-        self.lamport = self.lamport.max(lamport);
-    }
-
-    /// A commit wrote these own streams (other nodes' and epochs' are ignored).
-    pub(super) fn committed(&mut self, streams: &[OwnStream]) {
-        for o in streams {
-            if let Channel::Direct(to) = o.stream.channel
-                && o.stream.author == self.me
-                && o.stream.epoch == self.epoch
-            {
-                debug_assert_eq!(o.broken(), None, "{o:?}");
-                // A commit only moves a stream on: seqs are never reused.
-                debug_assert!(
-                    self.own
-                        .get(&to)
-                        .is_none_or(|was| was.next_seq <= o.next_seq)
-                );
-                self.own.insert(to, o.clone());
-            }
-        }
-    }
-
-    /// Signs `envelopes` (without lamports yet) as the batch of the stream
-    /// to `to` starting at `first_seq`, each with the next Lamport clock.
-    pub(super) fn sign(
-        &mut self,
-        to: NodeId,
-        first_seq: Seq,
-        envelopes: impl IntoIterator<Item = NewEnvelope>,
-    ) -> Result<OpenBatch, VerifyError> {
-        let envelopes = envelopes
-            .into_iter()
-            .map(|e| {
-                self.lamport = self.lamport.saturating_add(1);
-                NewEnvelope {
-                    lamport: self.lamport,
-                    ..e
-                }
-            })
-            .collect();
-        OpenBatch::sign(
-            &self.secret,
-            self.epoch,
-            Channel::Direct(to),
-            first_seq,
-            envelopes,
-        )
-    }
-
-    /// The mark `marks` (a peer's Hello) holds for our current stream to `peer`.
-    pub(super) fn mark_in<'m>(&self, peer: NodeId, marks: &'m [Mark]) -> Option<&'m Mark> {
-        let mine = self.stream_id(peer);
-        marks.iter().find(|m| m.stream == mine)
-    }
-
     /// The peer's Hello came on `conn` with `mark` for our stream: feeds it
     /// from there.
-    pub(super) fn start_feed(
+    pub(in crate::core) fn start_feed(
         &mut self,
         peer: NodeId,
         conn: ConnId,
@@ -507,7 +122,7 @@ impl Author {
     /// an envelope the outbox holds: reads it to compare its hash with
     /// `cid` before feeding the peer (nothing is sent until then).
     #[allow(clippy::too_many_arguments)] // One Hello's mark, taken apart.
-    pub(super) fn start_verify(
+    pub(in crate::core) fn start_verify(
         &mut self,
         peer: NodeId,
         conn: ConnId,
@@ -557,7 +172,7 @@ impl Author {
     }
 
     /// The peer's mark is verified: feed it from there.
-    pub(super) fn verified(
+    pub(in crate::core) fn verified(
         &mut self,
         peer: NodeId,
         mark: Seq,
@@ -575,7 +190,7 @@ impl Author {
     }
 
     /// The peer's connection is gone.
-    pub(super) fn drop_feed(&mut self, peer: NodeId) {
+    pub(in crate::core) fn drop_feed(&mut self, peer: NodeId) {
         if self.feeds.remove(&peer).is_some() {
             self.touched.insert(peer);
         }
@@ -583,7 +198,7 @@ impl Author {
 
     /// A peer's Ack of `stream` up to `upto`; returns whether it counts
     /// (then the caller records it).
-    pub(super) fn on_ack(
+    pub(in crate::core) fn on_ack(
         &mut self,
         peer: NodeId,
         stream: &StreamId,
@@ -602,7 +217,7 @@ impl Author {
     }
 
     /// A peer's Resync of `stream` after `after`.
-    pub(super) fn on_resync(
+    pub(in crate::core) fn on_resync(
         &mut self,
         peer: NodeId,
         stream: &StreamId,
@@ -705,7 +320,7 @@ impl Author {
     }
 
     /// Pumps every feed.
-    pub(super) fn pump_all(&mut self, config: &Config, out: &mut Out) {
+    pub(in crate::core) fn pump_all(&mut self, config: &Config, out: &mut Out) {
         let peers: Vec<NodeId> = self.feeds.keys().copied().collect();
         for peer in peers {
             self.pump(peer, config, out);
@@ -714,7 +329,7 @@ impl Author {
 
     /// The answer to an outbox read: a feed's catch-up (sent, then the feed
     /// moves on), the check of a peer's mark, or envelopes to carry over.
-    pub(super) fn on_loaded(
+    pub(in crate::core) fn on_loaded(
         &mut self,
         load: LoadId,
         result: Result<Vec<StoredBatch>, StoreError>,
@@ -818,7 +433,13 @@ impl Author {
 
     /// After its commit: sends a new batch at once if the peer's feed is
     /// exactly caught up to it; otherwise the catch-up will carry it.
-    pub(super) fn send_fresh(&mut self, to: NodeId, batch: OpenBatch, now: Millis, out: &mut Out) {
+    pub(in crate::core) fn send_fresh(
+        &mut self,
+        to: NodeId,
+        batch: OpenBatch,
+        now: Millis,
+        out: &mut Out,
+    ) {
         let Some(feed) = self.feeds.get_mut(&to) else {
             return;
         };
@@ -836,7 +457,7 @@ impl Author {
 
     /// The feed timer of `peer` is due: retries a failed read, then resends
     /// from the peer's last ack if it has been silent too long.
-    pub(super) fn on_feed_timer(
+    pub(in crate::core) fn on_feed_timer(
         &mut self,
         peer: NodeId,
         now: Millis,
@@ -867,30 +488,12 @@ impl Author {
     }
 
     /// When the feed of `peer` next needs the timer, if it does.
-    pub(super) fn feed_deadline(&self, peer: NodeId, config: &Config) -> Option<Millis> {
+    pub(in crate::core) fn feed_deadline(&self, peer: NodeId, config: &Config) -> Option<Millis> {
         self.feeds.get(&peer)?.deadline(config)
     }
 
     /// The peers whose feed changed since the last call.
-    pub(super) fn take_touched(&mut self) -> BTreeSet<NodeId> {
+    pub(in crate::core) fn take_touched(&mut self) -> BTreeSet<NodeId> {
         std::mem::take(&mut self.touched)
     }
-}
-
-/// The sentence of a rolled-back stream's record, for a person.
-fn rolled_back_detail(peer: NodeId, held: Seq, world: Seq, new: Option<Epoch>) -> String {
-    let mut d = format!(
-        "this node's store went back in time (a restored backup, or a copy run as a second \
-         node): peer {} holds this stream up to seq {world}, but this store holds it as the \
-         peer has it only up to {held}",
-        peer.fmt_short()
-    );
-    if let Some(e) = new {
-        d.push_str(&format!(
-            "; it started store epoch {}, and re-sends what the peer never acknowledged \
-             there from seq 1",
-            e.fmt_short()
-        ));
-    }
-    d
 }

@@ -1,16 +1,24 @@
 //! What goes into the core and what comes out: inputs, effects, ids, errors.
+//!
+//! The ids and the two enums the driver speaks with the core live here; the
+//! edge's checks ([`open_batch`], [`open_cards`]), the send path's types and
+//! local writes have their own modules, re-exported at this path.
+
+mod edge;
+mod send;
+mod write;
 
 use std::fmt;
 
-use mesh_protocol::{
-    AgentCard, AgentName, Epoch, Frame, Mark, MsgId, NodeCard, NodeId, OpenBatch, Seq, SignedBatch,
-    StreamId, VerifyError,
-};
+use mesh_protocol::{AgentCard, Epoch, Frame, Mark, NodeCard, NodeId, OpenBatch, Seq, StreamId};
 use mesh_store::{
-    AgentOp, AgentRecord, Arrival, CURSOR_NAME_BYTES_MAX, DedupRecord, EndedOwn, InboxKind,
-    InboxRow, InviteRecord, MeshStore, OwnStream, PeerRecord, Receipt, SUBSCRIBER_NAME_BYTES_MAX,
+    AgentRecord, Arrival, DedupRecord, EndedOwn, MeshStore, OwnStream, PeerRecord, Receipt,
     StoreError, StoredBatch, WriteOp,
 };
+
+pub use edge::{BadBatch, BadCards, open_batch, open_cards};
+pub use send::{SendError, SendMeta, SendReceipt};
+pub use write::LocalWrite;
 
 /// A point in time: milliseconds on the driver's clock.
 ///
@@ -47,44 +55,6 @@ impl ReqId {
     pub const INTERNAL: ReqId = ReqId(u64::MAX);
 }
 
-/// What a local send carries besides its recipient and payload: the
-/// agent addressing of an agent message, and a client's id for retries.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SendMeta {
-    /// The sending agent of this node: the message is an agent message
-    /// (kind [`mesh_protocol::KIND_AGENT`]) whose body is the payload.
-    /// `None`: a plain message of the node, of its own kind.
-    pub from: Option<AgentName>,
-    /// The recipient agent (agent messages only; `None` for the recipient
-    /// node's own journal).
-    pub to: Option<AgentName>,
-    /// The message this one answers (agent messages only).
-    pub in_reply_to: Option<MsgId>,
-    /// The client's id: a send of the same sender and id within
-    /// [`crate::core::Config::dedup_window_ms`] is answered with the first
-    /// one's receipt instead of being sent again.
-    pub client_id: Option<String>,
-}
-
-/// Why an agent card frame was refused at the edge.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum BadCards {
-    /// A card's signature does not verify under its agent key.
-    #[error("an agent card does not verify")]
-    BadSignature,
-}
-
-/// Verifies every card of an `Agents` frame: the only way cards reach the
-/// core. Pure and thread-safe, run where the frame is read.
-pub fn open_cards(cards: Vec<AgentCard>) -> Result<Vec<AgentCard>, BadCards> {
-    if cards.iter().all(|c| c.verify().is_ok()) {
-        Ok(cards)
-    } else {
-        Err(BadCards::BadSignature)
-    }
-}
-
 /// One [`Effect::Persist`], named by the core; echoed in [`Input::Committed`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct CommitId(pub u64);
@@ -92,32 +62,6 @@ pub struct CommitId(pub u64);
 /// One [`Effect::LoadOutbox`], named by the core; echoed in [`Input::OutboxLoaded`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LoadId(pub u64);
-
-/// Why a peer's batch frame was refused before it reached the core's state.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum BadBatch {
-    /// The signature does not verify under the author's key.
-    #[error("bad signature")]
-    BadSignature,
-    /// The batch breaks a shape limit (entries, bytes, first seq).
-    #[error("malformed batch")]
-    Malformed,
-    /// A payload does not match its signed hash, or the count differs.
-    #[error("a payload does not match its signed hash")]
-    CidMismatch,
-}
-
-/// Verifies a received batch's signature and every payload's hash: the only
-/// way a peer's batch reaches the core. Pure and thread-safe; the driver runs
-/// it in each connection's reader task, in parallel, off the node task.
-pub fn open_batch(batch: SignedBatch, payloads: Vec<Vec<u8>>) -> Result<OpenBatch, BadBatch> {
-    let verified = batch.verify().map_err(|e| match e {
-        VerifyError::BadSignature(_) => BadBatch::BadSignature,
-        _ => BadBatch::Malformed,
-    })?;
-    verified.open(payloads).map_err(|_| BadBatch::CidMismatch)
-}
 
 /// Something that happened, fed to [`crate::core::Core::handle`].
 #[derive(Debug)]
@@ -361,250 +305,6 @@ pub enum Effect {
         /// Why.
         reason: CloseReason,
     },
-}
-
-/// A write of local state, sequenced with every other commit of the node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LocalWrite {
-    /// Set the named durable cursor `name` to `arrival` (≤ the journal head).
-    PutCursor {
-        /// The cursor's name (1..=[`mesh_store::CURSOR_NAME_BYTES_MAX`] bytes).
-        name: String,
-        /// The journal position.
-        arrival: Arrival,
-    },
-    /// Journal that the local subscriber `subscriber` missed the live
-    /// journal entries `from..=to` (arrivals, not seqs): it must re-read them.
-    SubscriberLagged {
-        /// Who lagged (1..=[`mesh_store::SUBSCRIBER_NAME_BYTES_MAX`] bytes).
-        subscriber: String,
-        /// First arrival missed.
-        from: Arrival,
-        /// Last arrival missed.
-        to: Arrival,
-    },
-    /// As [`LocalWrite::SubscriberLagged`], for a subscription to `agent`'s
-    /// inbox: the lag record goes to that inbox too.
-    AgentLagged {
-        /// The agent.
-        agent: AgentName,
-        /// Who lagged.
-        subscriber: String,
-        /// First arrival missed.
-        from: Arrival,
-        /// Last arrival missed.
-        to: Arrival,
-    },
-    /// Add (or replace) a local agent. Once committed the core routes
-    /// messages for it to its inbox; it is announced once its card comes
-    /// ([`Input::AgentCard`]). Refused past [`mesh_protocol::MAX_AGENT_CARDS`] agents.
-    PutAgent(AgentRecord),
-    /// Remove a local agent (its inbox index and cursors; its journal
-    /// entries stay); announced to every live peer once committed.
-    RemoveAgent(AgentName),
-    /// Set (`Some`) or clear the local alias `alias` of a node.
-    PutAlias {
-        /// The alias.
-        alias: String,
-        /// The node.
-        node: Option<NodeId>,
-    },
-    /// Set an agent's named cursor to `arrival` (≤ the journal head).
-    PutAgentCursor {
-        /// The agent.
-        agent: AgentName,
-        /// The cursor's name (1..=[`mesh_store::CURSOR_NAME_BYTES_MAX`] bytes).
-        name: String,
-        /// The journal position.
-        arrival: Arrival,
-    },
-    /// Write an invite's record (made, claimed, spent or revoked). The
-    /// node's one owner of invites decides what; the core only sequences it.
-    PutInvite(InviteRecord),
-}
-
-impl LocalWrite {
-    /// The name it carries, and the longest the store takes (an invite
-    /// carries none).
-    pub(crate) fn name(&self) -> (&str, usize) {
-        match self {
-            LocalWrite::PutCursor { name, .. } | LocalWrite::PutAgentCursor { name, .. } => {
-                (name, CURSOR_NAME_BYTES_MAX)
-            }
-            LocalWrite::SubscriberLagged { subscriber, .. }
-            | LocalWrite::AgentLagged { subscriber, .. } => (subscriber, SUBSCRIBER_NAME_BYTES_MAX),
-            LocalWrite::PutAgent(r) => (r.name.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
-            LocalWrite::RemoveAgent(n) => (n.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
-            LocalWrite::PutAlias { alias, .. } => (alias, mesh_store::ALIAS_BYTES_MAX),
-            LocalWrite::PutInvite(_) => ("", 0),
-        }
-    }
-
-    /// The store ops that write it, as one group.
-    pub(crate) fn into_ops(self) -> Vec<WriteOp> {
-        match self {
-            LocalWrite::PutCursor { name, arrival } => vec![WriteOp::PutCursor { name, arrival }],
-            LocalWrite::SubscriberLagged {
-                subscriber,
-                from,
-                to,
-            } => vec![WriteOp::RecordLag {
-                subscriber,
-                from,
-                to,
-            }],
-            LocalWrite::AgentLagged {
-                agent,
-                subscriber,
-                from,
-                to,
-            } => vec![
-                WriteOp::RecordLag {
-                    subscriber,
-                    from,
-                    to,
-                },
-                WriteOp::Agents(AgentOp::InboxLast {
-                    agent,
-                    row: InboxRow {
-                        kind: InboxKind::Lagged,
-                        verified: true,
-                        in_reply_to: None,
-                    },
-                }),
-            ],
-            LocalWrite::PutAgent(r) => vec![WriteOp::Agents(AgentOp::PutAgent(r))],
-            LocalWrite::RemoveAgent(n) => vec![WriteOp::Agents(AgentOp::RemoveAgent(n))],
-            LocalWrite::PutAlias { alias, node } => {
-                vec![WriteOp::Agents(AgentOp::PutAlias { alias, node })]
-            }
-            LocalWrite::PutAgentCursor {
-                agent,
-                name,
-                arrival,
-            } => vec![WriteOp::Agents(AgentOp::PutCursor {
-                agent,
-                name,
-                arrival,
-            })],
-            LocalWrite::PutInvite(invite) => vec![WriteOp::PutInvite(invite)],
-        }
-    }
-}
-
-/// Where a sent message went: its stream and seq, durable at the author.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SendReceipt {
-    /// The stream (this node, its epoch, `Direct(recipient)`).
-    pub stream: StreamId,
-    /// The message's seq in the stream.
-    pub seq: Seq,
-    /// The message's position in this node's journal.
-    pub arrival: mesh_store::Arrival,
-}
-
-/// Why a local send was refused, grouped by who can fix it.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum SendError {
-    /// The caller's fault: the recipient is not a known peer.
-    #[error("unknown peer {}: add it as a peer before sending to it", .0.fmt_short())]
-    UnknownPeer(NodeId),
-    /// The caller's fault: a node does not send to itself over the mesh.
-    #[error("cannot send to this node itself")]
-    ToSelf,
-    /// The caller's fault: the sending agent is not an agent of this node.
-    #[error("no agent {0} on this node")]
-    UnknownAgent(AgentName),
-    /// The caller's fault: a message to an agent of this node itself names
-    /// none it hosts (a message to this node needs a recipient agent).
-    #[error("this node has no agent {}", .0.as_ref().map_or("(none named)", |n| n.as_str()))]
-    NoSuchLocalAgent(Option<AgentName>),
-    /// The caller's fault: a retry's client id was first used for another
-    /// message (another recipient or body).
-    #[error(
-        "client id {client_id:?} was already used for another message; a retry must repeat the first send exactly"
-    )]
-    ClientIdReused {
-        /// The client id.
-        client_id: String,
-    },
-    /// The caller's fault: a recipient agent (or a reply) without a sending agent.
-    #[error("only an agent message names a recipient agent or answers a message")]
-    NotAnAgentMessage,
-    /// The caller's fault: a plain message of one of the mesh's own kinds.
-    #[error("kind {0} is reserved for the mesh's own messages (1 to 15); use 0 or a kind above 15")]
-    ReservedKind(u16),
-    /// The caller's fault: the payload can never fit a batch or the outbox.
-    #[error("payload of {len} bytes is larger than the {max}-byte limit")]
-    TooLarge {
-        /// The payload's length.
-        len: u64,
-        /// The limit.
-        max: u64,
-    },
-    /// Capacity: too many sends are waiting for the store; retry later.
-    #[error("the bus is busy: {waiting} sends are already waiting for the store; retry later")]
-    Busy {
-        /// Sends waiting.
-        waiting: usize,
-    },
-    /// Capacity: the peer's outbox is full of unacknowledged messages and its
-    /// policy is `reject`. Nothing was written. Decided by the core, exactly,
-    /// from the committed outbox and the sends ahead of this one.
-    #[error(
-        "outbox for peer {} is full ({msgs} msgs / {bytes} bytes unacknowledged); the peer must catch up first",
-        .peer.fmt_short()
-    )]
-    OutboxFull {
-        /// The recipient.
-        peer: NodeId,
-        /// Messages the outbox cannot evict without loss (written, or taken
-        /// ahead of this one).
-        msgs: u64,
-        /// Their payload bytes.
-        bytes: u64,
-    },
-    /// The environment: the store failed; the message was not written.
-    #[error("the store could not write the message: {0}")]
-    Store(String),
-    /// The environment: the store could not commit the message while it
-    /// was held, `held_ms` long; it was let go, never written, and a lost
-    /// record is journaled once the store is back.
-    #[error(
-        "the store could not commit the message for {held_ms} ms ({why}); it was let go and never written"
-    )]
-    Held {
-        /// How long it was held.
-        held_ms: u64,
-        /// The store's last error.
-        why: String,
-    },
-    /// The environment: the store cannot commit now and as many sends as
-    /// the node holds are held already; nothing was written.
-    #[error(
-        "the store cannot commit now ({why}) and {held} sends are held already; nothing was written"
-    )]
-    StoreDown {
-        /// Sends held.
-        held: usize,
-        /// The store's last error.
-        why: String,
-    },
-    /// A bug: the store refused a write the core believed valid.
-    #[error("internal error, the message was not written: {0}")]
-    Internal(String),
-}
-
-impl SendError {
-    /// Why the store did not write a send.
-    pub(crate) fn from_store(e: &StoreError) -> SendError {
-        match e {
-            StoreError::Conflict(why) => SendError::Internal(why.clone()),
-            other => SendError::Store(other.to_string()),
-        }
-    }
 }
 
 /// Why a peer change ([`Input::PeerAdded`], [`Input::PeerRemoved`]) was not made.

@@ -1,0 +1,136 @@
+//! The receive side: a peer batch's agent messages to inboxes and the index, and bounces.
+
+use mesh_protocol::{AgentHeader, Bounce, BounceReason, KIND_AGENT, KIND_BOUNCE, NodeId};
+use mesh_store::{AgentIndex, AgentOp, InboxKind, InboxRow, MessageDir, MessageRow, WriteOp};
+
+use crate::core::commit::{InboundWork, WaitingSend};
+use crate::core::{Core, Millis, ReqId};
+
+impl Core {
+    /// The index op for a peer batch about to be committed (its agent
+    /// messages to their inboxes and the message index, its bounces to
+    /// their senders), queueing a bounce for every agent message to an
+    /// agent this node does not host.
+    pub(in crate::core) fn index_inbound(
+        &mut self,
+        work: &InboundWork,
+        now: Millis,
+    ) -> Vec<WriteOp> {
+        let InboundWork::Accept { peer, from, batch } = work else {
+            return Vec::new();
+        };
+        let stream = batch.batch().stream().clone();
+        let mut entries = Vec::new();
+        let mut ops = Vec::new();
+        for e in batch.envelopes().filter(|e| e.seq >= *from) {
+            match e.header.kind {
+                KIND_AGENT => {
+                    let Ok(msg) = AgentHeader::decode(e.payload) else {
+                        self.out.metrics.agents.malformed += 1;
+                        continue;
+                    };
+                    let verified = self
+                        .agents
+                        .peers
+                        .get(peer)
+                        .is_some_and(|m| m.contains_key(&msg.from));
+                    let mut undelivered = None;
+                    match &msg.to {
+                        Some(to) if self.agents.is_local(to) => {
+                            self.out.metrics.agents.delivered += 1;
+                            if !verified {
+                                self.out.metrics.agents.unverified_senders += 1;
+                            }
+                            entries.push(AgentIndex::Inbox {
+                                agent: to.clone(),
+                                seq: e.seq,
+                                row: InboxRow {
+                                    kind: InboxKind::Message,
+                                    verified,
+                                    in_reply_to: msg.in_reply_to,
+                                },
+                            });
+                        }
+                        Some(missing) => {
+                            self.out.metrics.agents.undeliverable += 1;
+                            undelivered = Some(BounceReason::NoSuchAgent);
+                            let bounce = Bounce {
+                                id: msg.id,
+                                to: msg.from.clone(),
+                                missing: Some(missing.clone()),
+                                reason: BounceReason::NoSuchAgent,
+                            };
+                            self.queue_bounce(*peer, bounce, now);
+                        }
+                        None => {}
+                    }
+                    entries.push(AgentIndex::Message {
+                        id: msg.id,
+                        seq: e.seq,
+                        row: MessageRow {
+                            dir: MessageDir::Received,
+                            stream: stream.clone(),
+                            seq: e.seq,
+                            arrival: 0,
+                            from: msg.from,
+                            to: msg.to,
+                            in_reply_to: msg.in_reply_to,
+                            undelivered,
+                        },
+                    });
+                }
+                KIND_BOUNCE => {
+                    let Ok(b) = Bounce::decode(e.payload) else {
+                        self.out.metrics.agents.malformed += 1;
+                        continue;
+                    };
+                    if self.agents.is_local(&b.to) {
+                        self.out.metrics.agents.bounces_received += 1;
+                        entries.push(AgentIndex::Inbox {
+                            agent: b.to,
+                            seq: e.seq,
+                            row: InboxRow {
+                                kind: InboxKind::Bounce,
+                                verified: true,
+                                in_reply_to: None,
+                            },
+                        });
+                    }
+                    ops.push(WriteOp::Agents(AgentOp::Bounced {
+                        id: b.id,
+                        reason: b.reason,
+                    }));
+                }
+                _ => {}
+            }
+        }
+        if !entries.is_empty() {
+            ops.insert(0, WriteOp::Agents(AgentOp::Index { stream, entries }));
+        }
+        ops
+    }
+
+    /// Queues `bounce` to `peer` for the commit being built.
+    fn queue_bounce(&mut self, peer: NodeId, bounce: Bounce, now: Millis) {
+        self.out.metrics.agents.bounces_sent += 1;
+        self.agents.bounces.push(WaitingSend {
+            req: ReqId::INTERNAL,
+            to: peer,
+            kind: KIND_BOUNCE,
+            payload: bounce.encode(),
+            created_ms: now.0,
+            tracked: None,
+        });
+    }
+
+    /// The bounces waiting, taken for the commit being built.
+    pub(in crate::core) fn take_bounces(&mut self) -> Vec<WaitingSend> {
+        std::mem::take(&mut self.agents.bounces)
+    }
+
+    /// Bounces taken for a commit that must wait for the next one after all.
+    pub(in crate::core) fn wait_again_bounces(&mut self, mut bounces: Vec<WaitingSend>) {
+        bounces.append(&mut self.agents.bounces);
+        self.agents.bounces = bounces;
+    }
+}

@@ -1,0 +1,231 @@
+//! The send path of agent messages and sends with a client id: checks, ids, index entries.
+
+use mesh_protocol::{AgentEnvelope, KIND_AGENT, MsgId, NodeId, Seq, StreamId, stamp_msg_id};
+use mesh_store::{
+    AgentIndex, AgentOp, DedupKey, DedupRecord, InboxKind, InboxRow, MessageDir, MessageRow,
+    WriteOp,
+};
+
+use super::dedup::{DedupCheck, digest};
+use super::{AgentMsg, DedupMeta, Tracked};
+use crate::core::commit::WaitingSend;
+use crate::core::{Core, Effect, Millis, ReqId, SendError, SendMeta, SendReceipt};
+
+impl Core {
+    /// Queues a send with agent addressing or a client id, after the
+    /// checks every send has; a retry of a send already taken is answered
+    /// with its receipt (or waits for it) and is not sent again.
+    pub(in crate::core) fn on_send_with(
+        &mut self,
+        req: ReqId,
+        to: NodeId,
+        kind: u16,
+        body: Vec<u8>,
+        meta: SendMeta,
+        now: Millis,
+    ) {
+        let refuse = |core: &mut Core, e: SendError| {
+            core.out.metrics.sends_refused += 1;
+            core.reply(req, Err(e));
+        };
+        let SendMeta {
+            from,
+            to: to_agent,
+            in_reply_to,
+            client_id,
+        } = meta;
+        // Only a send with a client id needs one (a retry is told apart by it).
+        let digest = match client_id {
+            Some(_) => digest(
+                to,
+                kind,
+                from.as_ref(),
+                to_agent.as_ref(),
+                in_reply_to,
+                &body,
+            ),
+            None => [0; 16],
+        };
+        let (kind, payload, agent) = match from {
+            Some(from) => {
+                if !self.agents.is_local(&from) {
+                    return refuse(self, SendError::UnknownAgent(from));
+                }
+                let envelope = AgentEnvelope {
+                    // Stamped with its real id when it is signed.
+                    id: MsgId([0; 16]),
+                    from: from.clone(),
+                    to: to_agent.clone(),
+                    in_reply_to,
+                    key: None,
+                    body,
+                };
+                let agent = AgentMsg {
+                    from,
+                    to: to_agent,
+                    in_reply_to,
+                };
+                (KIND_AGENT, envelope.encode(), Some(agent))
+            }
+            None if to_agent.is_some() || in_reply_to.is_some() => {
+                return refuse(self, SendError::NotAnAgentMessage);
+            }
+            None => (kind, body, None),
+        };
+        // An agent message to an agent of this node is delivered here, in
+        // the commit that writes it: its stream to this node is acknowledged
+        // in the same group.
+        let checked = if to == self.me && agent.is_some() {
+            match agent.as_ref().and_then(|a| a.to.as_ref()) {
+                Some(n) if self.agents.is_local(n) => self.check_room(payload.len() as u64),
+                other => Err(SendError::NoSuchLocalAgent(other.cloned())),
+            }
+        } else {
+            self.check_send(to, payload.len() as u64)
+        };
+        if let Err(e) = checked {
+            return refuse(self, e);
+        }
+        let dedup = match client_id {
+            Some(client_id) => {
+                let key = DedupKey {
+                    sender: agent.as_ref().map(|a| a.from.clone()),
+                    client_id,
+                };
+                let mut forgotten = Vec::new();
+                let check = self
+                    .agents
+                    .dedup
+                    .check(req, &key, digest, now.0, &mut forgotten);
+                self.out.metrics.agents.dedup_forgotten += forgotten.len() as u64;
+                self.agents.housekeeping.extend(forgotten);
+                match check {
+                    DedupCheck::Fresh => Some(DedupMeta {
+                        key,
+                        at_ms: now.0,
+                        digest,
+                    }),
+                    DedupCheck::Answer(result) => {
+                        if result.is_ok() {
+                            self.out.metrics.agents.retries_answered += 1;
+                        }
+                        return self.reply(req, result);
+                    }
+                    DedupCheck::Waits => {
+                        self.out.metrics.agents.retries_answered += 1;
+                        return;
+                    }
+                }
+            }
+            None => None,
+        };
+        if agent.is_some() {
+            self.out.metrics.agents.sends += 1;
+        }
+        self.committer.queue_send(WaitingSend {
+            req,
+            to,
+            kind,
+            payload,
+            created_ms: now.0,
+            tracked: Some(Box::new(Tracked { agent, dedup })),
+        });
+    }
+
+    /// Answers the send `req` (unless the core made it itself), and the
+    /// retries that waited for it with the same answer.
+    pub(in crate::core) fn reply(&mut self, req: ReqId, result: Result<SendReceipt, SendError>) {
+        for waiter in self.agents.dedup.resolved(req, &result) {
+            self.out.push(Effect::Reply {
+                req: waiter,
+                result: result.clone(),
+            });
+        }
+        if req != ReqId::INTERNAL {
+            self.out.push(Effect::Reply { req, result });
+        }
+    }
+
+    /// Stamps the ids of the agent messages among `sends` (the batch to
+    /// `to` from `first_seq`) and returns the agent ops of their group: its
+    /// index entries, and for a batch to this node itself (agent messages
+    /// between its own agents) the recipients' inbox entries and the ack
+    /// that delivers it.
+    pub(in crate::core) fn index_own(
+        &mut self,
+        to: NodeId,
+        first_seq: Seq,
+        sends: &mut [WaitingSend],
+    ) -> Vec<WriteOp> {
+        let epoch = self.epoch();
+        let stream = StreamId::direct(self.me, epoch, to);
+        let local = to == self.me;
+        let tag = MsgId::stream_tag(&self.me, epoch, &to);
+        let mut entries = Vec::new();
+        for (i, s) in sends.iter_mut().enumerate() {
+            let Some(t) = s.tracked.as_deref() else {
+                continue;
+            };
+            let seq = first_seq + i as u64;
+            let mut msg = None;
+            if let Some(a) = &t.agent {
+                let id = MsgId::in_stream(tag, seq);
+                let stamped = stamp_msg_id(&mut s.payload, id);
+                debug_assert!(stamped, "an encoded agent envelope starts with its id");
+                msg = Some(id);
+                if local && let Some(recipient) = &a.to {
+                    self.out.metrics.agents.delivered += 1;
+                    entries.push(AgentIndex::Inbox {
+                        agent: recipient.clone(),
+                        seq,
+                        row: InboxRow {
+                            kind: InboxKind::Message,
+                            verified: true,
+                            in_reply_to: a.in_reply_to,
+                        },
+                    });
+                }
+                entries.push(AgentIndex::Message {
+                    id,
+                    seq,
+                    row: MessageRow {
+                        dir: MessageDir::Sent,
+                        stream: stream.clone(),
+                        seq,
+                        arrival: 0,
+                        from: a.from.clone(),
+                        to: a.to.clone(),
+                        in_reply_to: a.in_reply_to,
+                        undelivered: None,
+                    },
+                });
+            }
+            if let Some(d) = &t.dedup {
+                entries.push(AgentIndex::Dedup {
+                    seq,
+                    record: DedupRecord {
+                        key: d.key.clone(),
+                        at_ms: d.at_ms,
+                        digest: d.digest,
+                        msg,
+                        stream: stream.clone(),
+                        seq,
+                        arrival: 0,
+                    },
+                });
+            }
+        }
+        let mut ops = Vec::new();
+        if local {
+            ops.push(WriteOp::Acked {
+                stream: stream.clone(),
+                upto: first_seq + sends.len() as u64 - 1,
+                reset: false,
+            });
+        }
+        if !entries.is_empty() {
+            ops.push(WriteOp::Agents(AgentOp::Index { stream, entries }));
+        }
+        ops
+    }
+}
