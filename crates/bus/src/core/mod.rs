@@ -15,7 +15,7 @@
 //! acks), [`Receiver`](receiver::Receiver) (marks, the reorder buffer,
 //! resync asks, gaps) and [`Committer`](commit::Committer) (the waiting
 //! queues and the one commit in flight) — and their deadlines live in one
-//! [`TimerTable`](timers::TimerTable). `flush.rs` builds each commit from
+//! [`TimerTable`](timers::TimerTable). `flush` builds each commit from
 //! what they queued and routes each group's outcome back to them.
 
 mod agents;
