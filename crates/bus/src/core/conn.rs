@@ -1,0 +1,293 @@
+//! A peer's connection as the core sees it: opened, its Hello, the frames
+//! and batches it carries, and its close.
+
+use mesh_protocol::{Epoch, Frame, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, Seq};
+
+use super::author::HelloCheck;
+use super::commit::AckWork;
+use super::receiver::{Env, Sender};
+use super::{BadBatch, CloseReason, ConnId, Core, DropReason, Effect, Millis};
+
+impl Core {
+    pub(super) fn on_connected(&mut self, peer: NodeId, conn: ConnId, now: Millis) {
+        if peer == self.me || !self.peers.is_peer(peer) {
+            let reason = CloseReason::UnknownPeer;
+            self.out
+                .push(Effect::CloseConnection { peer, conn, reason });
+            return;
+        }
+        self.forget_conn(peer);
+        let hello = self.hello_frame(peer);
+        self.peers.open(peer, conn, now);
+        self.out.send(peer, conn, hello);
+    }
+
+    /// Drops the peer's connection state and what was held for it.
+    pub(super) fn forget_conn(&mut self, peer: NodeId) {
+        self.peers.close(peer);
+        self.author.drop_feed(peer);
+        self.receiver.forget_held(peer, None);
+    }
+
+    pub(super) fn close(&mut self, peer: NodeId, conn: ConnId, reason: CloseReason) {
+        self.out
+            .push(Effect::CloseConnection { peer, conn, reason });
+        self.forget_conn(peer);
+    }
+
+    pub(super) fn on_frame(&mut self, peer: NodeId, conn: ConnId, frame: Frame, now: Millis) {
+        if self.peers.live_conn(peer) != Some(conn) {
+            self.out.drop(DropReason::StaleConnection);
+            return;
+        }
+        self.out.metrics.frames_in.count(&frame);
+        if let Frame::Hello {
+            version,
+            node,
+            epoch,
+            marks,
+            card,
+        } = frame
+        {
+            self.on_hello(peer, conn, version, node, epoch, marks, now);
+            if self.peers.peer_epoch(peer).is_some() {
+                self.learn_card(peer, *card);
+            }
+            return;
+        }
+        let Some(epoch) = self.peers.peer_epoch(peer) else {
+            self.out.drop(DropReason::BeforeHello);
+            return;
+        };
+        let from = Sender { peer, epoch };
+        let (config, out) = (&self.config, &mut self.out);
+        match frame {
+            Frame::Ack { stream, upto } => {
+                if self.author.on_ack(peer, &stream, upto, now, out) {
+                    self.note_ack(peer, upto);
+                }
+            }
+            Frame::Resync { stream, after } => self
+                .author
+                .on_resync(peer, &stream, after, now, config, out),
+            Frame::ResyncGap {
+                stream,
+                earliest_available,
+            } => {
+                let queue = &mut self.committer.inbound;
+                let top = self
+                    .receiver
+                    .on_resync_gap(from, stream, earliest_available, queue, out);
+                self.author.observe_lamport(top);
+            }
+            Frame::ResyncDone { stream, upto } => {
+                let mut env = Env {
+                    peers: &self.peers,
+                    config,
+                    now,
+                    out,
+                };
+                self.receiver.on_resync_done(from, stream, upto, &mut env);
+            }
+            Frame::StreamEnded { stream, held } => {
+                let queue = &mut self.committer.inbound;
+                self.receiver
+                    .on_stream_ended(from, stream, held, queue, out);
+            }
+            Frame::CardQuery { node } => self.on_card_query(peer, node, now),
+            Frame::CardAnswer { node, card } => self.on_card_answer(peer, node, card),
+            Frame::Batch { .. } => {
+                debug_assert!(false, "a batch frame must come as Input::Batch");
+                self.out.drop(DropReason::Malformed);
+            }
+            Frame::Agents { .. } => {
+                debug_assert!(false, "an agents frame must come as Input::Agents");
+                self.out.drop(DropReason::Malformed);
+            }
+            // Handled above.
+            Frame::Hello { .. } => {}
+        }
+    }
+
+    pub(super) fn on_batch(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        batch: Result<OpenBatch, BadBatch>,
+        now: Millis,
+    ) {
+        if self.peers.live_conn(peer) != Some(conn) {
+            self.out.drop(DropReason::StaleConnection);
+            return;
+        }
+        self.out.metrics.frames_in.batch += 1;
+        let Some(peer_epoch) = self.peers.peer_epoch(peer) else {
+            self.out.drop(DropReason::BeforeHello);
+            return;
+        };
+        let open = match batch {
+            Ok(open) => open,
+            Err(bad) => return self.out.drop(DropReason::from(bad)),
+        };
+        let from = Sender {
+            peer,
+            epoch: peer_epoch,
+        };
+        let mut env = Env {
+            peers: &self.peers,
+            config: &self.config,
+            now,
+            out: &mut self.out,
+        };
+        let queue = &mut self.committer.inbound;
+        let top = self.receiver.on_batch(from, open, queue, &mut env);
+        self.author.observe_lamport(top);
+        if let Some(seq) = self.receiver.take_conflict() {
+            // A second writer with the peer's key (a clone) fed this
+            // connection: nothing more of it is taken, or the writer's next
+            // seqs would pass as the stream's. Its next connection starts
+            // with our Hello, whose mark tells the writer its stream forked.
+            self.close(peer, conn, CloseReason::Conflict { seq });
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // The fields of one Hello frame, taken apart.
+    fn on_hello(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        version: u32,
+        node: NodeId,
+        epoch: Epoch,
+        marks: Vec<Mark>,
+        now: Millis,
+    ) {
+        if version != PROTOCOL_VERSION {
+            let reason = CloseReason::VersionMismatch {
+                theirs: version,
+                ours: PROTOCOL_VERSION,
+            };
+            return self.close(peer, conn, reason);
+        }
+        if node != peer {
+            return self.close(peer, conn, CloseReason::WrongNode);
+        }
+        // Ended streams the peer holds more of than this store: journaled,
+        // and the peer is told what this store still holds of them.
+        for report in self.author.ended_reports(peer, &marks) {
+            let frame = Frame::StreamEnded {
+                stream: report.stream.clone(),
+                held: report.held,
+            };
+            self.out.send(peer, conn, frame);
+            self.committer.queue_report(report);
+        }
+        let check = if self.author.is_frozen() {
+            // A new epoch is under way: the old streams are not fed.
+            match self
+                .author
+                .check_hello(peer, self.author.mark_in(peer, &marks))
+            {
+                c @ HelloCheck::RolledBack { .. } => c,
+                _ => HelloCheck::Trust(0),
+            }
+        } else {
+            self.author
+                .check_hello(peer, self.author.mark_in(peer, &marks))
+        };
+        let trusted = match check {
+            HelloCheck::Trust(m) => Some(m),
+            _ => None,
+        };
+        let seen = self.peers.see_epoch(peer, epoch);
+        let reset = matches!(seen, Some(Some(_)));
+        match seen {
+            // A peer whose store is new holds nothing of ours, whatever it
+            // acknowledged before: its acked state is reset to what it says
+            // now (once its mark is checked), and its earlier epoch's
+            // stream to us has ended.
+            Some(earlier) => {
+                if earlier.is_some() {
+                    self.out.metrics.peer_epoch_changes += 1;
+                    self.receiver.forget_held(peer, Some(epoch));
+                }
+                let work = AckWork {
+                    upto: trusted.unwrap_or(0),
+                    reset: earlier.is_some() && trusted.is_some(),
+                    epoch: Some(epoch),
+                    ended: earlier,
+                };
+                self.committer.new_epoch_ack(peer, work);
+            }
+            None => {
+                if let Some(m) = trusted.filter(|m| *m > 0) {
+                    self.note_ack(peer, m);
+                }
+            }
+        }
+        self.peers.go_live(peer, epoch);
+        // What the peer announced before comes again on this connection,
+        // and ours goes before any batch of ours on it.
+        self.forget_peer_agents(peer);
+        self.announce_to(peer, conn);
+        let (config, out) = (&self.config, &mut self.out);
+        match check {
+            HelloCheck::Trust(mark) => self.author.start_feed(peer, conn, mark, now, config, out),
+            HelloCheck::Verify { mark, cid } => self
+                .author
+                .start_verify(peer, conn, mark, cid, reset, now, out),
+            HelloCheck::RolledBack { mark } => self.store_went_back(peer, mark),
+        }
+    }
+
+    /// `peer` holds our current stream to it up to `mark`, which this store
+    /// never wrote or holds otherwise: the store went back in time (a
+    /// restored backup, a clone). A new epoch is started before anything
+    /// more is sent; what the peer saw that this store lost is journaled
+    /// with it, and the unacknowledged envelopes are carried over.
+    pub(super) fn store_went_back(&mut self, peer: NodeId, mark: Seq) {
+        tracing::warn!(
+            peer = %peer.fmt_short(),
+            mark,
+            "this node's store went back in time: the peer holds more of our stream than this \
+             store wrote, or other envelopes; starting a new epoch"
+        );
+        if self.committer.switch_waiting() {
+            // A new epoch waits for its commit: this stream ends with it too.
+            let epoch = self
+                .committer
+                .waiting_epoch()
+                .unwrap_or(self.author.epoch());
+            let report = self.author.current_report(peer, mark, epoch);
+            self.committer.switch_epoch(epoch, report);
+        } else if self.committer.switching() {
+            // It is being committed: this stream is an ended one once it is.
+            let report = self.author.current_report(peer, mark, self.author.epoch());
+            self.committer.report_after_switch(report);
+        } else {
+            let epoch = self.author.next_epoch();
+            let report = self.author.current_report(peer, mark, epoch);
+            self.committer.switch_epoch(epoch, report);
+            self.author.freeze();
+        }
+    }
+
+    /// Remembers that `peer` holds everything of our stream up to `upto`.
+    pub(super) fn note_ack(&mut self, peer: NodeId, upto: Seq) {
+        let last_acked = self.author.own(&peer).map_or(0, |o| o.last_acked);
+        self.committer.note_ack(peer, upto, last_acked);
+    }
+
+    /// The Hello this node sends `peer`: its committed marks for the
+    /// streams `peer` authors, the peer's newest known epoch first.
+    pub(super) fn hello_frame(&self, peer: NodeId) -> Frame {
+        let marks = self.receiver.hello_marks(peer, self.peers.epoch_seen(peer));
+        Frame::Hello {
+            version: PROTOCOL_VERSION,
+            node: self.me,
+            epoch: self.author.epoch(),
+            marks,
+            card: Box::new(self.own_card.clone()),
+        }
+    }
+}

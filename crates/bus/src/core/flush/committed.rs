@@ -1,0 +1,304 @@
+//! The store's answer to a commit: each group's outcome routed back to the
+//! machine it was for, then what the commit leaves to do.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mesh_protocol::{Channel, Frame, NodeId, StreamId};
+use mesh_store::{Arrival, Receipt, StoreError};
+
+use crate::core::commit::{EpochSwitch, Group, WaitingSend};
+use crate::core::peers::PeerChange;
+use crate::core::receiver::{Env, send_live};
+use crate::core::{CommitId, Core, Effect, Millis, PeerChangeError, ReqId, SendError};
+
+/// What a finished commit leaves to do once every group is handled.
+#[derive(Debug, Default)]
+pub(super) struct AfterCommit {
+    /// The last journal position written.
+    journaled: Option<Arrival>,
+    /// A group failed for want of a working store (its error): wait before
+    /// the next commit, and hold the sends.
+    store_down: Option<String>,
+    /// A group committed: the store works.
+    store_works: bool,
+    /// Sends whose commit failed for want of a store, to hold again, in order.
+    pub(super) held: Vec<WaitingSend>,
+    /// Streams whose committed mark moved: their authors get an Ack.
+    acks: BTreeSet<(NodeId, StreamId)>,
+    /// Streams whose accept or gap failed: roll back and ask again.
+    failed_streams: BTreeSet<StreamId>,
+    /// Own streams whose append failed, and why: later batches of the
+    /// stream in the same commit could not follow it.
+    pub(super) failed_sends: BTreeMap<NodeId, SendError>,
+}
+
+impl Core {
+    /// The answer to the commit in flight: each group's outcome goes to the
+    /// machine it was for, then acks, rollbacks and feeds follow.
+    pub(in crate::core) fn on_committed(
+        &mut self,
+        commit: CommitId,
+        results: Vec<Result<Receipt, StoreError>>,
+        now: Millis,
+    ) {
+        let Some(outcomes) = self.committer.finish(commit, results, &mut self.out) else {
+            return;
+        };
+        let mut after = AfterCommit::default();
+        for (group, result) in outcomes {
+            match &result {
+                Ok(receipt) => {
+                    if let Some((_, last)) = receipt.arrivals {
+                        after.journaled = Some(last);
+                    }
+                    self.author.committed(&receipt.own_streams);
+                    self.author.ended_changed(&receipt.ended);
+                    after.store_works = true;
+                }
+                Err(e) => {
+                    self.out.metrics.groups_failed += 1;
+                    if is_down(e) {
+                        after.store_down.get_or_insert_with(|| e.to_string());
+                    }
+                }
+            }
+            self.on_group(group, result, &mut after, now);
+        }
+        self.after_commit(after, now);
+    }
+
+    /// Routes one group's outcome.
+    fn on_group(
+        &mut self,
+        group: Group,
+        result: Result<Receipt, StoreError>,
+        after: &mut AfterCommit,
+        now: Millis,
+    ) {
+        match group {
+            Group::Ack { peer, work } => match result {
+                Ok(_) => {
+                    if let Some(epoch) = work.epoch {
+                        self.peers.record_epoch(peer, epoch);
+                    }
+                }
+                Err(StoreError::Conflict(_)) => {}
+                Err(_) => self.committer.retry_ack(peer, work),
+            },
+            Group::Accept {
+                peer,
+                stream,
+                last,
+                cid,
+            } => match result {
+                Ok(_) => {
+                    if self.receiver.committed(&stream, last, cid) {
+                        after.acks.insert((peer, stream));
+                    }
+                }
+                Err(_) => {
+                    after.failed_streams.insert(stream);
+                }
+            },
+            Group::Gap {
+                peer,
+                stream,
+                earliest,
+            } => match result {
+                Ok(_) => {
+                    self.out.metrics.gaps_recorded += 1;
+                    if self.receiver.committed(&stream, earliest - 1, None) {
+                        after.acks.insert((peer, stream));
+                    }
+                }
+                Err(_) => {
+                    after.failed_streams.insert(stream);
+                }
+            },
+            Group::Peer { req, change } => self.on_peer_committed(req, change, result),
+            Group::Write { req, agent } => {
+                if let (Some(change), Ok(_)) = (agent, &result) {
+                    self.on_agent_change(change);
+                }
+                self.out.push(Effect::Written { req, result });
+            }
+            Group::Housekeeping => {}
+            Group::Card { card } => self.on_card_committed(card, result),
+            Group::Append {
+                to,
+                batch,
+                senders,
+                tracked,
+            } => {
+                let sends = (senders, tracked);
+                self.on_append_committed(to, batch, sends, result, after, now);
+            }
+            Group::Trim => {
+                if let Ok(Receipt {
+                    trim: Some(report), ..
+                }) = result
+                {
+                    if self.journal.is_some_and(|j| j.first != report.bounds.first) {
+                        self.out.metrics.trims += 1;
+                    }
+                    self.journal = Some(report.bounds);
+                    if report.more {
+                        self.committer.want_trim();
+                    } else {
+                        self.committer.set_trim_at(report.next_due_ms.map(Millis));
+                    }
+                }
+            }
+            Group::Lost { to, tally } => {
+                if result.is_err() {
+                    self.committer.lost_again(to, tally);
+                }
+            }
+            Group::EndEpoch => {}
+            Group::Conflict { stream } => {
+                if result.is_err() {
+                    self.receiver.conflict_unrecorded(&stream);
+                }
+            }
+            Group::RolledBack { stream, from } => {
+                if result.is_err() {
+                    self.receiver.rolled_back_unrecorded(&stream, from);
+                }
+            }
+            Group::Report { report } => {
+                if matches!(result, Err(ref e) if is_down(e)) {
+                    self.committer.queue_report(report);
+                }
+            }
+            Group::NewEpoch { switch } => self.on_switch_committed(switch, result, now),
+            Group::Carry {
+                from,
+                to,
+                upto,
+                batches,
+            } => {
+                let ok = result.is_ok();
+                self.author.carry_done(&from, upto, ok);
+                if ok {
+                    for b in batches {
+                        self.author.send_fresh(to, b, now, &mut self.out);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The new epoch's commit returned: on success the author writes the
+    /// new epoch, every live peer hears of it (a Hello again, and what its
+    /// ended stream lost) and is fed the new stream from its start.
+    fn on_switch_committed(
+        &mut self,
+        mut switch: EpochSwitch,
+        result: Result<Receipt, StoreError>,
+        now: Millis,
+    ) {
+        let receipt = match result {
+            Ok(r) => r,
+            Err(e) => {
+                if matches!(e, StoreError::Conflict(_)) {
+                    // That epoch was written before: another one.
+                    switch.epoch = self.author.next_epoch();
+                }
+                self.committer.switch_again(switch);
+                return;
+            }
+        };
+        let epoch = switch.epoch;
+        self.author.switched(epoch, &receipt.ended);
+        self.out.metrics.epoch_switches += 1;
+        self.out.push(Effect::EpochChanged { epoch });
+        let late = self.committer.take_after_switch();
+        for r in &late {
+            self.committer.queue_report(r.clone());
+        }
+        for (peer, conn) in self.peers.live() {
+            let hello = self.hello_frame(peer);
+            self.out.send(peer, conn, hello);
+            for r in switch.reports.iter().chain(&late) {
+                if r.stream.channel == Channel::Direct(peer) {
+                    let frame = Frame::StreamEnded {
+                        stream: r.stream.clone(),
+                        held: r.held,
+                    };
+                    self.out.send(peer, conn, frame);
+                }
+            }
+            let (config, out) = (&self.config, &mut self.out);
+            self.author.start_feed(peer, conn, 0, now, config, out);
+        }
+    }
+
+    fn on_peer_committed(
+        &mut self,
+        req: ReqId,
+        mut change: PeerChange,
+        result: Result<Receipt, StoreError>,
+    ) {
+        let node = change.node();
+        if result.is_ok() {
+            // The ack that may have shared this commit set the epoch.
+            if let PeerChange::Put(r) = &mut change {
+                r.epoch = self.peers.record(node).and_then(|p| p.epoch);
+            }
+            self.apply_peer_change(change);
+        }
+        let result = result.map(|_| ()).map_err(PeerChangeError::Store);
+        self.out.push(Effect::PeerChanged { req, node, result });
+    }
+
+    /// What follows a commit once its groups are handled.
+    fn after_commit(&mut self, after: AfterCommit, now: Millis) {
+        if let Some(why) = after.store_down {
+            self.committer.store_failed(now, &self.config, why);
+        } else if after.store_works {
+            self.committer.store_works();
+        }
+        if !after.held.is_empty() {
+            self.out.metrics.sends_held += after.held.len() as u64;
+            let over = self.committer.hold_again(after.held, &self.config);
+            self.refuse_held(over);
+        }
+        let (config, out) = (&self.config, &mut self.out);
+        for stream in &after.failed_streams {
+            let queue = &mut self.committer.inbound;
+            self.receiver.roll_back(
+                stream,
+                queue,
+                &mut Env {
+                    peers: &self.peers,
+                    config,
+                    now,
+                    out,
+                },
+            );
+        }
+        for (peer, stream) in after.acks {
+            let upto = self.receiver.mark(&stream);
+            send_live(&self.peers, peer, Frame::Ack { stream, upto }, out);
+        }
+        if let Some(upto) = after.journaled {
+            out.push(Effect::Journaled { upto });
+            // The rows just written pass the age bound a dating step after
+            // it at the latest; the next trim says when, exactly, if earlier.
+            if config.journal_age_ms_max > 0 && self.committer.trim_deadline().is_none() {
+                let at = now.plus(config.journal_age_ms_max + mesh_store::JOURNAL_TIME_STEP_MS);
+                self.committer.set_trim_at(Some(at));
+            }
+        }
+        self.author.pump_all(config, out);
+        if !self.committer.carrying() && !self.committer.switching() {
+            self.author.next_carry(config, out);
+        }
+    }
+}
+
+/// Whether a store error means the store cannot commit now (rather than
+/// that the ops broke a rule).
+pub(super) fn is_down(e: &StoreError) -> bool {
+    matches!(e, StoreError::Unavailable(_) | StoreError::Closed)
+}

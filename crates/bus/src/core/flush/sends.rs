@@ -1,0 +1,268 @@
+//! Own sends in a commit: signed into batches, answered once committed,
+//! held while the store is down and let go past the hold.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mesh_protocol::{
+    MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NewEnvelope, NodeId, OpenBatch, Seq,
+};
+use mesh_store::{Eviction, Receipt, StoreError, WriteOp};
+
+use super::committed::{AfterCommit, is_down};
+use crate::core::agents::Tracked;
+use crate::core::commit::{Batch, Group, WaitingSend};
+use crate::core::outbox::Room;
+use crate::core::{Core, Effect, Millis, ReqId, SendError, SendReceipt};
+
+impl Core {
+    /// Turns the waiting sends into signed batches, one group each: the
+    /// sends of one stream that its outbox takes (see [`outbox`]) become
+    /// one batch, split at the batch and outbox limits. A send the outbox
+    /// refuses is answered at once, unless an ack of its stream rides in
+    /// this commit: then it and the stream's later sends wait for the next
+    /// commit, which knows what the ack made evictable.
+    pub(super) fn build_appends(&mut self, batch: &mut Batch, acking: &BTreeSet<NodeId>) {
+        let mut by_peer: BTreeMap<NodeId, Vec<WaitingSend>> = BTreeMap::new();
+        let bounces = self.take_bounces();
+        for s in self.committer.take_sends().into_iter().chain(bounces) {
+            by_peer.entry(s.to).or_default().push(s);
+        }
+        let mut later = Vec::new();
+        for (to, sends) in by_peer {
+            let own = self.author.own_view(to);
+            let mut room = Room::new(&own, self.config.outbox, to);
+            let mut taken = Vec::with_capacity(sends.len());
+            let mut sends = sends.into_iter();
+            while let Some(s) = sends.next() {
+                match room.admit(s.payload.len() as u64) {
+                    Ok(()) => taken.push(s),
+                    Err(_) if acking.contains(&to) => {
+                        later.push(s);
+                        later.extend(sends.by_ref());
+                    }
+                    Err(e) => {
+                        if s.req == ReqId::INTERNAL {
+                            self.out.metrics.agents.bounces_refused += 1;
+                        }
+                        self.out.metrics.sends_refused += 1;
+                        self.reply(s.req, Err(e));
+                    }
+                }
+            }
+            self.build_stream(batch, to, own.next_seq, taken, &mut room);
+        }
+        // Bounces wait apart from the local sends, outside their bound.
+        let (bounces, later): (Vec<_>, Vec<_>) =
+            later.into_iter().partition(|s| s.req == ReqId::INTERNAL);
+        self.wait_again_bounces(bounces);
+        self.committer.wait_again(later);
+    }
+
+    /// The batches of the sends to `to` its outbox took, from `next_seq` on.
+    fn build_stream(
+        &mut self,
+        batch: &mut Batch,
+        to: NodeId,
+        mut next_seq: Seq,
+        sends: Vec<WaitingSend>,
+        room: &mut Room,
+    ) {
+        let bounds = self.config.outbox;
+        let max_entries = (MAX_BATCH_ENTRIES as u64).min(bounds.max_msgs).max(1);
+        let max_bytes = MAX_BATCH_PAYLOAD_BYTES.min(bounds.max_bytes);
+        let mut chunk: Vec<WaitingSend> = Vec::new();
+        let mut chunk_bytes = 0u64;
+        let mut sends = sends.into_iter().peekable();
+        while let Some(s) = sends.next() {
+            chunk_bytes += s.payload.len() as u64;
+            chunk.push(s);
+            let full = sends.peek().is_none_or(|n| {
+                chunk.len() as u64 >= max_entries
+                    || chunk_bytes + n.payload.len() as u64 > max_bytes
+            });
+            if !full {
+                continue;
+            }
+            let taken = std::mem::take(&mut chunk);
+            let bytes = std::mem::take(&mut chunk_bytes);
+            let n = taken.len() as u64;
+            let evict = room.evict_for(n, bytes);
+            if self.sign_chunk(batch, to, next_seq, taken, evict) {
+                next_seq += n;
+            }
+        }
+    }
+
+    /// Signs one batch of sends starting at `first_seq` into `batch`;
+    /// answers the senders at once if it cannot be signed (a bug: the
+    /// limits were checked). Returns whether it was signed.
+    fn sign_chunk(
+        &mut self,
+        batch: &mut Batch,
+        to: NodeId,
+        first_seq: Seq,
+        mut sends: Vec<WaitingSend>,
+        evict: Option<Eviction>,
+    ) -> bool {
+        let index = self.index_own(to, first_seq, &mut sends);
+        let mut senders = Vec::with_capacity(sends.len());
+        let mut tracked = Vec::with_capacity(sends.len());
+        let envelopes: Vec<NewEnvelope> = sends
+            .into_iter()
+            .map(|s| {
+                senders.push(s.req);
+                tracked.push(s.tracked);
+                NewEnvelope {
+                    lamport: 0,
+                    created_ms: s.created_ms,
+                    kind: s.kind,
+                    payload: s.payload,
+                }
+            })
+            .collect();
+        match self.author.sign(to, first_seq, envelopes) {
+            Ok(signed) => {
+                let mut ops = vec![WriteOp::AppendOwn {
+                    batch: signed.clone(),
+                    evict,
+                }];
+                ops.extend(index);
+                let group = Group::Append {
+                    to,
+                    batch: signed,
+                    senders,
+                    tracked,
+                };
+                batch.push(ops, group);
+                true
+            }
+            Err(e) => {
+                self.fail_senders(senders, &SendError::Internal(e.to_string()));
+                false
+            }
+        }
+    }
+
+    fn fail_senders(&mut self, senders: Vec<ReqId>, err: &SendError) {
+        self.out.metrics.sends_failed += senders.len() as u64;
+        for req in senders {
+            self.reply(req, Err(err.clone()));
+        }
+    }
+
+    /// Answers the senders of one own batch, and sends it to the peer if
+    /// its feed is right before it.
+    pub(super) fn on_append_committed(
+        &mut self,
+        to: NodeId,
+        batch: OpenBatch,
+        (senders, tracked): (Vec<ReqId>, Vec<Option<Box<Tracked>>>),
+        result: Result<Receipt, StoreError>,
+        after: &mut AfterCommit,
+        now: Millis,
+    ) {
+        if let Err(e) = &result
+            && is_down(e)
+        {
+            // Not written: held, to be tried again, unanswered.
+            after.held.extend(unsigned(to, batch, senders, tracked));
+            return;
+        }
+        if let Some(err) = after.failed_sends.get(&to).cloned() {
+            // An earlier batch of this stream failed, so this one could
+            // not follow it; say why the first failed.
+            return self.fail_senders(senders, &err);
+        }
+        let receipt = match result {
+            Ok(receipt) => receipt,
+            Err(e) => {
+                let err = SendError::from_store(&e);
+                self.fail_senders(senders, &err);
+                after.failed_sends.insert(to, err);
+                return;
+            }
+        };
+        let stream = batch.batch().stream().clone();
+        let first = batch.batch().first_seq();
+        // The store journals a batch's envelopes last in its group, in seq
+        // order: they end at `last`.
+        let n = batch.batch().entries().len() as u64;
+        let first_arrival = receipt
+            .arrivals
+            .map_or(0, |(_, last)| (last + 1).saturating_sub(n));
+        self.out.metrics.sends_ok += senders.len() as u64;
+        for (i, req) in senders.into_iter().enumerate() {
+            let receipt = SendReceipt {
+                stream: stream.clone(),
+                seq: first + i as u64,
+                arrival: first_arrival + i as u64,
+            };
+            self.reply(req, Ok(receipt));
+        }
+        self.author.send_fresh(to, batch, now, &mut self.out);
+    }
+
+    /// Answers sends past the hold bounds: refused at once (nothing was written).
+    pub(super) fn refuse_held(&mut self, sends: Vec<WaitingSend>) {
+        let (held, _) = self.committer.sends_waiting();
+        let why = self
+            .committer
+            .store_down()
+            .map_or_else(|| "the store failed".to_owned(), |d| d.why.clone());
+        self.out.metrics.sends_refused += sends.len() as u64;
+        for s in sends {
+            let result = Err(SendError::StoreDown {
+                held,
+                why: why.clone(),
+            });
+            self.out.push(Effect::Reply { req: s.req, result });
+        }
+    }
+
+    /// Lets go the held sends whose hold has ended: answered 503, and
+    /// journaled as lost once the store takes a commit.
+    pub(in crate::core) fn expire_held(&mut self, now: Millis) {
+        let expired = self.committer.expire_held(now, &self.config);
+        if expired.is_empty() {
+            return;
+        }
+        let why = self
+            .committer
+            .store_down()
+            .map_or_else(|| "the store failed".to_owned(), |d| d.why.clone());
+        self.committer.note_lost(&expired);
+        self.out.metrics.sends_let_go += expired.len() as u64;
+        for s in expired {
+            let result = Err(SendError::Held {
+                held_ms: now.0.saturating_sub(s.created_ms),
+                why: why.clone(),
+            });
+            self.out.push(Effect::Reply { req: s.req, result });
+        }
+    }
+}
+
+/// The sends of an own batch that was never written, as they waited
+/// before it was signed (an agent message's id is stamped again when it
+/// is signed again).
+fn unsigned(
+    to: NodeId,
+    batch: OpenBatch,
+    senders: Vec<ReqId>,
+    tracked: Vec<Option<Box<Tracked>>>,
+) -> Vec<WaitingSend> {
+    let (vb, payloads) = batch.into_parts();
+    vb.entries()
+        .iter()
+        .zip(payloads)
+        .zip(senders.into_iter().zip(tracked))
+        .map(|((h, payload), (req, tracked))| WaitingSend {
+            req,
+            to,
+            kind: h.kind,
+            payload,
+            created_ms: h.created_ms,
+            tracked,
+        })
+        .collect()
+}

@@ -1,0 +1,145 @@
+//! Requests of the local clients (sends, writes, peer changes, this node's
+//! card): refused at once, or queued for the next commit.
+
+use mesh_protocol::{NodeCard, NodeId};
+use mesh_store::StoreError;
+
+use super::commit::WaitingSend;
+use super::peers::PeerChange;
+use super::{
+    Core, Effect, LocalWrite, Millis, PAYLOAD_BYTES_MAX, PeerChangeError, ReqId, SendError,
+    WAITING_PEER_CHANGES_MAX, WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX, WAITING_WRITES_MAX,
+};
+
+impl Core {
+    /// This node issued a newer card: kept with the next commit, sent in
+    /// every later Hello and in answers about this node.
+    pub(super) fn on_own_card(&mut self, card: NodeCard) {
+        debug_assert_eq!(card.node, self.me, "a node issues only its own card");
+        if card.node != self.me || !card.is_newer_than(&self.own_card) {
+            return;
+        }
+        self.own_card = card.clone();
+        self.committer.queue_card(card);
+    }
+
+    /// Queues a local write for the next commit; a name the store could
+    /// never take, or a full queue, is refused at once.
+    pub(super) fn on_write(&mut self, req: ReqId, write: LocalWrite) {
+        let (name, max) = write.name();
+        let waiting = self.committer.writes_waiting();
+        let refused = if name.len() > max {
+            Some(StoreError::Conflict(format!(
+                "a name of {} bytes is longer than the {max} the store takes",
+                name.len()
+            )))
+        } else if let Err(e) = self.check_agent_write(&write) {
+            Some(e)
+        } else if waiting >= WAITING_WRITES_MAX {
+            Some(StoreError::Busy { waiting })
+        } else {
+            None
+        };
+        match refused {
+            Some(e) => self.out.push(Effect::Written {
+                req,
+                result: Err(e),
+            }),
+            None => self.committer.queue_write(req, write),
+        }
+    }
+
+    /// Queues a peer change for the next commit; it takes effect once committed.
+    pub(super) fn on_peer_change(&mut self, req: ReqId, change: PeerChange) {
+        let node = change.node();
+        let waiting = self.committer.peer_changes_waiting();
+        let refused = if node == self.me {
+            Some(PeerChangeError::SelfPeer)
+        } else if waiting >= WAITING_PEER_CHANGES_MAX {
+            Some(PeerChangeError::Busy { waiting })
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            let result = Err(e);
+            self.out.push(Effect::PeerChanged { req, node, result });
+            return;
+        }
+        self.committer.queue_peer_change(req, change);
+    }
+
+    /// Applies a committed peer change.
+    pub(super) fn apply_peer_change(&mut self, change: PeerChange) {
+        if let PeerChange::Remove(node) = change {
+            self.forget_conn(node);
+            self.committer.drop_acks(node);
+        }
+        self.peers.apply(change);
+    }
+
+    pub(super) fn on_send(
+        &mut self,
+        req: ReqId,
+        to: NodeId,
+        kind: u16,
+        payload: Vec<u8>,
+        now: Millis,
+    ) {
+        if mesh_protocol::is_mesh_kind(kind) {
+            self.out.metrics.sends_refused += 1;
+            let result = Err(SendError::ReservedKind(kind));
+            self.out.push(Effect::Reply { req, result });
+            return;
+        }
+        if let Err(e) = self.check_send(to, payload.len() as u64) {
+            self.out.metrics.sends_refused += 1;
+            self.out.push(Effect::Reply {
+                req,
+                result: Err(e),
+            });
+            return;
+        }
+        self.committer.queue_send(WaitingSend {
+            req,
+            to,
+            kind,
+            payload,
+            created_ms: now.0,
+            tracked: None,
+        });
+    }
+
+    /// Refuses a send at once: a bad request or a full queue. Whether its
+    /// outbox takes it is decided when its commit is built.
+    pub(super) fn check_send(&self, to: NodeId, len: u64) -> Result<(), SendError> {
+        if to == self.me {
+            return Err(SendError::ToSelf);
+        }
+        if !self.peers.is_peer(to) {
+            return Err(SendError::UnknownPeer(to));
+        }
+        self.check_room(len)
+    }
+
+    /// Refuses a send that can never fit, or that finds the queue full.
+    pub(super) fn check_room(&self, len: u64) -> Result<(), SendError> {
+        let max = PAYLOAD_BYTES_MAX.min(self.config.outbox.max_bytes);
+        if len > max {
+            return Err(SendError::TooLarge { len, max });
+        }
+        let (waiting, waiting_bytes) = self.committer.sends_waiting();
+        if let Some(down) = self.committer.store_down() {
+            let (msgs_max, bytes_max) = self.config.hold_bounds();
+            if waiting >= msgs_max || waiting_bytes + len > bytes_max {
+                return Err(SendError::StoreDown {
+                    held: waiting,
+                    why: down.why.clone(),
+                });
+            }
+        }
+        if waiting >= WAITING_SENDS_MAX || waiting_bytes + len > WAITING_SEND_BYTES_MAX {
+            return Err(SendError::Busy { waiting });
+        }
+        Ok(())
+    }
+}
