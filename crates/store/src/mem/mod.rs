@@ -8,13 +8,16 @@ use mesh_protocol::{
     AgentName, Cid, Epoch, InviteId, Mark, MsgId, NodeCard, NodeId, Seq, SignedBatch, StreamId,
 };
 
-use crate::agents::{AgentWrite, dedup_key_bytes};
-use crate::logic::{self, Base, BatchMeta, Fail, JOURNAL_TIME_STEP_MS, RowInfo, TxCounters, Write};
+use crate::logic::{self, BatchMeta, Fail, JOURNAL_TIME_STEP_MS};
 use crate::{
     AgentRecord, Arrival, DedupRecord, EndedOwn, InboxItem, InboxRow, InviteRecord, JournalBounds,
     JournalItem, JournalRecord, MeshStore, MessageRow, OwnStream, PeerRecord, Receipt,
     SCHEMA_VERSION, StoreError, StoreMeta, StoredBatch, WriteOp,
 };
+
+mod write;
+
+use write::MemBase;
 
 /// The committed state of a [`MemStore`].
 #[derive(Clone, Debug)]
@@ -64,61 +67,6 @@ struct Agents {
     cursors: BTreeMap<(AgentName, String), Arrival>,
 }
 
-impl Agents {
-    fn apply(&mut self, w: AgentWrite) {
-        match w {
-            AgentWrite::PutAgent(r) => {
-                self.agents.insert(r.name.clone(), r);
-            }
-            AgentWrite::RemoveAgent(name) => {
-                self.agents.remove(&name);
-                self.inbox.retain(|(a, _), _| *a != name);
-                self.cursors.retain(|(a, _), _| *a != name);
-            }
-            AgentWrite::Inbox {
-                agent,
-                arrival,
-                row,
-            } => {
-                self.inbox.insert((agent, arrival), row);
-            }
-            AgentWrite::Message { id, row } => {
-                if let Some(reason) = row.undelivered {
-                    self.undelivered.insert(id, reason);
-                }
-                self.messages.insert(id, crate::agents::Place::of(&row));
-            }
-            AgentWrite::Bounced { id, reason } => {
-                self.undelivered.insert(id, reason);
-            }
-            AgentWrite::Dedup(r) => {
-                self.dedup.insert((r.at_ms, dedup_key_bytes(&r.key)), r);
-            }
-            AgentWrite::ExpireDedup { before_ms } => {
-                self.dedup.retain(|(at, _), _| *at >= before_ms);
-            }
-            AgentWrite::ForgetDedup { at_ms, key } => {
-                self.dedup.remove(&(at_ms, dedup_key_bytes(&key)));
-            }
-            AgentWrite::Alias { alias, node } => match node {
-                Some(n) => {
-                    self.aliases.insert(alias, n);
-                }
-                None => {
-                    self.aliases.remove(&alias);
-                }
-            },
-            AgentWrite::Cursor {
-                agent,
-                name,
-                arrival,
-            } => {
-                self.cursors.insert((agent, name), arrival);
-            }
-        }
-    }
-}
-
 /// The bytes a journal record is counted as in memory: its payload or
 /// text and a fixed overhead (the disk store counts its rows' real bytes).
 pub(crate) fn record_bytes(r: &JournalRecord) -> u64 {
@@ -149,108 +97,6 @@ pub struct MemStore {
     state: Mutex<State>,
 }
 
-struct MemBase<'a> {
-    state: &'a State,
-}
-
-impl Base for MemBase<'_> {
-    fn name(&self) -> &str {
-        "in-memory store"
-    }
-
-    fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError> {
-        Ok(self.state.own.get(stream).cloned())
-    }
-
-    fn own_streams(&mut self) -> Result<Vec<OwnStream>, StoreError> {
-        Ok(self.state.own.values().cloned().collect())
-    }
-
-    fn batch_meta(
-        &mut self,
-        stream: &StreamId,
-        first_seq: Seq,
-    ) -> Result<Option<BatchMeta>, StoreError> {
-        Ok(self
-            .state
-            .outbox
-            .get(&(stream.clone(), first_seq))
-            .map(|(b, _)| BatchMeta::of(b)))
-    }
-
-    fn batch_first_arrival(
-        &mut self,
-        stream: &StreamId,
-        first_seq: Seq,
-    ) -> Result<Option<Arrival>, StoreError> {
-        Ok(self
-            .state
-            .outbox
-            .get(&(stream.clone(), first_seq))
-            .map(|(_, a)| *a))
-    }
-
-    fn batch_holding(
-        &mut self,
-        stream: &StreamId,
-        seq: Seq,
-    ) -> Result<Option<(Seq, BatchMeta)>, StoreError> {
-        Ok(self
-            .state
-            .outbox
-            .range((stream.clone(), 0)..=(stream.clone(), seq))
-            .next_back()
-            .map(|((_, first), (b, _))| (*first, BatchMeta::of(b))))
-    }
-
-    fn batch_moved(&mut self, stream: &StreamId, first_seq: Seq) -> Result<bool, StoreError> {
-        Ok(self
-            .state
-            .payloads
-            .contains_key(&(stream.clone(), first_seq)))
-    }
-
-    fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
-        Ok(self.state.marks.get(stream).copied())
-    }
-
-    fn journal_rows(&mut self, from: Arrival, max: usize) -> Result<Vec<RowInfo>, StoreError> {
-        Ok(self
-            .state
-            .journal
-            .range(from..)
-            .take(max)
-            .map(|(a, r)| RowInfo {
-                first: *a,
-                last: *a,
-                bytes: record_bytes(r),
-                run: match r {
-                    JournalRecord::Envelope { stream, seq, .. } => Some((stream.clone(), *seq, 1)),
-                    _ => None,
-                },
-            })
-            .collect())
-    }
-
-    fn journal_times(
-        &mut self,
-        after: Arrival,
-        max: usize,
-    ) -> Result<Vec<(Arrival, u64)>, StoreError> {
-        Ok(self
-            .state
-            .times
-            .range(after.saturating_add(1)..)
-            .take(max)
-            .map(|(a, t)| (*a, *t))
-            .collect())
-    }
-
-    fn ended(&mut self, stream: &StreamId) -> Result<Option<EndedOwn>, StoreError> {
-        Ok(self.state.ended.get(stream).cloned())
-    }
-}
-
 impl State {
     fn new(epoch: Epoch) -> State {
         State {
@@ -274,118 +120,6 @@ impl State {
             ended: BTreeMap::new(),
             max_lamport: 0,
             unavailable: false,
-        }
-    }
-
-    fn apply(&mut self, writes: Vec<Write>) {
-        for w in writes {
-            match w {
-                Write::OwnStream(o) => {
-                    self.own.insert(o.stream.clone(), o);
-                }
-                Write::DelOwn(stream) => {
-                    self.own.remove(&stream);
-                }
-                Write::PutBatch {
-                    first_seq,
-                    batch,
-                    first_arrival,
-                } => {
-                    let stream = StreamId {
-                        author: batch.author,
-                        epoch: batch.epoch,
-                        channel: batch.channel.clone(),
-                    };
-                    self.outbox
-                        .insert((stream, first_seq), (batch, first_arrival));
-                }
-                Write::DelBatch { stream, first_seq } => {
-                    self.outbox.remove(&(stream.clone(), first_seq));
-                    self.payloads.remove(&(stream, first_seq));
-                }
-                Write::DropOutbox(stream) => {
-                    self.outbox.retain(|(s, _), _| *s != stream);
-                    self.payloads.retain(|(s, _), _| *s != stream);
-                }
-                Write::PutPayloads {
-                    stream,
-                    first_seq,
-                    payloads,
-                } => {
-                    self.payloads.insert((stream, first_seq), payloads);
-                }
-                Write::MovePayloads {
-                    stream,
-                    first_seq,
-                    first_arrival,
-                    n,
-                } => {
-                    let payloads = (0..n)
-                        .filter_map(|i| match self.journal.get(&(first_arrival + i)) {
-                            Some(JournalRecord::Envelope { payload, .. }) => Some(payload.clone()),
-                            _ => None,
-                        })
-                        .collect();
-                    self.payloads.insert((stream, first_seq), payloads);
-                }
-                Write::DelJournal { first, last } => {
-                    let kept = self.journal.split_off(&(last + 1));
-                    self.journal.retain(|a, _| *a < first);
-                    self.journal.extend(kept);
-                }
-                Write::DelTimesBefore(first) => {
-                    self.times = self.times.split_off(&first);
-                }
-                Write::Mark { stream, seq } => {
-                    self.marks.insert(stream, seq);
-                }
-                Write::MarkCid { stream, cid } => match cid {
-                    Some(c) => {
-                        self.mark_cids.insert(stream, c);
-                    }
-                    None => {
-                        self.mark_cids.remove(&stream);
-                    }
-                },
-                Write::Ended(e) => {
-                    self.ended.insert(e.stream.clone(), e);
-                }
-                Write::Journal { arrival, record } => {
-                    self.journal_bytes += record_bytes(&record);
-                    self.journal_head = self.journal_head.max(arrival);
-                    self.journal.insert(arrival, record);
-                }
-                Write::PutPeer(p) => {
-                    self.peers.insert(*p.node.as_bytes(), p);
-                }
-                Write::RemovePeer(n) => {
-                    self.peers.remove(n.as_bytes());
-                    self.cards.remove(n.as_bytes());
-                }
-                Write::Cursor { name, arrival } => {
-                    self.cursors.insert(name, arrival);
-                }
-                Write::Epoch(epoch) => self.epoch = epoch,
-                Write::PutCard(card) => {
-                    self.cards.insert(*card.node.as_bytes(), card);
-                }
-                Write::PutInvite(invite) => {
-                    self.invites.insert(invite.id, invite);
-                }
-                Write::Agents(w) => self.agents.apply(w),
-            }
-        }
-    }
-
-    fn counters(&self) -> TxCounters {
-        TxCounters {
-            journal_head: self.journal_head,
-            max_lamport: self.max_lamport,
-            journal_first: self.journal_first,
-            journal_bytes: self.journal_bytes,
-            last_write_ms: self.last_write_ms,
-            epoch: self.epoch,
-            now_ms: None,
         }
     }
 }

@@ -1,0 +1,338 @@
+//! An agent's inbox: reading and waiting on its entries, their JSON form,
+//! and the named cursors kept on it.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
+use mesh_api::{BodyEncoding, CursorBody, InboxEntry, InboxPage};
+use mesh_protocol::{AgentEnvelope, AgentName, Bounce, KIND_AGENT, KIND_BOUNCE, MsgId};
+use mesh_store::{Arrival, InboxItem, InboxKind, JournalRecord, MeshStore};
+use serde::Deserialize;
+
+use crate::api::error::node_error;
+use crate::api::routes::{cut, query, read_json, read_store};
+use crate::api::{
+    ApiError, ApiState, CURSOR_NAME_BYTES_MAX, CallerError, EVENTS_LIMIT_DEFAULT, EVENTS_LIMIT_MAX,
+    EVENTS_PAGE_BYTES_MAX, NotFound, REQUEST_BYTES_MAX,
+};
+use crate::bus::LocalWrite;
+
+/// The longest `wait` of an inbox read, in seconds.
+pub const INBOX_WAIT_SECS_MAX: u64 = 600;
+
+/// Inbox index rows a filtered read (`in_reply_to`) looks at, at most, per
+/// request: it answers with what it found and a cursor past what it read.
+pub const INBOX_SCAN_ROWS_MAX: usize = 10_000;
+
+impl ApiState {
+    /// Up to `limit` entries of `agent`'s inbox after `after` (answering
+    /// `in_reply_to`, if given, and at most [`EVENTS_PAGE_BYTES_MAX`] of
+    /// bodies), and the arrival read up to.
+    pub(crate) async fn read_inbox(
+        &self,
+        agent: &AgentName,
+        after: Arrival,
+        limit: usize,
+        in_reply_to: Option<MsgId>,
+    ) -> Result<(Vec<InboxItem>, Arrival), ApiError> {
+        let mut out = Vec::new();
+        let mut pos = after;
+        let mut scanned = 0usize;
+        let mut bytes = 0usize;
+        while out.len() < limit && scanned < INBOX_SCAN_ROWS_MAX {
+            let want = if in_reply_to.is_some() {
+                crate::api::routes::JOURNAL_READ_ENTRIES
+            } else {
+                (limit - out.len()).min(crate::api::routes::JOURNAL_READ_ENTRIES)
+            };
+            let a = agent.clone();
+            let chunk = read_store(&self.inner.store, move |s| s.inbox(&a, pos, want)).await?;
+            if chunk.is_empty() {
+                break;
+            }
+            for item in chunk {
+                scanned += 1;
+                pos = item.item.arrival;
+                if in_reply_to.is_some_and(|id| item.row.in_reply_to != Some(id)) {
+                    continue;
+                }
+                bytes += match &item.item.record {
+                    JournalRecord::Envelope { payload, .. } => payload.len(),
+                    _ => 0,
+                };
+                out.push(item);
+                if out.len() >= limit || bytes >= EVENTS_PAGE_BYTES_MAX {
+                    return Ok((out, pos));
+                }
+            }
+        }
+        Ok((out, pos))
+    }
+
+    /// The JSON form of an inbox entry.
+    pub(crate) fn inbox_entry(&self, item: &InboxItem) -> InboxEntry {
+        let me = &self.inner.node;
+        let arrival = item.item.arrival;
+        let cursor = self.cursor_text(arrival);
+        let mut e = InboxEntry {
+            kind: "other".into(),
+            id: None,
+            from: None,
+            to: None,
+            in_reply_to: None,
+            body: String::new(),
+            encoding: BodyEncoding::Text,
+            cursor,
+            arrival,
+            verified: item.row.verified,
+            reason: None,
+            created_ms: None,
+        };
+        match &item.item.record {
+            JournalRecord::Envelope {
+                stream,
+                kind,
+                payload,
+                created_ms,
+                ..
+            } => {
+                e.created_ms = Some(*created_ms);
+                match *kind {
+                    KIND_AGENT => match AgentEnvelope::decode(payload) {
+                        Ok(m) => {
+                            e.kind = "message".into();
+                            e.id = Some(m.id.to_string());
+                            e.from = Some(Self::address(&m.from, &stream.author));
+                            e.to = m.to.as_ref().map(|t| Self::address(t, me));
+                            e.in_reply_to = m.in_reply_to.map(|i| i.to_string());
+                            let (encoding, body) = BodyEncoding::encode(&m.body);
+                            e.encoding = encoding;
+                            e.body = body;
+                        }
+                        Err(err) => {
+                            e.body = format!("an agent message that does not decode: {err}")
+                        }
+                    },
+                    KIND_BOUNCE => match Bounce::decode(payload) {
+                        Ok(b) => {
+                            e.kind = "bounce".into();
+                            e.id = Some(b.id.to_string());
+                            e.from = Some(stream.author.to_string());
+                            e.to = Some(Self::address(&b.to, me));
+                            e.reason = Some(b.reason.as_str().to_owned());
+                            let missing = b
+                                .missing
+                                .as_ref()
+                                .map_or_else(|| "the recipient".to_owned(), |m| format!("{m}"));
+                            e.body = format!(
+                                "undeliverable: {}: node {} has no agent {missing}; message {} was not delivered to anyone",
+                                b.reason.as_str(),
+                                stream.author,
+                                b.id
+                            );
+                        }
+                        Err(err) => e.body = format!("a bounce that does not decode: {err}"),
+                    },
+                    _ => {}
+                }
+            }
+            JournalRecord::Trimmed { .. } => {
+                e.kind = "trimmed".into();
+                e.body = format!(
+                    "journal retention ([journal] max_bytes / max_age) removed arrival {arrival} \
+                     before it was read: what it said is gone"
+                );
+            }
+            JournalRecord::SubscriberLagged {
+                subscriber,
+                from,
+                to,
+            } => {
+                e.kind = "lagged".into();
+                let resume = self.cursor_text(from.saturating_sub(1));
+                e.body = format!(
+                    "{subscriber} stopped reading; journal arrivals {from}..={to} were not delivered to it live: \
+                     read the inbox again with after={resume}"
+                );
+            }
+            _ => {}
+        }
+        if item.row.kind == InboxKind::Lagged {
+            e.kind = "lagged".into();
+        }
+        e
+    }
+}
+
+/// `GET /v1/agents/{name}/inbox` query.
+#[derive(Debug, Deserialize)]
+pub(crate) struct InboxQuery {
+    after: Option<String>,
+    limit: Option<String>,
+    wait: Option<String>,
+    in_reply_to: Option<String>,
+}
+
+/// `GET /v1/agents/{name}/inbox?after=&limit=&wait=&in_reply_to=`: the
+/// agent's entries after `after`; with `wait=SECS`, if there are none yet,
+/// the first ones to commit within that time.
+pub(crate) async fn inbox(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+    q: Result<Query<InboxQuery>, QueryRejection>,
+) -> Result<Json<InboxPage>, ApiError> {
+    let agent = st.reader(&name)?;
+    let q = query(q)?;
+    let after = st.parse_after(q.after.as_deref())?;
+    let limit = match q.limit.as_deref() {
+        None | Some("") => EVENTS_LIMIT_DEFAULT,
+        Some(text) => match text.parse::<usize>() {
+            Ok(n) if (1..=EVENTS_LIMIT_MAX).contains(&n) => n,
+            _ => {
+                return Err(CallerError::BadValue(format!(
+                    "limit must be a number from 1 to {EVENTS_LIMIT_MAX}, not {:?}",
+                    cut(text)
+                ))
+                .into());
+            }
+        },
+    };
+    let wait = match q.wait.as_deref() {
+        None | Some("") => 0,
+        Some(text) => match text.parse::<u64>() {
+            Ok(n) if n <= INBOX_WAIT_SECS_MAX => n,
+            _ => {
+                return Err(CallerError::BadValue(format!(
+                    "wait must be a number of seconds from 0 to {INBOX_WAIT_SECS_MAX}, not {:?}",
+                    cut(text)
+                ))
+                .into());
+            }
+        },
+    };
+    let in_reply_to = q
+        .in_reply_to
+        .as_deref()
+        .filter(|t| !t.is_empty())
+        .map(str::parse::<MsgId>)
+        .transpose()
+        .map_err(|e| CallerError::BadValue(e.to_string()))?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+    let mut head = st.inner.head.clone();
+    let mut closing = st.inner.closing.subscribe();
+    let mut removed = match st.inner.registry.get(&agent) {
+        Some(a) => a.removed(),
+        None => return Err(NotFound::UnknownAgent(agent.to_string()).into()),
+    };
+    let mut pos = after;
+    let counters = &st.inner.counters;
+    let mut waiting = None;
+    let (items, read_to) = loop {
+        // Marked seen before the read: an entry committed after it wakes the wait.
+        head.borrow_and_update();
+        let (items, read_to) = st.read_inbox(&agent, pos, limit, in_reply_to).await?;
+        if !items.is_empty() || wait == 0 {
+            break (items, read_to);
+        }
+        pos = read_to;
+        if waiting.is_none() {
+            waiting = Some(Waiting::new(&counters.inbox_waits));
+        }
+        tokio::select! {
+            changed = head.changed() => if changed.is_err() { break (items, read_to) },
+            () = tokio::time::sleep_until(deadline) => break (items, read_to),
+            _ = closing.wait_for(|c| *c) => break (items, read_to),
+            _ = removed.wait_for(|r| *r) => break (items, read_to),
+        }
+    };
+    let next = if in_reply_to.is_some() {
+        read_to
+    } else {
+        items.last().map_or(after, |i| i.item.arrival)
+    };
+    Ok(Json(InboxPage {
+        entries: items.iter().map(|i| st.inbox_entry(i)).collect(),
+        next: st.cursor_text(next),
+    }))
+}
+
+/// Counts an inbox read that waits, while it waits.
+struct Waiting<'a>(&'a std::sync::atomic::AtomicU64);
+
+impl<'a> Waiting<'a> {
+    fn new(gauge: &'a std::sync::atomic::AtomicU64) -> Self {
+        gauge.fetch_add(1, Ordering::Relaxed);
+        Waiting(gauge)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Checks a cursor name: 1 to 64 bytes of `[A-Za-z0-9._-]`.
+fn check_cursor_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= CURSOR_NAME_BYTES_MAX
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(CallerError::BadValue(format!(
+            "bad cursor name {:?}: use 1 to {CURSOR_NAME_BYTES_MAX} characters of A-Z a-z 0-9 . _ -",
+            cut(name)
+        ))
+        .into())
+    }
+}
+
+/// `PUT /v1/agents/{name}/cursors/{cursor}`.
+pub(crate) async fn put_cursor(
+    State(st): State<ApiState>,
+    Path((name, cursor)): Path<(String, String)>,
+    req: Request,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let agent = st.reader(&name)?;
+    check_cursor_name(&cursor)?;
+    let body: CursorBody = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
+    let arrival = st.parse_after(Some(&body.cursor))?;
+    let head = read_store(&st.inner.store, |s| s.journal_head()).await?;
+    if arrival > head {
+        return Err(CallerError::CursorPastHead { arrival, head }.into());
+    }
+    st.inner
+        .bus
+        .local_write(LocalWrite::PutAgentCursor {
+            agent,
+            name: cursor.clone(),
+            arrival,
+        })
+        .await
+        .map_err(node_error)?;
+    Ok(Json(
+        serde_json::json!({ "name": cursor, "cursor": st.cursor_text(arrival) }),
+    ))
+}
+
+/// `GET /v1/agents/{name}/cursors/{cursor}`.
+pub(crate) async fn get_cursor(
+    State(st): State<ApiState>,
+    Path((name, cursor)): Path<(String, String)>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let agent = st.reader(&name)?;
+    check_cursor_name(&cursor)?;
+    let key = cursor.clone();
+    match read_store(&st.inner.store, move |s| s.agent_cursor(&agent, &key)).await? {
+        Some(arrival) => Ok(Json(
+            serde_json::json!({ "name": cursor, "cursor": st.cursor_text(arrival) }),
+        )),
+        None => Err(NotFound::UnknownCursor(cursor).into()),
+    }
+}

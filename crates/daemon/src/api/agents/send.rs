@@ -1,0 +1,224 @@
+//! What an agent sends as itself: a message, a batch of them, a reply to a
+//! message in its inbox; and the checks and answers they share.
+
+use std::sync::atomic::Ordering;
+
+use axum::Extension;
+use axum::Json;
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use mesh_api::{AgentSendRequest, AgentSendResponse, BodyEncoding, ReplyRequest, StreamJson};
+use mesh_protocol::{AgentName, MAX_BATCH_PAYLOAD_BYTES, MsgId, NodeId, StreamId};
+use mesh_store::{CLIENT_ID_BYTES_MAX, MeshStore, MessageDir};
+
+use crate::api::agent_socket::Acting;
+use crate::api::routes::{parse_json, read_body, read_store};
+use crate::api::{ApiError, ApiState, Bug, CallerError, NotFound, SEND_REQUEST_BYTES_MAX};
+use crate::bus::{Outgoing, SendMeta};
+
+impl ApiState {
+    /// The message an agent send request asks for.
+    pub(crate) fn agent_message(
+        &self,
+        from: &AgentName,
+        req: AgentSendRequest,
+    ) -> Result<(Outgoing, String), ApiError> {
+        let (to, agent) = self.resolve_recipient(&req.to)?;
+        let in_reply_to = req
+            .in_reply_to
+            .as_deref()
+            .map(|t| t.parse::<MsgId>())
+            .transpose()
+            .map_err(|e| CallerError::BadValue(e.to_string()))?;
+        self.meta_message(
+            from,
+            to,
+            agent,
+            in_reply_to,
+            req.body,
+            req.encoding,
+            req.client_id,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)] // The fields of one agent send, taken apart.
+    fn meta_message(
+        &self,
+        from: &AgentName,
+        to: NodeId,
+        agent: Option<AgentName>,
+        in_reply_to: Option<MsgId>,
+        body: String,
+        encoding: BodyEncoding,
+        client_id: Option<String>,
+    ) -> Result<(Outgoing, String), ApiError> {
+        let payload = encoding.decode(body).map_err(CallerError::BadValue)?;
+        if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
+            return Err(CallerError::PayloadTooLarge {
+                len: payload.len() as u64,
+                max: MAX_BATCH_PAYLOAD_BYTES,
+            }
+            .into());
+        }
+        check_client_id(client_id.as_deref())?;
+        let to_text = match &agent {
+            Some(a) => Self::address(a, &to),
+            None => to.to_string(),
+        };
+        let meta = SendMeta {
+            from: Some(from.clone()),
+            to: agent,
+            in_reply_to,
+            client_id,
+        };
+        let msg = Outgoing {
+            to,
+            kind: 0,
+            payload,
+            meta: Some(Box::new(meta)),
+        };
+        Ok((msg, to_text))
+    }
+
+    /// The id of the message committed with `receipt` (agent messages).
+    pub(crate) fn msg_id(&self, stream: &StreamId, seq: u64) -> MsgId {
+        let to = stream.recipient().unwrap_or(self.inner.node);
+        MsgId::derive(&stream.author, stream.epoch, &to, seq)
+    }
+}
+
+/// Checks a client id: 1 to [`CLIENT_ID_BYTES_MAX`] bytes.
+pub(crate) fn check_client_id(id: Option<&str>) -> Result<(), ApiError> {
+    match id {
+        Some(t) if t.is_empty() || t.len() > CLIENT_ID_BYTES_MAX => {
+            Err(CallerError::BadValue(format!(
+                "a client id is 1 to {CLIENT_ID_BYTES_MAX} bytes, not {}",
+                t.len()
+            ))
+            .into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Commits `msg` and answers it as an agent send to `to`.
+async fn send_answer(
+    st: &ApiState,
+    msg: Outgoing,
+    to: String,
+) -> Result<AgentSendResponse, ApiError> {
+    #[cfg(feature = "fault-hooks")]
+    let abort_after = msg
+        .meta
+        .as_ref()
+        .and_then(|m| m.client_id.clone())
+        .filter(|id| std::env::var("MESH_FAULT_ABORT_AFTER_COMMIT").ok().as_ref() == Some(id));
+    let sent = st.submit(vec![msg]).await.answers().await?;
+    let Some(r) = sent.first() else {
+        return Err(Bug::new("the node answered no receipt for one message").into());
+    };
+    #[cfg(feature = "fault-hooks")]
+    if abort_after.is_some() {
+        // Test-only: dies as a crash would, after the commit and before
+        // the answer.
+        std::process::abort();
+    }
+    st.inner.counters.agent_sent.fetch_add(1, Ordering::Relaxed);
+    Ok(AgentSendResponse {
+        id: st.msg_id(&r.stream, r.seq).to_string(),
+        to,
+        cursor: st.cursor_text(r.arrival),
+        stream: StreamJson::from(&r.stream),
+        seq: r.seq,
+    })
+}
+
+/// `POST /v1/agents/{name}/send`, on the agent's socket.
+pub(crate) async fn send(
+    State(st): State<ApiState>,
+    acting: Option<Extension<Acting>>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Result<Json<AgentSendResponse>, ApiError> {
+    let from = st.sender(acting, &name)?;
+    let bytes = read_body(
+        req.into_body(),
+        SEND_REQUEST_BYTES_MAX,
+        "; a message body may be at most 1 MiB",
+    )
+    .await?;
+    let (msg, to) = st.agent_message(&from, parse_json(&bytes)?)?;
+    Ok(Json(send_answer(&st, msg, to).await?))
+}
+
+/// `POST /v1/agents/{name}/send/batch`, NDJSON of [`AgentSendRequest`]
+/// lines, answered as `POST /v1/send/batch` is, each line
+/// `{id, cursor, stream, seq}` with the message id.
+pub(crate) async fn send_batch(
+    State(st): State<ApiState>,
+    acting: Option<Extension<Acting>>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Response {
+    let from = match st.sender(acting, &name) {
+        Ok(f) => f,
+        Err(e) => return e.into_response(),
+    };
+    let parser_st = st.clone();
+    let parse = move |line: &[u8]| -> Result<Outgoing, ApiError> {
+        let req: AgentSendRequest = parse_json(line)?;
+        parser_st.agent_message(&from, req).map(|(m, _)| m)
+    };
+    let answers = st.answers().with_msg_ids();
+    crate::api::ndjson::respond(st.submitter(), answers, req.into_body(), parse).await
+}
+
+/// `POST /v1/agents/{name}/reply`: answers a message in the agent's inbox.
+pub(crate) async fn reply(
+    State(st): State<ApiState>,
+    acting: Option<Extension<Acting>>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Result<Json<AgentSendResponse>, ApiError> {
+    let from = st.sender(acting, &name)?;
+    let bytes = read_body(
+        req.into_body(),
+        SEND_REQUEST_BYTES_MAX,
+        "; a reply body may be at most 1 MiB",
+    )
+    .await?;
+    let body: ReplyRequest = parse_json(&bytes)?;
+    let id: MsgId = body
+        .id
+        .parse()
+        .map_err(|e: mesh_protocol::AgentError| CallerError::BadValue(e.to_string()))?;
+    let row = read_store(&st.inner.store, move |s| s.message(&id))
+        .await?
+        .ok_or_else(|| NotFound::UnknownMessage(id.to_string()))?;
+    let me = st.inner.node;
+    let to_me = row.dir == MessageDir::Received || row.stream.recipient() == Some(me);
+    if !to_me || row.to.as_ref() != Some(&from) {
+        return Err(CallerError::BadValue(format!(
+            "message {id} was not sent to agent {from}: an agent replies to messages in its inbox"
+        ))
+        .into());
+    }
+    let (msg, to) = st.meta_message(
+        &from,
+        row.stream.author,
+        Some(row.from),
+        Some(id),
+        body.body,
+        body.encoding,
+        body.client_id,
+    )?;
+    Ok(Json(send_answer(&st, msg, to).await?))
+}
+
+impl crate::api::send::Answers {
+    /// Answers that carry each message's id (agent sends).
+    pub(crate) fn with_msg_ids(mut self) -> Self {
+        self.msg_ids = true;
+        self
+    }
+}

@@ -1,0 +1,148 @@
+//! Where a message is (`GET /v1/messages/{id}`): received, delivered,
+//! queued in the outbox, bounced, or lost with its loss record.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use mesh_api::{MessageStatus, StreamJson};
+use mesh_protocol::MsgId;
+use mesh_store::{JournalRecord, MeshStore, MessageDir};
+
+use crate::api::error::node_error;
+use crate::api::routes::read_store;
+use crate::api::{ApiError, ApiState, CallerError, NotFound};
+
+/// Journal entries after a message that `GET /v1/messages/{id}` reads, at
+/// most, looking for the loss record of a message evicted unacknowledged.
+pub const LOSS_SCAN_ENTRIES_MAX: usize = 100_000;
+
+/// `GET /v1/messages/{id}`: where the message is.
+pub(crate) async fn message(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<MessageStatus>, ApiError> {
+    let id: MsgId = id
+        .parse()
+        .map_err(|e: mesh_protocol::AgentError| CallerError::BadValue(e.to_string()))?;
+    let row = read_store(&st.inner.store, move |s| s.message(&id))
+        .await?
+        .ok_or_else(|| NotFound::UnknownMessage(id.to_string()))?;
+    let me = st.inner.node;
+    let recipient = row.stream.recipient().unwrap_or(me);
+    let to = match &row.to {
+        Some(a) => ApiState::address(a, &recipient),
+        None => recipient.to_string(),
+    };
+    let (state, detail) = match (row.dir, row.undelivered) {
+        (MessageDir::Received, Some(reason)) => (
+            "undeliverable",
+            format!(
+                "received here for an agent this node does not host ({}); it was bounced to its sender",
+                reason.as_str()
+            ),
+        ),
+        (MessageDir::Received, None) => ("received", "received here".to_owned()),
+        (MessageDir::Sent, Some(reason)) => (
+            "bounced",
+            format!(
+                "the recipient node has no such agent ({}); it was delivered to no one",
+                reason.as_str()
+            ),
+        ),
+        (MessageDir::Sent, None) if recipient == me => {
+            ("delivered", "delivered to an agent of this node".to_owned())
+        }
+        (MessageDir::Sent, None) => sent_state(&st, &row).await?,
+    };
+    Ok(Json(MessageStatus {
+        id: id.to_string(),
+        state: state.to_owned(),
+        from: ApiState::address(&row.from, &row.stream.author),
+        to,
+        in_reply_to: row.in_reply_to.map(|i| i.to_string()),
+        cursor: st.cursor_text(row.arrival),
+        stream: StreamJson::from(&row.stream),
+        seq: row.seq,
+        detail,
+    }))
+}
+
+/// Where a message this node sent is: acknowledged by its recipient node
+/// (delivered), still in the outbox (queued), or given up (lost, with the
+/// loss record).
+async fn sent_state(
+    st: &ApiState,
+    row: &mesh_store::MessageRow,
+) -> Result<(&'static str, String), ApiError> {
+    let status = st.inner.bus.status().await.map_err(node_error)?;
+    let recipient = row.stream.recipient();
+    let own = status
+        .peers
+        .iter()
+        .find(|p| Some(p.node) == recipient)
+        .and_then(|p| p.own_stream.clone())
+        .filter(|o| o.stream == row.stream);
+    let Some(own) = own else {
+        // The stream of an older epoch of this node, or of a removed peer.
+        return Ok((
+            "queued",
+            "the recipient node is not a peer now, or the stream is of an earlier store of this node"
+                .to_owned(),
+        ));
+    };
+    if row.seq <= own.last_acked {
+        return Ok((
+            "delivered",
+            "committed at the recipient node (it acknowledged it)".to_owned(),
+        ));
+    }
+    if row.seq >= own.first_retained {
+        return Ok((
+            "queued",
+            "committed here, in the outbox; the recipient node has not acknowledged it yet"
+                .to_owned(),
+        ));
+    }
+    // Evicted unacknowledged: find its loss record after it in the journal.
+    let stream = row.stream.clone();
+    let seq = row.seq;
+    let mut pos = row.arrival;
+    let mut read = 0usize;
+    while read < LOSS_SCAN_ENTRIES_MAX {
+        let chunk = st
+            .journal_page(
+                pos,
+                crate::api::routes::JOURNAL_READ_ENTRIES,
+                crate::api::routes::JOURNAL_READ_BYTES,
+            )
+            .await?;
+        if chunk.is_empty() {
+            break;
+        }
+        for item in chunk {
+            read += 1;
+            pos = item.arrival;
+            if let JournalRecord::Loss {
+                stream: s,
+                from,
+                to,
+                detail,
+                ..
+            } = &item.record
+                && *s == stream
+                && (*from..=*to).contains(&seq)
+            {
+                return Ok((
+                    "lost",
+                    format!(
+                        "given up before the recipient node had it: {detail} (loss record {})",
+                        st.cursor_text(item.arrival)
+                    ),
+                ));
+            }
+        }
+    }
+    Ok((
+        "lost",
+        "evicted from the outbox before the recipient node acknowledged it".to_owned(),
+    ))
+}
