@@ -12,8 +12,10 @@ pub mod net;
 pub mod node;
 
 pub use crate::core::{
-    AgentCounts, Config as CoreConfig, DropCounts, DropReason, FrameCounts, LocalWrite, Metrics,
-    PeerChangeError, SendError as CoreSendError, SendMeta, SendReceipt,
+    AgentCounts, Config as CoreConfig, DropCounts, DropReason, FrameCounts, HOLD_BYTES_MAX,
+    HOLD_MS, HOLD_MSGS_MAX, JOURNAL_AGE_MS_MAX, JOURNAL_BYTES_MAX, LocalWrite, Metrics,
+    PeerChangeError, SendError as CoreSendError, SendMeta, SendReceipt, WAITING_SEND_BYTES_MAX,
+    WAITING_SENDS_MAX,
 };
 pub use crate::net::{
     MdnsMode, NearbyNode, NetConfig, NetCounters, PeerError, RELAYS_MAX, close_code,
