@@ -363,3 +363,43 @@ fn mesh_help_lists_an_exit_code_for_each_fault_class() {
         assert!(out.stdout.contains(&line), "no {line:?} in {}", out.stdout);
     }
 }
+
+/// What one API request logs carries that request's span (a number, the
+/// method and the path), so two requests' lines read apart in the log.
+#[tokio::test]
+async fn each_api_request_logs_inside_its_own_numbered_span() {
+    use mesh_api::{AddAgentRequest, AgentJson};
+    use mesh_cluster::{NodeProc, NodeSpec, Placement};
+    let tmp = temp_dir().unwrap();
+    let mut node = NodeProc::new(NodeSpec {
+        name: "a".into(),
+        bin: MESH.into(),
+        data: tmp.path().join("a"),
+        log: tmp.path().join("a.log"),
+        placement: Placement::default(),
+        rust_log: "info".into(),
+    });
+    node.start().await.unwrap();
+    for name in ["alice", "bob"] {
+        let req = AddAgentRequest {
+            name: name.into(),
+            uid: None,
+        };
+        let _: AgentJson = node.client().post("/v1/agents", &req).await.unwrap();
+    }
+    node.stop().await.unwrap();
+    let log = std::fs::read_to_string(node.log_path()).unwrap();
+    let added: Vec<&str> = log.lines().filter(|l| l.contains("agent added")).collect();
+    assert_eq!(added.len(), 2, "two agents added, in:\n{log}");
+    let mut spans = Vec::new();
+    for line in &added {
+        let start = line.find("request{").unwrap_or_else(|| panic!("no span: {line}"));
+        let span = &line[start..start + line[start..].find('}').unwrap() + 1];
+        assert!(
+            span.contains("method=POST") && span.contains("path=/v1/agents"),
+            "{line}"
+        );
+        spans.push(span.to_owned());
+    }
+    assert_ne!(spans[0], spans[1], "two requests, one span: {added:?}");
+}

@@ -54,6 +54,7 @@ use axum::routing::{delete, get, post, put};
 use mesh_protocol::{AgentName, Epoch, NodeId};
 use mesh_store::{Arrival, RedbStore};
 use tokio::sync::{Semaphore, watch};
+use tracing::Instrument as _;
 
 use crate::agents::Registry;
 use crate::bus::Bus;
@@ -157,6 +158,8 @@ struct Counters {
     agent_sent: AtomicU64,
     /// Inbox reads waiting for an entry now.
     inbox_waits: AtomicU64,
+    /// The number the next request's span gets.
+    next_request: AtomicU64,
 }
 
 impl ApiState {
@@ -224,6 +227,10 @@ impl ApiState {
                 self.clone(),
                 authorize,
             ))
+            .layer(axum::middleware::from_fn_with_state(
+                (self.clone(), None),
+                request_span,
+            ))
             .with_state(self.clone())
     }
 
@@ -256,8 +263,12 @@ impl ApiState {
             .fallback(routes::no_route)
             .method_not_allowed_fallback(routes::method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(
-                (self.clone(), name),
+                (self.clone(), name.clone()),
                 agent_socket::authorize_agent,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                (self.clone(), Some(name)),
+                request_span,
             ))
             .with_state(self.clone())
     }
@@ -331,6 +342,29 @@ pub(crate) async fn serve(
 }
 
 /// Lets root and the daemon's uid through; everyone else gets 403.
+/// Runs each request inside its own span (`request` with a number, the
+/// method, the path and, on an agent's socket, the agent), so that what one
+/// request logs reads apart from another's and from the node's.
+async fn request_span(
+    State((state, agent)): State<(ApiState, Option<AgentName>)>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let id = state
+        .inner
+        .counters
+        .next_request
+        .fetch_add(1, Ordering::Relaxed);
+    let span = tracing::error_span!(
+        "request",
+        id,
+        method = %req.method(),
+        path = %req.uri().path(),
+        agent = agent.as_ref().map(tracing::field::display),
+    );
+    next.run(req).instrument(span).await
+}
+
 async fn authorize(State(state): State<ApiState>, mut req: Request, next: Next) -> Response {
     let cred = req.extensions().get::<ConnectInfo<PeerCred>>().map(|c| c.0);
     let uid = cred.and_then(|c| c.uid);
