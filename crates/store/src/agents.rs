@@ -327,37 +327,7 @@ pub(crate) fn plan(
         AgentOp::RemoveAgent(n) => out.push(AgentWrite::RemoveAgent(n)),
         AgentOp::Index { stream, entries } => {
             for e in entries {
-                let seq = e.seq();
-                let arrival = arrival_of(runs, &stream, seq).ok_or_else(|| {
-                    format!(
-                        "index entry for seq {seq} of {stream:?}, which this group did not journal"
-                    )
-                })?;
-                out.push(match e {
-                    AgentIndex::Inbox { agent, row, .. } => AgentWrite::Inbox {
-                        agent,
-                        arrival,
-                        row,
-                    },
-                    AgentIndex::Message { id, mut row, .. } => {
-                        row.arrival = arrival;
-                        row.stream = stream.clone();
-                        row.seq = seq;
-                        AgentWrite::Message { id, row }
-                    }
-                    AgentIndex::Dedup { mut record, .. } => {
-                        let len = record.key.client_id.len();
-                        if len == 0 || len > CLIENT_ID_BYTES_MAX {
-                            return Err(format!(
-                                "a client id of {len} bytes; it must be 1..={CLIENT_ID_BYTES_MAX}"
-                            ));
-                        }
-                        record.arrival = arrival;
-                        record.stream = stream.clone();
-                        record.seq = seq;
-                        AgentWrite::Dedup(record)
-                    }
-                });
+                out.push(index_write(e, &stream, runs)?);
             }
         }
         AgentOp::InboxLast { agent, row } => {
@@ -372,12 +342,7 @@ pub(crate) fn plan(
         AgentOp::ExpireDedup { before_ms } => out.push(AgentWrite::ExpireDedup { before_ms }),
         AgentOp::ForgetDedup { at_ms, key } => out.push(AgentWrite::ForgetDedup { at_ms, key }),
         AgentOp::PutAlias { alias, node } => {
-            if alias.is_empty() || alias.len() > ALIAS_BYTES_MAX {
-                return Err(format!(
-                    "an alias of {} bytes; it must be 1..={ALIAS_BYTES_MAX}",
-                    alias.len()
-                ));
-            }
+            check_alias(&alias)?;
             out.push(AgentWrite::Alias { alias, node });
         }
         AgentOp::PutCursor {
@@ -385,24 +350,81 @@ pub(crate) fn plan(
             name,
             arrival,
         } => {
-            let max = crate::CURSOR_NAME_BYTES_MAX;
-            if name.is_empty() || name.len() > max {
-                return Err(format!(
-                    "cursor name is {} bytes; it must be 1..={max}",
-                    name.len()
-                ));
-            }
-            if arrival > journal_head {
-                return Err(format!(
-                    "cursor {name:?} of agent {agent} set to arrival {arrival}, past the journal head {journal_head}"
-                ));
-            }
+            check_cursor(&agent, &name, arrival, journal_head)?;
             out.push(AgentWrite::Cursor {
                 agent,
                 name,
                 arrival,
             });
         }
+    }
+    Ok(())
+}
+
+/// The write of the index entry `e` of `stream`, at the arrival this group
+/// journaled its envelope (found in `runs`); the error is the refusal's reason.
+fn index_write(e: AgentIndex, stream: &StreamId, runs: &[Run]) -> Result<AgentWrite, String> {
+    let seq = e.seq();
+    let arrival = arrival_of(runs, stream, seq).ok_or_else(|| {
+        format!("index entry for seq {seq} of {stream:?}, which this group did not journal")
+    })?;
+    Ok(match e {
+        AgentIndex::Inbox { agent, row, .. } => AgentWrite::Inbox {
+            agent,
+            arrival,
+            row,
+        },
+        AgentIndex::Message { id, mut row, .. } => {
+            row.arrival = arrival;
+            row.stream = stream.clone();
+            row.seq = seq;
+            AgentWrite::Message { id, row }
+        }
+        AgentIndex::Dedup { mut record, .. } => {
+            let len = record.key.client_id.len();
+            if len == 0 || len > CLIENT_ID_BYTES_MAX {
+                return Err(format!(
+                    "a client id of {len} bytes; it must be 1..={CLIENT_ID_BYTES_MAX}"
+                ));
+            }
+            record.arrival = arrival;
+            record.stream = stream.clone();
+            record.seq = seq;
+            AgentWrite::Dedup(record)
+        }
+    })
+}
+
+/// Refuses an alias of 0 or more than [`ALIAS_BYTES_MAX`] bytes.
+fn check_alias(alias: &str) -> Result<(), String> {
+    if alias.is_empty() || alias.len() > ALIAS_BYTES_MAX {
+        return Err(format!(
+            "an alias of {} bytes; it must be 1..={ALIAS_BYTES_MAX}",
+            alias.len()
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a cursor of `agent` with a name out of bounds or set past the
+/// journal head.
+fn check_cursor(
+    agent: &AgentName,
+    name: &str,
+    arrival: Arrival,
+    journal_head: Arrival,
+) -> Result<(), String> {
+    let max = crate::CURSOR_NAME_BYTES_MAX;
+    if name.is_empty() || name.len() > max {
+        return Err(format!(
+            "cursor name is {} bytes; it must be 1..={max}",
+            name.len()
+        ));
+    }
+    if arrival > journal_head {
+        return Err(format!(
+            "cursor {name:?} of agent {agent} set to arrival {arrival}, past the journal head {journal_head}"
+        ));
     }
     Ok(())
 }

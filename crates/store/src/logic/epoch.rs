@@ -59,6 +59,17 @@ impl<B: Base> GroupView<'_, B> {
         }
     }
 
+    /// Drops the outbox of the ended own stream `stream`: nothing is left to carry.
+    pub(super) fn drop_ended(&mut self, stream: StreamId) -> Result<(), Fail> {
+        let mut e = self.ended_or_refuse(&stream)?;
+        if self.own_stream(&stream)?.is_some() {
+            self.drop_outbox(&stream);
+        }
+        e.carried = e.carried.max(e.held);
+        self.set_ended(e);
+        Ok(())
+    }
+
     pub(super) fn report_rolled_back(
         &mut self,
         stream: StreamId,

@@ -7,12 +7,12 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use mesh_protocol::{Cid, Epoch, Seq, StreamId};
+use mesh_protocol::{Cid, Epoch, NodeId, Seq, StreamId};
 
 use crate::agents::{self, Run};
 use crate::{
-    Arrival, EndedOwn, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, JournalBounds, JournalRecord,
-    OwnStream, Receipt, StoreError, TrimReport, WriteOp,
+    AgentOp, Arrival, EndedOwn, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord,
+    JournalBounds, JournalRecord, LossReason, OwnStream, Receipt, StoreError, TrimReport, WriteOp,
 };
 
 mod base;
@@ -215,6 +215,152 @@ impl<B: Base> GroupView<'_, B> {
         Ok(())
     }
 
+    /// Journals a loss record of `stream` for `from..=to`.
+    fn record_loss(
+        &mut self,
+        stream: StreamId,
+        from: Seq,
+        to: Seq,
+        reason: LossReason,
+        detail: String,
+    ) -> Result<(), Fail> {
+        if from > to || from == 0 {
+            return refuse(format!("loss record of {stream:?} for seqs {from}..={to}"));
+        }
+        self.journal(JournalRecord::Loss {
+            stream,
+            from,
+            to,
+            reason,
+            detail,
+        });
+        Ok(())
+    }
+
+    /// Sets the durable cursor `name` to `arrival`, at most the journal head.
+    fn put_cursor(&mut self, name: String, arrival: Arrival) -> Result<(), Fail> {
+        if name.is_empty() || name.len() > CURSOR_NAME_BYTES_MAX {
+            return refuse(format!(
+                "cursor name is {} bytes; it must be 1..={CURSOR_NAME_BYTES_MAX}",
+                name.len()
+            ));
+        }
+        if arrival > self.counters.journal_head {
+            return refuse(format!(
+                "cursor {name:?} set to arrival {arrival}, past the journal head {}",
+                self.counters.journal_head
+            ));
+        }
+        self.writes.push(Write::Cursor { name, arrival });
+        Ok(())
+    }
+
+    /// Journals that `msgs` sends to `to` were held too long and let go.
+    fn record_lost(
+        &mut self,
+        to: NodeId,
+        msgs: u64,
+        bytes: u64,
+        first_ms: u64,
+        last_ms: u64,
+        detail: String,
+    ) -> Result<(), Fail> {
+        check_detail(&detail)?;
+        if msgs == 0 || first_ms > last_ms {
+            return refuse(format!(
+                "a lost record of {msgs} sends taken from {first_ms} to {last_ms} ms"
+            ));
+        }
+        self.journal(JournalRecord::SendsLost {
+            to,
+            msgs,
+            bytes,
+            first_ms,
+            last_ms,
+            detail,
+        });
+        Ok(())
+    }
+
+    /// Journals the end of the received `stream` at its mark, if any is held.
+    fn end_epoch(&mut self, stream: StreamId) -> Result<(), Fail> {
+        let last = self.mark(&stream)?;
+        if last > 0 {
+            self.journal(JournalRecord::EpochEnded { stream, last });
+        }
+        Ok(())
+    }
+
+    /// Journals that the author of `stream` lost `from..=to`.
+    fn record_rolled_back(
+        &mut self,
+        stream: StreamId,
+        from: Seq,
+        to: Seq,
+        detail: String,
+    ) -> Result<(), Fail> {
+        check_detail(&detail)?;
+        if from == 0 || from > to {
+            return refuse(format!(
+                "a rolled-back record of {stream:?} for {from}..={to}"
+            ));
+        }
+        self.journal(JournalRecord::RolledBack {
+            stream,
+            from,
+            to,
+            detail,
+        });
+        Ok(())
+    }
+
+    /// Journals that `stream` at `seq` came with another payload than ours.
+    fn record_conflict(
+        &mut self,
+        stream: StreamId,
+        seq: Seq,
+        ours: Cid,
+        theirs: Cid,
+    ) -> Result<(), Fail> {
+        self.journal(JournalRecord::Conflict {
+            stream,
+            seq,
+            ours,
+            theirs,
+        });
+        Ok(())
+    }
+
+    /// Writes an invite's record once its uses and spends are in bounds.
+    fn put_invite(&mut self, invite: InviteRecord) -> Result<(), Fail> {
+        check_invite(&invite)?;
+        self.writes.push(Write::PutInvite(invite));
+        Ok(())
+    }
+
+    /// Plans an agent write against the envelopes this group journaled.
+    fn agents(&mut self, op: AgentOp) -> Result<(), Fail> {
+        let last = self.first_arrival.map(|_| self.counters.journal_head);
+        let mut planned = Vec::new();
+        agents::plan(
+            op,
+            &self.runs,
+            last,
+            self.counters.journal_head,
+            &mut planned,
+        )
+        .or_else(refuse)?;
+        self.writes.extend(planned.into_iter().map(Write::Agents));
+        Ok(())
+    }
+
+    /// Queues `w` as it is: its op has nothing to check.
+    fn write(&mut self, w: Write) -> Result<(), Fail> {
+        self.writes.push(w);
+        Ok(())
+    }
+
+    /// Checks `op` against the view and plans its writes: one arm per op.
     fn apply(&mut self, op: WriteOp) -> Result<(), Fail> {
         match op {
             WriteOp::AppendOwn { batch, evict } => self.append_own(batch, evict),
@@ -234,48 +380,15 @@ impl<B: Base> GroupView<'_, B> {
                 to,
                 reason,
                 detail,
-            } => {
-                if from > to || from == 0 {
-                    return refuse(format!("loss record of {stream:?} for seqs {from}..={to}"));
-                }
-                self.journal(JournalRecord::Loss {
-                    stream,
-                    from,
-                    to,
-                    reason,
-                    detail,
-                });
-                Ok(())
-            }
+            } => self.record_loss(stream, from, to, reason, detail),
             WriteOp::RecordLag {
                 subscriber,
                 from,
                 to,
             } => self.record_lag(subscriber, from, to),
-            WriteOp::PutPeer(p) => {
-                self.writes.push(Write::PutPeer(p));
-                Ok(())
-            }
-            WriteOp::RemovePeer(n) => {
-                self.writes.push(Write::RemovePeer(n));
-                Ok(())
-            }
-            WriteOp::PutCursor { name, arrival } => {
-                if name.is_empty() || name.len() > CURSOR_NAME_BYTES_MAX {
-                    return refuse(format!(
-                        "cursor name is {} bytes; it must be 1..={CURSOR_NAME_BYTES_MAX}",
-                        name.len()
-                    ));
-                }
-                if arrival > self.counters.journal_head {
-                    return refuse(format!(
-                        "cursor {name:?} set to arrival {arrival}, past the journal head {}",
-                        self.counters.journal_head
-                    ));
-                }
-                self.writes.push(Write::Cursor { name, arrival });
-                Ok(())
-            }
+            WriteOp::PutPeer(p) => self.write(Write::PutPeer(p)),
+            WriteOp::RemovePeer(n) => self.write(Write::RemovePeer(n)),
+            WriteOp::PutCursor { name, arrival } => self.put_cursor(name, arrival),
             WriteOp::Trim {
                 now_ms,
                 bytes_max,
@@ -288,64 +401,20 @@ impl<B: Base> GroupView<'_, B> {
                 first_ms,
                 last_ms,
                 detail,
-            } => {
-                check_detail(&detail)?;
-                if msgs == 0 || first_ms > last_ms {
-                    return refuse(format!(
-                        "a lost record of {msgs} sends taken from {first_ms} to {last_ms} ms"
-                    ));
-                }
-                self.journal(JournalRecord::SendsLost {
-                    to,
-                    msgs,
-                    bytes,
-                    first_ms,
-                    last_ms,
-                    detail,
-                });
-                Ok(())
-            }
-            WriteOp::EndEpoch { stream } => {
-                let last = self.mark(&stream)?;
-                if last > 0 {
-                    self.journal(JournalRecord::EpochEnded { stream, last });
-                }
-                Ok(())
-            }
+            } => self.record_lost(to, msgs, bytes, first_ms, last_ms, detail),
+            WriteOp::EndEpoch { stream } => self.end_epoch(stream),
             WriteOp::RecordRolledBack {
                 stream,
                 from,
                 to,
                 detail,
-            } => {
-                check_detail(&detail)?;
-                if from == 0 || from > to {
-                    return refuse(format!(
-                        "a rolled-back record of {stream:?} for {from}..={to}"
-                    ));
-                }
-                self.journal(JournalRecord::RolledBack {
-                    stream,
-                    from,
-                    to,
-                    detail,
-                });
-                Ok(())
-            }
+            } => self.record_rolled_back(stream, from, to, detail),
             WriteOp::RecordConflict {
                 stream,
                 seq,
                 ours,
                 theirs,
-            } => {
-                self.journal(JournalRecord::Conflict {
-                    stream,
-                    seq,
-                    ours,
-                    theirs,
-                });
-                Ok(())
-            }
+            } => self.record_conflict(stream, seq, ours, theirs),
             WriteOp::NewEpoch { epoch } => self.new_epoch(epoch),
             WriteOp::ReportRolledBack {
                 stream,
@@ -354,63 +423,42 @@ impl<B: Base> GroupView<'_, B> {
                 detail,
             } => self.report_rolled_back(stream, held, world, detail),
             WriteOp::CarryOver { batch, from, upto } => self.carry_over(batch, from, upto),
-            WriteOp::DropEnded { stream } => {
-                let mut e = self.ended_or_refuse(&stream)?;
-                if self.own_stream(&stream)?.is_some() {
-                    self.drop_outbox(&stream);
-                }
-                e.carried = e.carried.max(e.held);
-                self.set_ended(e);
-                Ok(())
-            }
-            WriteOp::PutCard(card) => {
-                self.writes.push(Write::PutCard(card));
-                Ok(())
-            }
-            WriteOp::PutInvite(invite) => {
-                if invite.uses == 0 || invite.uses > INVITE_USES_MAX {
-                    return refuse(format!(
-                        "invite {} has {} uses; it may have 1..={INVITE_USES_MAX}",
-                        invite.id, invite.uses
-                    ));
-                }
-                if invite.spent.len() > invite.uses as usize {
-                    return refuse(format!(
-                        "invite {} has {} spends for {} uses",
-                        invite.id,
-                        invite.spent.len(),
-                        invite.uses
-                    ));
-                }
-                if invite
-                    .spent
-                    .iter()
-                    .any(|s| s.requests.len() > INVITE_SPEND_REQUESTS_MAX)
-                {
-                    return refuse(format!(
-                        "invite {} has a spend of more than {INVITE_SPEND_REQUESTS_MAX} requests",
-                        invite.id
-                    ));
-                }
-                self.writes.push(Write::PutInvite(invite));
-                Ok(())
-            }
-            WriteOp::Agents(op) => {
-                let last = self.first_arrival.map(|_| self.counters.journal_head);
-                let mut planned = Vec::new();
-                agents::plan(
-                    op,
-                    &self.runs,
-                    last,
-                    self.counters.journal_head,
-                    &mut planned,
-                )
-                .or_else(refuse)?;
-                self.writes.extend(planned.into_iter().map(Write::Agents));
-                Ok(())
-            }
+            WriteOp::DropEnded { stream } => self.drop_ended(stream),
+            WriteOp::PutCard(card) => self.write(Write::PutCard(card)),
+            WriteOp::PutInvite(invite) => self.put_invite(invite),
+            WriteOp::Agents(op) => self.agents(op),
         }
     }
+}
+
+/// Refuses an invite with 0 or too many uses, more spends than uses, or a
+/// spend remembering too many requests.
+fn check_invite(invite: &InviteRecord) -> Result<(), Fail> {
+    if invite.uses == 0 || invite.uses > INVITE_USES_MAX {
+        return refuse(format!(
+            "invite {} has {} uses; it may have 1..={INVITE_USES_MAX}",
+            invite.id, invite.uses
+        ));
+    }
+    if invite.spent.len() > invite.uses as usize {
+        return refuse(format!(
+            "invite {} has {} spends for {} uses",
+            invite.id,
+            invite.spent.len(),
+            invite.uses
+        ));
+    }
+    if invite
+        .spent
+        .iter()
+        .any(|s| s.requests.len() > INVITE_SPEND_REQUESTS_MAX)
+    {
+        return refuse(format!(
+            "invite {} has a spend of more than {INVITE_SPEND_REQUESTS_MAX} requests",
+            invite.id
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses free text longer than [`DETAIL_BYTES_MAX`].

@@ -1,7 +1,7 @@
 //! A commit's two halves in memory: the read view the rules plan against
 //! ([`Base`]), and applying the writes they planned to the maps.
 
-use mesh_protocol::{Seq, StreamId};
+use mesh_protocol::{Cid, Seq, SignedBatch, StreamId};
 
 use super::{Agents, State, record_bytes};
 use crate::agents::{AgentWrite, dedup_key_bytes};
@@ -166,104 +166,128 @@ impl Base for MemBase<'_> {
 }
 
 impl State {
+    /// Applies a planned group's writes, in order.
     pub(super) fn apply(&mut self, writes: Vec<Write>) {
         for w in writes {
-            match w {
-                Write::OwnStream(o) => {
-                    self.own.insert(o.stream.clone(), o);
-                }
-                Write::DelOwn(stream) => {
-                    self.own.remove(&stream);
-                }
-                Write::PutBatch {
-                    first_seq,
-                    batch,
-                    first_arrival,
-                } => {
-                    let stream = StreamId {
-                        author: batch.author,
-                        epoch: batch.epoch,
-                        channel: batch.channel.clone(),
-                    };
-                    self.outbox
-                        .insert((stream, first_seq), (batch, first_arrival));
-                }
-                Write::DelBatch { stream, first_seq } => {
-                    self.outbox.remove(&(stream.clone(), first_seq));
-                    self.payloads.remove(&(stream, first_seq));
-                }
-                Write::DropOutbox(stream) => {
-                    self.outbox.retain(|(s, _), _| *s != stream);
-                    self.payloads.retain(|(s, _), _| *s != stream);
-                }
-                Write::PutPayloads {
-                    stream,
-                    first_seq,
-                    payloads,
-                } => {
-                    self.payloads.insert((stream, first_seq), payloads);
-                }
-                Write::MovePayloads {
-                    stream,
-                    first_seq,
-                    first_arrival,
-                    n,
-                } => {
-                    let payloads = (0..n)
-                        .filter_map(|i| match self.journal.get(&(first_arrival + i)) {
-                            Some(JournalRecord::Envelope { payload, .. }) => Some(payload.clone()),
-                            _ => None,
-                        })
-                        .collect();
-                    self.payloads.insert((stream, first_seq), payloads);
-                }
-                Write::DelJournal { first, last } => {
-                    let kept = self.journal.split_off(&(last + 1));
-                    self.journal.retain(|a, _| *a < first);
-                    self.journal.extend(kept);
-                }
-                Write::DelTimesBefore(first) => {
-                    self.times = self.times.split_off(&first);
-                }
-                Write::Mark { stream, seq } => {
-                    self.marks.insert(stream, seq);
-                }
-                Write::MarkCid { stream, cid } => match cid {
-                    Some(c) => {
-                        self.mark_cids.insert(stream, c);
-                    }
-                    None => {
-                        self.mark_cids.remove(&stream);
-                    }
-                },
-                Write::Ended(e) => {
-                    self.ended.insert(e.stream.clone(), e);
-                }
-                Write::Journal { arrival, record } => {
-                    self.journal_bytes += record_bytes(&record);
-                    self.journal_head = self.journal_head.max(arrival);
-                    self.journal.insert(arrival, record);
-                }
-                Write::PutPeer(p) => {
-                    self.peers.insert(*p.node.as_bytes(), p);
-                }
-                Write::RemovePeer(n) => {
-                    self.peers.remove(n.as_bytes());
-                    self.cards.remove(n.as_bytes());
-                }
-                Write::Cursor { name, arrival } => {
-                    self.cursors.insert(name, arrival);
-                }
-                Write::Epoch(epoch) => self.epoch = epoch,
-                Write::PutCard(card) => {
-                    self.cards.insert(*card.node.as_bytes(), card);
-                }
-                Write::PutInvite(invite) => {
-                    self.invites.insert(invite.id, invite);
-                }
-                Write::Agents(w) => self.agents.apply(w),
+            self.write(w);
+        }
+    }
+
+    /// Applies one write to the maps.
+    fn write(&mut self, w: Write) {
+        match w {
+            Write::OwnStream(o) => {
+                self.own.insert(o.stream.clone(), o);
+            }
+            Write::DelOwn(stream) => {
+                self.own.remove(&stream);
+            }
+            Write::PutBatch {
+                first_seq,
+                batch,
+                first_arrival,
+            } => self.put_batch(first_seq, batch, first_arrival),
+            Write::DelBatch { stream, first_seq } => {
+                self.outbox.remove(&(stream.clone(), first_seq));
+                self.payloads.remove(&(stream, first_seq));
+            }
+            Write::DropOutbox(stream) => {
+                self.outbox.retain(|(s, _), _| *s != stream);
+                self.payloads.retain(|(s, _), _| *s != stream);
+            }
+            Write::PutPayloads {
+                stream,
+                first_seq,
+                payloads,
+            } => {
+                self.payloads.insert((stream, first_seq), payloads);
+            }
+            Write::MovePayloads {
+                stream,
+                first_seq,
+                first_arrival,
+                n,
+            } => self.move_payloads(stream, first_seq, first_arrival, n),
+            Write::DelJournal { first, last } => self.del_journal(first, last),
+            Write::DelTimesBefore(first) => {
+                self.times = self.times.split_off(&first);
+            }
+            Write::Mark { stream, seq } => {
+                self.marks.insert(stream, seq);
+            }
+            Write::MarkCid { stream, cid } => self.mark_cid(stream, cid),
+            Write::Ended(e) => {
+                self.ended.insert(e.stream.clone(), e);
+            }
+            Write::Journal { arrival, record } => self.append_journal(arrival, record),
+            Write::PutPeer(p) => {
+                self.peers.insert(*p.node.as_bytes(), p);
+            }
+            Write::RemovePeer(n) => {
+                self.peers.remove(n.as_bytes());
+                self.cards.remove(n.as_bytes());
+            }
+            Write::Cursor { name, arrival } => {
+                self.cursors.insert(name, arrival);
+            }
+            Write::Epoch(epoch) => self.epoch = epoch,
+            Write::PutCard(card) => {
+                self.cards.insert(*card.node.as_bytes(), card);
+            }
+            Write::PutInvite(invite) => {
+                self.invites.insert(invite.id, invite);
+            }
+            Write::Agents(w) => self.agents.apply(w),
+        }
+    }
+
+    /// Keeps the outbox batch `batch`, which starts at `first_seq`.
+    fn put_batch(&mut self, first_seq: Seq, batch: SignedBatch, first_arrival: Arrival) {
+        let stream = StreamId {
+            author: batch.author,
+            epoch: batch.epoch,
+            channel: batch.channel.clone(),
+        };
+        self.outbox
+            .insert((stream, first_seq), (batch, first_arrival));
+    }
+
+    /// Copies the `n` payloads of the outbox batch of `stream` at
+    /// `first_seq` from the journal (from `first_arrival`) to the outbox.
+    fn move_payloads(&mut self, stream: StreamId, first_seq: Seq, first_arrival: Arrival, n: u64) {
+        let payloads = (0..n)
+            .filter_map(|i| match self.journal.get(&(first_arrival + i)) {
+                Some(JournalRecord::Envelope { payload, .. }) => Some(payload.clone()),
+                _ => None,
+            })
+            .collect();
+        self.payloads.insert((stream, first_seq), payloads);
+    }
+
+    /// Removes the journal entries at arrivals `first..=last`.
+    fn del_journal(&mut self, first: Arrival, last: Arrival) {
+        let kept = self.journal.split_off(&(last + 1));
+        self.journal.retain(|a, _| *a < first);
+        self.journal.extend(kept);
+    }
+
+    /// Sets (`Some`) or clears the cid of the mark of `stream`.
+    fn mark_cid(&mut self, stream: StreamId, cid: Option<Cid>) {
+        match cid {
+            Some(c) => {
+                self.mark_cids.insert(stream, c);
+            }
+            None => {
+                self.mark_cids.remove(&stream);
             }
         }
+    }
+
+    /// Journals `record` at `arrival`, counting its bytes.
+    fn append_journal(&mut self, arrival: Arrival, record: JournalRecord) {
+        self.journal_bytes += record_bytes(&record);
+        self.journal_head = self.journal_head.max(arrival);
+        self.journal.insert(arrival, record);
     }
 
     pub(super) fn counters(&self) -> TxCounters {

@@ -4,6 +4,8 @@ use super::*;
 use crate::logic::JOURNAL_TIME_STEP_MS;
 
 impl RedbStore {
+    /// Plans and applies `groups` in one write transaction and commits it:
+    /// a refused group fails alone, any other error fails the whole commit.
     pub(super) fn try_commit(
         &self,
         groups: Vec<Vec<WriteOp>>,
@@ -22,41 +24,8 @@ impl RedbStore {
         let epoch_before = self.meta_now().epoch;
         let counters = {
             let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
-            let mut t = Tables {
-                name,
-                outbox: tx.open_table(OUTBOX).map_err(|e| werr(e.into()))?,
-                payloads: tx.open_table(OUTBOX_PAYLOADS).map_err(|e| werr(e.into()))?,
-                own: tx.open_table(OWN).map_err(|e| werr(e.into()))?,
-                ended: tx.open_table(ENDED_OWN).map_err(|e| werr(e.into()))?,
-                marks: tx.open_table(MARKS).map_err(|e| werr(e.into()))?,
-                mark_cids: tx.open_table(MARK_CIDS).map_err(|e| werr(e.into()))?,
-                journal: tx.open_table(JOURNAL).map_err(|e| werr(e.into()))?,
-                times: tx.open_table(JOURNAL_TIMES).map_err(|e| werr(e.into()))?,
-                peers: tx.open_table(PEERS).map_err(|e| werr(e.into()))?,
-                cursors: tx.open_table(CURSORS).map_err(|e| werr(e.into()))?,
-                cards: tx.open_table(CARDS).map_err(|e| werr(e.into()))?,
-                invites: tx.open_table(INVITES).map_err(|e| werr(e.into()))?,
-                journal_pending: Vec::new(),
-                marks_pending: HashMap::new(),
-                cids_pending: HashMap::new(),
-                own_pending: HashMap::new(),
-                agents: agents::AgentTables::new(&tx),
-            };
-            let journal_first = read_u64(&meta, META_JOURNAL_FIRST, name)?;
-            let last_row = t
-                .journal
-                .last()
-                .map_err(|e| werr(e.into()))?
-                .map_or(0, |(k, _)| k.value());
-            let before = TxCounters {
-                journal_head: last_row.max(journal_first.saturating_sub(1)),
-                max_lamport: read_u64(&meta, META_MAX_LAMPORT, name)?,
-                journal_first,
-                journal_bytes: read_u64(&meta, META_JOURNAL_BYTES, name)?,
-                last_write_ms: read_u64(&meta, META_LAST_WRITE_MS, name)?,
-                epoch: epoch_before,
-                now_ms: None,
-            };
+            let mut t = Tables::open(&tx, name)?;
+            let before = t.counters(&meta, epoch_before)?;
             let mut counters = before;
             for ops in groups {
                 match logic::plan_group(&mut t, &mut counters, ops) {
@@ -76,34 +45,7 @@ impl RedbStore {
             {
                 counters.last_write_ms = now;
             }
-            let mut put = |key: &str, value: u64, was: u64| {
-                if value == was {
-                    return Ok(());
-                }
-                meta.insert(key, value.to_le_bytes().as_slice())
-                    .map(drop)
-                    .map_err(|e| werr(e.into()))
-            };
-            put(META_MAX_LAMPORT, counters.max_lamport, before.max_lamport)?;
-            put(
-                META_JOURNAL_FIRST,
-                counters.journal_first,
-                before.journal_first,
-            )?;
-            put(
-                META_JOURNAL_BYTES,
-                counters.journal_bytes,
-                before.journal_bytes,
-            )?;
-            put(
-                META_LAST_WRITE_MS,
-                counters.last_write_ms,
-                before.last_write_ms,
-            )?;
-            if counters.epoch != before.epoch {
-                meta.insert(META_EPOCH, counters.epoch.0.as_slice())
-                    .map_err(|e| werr(e.into()))?;
-            }
+            put_meta(&mut meta, counters, before, name)?;
             counters
         };
         tx.commit().map_err(|e| werr(e.into()))?;
@@ -112,6 +54,62 @@ impl RedbStore {
         }
         Ok(out)
     }
+}
+
+/// Writes the meta counters that differ in `counters` from `before`.
+fn put_meta(
+    meta: &mut Table<'_, &'static str, &'static [u8]>,
+    counters: TxCounters,
+    before: TxCounters,
+    name: &str,
+) -> Result<(), StoreError> {
+    let werr = write_err(name);
+    let mut put = |key: &str, value: u64, was: u64| {
+        if value == was {
+            return Ok(());
+        }
+        meta.insert(key, value.to_le_bytes().as_slice())
+            .map(drop)
+            .map_err(werr)
+    };
+    put(META_MAX_LAMPORT, counters.max_lamport, before.max_lamport)?;
+    put(
+        META_JOURNAL_FIRST,
+        counters.journal_first,
+        before.journal_first,
+    )?;
+    put(
+        META_JOURNAL_BYTES,
+        counters.journal_bytes,
+        before.journal_bytes,
+    )?;
+    put(
+        META_LAST_WRITE_MS,
+        counters.last_write_ms,
+        before.last_write_ms,
+    )?;
+    if counters.epoch != before.epoch {
+        meta.insert(META_EPOCH, counters.epoch.0.as_slice())
+            .map_err(werr)?;
+    }
+    Ok(())
+}
+
+/// Writes `value`, encoded, at `key` in `table` of the store `name`.
+fn put_encoded<T: Serialize + ?Sized>(
+    table: &mut Table<'_, &'static [u8], &'static [u8]>,
+    key: &[u8],
+    value: &T,
+    name: &str,
+) -> Result<(), StoreError> {
+    let v = encode(value)?;
+    table.insert(key, v.as_slice()).map_err(write_err(name))?;
+    Ok(())
+}
+
+/// The error of a failed write to the store `name`.
+fn write_err(name: &str) -> impl Fn(redb::StorageError) -> StoreError + Copy + '_ {
+    move |e| from_redb(name, "cannot write", e)
 }
 
 /// The meta of the outbox batch of the stream with key `stream` that
@@ -169,153 +167,239 @@ pub(super) struct Tables<'tx> {
     agents: agents::AgentTables<'tx>,
 }
 
+impl<'tx> Tables<'tx> {
+    /// Opens the store's tables in `tx` (the agent tables when first written).
+    fn open(tx: &'tx redb::WriteTransaction, name: &'tx str) -> Result<Self, StoreError> {
+        let werr = |e: TableError| from_redb(name, "cannot write", e);
+        Ok(Tables {
+            name,
+            outbox: tx.open_table(OUTBOX).map_err(werr)?,
+            payloads: tx.open_table(OUTBOX_PAYLOADS).map_err(werr)?,
+            own: tx.open_table(OWN).map_err(werr)?,
+            ended: tx.open_table(ENDED_OWN).map_err(werr)?,
+            marks: tx.open_table(MARKS).map_err(werr)?,
+            mark_cids: tx.open_table(MARK_CIDS).map_err(werr)?,
+            journal: tx.open_table(JOURNAL).map_err(werr)?,
+            times: tx.open_table(JOURNAL_TIMES).map_err(werr)?,
+            peers: tx.open_table(PEERS).map_err(werr)?,
+            cursors: tx.open_table(CURSORS).map_err(werr)?,
+            cards: tx.open_table(CARDS).map_err(werr)?,
+            invites: tx.open_table(INVITES).map_err(werr)?,
+            journal_pending: Vec::new(),
+            marks_pending: HashMap::new(),
+            cids_pending: HashMap::new(),
+            own_pending: HashMap::new(),
+            agents: agents::AgentTables::new(tx),
+        })
+    }
+}
+
 impl Tables<'_> {
     fn err(&self, e: impl Into<redb::Error>) -> StoreError {
         from_redb(self.name, "cannot write", e)
     }
 
-    fn apply(&mut self, writes: Vec<Write>) -> Result<(), StoreError> {
+    /// The counters as the last commit left them, in the store's `epoch`.
+    fn counters(
+        &self,
+        meta: &impl ReadableTable<&'static str, &'static [u8]>,
+        epoch: Epoch,
+    ) -> Result<TxCounters, StoreError> {
         let name = self.name;
-        let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
+        let journal_first = read_u64(meta, META_JOURNAL_FIRST, name)?;
+        let last_row = self
+            .journal
+            .last()
+            .map_err(|e| self.err(e))?
+            .map_or(0, |(k, _)| k.value());
+        Ok(TxCounters {
+            journal_head: last_row.max(journal_first.saturating_sub(1)),
+            max_lamport: read_u64(meta, META_MAX_LAMPORT, name)?,
+            journal_first,
+            journal_bytes: read_u64(meta, META_JOURNAL_BYTES, name)?,
+            last_write_ms: read_u64(meta, META_LAST_WRITE_MS, name)?,
+            epoch,
+            now_ms: None,
+        })
+    }
+
+    /// Applies a planned group's writes, in order.
+    fn apply(&mut self, writes: Vec<Write>) -> Result<(), StoreError> {
         for w in writes {
-            match w {
-                Write::OwnStream(o) => {
-                    self.own_pending.insert(o.stream.clone(), o);
-                }
-                Write::DelOwn(stream) => {
-                    self.own_pending.remove(&stream);
-                    let k = stream_key(&stream)?;
-                    self.own.remove(k.as_slice()).map_err(werr)?;
-                }
-                Write::PutBatch {
-                    first_seq,
-                    batch,
-                    first_arrival,
-                } => {
-                    let k = stream_key(&batch_stream(&batch))?;
-                    let m = BatchMeta::of(&batch);
-                    let v = encode(&BatchRef {
-                        meta: StoredMeta {
-                            last_seq: m.last_seq,
-                            msgs: m.msgs,
-                            bytes: m.bytes,
-                        },
-                        batch: &batch,
-                        first_arrival,
-                    })?;
-                    self.outbox
-                        .insert((k.as_slice(), first_seq), v.as_slice())
-                        .map_err(werr)?;
-                }
-                Write::DelBatch { stream, first_seq } => {
-                    let k = stream_key(&stream)?;
-                    self.outbox
-                        .remove((k.as_slice(), first_seq))
-                        .map_err(werr)?;
-                    self.payloads
-                        .remove((k.as_slice(), first_seq))
-                        .map_err(werr)?;
-                }
-                Write::DropOutbox(stream) => {
-                    let k = stream_key(&stream)?;
-                    let range = (k.as_slice(), 0)..=(k.as_slice(), u64::MAX);
-                    self.outbox
-                        .retain_in(range.clone(), |_, _| false)
-                        .map_err(werr)?;
-                    self.payloads.retain_in(range, |_, _| false).map_err(werr)?;
-                }
-                Write::PutPayloads {
-                    stream,
-                    first_seq,
-                    payloads,
-                } => self.put_payloads(&stream, first_seq, &payloads)?,
-                Write::MovePayloads {
-                    stream,
-                    first_seq,
-                    first_arrival,
-                    n,
-                } => {
-                    let k = stream_key(&stream)?;
-                    let row = self
-                        .outbox
-                        .get((k.as_slice(), first_seq))
-                        .map_err(werr)?
-                        .ok_or_else(|| {
-                            corrupt(
-                                name,
-                                format!("no outbox batch of {stream:?} at {first_seq}"),
-                            )
-                        })?;
-                    let b: BatchOwned = decode(name, "outbox batch", row.value())?;
-                    drop(row);
-                    debug_assert_eq!(b.batch.entries.len() as u64, n);
-                    let payloads =
-                        read::journal_payloads(name, &self.journal, &k, &b.batch, first_arrival)?;
-                    self.put_payloads(&stream, first_seq, &payloads)?;
-                }
-                Write::DelJournal { first, last } => {
-                    self.journal
-                        .retain_in(first..=last, |_, _| false)
-                        .map_err(werr)?;
-                }
-                Write::DelTimesBefore(first) => {
-                    self.times.retain_in(..first, |_, _| false).map_err(werr)?;
-                }
-                Write::Mark { stream, seq } => {
-                    self.marks_pending.insert(stream, seq);
-                }
-                Write::MarkCid { stream, cid } => {
-                    self.cids_pending.insert(stream, cid);
-                }
-                Write::Ended(e) => {
-                    let k = stream_key(&e.stream)?;
-                    let v = encode(&EndedCounters {
-                        held: e.held,
-                        reported: e.reported,
-                        carried: e.carried,
-                    })?;
-                    self.ended
-                        .insert(k.as_slice(), v.as_slice())
-                        .map_err(werr)?;
-                }
-                Write::Journal { arrival, record } => {
-                    self.journal_pending.push((arrival, record));
-                }
-                Write::PutPeer(p) => {
-                    let v = encode(&p)?;
-                    self.peers
-                        .insert(p.node.as_bytes().as_slice(), v.as_slice())
-                        .map_err(werr)?;
-                }
-                Write::RemovePeer(n) => {
-                    self.peers.remove(n.as_bytes().as_slice()).map_err(werr)?;
-                    self.cards.remove(n.as_bytes().as_slice()).map_err(werr)?;
-                }
-                Write::PutCard(card) => {
-                    let v = encode(&card)?;
-                    self.cards
-                        .insert(card.node.as_bytes().as_slice(), v.as_slice())
-                        .map_err(werr)?;
-                }
-                Write::PutInvite(invite) => {
-                    let v = encode(&invite)?;
-                    self.invites
-                        .insert(invite.id.0.as_slice(), v.as_slice())
-                        .map_err(werr)?;
-                }
-                Write::Cursor {
-                    name: cursor,
-                    arrival,
-                } => {
-                    self.cursors
-                        .insert(cursor.as_str(), arrival)
-                        .map_err(werr)?;
-                }
-                Write::Agents(w) => self.agents.apply(w, name)?,
-                // Written with the commit's counters.
-                Write::Epoch(_) => {}
-            }
+            self.write(w)?;
         }
+        Ok(())
+    }
+
+    /// Applies one write: to its table, or to what [`Tables::flush`] writes.
+    fn write(&mut self, w: Write) -> Result<(), StoreError> {
+        let name = self.name;
+        let werr = write_err(name);
+        match w {
+            Write::OwnStream(o) => {
+                self.own_pending.insert(o.stream.clone(), o);
+            }
+            Write::DelOwn(stream) => self.del_own(&stream)?,
+            Write::PutBatch {
+                first_seq,
+                batch,
+                first_arrival,
+            } => self.put_batch(first_seq, &batch, first_arrival)?,
+            Write::DelBatch { stream, first_seq } => self.del_batch(&stream, first_seq)?,
+            Write::DropOutbox(stream) => self.drop_outbox(&stream)?,
+            Write::PutPayloads {
+                stream,
+                first_seq,
+                payloads,
+            } => self.put_payloads(&stream, first_seq, &payloads)?,
+            Write::MovePayloads {
+                stream,
+                first_seq,
+                first_arrival,
+                n,
+            } => self.move_payloads(&stream, first_seq, first_arrival, n)?,
+            Write::DelJournal { first, last } => {
+                self.journal
+                    .retain_in(first..=last, |_, _| false)
+                    .map_err(werr)?;
+            }
+            Write::DelTimesBefore(first) => {
+                self.times.retain_in(..first, |_, _| false).map_err(werr)?;
+            }
+            Write::Mark { stream, seq } => {
+                self.marks_pending.insert(stream, seq);
+            }
+            Write::MarkCid { stream, cid } => {
+                self.cids_pending.insert(stream, cid);
+            }
+            Write::Ended(e) => self.put_ended(&e)?,
+            Write::Journal { arrival, record } => {
+                self.journal_pending.push((arrival, record));
+            }
+            Write::PutPeer(p) => put_encoded(&mut self.peers, p.node.as_bytes(), &p, name)?,
+            Write::RemovePeer(n) => {
+                self.peers.remove(n.as_bytes().as_slice()).map_err(werr)?;
+                self.cards.remove(n.as_bytes().as_slice()).map_err(werr)?;
+            }
+            Write::PutCard(card) => {
+                put_encoded(&mut self.cards, card.node.as_bytes(), &card, name)?;
+            }
+            Write::PutInvite(invite) => {
+                put_encoded(&mut self.invites, &invite.id.0, &invite, name)?;
+            }
+            Write::Cursor {
+                name: cursor,
+                arrival,
+            } => {
+                self.cursors
+                    .insert(cursor.as_str(), arrival)
+                    .map_err(werr)?;
+            }
+            Write::Agents(w) => self.agents.apply(w, name)?,
+            // Written with the commit's counters.
+            Write::Epoch(_) => {}
+        }
+        Ok(())
+    }
+
+    /// Removes the own stream `stream`, pending or written.
+    fn del_own(&mut self, stream: &StreamId) -> Result<(), StoreError> {
+        self.own_pending.remove(stream);
+        let k = stream_key(stream)?;
+        self.own
+            .remove(k.as_slice())
+            .map_err(write_err(self.name))?;
+        Ok(())
+    }
+
+    /// Writes the outbox row of `batch`, which starts at `first_seq`.
+    fn put_batch(
+        &mut self,
+        first_seq: Seq,
+        batch: &SignedBatch,
+        first_arrival: Arrival,
+    ) -> Result<(), StoreError> {
+        let k = stream_key(&batch_stream(batch))?;
+        let m = BatchMeta::of(batch);
+        let v = encode(&BatchRef {
+            meta: StoredMeta {
+                last_seq: m.last_seq,
+                msgs: m.msgs,
+                bytes: m.bytes,
+            },
+            batch,
+            first_arrival,
+        })?;
+        self.outbox
+            .insert((k.as_slice(), first_seq), v.as_slice())
+            .map_err(write_err(self.name))?;
+        Ok(())
+    }
+
+    /// Removes the outbox batch of `stream` at `first_seq`, then its kept payloads.
+    fn del_batch(&mut self, stream: &StreamId, first_seq: Seq) -> Result<(), StoreError> {
+        let werr = write_err(self.name);
+        let k = stream_key(stream)?;
+        self.outbox
+            .remove((k.as_slice(), first_seq))
+            .map_err(werr)?;
+        self.payloads
+            .remove((k.as_slice(), first_seq))
+            .map_err(werr)?;
+        Ok(())
+    }
+
+    /// Removes every outbox batch of `stream`, then every kept payload.
+    fn drop_outbox(&mut self, stream: &StreamId) -> Result<(), StoreError> {
+        let werr = write_err(self.name);
+        let k = stream_key(stream)?;
+        let range = (k.as_slice(), 0)..=(k.as_slice(), u64::MAX);
+        self.outbox
+            .retain_in(range.clone(), |_, _| false)
+            .map_err(werr)?;
+        self.payloads.retain_in(range, |_, _| false).map_err(werr)?;
+        Ok(())
+    }
+
+    /// Copies the `n` payloads of the outbox batch of `stream` at
+    /// `first_seq` from its journal rows (from `first_arrival`) to the outbox.
+    fn move_payloads(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+        first_arrival: Arrival,
+        n: u64,
+    ) -> Result<(), StoreError> {
+        let name = self.name;
+        let k = stream_key(stream)?;
+        let row = self
+            .outbox
+            .get((k.as_slice(), first_seq))
+            .map_err(write_err(name))?
+            .ok_or_else(|| {
+                corrupt(
+                    name,
+                    format!("no outbox batch of {stream:?} at {first_seq}"),
+                )
+            })?;
+        let b: BatchOwned = decode(name, "outbox batch", row.value())?;
+        drop(row);
+        debug_assert_eq!(b.batch.entries.len() as u64, n);
+        let payloads = read::journal_payloads(name, &self.journal, &k, &b.batch, first_arrival)?;
+        self.put_payloads(stream, first_seq, &payloads)
+    }
+
+    /// Writes the counters of the ended own stream `e`.
+    fn put_ended(&mut self, e: &EndedOwn) -> Result<(), StoreError> {
+        let k = stream_key(&e.stream)?;
+        let v = encode(&EndedCounters {
+            held: e.held,
+            reported: e.reported,
+            carried: e.carried,
+        })?;
+        self.ended
+            .insert(k.as_slice(), v.as_slice())
+            .map_err(write_err(self.name))?;
         Ok(())
     }
 
@@ -339,9 +423,19 @@ impl Tables<'_> {
     /// journal packed into rows, dated `now_ms` if given; returns the bytes
     /// of the rows written.
     fn flush(&mut self, now_ms: Option<u64>) -> Result<u64, StoreError> {
-        let name = self.name;
-        self.agents.flush(name)?;
-        let werr = |e| from_redb(name, "cannot write", e);
+        self.agents.flush(self.name)?;
+        self.flush_marks()?;
+        self.flush_own()?;
+        let pending = std::mem::take(&mut self.journal_pending);
+        if let (Some(now), Some((first, _))) = (now_ms, pending.first()) {
+            self.date_rows(*first, now)?;
+        }
+        self.write_rows(&pending)
+    }
+
+    /// Writes the pending marks, then the pending mark cids, each in stream order.
+    fn flush_marks(&mut self) -> Result<(), StoreError> {
+        let werr = write_err(self.name);
         let mut marks: Vec<_> = self.marks_pending.drain().collect();
         marks.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for (stream, seq) in marks {
@@ -363,6 +457,12 @@ impl Tables<'_> {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// Writes the pending own streams in stream order.
+    fn flush_own(&mut self) -> Result<(), StoreError> {
+        let werr = write_err(self.name);
         let mut own: Vec<_> = self.own_pending.drain().map(|(_, o)| o).collect();
         own.sort_unstable_by(|a, b| a.stream.cmp(&b.stream));
         for o in own {
@@ -370,39 +470,34 @@ impl Tables<'_> {
             let v = encode(&OwnCounters::of(&o))?;
             self.own.insert(k.as_slice(), v.as_slice()).map_err(werr)?;
         }
-        let pending = std::mem::take(&mut self.journal_pending);
-        if let (Some(now), Some((first, _))) = (now_ms, pending.first()) {
-            let dated = self.times.last().map_err(werr)?.map(|(_, t)| t.value());
-            if dated.is_none_or(|t| now >= t.saturating_add(JOURNAL_TIME_STEP_MS)) {
-                self.times.insert(*first, now).map_err(werr)?;
-            }
+        Ok(())
+    }
+
+    /// Dates the rows from arrival `first` at `now`, unless the last date
+    /// is less than [`JOURNAL_TIME_STEP_MS`] before it.
+    fn date_rows(&mut self, first: Arrival, now: u64) -> Result<(), StoreError> {
+        let werr = write_err(self.name);
+        let dated = self.times.last().map_err(werr)?.map(|(_, t)| t.value());
+        if dated.is_none_or(|t| now >= t.saturating_add(JOURNAL_TIME_STEP_MS)) {
+            self.times.insert(first, now).map_err(werr)?;
         }
+        Ok(())
+    }
+
+    /// Writes `pending` as journal rows keyed by their last arrival: a run
+    /// of envelopes (see [`run_len`]) to a row, any other record alone;
+    /// returns the bytes of the rows.
+    fn write_rows(&mut self, pending: &[(Arrival, JournalRecord)]) -> Result<u64, StoreError> {
+        let werr = write_err(self.name);
         let mut buf = Vec::new();
-        let mut rest = pending.as_slice();
+        let mut rest = pending;
         let mut key = Vec::new();
         let mut written = 0u64;
         while let Some(((arrival, record), _)) = rest.split_first() {
             let n = run_len(rest);
             let row = match record {
                 JournalRecord::Envelope { stream, seq, .. } if n > 0 => {
-                    let mut entries = Vec::with_capacity(n);
-                    for (_, r) in &rest[..n] {
-                        if let JournalRecord::Envelope {
-                            lamport,
-                            created_ms,
-                            kind,
-                            payload,
-                            ..
-                        } = r
-                        {
-                            entries.push(EntryRef {
-                                lamport: *lamport,
-                                created_ms: *created_ms,
-                                kind: *kind,
-                                payload: Bytes::new(payload),
-                            });
-                        }
-                    }
+                    let entries = run_entries(&rest[..n]);
                     encode_into(&mut key, stream)?;
                     RowRef::Run {
                         stream: Bytes::new(&key),
@@ -421,6 +516,29 @@ impl Tables<'_> {
         }
         Ok(written)
     }
+}
+
+/// The envelopes of the run `records`, borrowed for encoding.
+fn run_entries(records: &[(Arrival, JournalRecord)]) -> Vec<EntryRef<'_>> {
+    let mut entries = Vec::with_capacity(records.len());
+    for (_, r) in records {
+        if let JournalRecord::Envelope {
+            lamport,
+            created_ms,
+            kind,
+            payload,
+            ..
+        } = r
+        {
+            entries.push(EntryRef {
+                lamport: *lamport,
+                created_ms: *created_ms,
+                kind: *kind,
+                payload: Bytes::new(payload),
+            });
+        }
+    }
+    entries
 }
 
 /// How many of `records` (consecutive arrivals) open a journal row of
