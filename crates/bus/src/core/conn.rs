@@ -172,9 +172,33 @@ impl Core {
         if node != peer {
             return self.close(peer, conn, CloseReason::WrongNode);
         }
-        // Ended streams the peer holds more of than this store: journaled,
-        // and the peer is told what this store still holds of them.
-        for report in self.author.ended_reports(peer, &marks) {
+        self.report_ended(peer, conn, &marks);
+        let check = self.check_hello_mark(peer, &marks);
+        let trusted = match check {
+            HelloCheck::Trust(m) => Some(m),
+            _ => None,
+        };
+        let reset = self.see_hello_epoch(peer, epoch, trusted);
+        self.peers.go_live(peer, epoch);
+        // What the peer announced before comes again on this connection,
+        // and ours goes before any batch of ours on it.
+        self.forget_peer_agents(peer);
+        self.announce_to(peer, conn);
+        let (config, out) = (&self.config, &mut self.out);
+        match check {
+            HelloCheck::Trust(mark) => self.author.start_feed(peer, conn, mark, now, config, out),
+            HelloCheck::Verify { mark, cid } => self
+                .author
+                .start_verify(peer, conn, mark, cid, reset, now, out),
+            HelloCheck::RolledBack { mark } => self.store_went_back(peer, mark),
+        }
+    }
+
+    /// Tells `peer` on `conn` what this store still holds of the ended
+    /// streams it holds more of, and journals what it saw that this store
+    /// lost.
+    fn report_ended(&mut self, peer: NodeId, conn: ConnId, marks: &[Mark]) {
+        for report in self.author.ended_reports(peer, marks) {
             let frame = Frame::StreamEnded {
                 stream: report.stream.clone(),
                 held: report.held,
@@ -182,23 +206,29 @@ impl Core {
             self.out.send(peer, conn, frame);
             self.committer.queue_report(report);
         }
-        let check = if self.author.is_frozen() {
-            // A new epoch is under way: the old streams are not fed.
-            match self
-                .author
-                .check_hello(peer, self.author.mark_in(peer, &marks))
-            {
-                c @ HelloCheck::RolledBack { .. } => c,
-                _ => HelloCheck::Trust(0),
-            }
-        } else {
-            self.author
-                .check_hello(peer, self.author.mark_in(peer, &marks))
-        };
-        let trusted = match check {
-            HelloCheck::Trust(m) => Some(m),
-            _ => None,
-        };
+    }
+
+    /// What the mark `peer`'s Hello gives for our current stream to it says:
+    /// while a new epoch is under way only a store gone back counts, and
+    /// the old stream is fed nothing.
+    fn check_hello_mark(&self, peer: NodeId, marks: &[Mark]) -> HelloCheck {
+        let check = self
+            .author
+            .check_hello(peer, self.author.mark_in(peer, marks));
+        if !self.author.is_frozen() {
+            return check;
+        }
+        // A new epoch is under way: the old streams are not fed.
+        match check {
+            c @ HelloCheck::RolledBack { .. } => c,
+            _ => HelloCheck::Trust(0),
+        }
+    }
+
+    /// Records the store `epoch` that `peer`'s Hello names, acknowledging
+    /// the `trusted` mark; true if the peer's store changed since it was
+    /// last seen (its acked state is then reset).
+    fn see_hello_epoch(&mut self, peer: NodeId, epoch: Epoch, trusted: Option<Seq>) -> bool {
         let seen = self.peers.see_epoch(peer, epoch);
         let reset = matches!(seen, Some(Some(_)));
         match seen {
@@ -225,19 +255,7 @@ impl Core {
                 }
             }
         }
-        self.peers.go_live(peer, epoch);
-        // What the peer announced before comes again on this connection,
-        // and ours goes before any batch of ours on it.
-        self.forget_peer_agents(peer);
-        self.announce_to(peer, conn);
-        let (config, out) = (&self.config, &mut self.out);
-        match check {
-            HelloCheck::Trust(mark) => self.author.start_feed(peer, conn, mark, now, config, out),
-            HelloCheck::Verify { mark, cid } => self
-                .author
-                .start_verify(peer, conn, mark, cid, reset, now, out),
-            HelloCheck::RolledBack { mark } => self.store_went_back(peer, mark),
-        }
+        reset
     }
 
     /// `peer` holds our current stream to it up to `mark`, which this store
