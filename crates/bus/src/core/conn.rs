@@ -1,7 +1,7 @@
 //! A peer's connection as the core sees it: opened, its Hello, the frames
 //! and batches it carries, and its close.
 
-use mesh_protocol::{Epoch, Frame, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, Seq};
+use mesh_protocol::{Epoch, Frame, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, Seq, StreamId};
 
 use super::author::HelloCheck;
 use super::commit::AckWork;
@@ -73,22 +73,8 @@ impl Core {
             Frame::ResyncGap {
                 stream,
                 earliest_available,
-            } => {
-                let queue = &mut self.committer.inbound;
-                let top = self
-                    .receiver
-                    .on_resync_gap(from, stream, earliest_available, queue, out);
-                self.author.observe_lamport(top);
-            }
-            Frame::ResyncDone { stream, upto } => {
-                let mut env = Env {
-                    peers: &self.peers,
-                    config,
-                    now,
-                    out,
-                };
-                self.receiver.on_resync_done(from, stream, upto, &mut env);
-            }
+            } => self.on_resync_gap(from, stream, earliest_available),
+            Frame::ResyncDone { stream, upto } => self.on_resync_done(from, stream, upto, now),
             Frame::StreamEnded { stream, held } => {
                 let queue = &mut self.committer.inbound;
                 self.receiver
@@ -107,6 +93,28 @@ impl Core {
             // Handled above.
             Frame::Hello { .. } => {}
         }
+    }
+
+    /// The author of `stream` no longer holds anything before
+    /// `earliest_available`: the gap goes to the receiver, to be committed.
+    fn on_resync_gap(&mut self, from: Sender, stream: StreamId, earliest_available: Seq) {
+        let queue = &mut self.committer.inbound;
+        let top = self
+            .receiver
+            .on_resync_gap(from, stream, earliest_available, queue, &mut self.out);
+        self.author.observe_lamport(top);
+    }
+
+    /// The author of `stream` has sent everything up to `upto`: the
+    /// receiver asks again if it is still behind.
+    fn on_resync_done(&mut self, from: Sender, stream: StreamId, upto: Seq, now: Millis) {
+        let mut env = Env {
+            peers: &self.peers,
+            config: &self.config,
+            now,
+            out: &mut self.out,
+        };
+        self.receiver.on_resync_done(from, stream, upto, &mut env);
     }
 
     pub(super) fn on_batch(
