@@ -6,7 +6,9 @@ mod sends;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use mesh_protocol::{Epoch, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NodeId, Seq, StreamId};
+use mesh_protocol::{
+    Epoch, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NewEnvelope, NodeId, OpenBatch, Seq, StreamId,
+};
 use mesh_store::{PeerRecord, WriteOp};
 
 use super::commit::{Batch, CarryWork, Group, InboundWork, LostTally};
@@ -119,6 +121,34 @@ impl Core {
             batch.push(ops, group);
             return;
         }
+        let (ops, batches) = self.sign_carry(to, &from, envelopes);
+        if ops.is_empty() {
+            return;
+        }
+        let upto = match ops.last() {
+            Some(WriteOp::CarryOver { upto, .. }) => *upto,
+            _ => 0,
+        };
+        batch.push(
+            ops,
+            Group::Carry {
+                from,
+                to,
+                upto,
+                batches,
+            },
+        );
+    }
+
+    /// Re-signs the carried `envelopes` of `from` into the current epoch's
+    /// stream to `to`, one batch per batch limit: each batch's carry-over op
+    /// and the batch, in order, up to the first that fails to sign.
+    fn sign_carry(
+        &mut self,
+        to: NodeId,
+        from: &StreamId,
+        envelopes: Vec<(Seq, NewEnvelope)>,
+    ) -> (Vec<WriteOp>, Vec<OpenBatch>) {
         let mut next_seq = self.author.own_view(to).next_seq;
         let mut ops = Vec::new();
         let mut batches = Vec::new();
@@ -155,22 +185,7 @@ impl Core {
                 Err(_) => break,
             }
         }
-        if ops.is_empty() {
-            return;
-        }
-        let upto = match ops.last() {
-            Some(WriteOp::CarryOver { upto, .. }) => *upto,
-            _ => 0,
-        };
-        batch.push(
-            ops,
-            Group::Carry {
-                from,
-                to,
-                upto,
-                batches,
-            },
-        );
+        (ops, batches)
     }
 
     /// One group per peer whose ack (or new epoch) waits; returns the
