@@ -34,27 +34,9 @@ impl Core {
             return;
         }
         let mut batch = Batch::default();
-        let wanted_trim = self.committer.trim_wanted();
-        self.committer.take_trim();
-        batch.push(
-            vec![WriteOp::Trim {
-                now_ms: now.0,
-                bytes_max: self.config.journal_bytes_max,
-                age_ms_max: self.config.journal_age_ms_max,
-            }],
-            Group::Trim,
-        );
+        let wanted_trim = self.build_trim(&mut batch, now);
         let (epochs, acking, ends) = self.build_acks(&mut batch);
-        if let Some(switch) = self.committer.take_switch() {
-            let mut ops = vec![WriteOp::NewEpoch {
-                epoch: switch.epoch,
-            }];
-            ops.extend(switch.reports.iter().map(report_op));
-            batch.push(ops, Group::NewEpoch { switch });
-        }
-        for report in self.committer.take_reports() {
-            batch.push(vec![report_op(&report)], Group::Report { report });
-        }
+        self.build_epoch_reports(&mut batch);
         for work in self.committer.take_inbound() {
             // Its agent index goes in its group; bounces join the sends.
             let index = self.index_inbound(&work, now);
@@ -97,6 +79,37 @@ impl Core {
             batch.push(housekeeping, Group::Housekeeping);
         }
         self.committer.start(batch, wanted_trim, &mut self.out);
+    }
+
+    /// The journal's trim group, first in every commit; returns whether a
+    /// trim was wanted even if nothing else waited, and clears the want.
+    fn build_trim(&mut self, batch: &mut Batch, now: Millis) -> bool {
+        let wanted_trim = self.committer.trim_wanted();
+        self.committer.take_trim();
+        batch.push(
+            vec![WriteOp::Trim {
+                now_ms: now.0,
+                bytes_max: self.config.journal_bytes_max,
+                age_ms_max: self.config.journal_age_ms_max,
+            }],
+            Group::Trim,
+        );
+        wanted_trim
+    }
+
+    /// The new epoch's group if one waits (with what its ended streams
+    /// report), then one group per other report of an ended stream.
+    fn build_epoch_reports(&mut self, batch: &mut Batch) {
+        if let Some(switch) = self.committer.take_switch() {
+            let mut ops = vec![WriteOp::NewEpoch {
+                epoch: switch.epoch,
+            }];
+            ops.extend(switch.reports.iter().map(report_op));
+            batch.push(ops, Group::NewEpoch { switch });
+        }
+        for report in self.committer.take_reports() {
+            batch.push(vec![report_op(&report)], Group::Report { report });
+        }
     }
 
     /// The carry-over chunk `carry`, re-signed into the current epoch's
