@@ -98,10 +98,10 @@ impl Core {
     /// The author of `stream` no longer holds anything before
     /// `earliest_available`: the gap goes to the receiver, to be committed.
     fn on_resync_gap(&mut self, from: Sender, stream: StreamId, earliest_available: Seq) {
-        let queue = &mut self.committer.inbound;
+        let (queue, out) = (&mut self.committer.inbound, &mut self.out);
         let top = self
             .receiver
-            .on_resync_gap(from, stream, earliest_available, queue, &mut self.out);
+            .on_resync_gap(from, stream, earliest_available, queue, out);
         self.author.observe_lamport(top);
     }
 

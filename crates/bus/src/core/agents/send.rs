@@ -1,6 +1,8 @@
 //! The send path of agent messages and sends with a client id: checks, ids, index entries.
 
-use mesh_protocol::{AgentEnvelope, AgentName, KIND_AGENT, MsgId, NodeId, Seq, StreamId, stamp_msg_id};
+use mesh_protocol::{
+    AgentEnvelope, AgentName, KIND_AGENT, MsgId, NodeId, Seq, StreamId, stamp_msg_id,
+};
 use mesh_store::{
     AgentIndex, AgentOp, DedupKey, DedupRecord, InboxKind, InboxRow, MessageDir, MessageRow,
     WriteOp,
@@ -46,11 +48,11 @@ impl Core {
             ),
             None => [0; 16],
         };
-        let (kind, payload, agent) = match self.address_send(kind, body, from, to_agent, in_reply_to)
-        {
-            Ok(addressed) => addressed,
-            Err(e) => return refuse(self, e),
-        };
+        let (kind, payload, agent) =
+            match self.address_send(kind, body, from, to_agent, in_reply_to) {
+                Ok(addressed) => addressed,
+                Err(e) => return refuse(self, e),
+            };
         if let Err(e) = self.check_addressed(to, agent.as_ref(), payload.len() as u64) {
             return refuse(self, e);
         }

@@ -7,7 +7,8 @@ mod sends;
 use std::collections::{BTreeMap, BTreeSet};
 
 use mesh_protocol::{
-    Epoch, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NewEnvelope, NodeId, OpenBatch, Seq, StreamId,
+    Epoch, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NewEnvelope, NodeId, OpenBatch, Seq,
+    StreamId,
 };
 use mesh_store::{PeerRecord, WriteOp};
 
