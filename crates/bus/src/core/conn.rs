@@ -1,7 +1,7 @@
 //! A peer's connection as the core sees it: opened, its Hello, the frames
 //! and batches it carries, and its close.
 
-use mesh_protocol::{Epoch, Frame, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, Seq};
+use mesh_protocol::{Epoch, Frame, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, Seq, StreamId};
 
 use super::author::HelloCheck;
 use super::commit::AckWork;
@@ -73,22 +73,8 @@ impl Core {
             Frame::ResyncGap {
                 stream,
                 earliest_available,
-            } => {
-                let queue = &mut self.committer.inbound;
-                let top = self
-                    .receiver
-                    .on_resync_gap(from, stream, earliest_available, queue, out);
-                self.author.observe_lamport(top);
-            }
-            Frame::ResyncDone { stream, upto } => {
-                let mut env = Env {
-                    peers: &self.peers,
-                    config,
-                    now,
-                    out,
-                };
-                self.receiver.on_resync_done(from, stream, upto, &mut env);
-            }
+            } => self.on_resync_gap(from, stream, earliest_available),
+            Frame::ResyncDone { stream, upto } => self.on_resync_done(from, stream, upto, now),
             Frame::StreamEnded { stream, held } => {
                 let queue = &mut self.committer.inbound;
                 self.receiver
@@ -107,6 +93,28 @@ impl Core {
             // Handled above.
             Frame::Hello { .. } => {}
         }
+    }
+
+    /// The author of `stream` no longer holds anything before
+    /// `earliest_available`: the gap goes to the receiver, to be committed.
+    fn on_resync_gap(&mut self, from: Sender, stream: StreamId, earliest_available: Seq) {
+        let (queue, out) = (&mut self.committer.inbound, &mut self.out);
+        let top = self
+            .receiver
+            .on_resync_gap(from, stream, earliest_available, queue, out);
+        self.author.observe_lamport(top);
+    }
+
+    /// The author of `stream` has sent everything up to `upto`: the
+    /// receiver asks again if it is still behind.
+    fn on_resync_done(&mut self, from: Sender, stream: StreamId, upto: Seq, now: Millis) {
+        let mut env = Env {
+            peers: &self.peers,
+            config: &self.config,
+            now,
+            out: &mut self.out,
+        };
+        self.receiver.on_resync_done(from, stream, upto, &mut env);
     }
 
     pub(super) fn on_batch(
@@ -172,9 +180,33 @@ impl Core {
         if node != peer {
             return self.close(peer, conn, CloseReason::WrongNode);
         }
-        // Ended streams the peer holds more of than this store: journaled,
-        // and the peer is told what this store still holds of them.
-        for report in self.author.ended_reports(peer, &marks) {
+        self.report_ended(peer, conn, &marks);
+        let check = self.check_hello_mark(peer, &marks);
+        let trusted = match check {
+            HelloCheck::Trust(m) => Some(m),
+            _ => None,
+        };
+        let reset = self.see_hello_epoch(peer, epoch, trusted);
+        self.peers.go_live(peer, epoch);
+        // What the peer announced before comes again on this connection,
+        // and ours goes before any batch of ours on it.
+        self.forget_peer_agents(peer);
+        self.announce_to(peer, conn);
+        let (config, out) = (&self.config, &mut self.out);
+        match check {
+            HelloCheck::Trust(mark) => self.author.start_feed(peer, conn, mark, now, config, out),
+            HelloCheck::Verify { mark, cid } => self
+                .author
+                .start_verify(peer, conn, mark, cid, reset, now, out),
+            HelloCheck::RolledBack { mark } => self.store_went_back(peer, mark),
+        }
+    }
+
+    /// Tells `peer` on `conn` what this store still holds of the ended
+    /// streams it holds more of, and journals what it saw that this store
+    /// lost.
+    fn report_ended(&mut self, peer: NodeId, conn: ConnId, marks: &[Mark]) {
+        for report in self.author.ended_reports(peer, marks) {
             let frame = Frame::StreamEnded {
                 stream: report.stream.clone(),
                 held: report.held,
@@ -182,23 +214,29 @@ impl Core {
             self.out.send(peer, conn, frame);
             self.committer.queue_report(report);
         }
-        let check = if self.author.is_frozen() {
-            // A new epoch is under way: the old streams are not fed.
-            match self
-                .author
-                .check_hello(peer, self.author.mark_in(peer, &marks))
-            {
-                c @ HelloCheck::RolledBack { .. } => c,
-                _ => HelloCheck::Trust(0),
-            }
-        } else {
-            self.author
-                .check_hello(peer, self.author.mark_in(peer, &marks))
-        };
-        let trusted = match check {
-            HelloCheck::Trust(m) => Some(m),
-            _ => None,
-        };
+    }
+
+    /// What the mark `peer`'s Hello gives for our current stream to it says:
+    /// while a new epoch is under way only a store gone back counts, and
+    /// the old stream is fed nothing.
+    fn check_hello_mark(&self, peer: NodeId, marks: &[Mark]) -> HelloCheck {
+        let check = self
+            .author
+            .check_hello(peer, self.author.mark_in(peer, marks));
+        if !self.author.is_frozen() {
+            return check;
+        }
+        // A new epoch is under way: the old streams are not fed.
+        match check {
+            c @ HelloCheck::RolledBack { .. } => c,
+            _ => HelloCheck::Trust(0),
+        }
+    }
+
+    /// Records the store `epoch` that `peer`'s Hello names, acknowledging
+    /// the `trusted` mark; true if the peer's store changed since it was
+    /// last seen (its acked state is then reset).
+    fn see_hello_epoch(&mut self, peer: NodeId, epoch: Epoch, trusted: Option<Seq>) -> bool {
         let seen = self.peers.see_epoch(peer, epoch);
         let reset = matches!(seen, Some(Some(_)));
         match seen {
@@ -225,19 +263,7 @@ impl Core {
                 }
             }
         }
-        self.peers.go_live(peer, epoch);
-        // What the peer announced before comes again on this connection,
-        // and ours goes before any batch of ours on it.
-        self.forget_peer_agents(peer);
-        self.announce_to(peer, conn);
-        let (config, out) = (&self.config, &mut self.out);
-        match check {
-            HelloCheck::Trust(mark) => self.author.start_feed(peer, conn, mark, now, config, out),
-            HelloCheck::Verify { mark, cid } => self
-                .author
-                .start_verify(peer, conn, mark, cid, reset, now, out),
-            HelloCheck::RolledBack { mark } => self.store_went_back(peer, mark),
-        }
+        reset
     }
 
     /// `peer` holds our current stream to it up to `mark`, which this store

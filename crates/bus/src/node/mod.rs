@@ -26,7 +26,7 @@ use mesh_store::{
 };
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tracing::{Instrument, error_span, info};
+use tracing::{Instrument, Span, error_span, info};
 
 use crate::core::{self, Core, LocalWrite, Metrics, Recovered, SendReceipt};
 use crate::net::{ConnId, NetConfig, NetCounters, NetError, PeerError, Transport, endpoint_addrs};
@@ -244,36 +244,10 @@ impl Node {
         recovered.entropy = rand::random();
         let id = secret.public();
         let span = error_span!("node", me = %id.fmt_short());
-        let mut net = config.net.clone();
-        if net.mdns_name.is_empty() {
-            net.mdns_name = config.name.to_string();
-        }
-        let mut transport = Transport::bind(&net, secret.clone(), actor::open)
-            .instrument(span.clone())
-            .await?;
-        let added = span.in_scope(|| {
-            recovered
-                .peers
-                .iter()
-                .filter(|p| p.node != id)
-                .try_for_each(|p| {
-                    let addrs = p.addrs.iter().copied().take(MAX_TICKET_ADDRS).collect();
-                    transport.add_peer(p.node, addrs)
-                })
-        });
-        if let Err(e) = added {
-            transport.shutdown().await;
-            return Err(e.into());
-        }
+        let mut transport = bind_transport(&config, &secret, &recovered, &span).await?;
         let epoch = recovered.epoch;
         let endpoint = transport.endpoint().clone();
-        let held = recovered.cards.iter().find(|c| c.node == id).cloned();
-        let card = own_card(&secret, held.as_ref(), &config.name, &endpoint);
-        let mut core = Core::new(config.core.clone(), secret.clone(), recovered);
-        if let Some(card) = card {
-            info!(name = %card.name, addrs = ?card.addrs, "this node issued a new card");
-            core.handle(core::Input::OwnCard { card }, actor::now());
-        }
+        let core = new_core(&config, &secret, recovered, &endpoint);
         let (commands, commands_rx) = mpsc::channel(COMMANDS_MAX);
         let (head_tx, head_rx) = watch::channel(head);
         let (epoch_tx, epoch_rx) = watch::channel(epoch);
@@ -648,6 +622,62 @@ impl Drop for Node {
     fn drop(&mut self) {
         self.closing.send_replace(true);
     }
+}
+
+/// Binds the transport with `secret` and makes every stored peer (but this
+/// node) known to it.
+///
+/// # Errors
+/// As [`Node::start`]'s `Net` and `Peer`; on a peer it cannot add, the
+/// transport is shut down first.
+async fn bind_transport(
+    config: &NodeConfig,
+    secret: &SecretKey,
+    recovered: &Recovered,
+    span: &Span,
+) -> Result<Transport<actor::Received>, NodeError> {
+    let id = secret.public();
+    let mut net = config.net.clone();
+    if net.mdns_name.is_empty() {
+        net.mdns_name = config.name.to_string();
+    }
+    let mut transport = Transport::bind(&net, secret.clone(), actor::open)
+        .instrument(span.clone())
+        .await?;
+    let added = span.in_scope(|| {
+        recovered
+            .peers
+            .iter()
+            .filter(|p| p.node != id)
+            .try_for_each(|p| {
+                let addrs = p.addrs.iter().copied().take(MAX_TICKET_ADDRS).collect();
+                transport.add_peer(p.node, addrs)
+            })
+    });
+    if let Err(e) = added {
+        transport.shutdown().await;
+        return Err(e.into());
+    }
+    Ok(transport)
+}
+
+/// The core over `recovered`, fed a new card of this node first if the one
+/// it holds no longer matches its name or the addresses of `endpoint`.
+fn new_core(
+    config: &NodeConfig,
+    secret: &SecretKey,
+    recovered: Recovered,
+    endpoint: &Endpoint,
+) -> Core {
+    let id = secret.public();
+    let held = recovered.cards.iter().find(|c| c.node == id).cloned();
+    let card = own_card(secret, held.as_ref(), &config.name, endpoint);
+    let mut core = Core::new(config.core.clone(), secret.clone(), recovered);
+    if let Some(card) = card {
+        info!(name = %card.name, addrs = ?card.addrs, "this node issued a new card");
+        core.handle(core::Input::OwnCard { card }, actor::now());
+    }
+    core
 }
 
 /// A new card for this node if its name or listen addresses differ from

@@ -1,6 +1,8 @@
 //! The receive side: a peer batch's agent messages to inboxes and the index, and bounces.
 
-use mesh_protocol::{AgentHeader, Bounce, BounceReason, KIND_AGENT, KIND_BOUNCE, NodeId};
+use mesh_protocol::{
+    AgentHeader, Bounce, BounceReason, Envelope, KIND_AGENT, KIND_BOUNCE, NodeId, StreamId,
+};
 use mesh_store::{AgentIndex, AgentOp, InboxKind, InboxRow, MessageDir, MessageRow, WriteOp};
 
 use crate::core::commit::{InboundWork, WaitingSend};
@@ -24,83 +26,8 @@ impl Core {
         let mut ops = Vec::new();
         for e in batch.envelopes().filter(|e| e.seq >= *from) {
             match e.header.kind {
-                KIND_AGENT => {
-                    let Ok(msg) = AgentHeader::decode(e.payload) else {
-                        self.out.metrics.agents.malformed += 1;
-                        continue;
-                    };
-                    let verified = self
-                        .agents
-                        .peers
-                        .get(peer)
-                        .is_some_and(|m| m.contains_key(&msg.from));
-                    let mut undelivered = None;
-                    match &msg.to {
-                        Some(to) if self.agents.is_local(to) => {
-                            self.out.metrics.agents.delivered += 1;
-                            if !verified {
-                                self.out.metrics.agents.unverified_senders += 1;
-                            }
-                            entries.push(AgentIndex::Inbox {
-                                agent: to.clone(),
-                                seq: e.seq,
-                                row: InboxRow {
-                                    kind: InboxKind::Message,
-                                    verified,
-                                    in_reply_to: msg.in_reply_to,
-                                },
-                            });
-                        }
-                        Some(missing) => {
-                            self.out.metrics.agents.undeliverable += 1;
-                            undelivered = Some(BounceReason::NoSuchAgent);
-                            let bounce = Bounce {
-                                id: msg.id,
-                                to: msg.from.clone(),
-                                missing: Some(missing.clone()),
-                                reason: BounceReason::NoSuchAgent,
-                            };
-                            self.queue_bounce(*peer, bounce, now);
-                        }
-                        None => {}
-                    }
-                    entries.push(AgentIndex::Message {
-                        id: msg.id,
-                        seq: e.seq,
-                        row: MessageRow {
-                            dir: MessageDir::Received,
-                            stream: stream.clone(),
-                            seq: e.seq,
-                            arrival: 0,
-                            from: msg.from,
-                            to: msg.to,
-                            in_reply_to: msg.in_reply_to,
-                            undelivered,
-                        },
-                    });
-                }
-                KIND_BOUNCE => {
-                    let Ok(b) = Bounce::decode(e.payload) else {
-                        self.out.metrics.agents.malformed += 1;
-                        continue;
-                    };
-                    if self.agents.is_local(&b.to) {
-                        self.out.metrics.agents.bounces_received += 1;
-                        entries.push(AgentIndex::Inbox {
-                            agent: b.to,
-                            seq: e.seq,
-                            row: InboxRow {
-                                kind: InboxKind::Bounce,
-                                verified: true,
-                                in_reply_to: None,
-                            },
-                        });
-                    }
-                    ops.push(WriteOp::Agents(AgentOp::Bounced {
-                        id: b.id,
-                        reason: b.reason,
-                    }));
-                }
+                KIND_AGENT => self.index_inbound_agent(*peer, &stream, &e, now, &mut entries),
+                KIND_BOUNCE => self.index_inbound_bounce(&e, &mut entries, &mut ops),
                 _ => {}
             }
         }
@@ -108,6 +35,102 @@ impl Core {
             ops.insert(0, WriteOp::Agents(AgentOp::Index { stream, entries }));
         }
         ops
+    }
+
+    /// Adds the index entries of the agent message `e` from `peer` on
+    /// `stream` to `entries` (an inbox entry if its agent is here, its
+    /// message row), queueing a bounce if its agent is not.
+    fn index_inbound_agent(
+        &mut self,
+        peer: NodeId,
+        stream: &StreamId,
+        e: &Envelope<'_>,
+        now: Millis,
+        entries: &mut Vec<AgentIndex>,
+    ) {
+        let Ok(msg) = AgentHeader::decode(e.payload) else {
+            self.out.metrics.agents.malformed += 1;
+            return;
+        };
+        let verified = self
+            .agents
+            .peers
+            .get(&peer)
+            .is_some_and(|m| m.contains_key(&msg.from));
+        let mut undelivered = None;
+        match &msg.to {
+            Some(to) if self.agents.is_local(to) => {
+                self.out.metrics.agents.delivered += 1;
+                if !verified {
+                    self.out.metrics.agents.unverified_senders += 1;
+                }
+                entries.push(AgentIndex::Inbox {
+                    agent: to.clone(),
+                    seq: e.seq,
+                    row: InboxRow {
+                        kind: InboxKind::Message,
+                        verified,
+                        in_reply_to: msg.in_reply_to,
+                    },
+                });
+            }
+            Some(missing) => {
+                self.out.metrics.agents.undeliverable += 1;
+                undelivered = Some(BounceReason::NoSuchAgent);
+                let bounce = Bounce {
+                    id: msg.id,
+                    to: msg.from.clone(),
+                    missing: Some(missing.clone()),
+                    reason: BounceReason::NoSuchAgent,
+                };
+                self.queue_bounce(peer, bounce, now);
+            }
+            None => {}
+        }
+        entries.push(AgentIndex::Message {
+            id: msg.id,
+            seq: e.seq,
+            row: MessageRow {
+                dir: MessageDir::Received,
+                stream: stream.clone(),
+                seq: e.seq,
+                arrival: 0,
+                from: msg.from,
+                to: msg.to,
+                in_reply_to: msg.in_reply_to,
+                undelivered,
+            },
+        });
+    }
+
+    /// Adds the bounce `e`'s inbox entry to `entries` if its agent is here,
+    /// and to `ops` the record that its message bounced.
+    fn index_inbound_bounce(
+        &mut self,
+        e: &Envelope<'_>,
+        entries: &mut Vec<AgentIndex>,
+        ops: &mut Vec<WriteOp>,
+    ) {
+        let Ok(b) = Bounce::decode(e.payload) else {
+            self.out.metrics.agents.malformed += 1;
+            return;
+        };
+        if self.agents.is_local(&b.to) {
+            self.out.metrics.agents.bounces_received += 1;
+            entries.push(AgentIndex::Inbox {
+                agent: b.to,
+                seq: e.seq,
+                row: InboxRow {
+                    kind: InboxKind::Bounce,
+                    verified: true,
+                    in_reply_to: None,
+                },
+            });
+        }
+        ops.push(WriteOp::Agents(AgentOp::Bounced {
+            id: b.id,
+            reason: b.reason,
+        }));
     }
 
     /// Queues `bounce` to `peer` for the commit being built.

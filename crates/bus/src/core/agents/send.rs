@@ -1,6 +1,8 @@
 //! The send path of agent messages and sends with a client id: checks, ids, index entries.
 
-use mesh_protocol::{AgentEnvelope, KIND_AGENT, MsgId, NodeId, Seq, StreamId, stamp_msg_id};
+use mesh_protocol::{
+    AgentEnvelope, AgentName, KIND_AGENT, MsgId, NodeId, Seq, StreamId, stamp_msg_id,
+};
 use mesh_store::{
     AgentIndex, AgentOp, DedupKey, DedupRecord, InboxKind, InboxRow, MessageDir, MessageRow,
     WriteOp,
@@ -46,10 +48,56 @@ impl Core {
             ),
             None => [0; 16],
         };
-        let (kind, payload, agent) = match from {
+        let (kind, payload, agent) =
+            match self.address_send(kind, body, from, to_agent, in_reply_to) {
+                Ok(addressed) => addressed,
+                Err(e) => return refuse(self, e),
+            };
+        if let Err(e) = self.check_addressed(to, agent.as_ref(), payload.len() as u64) {
+            return refuse(self, e);
+        }
+        let dedup = match client_id {
+            Some(client_id) => {
+                let key = DedupKey {
+                    sender: agent.as_ref().map(|a| a.from.clone()),
+                    client_id,
+                };
+                let Some(meta) = self.check_retry(req, key, digest, now) else {
+                    return;
+                };
+                Some(meta)
+            }
+            None => None,
+        };
+        if agent.is_some() {
+            self.out.metrics.agents.sends += 1;
+        }
+        self.committer.queue_send(WaitingSend {
+            req,
+            to,
+            kind,
+            payload,
+            created_ms: now.0,
+            tracked: Some(Box::new(Tracked { agent, dedup })),
+        });
+    }
+
+    /// The kind, payload and agent addressing of a send: an agent message's
+    /// envelope (its id stamped later), or the plain message as it came.
+    ///
+    /// Errors: an unknown sending agent, or agent fields on a plain message.
+    fn address_send(
+        &self,
+        kind: u16,
+        body: Vec<u8>,
+        from: Option<AgentName>,
+        to_agent: Option<AgentName>,
+        in_reply_to: Option<MsgId>,
+    ) -> Result<(u16, Vec<u8>, Option<AgentMsg>), SendError> {
+        match from {
             Some(from) => {
                 if !self.agents.is_local(&from) {
-                    return refuse(self, SendError::UnknownAgent(from));
+                    return Err(SendError::UnknownAgent(from));
                 }
                 let envelope = AgentEnvelope {
                     // Stamped with its real id when it is signed.
@@ -65,71 +113,72 @@ impl Core {
                     to: to_agent,
                     in_reply_to,
                 };
-                (KIND_AGENT, envelope.encode(), Some(agent))
+                Ok((KIND_AGENT, envelope.encode(), Some(agent)))
             }
             None if to_agent.is_some() || in_reply_to.is_some() => {
-                return refuse(self, SendError::NotAnAgentMessage);
+                Err(SendError::NotAnAgentMessage)
             }
-            None => (kind, body, None),
-        };
+            None => Ok((kind, body, None)),
+        }
+    }
+
+    /// Checks an addressed send of `len` payload bytes to `to`: an agent
+    /// message to this node must name one of its agents, any other send
+    /// must go to a peer; both need room in the queue.
+    fn check_addressed(
+        &self,
+        to: NodeId,
+        agent: Option<&AgentMsg>,
+        len: u64,
+    ) -> Result<(), SendError> {
         // An agent message to an agent of this node is delivered here, in
         // the commit that writes it: its stream to this node is acknowledged
         // in the same group.
-        let checked = if to == self.me && agent.is_some() {
-            match agent.as_ref().and_then(|a| a.to.as_ref()) {
-                Some(n) if self.agents.is_local(n) => self.check_room(payload.len() as u64),
+        if to == self.me && agent.is_some() {
+            match agent.and_then(|a| a.to.as_ref()) {
+                Some(n) if self.agents.is_local(n) => self.check_room(len),
                 other => Err(SendError::NoSuchLocalAgent(other.cloned())),
             }
         } else {
-            self.check_send(to, payload.len() as u64)
-        };
-        if let Err(e) = checked {
-            return refuse(self, e);
+            self.check_send(to, len)
         }
-        let dedup = match client_id {
-            Some(client_id) => {
-                let key = DedupKey {
-                    sender: agent.as_ref().map(|a| a.from.clone()),
-                    client_id,
-                };
-                let mut forgotten = Vec::new();
-                let check = self
-                    .agents
-                    .dedup
-                    .check(req, &key, digest, now.0, &mut forgotten);
-                self.out.metrics.agents.dedup_forgotten += forgotten.len() as u64;
-                self.agents.housekeeping.extend(forgotten);
-                match check {
-                    DedupCheck::Fresh => Some(DedupMeta {
-                        key,
-                        at_ms: now.0,
-                        digest,
-                    }),
-                    DedupCheck::Answer(result) => {
-                        if result.is_ok() {
-                            self.out.metrics.agents.retries_answered += 1;
-                        }
-                        return self.reply(req, result);
-                    }
-                    DedupCheck::Waits => {
-                        self.out.metrics.agents.retries_answered += 1;
-                        return;
-                    }
+    }
+
+    /// The retried-send record of a first send under `key`; `None` when
+    /// the send is a retry, answered here or left to wait for the first's
+    /// answer. Records past the window are forgotten on the way.
+    fn check_retry(
+        &mut self,
+        req: ReqId,
+        key: DedupKey,
+        digest: [u8; 16],
+        now: Millis,
+    ) -> Option<DedupMeta> {
+        let mut forgotten = Vec::new();
+        let check = self
+            .agents
+            .dedup
+            .check(req, &key, digest, now.0, &mut forgotten);
+        self.out.metrics.agents.dedup_forgotten += forgotten.len() as u64;
+        self.agents.housekeeping.extend(forgotten);
+        match check {
+            DedupCheck::Fresh => Some(DedupMeta {
+                key,
+                at_ms: now.0,
+                digest,
+            }),
+            DedupCheck::Answer(result) => {
+                if result.is_ok() {
+                    self.out.metrics.agents.retries_answered += 1;
                 }
+                self.reply(req, result);
+                None
             }
-            None => None,
-        };
-        if agent.is_some() {
-            self.out.metrics.agents.sends += 1;
+            DedupCheck::Waits => {
+                self.out.metrics.agents.retries_answered += 1;
+                None
+            }
         }
-        self.committer.queue_send(WaitingSend {
-            req,
-            to,
-            kind,
-            payload,
-            created_ms: now.0,
-            tracked: Some(Box::new(Tracked { agent, dedup })),
-        });
     }
 
     /// Answers the send `req` (unless the core made it itself), and the
@@ -163,57 +212,8 @@ impl Core {
         let tag = MsgId::stream_tag(&self.me, epoch, &to);
         let mut entries = Vec::new();
         for (i, s) in sends.iter_mut().enumerate() {
-            let Some(t) = s.tracked.as_deref() else {
-                continue;
-            };
             let seq = first_seq + i as u64;
-            let mut msg = None;
-            if let Some(a) = &t.agent {
-                let id = MsgId::in_stream(tag, seq);
-                let stamped = stamp_msg_id(&mut s.payload, id);
-                debug_assert!(stamped, "an encoded agent envelope starts with its id");
-                msg = Some(id);
-                if local && let Some(recipient) = &a.to {
-                    self.out.metrics.agents.delivered += 1;
-                    entries.push(AgentIndex::Inbox {
-                        agent: recipient.clone(),
-                        seq,
-                        row: InboxRow {
-                            kind: InboxKind::Message,
-                            verified: true,
-                            in_reply_to: a.in_reply_to,
-                        },
-                    });
-                }
-                entries.push(AgentIndex::Message {
-                    id,
-                    seq,
-                    row: MessageRow {
-                        dir: MessageDir::Sent,
-                        stream: stream.clone(),
-                        seq,
-                        arrival: 0,
-                        from: a.from.clone(),
-                        to: a.to.clone(),
-                        in_reply_to: a.in_reply_to,
-                        undelivered: None,
-                    },
-                });
-            }
-            if let Some(d) = &t.dedup {
-                entries.push(AgentIndex::Dedup {
-                    seq,
-                    record: DedupRecord {
-                        key: d.key.clone(),
-                        at_ms: d.at_ms,
-                        digest: d.digest,
-                        msg,
-                        stream: stream.clone(),
-                        seq,
-                        arrival: 0,
-                    },
-                });
-            }
+            self.index_own_send(s, seq, tag, &stream, local, &mut entries);
         }
         let mut ops = Vec::new();
         if local {
@@ -227,5 +227,70 @@ impl Core {
             ops.push(WriteOp::Agents(AgentOp::Index { stream, entries }));
         }
         ops
+    }
+
+    /// Stamps the id of `s` (at `seq` of the own `stream` tagged `tag`) if
+    /// it is an agent message, and adds its index entries to `entries`: its
+    /// message row, its retried-send record, and for a message between this
+    /// node's own agents (`local`) the recipient's inbox entry.
+    fn index_own_send(
+        &mut self,
+        s: &mut WaitingSend,
+        seq: Seq,
+        tag: [u8; 8],
+        stream: &StreamId,
+        local: bool,
+        entries: &mut Vec<AgentIndex>,
+    ) {
+        let Some(t) = s.tracked.as_deref() else {
+            return;
+        };
+        let mut msg = None;
+        if let Some(a) = &t.agent {
+            let id = MsgId::in_stream(tag, seq);
+            let stamped = stamp_msg_id(&mut s.payload, id);
+            debug_assert!(stamped, "an encoded agent envelope starts with its id");
+            msg = Some(id);
+            if local && let Some(recipient) = &a.to {
+                self.out.metrics.agents.delivered += 1;
+                entries.push(AgentIndex::Inbox {
+                    agent: recipient.clone(),
+                    seq,
+                    row: InboxRow {
+                        kind: InboxKind::Message,
+                        verified: true,
+                        in_reply_to: a.in_reply_to,
+                    },
+                });
+            }
+            entries.push(AgentIndex::Message {
+                id,
+                seq,
+                row: MessageRow {
+                    dir: MessageDir::Sent,
+                    stream: stream.clone(),
+                    seq,
+                    arrival: 0,
+                    from: a.from.clone(),
+                    to: a.to.clone(),
+                    in_reply_to: a.in_reply_to,
+                    undelivered: None,
+                },
+            });
+        }
+        if let Some(d) = &t.dedup {
+            entries.push(AgentIndex::Dedup {
+                seq,
+                record: DedupRecord {
+                    key: d.key.clone(),
+                    at_ms: d.at_ms,
+                    digest: d.digest,
+                    msg,
+                    stream: stream.clone(),
+                    seq,
+                    arrival: 0,
+                },
+            });
+        }
     }
 }

@@ -3,10 +3,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use mesh_protocol::{Channel, Frame, NodeId, StreamId};
+use mesh_protocol::{Channel, Cid, Frame, NodeId, OpenBatch, Seq, StreamId};
 use mesh_store::{Arrival, Receipt, StoreError};
 
-use crate::core::commit::{EpochSwitch, Group, WaitingSend};
+use crate::core::commit::{AckWork, EpochSwitch, Group, WaitingSend};
 use crate::core::peers::PeerChange;
 use crate::core::receiver::{Env, send_live};
 use crate::core::{CommitId, Core, Effect, Millis, PeerChangeError, ReqId, SendError};
@@ -76,45 +76,18 @@ impl Core {
         now: Millis,
     ) {
         match group {
-            Group::Ack { peer, work } => match result {
-                Ok(_) => {
-                    if let Some(epoch) = work.epoch {
-                        self.peers.record_epoch(peer, epoch);
-                    }
-                }
-                Err(StoreError::Conflict(_)) => {}
-                Err(_) => self.committer.retry_ack(peer, work),
-            },
+            Group::Ack { peer, work } => self.on_ack_committed(peer, work, &result),
             Group::Accept {
                 peer,
                 stream,
                 last,
                 cid,
-            } => match result {
-                Ok(_) => {
-                    if self.receiver.committed(&stream, last, cid) {
-                        after.acks.insert((peer, stream));
-                    }
-                }
-                Err(_) => {
-                    after.failed_streams.insert(stream);
-                }
-            },
+            } => self.on_accept_committed(peer, stream, last, cid, result.is_ok(), after),
             Group::Gap {
                 peer,
                 stream,
                 earliest,
-            } => match result {
-                Ok(_) => {
-                    self.out.metrics.gaps_recorded += 1;
-                    if self.receiver.committed(&stream, earliest - 1, None) {
-                        after.acks.insert((peer, stream));
-                    }
-                }
-                Err(_) => {
-                    after.failed_streams.insert(stream);
-                }
-            },
+            } => self.on_gap_committed(peer, stream, earliest, result.is_ok(), after),
             Group::Peer { req, change } => self.on_peer_committed(req, change, result),
             Group::Write { req, agent } => {
                 if let (Some(change), Ok(_)) = (agent, &result) {
@@ -133,22 +106,7 @@ impl Core {
                 let sends = (senders, tracked);
                 self.on_append_committed(to, batch, sends, result, after, now);
             }
-            Group::Trim => {
-                if let Ok(Receipt {
-                    trim: Some(report), ..
-                }) = result
-                {
-                    if self.journal.is_some_and(|j| j.first != report.bounds.first) {
-                        self.out.metrics.trims += 1;
-                    }
-                    self.journal = Some(report.bounds);
-                    if report.more {
-                        self.committer.want_trim();
-                    } else {
-                        self.committer.set_trim_at(report.next_due_ms.map(Millis));
-                    }
-                }
-            }
+            Group::Trim => self.on_trim_committed(result),
             Group::Lost { to, tally } => {
                 if result.is_err() {
                     self.committer.lost_again(to, tally);
@@ -176,14 +134,102 @@ impl Core {
                 to,
                 upto,
                 batches,
-            } => {
-                let ok = result.is_ok();
-                self.author.carry_done(&from, upto, ok);
-                if ok {
-                    for b in batches {
-                        self.author.send_fresh(to, b, now, &mut self.out);
-                    }
+            } => self.on_carry_committed(from, to, upto, batches, result.is_ok(), now),
+        }
+    }
+
+    /// An ack's commit returned: the peer's epoch it carried is recorded,
+    /// or the ack is retried unless it lost to a conflict.
+    fn on_ack_committed(
+        &mut self,
+        peer: NodeId,
+        work: AckWork,
+        result: &Result<Receipt, StoreError>,
+    ) {
+        match result {
+            Ok(_) => {
+                if let Some(epoch) = work.epoch {
+                    self.peers.record_epoch(peer, epoch);
                 }
+            }
+            Err(StoreError::Conflict(_)) => {}
+            Err(_) => self.committer.retry_ack(peer, work),
+        }
+    }
+
+    /// An accepted batch's commit returned: its stream's author is acked if
+    /// the committed mark moved, or the stream is rolled back on failure.
+    fn on_accept_committed(
+        &mut self,
+        peer: NodeId,
+        stream: StreamId,
+        last: Seq,
+        cid: Option<Cid>,
+        ok: bool,
+        after: &mut AfterCommit,
+    ) {
+        if !ok {
+            after.failed_streams.insert(stream);
+        } else if self.receiver.committed(&stream, last, cid) {
+            after.acks.insert((peer, stream));
+        }
+    }
+
+    /// A recorded gap's commit returned: as an accept, with the mark just
+    /// before the earliest seq the author still has.
+    fn on_gap_committed(
+        &mut self,
+        peer: NodeId,
+        stream: StreamId,
+        earliest: Seq,
+        ok: bool,
+        after: &mut AfterCommit,
+    ) {
+        if !ok {
+            after.failed_streams.insert(stream);
+            return;
+        }
+        self.out.metrics.gaps_recorded += 1;
+        if self.receiver.committed(&stream, earliest - 1, None) {
+            after.acks.insert((peer, stream));
+        }
+    }
+
+    /// A trim's commit returned: the journal's new bounds are kept and the
+    /// next trim is wanted now (more to do) or scheduled.
+    fn on_trim_committed(&mut self, result: Result<Receipt, StoreError>) {
+        let Ok(Receipt {
+            trim: Some(report), ..
+        }) = result
+        else {
+            return;
+        };
+        if self.journal.is_some_and(|j| j.first != report.bounds.first) {
+            self.out.metrics.trims += 1;
+        }
+        self.journal = Some(report.bounds);
+        if report.more {
+            self.committer.want_trim();
+        } else {
+            self.committer.set_trim_at(report.next_due_ms.map(Millis));
+        }
+    }
+
+    /// A carry's commit returned: the author learns how it went and, on
+    /// success, sends the carried batches to `to` as fresh ones.
+    fn on_carry_committed(
+        &mut self,
+        from: StreamId,
+        to: NodeId,
+        upto: Seq,
+        batches: Vec<OpenBatch>,
+        ok: bool,
+        now: Millis,
+    ) {
+        self.author.carry_done(&from, upto, ok);
+        if ok {
+            for b in batches {
+                self.author.send_fresh(to, b, now, &mut self.out);
             }
         }
     }

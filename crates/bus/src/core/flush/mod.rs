@@ -6,7 +6,10 @@ mod sends;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use mesh_protocol::{Epoch, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NodeId, Seq, StreamId};
+use mesh_protocol::{
+    Epoch, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NewEnvelope, NodeId, OpenBatch, Seq,
+    StreamId,
+};
 use mesh_store::{PeerRecord, WriteOp};
 
 use super::commit::{Batch, CarryWork, Group, InboundWork, LostTally};
@@ -32,27 +35,9 @@ impl Core {
             return;
         }
         let mut batch = Batch::default();
-        let wanted_trim = self.committer.trim_wanted();
-        self.committer.take_trim();
-        batch.push(
-            vec![WriteOp::Trim {
-                now_ms: now.0,
-                bytes_max: self.config.journal_bytes_max,
-                age_ms_max: self.config.journal_age_ms_max,
-            }],
-            Group::Trim,
-        );
+        let wanted_trim = self.build_trim(&mut batch, now);
         let (epochs, acking, ends) = self.build_acks(&mut batch);
-        if let Some(switch) = self.committer.take_switch() {
-            let mut ops = vec![WriteOp::NewEpoch {
-                epoch: switch.epoch,
-            }];
-            ops.extend(switch.reports.iter().map(report_op));
-            batch.push(ops, Group::NewEpoch { switch });
-        }
-        for report in self.committer.take_reports() {
-            batch.push(vec![report_op(&report)], Group::Report { report });
-        }
+        self.build_epoch_reports(&mut batch);
         for work in self.committer.take_inbound() {
             // Its agent index goes in its group; bounces join the sends.
             let index = self.index_inbound(&work, now);
@@ -97,6 +82,37 @@ impl Core {
         self.committer.start(batch, wanted_trim, &mut self.out);
     }
 
+    /// The journal's trim group, first in every commit; returns whether a
+    /// trim was wanted even if nothing else waited, and clears the want.
+    fn build_trim(&mut self, batch: &mut Batch, now: Millis) -> bool {
+        let wanted_trim = self.committer.trim_wanted();
+        self.committer.take_trim();
+        batch.push(
+            vec![WriteOp::Trim {
+                now_ms: now.0,
+                bytes_max: self.config.journal_bytes_max,
+                age_ms_max: self.config.journal_age_ms_max,
+            }],
+            Group::Trim,
+        );
+        wanted_trim
+    }
+
+    /// The new epoch's group if one waits (with what its ended streams
+    /// report), then one group per other report of an ended stream.
+    fn build_epoch_reports(&mut self, batch: &mut Batch) {
+        if let Some(switch) = self.committer.take_switch() {
+            let mut ops = vec![WriteOp::NewEpoch {
+                epoch: switch.epoch,
+            }];
+            ops.extend(switch.reports.iter().map(report_op));
+            batch.push(ops, Group::NewEpoch { switch });
+        }
+        for report in self.committer.take_reports() {
+            batch.push(vec![report_op(&report)], Group::Report { report });
+        }
+    }
+
     /// The carry-over chunk `carry`, re-signed into the current epoch's
     /// stream to its peer as one group (one batch per batch limit), or the
     /// ended outbox dropped if nothing is left in it.
@@ -119,6 +135,34 @@ impl Core {
             batch.push(ops, group);
             return;
         }
+        let (ops, batches) = self.sign_carry(to, &from, envelopes);
+        if ops.is_empty() {
+            return;
+        }
+        let upto = match ops.last() {
+            Some(WriteOp::CarryOver { upto, .. }) => *upto,
+            _ => 0,
+        };
+        batch.push(
+            ops,
+            Group::Carry {
+                from,
+                to,
+                upto,
+                batches,
+            },
+        );
+    }
+
+    /// Re-signs the carried `envelopes` of `from` into the current epoch's
+    /// stream to `to`, one batch per batch limit: each batch's carry-over op
+    /// and the batch, in order, up to the first that fails to sign.
+    fn sign_carry(
+        &mut self,
+        to: NodeId,
+        from: &StreamId,
+        envelopes: Vec<(Seq, NewEnvelope)>,
+    ) -> (Vec<WriteOp>, Vec<OpenBatch>) {
         let mut next_seq = self.author.own_view(to).next_seq;
         let mut ops = Vec::new();
         let mut batches = Vec::new();
@@ -155,22 +199,7 @@ impl Core {
                 Err(_) => break,
             }
         }
-        if ops.is_empty() {
-            return;
-        }
-        let upto = match ops.last() {
-            Some(WriteOp::CarryOver { upto, .. }) => *upto,
-            _ => 0,
-        };
-        batch.push(
-            ops,
-            Group::Carry {
-                from,
-                to,
-                upto,
-                batches,
-            },
-        );
+        (ops, batches)
     }
 
     /// One group per peer whose ack (or new epoch) waits; returns the

@@ -2,6 +2,7 @@
 //! one-connection rule, starting a live connection's tasks, reporting its
 //! end, dialing and redialing with backoff, and shutting down.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
@@ -73,13 +74,7 @@ impl<T: Send + 'static> Transport<T> {
         let peer = est.peer;
         let Some(ps) = self.peers.get_mut(&peer) else {
             // Removed while the handshake ran (or our dial's peer is gone).
-            let (code, why) = if est.dialed_here {
-                (close_code::PEER_REMOVED, "peer removed")
-            } else {
-                Counters::add(&self.counters.refused, 1);
-                (close_code::UNKNOWN_NODE, "unknown node")
-            };
-            conn::close(&est.connection, code, why);
+            refuse_peerless(&self.counters, &est);
             return;
         };
         if ps.paused.is_some() {
@@ -90,15 +85,7 @@ impl<T: Send + 'static> Transport<T> {
             conn::close(&est.connection, close_code::PAUSED, PAUSED_REASON);
             return;
         }
-        let live_open = ps
-            .live
-            .as_ref()
-            .filter(|l| self.conns.get(&l.conn).is_some_and(|c| c.local.is_none()));
-        let rival = match (&ps.pending, live_open) {
-            (Some(p), _) => Some((p.dialed_here, p.peer_instance)),
-            (None, Some(l)) => Some((l.dialed_here, l.peer_instance)),
-            (None, None) => None,
-        };
+        let rival = rival_of(ps, &self.conns);
         let new = (est.dialed_here, est.peer_instance);
         if let Some((_, rival_instance)) = rival
             && ps.superseded == Some(est.peer_instance)
@@ -106,19 +93,7 @@ impl<T: Send + 'static> Transport<T> {
         {
             // The instance a newer one replaced is alive: two processes
             // run with the peer's key. Neither is dropped in silence.
-            let why = format!(
-                "identity conflict: two processes run with node key {} (instances {} and {}, \
-                 both live): a copied data dir run twice? Stop one of them",
-                peer.fmt_short(),
-                est.peer_instance,
-                rival_instance
-            );
-            Counters::add(&self.counters.identity_conflicts, 1);
-            if ps.conflict.as_deref() != Some(why.as_str()) {
-                warn!(peer = %peer.fmt_short(), "{why}; refusing the connection of the older one");
-            }
-            conn::close(&est.connection, close_code::IDENTITY_CONFLICT, &why);
-            ps.conflict = Some(why);
+            refuse_identity_conflict(&self.counters, ps, &est, rival_instance);
             return;
         }
         if let Some(rival) = rival
@@ -422,6 +397,58 @@ impl<T: Send + 'static> Transport<T> {
         self.handshakes.shutdown().await;
         debug!("transport shut down");
     }
+}
+
+/// Refuses `est`, whose peer is not (or no longer) known: our own dial's
+/// as a removed peer's, an accepted one as an unknown node's (counted).
+fn refuse_peerless(counters: &Counters, est: &Established) {
+    let (code, why) = if est.dialed_here {
+        (close_code::PEER_REMOVED, "peer removed")
+    } else {
+        Counters::add(&counters.refused, 1);
+        (close_code::UNKNOWN_NODE, "unknown node")
+    };
+    conn::close(&est.connection, code, why);
+}
+
+/// The connection a new one of the peer of `ps` must beat, as (dialed
+/// here, peer instance): the one chosen to replace the live one, else the
+/// live one while it is not being closed.
+fn rival_of(ps: &PeerState, conns: &HashMap<ConnId, ConnTask>) -> Option<(bool, u64)> {
+    let live_open = ps
+        .live
+        .as_ref()
+        .filter(|l| conns.get(&l.conn).is_some_and(|c| c.local.is_none()));
+    match (&ps.pending, live_open) {
+        (Some(p), _) => Some((p.dialed_here, p.peer_instance)),
+        (None, Some(l)) => Some((l.dialed_here, l.peer_instance)),
+        (None, None) => None,
+    }
+}
+
+/// Refuses `est`, a connection from the peer instance a newer one
+/// replaced, while `rival_instance` is live: counted, warned of once per
+/// distinct conflict, and kept in `ps` for a person to see.
+fn refuse_identity_conflict(
+    counters: &Counters,
+    ps: &mut PeerState,
+    est: &Established,
+    rival_instance: u64,
+) {
+    let peer = est.peer;
+    let why = format!(
+        "identity conflict: two processes run with node key {} (instances {} and {}, \
+         both live): a copied data dir run twice? Stop one of them",
+        peer.fmt_short(),
+        est.peer_instance,
+        rival_instance
+    );
+    Counters::add(&counters.identity_conflicts, 1);
+    if ps.conflict.as_deref() != Some(why.as_str()) {
+        warn!(peer = %peer.fmt_short(), "{why}; refusing the connection of the older one");
+    }
+    conn::close(&est.connection, close_code::IDENTITY_CONFLICT, &why);
+    ps.conflict = Some(why);
 }
 
 /// Counts a connection of `peer` refused because its link is paused; logs
