@@ -149,6 +149,12 @@ async fn queued(client: &Client, peer: &str) -> anyhow::Result<u64> {
         .queued_msgs)
 }
 
+/// Runs `settings`' plan against `link`'s peer, from the node on `data`, and
+/// reports it.
+///
+/// # Errors
+/// The node is not running, or the peer is not a connected, unpaused peer of
+/// it; a workload's error is in the report, not returned.
 pub(super) async fn run(
     data: &DataDir,
     link: &Link,
@@ -158,19 +164,7 @@ pub(super) async fn run(
     let started = Instant::now();
     let mut machine = Machine::read();
     let client = Client::new(data.socket_path());
-    let st: StatusResponse = client
-        .get("/v1/status")
-        .await
-        .context("bench peer measures from a running node")?;
-    let p = super::status::peer(&st, peer).with_context(|| {
-        format!("{peer} is not a peer of this node; link them first (`mesh peer add TICKET`)")
-    })?;
-    if p.paused {
-        bail!("the link to {peer} is paused; `mesh peer resume {peer}` first");
-    }
-    if !p.connected {
-        bail!("peer {peer} is not connected now; bench peer needs it up");
-    }
+    check_peer_up(&client, peer).await?;
     let needs_pid = settings
         .plan
         .iter()
@@ -181,95 +175,14 @@ pub(super) async fn run(
         None
     };
     let mut col = Collector::default();
-    let before = settings.plan.len();
-    // It needs an agent on the peer, which this node cannot add.
-    settings
-        .plan
-        .retain(|(w, _)| *w != Workload::AgentPipelined);
-    if settings.plan.len() < before {
-        col.notes.push(
-            "agent-pipelined runs in `mesh bench local` only (it adds an agent on the peer)".into(),
-        );
-    }
-    if needs_pid {
-        col.notes.push(format!(
-            "catch-up and queued-memory pause this node's link to the peer (`mesh peer pause`) \
-             instead of stopping it, and resume it after; their memory and CPU are this daemon's \
-             (pid {})",
-            pid.unwrap_or_default()
-        ));
-    }
-    if settings.count(Workload::QueuedMemory).is_some() {
-        col.notes.push(
-            "queued-memory's idle RSS is this daemon's as it runs, warm from earlier work (unlike \
-             bench local's fresh daemons): memory it already holds is not counted over idle; its \
-             disk figure is the data dir's growth, less where the store reuses freed pages"
-                .into(),
-        );
-    }
-    col.notes.push(
-        "latency here is send → the peer's ack committed on this node (3 commits), an upper bound \
-         of send → the peer's subscriber; the bus has no bench probe for the peer to answer"
-            .into(),
-    );
+    plan_and_notes(&mut settings, &mut col, pid);
     declare_probes(&mut col);
     for (w, count) in &settings.plan {
         for (metric, unit) in peer_metrics(*w) {
             col.declare(w.name(), metric, unit, *count);
         }
     }
-    let progress = Progress::new();
-    let mut sent_total = 0u64;
-    for run in 1..=settings.runs {
-        let mut r = RunCtx {
-            run,
-            runs: settings.runs,
-            settings: &settings,
-            progress,
-            col: &mut col,
-        };
-        r.probes_in(data.root().to_owned()).await;
-        for (w, count) in &settings.plan {
-            let bound = time_bound(*w, *count, settings.rate);
-            let work = async {
-                match w {
-                    Workload::SendEach => {
-                        r.send_each(&data.socket_path(), None, vec![peer.to_owned()], *count)
-                            .await
-                    }
-                    Workload::SendPipelined => pipelined(&mut r, &client, peer, *count).await,
-                    // Left out of the plan above.
-                    Workload::AgentPipelined => Ok(()),
-                    Workload::Latency => {
-                        ack_latency(&mut r, &data.socket_path(), &client, peer, *count).await
-                    }
-                    Workload::CatchUp => {
-                        catch_up(&mut r, &client, link, pid.unwrap_or_default(), *count).await
-                    }
-                    Workload::QueuedMemory => {
-                        queued_memory(&mut r, data, &client, link, pid.unwrap_or_default(), *count)
-                            .await
-                    }
-                }
-            };
-            let result = match tokio::time::timeout(bound, work).await {
-                Ok(r) => r,
-                Err(_) => Err(anyhow::anyhow!("did not finish within {bound:?}")),
-            };
-            // Whatever happened, the next workload starts with the link up.
-            link.resume_if_paused().await;
-            sent_total += if *w == Workload::Latency {
-                (*count).min(ACK_LATENCY_MSGS_MAX)
-            } else {
-                *count
-            };
-            if let Err(e) = result {
-                r.col.error(run, w.name(), &e);
-                eprintln!("run {run}/{}: {}: {e:#}", settings.runs, w.name());
-                break;
-            }
-        }
-    }
+    let sent_total = run_plan(data, link, &client, &settings, &mut col, pid).await;
     col.notes.push(format!(
         "this run wrote up to {sent_total} messages (msg_kind {:#06x}) to this node's journal and \
          the peer's ({peer}); they stay there",
@@ -295,6 +208,137 @@ pub(super) async fn run(
         notes,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// Checks that `peer` is a peer of the node `client` talks to, with its
+/// link neither paused nor down.
+///
+/// # Errors
+/// The node is not running, or `peer` is unknown, paused or not connected.
+async fn check_peer_up(client: &Client, peer: &str) -> anyhow::Result<()> {
+    let st: StatusResponse = client
+        .get("/v1/status")
+        .await
+        .context("bench peer measures from a running node")?;
+    let p = super::status::peer(&st, peer).with_context(|| {
+        format!("{peer} is not a peer of this node; link them first (`mesh peer add TICKET`)")
+    })?;
+    if p.paused {
+        bail!("the link to {peer} is paused; `mesh peer resume {peer}` first");
+    }
+    if !p.connected {
+        bail!("peer {peer} is not connected now; bench peer needs it up");
+    }
+    Ok(())
+}
+
+/// Takes out of the plan what `bench peer` cannot run, and notes in `col`
+/// how its figures differ from `bench local`'s (`pid` is this daemon's, when
+/// a workload pauses the link).
+fn plan_and_notes(settings: &mut Settings, col: &mut Collector, pid: Option<u32>) {
+    let before = settings.plan.len();
+    // It needs an agent on the peer, which this node cannot add.
+    settings
+        .plan
+        .retain(|(w, _)| *w != Workload::AgentPipelined);
+    if settings.plan.len() < before {
+        col.notes.push(
+            "agent-pipelined runs in `mesh bench local` only (it adds an agent on the peer)".into(),
+        );
+    }
+    if let Some(pid) = pid {
+        col.notes.push(format!(
+            "catch-up and queued-memory pause this node's link to the peer (`mesh peer pause`) \
+             instead of stopping it, and resume it after; their memory and CPU are this daemon's \
+             (pid {pid})"
+        ));
+    }
+    if settings.count(Workload::QueuedMemory).is_some() {
+        col.notes.push(
+            "queued-memory's idle RSS is this daemon's as it runs, warm from earlier work (unlike \
+             bench local's fresh daemons): memory it already holds is not counted over idle; its \
+             disk figure is the data dir's growth, less where the store reuses freed pages"
+                .into(),
+        );
+    }
+    col.notes.push(
+        "latency here is send → the peer's ack committed on this node (3 commits), an upper bound \
+         of send → the peer's subscriber; the bus has no bench probe for the peer to answer"
+            .into(),
+    );
+}
+
+/// Runs the plan `settings.runs` times, each run's probes first; a
+/// workload's error is recorded in `col` and ends that run. Returns how many
+/// messages were sent, at most.
+async fn run_plan(
+    data: &DataDir,
+    link: &Link,
+    client: &Client,
+    settings: &Settings,
+    col: &mut Collector,
+    pid: Option<u32>,
+) -> u64 {
+    let progress = Progress::new();
+    let mut sent_total = 0u64;
+    for run in 1..=settings.runs {
+        let mut r = RunCtx {
+            run,
+            runs: settings.runs,
+            settings,
+            progress,
+            col: &mut *col,
+        };
+        r.probes_in(data.root().to_owned()).await;
+        for (w, count) in &settings.plan {
+            let bound = time_bound(*w, *count, settings.rate);
+            let work = workload(&mut r, data, link, client, *w, *count, pid);
+            let result = match tokio::time::timeout(bound, work).await {
+                Ok(r) => r,
+                Err(_) => Err(anyhow::anyhow!("did not finish within {bound:?}")),
+            };
+            // Whatever happened, the next workload starts with the link up.
+            link.resume_if_paused().await;
+            sent_total += if *w == Workload::Latency {
+                (*count).min(ACK_LATENCY_MSGS_MAX)
+            } else {
+                *count
+            };
+            if let Err(e) = result {
+                r.col.error(run, w.name(), &e);
+                eprintln!("run {run}/{}: {}: {e:#}", settings.runs, w.name());
+                break;
+            }
+        }
+    }
+    sent_total
+}
+
+/// One workload `w` of `count` messages to `link`'s peer.
+async fn workload(
+    r: &mut RunCtx<'_>,
+    data: &DataDir,
+    link: &Link,
+    client: &Client,
+    w: Workload,
+    count: u64,
+    pid: Option<u32>,
+) -> anyhow::Result<()> {
+    let peer = link.peer.as_str();
+    match w {
+        Workload::SendEach => {
+            r.send_each(&data.socket_path(), None, vec![peer.to_owned()], count)
+                .await
+        }
+        Workload::SendPipelined => pipelined(r, client, peer, count).await,
+        // Left out of the plan by plan_and_notes.
+        Workload::AgentPipelined => Ok(()),
+        Workload::Latency => ack_latency(r, &data.socket_path(), client, peer, count).await,
+        Workload::CatchUp => catch_up(r, client, link, pid.unwrap_or_default(), count).await,
+        Workload::QueuedMemory => {
+            queued_memory(r, data, client, link, pid.unwrap_or_default(), count).await
+        }
+    }
 }
 
 async fn pipelined(

@@ -296,6 +296,34 @@ impl Report {
     /// The report as a table for people.
     pub fn table(&self) -> String {
         let mut out = String::new();
+        self.write_header(&mut out);
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "{:<15} {:<14} {:>9} {:>10} {:>10} {:>10}  {:<10} target",
+            "workload", "figure", "count", "median", "min", "max", "unit"
+        );
+        for f in &self.figures {
+            let cell = |v: Option<f64>| v.map(num).unwrap_or_else(|| "-".into());
+            let _ = writeln!(
+                out,
+                "{:<15} {:<14} {:>9} {:>10} {:>10} {:>10}  {:<10} {}",
+                f.workload,
+                f.metric,
+                f.count,
+                cell(f.median),
+                cell(f.min),
+                cell(f.max),
+                f.unit,
+                target_text(f).trim_end()
+            );
+        }
+        self.write_footer(&mut out);
+        out
+    }
+
+    /// The table's first lines: the mode, the machine and its load.
+    fn write_header(&self, out: &mut String) {
         let m = &self.machine;
         let _ = writeln!(
             out,
@@ -322,46 +350,11 @@ impl Report {
             opt(m.cpu_pressure),
             opt(m.io_pressure)
         );
-        let _ = writeln!(out);
-        let _ = writeln!(
-            out,
-            "{:<15} {:<14} {:>9} {:>10} {:>10} {:>10}  {:<10} target",
-            "workload", "figure", "count", "median", "min", "max", "unit"
-        );
-        for f in &self.figures {
-            let cell = |v: Option<f64>| v.map(num).unwrap_or_else(|| "-".into());
-            let target = match (f.target, &f.target_note, f.median) {
-                (Some(t), note, med) => {
-                    let (op, x) = match t {
-                        Target::AtLeast(x) => ("≥", x),
-                        Target::AtMost(x) => ("≤", x),
-                    };
-                    let verdict = match med {
-                        Some(v) if t.met_by(v) => "met",
-                        Some(_) => "MISSED",
-                        None => "",
-                    };
-                    let note = note
-                        .as_deref()
-                        .map(|n| format!(" ({n})"))
-                        .unwrap_or_default();
-                    format!("{op} {}{note} {verdict}", num(x))
-                }
-                _ => String::new(),
-            };
-            let _ = writeln!(
-                out,
-                "{:<15} {:<14} {:>9} {:>10} {:>10} {:>10}  {:<10} {}",
-                f.workload,
-                f.metric,
-                f.count,
-                cell(f.median),
-                cell(f.min),
-                cell(f.max),
-                f.unit,
-                target.trim_end()
-            );
-        }
+    }
+
+    /// The table's last lines: send-each against the fsync rate, the notes
+    /// and the errors.
+    fn write_footer(&self, out: &mut String) {
         if let (Some(each), Some(fsync)) = (
             self.figure("send-each", "rate").and_then(|f| f.median),
             self.figure("disk-fsync", "rate").and_then(|f| f.median),
@@ -379,7 +372,6 @@ impl Report {
         for e in &self.errors {
             let _ = writeln!(out, "error: {e}");
         }
-        out
     }
 
     /// The figure for `workload` and `metric`, if measured.
@@ -393,6 +385,30 @@ impl Report {
         plan.iter()
             .map(|(w, c)| (w.name().to_owned(), *c))
             .collect()
+    }
+}
+
+/// A figure's target cell: the bound, its note, and whether the median met
+/// it (empty without a target).
+fn target_text(f: &Figure) -> String {
+    match (f.target, &f.target_note, f.median) {
+        (Some(t), note, med) => {
+            let (op, x) = match t {
+                Target::AtLeast(x) => ("≥", x),
+                Target::AtMost(x) => ("≤", x),
+            };
+            let verdict = match med {
+                Some(v) if t.met_by(v) => "met",
+                Some(_) => "MISSED",
+                None => "",
+            };
+            let note = note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default();
+            format!("{op} {}{note} {verdict}", num(x))
+        }
+        _ => String::new(),
     }
 }
 

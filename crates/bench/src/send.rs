@@ -219,43 +219,7 @@ pub(super) async fn stream(
     let window = window.max(1);
     let credit = Arc::new(Semaphore::new(window));
     let (tx, mut rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(FRAMES_QUEUED_MAX);
-    let producer = {
-        let credit = credit.clone();
-        tokio::spawn(async move {
-            let mut k = 0u64;
-            let mut frame_bytes = 0;
-            while k < count {
-                // Wait for a quarter window of credit (up to a frame's worth)
-                // rather than send a line per answer: the API commits what
-                // has arrived, so a writer that trickles gets a commit per line.
-                let want = (window as u64 / 4)
-                    .clamp(1, LINES_PER_FRAME_MAX as u64)
-                    .min(count - k);
-                let Ok(permit) = credit.acquire_many(want as u32).await else {
-                    return;
-                };
-                permit.forget();
-                let mut n = want;
-                while n < LINES_PER_FRAME_MAX as u64 && k + n < count {
-                    match credit.try_acquire() {
-                        Ok(p) => p.forget(),
-                        Err(_) => break,
-                    }
-                    n += 1;
-                }
-                let mut buf = Vec::with_capacity(frame_bytes);
-                for j in k..k + n {
-                    msgs.push_json(j, &mut buf);
-                    buf.push(b'\n');
-                }
-                frame_bytes = frame_bytes.max(buf.len());
-                if tx.send(Ok(Bytes::from(buf))).await.is_err() {
-                    return;
-                }
-                k += n;
-            }
-        })
-    };
+    let producer = spawn_frames(msgs, count, window, credit.clone(), tx);
     let _producer = AbortOnDrop(producer);
     let body = futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx))
         .map(|chunk| chunk.map(Frame::data));
@@ -271,7 +235,68 @@ pub(super) async fn stream(
             shown(&bytes)
         );
     }
-    let mut lines = LineReader::new(resp.into_body());
+    read_answers(LineReader::new(resp.into_body()), count, &credit, bar).await
+}
+
+/// Writes messages `0..count` as NDJSON frames to `tx`, each line taking a
+/// permit of `credit` (a quarter of `window`, or more if free, per frame),
+/// until all are written or the body is dropped.
+fn spawn_frames(
+    msgs: Arc<Msgs>,
+    count: u64,
+    window: usize,
+    credit: Arc<Semaphore>,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut k = 0u64;
+        let mut frame_bytes = 0;
+        while k < count {
+            // Wait for a quarter window of credit (up to a frame's worth)
+            // rather than send a line per answer: the API commits what
+            // has arrived, so a writer that trickles gets a commit per line.
+            let want = (window as u64 / 4)
+                .clamp(1, LINES_PER_FRAME_MAX as u64)
+                .min(count - k);
+            let Ok(permit) = credit.acquire_many(want as u32).await else {
+                return;
+            };
+            permit.forget();
+            let mut n = want;
+            while n < LINES_PER_FRAME_MAX as u64 && k + n < count {
+                match credit.try_acquire() {
+                    Ok(p) => p.forget(),
+                    Err(_) => break,
+                }
+                n += 1;
+            }
+            let mut buf = Vec::with_capacity(frame_bytes);
+            for j in k..k + n {
+                msgs.push_json(j, &mut buf);
+                buf.push(b'\n');
+            }
+            frame_bytes = frame_bytes.max(buf.len());
+            if tx.send(Ok(Bytes::from(buf))).await.is_err() {
+                return;
+            }
+            k += n;
+        }
+    })
+}
+
+/// Reads a batch send's answer `lines` for `count` messages, giving back a
+/// permit of `credit` per message committed, and returns the last seq of each
+/// stream.
+///
+/// # Errors
+/// An answer line does not parse, a message is refused, or the answer ends
+/// before all `count` are committed.
+async fn read_answers(
+    mut lines: LineReader,
+    count: u64,
+    credit: &Semaphore,
+    bar: &Bar,
+) -> anyhow::Result<LastSeqs> {
     let mut last = LastSeqs::new();
     let mut answered = 0u64;
     while let Some(line) = lines.next().await? {

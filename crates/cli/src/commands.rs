@@ -122,41 +122,8 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
             let p: PeerStatus = c.post("/v1/peers", &AddPeerRequest { ticket }).await?;
             println!("added peer {}", p.node);
         }
-        PeerCommand::List { json } => {
-            let peers: serde_json::Value = c.get("/v1/peers").await?;
-            if json {
-                return print_json(&peers);
-            }
-            let peers: PeersResponse =
-                serde_json::from_value(peers).context("unexpected peers answer")?;
-            let peers = peers.peers;
-            if peers.is_empty() {
-                println!(
-                    "no peers yet: invite one with `mesh invite` (or add one with `mesh peer add TICKET`)"
-                );
-            }
-            print_peers(&peers);
-        }
-        PeerCommand::Nearby { json } => {
-            let nearby: serde_json::Value = c.get("/v1/peers/nearby").await?;
-            if json {
-                return print_json(&nearby);
-            }
-            let nearby: NearbyResponse =
-                serde_json::from_value(nearby).context("unexpected nearby answer")?;
-            if nearby.nearby.is_empty() {
-                println!("no other agent-mesh nodes found on the LAN (mDNS)");
-            }
-            for n in &nearby.nearby {
-                let addrs: Vec<String> = n.addrs.iter().map(|a| a.to_string()).collect();
-                println!(
-                    "  {}  {:12}  at {}",
-                    n.node,
-                    n.name.as_deref().unwrap_or("-"),
-                    addrs.join(", ")
-                );
-            }
-        }
+        PeerCommand::List { json } => return peer_list(c, json).await,
+        PeerCommand::Nearby { json } => return peer_nearby(c, json).await,
         PeerCommand::Remove { id } => {
             let _: serde_json::Value = c
                 .delete(&format!("/v1/peers/{}", path_segment(&id)))
@@ -179,6 +146,46 @@ pub(crate) async fn peer(c: &Client, cmd: PeerCommand) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// `mesh peer list`.
+async fn peer_list(c: &Client, json: bool) -> anyhow::Result<()> {
+    let peers: serde_json::Value = c.get("/v1/peers").await?;
+    if json {
+        return print_json(&peers);
+    }
+    let peers: PeersResponse = serde_json::from_value(peers).context("unexpected peers answer")?;
+    let peers = peers.peers;
+    if peers.is_empty() {
+        println!(
+            "no peers yet: invite one with `mesh invite` (or add one with `mesh peer add TICKET`)"
+        );
+    }
+    print_peers(&peers);
+    Ok(())
+}
+
+/// `mesh peer nearby`.
+async fn peer_nearby(c: &Client, json: bool) -> anyhow::Result<()> {
+    let nearby: serde_json::Value = c.get("/v1/peers/nearby").await?;
+    if json {
+        return print_json(&nearby);
+    }
+    let nearby: NearbyResponse =
+        serde_json::from_value(nearby).context("unexpected nearby answer")?;
+    if nearby.nearby.is_empty() {
+        println!("no other agent-mesh nodes found on the LAN (mDNS)");
+    }
+    for n in &nearby.nearby {
+        let addrs: Vec<String> = n.addrs.iter().map(|a| a.to_string()).collect();
+        println!(
+            "  {}  {:12}  at {}",
+            n.node,
+            n.name.as_deref().unwrap_or("-"),
+            addrs.join(", ")
+        );
     }
     Ok(())
 }

@@ -420,6 +420,8 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
         return rt.block_on(demo::run(bin, &mut out));
     }
     let c = Client::new(dir.socket_path());
+    // Long because it is one arm per client command, each a call; splitting
+    // it would only hide that dispatch table.
     rt.block_on(async move {
         match command {
             Command::Daemon { .. } | Command::Bench(_) | Command::Demo | Command::Mcp => {

@@ -446,6 +446,8 @@ impl Config {
         Ok(config)
     }
 
+    // Long because it is one bound check per config key, in the order the
+    // first bad key is reported; splitting it would only hide that list.
     fn check(&self, origin: &Path) -> Result<(), ConfigError> {
         let bad = |key, why: String| ConfigError::Value {
             path: origin.to_owned(),

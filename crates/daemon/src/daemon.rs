@@ -86,53 +86,12 @@ impl Daemon {
         let store_file = dir.root().join(mesh_store::STORE_FILE_NAME);
         let handle = StoreHandle::spawn(store.clone())?;
         let socket = ApiSocket::bind(&dir.socket_path()).await?;
-        let node_config = NodeConfig {
-            net: NetConfig {
-                preferred_port: read_port(&dir),
-                relays: config.relays(),
-                mdns: config.discovery.mdns.mode(),
-                ..NetConfig::with_bind_addr(bind)
-            },
-            core: CoreConfig {
-                outbox: config.outbox.bounds(),
-                dedup_window_ms: config.api.dedup_window_ms(),
-                hold_ms: config.store.hold_ms,
-                hold_msgs_max: config.store.hold_max_msgs,
-                hold_bytes_max: config.store.hold_max_bytes,
-                journal_bytes_max: config.journal.max_bytes,
-                journal_age_ms_max: config.journal.max_age,
-                ..Default::default()
-            },
-            name: config.node_name(),
-        };
+        let node_config = node_config(&config, &dir, bind);
         let node = Arc::new(Node::start(node_config, key, handle.clone()).await?);
         remember_port(&dir, node.local_port());
         let bus = Bus::new(node.clone());
         let registry = Arc::new(Registry::new(node.node_id(), dir.agent_keys_dir()));
-        let (records, aliases) = {
-            let store = store.clone();
-            tokio::task::spawn_blocking(move || {
-                Ok::<_, StoreError>((store.agents()?, store.aliases()?))
-            })
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("store read task failed: {e}")))??
-        };
-        for record in records {
-            let r = registry.clone();
-            let name = record.name.clone();
-            let secret = tokio::task::spawn_blocking(move || r.key(&name))
-                .await
-                .map_err(|e| StoreError::Unavailable(format!("key task failed: {e}")))?
-                .map_err(|e| StoreError::Unavailable(e.to_string()))?;
-            if secret.public() != record.key {
-                return Err(StoreError::Corrupt {
-                    path: dir.agent_keys_dir().display().to_string(),
-                    why: format!("agent {}'s key file does not hold its key", record.name),
-                }
-                .into());
-            }
-            registry.insert(record, secret);
-        }
+        let aliases = restore_agents(&store, &registry, &dir).await?;
         let agent_socket_dir = config
             .agents
             .socket_dir
@@ -152,12 +111,7 @@ impl Daemon {
         });
         crate::api::start_agent_servers(&state).await?;
         crate::agents::announce(&registry, &bus, true).await;
-        let presence = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(crate::agents::PRESENCE_TICK).await;
-                crate::agents::announce(&registry, &bus, false).await;
-            }
-        });
+        let presence = spawn_presence(registry, bus);
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(crate::api::serve(socket, state, async move {
             let _ = stop_rx.await;
@@ -231,6 +185,78 @@ impl Daemon {
         handle.close().await;
         wait_released(&store, dir.root()).await;
     }
+}
+
+/// The bus node's settings from `config`, listening on `bind` and preferring
+/// the port this data dir's node had last.
+fn node_config(config: &Config, dir: &DataDir, bind: SocketAddr) -> NodeConfig {
+    NodeConfig {
+        net: NetConfig {
+            preferred_port: read_port(dir),
+            relays: config.relays(),
+            mdns: config.discovery.mdns.mode(),
+            ..NetConfig::with_bind_addr(bind)
+        },
+        core: CoreConfig {
+            outbox: config.outbox.bounds(),
+            dedup_window_ms: config.api.dedup_window_ms(),
+            hold_ms: config.store.hold_ms,
+            hold_msgs_max: config.store.hold_max_msgs,
+            hold_bytes_max: config.store.hold_max_bytes,
+            journal_bytes_max: config.journal.max_bytes,
+            journal_age_ms_max: config.journal.max_age,
+            ..Default::default()
+        },
+        name: config.node_name(),
+    }
+}
+
+/// Puts the store's agents, with their keys from `dir`, into `registry`,
+/// and returns the store's node aliases.
+///
+/// # Errors
+/// The store cannot be read, a key file cannot be read, or a key file does
+/// not hold its agent's key ([`StoreError::Corrupt`]).
+async fn restore_agents(
+    store: &Arc<RedbStore>,
+    registry: &Arc<Registry>,
+    dir: &DataDir,
+) -> Result<Vec<(String, NodeId)>, StartError> {
+    let (records, aliases) = {
+        let store = store.clone();
+        tokio::task::spawn_blocking(move || {
+            Ok::<_, StoreError>((store.agents()?, store.aliases()?))
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("store read task failed: {e}")))??
+    };
+    for record in records {
+        let r = registry.clone();
+        let name = record.name.clone();
+        let secret = tokio::task::spawn_blocking(move || r.key(&name))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("key task failed: {e}")))?
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        if secret.public() != record.key {
+            return Err(StoreError::Corrupt {
+                path: dir.agent_keys_dir().display().to_string(),
+                why: format!("agent {}'s key file does not hold its key", record.name),
+            }
+            .into());
+        }
+        registry.insert(record, secret);
+    }
+    Ok(aliases)
+}
+
+/// Every presence tick, announces the agents whose card changed, until aborted.
+fn spawn_presence(registry: Arc<Registry>, bus: Bus) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(crate::agents::PRESENCE_TICK).await;
+            crate::agents::announce(&registry, &bus, false).await;
+        }
+    })
 }
 
 /// The port this node listened on before, if it remembered one.

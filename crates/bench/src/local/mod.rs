@@ -52,26 +52,32 @@ pub(super) fn time_bound(w: Workload, count: u64, rate: u32) -> Duration {
     }
 }
 
+/// Cuts queued-memory's count to what the default outbox bounds admit at
+/// the plan's payload size, with a note in `col` saying so.
+fn fit_queued_memory(settings: &mut Settings, col: &mut Collector) {
+    if let Some(count) = settings.count(Workload::QueuedMemory) {
+        let fit = OUTBOX_MSGS_MAX.min(OUTBOX_BYTES_MAX / settings.size as u64);
+        if count > fit {
+            col.notes.push(format!(
+                "queued-memory sends {fit}, not {count}: that is what the default outbox bounds admit at {} bytes",
+                settings.size
+            ));
+            for (w, c) in &mut settings.plan {
+                if *w == Workload::QueuedMemory {
+                    *c = fit;
+                }
+            }
+        }
+    }
+}
+
 impl Local {
     pub(super) async fn run(mut self) -> anyhow::Result<Report> {
         let started = Instant::now();
         let mut machine = Machine::read();
         let progress = Progress::new();
         let mut col = Collector::default();
-        if let Some(count) = self.settings.count(Workload::QueuedMemory) {
-            let fit = OUTBOX_MSGS_MAX.min(OUTBOX_BYTES_MAX / self.settings.size as u64);
-            if count > fit {
-                col.notes.push(format!(
-                    "queued-memory sends {fit}, not {count}: that is what the default outbox bounds admit at {} bytes",
-                    self.settings.size
-                ));
-                for (w, c) in &mut self.settings.plan {
-                    if *w == Workload::QueuedMemory {
-                        *c = fit;
-                    }
-                }
-            }
-        }
+        fit_queued_memory(&mut self.settings, &mut col);
         let s = &self.settings;
         declare_probes(&mut col);
         for (w, count) in &s.plan {
@@ -79,42 +85,7 @@ impl Local {
                 col.declare(w.name(), metric, unit, *count);
             }
         }
-        let mut data_dir = self.parent.display().to_string();
-        for run in 1..=s.runs {
-            let cluster = self.start_cluster().await;
-            let mut cluster = match cluster {
-                Ok(c) => c,
-                Err(e) => {
-                    col.error(run, "starting the daemons", &e);
-                    continue;
-                }
-            };
-            data_dir = cluster.base().display().to_string();
-            let mut r = RunCtx {
-                run,
-                runs: s.runs,
-                settings: s,
-                progress,
-                col: &mut col,
-            };
-            r.probes(&cluster).await;
-            for (w, count) in &s.plan {
-                let bound = time_bound(*w, *count, s.rate);
-                let result =
-                    tokio::time::timeout(bound, r.workload(*w, *count, &mut cluster)).await;
-                let result = match result {
-                    Ok(r) => r,
-                    Err(_) => Err(anyhow::anyhow!("did not finish within {bound:?}")),
-                };
-                if let Err(e) = result {
-                    r.col.error(run, w.name(), &e);
-                    eprintln!("run {run}/{}: {}: {e:#}", s.runs, w.name());
-                    // The daemons' state is unknown now: the next run starts afresh.
-                    break;
-                }
-            }
-            drop(cluster);
-        }
+        let data_dir = self.run_plan(progress, &mut col).await;
         let (figures, errors, notes) = col.finish();
         Ok(Report {
             mode: "local".into(),
@@ -139,6 +110,50 @@ impl Local {
 }
 
 impl Local {
+    /// Runs the plan `runs` times, each on fresh daemons with the probes
+    /// first; an error is recorded in `col` and ends that run. Returns the
+    /// last run's data dir (the bench's dir if no run started).
+    async fn run_plan(&self, progress: Progress, col: &mut Collector) -> String {
+        let s = &self.settings;
+        let mut data_dir = self.parent.display().to_string();
+        for run in 1..=s.runs {
+            let cluster = self.start_cluster().await;
+            let mut cluster = match cluster {
+                Ok(c) => c,
+                Err(e) => {
+                    col.error(run, "starting the daemons", &e);
+                    continue;
+                }
+            };
+            data_dir = cluster.base().display().to_string();
+            let mut r = RunCtx {
+                run,
+                runs: s.runs,
+                settings: s,
+                progress,
+                col: &mut *col,
+            };
+            r.probes(&cluster).await;
+            for (w, count) in &s.plan {
+                let bound = time_bound(*w, *count, s.rate);
+                let result =
+                    tokio::time::timeout(bound, r.workload(*w, *count, &mut cluster)).await;
+                let result = match result {
+                    Ok(r) => r,
+                    Err(_) => Err(anyhow::anyhow!("did not finish within {bound:?}")),
+                };
+                if let Err(e) = result {
+                    r.col.error(run, w.name(), &e);
+                    eprintln!("run {run}/{}: {}: {e:#}", s.runs, w.name());
+                    // The daemons' state is unknown now: the next run starts afresh.
+                    break;
+                }
+            }
+            drop(cluster);
+        }
+        data_dir
+    }
+
     /// Fresh daemons under a temp dir in the bench's dir, every pair connected.
     async fn start_cluster(&self) -> anyhow::Result<Cluster> {
         let mut cfg = ClusterConfig::new(&self.bin, self.nodes);

@@ -11,6 +11,7 @@ use mesh_protocol::{Cursor, Epoch, NodeId};
 use tokio::time::Instant;
 
 use crate::measure::{self, ms};
+use crate::progress::Bar;
 use crate::send::{self};
 use mesh_api::{EventEntry, EventRecord};
 use mesh_cluster::NodeProc;
@@ -29,42 +30,7 @@ impl RunCtx<'_> {
     ) -> anyhow::Result<()> {
         let msgs = self.msgs('l', to);
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(u64, std::time::Instant)>();
-        let mut readers = Vec::new();
-        for r in receivers {
-            let st = r.status().await?;
-            let node = NodeId::from_str(&st.node.node).context("the peer's node id")?;
-            let epoch = Epoch::from_str(&st.node.epoch).context("the peer's epoch")?;
-            let cursor = Cursor::new(&node, epoch, st.journal_head).to_string();
-            let mut sse = r
-                .client()
-                .subscribe(&format!("/v1/subscribe?after={cursor}"))
-                .await
-                .with_context(|| format!("subscribing to {}", r.name()))?;
-            let tx = tx.clone();
-            let msgs = msgs.clone();
-            readers.push(ReaderTask(tokio::spawn(async move {
-                while let Ok(Some(ev)) = sse.next().await {
-                    let at = std::time::Instant::now();
-                    if ev.event == "lagged" {
-                        // A gap in what the subscriber saw: those messages never arrive.
-                        break;
-                    }
-                    if ev.event != "entry" {
-                        continue;
-                    }
-                    let Ok(entry) = serde_json::from_str::<EventEntry>(&ev.data) else {
-                        continue;
-                    };
-                    if let EventRecord::Envelope { body, .. } = entry.record
-                        && let Some(k) = msgs.number_of(&body)
-                        && tx.send((k, at)).is_err()
-                    {
-                        break;
-                    }
-                }
-            })));
-        }
-        drop(tx);
+        let readers = subscribe_readers(receivers, &msgs, tx).await?;
         let sent_at = Arc::new(Mutex::new(vec![None; count as usize]));
         let bar = self.bar("latency", count, "msgs");
         let sending = send::paced(
@@ -76,45 +42,35 @@ impl RunCtx<'_> {
             &bar,
         );
         let mut got: Vec<Option<std::time::Instant>> = vec![None; count as usize];
-        let receiving = async {
-            let mut n = 0u64;
-            let mut drain_until: Option<Instant> = None;
-            while n < count {
-                let next = match drain_until {
-                    Some(t) => tokio::time::timeout_at(t, rx.recv()).await.ok().flatten(),
-                    None => rx.recv().await,
-                };
-                let Some((k, at)) = next else { break };
-                if let Some(slot) = got.get_mut(k as usize)
-                    && slot.is_none()
-                {
-                    *slot = Some(at);
-                    n += 1;
-                }
-                if drain_until.is_none()
-                    && sent_at
-                        .lock()
-                        .is_ok_and(|s| s.last().is_some_and(Option::is_some))
-                {
-                    drain_until = Some(Instant::now() + LATENCY_DRAIN);
-                }
-            }
-            anyhow::Ok(n)
-        };
-        let (mut answered, received) = tokio::try_join!(sending, receiving)?;
+        let receiving = receive_arrivals(&mut rx, count, &sent_at, &mut got);
+        let (answered, received) = tokio::try_join!(sending, receiving)?;
         drop(readers);
         let sent = sent_at
             .lock()
             .map_err(|_| anyhow::anyhow!("the send times are poisoned"))?
             .clone();
-        let mut lat: Vec<Duration> = sent
-            .iter()
-            .zip(&got)
-            .filter_map(|(s, g)| Some(g.as_ref()?.saturating_duration_since(*s.as_ref()?)))
-            .collect();
         if received < count {
             bail!("the peers' subscribers saw {received} of {count} messages");
         }
+        self.latency_figures(count, &sent, &got, answered, bar);
+        Ok(())
+    }
+
+    /// Adds the latency figures of `count` messages sent at `sent` and seen
+    /// at `got` (by number), and the sender's answer times `answered`.
+    fn latency_figures(
+        &mut self,
+        count: u64,
+        sent: &[Option<std::time::Instant>],
+        got: &[Option<std::time::Instant>],
+        mut answered: Vec<Duration>,
+        bar: Bar,
+    ) {
+        let mut lat: Vec<Duration> = sent
+            .iter()
+            .zip(got)
+            .filter_map(|(s, g)| Some(g.as_ref()?.saturating_duration_since(*s.as_ref()?)))
+            .collect();
         lat.sort();
         let q = |x| measure::quantile(&lat, x).map_or(f64::NAN, ms);
         let (p50, p99, max) = (q(0.5), q(0.99), q(1.0));
@@ -129,7 +85,6 @@ impl RunCtx<'_> {
             "p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms at {} msgs/s",
             self.settings.rate
         ));
-        Ok(())
     }
 
     pub(super) async fn catch_up(
@@ -271,4 +226,87 @@ impl RunCtx<'_> {
         ));
         Ok(())
     }
+}
+
+/// Subscribes to each of `receivers` after its journal head, with a task
+/// per subscription that sends `tx` the number of each of `msgs` it sees and
+/// when; a task ends at a lag (those messages never arrive).
+///
+/// # Errors
+/// A receiver's status cannot be read or its subscription cannot start.
+async fn subscribe_readers(
+    receivers: &[NodeProc],
+    msgs: &Arc<send::Msgs>,
+    tx: tokio::sync::mpsc::UnboundedSender<(u64, std::time::Instant)>,
+) -> anyhow::Result<Vec<ReaderTask>> {
+    let mut readers = Vec::new();
+    for r in receivers {
+        let st = r.status().await?;
+        let node = NodeId::from_str(&st.node.node).context("the peer's node id")?;
+        let epoch = Epoch::from_str(&st.node.epoch).context("the peer's epoch")?;
+        let cursor = Cursor::new(&node, epoch, st.journal_head).to_string();
+        let mut sse = r
+            .client()
+            .subscribe(&format!("/v1/subscribe?after={cursor}"))
+            .await
+            .with_context(|| format!("subscribing to {}", r.name()))?;
+        let tx = tx.clone();
+        let msgs = msgs.clone();
+        readers.push(ReaderTask(tokio::spawn(async move {
+            while let Ok(Some(ev)) = sse.next().await {
+                let at = std::time::Instant::now();
+                if ev.event == "lagged" {
+                    // A gap in what the subscriber saw: those messages never arrive.
+                    break;
+                }
+                if ev.event != "entry" {
+                    continue;
+                }
+                let Ok(entry) = serde_json::from_str::<EventEntry>(&ev.data) else {
+                    continue;
+                };
+                if let EventRecord::Envelope { body, .. } = entry.record
+                    && let Some(k) = msgs.number_of(&body)
+                    && tx.send((k, at)).is_err()
+                {
+                    break;
+                }
+            }
+        })));
+    }
+    Ok(readers)
+}
+
+/// Records in `got` when each of `count` messages first arrived, from `rx`,
+/// until all have, the readers are gone, or [`LATENCY_DRAIN`] after the last
+/// was sent (by `sent_at`). Returns how many arrived.
+async fn receive_arrivals(
+    rx: &mut tokio::sync::mpsc::UnboundedReceiver<(u64, std::time::Instant)>,
+    count: u64,
+    sent_at: &Mutex<Vec<Option<std::time::Instant>>>,
+    got: &mut [Option<std::time::Instant>],
+) -> anyhow::Result<u64> {
+    let mut n = 0u64;
+    let mut drain_until: Option<Instant> = None;
+    while n < count {
+        let next = match drain_until {
+            Some(t) => tokio::time::timeout_at(t, rx.recv()).await.ok().flatten(),
+            None => rx.recv().await,
+        };
+        let Some((k, at)) = next else { break };
+        if let Some(slot) = got.get_mut(k as usize)
+            && slot.is_none()
+        {
+            *slot = Some(at);
+            n += 1;
+        }
+        if drain_until.is_none()
+            && sent_at
+                .lock()
+                .is_ok_and(|s| s.last().is_some_and(Option::is_some))
+        {
+            drain_until = Some(Instant::now() + LATENCY_DRAIN);
+        }
+    }
+    Ok(n)
 }

@@ -34,8 +34,30 @@ pub(super) async fn agents_talk(
             },
         )
         .await?;
+    let answer = ask_and_reply(say, &planner, &coder).await?;
+    let lost = agent_send(&planner, "planner", "tester@charlie", "run the tests").await?;
+    let bounced = inbox_wait(&planner, "planner", Some(&answer.cursor)).await?;
+    let bounce = bounced
+        .iter()
+        .find(|e| e.kind == "bounce" && e.id.as_deref() == Some(lost.id.as_str()))
+        .context("planner's inbox holds no bounce")?;
+    say.line(format_args!(
+        "   planner -> tester@charlie: charlie has no agent `tester`; the message is journaled \
+         there as
+   undeliverable and comes back to planner: {}\n",
+        bounce.reason.as_deref().unwrap_or("?")
+    ))
+}
+
+/// planner asks coder@charlie for a review, coder reads it and replies, and
+/// planner reads the reply, which it returns.
+async fn ask_and_reply(
+    say: &mut Narrator<'_, impl Write>,
+    planner: &Client,
+    coder: &Client,
+) -> anyhow::Result<InboxEntry> {
     let ask = agent_send(
-        &planner,
+        planner,
         "planner",
         "coder@charlie",
         "please review the parser",
@@ -45,7 +67,7 @@ pub(super) async fn agents_talk(
         "   planner -> coder@charlie: \"please review the parser\"  (message {})",
         short(&ask.id)
     ))?;
-    let got = inbox_wait(&coder, "coder", None).await?;
+    let got = inbox_wait(coder, "coder", None).await?;
     let first = got
         .iter()
         .find(|e| e.id.as_deref() == Some(ask.id.as_str()))
@@ -63,9 +85,9 @@ pub(super) async fn agents_talk(
         client_id: None,
     };
     let reply: AgentSendResponse = coder.post("/v1/agents/coder/reply", &req).await?;
-    let back = inbox_wait(&planner, "planner", Some(&ask.cursor)).await?;
+    let back = inbox_wait(planner, "planner", Some(&ask.cursor)).await?;
     let answer = back
-        .iter()
+        .into_iter()
         .find(|e| e.id.as_deref() == Some(reply.id.as_str()))
         .context("planner's inbox does not hold the reply")?;
     say.line(format_args!(
@@ -73,18 +95,7 @@ pub(super) async fn agents_talk(
         answer.body,
         short(answer.in_reply_to.as_deref().unwrap_or(""))
     ))?;
-    let lost = agent_send(&planner, "planner", "tester@charlie", "run the tests").await?;
-    let bounced = inbox_wait(&planner, "planner", Some(&answer.cursor)).await?;
-    let bounce = bounced
-        .iter()
-        .find(|e| e.kind == "bounce" && e.id.as_deref() == Some(lost.id.as_str()))
-        .context("planner's inbox holds no bounce")?;
-    say.line(format_args!(
-        "   planner -> tester@charlie: charlie has no agent `tester`; the message is journaled \
-         there as
-   undeliverable and comes back to planner: {}\n",
-        bounce.reason.as_deref().unwrap_or("?")
-    ))
+    Ok(answer)
 }
 
 /// Sends `body` as `agent` through its socket client `c`.

@@ -37,83 +37,92 @@ impl<W: Write> Narrator<'_, W> {
         entries: &[EventEntry],
         nodes: &[&DemoNode],
     ) -> anyhow::Result<()> {
-        let name = |id: &str| {
-            nodes
-                .iter()
-                .find(|n| n.id() == id)
-                .map_or_else(|| short(id), |n| n.name.to_owned())
-        };
-        let recipient = |channel: &str| name(channel.trim_start_matches("direct:"));
         for e in entries {
-            let mut line = format!("     [arrival {}] ", e.arrival);
-            match &e.record {
-                EventRecord::Envelope {
-                    stream, seq, body, ..
-                } => {
-                    let shown: String = body.chars().take(SHOWN_BODY_CHARS_MAX).collect();
-                    let _ = write!(line, "from {} #{seq}: {shown:?}", name(&stream.author));
-                }
-                EventRecord::Gap { stream, from, to } => {
-                    let _ = write!(
-                        line,
-                        "GAP  from {} #{from}..=#{to}: can never arrive (the author no longer holds them)",
-                        name(&stream.author)
-                    );
-                }
-                EventRecord::Loss {
-                    stream,
-                    from,
-                    to,
-                    reason,
-                    ..
-                } => {
-                    let _ = write!(
-                        line,
-                        "LOSS {reason}: {}'s stream to {} #{from}..=#{to}",
-                        name(&stream.author),
-                        recipient(&stream.channel)
-                    );
-                }
-                EventRecord::Lagged {
-                    subscriber,
-                    from,
-                    to,
-                    ..
-                } => {
-                    let _ = write!(line, "LAGGED {subscriber}: arrivals {from}..={to}");
-                }
-                EventRecord::Lost { msgs, to, .. } => {
-                    let _ = write!(line, "LOST {msgs} sends to {}", name(to));
-                }
-                EventRecord::EpochEnded { stream, last, .. } => {
-                    let _ = write!(
-                        line,
-                        "EPOCH ENDED {}'s stream at #{last}",
-                        name(&stream.author)
-                    );
-                }
-                EventRecord::RolledBack {
-                    stream, from, to, ..
-                } => {
-                    let _ = write!(
-                        line,
-                        "ROLLED BACK {}'s stream #{from}..=#{to}",
-                        name(&stream.author)
-                    );
-                }
-                EventRecord::Conflict { stream, seq, .. } => {
-                    let _ = write!(line, "CONFLICT {}'s stream #{seq}", name(&stream.author));
-                }
-                EventRecord::Trimmed { from, to, .. } => {
-                    let _ = write!(line, "TRIMMED arrivals {from}..={to}");
-                }
-                EventRecord::Other {} => line.push_str("(an entry this build does not know)"),
-            }
-            self.line(line)?;
+            self.line(entry_line(e, nodes))?;
         }
         Ok(())
     }
 }
+
+/// The narration of journal entry `e`, naming authors by their demo names
+/// among `nodes`.
+// Long because it is one arm per journal record kind, each its one line of
+// text; splitting it would only hide that table.
+fn entry_line(e: &EventEntry, nodes: &[&DemoNode]) -> String {
+    let name = |id: &str| {
+        nodes
+            .iter()
+            .find(|n| n.id() == id)
+            .map_or_else(|| short(id), |n| n.name.to_owned())
+    };
+    let recipient = |channel: &str| name(channel.trim_start_matches("direct:"));
+    let mut line = format!("     [arrival {}] ", e.arrival);
+    match &e.record {
+        EventRecord::Envelope {
+            stream, seq, body, ..
+        } => {
+            let shown: String = body.chars().take(SHOWN_BODY_CHARS_MAX).collect();
+            let _ = write!(line, "from {} #{seq}: {shown:?}", name(&stream.author));
+        }
+        EventRecord::Gap { stream, from, to } => {
+            let _ = write!(
+                line,
+                "GAP  from {} #{from}..=#{to}: can never arrive (the author no longer holds them)",
+                name(&stream.author)
+            );
+        }
+        EventRecord::Loss {
+            stream,
+            from,
+            to,
+            reason,
+            ..
+        } => {
+            let _ = write!(
+                line,
+                "LOSS {reason}: {}'s stream to {} #{from}..=#{to}",
+                name(&stream.author),
+                recipient(&stream.channel)
+            );
+        }
+        EventRecord::Lagged {
+            subscriber,
+            from,
+            to,
+            ..
+        } => {
+            let _ = write!(line, "LAGGED {subscriber}: arrivals {from}..={to}");
+        }
+        EventRecord::Lost { msgs, to, .. } => {
+            let _ = write!(line, "LOST {msgs} sends to {}", name(to));
+        }
+        EventRecord::EpochEnded { stream, last, .. } => {
+            let _ = write!(
+                line,
+                "EPOCH ENDED {}'s stream at #{last}",
+                name(&stream.author)
+            );
+        }
+        EventRecord::RolledBack {
+            stream, from, to, ..
+        } => {
+            let _ = write!(
+                line,
+                "ROLLED BACK {}'s stream #{from}..=#{to}",
+                name(&stream.author)
+            );
+        }
+        EventRecord::Conflict { stream, seq, .. } => {
+            let _ = write!(line, "CONFLICT {}'s stream #{seq}", name(&stream.author));
+        }
+        EventRecord::Trimmed { from, to, .. } => {
+            let _ = write!(line, "TRIMMED arrivals {from}..={to}");
+        }
+        EventRecord::Other {} => line.push_str("(an entry this build does not know)"),
+    }
+    line
+}
+
 pub(super) fn short(id: &str) -> String {
     id.chars().take(10).collect()
 }

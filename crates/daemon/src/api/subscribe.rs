@@ -409,39 +409,7 @@ impl Pump {
             stall_ms,
             "subscriber lagged: its buffer stayed full"
         );
-        let written = match &self.source {
-            Source::Journal => st
-                .inner
-                .bus
-                .record_subscriber_lag(who, from, to)
-                .await
-                .map(drop),
-            Source::Inbox(agent) => {
-                let write = LocalWrite::AgentLagged {
-                    agent: agent.clone(),
-                    subscriber: format!("{who}, on agent {agent}'s inbox"),
-                    from,
-                    to,
-                };
-                st.inner.bus.local_write(write).await.map(drop)
-            }
-        };
-        let recorded = match written {
-            Ok(()) => true,
-            Err(e) => {
-                st.inner
-                    .counters
-                    .loss_records_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                tracing::error!(
-                    subscriber = self.id,
-                    from,
-                    to,
-                    "cannot record a subscriber's loss: {e}"
-                );
-                false
-            }
-        };
+        let recorded = self.record_lag(who, from, to).await;
         self.unrecorded = !recorded;
         let lagged = LaggedEvent {
             resume,
@@ -460,6 +428,46 @@ impl Pump {
         self.pos = to;
         self.backlog_to = self.st.read_head().max(to);
         Ok(())
+    }
+
+    /// Writes the durable record that `who` missed arrivals `from..=to`
+    /// (in the journal, or in the agent's inbox), and says whether it was
+    /// written; a failure is counted and logged, not returned.
+    async fn record_lag(&self, who: String, from: Arrival, to: Arrival) -> bool {
+        let st = &self.st;
+        let written = match &self.source {
+            Source::Journal => st
+                .inner
+                .bus
+                .record_subscriber_lag(who, from, to)
+                .await
+                .map(drop),
+            Source::Inbox(agent) => {
+                let write = LocalWrite::AgentLagged {
+                    agent: agent.clone(),
+                    subscriber: format!("{who}, on agent {agent}'s inbox"),
+                    from,
+                    to,
+                };
+                st.inner.bus.local_write(write).await.map(drop)
+            }
+        };
+        match written {
+            Ok(()) => true,
+            Err(e) => {
+                st.inner
+                    .counters
+                    .loss_records_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::error!(
+                    subscriber = self.id,
+                    from,
+                    to,
+                    "cannot record a subscriber's loss: {e}"
+                );
+                false
+            }
+        }
     }
 }
 

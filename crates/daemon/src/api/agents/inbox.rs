@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use mesh_api::{BodyEncoding, CursorBody, InboxEntry, InboxPage};
-use mesh_protocol::{AgentEnvelope, AgentName, Bounce, KIND_AGENT, KIND_BOUNCE, MsgId};
+use mesh_protocol::{AgentEnvelope, AgentName, Bounce, KIND_AGENT, KIND_BOUNCE, MsgId, NodeId};
 use mesh_store::{Arrival, InboxItem, InboxKind, JournalRecord, MeshStore};
 use serde::Deserialize;
 
@@ -101,41 +101,8 @@ impl ApiState {
             } => {
                 e.created_ms = Some(*created_ms);
                 match *kind {
-                    KIND_AGENT => match AgentEnvelope::decode(payload) {
-                        Ok(m) => {
-                            e.kind = "message".into();
-                            e.id = Some(m.id.to_string());
-                            e.from = Some(Self::address(&m.from, &stream.author));
-                            e.to = m.to.as_ref().map(|t| Self::address(t, me));
-                            e.in_reply_to = m.in_reply_to.map(|i| i.to_string());
-                            let (encoding, body) = BodyEncoding::encode(&m.body);
-                            e.encoding = encoding;
-                            e.body = body;
-                        }
-                        Err(err) => {
-                            e.body = format!("an agent message that does not decode: {err}")
-                        }
-                    },
-                    KIND_BOUNCE => match Bounce::decode(payload) {
-                        Ok(b) => {
-                            e.kind = "bounce".into();
-                            e.id = Some(b.id.to_string());
-                            e.from = Some(stream.author.to_string());
-                            e.to = Some(Self::address(&b.to, me));
-                            e.reason = Some(b.reason.as_str().to_owned());
-                            let missing = b
-                                .missing
-                                .as_ref()
-                                .map_or_else(|| "the recipient".to_owned(), |m| format!("{m}"));
-                            e.body = format!(
-                                "undeliverable: {}: node {} has no agent {missing}; message {} was not delivered to anyone",
-                                b.reason.as_str(),
-                                stream.author,
-                                b.id
-                            );
-                        }
-                        Err(err) => e.body = format!("a bounce that does not decode: {err}"),
-                    },
+                    KIND_AGENT => Self::fill_message(&mut e, &stream.author, me, payload),
+                    KIND_BOUNCE => Self::fill_bounce(&mut e, &stream.author, me, payload),
                     _ => {}
                 }
             }
@@ -165,6 +132,49 @@ impl ApiState {
         }
         e
     }
+
+    /// Fills `e` from an agent message `payload` written by `author`, read
+    /// on node `me` (or says in its body that it does not decode).
+    fn fill_message(e: &mut InboxEntry, author: &NodeId, me: &NodeId, payload: &[u8]) {
+        match AgentEnvelope::decode(payload) {
+            Ok(m) => {
+                e.kind = "message".into();
+                e.id = Some(m.id.to_string());
+                e.from = Some(Self::address(&m.from, author));
+                e.to = m.to.as_ref().map(|t| Self::address(t, me));
+                e.in_reply_to = m.in_reply_to.map(|i| i.to_string());
+                let (encoding, body) = BodyEncoding::encode(&m.body);
+                e.encoding = encoding;
+                e.body = body;
+            }
+            Err(err) => e.body = format!("an agent message that does not decode: {err}"),
+        }
+    }
+
+    /// Fills `e` from a bounce `payload` sent by node `author`, read on node
+    /// `me` (or says in its body that it does not decode).
+    fn fill_bounce(e: &mut InboxEntry, author: &NodeId, me: &NodeId, payload: &[u8]) {
+        match Bounce::decode(payload) {
+            Ok(b) => {
+                e.kind = "bounce".into();
+                e.id = Some(b.id.to_string());
+                e.from = Some(author.to_string());
+                e.to = Some(Self::address(&b.to, me));
+                e.reason = Some(b.reason.as_str().to_owned());
+                let missing = b
+                    .missing
+                    .as_ref()
+                    .map_or_else(|| "the recipient".to_owned(), |m| format!("{m}"));
+                e.body = format!(
+                    "undeliverable: {}: node {} has no agent {missing}; message {} was not delivered to anyone",
+                    b.reason.as_str(),
+                    author,
+                    b.id
+                );
+            }
+            Err(err) => e.body = format!("a bounce that does not decode: {err}"),
+        }
+    }
 }
 
 /// `GET /v1/agents/{name}/inbox` query.
@@ -187,32 +197,8 @@ pub(crate) async fn inbox(
     let agent = st.reader(&name)?;
     let q = query(q)?;
     let after = st.parse_after(q.after.as_deref())?;
-    let limit = match q.limit.as_deref() {
-        None | Some("") => EVENTS_LIMIT_DEFAULT,
-        Some(text) => match text.parse::<usize>() {
-            Ok(n) if (1..=EVENTS_LIMIT_MAX).contains(&n) => n,
-            _ => {
-                return Err(CallerError::BadValue(format!(
-                    "limit must be a number from 1 to {EVENTS_LIMIT_MAX}, not {:?}",
-                    cut(text)
-                ))
-                .into());
-            }
-        },
-    };
-    let wait = match q.wait.as_deref() {
-        None | Some("") => 0,
-        Some(text) => match text.parse::<u64>() {
-            Ok(n) if n <= INBOX_WAIT_SECS_MAX => n,
-            _ => {
-                return Err(CallerError::BadValue(format!(
-                    "wait must be a number of seconds from 0 to {INBOX_WAIT_SECS_MAX}, not {:?}",
-                    cut(text)
-                ))
-                .into());
-            }
-        },
-    };
+    let limit = inbox_limit(q.limit.as_deref())?;
+    let wait = inbox_wait_secs(q.wait.as_deref())?;
     let in_reply_to = q
         .in_reply_to
         .as_deref()
@@ -220,34 +206,9 @@ pub(crate) async fn inbox(
         .map(str::parse::<MsgId>)
         .transpose()
         .map_err(|e| CallerError::BadValue(e.to_string()))?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
-    let mut head = st.inner.head.clone();
-    let mut closing = st.inner.closing.subscribe();
-    let mut removed = match st.inner.registry.get(&agent) {
-        Some(a) => a.removed(),
-        None => return Err(NotFound::UnknownAgent(agent.to_string()).into()),
-    };
-    let mut pos = after;
-    let counters = &st.inner.counters;
-    let mut waiting = None;
-    let (items, read_to) = loop {
-        // Marked seen before the read: an entry committed after it wakes the wait.
-        head.borrow_and_update();
-        let (items, read_to) = st.read_inbox(&agent, pos, limit, in_reply_to).await?;
-        if !items.is_empty() || wait == 0 {
-            break (items, read_to);
-        }
-        pos = read_to;
-        if waiting.is_none() {
-            waiting = Some(Waiting::new(&counters.inbox_waits));
-        }
-        tokio::select! {
-            changed = head.changed() => if changed.is_err() { break (items, read_to) },
-            () = tokio::time::sleep_until(deadline) => break (items, read_to),
-            _ = closing.wait_for(|c| *c) => break (items, read_to),
-            _ = removed.wait_for(|r| *r) => break (items, read_to),
-        }
-    };
+    let (items, read_to) = st
+        .read_inbox_or_wait(&agent, after, limit, in_reply_to, wait)
+        .await?;
     let next = if in_reply_to.is_some() {
         read_to
     } else {
@@ -257,6 +218,91 @@ pub(crate) async fn inbox(
         entries: items.iter().map(|i| st.inbox_entry(i)).collect(),
         next: st.cursor_text(next),
     }))
+}
+
+/// The `limit` of an inbox read: [`EVENTS_LIMIT_DEFAULT`] if not given.
+///
+/// # Errors
+/// [`CallerError::BadValue`] if it is not a number from 1 to
+/// [`EVENTS_LIMIT_MAX`].
+fn inbox_limit(text: Option<&str>) -> Result<usize, ApiError> {
+    match text {
+        None | Some("") => Ok(EVENTS_LIMIT_DEFAULT),
+        Some(text) => match text.parse::<usize>() {
+            Ok(n) if (1..=EVENTS_LIMIT_MAX).contains(&n) => Ok(n),
+            _ => Err(CallerError::BadValue(format!(
+                "limit must be a number from 1 to {EVENTS_LIMIT_MAX}, not {:?}",
+                cut(text)
+            ))
+            .into()),
+        },
+    }
+}
+
+/// The `wait` of an inbox read, in seconds: 0 (do not wait) if not given.
+///
+/// # Errors
+/// [`CallerError::BadValue`] if it is not a number from 0 to
+/// [`INBOX_WAIT_SECS_MAX`].
+fn inbox_wait_secs(text: Option<&str>) -> Result<u64, ApiError> {
+    match text {
+        None | Some("") => Ok(0),
+        Some(text) => match text.parse::<u64>() {
+            Ok(n) if n <= INBOX_WAIT_SECS_MAX => Ok(n),
+            _ => Err(CallerError::BadValue(format!(
+                "wait must be a number of seconds from 0 to {INBOX_WAIT_SECS_MAX}, not {:?}",
+                cut(text)
+            ))
+            .into()),
+        },
+    }
+}
+
+impl ApiState {
+    /// [`ApiState::read_inbox`], and if that finds nothing and `wait` is not
+    /// 0, reads again as entries commit until one is found, `wait` seconds
+    /// pass, the API closes or the agent is removed.
+    ///
+    /// # Errors
+    /// [`NotFound::UnknownAgent`] if `agent` is not hosted here; a store
+    /// read's error.
+    async fn read_inbox_or_wait(
+        &self,
+        agent: &AgentName,
+        after: Arrival,
+        limit: usize,
+        in_reply_to: Option<MsgId>,
+        wait: u64,
+    ) -> Result<(Vec<InboxItem>, Arrival), ApiError> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(wait);
+        let mut head = self.inner.head.clone();
+        let mut closing = self.inner.closing.subscribe();
+        let mut removed = match self.inner.registry.get(agent) {
+            Some(a) => a.removed(),
+            None => return Err(NotFound::UnknownAgent(agent.to_string()).into()),
+        };
+        let mut pos = after;
+        let counters = &self.inner.counters;
+        let mut waiting = None;
+        loop {
+            // Marked seen before the read: an entry committed after it wakes the wait.
+            head.borrow_and_update();
+            let (items, read_to) = self.read_inbox(agent, pos, limit, in_reply_to).await?;
+            if !items.is_empty() || wait == 0 {
+                return Ok((items, read_to));
+            }
+            pos = read_to;
+            if waiting.is_none() {
+                waiting = Some(Waiting::new(&counters.inbox_waits));
+            }
+            tokio::select! {
+                changed = head.changed() => if changed.is_err() { return Ok((items, read_to)) },
+                () = tokio::time::sleep_until(deadline) => return Ok((items, read_to)),
+                _ = closing.wait_for(|c| *c) => return Ok((items, read_to)),
+                _ = removed.wait_for(|r| *r) => return Ok((items, read_to)),
+            }
+        }
+    }
 }
 
 /// Counts an inbox read that waits, while it waits.

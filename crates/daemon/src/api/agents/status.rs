@@ -102,7 +102,14 @@ async fn sent_state(
                 .to_owned(),
         ));
     }
-    // Evicted unacknowledged: find its loss record after it in the journal.
+    // Evicted unacknowledged.
+    Ok(("lost", loss_detail(st, row).await?))
+}
+
+/// Why a message evicted from the outbox unacknowledged was lost: its loss
+/// record, found after it in the journal within [`LOSS_SCAN_ENTRIES_MAX`]
+/// entries, or a general word if none is found there.
+async fn loss_detail(st: &ApiState, row: &mesh_store::MessageRow) -> Result<String, ApiError> {
     let stream = row.stream.clone();
     let seq = row.seq;
     let mut pos = row.arrival;
@@ -131,18 +138,12 @@ async fn sent_state(
                 && *s == stream
                 && (*from..=*to).contains(&seq)
             {
-                return Ok((
-                    "lost",
-                    format!(
-                        "given up before the recipient node had it: {detail} (loss record {})",
-                        st.cursor_text(item.arrival)
-                    ),
+                return Ok(format!(
+                    "given up before the recipient node had it: {detail} (loss record {})",
+                    st.cursor_text(item.arrival)
                 ));
             }
         }
     }
-    Ok((
-        "lost",
-        "evicted from the outbox before the recipient node acknowledged it".to_owned(),
-    ))
+    Ok("evicted from the outbox before the recipient node acknowledged it".to_owned())
 }
