@@ -10,9 +10,9 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{T, loopback, node_config, until};
-use iroh::endpoint::{ConnectionError, PortmapperConfig, presets};
-use iroh::{Endpoint, EndpointAddr, RelayMode};
+use common::{T, bare_endpoint, node_config, until};
+use iroh::endpoint::ConnectionError;
+use iroh::{Endpoint, EndpointAddr};
 use mesh_bus::{CoreConfig, INVITE_LEASE_MS, JoinError, Node, close_code};
 use mesh_protocol::{
     InviteCode, InviteId, InviteSecret, JOIN_ALPN, JOIN_MESSAGE_BYTES_MAX, JoinAnswer, JoinRefusal,
@@ -61,17 +61,7 @@ fn is_peer(s: &dyn MeshStore, node: mesh_protocol::NodeId) -> bool {
 
 /// A bare endpoint with `key`, to present hand-made join requests.
 async fn raw(key: &SecretKey) -> Endpoint {
-    Endpoint::builder(presets::Minimal)
-        .secret_key(key.clone())
-        .relay_mode(RelayMode::Disabled)
-        .clear_address_lookup()
-        .portmapper_config(PortmapperConfig::Disabled)
-        .clear_ip_transports()
-        .bind_addr(loopback())
-        .expect("bind addr")
-        .bind()
-        .await
-        .expect("raw endpoint")
+    bare_endpoint(key.clone()).await
 }
 
 fn addr(code: &InviteCode) -> EndpointAddr {
