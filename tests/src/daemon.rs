@@ -52,6 +52,19 @@ impl Output {
     pub fn ok(&self) -> bool {
         self.status.success()
     }
+
+    /// The cursor a paging command printed on stderr as `next: CURSOR`.
+    ///
+    /// # Panics
+    /// If it printed none (a test's check).
+    #[track_caller]
+    pub fn next_cursor(&self) -> String {
+        self.stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("next: "))
+            .unwrap_or_else(|| panic!("no next cursor: {self:?}"))
+            .to_owned()
+    }
 }
 
 /// Its stdout, once `out` is seen to have exited with status 0.

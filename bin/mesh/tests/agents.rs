@@ -64,12 +64,7 @@ fn inbox(
     let out = as_agent(d, agent, &args);
     assert!(out.ok(), "{out:?}");
     let entries = out.stdout.lines().map(|l| parse_json(l).unwrap()).collect();
-    let next = out
-        .stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("next: "))
-        .unwrap_or_else(|| panic!("no next cursor: {out:?}"))
-        .to_owned();
+    let next = out.next_cursor();
     (entries, next)
 }
 

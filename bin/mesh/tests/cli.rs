@@ -81,12 +81,7 @@ fn two_daemons_linked_with_ticket_and_peer_add_send_tail_and_page_events() {
     assert!(out.ok(), "{out:?}");
     assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
     assert!(out.stdout.contains("#1: hello b"), "{out:?}");
-    let next = out
-        .stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("next: "))
-        .unwrap_or_else(|| panic!("no next cursor: {out:?}"))
-        .to_owned();
+    let next = out.next_cursor();
     let out = b.mesh(&["events", "--after", &next, "--json"]).unwrap();
     assert!(out.ok(), "{out:?}");
     let seqs: Vec<u64> = out
