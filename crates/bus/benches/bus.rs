@@ -307,6 +307,27 @@ async fn frames(n: u64) -> f64 {
     n as f64 / secs
 }
 
+/// Runs `run` `runs` times, printing each run's figures; their median rate.
+async fn median_rate<Fut: std::future::Future<Output = Run>>(
+    name: &str,
+    runs: u64,
+    mut run: impl FnMut() -> Fut,
+) -> f64 {
+    let mut v = Vec::new();
+    for _ in 0..runs {
+        let r = run().await;
+        println!(
+            "{name} run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}; {}",
+            r.rate,
+            r.sender_per_k,
+            r.receiver_per_k,
+            r.waste_note()
+        );
+        v.push(r.rate);
+    }
+    median(v)
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -321,34 +342,12 @@ fn main() {
     let on = |name: &str| which.as_deref().is_none_or(|w| name.contains(w));
     rt.block_on(async {
         if on("throughput") {
-            let mut v = Vec::new();
-            for _ in 0..runs {
-                let r = throughput(n).await;
-                println!(
-                    "throughput run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}; {}",
-                    r.rate,
-                    r.sender_per_k,
-                    r.receiver_per_k,
-                    r.waste_note()
-                );
-                v.push(r.rate);
-            }
-            println!("bus/throughput/{n}x1KiB: median {:.0} msg/s", median(v));
+            let rate = median_rate("throughput", runs, || throughput(n)).await;
+            println!("bus/throughput/{n}x1KiB: median {rate:.0} msg/s");
         }
         if on("catchup") {
-            let mut v = Vec::new();
-            for _ in 0..runs {
-                let r = catchup(c).await;
-                println!(
-                    "catchup run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}; {}",
-                    r.rate,
-                    r.sender_per_k,
-                    r.receiver_per_k,
-                    r.waste_note()
-                );
-                v.push(r.rate);
-            }
-            println!("bus/catchup/{c}x1KiB: median {:.0} msg/s", median(v));
+            let rate = median_rate("catchup", runs, || catchup(c)).await;
+            println!("bus/catchup/{c}x1KiB: median {rate:.0} msg/s");
         }
         if on("rtt") {
             let (mut p50s, mut p99s) = (Vec::new(), Vec::new());
