@@ -52,6 +52,46 @@ impl Output {
     pub fn ok(&self) -> bool {
         self.status.success()
     }
+
+    /// The cursor a paging command printed on stderr as `next: CURSOR`.
+    ///
+    /// # Panics
+    /// If it printed none (a test's check).
+    #[track_caller]
+    pub fn next_cursor(&self) -> String {
+        self.stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("next: "))
+            .unwrap_or_else(|| panic!("no next cursor: {self:?}"))
+            .to_owned()
+    }
+}
+
+/// Its stdout, once `out` is seen to have exited with status 0.
+///
+/// # Panics
+/// If it did not (a test's check), showing all it printed.
+#[track_caller]
+pub fn ok(out: Output) -> String {
+    assert!(out.ok(), "failed: {out:?}");
+    out.stdout
+}
+
+/// Checks that `out` printed nothing on stdout and each of `words` on stderr.
+///
+/// # Panics
+/// At the first that does not hold (a test's check), showing all it printed.
+#[track_caller]
+pub fn assert_says(out: &Output, words: &[&str]) {
+    assert!(out.stdout.is_empty(), "printed on stdout: {out:?}");
+    for w in words {
+        assert!(out.stderr.contains(w), "no {w:?} in: {out:?}");
+    }
+}
+
+/// A loopback address on a port the OS picks.
+pub fn loopback() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 0))
 }
 
 /// Runs `bin` with `args` (and `stdin` written to it), killing it after
@@ -173,6 +213,11 @@ impl DaemonProcess {
     /// printed its ticket (it serves its socket from then on).
     pub fn start(bin: &Path, data: &Path, bind: SocketAddr) -> anyhow::Result<Self> {
         Self::start_with_env(bin, data, bind, &[])
+    }
+
+    /// As [`DaemonProcess::start`], bound to [`loopback`].
+    pub fn start_local(bin: &Path, data: &Path) -> anyhow::Result<Self> {
+        Self::start(bin, data, loopback())
     }
 
     /// As [`DaemonProcess::start`], with `env` set for the daemon.

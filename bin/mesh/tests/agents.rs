@@ -6,12 +6,13 @@
 //! a message's state) and bounded.
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
-use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mesh_tests::daemon::{DaemonProcess, Output, parse_json, run, temp_dir};
+use mesh_tests::daemon::{
+    DaemonProcess, Output, assert_says, loopback, ok, parse_json, run, temp_dir,
+};
 
 const MESH: &str = env!("CARGO_BIN_EXE_mesh");
 /// How long a message may take to reach the other node's inbox.
@@ -19,27 +20,14 @@ const ARRIVAL_SECS: &str = "30";
 /// How long a state the test waits for may take (polled through the CLI).
 const SETTLE: Duration = Duration::from_secs(60);
 
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 0))
-}
-
 fn start(data: &Path) -> DaemonProcess {
-    DaemonProcess::start(Path::new(MESH), data, loopback()).unwrap()
-}
-
-#[track_caller]
-fn ok(out: Output) -> String {
-    assert!(out.ok(), "failed: {out:?}");
-    out.stdout
+    DaemonProcess::start_local(Path::new(MESH), data).unwrap()
 }
 
 #[track_caller]
 fn refused(out: &Output, code: i32, words: &[&str]) {
     assert_eq!(out.status.code(), Some(code), "{out:?}");
-    assert!(out.stdout.is_empty(), "printed on stdout: {out:?}");
-    for w in words {
-        assert!(out.stderr.contains(w), "no {w:?} in: {out:?}");
-    }
+    assert_says(out, words);
 }
 
 /// Two daemons linked both ways, each naming the other by an alias.
@@ -76,12 +64,7 @@ fn inbox(
     let out = as_agent(d, agent, &args);
     assert!(out.ok(), "{out:?}");
     let entries = out.stdout.lines().map(|l| parse_json(l).unwrap()).collect();
-    let next = out
-        .stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("next: "))
-        .unwrap_or_else(|| panic!("no next cursor: {out:?}"))
-        .to_owned();
+    let next = out.next_cursor();
     (entries, next)
 }
 

@@ -5,40 +5,27 @@
 //! each bounded; see `mesh_tests::daemon`.
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use mesh_api::Fault;
 use mesh_tests::daemon::{
-    DaemonProcess, Output, parse_json, run, run_command, run_command_as_is, temp_dir,
+    DaemonProcess, Output, assert_says, ok, parse_json, run, run_command, run_command_as_is,
+    temp_dir,
 };
 
 const MESH: &str = env!("CARGO_BIN_EXE_mesh");
 /// How long `mesh tail` may take to show what was sent.
 const TAIL_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn loopback() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 0))
-}
-
 fn start(data: &Path) -> DaemonProcess {
-    DaemonProcess::start(Path::new(MESH), data, loopback()).unwrap()
-}
-
-#[track_caller]
-fn ok(out: Output) -> String {
-    assert!(out.ok(), "failed: {out:?}");
-    out.stdout
+    DaemonProcess::start_local(Path::new(MESH), data).unwrap()
 }
 
 #[track_caller]
 fn fails_saying(out: Output, words: &[&str]) {
     assert!(!out.ok(), "succeeded: {out:?}");
-    assert!(out.stdout.is_empty(), "printed on stdout: {out:?}");
-    for w in words {
-        assert!(out.stderr.contains(w), "no {w:?} in: {out:?}");
-    }
+    assert_says(&out, words);
 }
 
 #[test]
@@ -94,12 +81,7 @@ fn two_daemons_linked_with_ticket_and_peer_add_send_tail_and_page_events() {
     assert!(out.ok(), "{out:?}");
     assert_eq!(out.stdout.lines().count(), 2, "{out:?}");
     assert!(out.stdout.contains("#1: hello b"), "{out:?}");
-    let next = out
-        .stderr
-        .lines()
-        .find_map(|l| l.strip_prefix("next: "))
-        .unwrap_or_else(|| panic!("no next cursor: {out:?}"))
-        .to_owned();
+    let next = out.next_cursor();
     let out = b.mesh(&["events", "--after", &next, "--json"]).unwrap();
     assert!(out.ok(), "{out:?}");
     let seqs: Vec<u64> = out

@@ -4,11 +4,10 @@
 //! and a refusal as a tool error with the API's code.
 #![allow(clippy::unwrap_used)] // A test fails by panicking.
 
-use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use mesh_tests::daemon::{DaemonProcess, Output, temp_dir};
+use mesh_tests::daemon::{DaemonProcess, ok, temp_dir};
 use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService};
@@ -19,14 +18,8 @@ const MESH: &str = env!("CARGO_BIN_EXE_mesh");
 /// How long one tool call may take (a wait inside it is shorter).
 const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
-#[track_caller]
-fn ok(out: Output) -> String {
-    assert!(out.ok(), "failed: {out:?}");
-    out.stdout
-}
-
 fn start(data: &Path) -> DaemonProcess {
-    DaemonProcess::start(Path::new(MESH), data, SocketAddr::from(([127, 0, 0, 1], 0))).unwrap()
+    DaemonProcess::start_local(Path::new(MESH), data).unwrap()
 }
 
 type Session = RunningService<RoleClient, ()>;

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, UdpSocket};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use mesh_tests::daemon::{DaemonProcess, Output, parse_json, temp_dir};
+use mesh_tests::daemon::{DaemonProcess, ok, parse_json, temp_dir};
 
 const MESH: &str = env!("CARGO_BIN_EXE_mesh");
 /// The bound on every wait (generous: the machine is shared).
@@ -20,14 +20,7 @@ const WAIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(50);
 
 fn start(data: &Path) -> DaemonProcess {
-    let any_port = SocketAddr::from(([127, 0, 0, 1], 0));
-    DaemonProcess::start(Path::new(MESH), data, any_port).unwrap()
-}
-
-#[track_caller]
-fn ok(out: Output) -> String {
-    assert!(out.ok(), "failed: {out:?}");
-    out.stdout
+    DaemonProcess::start_local(Path::new(MESH), data).unwrap()
 }
 
 fn json(d: &DaemonProcess, args: &[&str]) -> serde_json::Value {

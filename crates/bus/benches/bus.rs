@@ -189,15 +189,17 @@ async fn waste(node: &Node) -> (u64, u64, u64, u64) {
     )
 }
 
-async fn throughput(n: u64) -> Run {
-    let root = tempfile::tempdir().expect("tempdir");
-    let a = fresh(root.path(), "a").await;
-    let b = fresh(root.path(), "b").await;
+/// Two fresh nodes `a` and `b` under `root`, linked both ways.
+async fn linked_pair(root: &Path) -> (Running, Running) {
+    let a = fresh(root, "a").await;
+    let b = fresh(root, "b").await;
     link(&a.node, &b.node).await;
-    let to = b.node.node_id();
-    let (a0, b0) = (commits(&a.node).await, commits(&b.node).await);
-    let t0 = Instant::now();
-    send_pipelined(&a.node, to, n).await;
+    (a, b)
+}
+
+/// Waits for `b` to hold `n` messages, then stops both: the run's rate from
+/// `t0` and its commits per 1k messages counted from `a0` and `b0`.
+async fn finish_run(a: Running, b: Running, n: u64, t0: Instant, (a0, b0): (u64, u64)) -> Run {
     wait_head(&b.node, n).await;
     let secs = t0.elapsed().as_secs_f64();
     let (a1, b1) = (commits(&a.node).await, commits(&b.node).await);
@@ -212,37 +214,33 @@ async fn throughput(n: u64) -> Run {
     }
 }
 
+async fn throughput(n: u64) -> Run {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = linked_pair(root.path()).await;
+    let to = b.node.node_id();
+    let (a0, b0) = (commits(&a.node).await, commits(&b.node).await);
+    let t0 = Instant::now();
+    send_pipelined(&a.node, to, n).await;
+    finish_run(a, b, n, t0, (a0, b0)).await
+}
+
 async fn catchup(n: u64) -> Run {
     let root = tempfile::tempdir().expect("tempdir");
-    let a = fresh(root.path(), "a").await;
-    let b = fresh(root.path(), "b").await;
-    link(&a.node, &b.node).await;
+    let (a, b) = linked_pair(root.path()).await;
     let to = b.node.node_id();
     let (dir, key) = b.stop().await;
     send_pipelined(&a.node, to, n).await;
     let a0 = commits(&a.node).await;
     let t0 = Instant::now();
     let b = start(dir, key).await;
-    wait_head(&b.node, n).await;
-    let secs = t0.elapsed().as_secs_f64();
-    let (a1, b1) = (commits(&a.node).await, commits(&b.node).await);
-    let receiver_waste = waste(&b.node).await;
-    a.stop().await;
-    b.stop().await;
-    Run {
-        rate: n as f64 / secs,
-        sender_per_k: per_k(a1 - a0, n),
-        receiver_per_k: per_k(b1, n),
-        receiver_waste,
-    }
+    // The restarted receiver counts its commits from 0.
+    finish_run(a, b, n, t0, (a0, 0)).await
 }
 
 /// p50 and p99 of the round trip in ms, and A's commits per round trip.
 async fn rtt(samples: usize) -> (f64, f64, f64) {
     let root = tempfile::tempdir().expect("tempdir");
-    let a = fresh(root.path(), "a").await;
-    let b = fresh(root.path(), "b").await;
-    link(&a.node, &b.node).await;
+    let (a, b) = linked_pair(root.path()).await;
     let (ida, idb) = (a.node.node_id(), b.node.node_id());
     let mut times = Vec::with_capacity(samples);
     let mut a0 = 0;
@@ -307,6 +305,27 @@ async fn frames(n: u64) -> f64 {
     n as f64 / secs
 }
 
+/// Runs `run` `runs` times, printing each run's figures; their median rate.
+async fn median_rate<Fut: std::future::Future<Output = Run>>(
+    name: &str,
+    runs: u64,
+    mut run: impl FnMut() -> Fut,
+) -> f64 {
+    let mut v = Vec::new();
+    for _ in 0..runs {
+        let r = run().await;
+        println!(
+            "{name} run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}; {}",
+            r.rate,
+            r.sender_per_k,
+            r.receiver_per_k,
+            r.waste_note()
+        );
+        v.push(r.rate);
+    }
+    median(v)
+}
+
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -321,34 +340,12 @@ fn main() {
     let on = |name: &str| which.as_deref().is_none_or(|w| name.contains(w));
     rt.block_on(async {
         if on("throughput") {
-            let mut v = Vec::new();
-            for _ in 0..runs {
-                let r = throughput(n).await;
-                println!(
-                    "throughput run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}; {}",
-                    r.rate,
-                    r.sender_per_k,
-                    r.receiver_per_k,
-                    r.waste_note()
-                );
-                v.push(r.rate);
-            }
-            println!("bus/throughput/{n}x1KiB: median {:.0} msg/s", median(v));
+            let rate = median_rate("throughput", runs, || throughput(n)).await;
+            println!("bus/throughput/{n}x1KiB: median {rate:.0} msg/s");
         }
         if on("catchup") {
-            let mut v = Vec::new();
-            for _ in 0..runs {
-                let r = catchup(c).await;
-                println!(
-                    "catchup run: {:.0} msg/s, commits per 1k msgs: sender {:.1}, receiver {:.1}; {}",
-                    r.rate,
-                    r.sender_per_k,
-                    r.receiver_per_k,
-                    r.waste_note()
-                );
-                v.push(r.rate);
-            }
-            println!("bus/catchup/{c}x1KiB: median {:.0} msg/s", median(v));
+            let rate = median_rate("catchup", runs, || catchup(c)).await;
+            println!("bus/catchup/{c}x1KiB: median {rate:.0} msg/s");
         }
         if on("rtt") {
             let (mut p50s, mut p99s) = (Vec::new(), Vec::new());

@@ -10,18 +10,17 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{T, loopback, node_config, until};
-use iroh::endpoint::{ConnectionError, PortmapperConfig, presets};
-use iroh::{Endpoint, EndpointAddr, RelayMode};
+use common::{T, bare_endpoint, node_config, until};
+use iroh::endpoint::ConnectionError;
+use iroh::{Endpoint, EndpointAddr};
 use mesh_bus::{CoreConfig, INVITE_LEASE_MS, JoinError, Node, close_code};
 use mesh_protocol::{
     InviteCode, InviteId, InviteSecret, JOIN_ALPN, JOIN_MESSAGE_BYTES_MAX, JoinAnswer, JoinRefusal,
-    JoinRequest, Mark, NodeCard, NodeName, RequestId, SecretKey, Seq, StreamId, decode_join,
-    encode_join,
+    JoinRequest, NodeCard, NodeName, RequestId, SecretKey, decode_join, encode_join,
 };
+use mesh_store::testing::{CommitHook, Hooked};
 use mesh_store::{
-    Arrival, EndedOwn, InviteRecord, JournalBounds, JournalItem, MemStore, MeshStore, OwnStream,
-    PeerRecord, Receipt, RedbStore, StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
+    InviteRecord, MemStore, MeshStore, Receipt, RedbStore, StoreError, StoreHandle, WriteOp,
 };
 use tokio::time::timeout;
 
@@ -62,17 +61,7 @@ fn is_peer(s: &dyn MeshStore, node: mesh_protocol::NodeId) -> bool {
 
 /// A bare endpoint with `key`, to present hand-made join requests.
 async fn raw(key: &SecretKey) -> Endpoint {
-    Endpoint::builder(presets::Minimal)
-        .secret_key(key.clone())
-        .relay_mode(RelayMode::Disabled)
-        .clear_address_lookup()
-        .portmapper_config(PortmapperConfig::Disabled)
-        .clear_ip_transports()
-        .bind_addr(loopback())
-        .expect("bind addr")
-        .bind()
-        .await
-        .expect("raw endpoint")
+    bare_endpoint(key.clone()).await
 }
 
 fn addr(code: &InviteCode) -> EndpointAddr {
@@ -272,18 +261,18 @@ async fn under_a_store_outage_a_join_tries_again_and_nothing_is_claimed_or_spent
     }
 }
 
-/// A [`MemStore`] that fails every commit writing a peer record while
-/// `fail_peers` is set: the membership step of a join fails, nothing else.
+/// A hook that fails every commit writing a peer record while `fail_peers`
+/// is set: the membership step of a join fails, nothing else.
 struct NoNewPeers {
-    inner: MemStore,
     fail_peers: AtomicBool,
 }
 
-impl MeshStore for NoNewPeers {
-    fn meta(&self) -> StoreMeta {
-        self.inner.meta()
-    }
-    fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
+impl CommitHook for NoNewPeers {
+    fn commit(
+        &self,
+        inner: &MemStore,
+        groups: Vec<Vec<WriteOp>>,
+    ) -> Vec<Result<Receipt, StoreError>> {
         let writes_peer = groups
             .iter()
             .flatten()
@@ -294,96 +283,18 @@ impl MeshStore for NoNewPeers {
                 .map(|_| Err(StoreError::Unavailable("the disk is full".into())))
                 .collect();
         }
-        self.inner.commit(groups)
-    }
-    fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError> {
-        self.inner.own_streams()
-    }
-    fn marks(&self) -> Result<Vec<Mark>, StoreError> {
-        self.inner.marks()
-    }
-    fn read_outbox(
-        &self,
-        s: &StreamId,
-        after: Seq,
-        max: u64,
-    ) -> Result<Vec<StoredBatch>, StoreError> {
-        self.inner.read_outbox(s, after, max)
-    }
-    fn journal_page(
-        &self,
-        after: Arrival,
-        limit: usize,
-        max_bytes: u64,
-    ) -> Result<Vec<JournalItem>, StoreError> {
-        self.inner.journal_page(after, limit, max_bytes)
-    }
-    fn journal_bounds(&self) -> Result<JournalBounds, StoreError> {
-        self.inner.journal_bounds()
-    }
-    fn journal_head(&self) -> Result<Arrival, StoreError> {
-        self.inner.journal_head()
-    }
-    fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
-        self.inner.peers()
-    }
-    fn cards(&self) -> Result<Vec<NodeCard>, StoreError> {
-        self.inner.cards()
-    }
-    fn invites(&self) -> Result<Vec<InviteRecord>, StoreError> {
-        self.inner.invites()
-    }
-    fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError> {
-        self.inner.invite(id)
-    }
-    fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
-        self.inner.cursor(name)
-    }
-    fn max_lamport(&self) -> Result<u64, StoreError> {
-        self.inner.max_lamport()
-    }
-    fn agents(&self) -> Result<Vec<mesh_store::AgentRecord>, StoreError> {
-        self.inner.agents()
-    }
-    fn inbox(
-        &self,
-        agent: &mesh_protocol::AgentName,
-        after: Arrival,
-        limit: usize,
-    ) -> Result<Vec<mesh_store::InboxItem>, StoreError> {
-        self.inner.inbox(agent, after, limit)
-    }
-    fn message(
-        &self,
-        id: &mesh_protocol::MsgId,
-    ) -> Result<Option<mesh_store::MessageRow>, StoreError> {
-        self.inner.message(id)
-    }
-    fn dedup(&self) -> Result<Vec<mesh_store::DedupRecord>, StoreError> {
-        self.inner.dedup()
-    }
-    fn aliases(&self) -> Result<Vec<(String, mesh_protocol::NodeId)>, StoreError> {
-        self.inner.aliases()
-    }
-    fn agent_cursor(
-        &self,
-        agent: &mesh_protocol::AgentName,
-        name: &str,
-    ) -> Result<Option<Arrival>, StoreError> {
-        self.inner.agent_cursor(agent, name)
-    }
-
-    fn ended_own(&self) -> Result<Vec<EndedOwn>, StoreError> {
-        self.inner.ended_own()
+        inner.commit(groups)
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_invite_is_spent_only_once_the_membership_is_committed() {
-    let store = Arc::new(NoNewPeers {
-        inner: MemStore::new(mesh_protocol::Epoch([6; 16])),
-        fail_peers: AtomicBool::new(true),
-    });
+    let store = Arc::new(Hooked::new(
+        MemStore::new(mesh_protocol::Epoch([6; 16])),
+        NoNewPeers {
+            fail_peers: AtomicBool::new(true),
+        },
+    ));
     let inviter = start(store.clone(), SecretKey::generate()).await;
     let joiner = start(
         Arc::new(MemStore::new(mesh_protocol::Epoch([7; 16]))),

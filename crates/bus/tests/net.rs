@@ -7,9 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{NetNode, T, ack, link_one_way, loopback, until};
-use iroh::endpoint::{ConnectionError, PortmapperConfig, presets};
-use iroh::{Endpoint, EndpointAddr, RelayMode};
+use common::{NetNode, T, ack, bare_endpoint, connect_one_way, link_one_way, loopback, until};
+use iroh::endpoint::ConnectionError;
+use iroh::{Endpoint, EndpointAddr};
 use mesh_bus::net::{
     ALPN, ConnId, DisconnectReason, INSTANCE_BYTES, Net, NetConfig, NetError, NetEvent, PREAMBLE,
     PeerStatus, SendError, close_code, load_or_create_node_key,
@@ -43,24 +43,19 @@ fn seq_of(frame: &Frame) -> u64 {
     }
 }
 
-/// A bare iroh endpoint speaking our ALPN, for hand-written misbehaviour.
+/// A bare iroh endpoint, for hand-written misbehaviour.
 async fn raw_endpoint() -> Endpoint {
-    raw_endpoint_with(SecretKey::generate()).await
+    bare_endpoint(SecretKey::generate()).await
 }
 
-/// [`raw_endpoint`] with the key `key`.
-async fn raw_endpoint_with(key: SecretKey) -> Endpoint {
-    Endpoint::builder(presets::Minimal)
-        .secret_key(key)
-        .relay_mode(RelayMode::Disabled)
-        .clear_address_lookup()
-        .portmapper_config(PortmapperConfig::Disabled)
-        .clear_ip_transports()
-        .bind_addr(loopback())
-        .expect("bind addr")
-        .bind()
+/// A [`raw_endpoint`] that `node` allows as a peer.
+async fn allowed_raw_endpoint(node: &NetNode) -> Endpoint {
+    let raw = raw_endpoint().await;
+    node.net
+        .add_peer(raw.id(), Vec::new())
         .await
-        .expect("raw endpoint")
+        .expect("allow raw");
+    raw
 }
 
 fn addr_of(node: &NetNode) -> EndpointAddr {
@@ -85,9 +80,7 @@ fn app_close(e: ConnectionError) -> (u64, String) {
 async fn two_nodes_connect_and_exchange_frames_both_ways() {
     let mut a = NetNode::new().await;
     let mut b = NetNode::new().await;
-    link_one_way(&a, &b).await;
-    let ca = a.connected(b.id()).await;
-    let cb = b.connected(a.id()).await;
+    let (ca, cb) = connect_one_way(&mut a, &mut b).await;
 
     a.net.try_send(b.id(), ca, &ack(1)).await.expect("a -> b");
     assert_eq!(b.frame().await, (a.id(), cb, ack(1)));
@@ -128,9 +121,7 @@ async fn ten_thousand_frames_arrive_in_order() {
     const N: u64 = 10_000;
     let mut a = NetNode::new().await;
     let mut b = NetNode::new().await;
-    link_one_way(&a, &b).await;
-    let ca = a.connected(b.id()).await;
-    let cb = b.connected(a.id()).await;
+    let (ca, cb) = connect_one_way(&mut a, &mut b).await;
 
     let payload = vec![0xAB; 1024];
     let frames: Vec<Frame> = (1..=N)
@@ -192,9 +183,7 @@ async fn an_unknown_node_is_refused_with_403_and_never_reported() {
     // A removed peer is refused the same way from then on, and its live
     // connection is closed with its own code.
     let mut b = NetNode::new().await;
-    link_one_way(&b, &a).await;
-    let ca = a.connected(b.id()).await;
-    let cb = b.connected(a.id()).await;
+    let (cb, ca) = connect_one_way(&mut b, &mut a).await;
     a.net.remove_peer(b.id()).await.expect("remove");
     assert!(matches!(
         a.disconnected(b.id(), ca).await,
@@ -222,7 +211,7 @@ async fn a_peer_with_a_version_1_preamble_is_refused_with_a_reason_naming_both_v
         .add_peer(key.public(), Vec::new())
         .await
         .expect("a knows the old node");
-    let raw = raw_endpoint_with(key.clone()).await;
+    let raw = bare_endpoint(key.clone()).await;
     let conn = timeout(T, raw.connect(addr_of(&a), ALPN))
         .await
         .expect("connect in time")
@@ -304,11 +293,7 @@ async fn a_restarted_peer_is_reconnected_with_a_new_conn_id() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peer_that_sends_a_bad_frame_is_closed_and_counted() {
     let mut a = NetNode::new().await;
-    let raw = raw_endpoint().await;
-    a.net
-        .add_peer(raw.id(), Vec::new())
-        .await
-        .expect("allow raw");
+    let raw = allowed_raw_endpoint(&a).await;
 
     // (bytes after the preamble, expected close code)
     let cases: [(&[u8], u32); 2] = [
@@ -498,9 +483,7 @@ async fn binding_a_taken_address_names_it() {
 async fn a_connection_closed_by_the_bus_is_redialed_with_a_new_conn_id() {
     let mut a = NetNode::new().await;
     let mut b = NetNode::new().await;
-    link_one_way(&a, &b).await;
-    let first = a.connected(b.id()).await;
-    let cb = b.connected(a.id()).await;
+    let (first, cb) = connect_one_way(&mut a, &mut b).await;
     a.net
         .close(b.id(), first, close_code::PROTOCOL_VIOLATION, "wrong node")
         .await
@@ -600,9 +583,7 @@ async fn two_live_processes_with_one_key_are_an_identity_conflict_at_both_ends()
     // Clone X connects first; clone Y, a later process with the same key
     // (a copied data dir run twice), replaces it as a restart would.
     let mut x = NetNode::bind(key.clone()).await;
-    link_one_way(&x, &b).await;
-    let bx = b.connected(x.id()).await;
-    let xb = x.connected(b.id()).await;
+    let (xb, bx) = connect_one_way(&mut x, &mut b).await;
     let mut y = NetNode::bind(key.clone()).await;
     y.net
         .add_peer(b.id(), b.net.local_addrs())
@@ -642,11 +623,7 @@ async fn two_live_processes_with_one_key_are_an_identity_conflict_at_both_ends()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_of_protocol_1_is_refused_at_its_preamble_naming_both_versions() {
     let mut a = NetNode::new().await;
-    let raw = raw_endpoint().await;
-    a.net
-        .add_peer(raw.id(), Vec::new())
-        .await
-        .expect("allow raw");
+    let raw = allowed_raw_endpoint(&a).await;
     let conn = timeout(T, raw.connect(addr_of(&a), ALPN))
         .await
         .expect("connect in time")

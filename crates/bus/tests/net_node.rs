@@ -12,13 +12,10 @@ use common::{Got, NetNode, T, link, node_config, received, wait_head};
 use mesh_bus::net::{ConnId, DisconnectReason, NetEvent, close_code};
 use mesh_bus::{CoreConfig, DropReason, Node, NodeError, Outgoing, SendError};
 use mesh_protocol::{
-    Channel, Epoch, Frame, Mark, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads,
-    SecretKey, Seq, StreamId,
+    Channel, Epoch, Frame, NewEnvelope, NodeId, OpenBatch, PROTOCOL_VERSION, Payloads, SecretKey,
 };
-use mesh_store::{
-    Arrival, JournalItem, JournalRecord, MemStore, MeshStore, OwnStream, PeerRecord, Receipt,
-    StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
-};
+use mesh_store::testing::{CommitHook, Hooked};
+use mesh_store::{JournalRecord, MemStore, MeshStore, Receipt, StoreError, StoreHandle, WriteOp};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 
@@ -509,101 +506,23 @@ async fn removing_a_peer_that_floods_the_node_answers_at_once() {
     b.node.shutdown().await;
 }
 
-/// A [`MemStore`] whose every commit takes [`SlowStore::COMMIT`], like a
-/// slow disk: a receiver whose commits lag behind what its peer sends.
-struct SlowStore(MemStore);
+/// A hook whose every commit takes [`SlowStore::COMMIT`], like a slow disk:
+/// a receiver whose commits lag behind what its peer sends.
+struct SlowStore;
 
 impl SlowStore {
     const COMMIT: Duration = Duration::from_millis(1000);
 }
 
-impl MeshStore for SlowStore {
-    fn meta(&self) -> StoreMeta {
-        self.0.meta()
-    }
-    fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
+impl CommitHook for SlowStore {
+    fn commit(
+        &self,
+        inner: &MemStore,
+        groups: Vec<Vec<WriteOp>>,
+    ) -> Vec<Result<Receipt, StoreError>> {
         // The writer thread stands for the disk here: it is what is slow.
         std::thread::sleep(Self::COMMIT);
-        self.0.commit(groups)
-    }
-    fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError> {
-        self.0.own_streams()
-    }
-    fn marks(&self) -> Result<Vec<Mark>, StoreError> {
-        self.0.marks()
-    }
-    fn read_outbox(
-        &self,
-        s: &StreamId,
-        after: Seq,
-        max: u64,
-    ) -> Result<Vec<StoredBatch>, StoreError> {
-        self.0.read_outbox(s, after, max)
-    }
-    fn journal_page(
-        &self,
-        after: Arrival,
-        limit: usize,
-        max_bytes: u64,
-    ) -> Result<Vec<JournalItem>, StoreError> {
-        self.0.journal_page(after, limit, max_bytes)
-    }
-    fn journal_bounds(&self) -> Result<mesh_store::JournalBounds, StoreError> {
-        self.0.journal_bounds()
-    }
-    fn ended_own(&self) -> Result<Vec<mesh_store::EndedOwn>, StoreError> {
-        self.0.ended_own()
-    }
-    fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
-        self.0.peers()
-    }
-    fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
-        self.0.cursor(name)
-    }
-    fn cards(&self) -> Result<Vec<mesh_protocol::NodeCard>, StoreError> {
-        self.0.cards()
-    }
-    fn invites(&self) -> Result<Vec<mesh_store::InviteRecord>, StoreError> {
-        self.0.invites()
-    }
-    fn invite(
-        &self,
-        id: &mesh_protocol::InviteId,
-    ) -> Result<Option<mesh_store::InviteRecord>, StoreError> {
-        self.0.invite(id)
-    }
-    fn max_lamport(&self) -> Result<u64, StoreError> {
-        self.0.max_lamport()
-    }
-    fn agents(&self) -> Result<Vec<mesh_store::AgentRecord>, StoreError> {
-        self.0.agents()
-    }
-    fn inbox(
-        &self,
-        agent: &mesh_protocol::AgentName,
-        after: Arrival,
-        limit: usize,
-    ) -> Result<Vec<mesh_store::InboxItem>, StoreError> {
-        self.0.inbox(agent, after, limit)
-    }
-    fn message(
-        &self,
-        id: &mesh_protocol::MsgId,
-    ) -> Result<Option<mesh_store::MessageRow>, StoreError> {
-        self.0.message(id)
-    }
-    fn dedup(&self) -> Result<Vec<mesh_store::DedupRecord>, StoreError> {
-        self.0.dedup()
-    }
-    fn aliases(&self) -> Result<Vec<(String, NodeId)>, StoreError> {
-        self.0.aliases()
-    }
-    fn agent_cursor(
-        &self,
-        agent: &mesh_protocol::AgentName,
-        name: &str,
-    ) -> Result<Option<Arrival>, StoreError> {
-        self.0.agent_cursor(agent, name)
+        inner.commit(groups)
     }
 }
 
@@ -613,7 +532,7 @@ async fn a_receiver_with_slow_commits_holds_its_peer_back_instead_of_dropping_ba
     // next commit (16 MiB) while each commit takes a second.
     const N: u64 = 40 * 1024;
     let a = fresh().await;
-    let b_store = Arc::new(SlowStore(MemStore::new(Epoch(rand::random()))));
+    let b_store = Arc::new(Hooked::new(MemStore::new(Epoch(rand::random())), SlowStore));
     let handle = StoreHandle::spawn(b_store.clone()).expect("store actor");
     let b = Node::start(
         node_config(CoreConfig::default()),
@@ -652,7 +571,7 @@ async fn a_receiver_with_slow_commits_holds_its_peer_back_instead_of_dropping_ba
         (0, 0, 0),
         "{m:?}"
     );
-    assert_eq!(received(&b_store.0, a.node.node_id()).len() as u64, N);
+    assert_eq!(received(b_store.inner(), a.node.node_id()).len() as u64, N);
     a.node.shutdown().await;
     b.shutdown().await;
 }

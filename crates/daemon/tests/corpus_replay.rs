@@ -11,10 +11,8 @@
 use std::path::{Path, PathBuf};
 
 use mesh_daemon::api::fuzzing;
+use mesh_protocol::fuzzing::corpus::{self, Harness};
 use mesh_protocol::{Cursor, Epoch, NodeTicket, SecretKey};
-
-/// A fuzz harness: takes any bytes, panics only on a bug.
-type Harness = fn(&[u8]);
 
 /// Each fuzz target's corpus folder and the harness function it calls.
 const TARGETS: [(&str, Harness); 2] = [
@@ -22,26 +20,9 @@ const TARGETS: [(&str, Harness); 2] = [
     ("ndjson_lines", fuzzing::ndjson),
 ];
 
-fn corpus_dir(target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../fuzz/corpus")
-        .join(target)
-}
-
-fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
-    let dir = corpus_dir(target);
-    let entries = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("cannot read the {target} corpus at {}: {e}", dir.display()));
-    let mut files: Vec<_> = entries
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            let bytes = std::fs::read(&p).unwrap();
-            (p, bytes)
-        })
-        .collect();
-    files.sort();
-    files
+/// The committed corpus: `fuzz/corpus/` at the workspace root.
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fuzz/corpus")
 }
 
 /// A valid invite code: the one pinned in mesh-protocol's known answers.
@@ -113,47 +94,17 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
 
 #[test]
 fn every_fuzz_target_has_a_non_empty_corpus() {
-    for (target, _) in TARGETS {
-        assert!(!corpus(target).is_empty(), "the {target} corpus is empty");
-    }
+    corpus::assert_none_empty(&root(), &TARGETS);
 }
 
 #[test]
 fn every_corpus_input_runs_through_its_harness_without_a_panic() {
-    for (target, harness) in TARGETS {
-        for (path, bytes) in corpus(target) {
-            let run = std::panic::catch_unwind(|| harness(&bytes));
-            assert!(
-                run.is_ok(),
-                "{target}: {} panics the harness",
-                path.display()
-            );
-        }
-    }
+    corpus::replay(&root(), &TARGETS);
 }
 
 #[test]
 fn the_committed_seeds_are_the_current_ones() {
-    let bless = std::env::var_os("MESH_BLESS_CORPUS").is_some();
-    for (target, name, bytes) in seeds() {
-        let path = corpus_dir(target).join(&name);
-        if bless {
-            std::fs::create_dir_all(corpus_dir(target)).unwrap();
-            std::fs::write(&path, &bytes).unwrap();
-            continue;
-        }
-        let committed = std::fs::read(&path).unwrap_or_else(|e| {
-            panic!(
-                "seed {} missing ({e}); rerun with MESH_BLESS_CORPUS=1",
-                path.display()
-            )
-        });
-        assert!(
-            committed == bytes,
-            "seed {} is stale; rerun with MESH_BLESS_CORPUS=1",
-            path.display()
-        );
-    }
+    corpus::check_seeds(&root(), seeds());
 }
 
 #[test]

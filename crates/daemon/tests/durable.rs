@@ -254,19 +254,27 @@ fn file_bound(max_bytes: u64) -> u64 {
     2 * max_bytes + (32 << 20)
 }
 
+/// Asserts each node's store file stayed within [`file_bound`] and its
+/// journal within `max_bytes` and 512 KiB of slack.
+#[track_caller]
+fn assert_within_bounds(seen: &RetentionSeen, max_bytes: u64) {
+    assert!(
+        seen.file_max.0 <= file_bound(max_bytes) && seen.file_max.1 <= file_bound(max_bytes),
+        "{seen:?}"
+    );
+    assert!(
+        seen.journal_bytes.0 <= max_bytes + (512 << 10)
+            && seen.journal_bytes.1 <= max_bytes + (512 << 10),
+        "{seen:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn twenty_thousand_sends_keep_each_store_file_within_its_journal_bound_and_slack() {
     const MAX: u64 = 4 << 20;
     let seen = bounded(retention_run(20_000, MAX)).await;
     eprintln!("retention 20000 x 1 KiB, journal max {MAX}: {seen:?}");
-    assert!(
-        seen.file_max.0 <= file_bound(MAX) && seen.file_max.1 <= file_bound(MAX),
-        "{seen:?}"
-    );
-    assert!(
-        seen.journal_bytes.0 <= MAX + (512 << 10) && seen.journal_bytes.1 <= MAX + (512 << 10),
-        "{seen:?}"
-    );
+    assert_within_bounds(&seen, MAX);
     assert!(seen.range.0 > 1, "{seen:?}");
 }
 
@@ -287,12 +295,5 @@ async fn a_million_sends_keep_each_store_file_within_its_journal_bound_and_slack
         "retention {n} x 1 KiB, journal max {MAX}: {seen:?} in {:?}",
         started.elapsed()
     );
-    assert!(
-        seen.file_max.0 <= file_bound(MAX) && seen.file_max.1 <= file_bound(MAX),
-        "{seen:?}"
-    );
-    assert!(
-        seen.journal_bytes.0 <= MAX + (512 << 10) && seen.journal_bytes.1 <= MAX + (512 << 10),
-        "{seen:?}"
-    );
+    assert_within_bounds(&seen, MAX);
 }

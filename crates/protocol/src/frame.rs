@@ -416,6 +416,18 @@ mod tests {
         NodeCard::sign(&SecretKey::from_bytes(&[b; 32]), name, vec![], 1).unwrap()
     }
 
+    /// A batch of node 1 to node 2 with no entries (and no valid signature).
+    fn empty_batch() -> SignedBatch {
+        SignedBatch {
+            author: node(1),
+            epoch: Epoch([3; 16]),
+            channel: crate::Channel::Direct(node(2)),
+            first_seq: 1,
+            entries: vec![],
+            sig: [0; 64],
+        }
+    }
+
     fn hello(marks: usize) -> Frame {
         let mark = Mark {
             stream: StreamId::direct(node(1), Epoch([3; 16]), node(2)),
@@ -439,14 +451,7 @@ mod tests {
 
     #[test]
     fn each_frame_name_is_the_one_its_postcard_tag_selects() {
-        let batch = SignedBatch {
-            author: node(1),
-            epoch: Epoch([3; 16]),
-            channel: crate::Channel::Direct(node(2)),
-            first_seq: 1,
-            entries: vec![],
-            sig: [0; 64],
-        };
+        let batch = empty_batch();
         let stream = StreamId::direct(node(1), Epoch([3; 16]), node(2));
         let frames = [
             hello(1),
@@ -517,14 +522,7 @@ mod tests {
 
     #[test]
     fn encode_frame_refuses_a_body_over_the_cap_and_keeps_the_buffer() {
-        let batch = SignedBatch {
-            author: node(1),
-            epoch: Epoch([3; 16]),
-            channel: crate::Channel::Direct(node(2)),
-            first_seq: 1,
-            entries: vec![],
-            sig: [0; 64],
-        };
+        let batch = empty_batch();
         let frame = Frame::Batch {
             batch,
             payloads: Payloads(vec![vec![0; MAX_FRAME_BYTES]]),

@@ -6,6 +6,8 @@
 //! frames: to the same bytes). A panic here is a bug, never an expected outcome.
 //! Not a stable API: it exists so the fuzz crate and the tests share one harness.
 
+pub mod corpus;
+
 use std::str::FromStr;
 
 use crate::agent::{AgentEnvelope, Bounce};

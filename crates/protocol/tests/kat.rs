@@ -26,6 +26,19 @@ fn assert_hex(what: &str, got: &[u8], want: &str) {
     assert!(got == want, "{what} changed:\n  got  {got}\n  want {want}");
 }
 
+fn unhex(s: &str) -> Vec<u8> {
+    data_encoding::HEXLOWER.decode(s.as_bytes()).unwrap()
+}
+
+/// Compares a text form with its pinned value, printing both on a mismatch.
+#[track_caller]
+fn assert_text(what: &str, got: &str, want: &str) {
+    assert!(
+        got == want,
+        "{what} text changed:\n  got  {got}\n  want {want}"
+    );
+}
+
 const AUTHOR_HEX: &str = "8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c";
 const RECIPIENT_HEX: &str = "8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394";
 const SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f7369676e65642d62617463682f7631008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401020180d0eab6b73300ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f050281d0eab6b73301d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c05";
@@ -57,6 +70,19 @@ const AGENT_REPLY_HEX: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa05636f64657201077
 const BOUNCE_HEX: &str = "b4672bf683bcfd81000000000000000107706c616e6e65720105636f64657200";
 const AGENT_CARD_SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f6167656e742d636172642f7631008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c07706c616e6e6572ed4928c628d1c2c6eae90338905995612959273a5c63f93636c14614ac8737d10180d0eab6b733";
 const STREAM_ENDED_HEX: &str = "00000053098a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
+/// Every frame variant's pinned bytes, in the order of `common::frames()`.
+const FRAMES_HEX: [&str; 10] = [
+    HELLO_HEX,
+    BATCH_HEX,
+    ACK_HEX,
+    RESYNC_HEX,
+    RESYNC_GAP_HEX,
+    RESYNC_DONE_HEX,
+    CARD_QUERY_HEX,
+    CARD_ANSWER_HEX,
+    AGENTS_HEX,
+    STREAM_ENDED_HEX,
+];
 const CURSOR_TEXT: &str = "mc1ha4e7nbk17opa001081g81860s40i2gb1g6gs3o00000000000l2qqh86o";
 const TICKET_TEXT: &str = "meshnode1ha4e7nbk17opbvaircmjpeiteb56e2dv3ma146vjei403d0fdte0406000103k9204g023do0000000000000000000t28g";
 
@@ -88,21 +114,9 @@ fn the_signature_of_the_fixed_batch_is_pinned_and_verifies() {
 
 #[test]
 fn every_frame_variant_encodes_to_its_pinned_bytes() {
-    let want = [
-        HELLO_HEX,
-        BATCH_HEX,
-        ACK_HEX,
-        RESYNC_HEX,
-        RESYNC_GAP_HEX,
-        RESYNC_DONE_HEX,
-        CARD_QUERY_HEX,
-        CARD_ANSWER_HEX,
-        AGENTS_HEX,
-        STREAM_ENDED_HEX,
-    ];
     let frames = common::frames();
-    assert_eq!(frames.len(), want.len());
-    for ((name, frame), want) in frames.iter().zip(want) {
+    assert_eq!(frames.len(), FRAMES_HEX.len());
+    for ((name, frame), want) in frames.iter().zip(FRAMES_HEX) {
         assert_eq!(frame.name(), *name);
         assert_hex(name, &common::encoded(frame), want);
     }
@@ -110,20 +124,8 @@ fn every_frame_variant_encodes_to_its_pinned_bytes() {
 
 #[test]
 fn every_pinned_frame_decodes_to_its_fixed_value() {
-    let want = [
-        HELLO_HEX,
-        BATCH_HEX,
-        ACK_HEX,
-        RESYNC_HEX,
-        RESYNC_GAP_HEX,
-        RESYNC_DONE_HEX,
-        CARD_QUERY_HEX,
-        CARD_ANSWER_HEX,
-        AGENTS_HEX,
-        STREAM_ENDED_HEX,
-    ];
-    for ((name, frame), want) in common::frames().into_iter().zip(want) {
-        let bytes = data_encoding::HEXLOWER.decode(want.as_bytes()).unwrap();
+    for ((name, frame), want) in common::frames().into_iter().zip(FRAMES_HEX) {
+        let bytes = unhex(want);
         let (header, body) = bytes.split_at(FRAME_HEADER_BYTES);
         assert_eq!(
             frame_body_len(header.try_into().unwrap()),
@@ -136,11 +138,7 @@ fn every_pinned_frame_decodes_to_its_fixed_value() {
 
 #[test]
 fn the_fixed_cursor_prints_as_its_pinned_text() {
-    let text = common::cursor().to_string();
-    assert!(
-        text == CURSOR_TEXT,
-        "cursor text changed:\n  got  {text}\n  want {CURSOR_TEXT}"
-    );
+    assert_text("cursor", &common::cursor().to_string(), CURSOR_TEXT);
     let parsed: Cursor = CURSOR_TEXT.parse().unwrap();
     assert_eq!(
         parsed.arrival_for(&common::author(), common::AUTHOR_EPOCH),
@@ -150,11 +148,7 @@ fn the_fixed_cursor_prints_as_its_pinned_text() {
 
 #[test]
 fn the_fixed_ticket_prints_as_its_pinned_text() {
-    let text = common::ticket().to_string();
-    assert!(
-        text == TICKET_TEXT,
-        "ticket text changed:\n  got  {text}\n  want {TICKET_TEXT}"
-    );
+    assert_text("ticket", &common::ticket().to_string(), TICKET_TEXT);
     assert_eq!(TICKET_TEXT.parse::<NodeTicket>(), Ok(common::ticket()));
 }
 
@@ -176,14 +170,11 @@ fn the_fixed_agent_payloads_encode_to_their_pinned_bytes_and_decode_back() {
     ];
     for (what, value, want) in cases {
         assert_hex(what, &value.encode(), want);
-        let bytes = data_encoding::HEXLOWER.decode(want.as_bytes()).unwrap();
+        let bytes = unhex(want);
         assert_eq!(AgentEnvelope::decode(&bytes), Ok(value), "{what}");
     }
     assert_hex("bounce", &common::bounce().encode(), BOUNCE_HEX);
-    let bytes = data_encoding::HEXLOWER
-        .decode(BOUNCE_HEX.as_bytes())
-        .unwrap();
-    assert_eq!(Bounce::decode(&bytes), Ok(common::bounce()));
+    assert_eq!(Bounce::decode(&unhex(BOUNCE_HEX)), Ok(common::bounce()));
 }
 
 #[test]
@@ -211,11 +202,7 @@ fn the_fixed_card_signs_its_pinned_bytes_and_verifies() {
 
 #[test]
 fn the_fixed_invite_code_prints_as_its_pinned_text() {
-    let text = common::invite_code().to_string();
-    assert!(
-        text == INVITE_TEXT,
-        "invite text changed:\n  got  {text}\n  want {INVITE_TEXT}"
-    );
+    assert_text("invite", &common::invite_code().to_string(), INVITE_TEXT);
     assert_eq!(INVITE_TEXT.parse::<InviteCode>(), Ok(common::invite_code()));
 }
 

@@ -14,6 +14,8 @@ mod mem;
 mod redb_store;
 mod types;
 
+#[cfg(any(test, feature = "test-util"))]
+pub mod testing;
 #[cfg(test)]
 mod tests;
 

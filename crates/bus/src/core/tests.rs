@@ -209,6 +209,21 @@ impl Node {
             .collect()
     }
 
+    /// The records of this node's journal that `keep` keeps, in order.
+    fn journaled(&self, keep: impl Fn(&JournalRecord) -> bool) -> Vec<JournalRecord> {
+        self.journal().into_iter().filter(|r| keep(r)).collect()
+    }
+
+    /// The payloads of this node's outbox of `stream`, in order.
+    fn outbox_payloads(&self, stream: &StreamId) -> Vec<Vec<u8>> {
+        self.store
+            .read_outbox(stream, 0, u64::MAX)
+            .expect("outbox")
+            .into_iter()
+            .flat_map(|b| b.payloads)
+            .collect()
+    }
+
     /// Payloads of the envelopes of `stream` in this node's journal.
     fn received(&self, stream: &StreamId) -> Vec<(Seq, Vec<u8>)> {
         self.journal()
@@ -244,27 +259,41 @@ impl Node {
             .map_or(0, |m| m.seq)
     }
 
-    /// Opens connection `conn` from `peer` and feeds its Hello with `marks`.
-    fn hello_from(&mut self, peer: u8, peer_epoch: u8, conn: ConnId, marks: Vec<Mark>) {
+    /// Feeds a new connection `conn` from `peer`; returns the frames sent.
+    fn connected(&mut self, peer: u8, conn: ConnId) -> Vec<(NodeId, ConnId, Frame)> {
         self.run(Input::PeerConnected {
             peer: id(peer),
             conn,
-        });
-        self.frame(
-            peer,
-            conn,
-            Frame::Hello {
-                version: PROTOCOL_VERSION,
-                node: id(peer),
-                epoch: epoch(peer_epoch),
-                marks,
-                card: Box::new(card(peer, 1)),
-            },
-        );
+        })
+    }
+
+    /// Opens connection `conn` from `peer` and feeds its Hello with `marks`;
+    /// returns the frames sent in answer to both.
+    fn hello_from(
+        &mut self,
+        peer: u8,
+        peer_epoch: u8,
+        conn: ConnId,
+        marks: Vec<Mark>,
+    ) -> Vec<(NodeId, ConnId, Frame)> {
+        let mut out = self.connected(peer, conn);
+        out.extend(self.frame(peer, conn, hello(peer, peer_epoch, marks, card(peer, 1))));
+        out
     }
 
     fn frame(&mut self, peer: u8, conn: ConnId, frame: Frame) -> Vec<(NodeId, ConnId, Frame)> {
         self.run(frame_input(id(peer), conn, frame))
+    }
+}
+
+/// Node `node`'s Hello in `node_epoch`, showing `marks` and carrying `card`.
+fn hello(node: u8, node_epoch: u8, marks: Vec<Mark>, card: NodeCard) -> Frame {
+    Frame::Hello {
+        version: PROTOCOL_VERSION,
+        node: id(node),
+        epoch: epoch(node_epoch),
+        marks,
+        card: Box::new(card),
     }
 }
 
@@ -283,6 +312,11 @@ fn frame_input(peer: NodeId, conn: ConnId, frame: Frame) -> Input {
         },
         frame => Input::Frame { peer, conn, frame },
     }
+}
+
+/// What `pick` makes of the frames of `out` it picks, in order.
+fn picked<T>(out: &[(NodeId, ConnId, Frame)], pick: impl Fn(&Frame) -> Option<T>) -> Vec<T> {
+    out.iter().filter_map(|(_, _, f)| pick(f)).collect()
 }
 
 fn frame_name(f: &Frame) -> String {
@@ -310,6 +344,14 @@ fn card(n: u8, issued_ms: u64) -> mesh_protocol::NodeCard {
         4000 + u16::from(n),
     ))];
     mesh_protocol::NodeCard::sign(&key(n), name, addrs, issued_ms).expect("one address")
+}
+
+/// An answer about node `about`: its card `card`.
+fn card_answer(about: u8, card: NodeCard) -> Frame {
+    Frame::CardAnswer {
+        node: id(about),
+        card: Some(Box::new(card)),
+    }
 }
 
 /// A batch of `author` (in `author_epoch`) to `to`, signed, as a frame.
@@ -519,10 +561,9 @@ fn a_sender_is_answered_only_after_its_commit() {
 
 #[test]
 fn a_peer_batch_is_acknowledged_only_after_its_commit() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    b.hello_from(1, 1, ConnId(7), Vec::new());
+    let (mut b, conn) = receiver();
     b.hold_commits = true;
-    let out = b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"x"]));
+    let out = b.frame(1, conn, batch(1, 1, 2, 1, &[b"x"]));
     assert!(!out.iter().any(|(_, _, f)| matches!(f, Frame::Ack { .. })));
     assert_eq!(
         b.core.mark(&stream(1, 1, 2)),
@@ -530,22 +571,17 @@ fn a_peer_batch_is_acknowledged_only_after_its_commit() {
         "the mark waits for the commit"
     );
     let out = b.release_commit();
-    let acks: Vec<_> = out
-        .iter()
-        .filter_map(|(_, _, f)| match f {
-            Frame::Ack { upto, .. } => Some(*upto),
-            _ => None,
-        })
-        .collect();
+    let acks = picked(&out, |f| match f {
+        Frame::Ack { upto, .. } => Some(*upto),
+        _ => None,
+    });
     assert_eq!(acks, vec![1]);
     assert_eq!(b.core.mark(&stream(1, 1, 2)), 1);
 }
 
 #[test]
 fn a_gap_in_seq_is_held_and_resync_is_asked() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     let out = b.frame(1, conn, batch(1, 1, 2, 3, &[b"three"]));
     assert!(
         out.iter()
@@ -571,9 +607,7 @@ fn a_gap_in_seq_is_held_and_resync_is_asked() {
 
 #[test]
 fn a_batch_far_past_the_mark_is_not_held() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     b.frame(
         1,
         conn,
@@ -585,9 +619,7 @@ fn a_batch_far_past_the_mark_is_not_held() {
 
 #[test]
 fn a_duplicate_batch_changes_nothing_and_is_counted() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     b.frame(1, conn, batch(1, 1, 2, 1, &[b"once"]));
     let before = b.journal();
     let commits = b.core.metrics().commits;
@@ -609,9 +641,7 @@ fn a_duplicate_batch_changes_nothing_and_is_counted() {
 
 #[test]
 fn a_batch_overlapping_the_mark_is_trimmed_not_dropped() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     b.frame(1, conn, batch(1, 1, 2, 1, &[b"1", b"2"]));
     b.frame(1, conn, batch(1, 1, 2, 1, &[b"1", b"2", b"3", b"4"]));
     let got = b.received(&stream(1, 1, 2));
@@ -620,6 +650,14 @@ fn a_batch_overlapping_the_mark_is_trimmed_not_dropped() {
     assert_eq!(payloads(&got), vec![&b"1"[..], b"2", b"3", b"4"]);
     assert_eq!(b.core.metrics().duplicate_envelopes, 2);
     assert_eq!(b.store_mark(&stream(1, 1, 2)), 4);
+}
+
+/// Asserts `b` committed nothing past `commits`, journaled nothing, and has
+/// no mark of `stream`.
+fn assert_no_state_changed(b: &Node, commits: u64, stream: &StreamId) {
+    assert_eq!(b.core.metrics().commits, commits);
+    assert!(b.journal().is_empty());
+    assert_eq!(b.core.mark(stream), 0);
 }
 
 #[test]
@@ -638,16 +676,12 @@ fn a_batch_from_the_wrong_author_changes_no_state() {
     assert_eq!(m.dropped.get(DropReason::WrongAuthor), 1);
     assert_eq!(m.dropped.get(DropReason::WrongRecipient), 1);
     assert_eq!(m.dropped.get(DropReason::StaleEpoch), 1);
-    assert_eq!(m.commits, commits);
-    assert!(b.journal().is_empty());
-    assert_eq!(b.core.mark(&stream(3, 3, 2)), 0);
+    assert_no_state_changed(&b, commits, &stream(3, 3, 2));
 }
 
 #[test]
 fn a_bad_signature_changes_no_state() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     let commits = b.core.metrics().commits;
     let Frame::Batch {
         mut batch,
@@ -678,18 +712,13 @@ fn a_bad_signature_changes_no_state() {
     let m = b.core.metrics();
     assert_eq!(m.dropped.get(DropReason::BadSignature), 1);
     assert_eq!(m.dropped.get(DropReason::CidMismatch), 1);
-    assert_eq!(m.commits, commits);
-    assert!(b.journal().is_empty());
-    assert_eq!(b.core.mark(&stream(1, 1, 2)), 0);
+    assert_no_state_changed(&b, commits, &stream(1, 1, 2));
 }
 
 #[test]
 fn frames_before_the_hello_or_on_a_stale_connection_are_dropped() {
     let mut b = Node::new(2, 2, &[1], Config::default());
-    b.run(Input::PeerConnected {
-        peer: id(1),
-        conn: ConnId(7),
-    });
+    b.connected(1, ConnId(7));
     b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"early"]));
     b.frame(1, ConnId(6), batch(1, 1, 2, 1, &[b"stale"]));
     assert_eq!(b.core.metrics().dropped.get(DropReason::BeforeHello), 1);
@@ -700,21 +729,8 @@ fn frames_before_the_hello_or_on_a_stale_connection_are_dropped() {
 #[test]
 fn a_hello_naming_another_node_closes_the_connection() {
     let mut b = Node::new(2, 2, &[1, 3], Config::default());
-    b.run(Input::PeerConnected {
-        peer: id(1),
-        conn: ConnId(7),
-    });
-    b.frame(
-        1,
-        ConnId(7),
-        Frame::Hello {
-            version: PROTOCOL_VERSION,
-            node: id(3),
-            epoch: epoch(3),
-            marks: Vec::new(),
-            card: Box::new(card(3, 1)),
-        },
-    );
+    b.connected(1, ConnId(7));
+    b.frame(1, ConnId(7), hello(3, 3, Vec::new(), card(3, 1)));
     assert!(b.other.iter().any(|e| matches!(
         e,
         Effect::CloseConnection {
@@ -730,10 +746,7 @@ fn a_hello_naming_another_node_closes_the_connection() {
 #[test]
 fn an_unknown_peer_is_refused() {
     let mut b = Node::new(2, 2, &[1], Config::default());
-    b.run(Input::PeerConnected {
-        peer: id(5),
-        conn: ConnId(7),
-    });
+    b.connected(5, ConnId(7));
     assert!(b.other.iter().any(|e| matches!(
         e,
         Effect::CloseConnection {
@@ -815,9 +828,7 @@ fn resync_past_retention_answers_a_gap_with_earliest_available() {
 
 #[test]
 fn a_gap_from_the_author_is_journaled_and_moves_the_mark() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     b.frame(1, conn, batch(1, 1, 2, 1, &[b"1"]));
     b.frame(
         1,
@@ -853,15 +864,7 @@ fn a_peer_with_a_new_epoch_is_fed_again_from_what_is_retained() {
     p.b = Node::new(2, 22, &[1], bounds(2, OnFull::Reject));
     p.connect();
     let s = stream(1, 1, 2);
-    let j = p.b.journal();
-    assert_eq!(
-        j.first(),
-        Some(&JournalRecord::Gap {
-            stream: s.clone(),
-            from: 1,
-            to: 1
-        })
-    );
+    assert_first_is_gap_of_one(&p.b, &s);
     let got = p.b.received(&s);
     assert_eq!(payloads(&got), vec![&b"2"[..], b"3"]);
     assert_eq!(p.a.core.metrics().peer_epoch_changes, 1);
@@ -1002,23 +1005,13 @@ fn evict_oldest_records_a_loss_and_the_peer_gets_a_gap() {
         }
     )));
     p.connect();
-    let j = p.b.journal();
-    assert_eq!(
-        j.first(),
-        Some(&JournalRecord::Gap {
-            stream: s.clone(),
-            from: 1,
-            to: 1
-        })
-    );
+    assert_first_is_gap_of_one(&p.b, &s);
     assert_eq!(payloads(&p.b.received(&s)), vec![&b"2"[..], b"3"]);
 }
 
 #[test]
 fn a_failed_commit_rolls_the_mark_back_and_asks_again() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     b.store.set_unavailable(true);
     let out = b.frame(1, conn, batch(1, 1, 2, 1, &[b"1"]));
     assert!(
@@ -1050,9 +1043,7 @@ fn sends_past_the_waiting_bound_are_refused_as_busy() {
 
 #[test]
 fn own_lamport_is_one_past_the_highest_seen() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     // `batch` stamps lamport = seq; 40 is the highest seen.
     b.frame(1, conn, batch(1, 1, 2, 1, &vec![&b"x"[..]; 40]));
     b.send(id(1), b"reply");
@@ -1084,10 +1075,7 @@ fn an_unacknowledged_stream_is_sent_again_after_silence() {
 #[test]
 fn an_unanswered_hello_is_sent_again_then_the_connection_closed() {
     let mut a = Node::new(1, 1, &[2], Config::default());
-    a.run(Input::PeerConnected {
-        peer: id(2),
-        conn: ConnId(3),
-    });
+    a.connected(2, ConnId(3));
     let attempts = a.config.hello_attempts_max;
     for _ in 1..attempts {
         a.now = a.now.plus(a.config.hello_retry_ms);
@@ -1177,9 +1165,7 @@ fn a_catch_up_is_read_in_chunks_each_after_the_last_was_handed_off() {
 
 #[test]
 fn a_missing_part_is_asked_again_until_it_comes() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     b.frame(1, conn, batch(1, 1, 2, 2, &[b"two"]));
     b.log.clear();
     // Not yet due: nothing is asked twice within the retry interval.
@@ -1271,10 +1257,7 @@ fn adding_a_peer_writes_its_record_and_leaves_other_connections_alone() {
     assert_eq!(p.b.received(&s).len(), 2);
     assert_eq!(p.a.core.own_stream(&id(2)).map(|o| o.last_acked), Some(2));
     // Node 3 is now a known peer: its connection gets a Hello, not a refusal.
-    let out = p.a.run(Input::PeerConnected {
-        peer: id(3),
-        conn: ConnId(77),
-    });
+    let out = p.a.connected(3, ConnId(77));
     assert!(matches!(
         out.as_slice(),
         [(_, ConnId(77), Frame::Hello { .. })]
@@ -1382,6 +1365,26 @@ fn a_peer_change_sharing_a_commit_with_an_epoch_record_keeps_both() {
 
 /// Node 1, connected to node 2 (whose Hello is committed), with `sent`
 /// messages to it committed and sent, and none acknowledged yet.
+/// Node 2 that has node 1's Hello on `ConnId(7)`.
+fn receiver() -> (Node, ConnId) {
+    let mut b = Node::new(2, 2, &[1], Config::default());
+    let conn = ConnId(7);
+    b.hello_from(1, 1, conn, Vec::new());
+    (b, conn)
+}
+
+/// Asserts `node`'s journal opens with a gap of seq 1 alone in `stream`.
+fn assert_first_is_gap_of_one(node: &Node, stream: &StreamId) {
+    assert_eq!(
+        node.journal().first(),
+        Some(&JournalRecord::Gap {
+            stream: stream.clone(),
+            from: 1,
+            to: 1
+        })
+    );
+}
+
 fn sender_with(sent: usize, config: Config) -> (Node, ConnId) {
     let mut a = Node::new(1, 1, &[2], config);
     let conn = ConnId(7);
@@ -1533,9 +1536,7 @@ fn an_ack_waiting_out_a_store_failure_sets_no_timer_in_the_past() {
 
 #[test]
 fn a_batch_dropped_for_a_full_queue_is_asked_again_once_a_commit_empties_it() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    let conn = ConnId(7);
-    b.hello_from(1, 1, conn, Vec::new());
+    let (mut b, conn) = receiver();
     b.hold_commits = true;
     b.frame(1, conn, batch(1, 1, 2, 1, &[b"in flight"]));
     let big = vec![7u8; PAYLOAD_BYTES_MAX as usize];
@@ -1549,14 +1550,19 @@ fn a_batch_dropped_for_a_full_queue_is_asked_again_once_a_commit_empties_it() {
     // The commit in flight returns; the next one takes the queue, and the
     // dropped batch is asked for at once, not a resync interval later.
     let out = b.release_commit();
-    let asked: Vec<Seq> = out
-        .iter()
-        .filter_map(|(_, _, f)| match f {
-            Frame::Resync { after, .. } => Some(*after),
-            _ => None,
-        })
-        .collect();
+    let asked: Vec<Seq> = picked(&out, |f| match f {
+        Frame::Resync { after, .. } => Some(*after),
+        _ => None,
+    });
     assert_eq!(asked, vec![1 + per_queue]);
+}
+
+impl Node {
+    /// Feeds the local write `write` as `req`; returns why it was refused.
+    fn refused_write(&mut self, req: ReqId, write: LocalWrite) -> StoreError {
+        self.run(Input::Write { req, write });
+        written(self, req).expect("answered").expect_err("refused")
+    }
 }
 
 fn written(node: &Node, req: ReqId) -> Option<Result<Receipt, StoreError>> {
@@ -1624,13 +1630,7 @@ fn a_local_write_the_store_cannot_take_is_refused_and_a_full_queue_is_busy() {
         name: "reader".into(),
         arrival: 7,
     };
-    a.run(Input::Write {
-        req: ReqId(1),
-        write: past_head,
-    });
-    let err = written(&a, ReqId(1))
-        .expect("answered")
-        .expect_err("refused");
+    let err = a.refused_write(ReqId(1), past_head);
     assert!(matches!(err, StoreError::Conflict(_)), "{err}");
     let long = LocalWrite::SubscriberLagged {
         subscriber: "x".repeat(mesh_store::SUBSCRIBER_NAME_BYTES_MAX + 1),
@@ -1638,13 +1638,7 @@ fn a_local_write_the_store_cannot_take_is_refused_and_a_full_queue_is_busy() {
         to: 1,
     };
     let commits = a.core.metrics().commits;
-    a.run(Input::Write {
-        req: ReqId(2),
-        write: long,
-    });
-    let err = written(&a, ReqId(2))
-        .expect("answered")
-        .expect_err("refused");
+    let err = a.refused_write(ReqId(2), long);
     assert!(matches!(err, StoreError::Conflict(_)), "{err}");
     assert_eq!(
         a.core.metrics().commits,
@@ -1720,11 +1714,7 @@ fn a_held_send_is_let_go_after_the_hold_with_a_lost_record_once_the_store_is_bac
     a.now = a.now.plus(a.config.store_retry_ms);
     let next = a.send(id(2), b"after");
     assert_eq!(ok_seq(a.reply(next)), 1, "the let-go send never took a seq");
-    let lost: Vec<_> = a
-        .journal()
-        .into_iter()
-        .filter(|r| matches!(r, JournalRecord::SendsLost { .. }))
-        .collect();
+    let lost = a.journaled(|r| matches!(r, JournalRecord::SendsLost { .. }));
     assert!(
         matches!(
             &lost[..],
@@ -1823,14 +1813,10 @@ fn a_trim_due_by_age_runs_alone_when_nothing_else_commits() {
 
 #[test]
 fn a_peer_with_a_new_epoch_has_its_old_stream_journaled_as_ended() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    b.hello_from(1, 1, ConnId(7), Vec::new());
-    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"b"]));
+    let (mut b, conn) = receiver();
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"a", b"b"]));
     assert_eq!(b.core.mark(&stream(1, 1, 2)), 2);
-    b.run(Input::PeerDisconnected {
-        peer: id(1),
-        conn: ConnId(7),
-    });
+    b.run(Input::PeerDisconnected { peer: id(1), conn });
     b.hello_from(1, 3, ConnId(8), Vec::new());
     b.frame(1, ConnId(8), batch(1, 3, 2, 1, &[b"new"]));
     let j = b.journal();
@@ -1860,11 +1846,10 @@ fn a_peer_with_a_new_epoch_has_its_old_stream_journaled_as_ended() {
 
 #[test]
 fn a_batch_with_another_envelope_at_the_mark_is_a_conflict_journaled_once() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    b.hello_from(1, 1, ConnId(7), Vec::new());
-    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"b"]));
+    let (mut b, conn) = receiver();
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"a", b"b"]));
     // The same (author, epoch, seqs), other payloads: a clone or a restored store.
-    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"X"]));
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"a", b"X"]));
     // The connection that fed it is closed: the other writer's next seq
     // on it must not pass as the stream's.
     assert!(b.other.iter().any(|e| matches!(
@@ -1875,13 +1860,10 @@ fn a_batch_with_another_envelope_at_the_mark_is_a_conflict_journaled_once() {
             ..
         }
     )));
-    b.frame(1, ConnId(7), batch(1, 1, 2, 3, &[b"Z"]));
+    b.frame(1, conn, batch(1, 1, 2, 3, &[b"Z"]));
     assert_eq!(b.core.metrics().dropped.get(DropReason::StaleConnection), 1);
     assert_eq!(b.core.mark(&stream(1, 1, 2)), 2);
-    b.run(Input::PeerDisconnected {
-        peer: id(1),
-        conn: ConnId(7),
-    });
+    b.run(Input::PeerDisconnected { peer: id(1), conn });
     b.hello_from(1, 1, ConnId(8), Vec::new());
     b.frame(1, ConnId(8), batch(1, 1, 2, 2, &[b"Y", b"c"]));
     b.run(Input::PeerDisconnected {
@@ -1889,11 +1871,7 @@ fn a_batch_with_another_envelope_at_the_mark_is_a_conflict_journaled_once() {
         conn: ConnId(8),
     });
     b.hello_from(1, 1, ConnId(9), Vec::new());
-    let conflicts: Vec<_> = b
-        .journal()
-        .into_iter()
-        .filter(|r| matches!(r, JournalRecord::Conflict { .. }))
-        .collect();
+    let conflicts = b.journaled(|r| matches!(r, JournalRecord::Conflict { .. }));
     assert!(
         matches!(&conflicts[..], [JournalRecord::Conflict { seq: 2, ours, theirs, .. }]
             if *ours == mesh_protocol::Cid::of(b"b") && *theirs == mesh_protocol::Cid::of(b"X")),
@@ -1913,21 +1891,8 @@ fn a_mark_naming_our_envelope_is_trusted_once_the_outbox_shows_it() {
     let s = stream(1, 1, 2);
     let m = mark_of(&a, &s, 2);
     let out = {
-        a.run(Input::PeerConnected {
-            peer: id(2),
-            conn: ConnId(8),
-        });
-        a.frame(
-            2,
-            ConnId(8),
-            Frame::Hello {
-                version: PROTOCOL_VERSION,
-                node: id(2),
-                epoch: epoch(2),
-                marks: vec![m],
-                card: Box::new(card(2, 1)),
-            },
-        )
+        a.connected(2, ConnId(8));
+        a.frame(2, ConnId(8), hello(2, 2, vec![m], card(2, 1)))
     };
     assert!(
         out.iter()
@@ -1955,19 +1920,7 @@ fn sent_three_acked_one() -> Node {
 
 /// Node 2's Hello on `conn` with `marks`, to node `a`; returns what `a` sent.
 fn hello_of_2(a: &mut Node, conn: ConnId, marks: Vec<Mark>) -> Vec<(NodeId, ConnId, Frame)> {
-    let mut out = a.run(Input::PeerConnected { peer: id(2), conn });
-    out.extend(a.frame(
-        2,
-        conn,
-        Frame::Hello {
-            version: PROTOCOL_VERSION,
-            node: id(2),
-            epoch: epoch(2),
-            marks,
-            card: Box::new(card(2, 1)),
-        },
-    ));
-    out
+    a.hello_from(2, 2, conn, marks)
 }
 
 fn epoch_changed(node: &Node) -> Option<Epoch> {
@@ -2007,11 +1960,7 @@ fn a_peer_holding_more_than_this_store_wrote_makes_it_start_a_new_epoch_before_s
         .position(|(_, _, f)| matches!(f, Frame::StreamEnded { stream, held: 1 } if *stream == old))
         .expect("StreamEnded");
     assert!(hello < ended);
-    let rolled: Vec<_> = a
-        .journal()
-        .into_iter()
-        .filter(|r| matches!(r, JournalRecord::RolledBack { .. }))
-        .collect();
+    let rolled = a.journaled(|r| matches!(r, JournalRecord::RolledBack { .. }));
     assert!(
         matches!(&rolled[..], [JournalRecord::RolledBack { stream, from: 2, to: 5, .. }] if *stream == old),
         "{rolled:?}"
@@ -2021,16 +1970,12 @@ fn a_peer_holding_more_than_this_store_wrote_makes_it_start_a_new_epoch_before_s
     let new = StreamId::direct(id(1), new_epoch, id(2));
     let own = a.core.own_stream(&id(2)).expect("new stream");
     assert_eq!((own.stream.clone(), own.next_seq), (new.clone(), 3));
-    let sent: Vec<_> = a
-        .sent
-        .iter()
-        .filter_map(|(_, _, f)| match f {
-            Frame::Batch { batch, payloads } if batch.epoch == new_epoch => {
-                Some((batch.first_seq, payloads.0.clone()))
-            }
-            _ => None,
-        })
-        .collect();
+    let sent = picked(&a.sent, |f| match f {
+        Frame::Batch { batch, payloads } if batch.epoch == new_epoch => {
+            Some((batch.first_seq, payloads.0.clone()))
+        }
+        _ => None,
+    });
     assert_eq!(sent, vec![(1, vec![b"2".to_vec(), b"3".to_vec()])]);
     assert_eq!(
         a.journal()
@@ -2075,11 +2020,7 @@ fn a_mark_naming_another_envelope_than_ours_is_a_fork_and_its_unacknowledged_are
         a.send(id(2), b"4")
     };
     let new_epoch = epoch_changed(&a).expect("a new epoch");
-    let rolled: Vec<_> = a
-        .journal()
-        .into_iter()
-        .filter(|r| matches!(r, JournalRecord::RolledBack { .. }))
-        .collect();
+    let rolled = a.journaled(|r| matches!(r, JournalRecord::RolledBack { .. }));
     assert!(
         matches!(
             &rolled[..],
@@ -2088,13 +2029,7 @@ fn a_mark_naming_another_envelope_than_ours_is_a_fork_and_its_unacknowledged_are
         "{rolled:?}"
     );
     let new = StreamId::direct(id(1), new_epoch, id(2));
-    let out: Vec<Vec<u8>> = a
-        .store
-        .read_outbox(&new, 0, u64::MAX)
-        .expect("outbox")
-        .into_iter()
-        .flat_map(|b| b.payloads)
-        .collect();
+    let out = a.outbox_payloads(&new);
     assert_eq!(out, vec![b"2".to_vec(), b"3".to_vec(), b"4".to_vec()]);
     assert_eq!(
         ok_seq(a.reply(req)),
@@ -2143,27 +2078,16 @@ fn a_peer_holding_more_of_an_ended_stream_is_journaled_once_and_told() {
 
 #[test]
 fn the_author_saying_its_ended_stream_holds_less_than_we_do_is_journaled_as_rolled_back() {
-    let mut b = Node::new(2, 2, &[1], Config::default());
-    b.hello_from(1, 1, ConnId(7), Vec::new());
-    b.frame(1, ConnId(7), batch(1, 1, 2, 1, &[b"a", b"b", b"c"]));
+    let (mut b, conn) = receiver();
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"a", b"b", b"c"]));
     // The author's new epoch, then its word on the old stream.
-    b.frame(
-        1,
-        ConnId(7),
-        Frame::Hello {
-            version: PROTOCOL_VERSION,
-            node: id(1),
-            epoch: epoch(4),
-            marks: Vec::new(),
-            card: Box::new(card(1, 1)),
-        },
-    );
+    b.frame(1, conn, hello(1, 4, Vec::new(), card(1, 1)));
     let ended = Frame::StreamEnded {
         stream: stream(1, 1, 2),
         held: 1,
     };
-    b.frame(1, ConnId(7), ended.clone());
-    b.frame(1, ConnId(7), ended);
+    b.frame(1, conn, ended.clone());
+    b.frame(1, conn, ended);
     let j = b.journal();
     let rolled: Vec<_> = j
         .iter()
@@ -2183,7 +2107,7 @@ fn the_author_saying_its_ended_stream_holds_less_than_we_do_is_journaled_as_roll
     // The author's current stream cannot end this way.
     b.frame(
         1,
-        ConnId(7),
+        conn,
         Frame::StreamEnded {
             stream: stream(1, 4, 2),
             held: 0,
@@ -2211,13 +2135,7 @@ fn a_crash_between_the_new_epoch_and_its_carry_over_carries_on_after_the_restart
     let req = a.send(id(2), b"4");
     assert_eq!(ok_seq(a.reply(req)), 3, "after what is carried over");
     let new = StreamId::direct(id(1), new_epoch, id(2));
-    let out: Vec<Vec<u8>> = a
-        .store
-        .read_outbox(&new, 0, u64::MAX)
-        .expect("outbox")
-        .into_iter()
-        .flat_map(|b| b.payloads)
-        .collect();
+    let out = a.outbox_payloads(&new);
     assert_eq!(out, vec![b"2".to_vec(), b"3".to_vec(), b"4".to_vec()]);
     assert!(
         a.store.ended_own().expect("ended")[0].carried == 3,
@@ -2228,21 +2146,8 @@ fn a_crash_between_the_new_epoch_and_its_carry_over_carries_on_after_the_restart
 impl Node {
     /// Opens connection `conn` from `peer` and feeds its Hello carrying `card`.
     fn hello_with_card(&mut self, peer: u8, conn: ConnId, card: mesh_protocol::NodeCard) {
-        self.run(Input::PeerConnected {
-            peer: id(peer),
-            conn,
-        });
-        self.frame(
-            peer,
-            conn,
-            Frame::Hello {
-                version: PROTOCOL_VERSION,
-                node: id(peer),
-                epoch: epoch(peer),
-                marks: Vec::new(),
-                card: Box::new(card),
-            },
-        );
+        self.connected(peer, conn);
+        self.frame(peer, conn, hello(peer, peer, Vec::new(), card));
     }
 
     fn stored_card(&self, n: u8) -> Option<mesh_protocol::NodeCard> {
@@ -2373,14 +2278,7 @@ fn a_node_that_cannot_reach_a_peer_asks_the_connected_ones_and_dials_the_newer_c
             .any(|(_, _, f)| matches!(f, Frame::CardQuery { .. }))
     );
 
-    a.frame(
-        3,
-        ConnId(1),
-        Frame::CardAnswer {
-            node: id(2),
-            card: Some(Box::new(card(2, 7))),
-        },
-    );
+    a.frame(3, ConnId(1), card_answer(2, card(2, 7)));
     assert_eq!(a.stored_card(2), Some(card(2, 7)));
     assert_eq!(
         a.learned(),
@@ -2388,14 +2286,7 @@ fn a_node_that_cannot_reach_a_peer_asks_the_connected_ones_and_dials_the_newer_c
     );
 
     // An answer nobody asked for is dropped, even with a newer card.
-    a.frame(
-        3,
-        ConnId(1),
-        Frame::CardAnswer {
-            node: id(2),
-            card: Some(Box::new(card(2, 8))),
-        },
-    );
+    a.frame(3, ConnId(1), card_answer(2, card(2, 8)));
     assert_eq!(a.dropped(DropReason::UnsolicitedCard), 1);
     assert_eq!(a.stored_card(2), Some(card(2, 7)));
 
@@ -2406,14 +2297,7 @@ fn a_node_that_cannot_reach_a_peer_asks_the_connected_ones_and_dials_the_newer_c
         sent.iter()
             .any(|(_, _, f)| matches!(f, Frame::CardQuery { node } if *node == id(2)))
     );
-    a.frame(
-        3,
-        ConnId(1),
-        Frame::CardAnswer {
-            node: id(2),
-            card: Some(Box::new(tampered(card(2, 9)))),
-        },
-    );
+    a.frame(3, ConnId(1), card_answer(2, tampered(card(2, 9))));
     assert_eq!(a.dropped(DropReason::BadCard), 1);
     assert_eq!(a.stored_card(2), Some(card(2, 7)));
 }
@@ -2453,10 +2337,7 @@ fn a_node_issues_its_own_newer_card_commits_it_and_sends_it_in_every_hello() {
     a.run(Input::OwnCard { card: mine.clone() });
     assert_eq!(a.stored_card(1), Some(mine.clone()));
     assert!(a.learned().is_empty(), "its own addresses are not a peer's");
-    let sent = a.run(Input::PeerConnected {
-        peer: id(2),
-        conn: ConnId(1),
-    });
+    let sent = a.connected(2, ConnId(1));
     assert!(
         sent.iter()
             .any(|(_, _, f)| matches!(f, Frame::Hello { card, .. } if **card == mine))

@@ -217,6 +217,18 @@ fn close_for(connection: &Connection, e: &HandshakeError) {
     }
 }
 
+/// Closes `connection` as the handshake error `e` asks (see [`close_for`])
+/// and says how the handshake with `peer` failed.
+fn handshake_failed(connection: &Connection, peer: NodeId, e: &HandshakeError) -> Failed {
+    close_for(connection, e);
+    Failed {
+        peer,
+        refusal: e.refusal(),
+        closed: e.closed_by_peer(),
+        why: e.to_string(),
+    }
+}
+
 /// The acceptor's frame-stream handshake on a connection from a known peer;
 /// a connection that fails it is closed with its code.
 pub(crate) async fn accept_stream(connection: Connection) -> Result<Established, Failed> {
@@ -232,13 +244,7 @@ pub(crate) async fn accept_stream(connection: Connection) -> Result<Established,
         }),
         Ok(Err(e)) => {
             debug!(peer = %peer.fmt_short(), error = %e, "incoming frame stream failed");
-            close_for(&connection, &e);
-            Err(Failed {
-                peer,
-                refusal: e.refusal(),
-                closed: e.closed_by_peer(),
-                why: e.to_string(),
-            })
+            Err(handshake_failed(&connection, peer, &e))
         }
         Err(_) => {
             debug!(peer = %peer.fmt_short(), "incoming frame stream timed out");
@@ -298,15 +304,7 @@ pub(crate) async fn dial(
             dialed_here: true,
             peer_instance,
         }),
-        Ok(Err(e)) => {
-            close_for(&connection, &e);
-            Err(Failed {
-                peer,
-                refusal: e.refusal(),
-                closed: e.closed_by_peer(),
-                why: e.to_string(),
-            })
-        }
+        Ok(Err(e)) => Err(handshake_failed(&connection, peer, &e)),
         Err(_) => {
             conn::close(
                 &connection,

@@ -10,6 +10,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use iroh::endpoint::{PortmapperConfig, presets};
+use iroh::{Endpoint, RelayMode};
 use mesh_bus::net::{ConnId, DisconnectReason, Net, NetEvent};
 use mesh_bus::{CoreConfig, NetConfig, Node, NodeConfig};
 use mesh_protocol::{Epoch, Frame, NodeId, SecretKey, Seq, StreamId};
@@ -26,6 +28,22 @@ pub(crate) const POLL: Duration = Duration::from_millis(10);
 /// 127.0.0.1 on a free port.
 pub(crate) fn loopback() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 0))
+}
+
+/// A bare iroh endpoint with `key` on 127.0.0.1 (no relay, no address
+/// lookup, no port mapping), for hand-made connections and frames.
+pub(crate) async fn bare_endpoint(key: SecretKey) -> Endpoint {
+    Endpoint::builder(presets::Minimal)
+        .secret_key(key)
+        .relay_mode(RelayMode::Disabled)
+        .clear_address_lookup()
+        .portmapper_config(PortmapperConfig::Disabled)
+        .clear_ip_transports()
+        .bind_addr(loopback())
+        .expect("bind addr")
+        .bind()
+        .await
+        .expect("raw endpoint")
 }
 
 /// A node on 127.0.0.1 with the core configured as `core`.
@@ -149,6 +167,18 @@ impl NetNode {
             other => panic!("unexpected event {other:?}"),
         }
     }
+}
+
+/// [`link_one_way`], then waits for both ends to report the connection;
+/// returns it as `(dialer's, acceptor's)`.
+pub(crate) async fn connect_one_way(
+    dialer: &mut NetNode,
+    acceptor: &mut NetNode,
+) -> (ConnId, ConnId) {
+    link_one_way(dialer, acceptor).await;
+    let at_dialer = dialer.connected(acceptor.id()).await;
+    let at_acceptor = acceptor.connected(dialer.id()).await;
+    (at_dialer, at_acceptor)
 }
 
 /// `dialer` knows `acceptor`'s address; `acceptor` only allows `dialer`. So

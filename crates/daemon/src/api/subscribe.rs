@@ -480,22 +480,19 @@ enum Offer {
 
 /// The `entry` event of `entry`, and its bytes as the buffer counts them.
 fn entry_event(entry: &EventEntry) -> (Event, usize) {
-    let data = serde_json::to_string(entry).unwrap_or_default();
-    let bytes = data.len() + entry.cursor.len();
-    let event = Event::default()
-        .event("entry")
-        .id(entry.cursor.clone())
-        .data(data);
-    (event, bytes)
+    cursor_event(entry, &entry.cursor)
 }
 
+/// The `entry` event of an inbox entry, and its bytes as the buffer counts them.
 fn inbox_event(entry: &InboxEntry) -> (Event, usize) {
+    cursor_event(entry, &entry.cursor)
+}
+
+/// An `entry` event of `entry` as JSON with the id `cursor`, and its bytes.
+fn cursor_event(entry: &impl serde::Serialize, cursor: &str) -> (Event, usize) {
     let data = serde_json::to_string(entry).unwrap_or_default();
-    let bytes = data.len() + entry.cursor.len();
-    let event = Event::default()
-        .event("entry")
-        .id(entry.cursor.clone())
-        .data(data);
+    let bytes = data.len() + cursor.len();
+    let event = Event::default().event("entry").id(cursor).data(data);
     (event, bytes)
 }
 

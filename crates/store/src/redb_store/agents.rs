@@ -23,8 +23,9 @@
 //! messages not delivered are in `undelivered-v1`.
 
 use mesh_protocol::{AgentName, BounceReason, MsgId, NodeId};
-use redb::{ReadTransaction, WriteTransaction};
+use redb::WriteTransaction;
 
+use super::read::read_table;
 use super::*;
 use crate::agents::{AgentWrite, dedup_key_bytes};
 use crate::{AgentRecord, DedupRecord, InboxItem, InboxRow, MessageDir, MessageRow};
@@ -303,31 +304,13 @@ impl<'tx> AgentTables<'tx> {
     }
 }
 
-/// Opens `def` for reading; `None` if the file has no such table yet.
-fn read_table<K: redb::Key + 'static, V: redb::Value + 'static>(
-    rx: &ReadTransaction,
-    def: TableDefinition<'_, K, V>,
-    name: &str,
-) -> Result<Option<redb::ReadOnlyTable<K, V>>, StoreError> {
-    match rx.open_table(def) {
-        Ok(t) => Ok(Some(t)),
-        Err(TableError::TableDoesNotExist(_)) => Ok(None),
-        Err(e) => Err(from_redb(name, "cannot read", e)),
-    }
-}
-
 impl RedbStore {
     pub(super) fn read_agents(&self) -> Result<Vec<AgentRecord>, StoreError> {
         let rx = self.begin_read()?;
         let Some(t) = read_table(&rx, AGENTS, &self.name)? else {
             return Ok(Vec::new());
         };
-        let mut out = Vec::new();
-        for row in t.iter().map_err(|e| self.read_err(e))? {
-            let (_, v) = row.map_err(|e| self.read_err(e))?;
-            out.push(decode(&self.name, "agent", v.value())?);
-        }
-        Ok(out)
+        self.decode_values(&t, "agent")
     }
 
     pub(super) fn read_inbox(
@@ -375,27 +358,9 @@ impl RedbStore {
                 });
                 continue;
             }
-            let mut found = Vec::with_capacity(1);
-            // The row holding `arrival` is the first keyed at or after it.
-            if let Some(r) = journal
-                .range(arrival..)
-                .map_err(|e| self.read_err(e))?
-                .next()
-            {
-                let (k, v) = r.map_err(|e| self.read_err(e))?;
-                let view: RowView = decode(&self.name, "journal row", v.value())?;
-                view.push_items(
-                    &self.name,
-                    k.value(),
-                    arrival,
-                    (1, u64::MAX),
-                    &mut 0,
-                    &mut found,
-                )?;
-            }
-            match found.pop() {
-                Some(item) if item.arrival == arrival => out.push(InboxItem { item, row }),
-                _ => {
+            match self.journal_item_at(&journal, arrival)? {
+                Some(item) => out.push(InboxItem { item, row }),
+                None => {
                     return Err(corrupt(
                         &self.name,
                         format!("inbox of {agent} names arrival {arrival}, not in the journal"),
@@ -441,26 +406,8 @@ impl RedbStore {
             return Ok(None);
         }
         let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
-        let mut found = Vec::with_capacity(1);
-        if let Some(r) = journal
-            .range(place.arrival..)
-            .map_err(|e| self.read_err(e))?
-            .next()
-        {
-            let (k, v) = r.map_err(|e| self.read_err(e))?;
-            let view: RowView = decode(&self.name, "journal row", v.value())?;
-            view.push_items(
-                &self.name,
-                k.value(),
-                place.arrival,
-                (1, u64::MAX),
-                &mut 0,
-                &mut found,
-            )?;
-        }
-        let record = found
-            .pop()
-            .filter(|item| item.arrival == place.arrival)
+        let record = self
+            .journal_item_at(&journal, place.arrival)?
             .ok_or_else(|| {
                 corrupt(
                     &self.name,
@@ -481,12 +428,7 @@ impl RedbStore {
         let Some(t) = read_table(&rx, DEDUP, &self.name)? else {
             return Ok(Vec::new());
         };
-        let mut out = Vec::new();
-        for row in t.iter().map_err(|e| self.read_err(e))? {
-            let (_, v) = row.map_err(|e| self.read_err(e))?;
-            out.push(decode(&self.name, "dedup record", v.value())?);
-        }
-        Ok(out)
+        self.decode_values(&t, "dedup record")
     }
 
     pub(super) fn read_aliases(&self) -> Result<Vec<(String, NodeId)>, StoreError> {

@@ -60,7 +60,61 @@ pub(super) fn journal_payloads(
     Ok(out)
 }
 
+/// Opens `def` for reading; `None` if the file has no such table yet.
+pub(super) fn read_table<K: redb::Key + 'static, V: redb::Value + 'static>(
+    rx: &redb::ReadTransaction,
+    def: TableDefinition<'_, K, V>,
+    name: &str,
+) -> Result<Option<redb::ReadOnlyTable<K, V>>, StoreError> {
+    match rx.open_table(def) {
+        Ok(t) => Ok(Some(t)),
+        Err(TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(from_redb(name, "cannot read", e)),
+    }
+}
+
 impl RedbStore {
+    /// Every value of `t`, in key order, each decoded as a `what`.
+    pub(super) fn decode_values<K: redb::Key + 'static, T: serde::de::DeserializeOwned>(
+        &self,
+        t: &impl ReadableTable<K, &'static [u8]>,
+        what: &str,
+    ) -> Result<Vec<T>, StoreError> {
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.read_err(e))? {
+            let (_, v) = row.map_err(|e| self.read_err(e))?;
+            out.push(decode(&self.name, what, v.value())?);
+        }
+        Ok(out)
+    }
+
+    /// The journal entry at `arrival`, if `journal` holds it.
+    pub(super) fn journal_item_at(
+        &self,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        arrival: Arrival,
+    ) -> Result<Option<JournalItem>, StoreError> {
+        let mut found = Vec::with_capacity(1);
+        // The row holding `arrival` is the first keyed at or after it.
+        if let Some(r) = journal
+            .range(arrival..)
+            .map_err(|e| self.read_err(e))?
+            .next()
+        {
+            let (k, v) = r.map_err(|e| self.read_err(e))?;
+            let view: RowView = decode(&self.name, "journal row", v.value())?;
+            view.push_items(
+                &self.name,
+                k.value(),
+                arrival,
+                (1, u64::MAX),
+                &mut 0,
+                &mut found,
+            )?;
+        }
+        Ok(found.pop().filter(|item| item.arrival == arrival))
+    }
+
     /// The journal's bounds in the read transaction `rx`.
     pub(super) fn bounds_in(
         &self,
@@ -280,51 +334,30 @@ impl MeshStore for RedbStore {
     fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
         let rx = self.begin_read()?;
         let t = rx.open_table(PEERS).map_err(|e| self.read_err(e))?;
-        let mut out = Vec::new();
-        for row in t.iter().map_err(|e| self.read_err(e))? {
-            let (_, v) = row.map_err(|e| self.read_err(e))?;
-            out.push(decode(&self.name, "peer", v.value())?);
-        }
-        Ok(out)
+        self.decode_values(&t, "peer")
     }
 
     fn cards(&self) -> Result<Vec<NodeCard>, StoreError> {
         let rx = self.begin_read()?;
-        let t = match rx.open_table(CARDS) {
-            Ok(t) => t,
-            // A file written before the table existed: no cards yet.
-            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(self.read_err(e)),
+        // A file written before the table existed: no cards yet.
+        let Some(t) = read_table(&rx, CARDS, &self.name)? else {
+            return Ok(Vec::new());
         };
-        let mut out = Vec::new();
-        for row in t.iter().map_err(|e| self.read_err(e))? {
-            let (_, v) = row.map_err(|e| self.read_err(e))?;
-            out.push(decode(&self.name, "node card", v.value())?);
-        }
-        Ok(out)
+        self.decode_values(&t, "node card")
     }
 
     fn invites(&self) -> Result<Vec<InviteRecord>, StoreError> {
         let rx = self.begin_read()?;
-        let t = match rx.open_table(INVITES) {
-            Ok(t) => t,
-            Err(TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
-            Err(e) => return Err(self.read_err(e)),
+        let Some(t) = read_table(&rx, INVITES, &self.name)? else {
+            return Ok(Vec::new());
         };
-        let mut out = Vec::new();
-        for row in t.iter().map_err(|e| self.read_err(e))? {
-            let (_, v) = row.map_err(|e| self.read_err(e))?;
-            out.push(decode(&self.name, "invite", v.value())?);
-        }
-        Ok(out)
+        self.decode_values(&t, "invite")
     }
 
     fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError> {
         let rx = self.begin_read()?;
-        let t = match rx.open_table(INVITES) {
-            Ok(t) => t,
-            Err(TableError::TableDoesNotExist(_)) => return Ok(None),
-            Err(e) => return Err(self.read_err(e)),
+        let Some(t) = read_table(&rx, INVITES, &self.name)? else {
+            return Ok(None);
         };
         let v = t.get(id.0.as_slice()).map_err(|e| self.read_err(e))?;
         v.map(|v| decode(&self.name, "invite", v.value()))

@@ -3,18 +3,18 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 
-use mesh_protocol::{Epoch, Mark, Seq, StreamId};
+use mesh_protocol::Epoch;
 
 use super::util::*;
+use crate::testing::{CommitHook, Hooked};
 use crate::{
-    Arrival, GROUP_COMMIT_GROUPS_MAX, JournalItem, MemStore, MeshStore, OwnStream, PeerRecord,
-    Receipt, RedbStore, StoreError, StoreHandle, StoreMeta, StoredBatch, WriteOp,
+    GROUP_COMMIT_GROUPS_MAX, MemStore, MeshStore, PeerRecord, Receipt, RedbStore, StoreError,
+    StoreHandle, WriteOp,
 };
 
-/// A store whose first commit waits for the test, and that records how many
-/// groups each commit got.
+/// A commit hook whose first commit waits for the test, and that records
+/// how many groups each commit got.
 struct Gated {
-    inner: MemStore,
     entered: Mutex<mpsc::Sender<()>>,
     release: Mutex<mpsc::Receiver<()>>,
     gate_open: AtomicBool,
@@ -26,18 +26,17 @@ struct Gate {
     release: mpsc::Sender<()>,
 }
 
-fn gated() -> (Arc<Gated>, Gate) {
+fn gated() -> (Arc<Hooked<Gated>>, Gate) {
     let (etx, erx) = mpsc::channel();
     let (rtx, rrx) = mpsc::channel();
     let g = Gated {
-        inner: MemStore::new(Epoch([9; 16])),
         entered: Mutex::new(etx),
         release: Mutex::new(rrx),
         gate_open: AtomicBool::new(false),
         sizes: Mutex::new(Vec::new()),
     };
     (
-        Arc::new(g),
+        Arc::new(Hooked::new(MemStore::new(Epoch([9; 16])), g)),
         Gate {
             entered: erx,
             release: rtx,
@@ -45,11 +44,12 @@ fn gated() -> (Arc<Gated>, Gate) {
     )
 }
 
-impl MeshStore for Gated {
-    fn meta(&self) -> StoreMeta {
-        self.inner.meta()
-    }
-    fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>> {
+impl CommitHook for Gated {
+    fn commit(
+        &self,
+        inner: &MemStore,
+        groups: Vec<Vec<WriteOp>>,
+    ) -> Vec<Result<Receipt, StoreError>> {
         self.sizes.lock().expect("lock").push(groups.len());
         if !self.gate_open.swap(true, Ordering::SeqCst) {
             self.entered
@@ -63,83 +63,7 @@ impl MeshStore for Gated {
                 .recv()
                 .expect("test releases");
         }
-        self.inner.commit(groups)
-    }
-    fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError> {
-        self.inner.own_streams()
-    }
-    fn marks(&self) -> Result<Vec<Mark>, StoreError> {
-        self.inner.marks()
-    }
-    fn read_outbox(
-        &self,
-        s: &StreamId,
-        after: Seq,
-        max: u64,
-    ) -> Result<Vec<StoredBatch>, StoreError> {
-        self.inner.read_outbox(s, after, max)
-    }
-    fn journal_page(
-        &self,
-        after: Arrival,
-        limit: usize,
-        max_bytes: u64,
-    ) -> Result<Vec<JournalItem>, StoreError> {
-        self.inner.journal_page(after, limit, max_bytes)
-    }
-    fn journal_bounds(&self) -> Result<crate::JournalBounds, StoreError> {
-        self.inner.journal_bounds()
-    }
-    fn ended_own(&self) -> Result<Vec<crate::EndedOwn>, StoreError> {
-        self.inner.ended_own()
-    }
-    fn peers(&self) -> Result<Vec<PeerRecord>, StoreError> {
-        self.inner.peers()
-    }
-    fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
-        self.inner.cursor(name)
-    }
-    fn cards(&self) -> Result<Vec<mesh_protocol::NodeCard>, StoreError> {
-        self.inner.cards()
-    }
-    fn invites(&self) -> Result<Vec<crate::InviteRecord>, StoreError> {
-        self.inner.invites()
-    }
-    fn invite(
-        &self,
-        id: &mesh_protocol::InviteId,
-    ) -> Result<Option<crate::InviteRecord>, StoreError> {
-        self.inner.invite(id)
-    }
-    fn max_lamport(&self) -> Result<u64, StoreError> {
-        self.inner.max_lamport()
-    }
-    fn agents(&self) -> Result<Vec<crate::AgentRecord>, StoreError> {
-        self.inner.agents()
-    }
-    fn inbox(
-        &self,
-        agent: &mesh_protocol::AgentName,
-        after: Arrival,
-        limit: usize,
-    ) -> Result<Vec<crate::InboxItem>, StoreError> {
-        self.inner.inbox(agent, after, limit)
-    }
-    fn message(&self, id: &mesh_protocol::MsgId) -> Result<Option<crate::MessageRow>, StoreError> {
-        self.inner.message(id)
-    }
-    fn dedup(&self) -> Result<Vec<crate::DedupRecord>, StoreError> {
-        self.inner.dedup()
-    }
-    fn aliases(&self) -> Result<Vec<(String, mesh_protocol::NodeId)>, StoreError> {
-        self.inner.aliases()
-    }
-    fn agent_cursor(
-        &self,
-        agent: &mesh_protocol::AgentName,
-        name: &str,
-    ) -> Result<Option<Arrival>, StoreError> {
-        self.inner.agent_cursor(agent, name)
+        inner.commit(groups)
     }
 }
 
@@ -153,7 +77,7 @@ fn peer_op(author: u8) -> Vec<WriteOp> {
 
 /// Spawns `n` single-group commits and waits until all of them are queued.
 async fn queue_commits(
-    h: &StoreHandle<Gated>,
+    h: &StoreHandle<Hooked<Gated>>,
     n: usize,
     ops: impl Fn(usize) -> Vec<WriteOp>,
 ) -> Vec<tokio::task::JoinHandle<Result<Receipt, StoreError>>> {
@@ -173,7 +97,7 @@ async fn queue_commits(
 
 /// Holds the writer in its first commit (of `first_ops`) and returns once it is in there.
 async fn hold_writer(
-    h: &StoreHandle<Gated>,
+    h: &StoreHandle<Hooked<Gated>>,
     gate: Gate,
     first_ops: Vec<WriteOp>,
 ) -> (
@@ -263,7 +187,7 @@ async fn a_failed_transaction_is_every_callers_error() {
     let h = StoreHandle::spawn(store.clone()).expect("spawn");
     let (first, release) = hold_writer(&h, gate, peer_op(50)).await;
     let tasks = queue_commits(&h, 5, |i| peer_op(3 + i as u8)).await;
-    store.inner.set_unavailable(true);
+    store.inner().set_unavailable(true);
     release.send(()).expect("writer waits");
     assert!(matches!(
         first.await.expect("join"),

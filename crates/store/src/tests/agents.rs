@@ -12,37 +12,16 @@ use crate::{
     MeshStore, MessageDir, MessageRow, StoreError, WriteOp,
 };
 
-macro_rules! suite {
-    ($module:ident, $make:expr) => {
-        mod $module {
-            suite!(@tests $make;
-                an_inbox_entry_is_written_with_its_envelope_and_reads_back_with_it,
-                an_index_entry_for_an_envelope_not_journaled_in_its_group_is_refused_whole,
-                an_inbox_pages_in_arrival_order_after_a_cursor_and_holds_only_its_agent,
-                a_message_row_gets_its_place_and_a_bounce_marks_it,
-                agents_aliases_and_agent_cursors_round_trip_and_a_removed_agent_loses_its_inbox,
-                dedup_records_round_trip_oldest_first_and_expire_by_time,
-                a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it,
-                a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_own,
-                an_inbox_entry_whose_journal_entry_retention_trimmed_reads_as_trimmed
-            );
-        }
-    };
-    (@tests $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                let store = $make;
-                super::$name(&store);
-            }
-        )*
-    };
-}
-
-suite!(mem, crate::MemStore::new(mesh_protocol::Epoch([9; 16])));
-suite!(
-    redb_in_memory,
-    crate::RedbStore::in_memory().expect("in-memory store opens")
+store_suite!(
+    an_inbox_entry_is_written_with_its_envelope_and_reads_back_with_it,
+    an_index_entry_for_an_envelope_not_journaled_in_its_group_is_refused_whole,
+    an_inbox_pages_in_arrival_order_after_a_cursor_and_holds_only_its_agent,
+    a_message_row_gets_its_place_and_a_bounce_marks_it,
+    agents_aliases_and_agent_cursors_round_trip_and_a_removed_agent_loses_its_inbox,
+    dedup_records_round_trip_oldest_first_and_expire_by_time,
+    a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it,
+    a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_own,
+    an_inbox_entry_whose_journal_entry_retention_trimmed_reads_as_trimmed,
 );
 
 fn name(s: &str) -> AgentName {

@@ -5,57 +5,35 @@ use mesh_protocol::{Channel, Epoch, OpenBatch, StreamId};
 use super::util::*;
 use crate::{Eviction, JournalRecord, LossReason, MeshStore, PeerRecord, StoreError, WriteOp};
 
-/// Declares one `#[test]` per rule for a store made by `$make`.
-macro_rules! suite {
-    ($module:ident, $make:expr) => {
-        mod $module {
-            suite!(@tests $make;
-                an_append_at_the_next_seq_is_stored_journaled_and_read_back_byte_for_byte,
-                an_append_that_skips_a_seq_is_refused_and_writes_nothing,
-                a_stream_starts_at_seq_1,
-                an_append_in_another_epoch_is_refused,
-                an_eviction_that_would_drop_unacked_seqs_without_a_loss_record_is_refused,
-                an_eviction_takes_the_oldest_whole_batches_until_the_outbox_is_within_it,
-                a_lossy_eviction_journals_one_loss_record_for_the_unacked_part,
-                an_eviction_counts_payload_bytes,
-                acks_count_whole_batches_as_evictable,
-                accept_moves_the_mark_and_journals_in_the_same_commit,
-                accept_from_inside_a_batch_journals_only_the_new_part,
-                an_accept_that_does_not_follow_the_mark_is_refused_and_writes_nothing,
-                a_gap_moves_the_mark_and_is_a_journal_entry,
-                acks_never_move_backwards_unless_reset,
-                one_callers_conflict_does_not_fail_the_others_in_the_group,
-                later_groups_see_earlier_groups_of_the_same_commit,
-                ops_of_one_group_see_each_other,
-                read_outbox_starts_at_the_batch_holding_after_plus_one_and_caps_bytes,
-                the_journal_pages_in_arrival_order,
-                a_large_commit_of_many_streams_reads_back_entry_by_entry_from_any_position,
-                one_send_to_each_of_many_peers_in_one_commit_reads_back_per_peer,
-                peers_and_cursors_round_trip,
-                a_cursor_must_be_named_and_point_into_the_journal,
-                max_lamport_is_the_highest_clock_ever_committed,
-                a_loss_record_is_a_journal_entry,
-                a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written,
-                cards_round_trip_the_newest_replaces_and_a_removed_peer_loses_its_card,
-                invites_round_trip_and_one_with_too_many_uses_or_spends_is_refused
-            );
-        }
-    };
-    (@tests $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                let store = $make;
-                super::$name(&store);
-            }
-        )*
-    };
-}
-
-suite!(mem, crate::MemStore::new(mesh_protocol::Epoch([9; 16])));
-suite!(
-    redb_in_memory,
-    crate::RedbStore::in_memory().expect("in-memory store opens")
+store_suite!(
+    an_append_at_the_next_seq_is_stored_journaled_and_read_back_byte_for_byte,
+    an_append_that_skips_a_seq_is_refused_and_writes_nothing,
+    a_stream_starts_at_seq_1,
+    an_append_in_another_epoch_is_refused,
+    an_eviction_that_would_drop_unacked_seqs_without_a_loss_record_is_refused,
+    an_eviction_takes_the_oldest_whole_batches_until_the_outbox_is_within_it,
+    a_lossy_eviction_journals_one_loss_record_for_the_unacked_part,
+    an_eviction_counts_payload_bytes,
+    acks_count_whole_batches_as_evictable,
+    accept_moves_the_mark_and_journals_in_the_same_commit,
+    accept_from_inside_a_batch_journals_only_the_new_part,
+    an_accept_that_does_not_follow_the_mark_is_refused_and_writes_nothing,
+    a_gap_moves_the_mark_and_is_a_journal_entry,
+    acks_never_move_backwards_unless_reset,
+    one_callers_conflict_does_not_fail_the_others_in_the_group,
+    later_groups_see_earlier_groups_of_the_same_commit,
+    ops_of_one_group_see_each_other,
+    read_outbox_starts_at_the_batch_holding_after_plus_one_and_caps_bytes,
+    the_journal_pages_in_arrival_order,
+    a_large_commit_of_many_streams_reads_back_entry_by_entry_from_any_position,
+    one_send_to_each_of_many_peers_in_one_commit_reads_back_per_peer,
+    peers_and_cursors_round_trip,
+    a_cursor_must_be_named_and_point_into_the_journal,
+    max_lamport_is_the_highest_clock_ever_committed,
+    a_loss_record_is_a_journal_entry,
+    a_subscriber_lag_is_a_journal_entry_naming_arrivals_already_written,
+    cards_round_trip_the_newest_replaces_and_a_removed_peer_loses_its_card,
+    invites_round_trip_and_one_with_too_many_uses_or_spends_is_refused,
 );
 
 fn receipt_of(s: &dyn MeshStore, ops: Vec<WriteOp>) -> crate::Receipt {

@@ -7,41 +7,19 @@ use mesh_protocol::{Channel, Cid, Epoch, StreamId};
 use super::util::*;
 use crate::{JournalRecord, MeshStore, StoreError, WriteOp};
 
-/// Declares one `#[test]` per rule for a store made by `$make`.
-macro_rules! suite {
-    ($module:ident, $make:expr) => {
-        mod $module {
-            suite!(@tests $make;
-                a_trim_over_the_byte_bound_takes_the_oldest_rows_and_a_read_from_before_gets_a_trimmed_entry,
-                a_trim_of_everything_keeps_the_arrivals_going_on,
-                a_trim_evicts_acknowledged_own_batches_and_keeps_the_payloads_of_unacknowledged_ones,
-                a_trim_by_age_takes_rows_dated_before_the_bound_and_says_when_the_next_is_due,
-                a_trim_takes_a_bounded_number_of_rows_and_says_there_is_more,
-                a_mark_keeps_the_payload_hash_of_its_envelope_and_a_gap_forgets_it,
-                a_new_epoch_ends_the_own_streams_and_takes_appends_in_the_new_one,
-                a_rollback_is_reported_once_per_range_the_world_saw,
-                a_carry_over_appends_without_journaling_and_drops_the_ended_outbox_at_its_end,
-                an_ended_stream_with_nothing_left_to_carry_is_dropped,
-                lost_sends_ended_epochs_and_conflicts_are_journal_entries,
-                a_journal_page_stops_after_the_entry_that_crosses_its_byte_bound
-            );
-        }
-    };
-    (@tests $make:expr; $($name:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $name() {
-                let store = $make;
-                super::$name(&store);
-            }
-        )*
-    };
-}
-
-suite!(mem, crate::MemStore::new(mesh_protocol::Epoch([9; 16])));
-suite!(
-    redb_in_memory,
-    crate::RedbStore::in_memory().expect("in-memory store opens")
+store_suite!(
+    a_trim_over_the_byte_bound_takes_the_oldest_rows_and_a_read_from_before_gets_a_trimmed_entry,
+    a_trim_of_everything_keeps_the_arrivals_going_on,
+    a_trim_evicts_acknowledged_own_batches_and_keeps_the_payloads_of_unacknowledged_ones,
+    a_trim_by_age_takes_rows_dated_before_the_bound_and_says_when_the_next_is_due,
+    a_trim_takes_a_bounded_number_of_rows_and_says_there_is_more,
+    a_mark_keeps_the_payload_hash_of_its_envelope_and_a_gap_forgets_it,
+    a_new_epoch_ends_the_own_streams_and_takes_appends_in_the_new_one,
+    a_rollback_is_reported_once_per_range_the_world_saw,
+    a_carry_over_appends_without_journaling_and_drops_the_ended_outbox_at_its_end,
+    an_ended_stream_with_nothing_left_to_carry_is_dropped,
+    lost_sends_ended_epochs_and_conflicts_are_journal_entries,
+    a_journal_page_stops_after_the_entry_that_crosses_its_byte_bound,
 );
 
 fn trim(bytes_max: u64) -> WriteOp {

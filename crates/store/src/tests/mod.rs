@@ -36,37 +36,16 @@ fn an_unavailable_mem_store_fails_every_group_and_writes_nothing() {
     );
     assert_eq!(s.journal_head().expect("head"), 0);
     s.set_unavailable(false);
-    commit1(
-        &s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 1),
-            from: 1,
-        }],
-    )
-    .expect("commits");
+    accept1(&s, peer_batch(PEER, 1, 1), 1).expect("commits");
 }
 
 #[test]
 fn a_forked_mem_store_keeps_the_state_and_then_goes_its_own_way() {
     let s = MemStore::new(Epoch([9; 16]));
-    commit1(
-        &s,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 1, 1),
-            from: 1,
-        }],
-    )
-    .expect("commits");
+    accept1(&s, peer_batch(PEER, 1, 1), 1).expect("commits");
     let f = s.fork();
     assert_eq!(dump(&f, &[]).expect("dump"), dump(&s, &[]).expect("dump"));
-    commit1(
-        &f,
-        vec![WriteOp::Accept {
-            batch: peer_batch(PEER, 2, 1),
-            from: 2,
-        }],
-    )
-    .expect("commits");
+    accept1(&f, peer_batch(PEER, 2, 1), 2).expect("commits");
     assert_eq!(
         (
             s.journal_head().expect("head"),

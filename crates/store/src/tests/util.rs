@@ -9,6 +9,32 @@ use crate::{
     StoreError, StoredBatch, WriteOp,
 };
 
+/// Declares, for each store implementation (a module each: `mem`,
+/// `redb_in_memory`), one `#[test]` per rule named, each calling the rule
+/// (a `fn(&impl MeshStore)` of the calling module) on a fresh store.
+macro_rules! store_suite {
+    ($($name:ident),* $(,)?) => {
+        store_suite!(@store mem, crate::MemStore::new(mesh_protocol::Epoch([9; 16])); $($name),*);
+        store_suite!(
+            @store redb_in_memory,
+            crate::RedbStore::in_memory().expect("in-memory store opens");
+            $($name),*
+        );
+    };
+    (@store $module:ident, $make:expr; $($name:ident),*) => {
+        mod $module {
+            $(
+                #[test]
+                fn $name() {
+                    let store = $make;
+                    super::$name(&store);
+                }
+            )*
+        }
+    };
+}
+pub(crate) use store_suite;
+
 /// A fixed secret key per `n`.
 pub(crate) fn key(n: u8) -> SecretKey {
     SecretKey::from_bytes(&[n; 32])
@@ -102,6 +128,15 @@ pub(crate) fn commit1(s: &dyn MeshStore, ops: Vec<WriteOp>) -> Result<Receipt, S
 }
 
 /// Appends an own batch without eviction and expects success.
+/// Commits the acceptance of peer batch `batch` from seq `from`, alone.
+pub(crate) fn accept1(
+    s: &dyn MeshStore,
+    batch: OpenBatch,
+    from: Seq,
+) -> Result<Receipt, StoreError> {
+    commit1(s, vec![WriteOp::Accept { batch, from }])
+}
+
 pub(crate) fn append_ok(s: &dyn MeshStore, ops: OpenBatch) -> Receipt {
     commit1(
         s,
