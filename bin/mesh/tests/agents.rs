@@ -241,6 +241,17 @@ fn agents_on_two_nodes_talk_both_ways_by_the_name_in_each_nodes_card() {
     assert_eq!(got.len(), 1, "{got:?}");
     assert_eq!(got[0]["id"], back.trim());
     assert_eq!(got[0]["from"], format!("bob@{}", b.node()));
+    // A node answers to its own name too: an agent reaches its neighbour.
+    ok(a.mesh(&["agent", "add", "carol"]).unwrap());
+    let near = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "carol@laptop-x", "next door"],
+    ));
+    let (got, _) = inbox(&a, "carol", None, 10);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["id"], near.trim());
+    assert_eq!(got[0]["to"], format!("carol@{}", a.node()));
 
     // A name no node has is refused, naming what a node may be called.
     let out = as_agent(&a, "alice", &["send", "bob@nowhere", "lost?"]);

@@ -375,7 +375,9 @@ async fn each_api_request_logs_inside_its_own_numbered_span() {
     assert_eq!(added.len(), 2, "two agents added, in:\n{log}");
     let mut spans = Vec::new();
     for line in &added {
-        let start = line.find("request{").unwrap_or_else(|| panic!("no span: {line}"));
+        let start = line
+            .find("request{")
+            .unwrap_or_else(|| panic!("no span: {line}"));
         let span = &line[start..start + line[start..].find('}').unwrap() + 1];
         assert!(
             span.contains("method=POST") && span.contains("path=/v1/agents"),

@@ -469,19 +469,19 @@ impl<S: MeshStore + ?Sized> Actor<S> {
         inputs.push(input);
     }
 
-    /// Publishes the peers' names from the newest card held of each, if
-    /// they changed.
+    /// Publishes this node's name and its peers' names from the newest
+    /// card held of each, if they changed.
     pub(super) fn publish_names(&self) {
-        let names: Vec<(NodeId, mesh_protocol::NodeName)> = self
-            .transport
-            .peers()
-            .into_iter()
-            .filter_map(|p| {
-                self.core
-                    .peer_card(&p.node)
-                    .map(|c| (p.node, c.name.clone()))
-            })
-            .collect();
+        let own = self.core.own_card();
+        let peers = self.transport.peers().into_iter().filter_map(|p| {
+            self.core
+                .peer_card(&p.node)
+                .map(|c| (p.node, c.name.clone()))
+        });
+        let names: Vec<(NodeId, mesh_protocol::NodeName)> =
+            std::iter::once((own.node, own.name.clone()))
+                .chain(peers)
+                .collect();
         self.names.send_if_modified(|held| {
             let changed = **held != names;
             if changed {

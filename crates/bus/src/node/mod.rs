@@ -54,8 +54,8 @@ pub const SUBMIT_PART_MSGS_MAX: usize = 256;
 /// How long shutdown waits for commits under way to be answered.
 pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
-/// The names of the peers, from the newest card held of each (a peer
-/// without a card yet is not listed).
+/// The names of this node (first) and of its peers, from the newest card
+/// held of each (a peer without a card yet is not listed).
 pub type PeerNames = Arc<Vec<(NodeId, NodeName)>>;
 
 /// How to start a node.
@@ -581,8 +581,9 @@ impl Node {
         self.head.clone()
     }
 
-    /// The peers' names as their newest cards say, now: updated by the node
-    /// task whenever it commits a newer card or a peer is added or removed.
+    /// This node's name and its peers' names as their newest cards say,
+    /// now: updated by the node task whenever it commits a newer card or a
+    /// peer is added or removed.
     pub fn peer_names(&self) -> PeerNames {
         self.names.borrow().clone()
     }

@@ -171,7 +171,7 @@ pub enum NotFound {
     UnknownMessage(String),
     /// No node has that name or alias.
     #[error(
-        "no node is named {0:?}: not a node id, a peer's alias (`mesh peer name`) or a peer's name"
+        "no node is named {0:?}: not a node id, a peer's alias (`mesh peer name`) or a node's name (its card's)"
     )]
     UnknownName(String),
     /// No such invite (here, or at the inviter of a join).

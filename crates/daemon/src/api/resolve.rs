@@ -1,5 +1,6 @@
 //! Names of nodes and agents: `AGENT@NODE`, where a node is its id, a
-//! local alias (`mesh peer name`) or a name its peers announce. A name
+//! local alias (`mesh peer name`) or the name its card announces (this
+//! node's own included). A name
 //! that matches more than one node is an error listing them, never a
 //! guess.
 
@@ -67,8 +68,8 @@ impl ApiState {
         }
     }
 
-    /// The node names its peers announce: the name in the newest card
-    /// held of each. This is the one place the lookup goes.
+    /// The node names this node and its peers announce: the name in the
+    /// newest card held of each. This is the one place the lookup goes.
     fn announced_names(&self) -> Vec<(String, NodeId)> {
         self.inner
             .bus
