@@ -68,6 +68,20 @@ fn inbox(
     (entries, next)
 }
 
+/// The first `n` inbox entries of `agent`, read as they come: messages sent
+/// one after another may commit at the receiver one commit apart.
+fn inbox_first(d: &DaemonProcess, agent: &str, n: usize) -> Vec<serde_json::Value> {
+    let mut all = Vec::new();
+    let mut after: Option<String> = None;
+    while all.len() < n {
+        let (got, next) = inbox(d, agent, after.as_deref(), 10);
+        assert!(!got.is_empty(), "{agent} got {} of {n}: {all:?}", all.len());
+        all.extend(got);
+        after = Some(next);
+    }
+    all
+}
+
 /// The inbox entries of `agent` now, without waiting.
 fn inbox_now(d: &DaemonProcess, agent: &str) -> Vec<serde_json::Value> {
     let out = as_agent(d, agent, &["inbox", "--json", "--limit", "1000"]);
@@ -144,7 +158,7 @@ fn agents_on_two_nodes_talk_both_ways_by_alias_and_each_inbox_holds_only_its_own
     // b → a, and a reply to a's message.
     let back = ok(as_agent(&b, "bob", &["send", "alice@laptop", "hi alice"]));
     let reply = ok(as_agent(&b, "bob", &["reply", id, "ack"]));
-    let (got, _) = inbox(&a, "alice", None, 10);
+    let got = inbox_first(&a, "alice", 2);
     let bodies: Vec<&str> = got.iter().map(|e| e["body"].as_str().unwrap()).collect();
     assert_eq!(bodies.len(), 2, "{got:?}");
     assert!(

@@ -198,8 +198,9 @@ fn entry_bytes(item: &JournalItem) -> usize {
     }
 }
 
-/// Checks a cursor name: 1 to 64 bytes of `[A-Za-z0-9._-]`.
-fn check_cursor_name(name: &str) -> Result<(), ApiError> {
+/// Checks a cursor name (a node's or an agent's named cursor): 1 to 64
+/// bytes of `[A-Za-z0-9._-]`.
+pub(crate) fn check_cursor_name(name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
         && name.len() <= CURSOR_NAME_BYTES_MAX
         && name

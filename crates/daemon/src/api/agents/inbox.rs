@@ -13,10 +13,10 @@ use mesh_store::{Arrival, InboxItem, InboxKind, JournalRecord, MeshStore};
 use serde::Deserialize;
 
 use crate::api::error::node_error;
-use crate::api::routes::{cut, query, read_json, read_store};
+use crate::api::routes::{check_cursor_name, cut, query, read_json, read_store};
 use crate::api::{
-    ApiError, ApiState, CURSOR_NAME_BYTES_MAX, CallerError, EVENTS_LIMIT_DEFAULT, EVENTS_LIMIT_MAX,
-    EVENTS_PAGE_BYTES_MAX, NotFound, REQUEST_BYTES_MAX,
+    ApiError, ApiState, CallerError, EVENTS_LIMIT_DEFAULT, EVENTS_LIMIT_MAX, EVENTS_PAGE_BYTES_MAX,
+    NotFound, REQUEST_BYTES_MAX,
 };
 use crate::bus::LocalWrite;
 
@@ -318,24 +318,6 @@ impl<'a> Waiting<'a> {
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// Checks a cursor name: 1 to 64 bytes of `[A-Za-z0-9._-]`.
-fn check_cursor_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= CURSOR_NAME_BYTES_MAX
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(CallerError::BadValue(format!(
-            "bad cursor name {:?}: use 1 to {CURSOR_NAME_BYTES_MAX} characters of A-Z a-z 0-9 . _ -",
-            cut(name)
-        ))
-        .into())
     }
 }
 
