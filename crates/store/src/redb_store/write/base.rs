@@ -1,0 +1,148 @@
+//! The planner's read view of a commit: what the store's rules read,
+//! from the write transaction's own tables.
+
+use super::*;
+
+impl Base for Tables<'_> {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    fn own_stream(&mut self, stream: &StreamId) -> Result<Option<OwnStream>, StoreError> {
+        if let Some(o) = self.own_pending.get(stream) {
+            return Ok(Some(o.clone()));
+        }
+        let k = stream_key(stream)?;
+        let v = self.own.get(k.as_slice()).map_err(|e| self.err(e))?;
+        let counters: Option<OwnCounters> = v
+            .map(|v| decode(self.name, "own stream", v.value()))
+            .transpose()?;
+        counters
+            .map(|c| c.with(stream.clone(), self.name))
+            .transpose()
+    }
+
+    fn own_streams(&mut self) -> Result<Vec<OwnStream>, StoreError> {
+        let mut out = Vec::new();
+        for row in self.own.iter().map_err(|e| self.err(e))? {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let stream: StreamId = decode(self.name, "stream id", k.value())?;
+            if self.own_pending.contains_key(&stream) {
+                continue;
+            }
+            let counters: OwnCounters = decode(self.name, "own stream", v.value())?;
+            out.push(counters.with(stream, self.name)?);
+        }
+        out.extend(self.own_pending.values().cloned());
+        Ok(out)
+    }
+
+    fn batch_meta(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<BatchMeta>, StoreError> {
+        let k = stream_key(stream)?;
+        outbox_meta(&self.outbox, &k, first_seq, self.name)
+    }
+
+    fn batch_holding(
+        &mut self,
+        stream: &StreamId,
+        seq: Seq,
+    ) -> Result<Option<(Seq, BatchMeta)>, StoreError> {
+        let k = stream_key(stream)?;
+        let k = k.as_slice();
+        let row = self
+            .outbox
+            .range((k, 0)..=(k, seq))
+            .map_err(|e| self.err(e))?
+            .next_back();
+        let Some(row) = row else { return Ok(None) };
+        let (key, v) = row.map_err(|e| self.err(e))?;
+        let first = key.value().1;
+        Ok(Some((first, decode_meta(v.value(), self.name)?)))
+    }
+
+    fn batch_first_arrival(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<Arrival>, StoreError> {
+        let k = stream_key(stream)?;
+        let v = self
+            .outbox
+            .get((k.as_slice(), first_seq))
+            .map_err(|e| self.err(e))?;
+        let Some(v) = v else { return Ok(None) };
+        let b: BatchOwned = decode(self.name, "outbox batch", v.value())?;
+        Ok(Some(b.first_arrival))
+    }
+
+    fn batch_moved(&mut self, stream: &StreamId, first_seq: Seq) -> Result<bool, StoreError> {
+        let k = stream_key(stream)?;
+        Ok(self
+            .payloads
+            .get((k.as_slice(), first_seq))
+            .map_err(|e| self.err(e))?
+            .is_some())
+    }
+
+    fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
+        if let Some(m) = self.marks_pending.get(stream) {
+            return Ok(Some(*m));
+        }
+        let k = stream_key(stream)?;
+        Ok(self
+            .marks
+            .get(k.as_slice())
+            .map_err(|e| self.err(e))?
+            .map(|v| v.value()))
+    }
+
+    fn journal_rows(&mut self, from: Arrival, max: usize) -> Result<Vec<RowInfo>, StoreError> {
+        let mut out = Vec::new();
+        for row in self.journal.range(from..).map_err(|e| self.err(e))? {
+            if out.len() >= max {
+                break;
+            }
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let view: RowView = decode(self.name, "journal row", v.value())?;
+            out.push(view.info(self.name, k.value(), v.value().len())?);
+        }
+        Ok(out)
+    }
+
+    fn journal_times(
+        &mut self,
+        after: Arrival,
+        max: usize,
+    ) -> Result<Vec<(Arrival, u64)>, StoreError> {
+        let mut out = Vec::new();
+        let rows = self
+            .times
+            .range(after.saturating_add(1)..)
+            .map_err(|e| self.err(e))?;
+        for row in rows {
+            if out.len() >= max {
+                break;
+            }
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            out.push((k.value(), v.value()));
+        }
+        Ok(out)
+    }
+
+    fn ended(&mut self, stream: &StreamId) -> Result<Option<EndedOwn>, StoreError> {
+        let k = stream_key(stream)?;
+        let v = self.ended.get(k.as_slice()).map_err(|e| self.err(e))?;
+        let Some(v) = v else { return Ok(None) };
+        let c: EndedCounters = decode(self.name, "ended own stream", v.value())?;
+        Ok(Some(EndedOwn {
+            stream: stream.clone(),
+            held: c.held,
+            reported: c.reported,
+            carried: c.carried,
+        }))
+    }
+}
