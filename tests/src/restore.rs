@@ -64,15 +64,20 @@ async fn wait_for<T>(
 /// Waits until `client`'s node has nothing queued for `peer` (all acknowledged).
 async fn wait_acked(client: &Client, peer: &str) -> anyhow::Result<()> {
     wait_for("the peer to acknowledge everything", async || {
-        let st: StatusResponse = call(client.get("/v1/status")).await?;
-        Ok(st
-            .node
-            .peers
-            .iter()
-            .any(|p| p.node == peer && p.connected && p.queued_msgs == 0)
-            .then_some(()))
+        Ok(acked(client, peer).await?.then_some(()))
     })
     .await
+}
+
+/// Whether the node behind `client` is connected to `peer` and has nothing
+/// queued for it.
+async fn acked(client: &Client, peer: &str) -> anyhow::Result<bool> {
+    let st: StatusResponse = call(client.get("/v1/status")).await?;
+    Ok(st
+        .node
+        .peers
+        .iter()
+        .any(|p| p.node == peer && p.connected && p.queued_msgs == 0))
 }
 
 /// The bodies of the messages from `author` in `journal`, with their epoch
@@ -203,13 +208,28 @@ pub struct CloneReport {
     pub at_b: Vec<(String, String, u64)>,
 }
 
+/// When the two copies of a cloned data dir send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CloneSends {
+    /// A sends and B acknowledges all of it before the copy starts; then
+    /// the copy sends.
+    OneAfterTheOther,
+    /// Both run at once and send in turn (a-1, clone-1, a-2, ...), before B
+    /// has seen the conflict.
+    Interleaved,
+}
+
 /// A's data dir is copied while A is stopped, and the copy run as a second
-/// process beside A (another port); both send to B. Then the clone B kept
-/// connected is stopped, so the refused one gets through.
+/// process beside A (another port); both send to B, as `sends` says. Then
+/// the clone B kept connected is stopped, so the refused one gets through.
 ///
 /// # Errors
 /// If a daemon does not start or answer, or a wait runs out.
-pub async fn clone_run_twice(bin: &Path, out: &Path) -> anyhow::Result<CloneReport> {
+pub async fn clone_run_twice(
+    bin: &Path,
+    out: &Path,
+    sends: CloneSends,
+) -> anyhow::Result<CloneReport> {
     let mut cfg = ClusterConfig::new(bin, 2);
     cfg.log_dir = Some(out.to_owned());
     let mut c = Cluster::start(cfg).await?;
@@ -233,12 +253,25 @@ pub async fn clone_run_twice(bin: &Path, out: &Path) -> anyhow::Result<CloneRepo
         placement: Placement::default(),
         rust_log: "warn".into(),
     });
-    clone.start().await?;
-    for i in 1..=3 {
-        let body = format!("a-{i}");
-        acknowledged.insert(body.clone(), send(c.client(0), &b, &body).await?);
-        let body = format!("clone-{i}");
-        acknowledged.insert(body.clone(), send(clone.client(), &b, &body).await?);
+    if sends == CloneSends::OneAfterTheOther {
+        for i in 1..=3 {
+            let body = format!("a-{i}");
+            acknowledged.insert(body.clone(), send(c.client(0), &b, &body).await?);
+        }
+        wait_acked(c.client(0), &b).await?;
+        clone.start().await?;
+        for i in 1..=3 {
+            let body = format!("clone-{i}");
+            acknowledged.insert(body.clone(), send(clone.client(), &b, &body).await?);
+        }
+    } else {
+        clone.start().await?;
+        for i in 1..=3 {
+            let body = format!("a-{i}");
+            acknowledged.insert(body.clone(), send(c.client(0), &b, &body).await?);
+            let body = format!("clone-{i}");
+            acknowledged.insert(body.clone(), send(clone.client(), &b, &body).await?);
+        }
     }
     let conflict_of = |st: &StatusResponse, peer: &str| {
         st.node
@@ -254,32 +287,35 @@ pub async fn clone_run_twice(bin: &Path, out: &Path) -> anyhow::Result<CloneRepo
         Ok(conflict_of(&st, &a2))
     })
     .await?;
-    // The clone B refused says so too; the other one stays connected.
+    // A copy B refused says so too.
     let (client_a, client_clone) = (c.client(0).clone(), clone.client().clone());
-    let (refused_is_clone, refused_conflict) =
-        wait_for("the refused clone to report the conflict", async || {
-            let sa: StatusResponse = call(client_a.get("/v1/status")).await?;
-            let sc: StatusResponse = call(client_clone.get("/v1/status")).await?;
-            Ok(match (conflict_of(&sa, &b2), conflict_of(&sc, &b2)) {
-                (_, Some(why)) => Some((true, why)),
-                (Some(why), None) => Some((false, why)),
-                (None, None) => None,
-            })
-        })
-        .await?;
+    let refused_conflict = wait_for("the refused clone to report the conflict", async || {
+        let sa: StatusResponse = call(client_a.get("/v1/status")).await?;
+        let sc: StatusResponse = call(client_clone.get("/v1/status")).await?;
+        Ok(conflict_of(&sc, &b2).or(conflict_of(&sa, &b2)))
+    })
+    .await?;
     // The kept one delivers what it acknowledged (after a fork it found,
     // under its new epoch) before it stops; then the refused one is alone.
-    if refused_is_clone {
-        wait_acked(c.client(0), &b).await?;
-        c.stop(0).await?;
-    } else {
-        wait_acked(clone.client(), &b).await?;
+    // Which one B keeps is read off the two, not off who shows a conflict:
+    // a copy whose conflicting batch got its connection closed shows one
+    // too, and may be the one B keeps (the newer instance).
+    let kept_is_clone = wait_for("one copy to have everything acknowledged", async || {
+        Ok(if acked(&client_clone, &b2).await? {
+            Some(true)
+        } else if acked(&client_a, &b2).await? {
+            Some(false)
+        } else {
+            None
+        })
+    })
+    .await?;
+    let refused = if kept_is_clone {
         clone.stop().await?;
-    }
-    let refused = if refused_is_clone {
-        clone.client().clone()
-    } else {
         c.client(0).clone()
+    } else {
+        c.stop(0).await?;
+        clone.client().clone()
     };
     wait_acked(&refused, &b).await?;
     let want = acknowledged.len();

@@ -29,6 +29,10 @@ struct Inbound {
     rolled_back_to: Seq,
     /// Every envelope up to here is committed or in a commit under way.
     pending: Seq,
+    /// The payload hash of the envelope at `pending`, if known: a batch
+    /// from a second writer that overlaps what is queued but not yet
+    /// committed is a conflict too, not a duplicate.
+    pending_cid: Option<Cid>,
     /// Verified batches that start past `pending + 1`, by first seq.
     held: BTreeMap<Seq, OpenBatch>,
     held_bytes: u64,
@@ -49,9 +53,28 @@ impl Inbound {
             committed: mark,
             committed_cid: cid,
             pending: mark,
+            pending_cid: cid,
             known_last: mark,
             ..Inbound::default()
         }
+    }
+
+    /// Where `open` carries another envelope than the one this node holds
+    /// at its committed or its pending mark: (that seq, ours, theirs).
+    fn conflict_in(&self, open: &OpenBatch) -> Option<(Seq, Cid, Cid)> {
+        let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
+        [
+            (self.committed, self.committed_cid),
+            (self.pending, self.pending_cid),
+        ]
+        .into_iter()
+        .filter(|(seq, _)| first <= *seq && *seq <= last)
+        .find_map(|(seq, ours)| {
+            let ours = ours?;
+            let at = usize::try_from(seq - first).ok()?;
+            let theirs = open.batch().entries().get(at)?.payload_cid;
+            (theirs != ours).then_some((seq, ours, theirs))
+        })
     }
 
     /// The author has envelopes this node has neither committed nor pending.
@@ -135,8 +158,8 @@ impl Receiver {
         }
     }
 
-    /// The committed seq at which the last batch conflicted, if it did
-    /// (another envelope there than the one committed).
+    /// The seq at which the last batch conflicted, if it did (another
+    /// envelope there than the one committed or queued to be).
     pub(super) fn take_conflict(&mut self) -> Option<Seq> {
         self.conflict.take()
     }
@@ -226,30 +249,21 @@ impl Receiver {
         }
         let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
         let inb = self.inbound(&stream);
-        if let Some(ours) = inb.committed_cid
-            && first <= inb.committed
-            && inb.committed <= last
-        {
-            let at = usize::try_from(inb.committed - first).unwrap_or(usize::MAX);
-            let theirs = open.batch().entries().get(at).map(|h| h.payload_cid);
-            if let Some(theirs) = theirs.filter(|t| *t != ours) {
-                // Two writers used one (author, epoch, seq): never a duplicate.
-                env.out.drop(DropReason::Conflict);
-                let committed = inb.committed;
-                if !inb.conflicted && queue.has_room(0) {
-                    inb.conflicted = true;
-                    env.out.metrics.conflicts += 1;
-                    let seq = inb.committed;
-                    queue.push(InboundWork::Conflict {
-                        stream,
-                        seq,
-                        ours,
-                        theirs,
-                    });
-                }
-                self.conflict = Some(committed);
-                return 0;
+        if let Some((seq, ours, theirs)) = inb.conflict_in(&open) {
+            // Two writers used one (author, epoch, seq): never a duplicate.
+            env.out.drop(DropReason::Conflict);
+            if !inb.conflicted && queue.has_room(0) {
+                inb.conflicted = true;
+                env.out.metrics.conflicts += 1;
+                queue.push(InboundWork::Conflict {
+                    stream,
+                    seq,
+                    ours,
+                    theirs,
+                });
             }
+            self.conflict = Some(seq);
+            return 0;
         }
         inb.known_last = inb.known_last.max(last);
         if last <= inb.pending {
@@ -313,6 +327,7 @@ impl Receiver {
             .max()
             .unwrap_or(0);
         inb.pending = last;
+        inb.pending_cid = open.batch().entries().last().map(|e| e.payload_cid);
         inb.check();
         queue.push(InboundWork::Accept {
             peer,
@@ -372,6 +387,7 @@ impl Receiver {
             return 0;
         }
         inb.pending = earliest - 1;
+        inb.pending_cid = None;
         inb.known_last = inb.known_last.max(inb.pending);
         queue.push(InboundWork::Gap {
             peer: from.peer,
@@ -473,7 +489,10 @@ impl Receiver {
         if mark > inb.committed {
             inb.committed = mark;
             inb.committed_cid = cid;
-            inb.pending = inb.pending.max(mark);
+            if mark >= inb.pending {
+                inb.pending = mark;
+                inb.pending_cid = cid;
+            }
             inb.check();
             true
         } else {
@@ -548,6 +567,7 @@ impl Receiver {
         let inb = self.inbound(stream);
         inb.known_last = inb.known_last.max(inb.pending);
         inb.pending = inb.committed;
+        inb.pending_cid = inb.committed_cid;
         queue.remove_stream(stream);
         self.ask_resync(stream, true, env);
     }

@@ -1885,6 +1885,44 @@ fn a_batch_with_another_envelope_at_the_mark_is_a_conflict_journaled_once() {
 }
 
 #[test]
+fn a_second_writers_batch_over_what_is_queued_not_yet_committed_is_a_conflict_not_a_duplicate() {
+    let (mut b, conn) = receiver();
+    b.hold_commits = true;
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"a", b"b"]));
+    // While that commit is under way, another writer's seq 2 (a clone):
+    // taken as a duplicate, its seq 3 would then pass as the stream's.
+    b.frame(1, conn, batch(1, 1, 2, 2, &[b"X"]));
+    assert!(
+        b.other.iter().any(|e| matches!(
+            e,
+            Effect::CloseConnection {
+                reason: CloseReason::Conflict { seq: 2 },
+                ..
+            }
+        )),
+        "{:?}",
+        b.other
+    );
+    assert_eq!(b.core.metrics().dropped.get(DropReason::Duplicate), 0);
+    assert_eq!(b.core.metrics().dropped.get(DropReason::Conflict), 1);
+    b.frame(1, conn, batch(1, 1, 2, 3, &[b"Z"]));
+    assert_eq!(b.core.metrics().dropped.get(DropReason::StaleConnection), 1);
+    b.hold_commits = false;
+    b.release_commit();
+    assert_eq!(b.core.mark(&stream(1, 1, 2)), 2, "the first writer's");
+    let conflicts = b.journaled(|r| matches!(r, JournalRecord::Conflict { .. }));
+    assert!(
+        matches!(&conflicts[..], [JournalRecord::Conflict { seq: 2, ours, theirs, .. }]
+            if *ours == mesh_protocol::Cid::of(b"b") && *theirs == mesh_protocol::Cid::of(b"X")),
+        "{conflicts:?}"
+    );
+    // The first writer's own batch again is a duplicate, as ever.
+    b.hello_from(1, 1, ConnId(8), Vec::new());
+    b.frame(1, ConnId(8), batch(1, 1, 2, 2, &[b"b"]));
+    assert_eq!(b.core.metrics().dropped.get(DropReason::Duplicate), 1);
+}
+
+#[test]
 fn a_mark_naming_our_envelope_is_trusted_once_the_outbox_shows_it() {
     let (mut a, conn) = sender_with(3, Config::default());
     a.run(Input::PeerDisconnected { peer: id(2), conn });

@@ -355,7 +355,7 @@ pub enum CloseReason {
     /// writers share its key (a cloned data dir, or a store restored from
     /// a backup that has not seen our Hello yet).
     #[error(
-        "identity conflict: another envelope at committed seq {seq}: two writers use this node's key"
+        "identity conflict: another envelope at seq {seq} than the one held: two writers use this node's key"
     )]
     Conflict {
         /// The committed seq.
