@@ -65,7 +65,7 @@ fn a_data_dir_run_twice_is_an_identity_conflict_and_loses_nothing_acknowledged()
 /// As above, with both copies sending in turn before B has seen the
 /// conflict.
 #[test]
-#[ignore = "known defect: with both copies sending at once, 1 of 16 runs here never showed \
+#[ignore = "known defect: with both copies sending at once, 1 of 28 runs here never showed \
             the identity conflict at B within the wait (nothing logged at warn; cause not \
             found). The duplicate-and-loss this test first caught is fixed (a batch over \
             B's pending mark is checked like one over its committed mark)"]
