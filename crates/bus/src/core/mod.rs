@@ -244,6 +244,12 @@ impl Core {
         self.receiver.mark(stream)
     }
 
+    /// The unacknowledged envelopes of ended epochs' streams to `to` that
+    /// are still to be carried into this epoch's stream.
+    pub fn carrying(&self, to: &NodeId) -> u64 {
+        self.author.to_carry(*to)
+    }
+
     /// This node's stream to `to`, as committed (`None` before its first message).
     pub fn own_stream(&self, to: &NodeId) -> Option<&OwnStream> {
         self.author.own(to)

@@ -2037,6 +2037,29 @@ fn a_peer_holding_more_than_this_store_wrote_makes_it_start_a_new_epoch_before_s
 }
 
 #[test]
+fn what_an_ended_epoch_still_has_to_carry_counts_as_carrying_until_it_is_carried() {
+    let mut a = sent_three_acked_one();
+    let claim = Mark {
+        stream: stream(1, 1, 2),
+        seq: 5,
+        cid: Some(mesh_protocol::Cid([9; 32])),
+    };
+    a.hold_commits = true;
+    hello_of_2(&mut a, ConnId(8), vec![claim]);
+    let mut seen = Vec::new();
+    while !a.held.is_empty() {
+        a.release_commit();
+        seen.push(a.core.carrying(&id(2)));
+    }
+    // "2" and "3" are unacknowledged: between the new epoch's commit and
+    // the carry's, the new stream is empty and the two are carrying.
+    assert!(epoch_changed(&a).is_some());
+    assert!(seen.contains(&2), "{seen:?}");
+    assert_eq!(seen.last(), Some(&0), "{seen:?}");
+    assert_eq!(a.core.own_stream(&id(2)).expect("new stream").next_seq, 3);
+}
+
+#[test]
 fn a_mark_naming_another_envelope_than_ours_is_a_fork_and_its_unacknowledged_are_carried_over() {
     let mut a = sent_three_acked_one();
     let old = stream(1, 1, 2);

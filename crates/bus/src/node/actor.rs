@@ -506,6 +506,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 conn: p.conn,
                 paused: p.paused,
                 identity_conflict: p.identity_conflict,
+                carrying: self.core.carrying(&p.node),
                 refused: p.refused,
             })
             .collect();

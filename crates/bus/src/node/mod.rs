@@ -197,6 +197,10 @@ pub struct NodePeer {
     /// The last identity conflict seen on the link (two live processes
     /// share one node key), for a person.
     pub identity_conflict: Option<String>,
+    /// Unacknowledged envelopes of an ended epoch's stream to the peer,
+    /// still to be carried into this epoch's (queued, though not in
+    /// `own_stream`).
+    pub carrying: u64,
 }
 
 /// The running node. Dropping it stops the node in the background; prefer

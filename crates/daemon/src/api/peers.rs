@@ -70,9 +70,11 @@ fn peer_status(
     epochs: &HashMap<NodeId, String>,
     marks: &mut HashMap<NodeId, Vec<StreamMark>>,
 ) -> PeerStatus {
+    // What an ended epoch still has to carry over is queued too: a status
+    // that said 0 while it waited would read as delivered.
     let (queued_msgs, outbox_bytes) = match &p.own_stream {
-        Some(o) => (queued(o), o.bytes),
-        None => (0, 0),
+        Some(o) => (queued(o) + p.carrying, o.bytes),
+        None => (p.carrying, 0),
     };
     PeerStatus {
         node: p.node.to_string(),

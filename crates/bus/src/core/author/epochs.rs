@@ -98,6 +98,21 @@ impl Author {
         }
     }
 
+    /// The envelopes of ended streams to `peer` still to be carried over.
+    pub(in crate::core) fn to_carry(&self, peer: NodeId) -> u64 {
+        self.old
+            .iter()
+            .filter(|(s, _)| s.channel == Channel::Direct(peer))
+            .map(|(s, o)| {
+                let carried = self.ended.get(s).map_or(o.last_acked, |e| e.carried);
+                let after = carried
+                    .max(o.last_acked)
+                    .max(o.first_retained.saturating_sub(1));
+                o.next_seq.saturating_sub(1).saturating_sub(after)
+            })
+            .sum()
+    }
+
     /// Whether envelopes of ended streams are still to be carried over
     /// (new sends wait until they are, so they come after them).
     pub(in crate::core) fn has_carry(&self) -> bool {
