@@ -217,12 +217,9 @@ pub(crate) fn check_cursor_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
-pub(super) async fn put_cursor(
-    State(st): State<ApiState>,
-    Path(name): Path<String>,
-    req: Request,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    check_cursor_name(&name)?;
+/// The arrival a `PUT` of a named cursor (the node's or an agent's) sets:
+/// its body's cursor, of this node and epoch and not past the head.
+pub(crate) async fn cursor_to_put(st: &ApiState, req: Request) -> Result<Arrival, ApiError> {
     let body: CursorBody = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
     let arrival = st.parse_after(Some(&body.cursor))?;
     let head = read_store(&st.inner.store, |s| s.journal_head()).await?;
@@ -230,14 +227,31 @@ pub(super) async fn put_cursor(
         // Only a forged or damaged cursor of this node and epoch gets here.
         return Err(CallerError::CursorPastHead { arrival, head }.into());
     }
+    Ok(arrival)
+}
+
+/// A named cursor's answer: `{name, cursor}`.
+pub(crate) fn cursor_json(
+    st: &ApiState,
+    name: String,
+    arrival: Arrival,
+) -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "name": name, "cursor": st.cursor_text(arrival) }))
+}
+
+pub(super) async fn put_cursor(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    check_cursor_name(&name)?;
+    let arrival = cursor_to_put(&st, req).await?;
     st.inner
         .bus
         .put_cursor(name.clone(), arrival)
         .await
         .map_err(node_error)?;
-    Ok(Json(
-        serde_json::json!({ "name": name, "cursor": st.cursor_text(arrival) }),
-    ))
+    Ok(cursor_json(&st, name, arrival))
 }
 
 pub(super) async fn get_cursor(
@@ -247,9 +261,7 @@ pub(super) async fn get_cursor(
     check_cursor_name(&name)?;
     let key = name.clone();
     match read_store(&st.inner.store, move |s| s.cursor(&key)).await? {
-        Some(arrival) => Ok(Json(
-            serde_json::json!({ "name": name, "cursor": st.cursor_text(arrival) }),
-        )),
+        Some(arrival) => Ok(cursor_json(&st, name, arrival)),
         None => Err(NotFound::UnknownCursor(name).into()),
     }
 }

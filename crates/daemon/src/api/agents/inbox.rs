@@ -7,16 +7,16 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
-use mesh_api::{BodyEncoding, CursorBody, InboxEntry, InboxPage};
+use mesh_api::{BodyEncoding, InboxEntry, InboxPage};
 use mesh_protocol::{AgentEnvelope, AgentName, Bounce, KIND_AGENT, KIND_BOUNCE, MsgId, NodeId};
 use mesh_store::{Arrival, InboxItem, InboxKind, JournalRecord, MeshStore};
 use serde::Deserialize;
 
 use crate::api::error::node_error;
-use crate::api::routes::{check_cursor_name, cut, query, read_json, read_store};
+use crate::api::routes::{check_cursor_name, cursor_json, cursor_to_put, cut, query, read_store};
 use crate::api::{
     ApiError, ApiState, CallerError, EVENTS_LIMIT_DEFAULT, EVENTS_LIMIT_MAX, EVENTS_PAGE_BYTES_MAX,
-    NotFound, REQUEST_BYTES_MAX,
+    NotFound,
 };
 use crate::bus::LocalWrite;
 
@@ -329,12 +329,7 @@ pub(crate) async fn put_cursor(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let agent = st.reader(&name)?;
     check_cursor_name(&cursor)?;
-    let body: CursorBody = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
-    let arrival = st.parse_after(Some(&body.cursor))?;
-    let head = read_store(&st.inner.store, |s| s.journal_head()).await?;
-    if arrival > head {
-        return Err(CallerError::CursorPastHead { arrival, head }.into());
-    }
+    let arrival = cursor_to_put(&st, req).await?;
     st.inner
         .bus
         .local_write(LocalWrite::PutAgentCursor {
@@ -344,9 +339,7 @@ pub(crate) async fn put_cursor(
         })
         .await
         .map_err(node_error)?;
-    Ok(Json(
-        serde_json::json!({ "name": cursor, "cursor": st.cursor_text(arrival) }),
-    ))
+    Ok(cursor_json(&st, cursor, arrival))
 }
 
 /// `GET /v1/agents/{name}/cursors/{cursor}`.
@@ -358,9 +351,7 @@ pub(crate) async fn get_cursor(
     check_cursor_name(&cursor)?;
     let key = cursor.clone();
     match read_store(&st.inner.store, move |s| s.agent_cursor(&agent, &key)).await? {
-        Some(arrival) => Ok(Json(
-            serde_json::json!({ "name": cursor, "cursor": st.cursor_text(arrival) }),
-        )),
+        Some(arrival) => Ok(cursor_json(&st, cursor, arrival)),
         None => Err(NotFound::UnknownCursor(cursor).into()),
     }
 }
