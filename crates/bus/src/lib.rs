@@ -23,7 +23,7 @@ pub use crate::net::{
 };
 pub use crate::node::{
     INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,
-    Node, NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, PeerNames, Receipts, SendError,
+    Node, NodeConfig, NodeError, NodeNames, NodePeer, NodeStatus, Outgoing, Receipts, SendError,
     TRY_AGAIN_MS,
 };
 pub use iroh::RelayUrl;

@@ -42,9 +42,9 @@ impl Bus {
         self.node.submit(msgs).await
     }
 
-    /// The peers' names as their newest cards say, now.
-    pub(crate) fn peer_names(&self) -> mesh_bus::PeerNames {
-        self.node.peer_names()
+    /// This node's and its peers' names as their newest cards say, now.
+    pub(crate) fn node_names(&self) -> mesh_bus::NodeNames {
+        self.node.node_names()
     }
 
     /// Sets the named durable cursor `name` to `arrival`; answers once it is

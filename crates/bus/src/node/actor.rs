@@ -148,7 +148,7 @@ pub(super) struct Actor<S: MeshStore + ?Sized> {
     /// The journal head; the task is its only writer.
     pub(super) head: watch::Sender<Arrival>,
     /// The peers' names; the task is its only writer.
-    names: watch::Sender<super::PeerNames>,
+    names: watch::Sender<super::NodeNames>,
     /// The store's epoch; the task is its only writer.
     pub(super) epoch: watch::Sender<Epoch>,
     /// Where the store answers. Unbounded in type, bounded by what is
@@ -181,7 +181,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
         transport: Transport<Received>,
         commands: mpsc::Receiver<Cmd>,
         closing: watch::Receiver<bool>,
-        (head, names): (watch::Sender<Arrival>, watch::Sender<super::PeerNames>),
+        (head, names): (watch::Sender<Arrival>, watch::Sender<super::NodeNames>),
         epoch: watch::Sender<Epoch>,
     ) -> Self {
         let (store_tx, store_rx) = mpsc::unbounded_channel();

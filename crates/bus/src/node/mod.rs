@@ -58,7 +58,7 @@ pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 
 /// The names of this node (first) and of its peers, from the newest card
 /// held of each (a peer without a card yet is not listed).
-pub type PeerNames = Arc<Vec<(NodeId, NodeName)>>;
+pub type NodeNames = Arc<Vec<(NodeId, NodeName)>>;
 
 /// How to start a node.
 #[derive(Clone, Debug)]
@@ -222,7 +222,7 @@ pub struct Node {
     /// and not yet taken by the task.
     budget: Arc<Semaphore>,
     head: watch::Receiver<Arrival>,
-    names: watch::Receiver<PeerNames>,
+    names: watch::Receiver<NodeNames>,
     closing: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
     inviter: Mutex<Option<JoinHandle<()>>>,
@@ -269,7 +269,7 @@ impl Node {
             closing: closing_rx.clone(),
         };
         let inviter = tokio::spawn(inviter.run().instrument(span.clone()));
-        let (names_tx, names_rx) = watch::channel(PeerNames::default());
+        let (names_tx, names_rx) = watch::channel(NodeNames::default());
         let actor = Actor::new(
             core,
             store,
@@ -590,7 +590,7 @@ impl Node {
     /// This node's name and its peers' names as their newest cards say,
     /// now: updated by the node task whenever it commits a newer card or a
     /// peer is added or removed.
-    pub fn peer_names(&self) -> PeerNames {
+    pub fn node_names(&self) -> NodeNames {
         self.names.borrow().clone()
     }
 

@@ -73,7 +73,7 @@ impl ApiState {
     fn announced_names(&self) -> Vec<(String, NodeId)> {
         self.inner
             .bus
-            .peer_names()
+            .node_names()
             .iter()
             .map(|(id, name)| (name.to_string(), *id))
             .collect()
