@@ -43,6 +43,20 @@ pub(super) struct Feed {
 }
 
 impl Feed {
+    /// A new feed on `conn` from `acked`, checking `verify` first if given.
+    fn new(conn: ConnId, acked: Seq, progress_at: Millis, verify: Option<Verify>) -> Feed {
+        Feed {
+            conn,
+            cursor: 0,
+            acked,
+            load: None,
+            retry_at: None,
+            announce_done: false,
+            progress_at,
+            verify,
+        }
+    }
+
     /// The next deadline of this feed: a read to retry, or the moment the
     /// peer's silence about outstanding messages makes us resend.
     fn deadline(&self, config: &Config) -> Option<Millis> {
@@ -102,17 +116,8 @@ impl Author {
         if self.frozen {
             return;
         }
-        let feed = Feed {
-            conn,
-            cursor: 0,
-            acked: mark,
-            load: None,
-            retry_at: None,
-            announce_done: false,
-            progress_at: Millis::default(),
-            verify: None,
-        };
-        self.feeds.insert(peer, feed);
+        self.feeds
+            .insert(peer, Feed::new(conn, mark, Millis::default(), None));
         self.touched.insert(peer);
         out.metrics.resyncs_served += 1;
         self.serve(peer, mark, now, config, out);
@@ -135,17 +140,8 @@ impl Author {
         if self.frozen {
             return;
         }
-        let feed = Feed {
-            conn,
-            cursor: 0,
-            acked: 0,
-            load: None,
-            retry_at: None,
-            announce_done: false,
-            progress_at: now,
-            verify: Some(Verify { mark, cid, reset }),
-        };
-        self.feeds.insert(peer, feed);
+        let verify = Some(Verify { mark, cid, reset });
+        self.feeds.insert(peer, Feed::new(conn, 0, now, verify));
         self.touched.insert(peer);
         self.load_verify(peer, out);
     }
