@@ -9,11 +9,11 @@ use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use mesh_api::{AgentSendRequest, AgentSendResponse, BodyEncoding, ReplyRequest, StreamJson};
 use mesh_protocol::{AgentName, MAX_BATCH_PAYLOAD_BYTES, MsgId, NodeId, StreamId};
-use mesh_store::{CLIENT_ID_BYTES_MAX, MeshStore, MessageDir};
+use mesh_store::{CLIENT_ID_BYTES_MAX, MessageDir};
 
 use crate::api::agent_socket::Acting;
-use crate::api::routes::{parse_json, read_body, read_store};
-use crate::api::{ApiError, ApiState, Bug, CallerError, NotFound, SEND_REQUEST_BYTES_MAX};
+use crate::api::routes::{parse_json, read_body};
+use crate::api::{ApiError, ApiState, Bug, CallerError, SEND_REQUEST_BYTES_MAX};
 use crate::bus::{Outgoing, SendMeta};
 
 impl ApiState {
@@ -188,13 +188,7 @@ pub(crate) async fn reply(
     )
     .await?;
     let body: ReplyRequest = parse_json(&bytes)?;
-    let id: MsgId = body
-        .id
-        .parse()
-        .map_err(|e: mesh_protocol::AgentError| CallerError::BadValue(e.to_string()))?;
-    let row = read_store(&st.inner.store, move |s| s.message(&id))
-        .await?
-        .ok_or_else(|| NotFound::UnknownMessage(id.to_string()))?;
+    let (id, row) = super::status::message_row(&st, &body.id).await?;
     let me = st.inner.node;
     let to_me = row.dir == MessageDir::Received || row.stream.recipient() == Some(me);
     if !to_me || row.to.as_ref() != Some(&from) {

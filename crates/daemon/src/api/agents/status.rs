@@ -15,17 +15,27 @@ use crate::api::{ApiError, ApiState, CallerError, NotFound};
 /// most, looking for the loss record of a message evicted unacknowledged.
 pub const LOSS_SCAN_ENTRIES_MAX: usize = 100_000;
 
-/// `GET /v1/messages/{id}`: where the message is.
-pub(crate) async fn message(
-    State(st): State<ApiState>,
-    Path(id): Path<String>,
-) -> Result<Json<MessageStatus>, ApiError> {
-    let id: MsgId = id
+/// The message id `text` and its index row (a message this node sent or
+/// received).
+pub(crate) async fn message_row(
+    st: &ApiState,
+    text: &str,
+) -> Result<(MsgId, mesh_store::MessageRow), ApiError> {
+    let id: MsgId = text
         .parse()
         .map_err(|e: mesh_protocol::AgentError| CallerError::BadValue(e.to_string()))?;
     let row = read_store(&st.inner.store, move |s| s.message(&id))
         .await?
         .ok_or_else(|| NotFound::UnknownMessage(id.to_string()))?;
+    Ok((id, row))
+}
+
+/// `GET /v1/messages/{id}`: where the message is.
+pub(crate) async fn message(
+    State(st): State<ApiState>,
+    Path(id): Path<String>,
+) -> Result<Json<MessageStatus>, ApiError> {
+    let (id, row) = message_row(&st, &id).await?;
     let me = st.inner.node;
     let recipient = row.stream.recipient().unwrap_or(me);
     let to = match &row.to {
