@@ -76,6 +76,14 @@ pub struct AgentSendRequest {
     /// sent again (1 to 128 bytes).
     #[serde(default)]
     pub client_id: Option<String>,
+    /// A supersede key (1 to 128 bytes of UTF-8 without control
+    /// characters): this message replaces an earlier one of this agent to
+    /// the same recipient with the same key that has not been sent yet
+    /// (held through a store outage, or queued for a peer that is away).
+    /// The earlier one is answered, or shown by `mesh message`, as
+    /// `superseded`, and its recipient gets a tombstone in its place.
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 /// `POST /v1/agents/{name}/reply`.
@@ -109,13 +117,20 @@ pub struct AgentSendResponse {
     pub stream: StreamJson,
     /// Its seq in the stream.
     pub seq: u64,
+    /// Set when a later send with the same key superseded this one before
+    /// it was committed (it was held): the id of that send. A tombstone
+    /// naming it was written in this message's place; this is not an
+    /// error, and retrying would send a stale message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
 }
 
 /// One entry of an agent's inbox.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InboxEntry {
-    /// `message`, `bounce`, `lagged`, or `trimmed` (journal retention took
-    /// the entry before it was read).
+    /// `message`, `bounce`, `lagged`, `superseded` (a tombstone: the
+    /// message `id` was replaced by `superseded_by` before it was sent), or
+    /// `trimmed` (journal retention took the entry before it was read).
     pub kind: String,
     /// The message id (for a bounce: the id of the message it bounces).
     pub id: Option<String>,
@@ -141,6 +156,9 @@ pub struct InboxEntry {
     /// The author's clock when it was written, ms since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_ms: Option<u64>,
+    /// For a tombstone: the message that superseded `id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
 }
 
 /// A page of an agent's inbox.
@@ -162,7 +180,8 @@ pub struct MessageStatus {
     /// (the recipient node has no such agent), `lost` (given up before the
     /// recipient node had it; `detail` is the loss record), `received`
     /// (this node received it), `undeliverable` (this node received it for
-    /// an agent it does not host).
+    /// an agent it does not host), `superseded` (a later message with its
+    /// key replaced it before it was sent: `superseded_by`).
     pub state: String,
     /// The sender, `AGENT@NODE_ID`.
     pub from: String,
@@ -178,6 +197,9 @@ pub struct MessageStatus {
     pub seq: u64,
     /// What happened, for a person.
     pub detail: String,
+    /// For a superseded message: the message that replaced it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<String>,
 }
 
 /// `PUT /v1/peers/{id}/alias`.

@@ -138,7 +138,22 @@ fn print_agent_sent(sent: &AgentSendResponse, json: bool) -> anyhow::Result<()> 
         return print_json(sent);
     }
     println!("{}", sent.id);
+    if let Some(by) = &sent.superseded_by {
+        eprintln!(
+            "superseded by {by} before it was sent: its recipient gets a tombstone in its place"
+        );
+    }
     Ok(())
+}
+
+/// The options of `mesh --agent NAME send`.
+pub(crate) struct SendOpts {
+    /// Send each line of stdin.
+    pub(crate) lines: bool,
+    /// The client id.
+    pub(crate) id: Option<String>,
+    /// The supersede key.
+    pub(crate) key: Option<String>,
 }
 
 /// `mesh --agent NAME send TO TEXT`: prints the message id once committed.
@@ -146,10 +161,10 @@ pub(crate) async fn send(
     c: &Client,
     to: String,
     text: String,
-    lines: bool,
-    id: Option<String>,
+    opts: SendOpts,
     json: bool,
 ) -> anyhow::Result<()> {
+    let SendOpts { lines, id, key } = opts;
     let path = format!("/v1/agents/{}/send", path_segment(me(c)));
     if lines {
         if text != "-" {
@@ -167,6 +182,7 @@ pub(crate) async fn send(
                 encoding: Default::default(),
                 in_reply_to: None,
                 client_id: None,
+                key: key.clone(),
             };
             let sent: AgentSendResponse = c.post(&path, &req).await?;
             print_agent_sent(&sent, json)?;
@@ -179,6 +195,7 @@ pub(crate) async fn send(
         encoding: Default::default(),
         in_reply_to: None,
         client_id: id,
+        key,
     };
     let sent: AgentSendResponse = c.post(&path, &req).await?;
     print_agent_sent(&sent, json)
@@ -212,6 +229,7 @@ fn print_inbox_entry(e: &InboxEntry, json: bool) -> anyhow::Result<()> {
         }
         "bounce" => format!("BOUNCE {id}: {}", e.body),
         "lagged" => format!("LAGGED {}", e.body),
+        "superseded" => format!("SUPERSEDED {id}: {}", e.body),
         other => format!("({other}) {}", e.body),
     };
     let mut out = std::io::stdout().lock();
@@ -269,6 +287,7 @@ pub(crate) async fn request(
         encoding: Default::default(),
         in_reply_to: None,
         client_id: Some(fresh_client_id()),
+        key: None,
     };
     let agent = me(c).to_owned();
     let path = format!("/v1/agents/{}/send", path_segment(&agent));

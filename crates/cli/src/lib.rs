@@ -124,6 +124,14 @@ pub enum Command {
         /// dedup window gets the first answer and is not sent again.
         #[arg(long, value_name = "TEXT")]
         id: Option<String>,
+        /// A supersede key (with --agent): this message replaces an earlier
+        /// one of this agent to the same recipient with the same key that
+        /// has not been sent yet (held through a store outage, or queued
+        /// for a peer that is away). The earlier send answers `superseded`
+        /// (exit 0: it is not an error to retry) and its recipient gets a
+        /// tombstone in its place. For status updates and heartbeats.
+        #[arg(long, value_name = "KEY")]
+        key: Option<String>,
         /// Print JSON (id, stream, seq) instead of the seq.
         #[arg(long)]
         json: bool,
@@ -446,9 +454,19 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
                 text,
                 lines,
                 id,
+                key,
                 json,
             } => match agent.client().await? {
-                Some(a) => agents::send(&a, peer, text, lines, id, json).await,
+                Some(a) => {
+                    let opts = agents::SendOpts { lines, id, key };
+                    agents::send(&a, peer, text, opts, json).await
+                }
+                None if key.is_some() => Err(UsageError(
+                    "--key needs a sending agent (--agent NAME): a supersede key travels in an \
+                     agent message; a node's plain messages carry none"
+                        .into(),
+                )
+                .into()),
                 None => commands::send(&c, peer, text, lines, id, json).await,
             },
             Command::Inbox {

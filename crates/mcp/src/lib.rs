@@ -49,6 +49,12 @@ pub struct SendArgs {
     /// a message in the inbox).
     #[serde(default)]
     pub in_reply_to: Option<String>,
+    /// A supersede key, 1 to 128 bytes: this message replaces an earlier
+    /// one of this agent to the same recipient with the same key that has
+    /// not been sent yet; that one is then `superseded` (its recipient
+    /// gets a tombstone in its place). For status updates and heartbeats.
+    #[serde(default)]
+    pub key: Option<String>,
 }
 
 /// `mesh_inbox`'s arguments.
@@ -183,6 +189,7 @@ impl MeshServer {
             encoding: Default::default(),
             in_reply_to: a.in_reply_to,
             client_id: Some(a.client_id.unwrap_or_else(fresh_client_id)),
+            key: a.key,
         };
         result(self.send_as(req).await)
     }
@@ -225,6 +232,7 @@ impl MeshServer {
             encoding: Default::default(),
             in_reply_to: None,
             client_id: Some(a.client_id.unwrap_or_else(fresh_client_id)),
+            key: None,
         };
         let sent = match self.send_as(req).await {
             Ok(s) => s,

@@ -27,8 +27,8 @@ pub const KIND_AGENT: u16 = 1;
 /// A bounce: the payload is a [`Bounce`], sent back to the author of an
 /// agent message that could not be delivered.
 pub const KIND_BOUNCE: u16 = 2;
-/// Reserved: a tombstone in place of a message that was replaced before it
-/// was sent (supersede, readdress).
+/// A tombstone: the payload is a [`Tombstone`], in the place (the seq and
+/// the id) of an agent message that was replaced before it was sent.
 pub const KIND_TOMBSTONE: u16 = 3;
 
 /// The longest agent name, in bytes.
@@ -284,7 +284,9 @@ pub struct AgentEnvelope {
     pub to: Option<AgentName>,
     /// The message this one answers.
     pub in_reply_to: Option<MsgId>,
-    /// Reserved for supersede; `None` until then.
+    /// The supersede key: a later message of the same sender to the same
+    /// recipient with the same key replaces this one if it is still
+    /// waiting to be sent (a [`Tombstone`] goes in its place).
     pub key: Option<SupersedeKey>,
     /// The message.
     #[serde(with = "serde_bytes")]
@@ -386,6 +388,54 @@ impl Bounce {
     /// Decodes a payload of kind [`KIND_BOUNCE`], canonical and whole.
     pub fn decode(payload: &[u8]) -> Result<Bounce, AgentError> {
         decode_canonical(payload, "bounce")
+    }
+}
+
+/// Why a message was replaced by a [`Tombstone`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum TombstoneReason {
+    /// A later message of the same sender to the same recipient with the
+    /// same supersede key, `by`, replaced it before it was sent.
+    Superseded {
+        /// The message that replaced it.
+        by: MsgId,
+    },
+}
+
+/// The most bytes a [`Tombstone`] encodes to (names and key at their
+/// longest): what an author reserves for a keyed message, which may become
+/// one.
+pub const MAX_TOMBSTONE_BYTES: u64 = 320;
+
+/// The payload of an envelope of kind [`KIND_TOMBSTONE`]: what stands in
+/// the place of an agent message that was replaced before it was sent, so
+/// that its recipient is told, at the seq the message had, that it existed
+/// and why it will never arrive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    /// The replaced message's id (the first 16 bytes, as for an
+    /// [`AgentEnvelope`], so [`stamp_msg_id`] applies).
+    pub id: MsgId,
+    /// Its sending agent.
+    pub from: AgentName,
+    /// Its recipient agent.
+    pub to: Option<AgentName>,
+    /// Its supersede key.
+    pub key: SupersedeKey,
+    /// Why it was replaced.
+    pub reason: TombstoneReason,
+}
+
+impl Tombstone {
+    /// The payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+    }
+
+    /// Decodes a payload of kind [`KIND_TOMBSTONE`], canonical and whole.
+    pub fn decode(payload: &[u8]) -> Result<Tombstone, AgentError> {
+        decode_canonical(payload, "tombstone")
     }
 }
 
@@ -634,5 +684,39 @@ mod tests {
         assert!(is_mesh_kind(KIND_TOMBSTONE));
         assert!(!is_mesh_kind(16));
         assert!(!is_mesh_kind(0x6d62));
+    }
+
+    #[test]
+    fn a_tombstone_decodes_only_as_encoded_and_takes_a_stamped_id() {
+        let mut t = Tombstone {
+            id: MsgId([0; 16]),
+            from: name("alice"),
+            to: Some(name("bob")),
+            key: SupersedeKey::new("status").unwrap(),
+            reason: TombstoneReason::Superseded { by: MsgId([9; 16]) },
+        };
+        let mut bytes = t.encode();
+        assert!(stamp_msg_id(&mut bytes, MsgId([7; 16])));
+        t.id = MsgId([7; 16]);
+        assert_eq!(Tombstone::decode(&bytes).unwrap(), t);
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Tombstone::decode(&longer).is_err(), "trailing bytes");
+        assert!(Tombstone::decode(&bytes[..bytes.len() - 1]).is_err());
+        // The reason is an enum of one variant: any other tag is refused.
+        let last = bytes.len() - 17;
+        let mut other = bytes.clone();
+        other[last] = 1;
+        assert!(Tombstone::decode(&other).is_err(), "unknown reason");
+        let longest = Tombstone {
+            id: MsgId([0xff; 16]),
+            from: name(&"a".repeat(MAX_AGENT_NAME_BYTES)),
+            to: Some(name(&"b".repeat(MAX_AGENT_NAME_BYTES))),
+            key: SupersedeKey::new(&"k".repeat(MAX_SUPERSEDE_KEY_BYTES)).unwrap(),
+            reason: TombstoneReason::Superseded {
+                by: MsgId([0xff; 16]),
+            },
+        };
+        assert!(longest.encode().len() as u64 <= MAX_TOMBSTONE_BYTES);
     }
 }

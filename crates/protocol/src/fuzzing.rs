@@ -66,7 +66,7 @@ pub fn frame(data: &[u8]) {
 }
 
 /// Feeds `data` to the decoders of the mesh's own payload formats (an
-/// agent message, a bounce), as a receiving node does with an envelope of
+/// agent message, a bounce, a tombstone), as a receiving node does with an envelope of
 /// that kind.
 ///
 /// Panics if a decoded value does not re-encode to exactly `data`.
@@ -90,6 +90,12 @@ pub fn agent_payload(data: &[u8]) {
         assert!(
             b.encode() == data,
             "a decoded bounce re-encodes to other bytes"
+        );
+    }
+    if let Ok(t) = crate::Tombstone::decode(data) {
+        assert!(
+            t.encode() == data,
+            "a decoded tombstone re-encodes to other bytes"
         );
     }
 }

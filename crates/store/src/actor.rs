@@ -124,9 +124,9 @@ impl<S: MeshStore + ?Sized> fmt::Debug for StoreHandle<S> {
 
 fn op_bytes(op: &WriteOp) -> u64 {
     let payloads = match op {
-        WriteOp::AppendOwn { batch, .. } | WriteOp::Accept { batch, .. } => {
-            batch.batch().payload_bytes()
-        }
+        WriteOp::AppendOwn { batch, .. }
+        | WriteOp::Accept { batch, .. }
+        | WriteOp::Supersede { batch, .. } => batch.batch().payload_bytes(),
         WriteOp::RecordLoss { detail, .. } => detail.len() as u64,
         _ => 0,
     };

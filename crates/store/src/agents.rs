@@ -46,6 +46,9 @@ pub enum InboxKind {
     Bounce,
     /// A lag record of one of its live subscriptions.
     Lagged,
+    /// A tombstone: a message to it that was superseded before it was sent.
+    // Appended last: a variant's place is its stored encoding.
+    Superseded,
 }
 
 /// One entry of an agent's inbox index: the journal entry at its arrival
@@ -101,6 +104,12 @@ pub struct MessageRow {
     /// Set when it was not delivered: here (received) or as the bounce
     /// that came back (sent).
     pub undelivered: Option<BounceReason>,
+    /// Set when a later message with the same supersede key replaced it
+    /// before it was sent: that message. Read from `superseded-v1` (sent)
+    /// or from the tombstone in the journal (received); never part of the
+    /// index row's own encoding.
+    #[serde(skip)]
+    pub superseded_by: Option<MsgId>,
 }
 
 /// A retried send's key: the sender (an agent, or the node itself) and
@@ -207,6 +216,14 @@ pub enum AgentOp {
         /// Why it was not delivered.
         reason: BounceReason,
     },
+    /// Record that the sent message `id` was superseded by `by` before it
+    /// was sent (its tombstone replaced it in the outbox).
+    Superseded {
+        /// The message replaced.
+        id: MsgId,
+        /// The message that replaced it.
+        by: MsgId,
+    },
     /// Forget retried-send records taken before `before_ms`.
     ExpireDedup {
         /// The cut-off, ms since the Unix epoch.
@@ -257,6 +274,10 @@ pub(crate) enum AgentWrite {
     Bounced {
         id: MsgId,
         reason: BounceReason,
+    },
+    Superseded {
+        id: MsgId,
+        by: MsgId,
     },
     Dedup(DedupRecord),
     ExpireDedup {
@@ -339,6 +360,7 @@ pub(crate) fn plan(
             });
         }
         AgentOp::Bounced { id, reason } => out.push(AgentWrite::Bounced { id, reason }),
+        AgentOp::Superseded { id, by } => out.push(AgentWrite::Superseded { id, by }),
         AgentOp::ExpireDedup { before_ms } => out.push(AgentWrite::ExpireDedup { before_ms }),
         AgentOp::ForgetDedup { at_ms, key } => out.push(AgentWrite::ForgetDedup { at_ms, key }),
         AgentOp::PutAlias { alias, node } => {
@@ -449,12 +471,13 @@ impl Place {
     }
 
     /// The message row of the message at this place, whose journal entry
-    /// is `record`; the why of a refusal if that entry is not its agent
-    /// message.
+    /// is `record` (its agent message, or the tombstone in its place); the
+    /// why of a refusal if that entry is neither.
     pub(crate) fn row(
         self,
         record: &crate::JournalRecord,
         undelivered: Option<BounceReason>,
+        superseded_by: Option<MsgId>,
     ) -> Result<MessageRow, String> {
         let crate::JournalRecord::Envelope {
             stream,
@@ -469,11 +492,38 @@ impl Place {
                 self.arrival
             ));
         };
-        if *stream != self.stream || *seq != self.seq || *kind != mesh_protocol::KIND_AGENT {
+        let agent_kind = matches!(
+            *kind,
+            mesh_protocol::KIND_AGENT | mesh_protocol::KIND_TOMBSTONE
+        );
+        if *stream != self.stream || *seq != self.seq || !agent_kind {
             return Err(format!(
                 "the message index names arrival {}, which holds another envelope",
                 self.arrival
             ));
+        }
+        if *kind == mesh_protocol::KIND_TOMBSTONE {
+            let t = mesh_protocol::Tombstone::decode(payload).map_err(|e| {
+                format!(
+                    "the tombstone at arrival {} does not decode: {e}",
+                    self.arrival
+                )
+            })?;
+            let by = match t.reason {
+                mesh_protocol::TombstoneReason::Superseded { by } => Some(by),
+                _ => None,
+            };
+            return Ok(MessageRow {
+                dir: self.dir,
+                stream: self.stream,
+                seq: self.seq,
+                arrival: self.arrival,
+                from: t.from,
+                to: t.to,
+                in_reply_to: None,
+                undelivered,
+                superseded_by: by,
+            });
         }
         let h = mesh_protocol::AgentHeader::decode(payload).map_err(|e| {
             format!(
@@ -490,6 +540,7 @@ impl Place {
             to: h.to,
             in_reply_to: h.in_reply_to,
             undelivered,
+            superseded_by,
         })
     }
 }

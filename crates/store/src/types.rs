@@ -487,6 +487,20 @@ pub enum WriteOp {
         /// The last seq of `from` carried with it.
         upto: Seq,
     },
+    /// Author: replace the outbox batch of `batch`'s stream that starts at
+    /// its first seq with `batch`, a tombstone re-signed in its place (the
+    /// message there was superseded before it was sent; the journal keeps
+    /// what was sent there, the outbox now keeps the tombstone's payload).
+    /// Checks: the stream is this store's own in its current epoch; the old
+    /// batch and `batch` hold one envelope each, at a seq the peer has not
+    /// acknowledged; `by`, the superseding message's seq, is later and
+    /// already appended (earlier in the same commit, or before).
+    Supersede {
+        /// The tombstone, signed alone.
+        batch: OpenBatch,
+        /// The seq of the message that supersedes it.
+        by: Seq,
+    },
     /// Author: drop the outbox of the ended own stream `stream` (nothing of
     /// it is left to carry). Checks: the stream is ended.
     DropEnded {

@@ -267,6 +267,14 @@ pub struct AgentCounts {
     pub malformed: u64,
     /// Agents frames dropped: a bad card, or a card of another node.
     pub cards_refused: u64,
+    /// Own agent messages superseded before they were sent: held ones
+    /// (committed as tombstones) and queued ones (replaced in the outbox).
+    pub superseded: u64,
+    /// Supersedes of a queued message the store refused (it was evicted or
+    /// acknowledged meanwhile; it is sent, or lost, as it was).
+    pub supersede_refused: u64,
+    /// Tombstones received for an agent of this node.
+    pub tombstones_received: u64,
 }
 
 #[cfg(test)]

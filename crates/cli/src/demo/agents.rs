@@ -111,6 +111,7 @@ async fn agent_send(
         encoding: Default::default(),
         in_reply_to: None,
         client_id: None,
+        key: None,
     };
     Ok(c.post(&format!("/v1/agents/{agent}/send"), &req).await?)
 }

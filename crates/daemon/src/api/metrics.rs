@@ -127,7 +127,7 @@ fn render_bus(t: &mut Text, status: &NodeStatus) {
 }
 
 /// The agent layer's counters: (name after `mesh_`, help, value).
-fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 9] {
+fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 12] {
     let a = &status.core.agents;
     [
         (
@@ -164,6 +164,21 @@ fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 9]
             "agent_bounces_refused_total",
             "Bounces the author's outbox did not take.",
             a.bounces_refused,
+        ),
+        (
+            "agent_superseded_total",
+            "Own agent messages superseded before they were sent.",
+            a.superseded,
+        ),
+        (
+            "agent_supersede_refused_total",
+            "Supersedes of a queued message the store refused (evicted or acknowledged meanwhile).",
+            a.supersede_refused,
+        ),
+        (
+            "agent_tombstones_received_total",
+            "Tombstones of superseded messages put in an agent's inbox here.",
+            a.tombstones_received,
         ),
         (
             "agent_bounces_received_total",

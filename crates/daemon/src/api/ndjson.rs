@@ -433,6 +433,7 @@ mod tests {
                                 stream: StreamId::direct(node.me, node.epoch, m.to),
                                 seq,
                                 arrival: seq,
+                                superseded_by: None,
                             })
                             .collect())
                     })

@@ -200,7 +200,11 @@ impl Answers {
         if let Some((_, json, _)) = &self.stream {
             out.extend_from_slice(json);
         }
-        let _ = write!(out, ",\"seq\":{}}}", sent.seq);
+        let _ = write!(out, ",\"seq\":{}", sent.seq);
+        if let Some(by) = sent.superseded_by {
+            let _ = write!(out, ",\"superseded_by\":\"{by}\"");
+        }
+        out.push(b'}');
     }
 
     /// The answer lines of `sent`, one per message.
@@ -355,6 +359,7 @@ mod tests {
             stream: StreamId::direct(me, Epoch([2; 16]), to),
             seq,
             arrival: 40 + seq,
+            superseded_by: None,
         }
     }
 

@@ -424,6 +424,7 @@ impl<B: Base> GroupView<'_, B> {
             } => self.report_rolled_back(stream, held, world, detail),
             WriteOp::CarryOver { batch, from, upto } => self.carry_over(batch, from, upto),
             WriteOp::DropEnded { stream } => self.drop_ended(stream),
+            WriteOp::Supersede { batch, by } => self.supersede(batch, by),
             WriteOp::PutCard(card) => self.write(Write::PutCard(card)),
             WriteOp::PutInvite(invite) => self.put_invite(invite),
             WriteOp::Agents(op) => self.agents(op),

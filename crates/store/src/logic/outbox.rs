@@ -185,6 +185,77 @@ impl<B: Base> GroupView<'_, B> {
         Ok(())
     }
 
+    /// Replaces the unacknowledged one-envelope batch at `batch`'s seq
+    /// with `batch` (see [`crate::WriteOp::Supersede`]).
+    pub(super) fn supersede(
+        &mut self,
+        batch: mesh_protocol::OpenBatch,
+        by: Seq,
+    ) -> Result<(), Fail> {
+        let (vb, payloads) = batch.into_parts();
+        let stream = vb.stream().clone();
+        let seq = vb.first_seq();
+        if stream.epoch != self.counters.epoch {
+            return refuse(format!(
+                "supersede in {stream:?}, which is not of this store's epoch"
+            ));
+        }
+        let Some(mut own) = self.own_stream(&stream)? else {
+            return refuse(format!(
+                "supersede in {stream:?}, which this store does not write"
+            ));
+        };
+        if vb.entries().len() != 1 {
+            return refuse(format!(
+                "a tombstone batch of {stream:?} at {seq} holds {} envelopes, not one",
+                vb.entries().len()
+            ));
+        }
+        if seq <= own.last_acked || seq < own.first_retained || by <= seq || by >= own.next_seq {
+            return refuse(format!(
+                "supersede of {stream:?} seq {seq} by {by}: the outbox holds {}..{}, acknowledged \
+                 up to {}",
+                own.first_retained, own.next_seq, own.last_acked
+            ));
+        }
+        let old = match self.batch_meta(&stream, seq)? {
+            Some(m) if m.last_seq == seq => m,
+            _ => {
+                return refuse(format!(
+                    "supersede of {stream:?} seq {seq}: no batch of that one envelope"
+                ));
+            }
+        };
+        let new = BatchMeta {
+            last_seq: seq,
+            msgs: 1,
+            bytes: payloads.iter().map(|p| p.len() as u64).sum(),
+        };
+        for h in vb.entries() {
+            self.lamport(h.lamport);
+        }
+        let key = (stream.clone(), seq);
+        self.writes.push(Write::DelBatch {
+            stream: stream.clone(),
+            first_seq: seq,
+        });
+        self.writes.push(Write::PutPayloads {
+            stream: stream.clone(),
+            first_seq: seq,
+            payloads,
+        });
+        self.writes.push(Write::PutBatch {
+            first_seq: seq,
+            batch: vb.into_signed(),
+            first_arrival: 0,
+        });
+        self.moved.insert(key.clone());
+        self.batches.insert(key, Some(new));
+        own.bytes = own.bytes - old.bytes + new.bytes;
+        self.set_own(own);
+        Ok(())
+    }
+
     pub(super) fn acked(&mut self, stream: StreamId, upto: Seq, reset: bool) -> Result<(), Fail> {
         let Some(mut own) = self.own_stream(&stream)? else {
             return refuse(format!(

@@ -61,6 +61,8 @@ struct Agents {
     messages: BTreeMap<MsgId, crate::agents::Place>,
     /// Messages not delivered, and why.
     undelivered: BTreeMap<MsgId, mesh_protocol::BounceReason>,
+    /// Sent messages superseded before they were sent, and by what.
+    superseded: BTreeMap<MsgId, MsgId>,
     /// By (time taken, encoded key), as on disk.
     dedup: BTreeMap<(u64, Vec<u8>), DedupRecord>,
     aliases: BTreeMap<String, NodeId>,
@@ -421,7 +423,11 @@ impl MeshStore for MemStore {
             .get(&place.arrival)
             .ok_or_else(|| corrupt(format!("no journal entry at {}", place.arrival)))?;
         let undelivered = state.agents.undelivered.get(id).copied();
-        place.row(record, undelivered).map(Some).map_err(corrupt)
+        let superseded = state.agents.superseded.get(id).copied();
+        place
+            .row(record, undelivered, superseded)
+            .map(Some)
+            .map_err(corrupt)
     }
 
     fn dedup(&self) -> Result<Vec<DedupRecord>, StoreError> {

@@ -35,6 +35,9 @@ impl Agents {
             AgentWrite::Bounced { id, reason } => {
                 self.undelivered.insert(id, reason);
             }
+            AgentWrite::Superseded { id, by } => {
+                self.superseded.insert(id, by);
+            }
             AgentWrite::Dedup(r) => {
                 self.dedup.insert((r.at_ms, dedup_key_bytes(&r.key)), r);
             }

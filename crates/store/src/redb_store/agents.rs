@@ -8,6 +8,7 @@
 //! | `inbox-v1`         | (agent name, last arrival in the row) | postcard `InboxRun`: the agent's entries of one commit |
 //! | `messages-v1`      | id of the last message in the row (16 bytes) | postcard `MessageRun`: the places of consecutive messages of one stream |
 //! | `undelivered-v1`   | message id                       | postcard `BounceReason` |
+//! | `superseded-v1`    | message id                       | the id (16 bytes) of the message that superseded it before it was sent |
 //! | `dedup-v1`         | (ms taken, postcard `DedupKey`)  | postcard `DedupRecord` |
 //! | `aliases-v1`       | alias                            | node id (32 bytes)    |
 //! | `agent-cursors-v1` | (agent name, cursor name)        | arrival               |
@@ -101,6 +102,7 @@ const MESSAGES: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("messag
 const DEDUP: TableDefinition<'_, (u64, &[u8]), &[u8]> = TableDefinition::new("dedup-v1");
 const ALIASES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("aliases-v1");
 const UNDELIVERED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("undelivered-v1");
+const SUPERSEDED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("superseded-v1");
 const AGENT_CURSORS: TableDefinition<'_, (&str, &str), u64> =
     TableDefinition::new("agent-cursors-v1");
 
@@ -117,6 +119,7 @@ pub(super) struct AgentTables<'tx> {
     aliases: Option<Table<'tx, &'static str, &'static [u8]>>,
     cursors: Option<Table<'tx, (&'static str, &'static str), u64>>,
     undelivered: Option<Table<'tx, &'static [u8], &'static [u8]>>,
+    superseded: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     /// Index entries of this commit, written packed at [`AgentTables::flush`].
     inbox_pending: Vec<(AgentName, Arrival, InboxRow)>,
     messages_pending: Vec<(MsgId, MessageRow)>,
@@ -152,6 +155,7 @@ impl<'tx> AgentTables<'tx> {
             aliases: None,
             cursors: None,
             undelivered: None,
+            superseded: None,
             inbox_pending: Vec::new(),
             messages_pending: Vec::new(),
             bounced_pending: Vec::new(),
@@ -263,6 +267,11 @@ impl<'tx> AgentTables<'tx> {
             } => self.inbox_pending.push((agent, arrival, row)),
             AgentWrite::Message { id, row } => self.messages_pending.push((id, row)),
             AgentWrite::Bounced { id, reason } => self.bounced_pending.push((id, reason)),
+            AgentWrite::Superseded { id, by } => {
+                open(tx, &mut self.superseded, SUPERSEDED, name)?
+                    .insert(id.as_bytes().as_slice(), by.as_bytes().as_slice())
+                    .map_err(werr)?;
+            }
             AgentWrite::Dedup(r) => {
                 let k = dedup_key_bytes(&r.key);
                 let v = encode(&r)?;
@@ -401,6 +410,18 @@ impl RedbStore {
                 .transpose()?,
             None => None,
         };
+        let superseded = match read_table(&rx, SUPERSEDED, &self.name)? {
+            Some(u) => u
+                .get(id.as_bytes().as_slice())
+                .map_err(|e| self.read_err(e))?
+                .map(|v| {
+                    <[u8; 16]>::try_from(v.value())
+                        .map(MsgId)
+                        .map_err(|_| corrupt(&self.name, "a superseded row names no message id"))
+                })
+                .transpose()?,
+            None => None,
+        };
         if place.arrival < self.bounds_in(&rx)?.first {
             // Retention took its journal entry, and what it said with it.
             return Ok(None);
@@ -418,7 +439,7 @@ impl RedbStore {
                 )
             })?;
         place
-            .row(&record.record, undelivered)
+            .row(&record.record, undelivered, superseded)
             .map(Some)
             .map_err(|why| corrupt(&self.name, why))
     }

@@ -2,8 +2,8 @@
 //! and a file written before the tables existed.
 
 use mesh_protocol::{
-    AgentEnvelope, AgentName, BounceReason, Channel, Epoch, KIND_AGENT, MsgId, NewEnvelope,
-    OpenBatch,
+    AgentEnvelope, AgentName, BounceReason, Channel, Epoch, KIND_AGENT, KIND_TOMBSTONE, MsgId,
+    NewEnvelope, OpenBatch, SupersedeKey, Tombstone, TombstoneReason,
 };
 
 use super::util::*;
@@ -17,6 +17,8 @@ store_suite!(
     an_index_entry_for_an_envelope_not_journaled_in_its_group_is_refused_whole,
     an_inbox_pages_in_arrival_order_after_a_cursor_and_holds_only_its_agent,
     a_message_row_gets_its_place_and_a_bounce_marks_it,
+    a_superseded_outbox_message_reads_back_as_its_tombstone_and_the_index_says_by_what,
+    a_received_tombstone_indexes_as_superseded,
     agents_aliases_and_agent_cursors_round_trip_and_a_removed_agent_loses_its_inbox,
     dedup_records_round_trip_oldest_first_and_expire_by_time,
     a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it,
@@ -38,6 +40,7 @@ fn message_row() -> MessageRow {
         to: Some(name("bob")),
         in_reply_to: None,
         undelivered: None,
+        superseded_by: None,
     }
 }
 
@@ -461,4 +464,190 @@ fn an_inbox_entry_whose_journal_entry_retention_trimmed_reads_as_trimmed(s: &dyn
         &inbox[1].item.record,
         JournalRecord::Envelope { seq: 5, .. }
     ));
+}
+
+/// A tombstone of `id` from `alice` to `bob` under key `k`, superseded by `by`.
+fn tombstone(id: MsgId, by: MsgId) -> Vec<u8> {
+    Tombstone {
+        id,
+        from: name("alice"),
+        to: Some(name("bob")),
+        key: SupersedeKey::new("k").expect("valid key"),
+        reason: TombstoneReason::Superseded { by },
+    }
+    .encode()
+}
+
+/// One envelope of kind `kind` at `seq` of this store's stream to `PEER`.
+fn own_one(s: &dyn MeshStore, seq: u64, kind: u16, payload: Vec<u8>) -> OpenBatch {
+    let env = NewEnvelope {
+        lamport: seq,
+        created_ms: seq,
+        kind,
+        payload,
+    };
+    OpenBatch::sign(
+        &key(ME),
+        s.meta().epoch,
+        Channel::Direct(node(PEER)),
+        seq,
+        vec![env],
+    )
+    .expect("fits")
+}
+
+fn a_superseded_outbox_message_reads_back_as_its_tombstone_and_the_index_says_by_what(
+    s: &dyn MeshStore,
+) {
+    let stream = own_stream_id(s, PEER);
+    let id = |seq| MsgId::derive(&node(ME), s.meta().epoch, &node(PEER), seq);
+    let message = |seq: u64| AgentEnvelope {
+        id: id(seq),
+        from: name("alice"),
+        to: Some(name("bob")),
+        in_reply_to: None,
+        key: Some(SupersedeKey::new("k").expect("valid key")),
+        body: vec![7; 100],
+    };
+    let sent = |seq| MessageRow {
+        dir: MessageDir::Sent,
+        stream: stream.clone(),
+        seq,
+        from: name("alice"),
+        ..message_row()
+    };
+    for seq in 1..=2 {
+        commit1(
+            s,
+            vec![
+                WriteOp::AppendOwn {
+                    batch: own_one(s, seq, KIND_AGENT, message(seq).encode()),
+                    evict: None,
+                },
+                WriteOp::Agents(AgentOp::Index {
+                    stream: stream.clone(),
+                    entries: vec![AgentIndex::Message {
+                        id: id(seq),
+                        seq,
+                        row: sent(seq),
+                    }],
+                }),
+            ],
+        )
+        .expect("commits");
+    }
+    let original = message(1).encode();
+    let tomb = tombstone(id(1), id(2));
+    let supersede = |seq, by| WriteOp::Supersede {
+        batch: own_one(s, seq, KIND_TOMBSTONE, tombstone(id(seq), id(by))),
+        by,
+    };
+    let err = commit1(s, vec![supersede(2, 2)]).expect_err("only by a later message");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    let err = commit1(s, vec![supersede(1, 3)]).expect_err("only by an appended one");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    commit1(
+        s,
+        vec![
+            supersede(1, 2),
+            WriteOp::Agents(AgentOp::Superseded {
+                id: id(1),
+                by: id(2),
+            }),
+        ],
+    )
+    .expect("commits");
+    let out = outbox(s, &stream);
+    assert_eq!(out.len(), 2);
+    assert_eq!(
+        out[0].payloads,
+        vec![tomb.clone()],
+        "the outbox sends the tombstone"
+    );
+    assert_eq!(out[0].batch.entries[0].kind, KIND_TOMBSTONE);
+    let state = own_state(s, &stream).expect("stream");
+    let second = message(2).encode().len() as u64;
+    assert_eq!((state.msgs, state.bytes), (2, tomb.len() as u64 + second));
+    // The journal keeps what was sent there.
+    assert!(matches!(
+        &journal(s)[0].record,
+        JournalRecord::Envelope { seq: 1, kind: KIND_AGENT, payload, .. } if *payload == original
+    ));
+    let got = s.message(&id(1)).expect("reads").expect("indexed");
+    assert_eq!(got.superseded_by, Some(id(2)));
+    assert_eq!(got.from, name("alice"));
+    assert_eq!(
+        s.message(&id(2))
+            .expect("reads")
+            .expect("indexed")
+            .superseded_by,
+        None
+    );
+    // Once acknowledged, a message is the peer's: never replaced.
+    commit1(
+        s,
+        vec![WriteOp::Acked {
+            stream: stream.clone(),
+            upto: 2,
+            reset: false,
+        }],
+    )
+    .expect("commits");
+    commit1(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: own_one(s, 3, KIND_AGENT, message(3).encode()),
+            evict: None,
+        }],
+    )
+    .expect("commits");
+    let err = commit1(s, vec![supersede(2, 3)]).expect_err("acknowledged");
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+}
+
+fn a_received_tombstone_indexes_as_superseded(s: &dyn MeshStore) {
+    let env = NewEnvelope {
+        lamport: 1,
+        created_ms: 1,
+        kind: KIND_TOMBSTONE,
+        payload: tombstone(peer_id(1), peer_id(2)),
+    };
+    let batch = OpenBatch::sign(
+        &key(PEER),
+        Epoch([PEER; 16]),
+        Channel::Direct(node(ME)),
+        1,
+        vec![env],
+    )
+    .expect("fits");
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept { batch, from: 1 },
+            WriteOp::Agents(AgentOp::Index {
+                stream: peer_stream(PEER),
+                entries: vec![
+                    AgentIndex::Inbox {
+                        agent: name("bob"),
+                        seq: 1,
+                        row: row(InboxKind::Superseded),
+                    },
+                    AgentIndex::Message {
+                        id: peer_id(1),
+                        seq: 1,
+                        row: message_row(),
+                    },
+                ],
+            }),
+        ],
+    )
+    .expect("commits");
+    let got = s.message(&peer_id(1)).expect("reads").expect("indexed");
+    assert_eq!(
+        (got.from, got.to, got.superseded_by),
+        (name("alice"), Some(name("bob")), Some(peer_id(2)))
+    );
+    let inbox = s.inbox(&name("bob"), 0, 10).expect("reads");
+    assert_eq!(inbox.len(), 1);
+    assert_eq!(inbox[0].row.kind, InboxKind::Superseded);
 }

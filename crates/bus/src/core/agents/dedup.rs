@@ -71,6 +71,7 @@ impl Dedup {
         let mut d = Dedup::default();
         for r in records {
             let receipt = SendReceipt {
+                superseded_by: None,
                 stream: r.stream,
                 seq: r.seq,
                 arrival: r.arrival,

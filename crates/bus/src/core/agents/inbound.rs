@@ -1,7 +1,8 @@
 //! The receive side: a peer batch's agent messages to inboxes and the index, and bounces.
 
 use mesh_protocol::{
-    AgentHeader, Bounce, BounceReason, Envelope, KIND_AGENT, KIND_BOUNCE, NodeId, StreamId,
+    AgentHeader, Bounce, BounceReason, Envelope, KIND_AGENT, KIND_BOUNCE, KIND_TOMBSTONE, NodeId,
+    StreamId, Tombstone,
 };
 use mesh_store::{AgentIndex, AgentOp, InboxKind, InboxRow, MessageDir, MessageRow, WriteOp};
 
@@ -28,6 +29,7 @@ impl Core {
             match e.header.kind {
                 KIND_AGENT => self.index_inbound_agent(*peer, &stream, &e, now, &mut entries),
                 KIND_BOUNCE => self.index_inbound_bounce(&e, &mut entries, &mut ops),
+                KIND_TOMBSTONE => self.index_inbound_tombstone(*peer, &stream, &e, &mut entries),
                 _ => {}
             }
         }
@@ -99,6 +101,58 @@ impl Core {
                 to: msg.to,
                 in_reply_to: msg.in_reply_to,
                 undelivered,
+                superseded_by: None,
+            },
+        });
+    }
+
+    /// Adds the index entries of the tombstone `e` from `peer` on `stream`
+    /// to `entries`: an inbox entry if the agent the superseded message was
+    /// for is here (so its reader is told), and the message row of the
+    /// superseded message (`mesh message` says by what). A tombstone for an
+    /// agent this node does not host is journaled and bounced to nobody:
+    /// the message it replaced was never sent.
+    fn index_inbound_tombstone(
+        &mut self,
+        peer: NodeId,
+        stream: &StreamId,
+        e: &Envelope<'_>,
+        entries: &mut Vec<AgentIndex>,
+    ) {
+        let Ok(t) = Tombstone::decode(e.payload) else {
+            self.out.metrics.agents.malformed += 1;
+            return;
+        };
+        let verified = self
+            .agents
+            .peers
+            .get(&peer)
+            .is_some_and(|m| m.contains_key(&t.from));
+        if let Some(to) = t.to.as_ref().filter(|to| self.agents.is_local(to)) {
+            self.out.metrics.agents.tombstones_received += 1;
+            entries.push(AgentIndex::Inbox {
+                agent: to.clone(),
+                seq: e.seq,
+                row: InboxRow {
+                    kind: InboxKind::Superseded,
+                    verified,
+                    in_reply_to: None,
+                },
+            });
+        }
+        entries.push(AgentIndex::Message {
+            id: t.id,
+            seq: e.seq,
+            row: MessageRow {
+                dir: MessageDir::Received,
+                stream: stream.clone(),
+                seq: e.seq,
+                arrival: 0,
+                from: t.from,
+                to: t.to,
+                in_reply_to: None,
+                undelivered: None,
+                superseded_by: None,
             },
         });
     }

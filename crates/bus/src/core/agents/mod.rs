@@ -15,6 +15,7 @@
 mod dedup;
 mod inbound;
 mod send;
+mod supersede;
 
 use std::collections::BTreeMap;
 
@@ -43,6 +44,13 @@ pub(super) struct AgentMsg {
     from: AgentName,
     to: Option<AgentName>,
     in_reply_to: Option<MsgId>,
+    /// Its supersede key.
+    key: Option<mesh_protocol::SupersedeKey>,
+    /// Set when a later send of this commit with the same key replaced it:
+    /// its payload is then the tombstone naming that send.
+    superseded_by: Option<MsgId>,
+    /// The kind and payload the send had before it became a tombstone.
+    original: Option<(u16, Vec<u8>)>,
 }
 
 /// A first send's retried-send record, before it has a place.
@@ -87,6 +95,9 @@ pub(super) struct Agents {
     housekeeping: Vec<AgentOp>,
     /// The last time retried-send records were expired.
     expired_at: Millis,
+    /// The newest keyed message committed in this process's life per
+    /// peer and slot, which a later one with the same key may replace.
+    keyed: supersede::Keyed,
 }
 
 impl Agents {
@@ -98,6 +109,7 @@ impl Agents {
             bounces: Vec::new(),
             housekeeping: Vec::new(),
             expired_at: Millis(0),
+            keyed: supersede::Keyed::default(),
         }
     }
 

@@ -1,7 +1,7 @@
 //! The send path of agent messages and sends with a client id: checks, ids, index entries.
 
 use mesh_protocol::{
-    AgentEnvelope, AgentName, KIND_AGENT, MsgId, NodeId, Seq, StreamId, stamp_msg_id,
+    AgentEnvelope, AgentName, KIND_AGENT, MsgId, NodeId, Seq, StreamId, SupersedeKey, stamp_msg_id,
 };
 use mesh_store::{
     AgentIndex, AgentOp, DedupKey, DedupRecord, InboxKind, InboxRow, MessageDir, MessageRow,
@@ -35,6 +35,7 @@ impl Core {
             to: to_agent,
             in_reply_to,
             client_id,
+            key,
         } = meta;
         // Only a send with a client id needs one (a retry is told apart by it).
         let digest = match client_id {
@@ -49,7 +50,7 @@ impl Core {
             None => [0; 16],
         };
         let (kind, payload, agent) =
-            match self.address_send(kind, body, from, to_agent, in_reply_to) {
+            match self.address_send(kind, body, from, to_agent, in_reply_to, key) {
                 Ok(addressed) => addressed,
                 Err(e) => return refuse(self, e),
             };
@@ -93,6 +94,7 @@ impl Core {
         from: Option<AgentName>,
         to_agent: Option<AgentName>,
         in_reply_to: Option<MsgId>,
+        key: Option<SupersedeKey>,
     ) -> Result<(u16, Vec<u8>, Option<AgentMsg>), SendError> {
         match from {
             Some(from) => {
@@ -105,17 +107,20 @@ impl Core {
                     from: from.clone(),
                     to: to_agent.clone(),
                     in_reply_to,
-                    key: None,
+                    key: key.clone(),
                     body,
                 };
                 let agent = AgentMsg {
                     from,
                     to: to_agent,
                     in_reply_to,
+                    key,
+                    superseded_by: None,
+                    original: None,
                 };
                 Ok((KIND_AGENT, envelope.encode(), Some(agent)))
             }
-            None if to_agent.is_some() || in_reply_to.is_some() => {
+            None if to_agent.is_some() || in_reply_to.is_some() || key.is_some() => {
                 Err(SendError::NotAnAgentMessage)
             }
             None => Ok((kind, body, None)),
@@ -252,12 +257,17 @@ impl Core {
             debug_assert!(stamped, "an encoded agent envelope starts with its id");
             msg = Some(id);
             if local && let Some(recipient) = &a.to {
-                self.out.metrics.agents.delivered += 1;
+                let kind = if a.superseded_by.is_some() {
+                    InboxKind::Superseded
+                } else {
+                    self.out.metrics.agents.delivered += 1;
+                    InboxKind::Message
+                };
                 entries.push(AgentIndex::Inbox {
                     agent: recipient.clone(),
                     seq,
                     row: InboxRow {
-                        kind: InboxKind::Message,
+                        kind,
                         verified: true,
                         in_reply_to: a.in_reply_to,
                     },
@@ -275,6 +285,7 @@ impl Core {
                     to: a.to.clone(),
                     in_reply_to: a.in_reply_to,
                     undelivered: None,
+                    superseded_by: a.superseded_by,
                 },
             });
         }

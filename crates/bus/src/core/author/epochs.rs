@@ -89,6 +89,8 @@ impl Author {
         self.epoch = epoch;
         self.frozen = false;
         self.carry_load = None;
+        // The new streams start empty: nothing of them went out yet.
+        self.sent.clear();
     }
 
     /// Ended streams changed by a commit (carried on, reported).

@@ -148,6 +148,9 @@ impl Author {
 
     /// Asks for the batch holding the mark a feed verifies.
     fn load_verify(&mut self, peer: NodeId, out: &mut Out) {
+        if self.superseding.contains(&peer) {
+            return;
+        }
         let stream = self.stream_id(peer);
         let Some(feed) = self.feeds.get_mut(&peer) else {
             return;
@@ -291,6 +294,10 @@ impl Author {
         if feed.verify.is_some() || feed.load.is_some() || feed.retry_at.is_some() {
             return;
         }
+        if self.superseding.contains(&peer) {
+            // Read once the commit replacing a batch of it has returned.
+            return;
+        }
         if feed.cursor < last {
             let load = LoadId(self.next_load);
             self.next_load += 1;
@@ -312,6 +319,37 @@ impl Author {
                 upto,
             };
             out.send(peer, feed.conn, frame);
+        }
+    }
+
+    /// Whether no outbox read of `peer`'s feed is in flight or wanted
+    /// before it sends (no feed, or one that is idle or caught up).
+    pub(super) fn feed_reads_nothing(&self, peer: NodeId) -> bool {
+        self.feeds
+            .get(&peer)
+            .is_none_or(|f| f.load.is_none() && f.verify.is_none())
+    }
+
+    /// The commit that replaced batches of the outbox to each of `peers`
+    /// returned: their feeds read again.
+    pub(in crate::core) fn replaced(
+        &mut self,
+        peers: BTreeSet<NodeId>,
+        config: &Config,
+        out: &mut Out,
+    ) {
+        for peer in peers {
+            if !self.superseding.remove(&peer) {
+                continue;
+            }
+            let Some(feed) = self.feeds.get(&peer) else {
+                continue;
+            };
+            if feed.verify.is_some() {
+                self.load_verify(peer, out);
+            } else {
+                self.pump(peer, config, out);
+            }
         }
     }
 
@@ -412,6 +450,10 @@ impl Author {
             cursor = last;
             progressed = true;
         }
+        self.note_sent(peer, cursor);
+        let Some(feed) = self.feeds.get_mut(&peer) else {
+            return false;
+        };
         if !progressed && cursor < own.next_seq - 1 {
             if cursor.saturating_add(1) < own.first_retained {
                 cursor = own.first_retained - 1;
@@ -448,7 +490,9 @@ impl Author {
             batch: vb.into_signed(),
             payloads,
         };
+        let last = sb.batch.last_seq();
         feed.send_batch(to, sb, now, out);
+        self.note_sent(to, last);
     }
 
     /// The feed timer of `peer` is due: retries a failed read, then resends

@@ -80,6 +80,15 @@ pub(super) struct Author {
     /// Randomness for new epochs, and how many were made.
     entropy: [u8; 32],
     epochs_made: u64,
+    /// The highest seq of the current stream to each peer that may be at
+    /// the peer: handed to a connection in this process's life, or
+    /// committed before it started (who knows what went out then). Only
+    /// what lies above may be replaced (supersede).
+    sent: BTreeMap<NodeId, Seq>,
+    /// Peers whose outbox the commit in flight replaces a batch of: their
+    /// feed reads nothing until it has returned, so that no read sees the
+    /// batch it replaces and sends it.
+    superseding: BTreeSet<NodeId>,
 }
 
 impl Author {
@@ -98,11 +107,13 @@ impl Author {
             ended.into_iter().map(|e| (e.stream.clone(), e)).collect();
         let mut own = BTreeMap::new();
         let mut old = BTreeMap::new();
+        let mut sent = BTreeMap::new();
         for o in streams.into_iter().filter(|o| o.stream.author == me) {
             let Channel::Direct(to) = o.stream.channel else {
                 continue;
             };
             if o.stream.epoch == epoch {
+                sent.insert(to, o.next_seq - 1);
                 own.insert(to, o);
             } else if ended.contains_key(&o.stream) {
                 old.insert(o.stream.clone(), o);
@@ -123,6 +134,8 @@ impl Author {
             frozen: false,
             entropy,
             epochs_made: 0,
+            sent,
+            superseding: BTreeSet::new(),
         }
     }
 
@@ -215,6 +228,52 @@ impl Author {
             first_seq,
             envelopes,
         )
+    }
+
+    /// Signs `envelope`, lamport and all, alone as the batch of the stream
+    /// to `to` at `seq`: a tombstone in the place of an envelope signed
+    /// there before, with that envelope's clocks.
+    pub(super) fn sign_in_place(
+        &mut self,
+        to: NodeId,
+        seq: Seq,
+        envelope: NewEnvelope,
+    ) -> Result<OpenBatch, VerifyError> {
+        OpenBatch::sign(
+            &self.secret,
+            self.epoch,
+            Channel::Direct(to),
+            seq,
+            vec![envelope],
+        )
+    }
+
+    /// Whether the envelope at `seq` of the current stream to `peer` may
+    /// be replaced in the outbox: it was never handed to a connection (nor
+    /// committed before this process started), no new epoch is under way,
+    /// and no outbox read of the peer's feed is in flight (one could bring
+    /// back the batch being replaced).
+    pub(super) fn may_replace(&self, peer: NodeId, seq: Seq) -> bool {
+        !self.frozen
+            && peer != self.me
+            && seq > self.sent_upto(peer)
+            && self.feed_reads_nothing(peer)
+    }
+
+    /// The highest seq of the current stream to `peer` that may be at the peer.
+    pub(super) fn sent_upto(&self, peer: NodeId) -> Seq {
+        self.sent.get(&peer).copied().unwrap_or(0)
+    }
+
+    /// A commit replacing a batch of the outbox to `peer` is being issued.
+    pub(super) fn replacing(&mut self, peer: NodeId) {
+        self.superseding.insert(peer);
+    }
+
+    /// Notes that the stream to `peer` was handed to a connection up to `seq`.
+    fn note_sent(&mut self, peer: NodeId, seq: Seq) {
+        let s = self.sent.entry(peer).or_insert(0);
+        *s = (*s).max(seq);
     }
 
     /// The mark `marks` (a peer's Hello) holds for our current stream to `peer`.

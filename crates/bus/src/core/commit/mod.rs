@@ -90,6 +90,10 @@ pub(super) enum Group {
     Card {
         card: NodeCard,
     },
+    /// A queued keyed message of the stream to `to` replaced by its tombstone.
+    Supersede {
+        to: NodeId,
+    },
 }
 
 /// A commit being built: the store's groups and what each is for.

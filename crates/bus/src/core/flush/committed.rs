@@ -30,6 +30,9 @@ pub(super) struct AfterCommit {
     /// Own streams whose append failed, and why: later batches of the
     /// stream in the same commit could not follow it.
     pub(super) failed_sends: BTreeMap<NodeId, SendError>,
+    /// Peers whose outbox this commit replaced batches of: their feeds
+    /// read again.
+    replaced: BTreeSet<NodeId>,
 }
 
 impl Core {
@@ -97,6 +100,10 @@ impl Core {
             }
             Group::Housekeeping => {}
             Group::Card { card } => self.on_card_committed(card, result),
+            Group::Supersede { to } => {
+                self.on_replace_committed(result.is_ok());
+                after.replaced.insert(to);
+            }
             Group::Append {
                 to,
                 batch,
@@ -336,6 +343,7 @@ impl Core {
                 self.committer.set_trim_at(Some(at));
             }
         }
+        self.author.replaced(after.replaced, config, out);
         self.author.pump_all(config, out);
         if !self.committer.carrying() && !self.committer.switching() {
             self.author.next_carry(config, out);

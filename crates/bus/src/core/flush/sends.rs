@@ -31,10 +31,16 @@ impl Core {
         for (to, sends) in by_peer {
             let own = self.author.own_view(to);
             let mut room = Room::new(&own, self.config.outbox, to);
-            let mut taken = Vec::with_capacity(sends.len());
+            let mut taken: Vec<WaitingSend> = Vec::with_capacity(sends.len());
             let mut sends = sends.into_iter();
             while let Some(s) = sends.next() {
-                match room.admit(s.payload.len() as u64) {
+                // A keyed send may become its tombstone, which can be the
+                // longer: room for the longer of the two.
+                let len = match s.slot() {
+                    Some(_) => (s.payload.len() as u64).max(mesh_protocol::MAX_TOMBSTONE_BYTES),
+                    None => s.payload.len() as u64,
+                };
+                match room.admit(len) {
                     Ok(()) => taken.push(s),
                     Err(_) if acking.contains(&to) => {
                         later.push(s);
@@ -49,7 +55,11 @@ impl Core {
                     }
                 }
             }
+            let replace = self.plan_supersede(to, own.next_seq, &mut taken);
             self.build_stream(batch, to, own.next_seq, taken, &mut room);
+            for r in replace {
+                self.build_replace(batch, r);
+            }
         }
         // Bounces wait apart from the local sends, outside their bound.
         let (bounces, later): (Vec<_>, Vec<_>) =
@@ -74,12 +84,17 @@ impl Core {
         let mut chunk_bytes = 0u64;
         let mut sends = sends.into_iter().peekable();
         while let Some(s) = sends.next() {
+            let keyed = s.slot().is_some();
             chunk_bytes += s.payload.len() as u64;
             chunk.push(s);
-            let full = sends.peek().is_none_or(|n| {
-                chunk.len() as u64 >= max_entries
-                    || chunk_bytes + n.payload.len() as u64 > max_bytes
-            });
+            // A keyed message (or its tombstone) is a batch of its own: one
+            // that is replaced in the outbox is re-signed alone.
+            let full = keyed
+                || sends.peek().is_none_or(|n| {
+                    n.slot().is_some()
+                        || chunk.len() as u64 >= max_entries
+                        || chunk_bytes + n.payload.len() as u64 > max_bytes
+                });
             if !full {
                 continue;
             }
@@ -190,9 +205,16 @@ impl Core {
         let first_arrival = receipt
             .arrivals
             .map_or(0, |(_, last)| (last + 1).saturating_sub(n));
+        self.note_keyed(to, &batch, &tracked);
         self.out.metrics.sends_ok += senders.len() as u64;
         for (i, req) in senders.into_iter().enumerate() {
+            let superseded_by = tracked
+                .get(i)
+                .and_then(|t| t.as_deref())
+                .and_then(Tracked::superseded_by);
+            self.out.metrics.agents.superseded += u64::from(superseded_by.is_some());
             let receipt = SendReceipt {
+                superseded_by,
                 stream: stream.clone(),
                 seq: first + i as u64,
                 arrival: first_arrival + i as u64,

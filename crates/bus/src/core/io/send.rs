@@ -1,6 +1,6 @@
 //! A local send's metadata, its receipt, and why it was refused.
 
-use mesh_protocol::{AgentName, MsgId, NodeId, Seq, StreamId};
+use mesh_protocol::{AgentName, MsgId, NodeId, Seq, StreamId, SupersedeKey};
 use mesh_store::StoreError;
 
 /// What a local send carries besides its recipient and payload: the
@@ -20,6 +20,12 @@ pub struct SendMeta {
     /// [`crate::core::Config::dedup_window_ms`] is answered with the first
     /// one's receipt instead of being sent again.
     pub client_id: Option<String>,
+    /// The supersede key (agent messages only): this message replaces an
+    /// earlier one of the same sender to the same recipient agent and node
+    /// with the same key that still waits to be sent (held, or queued and
+    /// never handed to a connection); that one is answered, or marked,
+    /// superseded, and a tombstone goes in its place.
+    pub key: Option<SupersedeKey>,
 }
 
 /// Where a sent message went: its stream and seq, durable at the author.
@@ -31,6 +37,9 @@ pub struct SendReceipt {
     pub seq: Seq,
     /// The message's position in this node's journal.
     pub arrival: mesh_store::Arrival,
+    /// The message was superseded before it was sent, by this one: a
+    /// tombstone naming it was written (and goes to the peer) in its place.
+    pub superseded_by: Option<MsgId>,
 }
 
 /// Why a local send was refused, grouped by who can fix it.
@@ -59,8 +68,12 @@ pub enum SendError {
         /// The client id.
         client_id: String,
     },
-    /// The caller's fault: a recipient agent (or a reply) without a sending agent.
-    #[error("only an agent message names a recipient agent or answers a message")]
+    /// The caller's fault: a recipient agent, a reply or a supersede key
+    /// without a sending agent.
+    #[error(
+        "only an agent message names a recipient agent, answers a message or carries a \
+         supersede key: send as an agent"
+    )]
     NotAnAgentMessage,
     /// The caller's fault: a plain message of one of the mesh's own kinds.
     #[error("kind {0} is reserved for the mesh's own messages (1 to 15); use 0 or a kind above 15")]

@@ -354,3 +354,211 @@ fn an_agent_message_between_agents_of_one_node_is_delivered_in_the_commit_that_w
         "nothing written"
     );
 }
+
+/// `from_to` with the supersede key `key`.
+fn keyed(from: &str, to: &str, key: &str) -> SendMeta {
+    SendMeta {
+        key: Some(mesh_protocol::SupersedeKey::new(key).expect("valid key")),
+        ..from_to(from, Some(to))
+    }
+}
+
+/// The kinds of the inbox entries of `agent` on `node`.
+fn inbox_kinds(node: &Node, agent: &str) -> Vec<InboxKind> {
+    node.inbox(agent).iter().map(|i| i.row.kind).collect()
+}
+
+/// The tombstone in the journal entry of `item`.
+fn tombstone_of(item: &mesh_store::InboxItem) -> mesh_protocol::Tombstone {
+    match &item.item.record {
+        JournalRecord::Envelope { kind, payload, .. } if *kind == mesh_protocol::KIND_TOMBSTONE => {
+            mesh_protocol::Tombstone::decode(payload).expect("a tombstone")
+        }
+        other => panic!("not a tombstone: {other:?}"),
+    }
+}
+
+#[test]
+fn a_keyed_send_waiting_with_a_newer_one_of_its_key_is_committed_as_its_tombstone() {
+    let mut p = agents_pair();
+    p.a.hold_commits = true;
+    let to = p.b.id();
+    // The first commit is in flight: the next sends wait for it.
+    let n = p.a.persists.len();
+    p.a.send_as(to, from_to("alice", Some("bob")), b"plain");
+    let old = p.a.send_as(to, keyed("alice", "bob", "status"), b"busy");
+    let other = p.a.send_as(to, keyed("alice", "bob", "load"), b"0.5");
+    let new = p.a.send_as(to, keyed("alice", "bob", "status"), b"idle");
+    p.a.release_commit();
+    // Each keyed message (or tombstone) is a batch of its own.
+    assert_eq!(appends(&p.a.persists[n + 1]), vec![(2, 1), (3, 1), (4, 1)]);
+    p.a.release_commit();
+    let me = p.a.id();
+    let id = |seq| MsgId::derive(&me, epoch(1), &to, seq);
+    let Some(Ok(r)) = p.a.reply(old) else {
+        panic!("the superseded send is answered, not refused");
+    };
+    assert_eq!((r.seq, r.superseded_by), (2, Some(id(4))));
+    assert_eq!(ok_seq(p.a.reply(other)), 3);
+    let Some(Ok(r)) = p.a.reply(new) else {
+        panic!("sent");
+    };
+    assert_eq!((r.seq, r.superseded_by), (4, None));
+    let row = p.a.store.message(&id(2)).expect("reads").expect("indexed");
+    assert_eq!(row.superseded_by, Some(id(4)), "mesh message says so");
+    // The peer gets the tombstone in the message's place.
+    let mut to_b = p.a.sent.clone();
+    p.exchange(&mut to_b, &mut Vec::new());
+    use InboxKind::{Message, Superseded};
+    assert_eq!(
+        inbox_kinds(&p.b, "bob"),
+        vec![Message, Superseded, Message, Message]
+    );
+    let inbox = p.b.inbox("bob");
+    let t = tombstone_of(&inbox[1]);
+    assert_eq!(
+        (t.id, t.from, t.key.as_str()),
+        (id(2), name("alice"), "status")
+    );
+    assert_eq!(
+        t.reason,
+        mesh_protocol::TombstoneReason::Superseded { by: id(4) }
+    );
+    assert_eq!(body_of(&inbox[3]).body, b"idle".to_vec());
+    let got = p.b.store.message(&id(2)).expect("reads").expect("indexed");
+    assert_eq!(got.superseded_by, Some(id(4)));
+    assert_eq!(p.a.core.metrics().agents.superseded, 1);
+    assert_eq!(p.b.core.metrics().agents.tombstones_received, 1);
+}
+
+#[test]
+fn a_queued_keyed_message_never_sent_is_replaced_by_its_tombstone_in_the_outbox() {
+    let mut p = agents_pair();
+    p.disconnect();
+    let to = p.b.id();
+    let me = p.a.id();
+    let id = |seq| MsgId::derive(&me, epoch(1), &to, seq);
+    let first = p.a.send_as(to, keyed("alice", "bob", "status"), b"v1");
+    let second = p.a.send_as(to, keyed("alice", "bob", "status"), b"v2");
+    let third = p.a.send_as(to, keyed("alice", "bob", "status"), b"v3");
+    for (req, seq) in [(first, 1), (second, 2), (third, 3)] {
+        let Some(Ok(r)) = p.a.reply(req) else {
+            panic!("committed");
+        };
+        assert_eq!(
+            (r.seq, r.superseded_by),
+            (seq, None),
+            "answered when committed"
+        );
+    }
+    let supersedes: Vec<Seq> =
+        p.a.persists
+            .iter()
+            .flatten()
+            .flatten()
+            .filter_map(|op| match op {
+                WriteOp::Supersede { batch, by } => {
+                    assert_eq!(*by, batch.batch().first_seq() + 1);
+                    Some(batch.batch().first_seq())
+                }
+                _ => None,
+            })
+            .collect();
+    assert_eq!(supersedes, vec![1, 2]);
+    for seq in [1, 2] {
+        let row =
+            p.a.store
+                .message(&id(seq))
+                .expect("reads")
+                .expect("indexed");
+        assert_eq!(row.superseded_by, Some(id(seq + 1)));
+    }
+    p.connect();
+    use InboxKind::{Message, Superseded};
+    assert_eq!(
+        inbox_kinds(&p.b, "bob"),
+        vec![Superseded, Superseded, Message]
+    );
+    let inbox = p.b.inbox("bob");
+    assert_eq!(tombstone_of(&inbox[0]).id, id(1));
+    assert_eq!(body_of(&inbox[2]).body, b"v3".to_vec());
+    assert_eq!(
+        p.b.core.metrics().dropped.total(),
+        0,
+        "every batch verified"
+    );
+    assert_eq!(p.a.own_acked(), 3);
+    assert_eq!(p.a.core.metrics().agents.superseded, 2);
+}
+
+#[test]
+fn a_keyed_message_already_handed_to_the_peer_is_never_replaced() {
+    let mut p = agents_pair();
+    let to = p.b.id();
+    p.send_as_a(keyed("alice", "bob", "status"), b"v1");
+    // Sent, not yet acknowledged: the peer may hold it.
+    p.disconnect();
+    p.a.send_as(to, keyed("alice", "bob", "status"), b"v2");
+    let replaced =
+        p.a.persists
+            .iter()
+            .flatten()
+            .flatten()
+            .any(|op| matches!(op, WriteOp::Supersede { .. }));
+    assert!(!replaced, "a message that went out stays as it was");
+    p.connect();
+    assert_eq!(
+        inbox_kinds(&p.b, "bob"),
+        vec![InboxKind::Message, InboxKind::Message]
+    );
+}
+
+#[test]
+fn a_supersede_key_on_a_plain_message_is_refused() {
+    let mut p = agents_pair();
+    let to = p.b.id();
+    let meta = SendMeta {
+        key: Some(mesh_protocol::SupersedeKey::new("k").expect("valid key")),
+        ..SendMeta::default()
+    };
+    let req = p.a.send_as(to, meta, b"x");
+    assert!(matches!(
+        p.a.reply(req),
+        Some(Err(SendError::NotAnAgentMessage))
+    ));
+}
+
+#[test]
+fn keyed_sends_held_through_a_store_outage_commit_as_a_tombstone_and_the_newest() {
+    let mut p = agents_pair();
+    p.disconnect();
+    let to = p.b.id();
+    p.a.hold_commits = true;
+    p.a.store.set_unavailable(true);
+    let old = p.a.send_as(to, keyed("alice", "bob", "status"), b"v1");
+    p.a.release_commit();
+    let new = p.a.send_as(to, keyed("alice", "bob", "status"), b"v2");
+    assert!(p.a.reply(old).is_none() && p.a.reply(new).is_none(), "held");
+    p.a.store.set_unavailable(false);
+    p.a.now = p.a.now.plus(p.a.config.store_retry_ms);
+    p.a.run(Input::Timer);
+    p.a.release_commit();
+    let me = p.a.id();
+    let id = |seq| MsgId::derive(&me, epoch(1), &to, seq);
+    let Some(Ok(r)) = p.a.reply(old) else {
+        panic!("answered once the store is back");
+    };
+    assert_eq!((r.seq, r.superseded_by), (1, Some(id(2))));
+    assert_eq!(ok_seq(p.a.reply(new)), 2);
+    assert_eq!(
+        p.a.replies.iter().filter(|(q, _)| *q == old).count(),
+        1,
+        "answered once"
+    );
+    p.a.hold_commits = false;
+    p.connect();
+    assert_eq!(
+        inbox_kinds(&p.b, "bob"),
+        vec![InboxKind::Superseded, InboxKind::Message]
+    );
+}

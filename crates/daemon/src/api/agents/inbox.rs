@@ -8,7 +8,10 @@ use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use mesh_api::{BodyEncoding, InboxEntry, InboxPage};
-use mesh_protocol::{AgentEnvelope, AgentName, Bounce, KIND_AGENT, KIND_BOUNCE, MsgId, NodeId};
+use mesh_protocol::{
+    AgentEnvelope, AgentName, Bounce, KIND_AGENT, KIND_BOUNCE, KIND_TOMBSTONE, MsgId, NodeId,
+    Tombstone, TombstoneReason,
+};
 use mesh_store::{Arrival, InboxItem, InboxKind, JournalRecord, MeshStore};
 use serde::Deserialize;
 
@@ -90,6 +93,7 @@ impl ApiState {
             verified: item.row.verified,
             reason: None,
             created_ms: None,
+            superseded_by: None,
         };
         match &item.item.record {
             JournalRecord::Envelope {
@@ -103,6 +107,7 @@ impl ApiState {
                 match *kind {
                     KIND_AGENT => Self::fill_message(&mut e, &stream.author, me, payload),
                     KIND_BOUNCE => Self::fill_bounce(&mut e, &stream.author, me, payload),
+                    KIND_TOMBSTONE => Self::fill_tombstone(&mut e, &stream.author, me, payload),
                     _ => {}
                 }
             }
@@ -148,6 +153,31 @@ impl ApiState {
                 e.body = body;
             }
             Err(err) => e.body = format!("an agent message that does not decode: {err}"),
+        }
+    }
+
+    /// Fills `e` from a tombstone `payload` written by `author`, read on
+    /// node `me` (or says in its body that it does not decode).
+    fn fill_tombstone(e: &mut InboxEntry, author: &NodeId, me: &NodeId, payload: &[u8]) {
+        match Tombstone::decode(payload) {
+            Ok(t) => {
+                e.kind = "superseded".into();
+                e.id = Some(t.id.to_string());
+                e.from = Some(Self::address(&t.from, author));
+                e.to = t.to.as_ref().map(|a| Self::address(a, me));
+                e.body = match t.reason {
+                    TombstoneReason::Superseded { by } => {
+                        e.superseded_by = Some(by.to_string());
+                        format!(
+                            "superseded: message {} (key {:?}) was replaced by {by} before it was sent",
+                            t.id,
+                            t.key.as_str()
+                        )
+                    }
+                    _ => format!("message {} was replaced before it was sent", t.id),
+                };
+            }
+            Err(err) => e.body = format!("a tombstone that does not decode: {err}"),
         }
     }
 

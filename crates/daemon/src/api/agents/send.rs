@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use mesh_api::{AgentSendRequest, AgentSendResponse, BodyEncoding, ReplyRequest, StreamJson};
-use mesh_protocol::{AgentName, MAX_BATCH_PAYLOAD_BYTES, MsgId, NodeId, StreamId};
+use mesh_protocol::{AgentName, MAX_BATCH_PAYLOAD_BYTES, MsgId, NodeId, StreamId, SupersedeKey};
 use mesh_store::{CLIENT_ID_BYTES_MAX, MessageDir};
 
 use crate::api::agent_socket::Acting;
@@ -30,28 +30,35 @@ impl ApiState {
             .map(|t| t.parse::<MsgId>())
             .transpose()
             .map_err(|e| CallerError::BadValue(e.to_string()))?;
-        self.meta_message(
-            from,
-            to,
+        let key = req
+            .key
+            .as_deref()
+            .map(SupersedeKey::new)
+            .transpose()
+            .map_err(|e| CallerError::BadValue(e.to_string()))?;
+        let meta = MessageMeta {
             agent,
             in_reply_to,
-            req.body,
-            req.encoding,
-            req.client_id,
-        )
+            client_id: req.client_id,
+            key,
+        };
+        self.meta_message(from, to, meta, req.body, req.encoding)
     }
 
-    #[allow(clippy::too_many_arguments)] // The fields of one agent send, taken apart.
     fn meta_message(
         &self,
         from: &AgentName,
         to: NodeId,
-        agent: Option<AgentName>,
-        in_reply_to: Option<MsgId>,
+        meta: MessageMeta,
         body: String,
         encoding: BodyEncoding,
-        client_id: Option<String>,
     ) -> Result<(Outgoing, String), ApiError> {
+        let MessageMeta {
+            agent,
+            in_reply_to,
+            client_id,
+            key,
+        } = meta;
         let payload = encoding.decode(body).map_err(CallerError::BadValue)?;
         if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
             return Err(CallerError::PayloadTooLarge {
@@ -70,6 +77,7 @@ impl ApiState {
             to: agent,
             in_reply_to,
             client_id,
+            key,
         };
         let msg = Outgoing {
             to,
@@ -85,6 +93,15 @@ impl ApiState {
         let to = stream.recipient().unwrap_or(self.inner.node);
         MsgId::derive(&stream.author, stream.epoch, &to, seq)
     }
+}
+
+/// What an agent message carries besides its sender, node and body.
+struct MessageMeta {
+    /// The recipient agent.
+    agent: Option<AgentName>,
+    in_reply_to: Option<MsgId>,
+    client_id: Option<String>,
+    key: Option<SupersedeKey>,
 }
 
 /// Checks a client id: 1 to [`CLIENT_ID_BYTES_MAX`] bytes.
@@ -130,6 +147,7 @@ async fn send_answer(
         cursor: st.cursor_text(r.arrival),
         stream: StreamJson::from(&r.stream),
         seq: r.seq,
+        superseded_by: r.superseded_by.map(|b| b.to_string()),
     })
 }
 
@@ -197,15 +215,13 @@ pub(crate) async fn reply(
         ))
         .into());
     }
-    let (msg, to) = st.meta_message(
-        &from,
-        row.stream.author,
-        Some(row.from),
-        Some(id),
-        body.body,
-        body.encoding,
-        body.client_id,
-    )?;
+    let meta = MessageMeta {
+        agent: Some(row.from),
+        in_reply_to: Some(id),
+        client_id: body.client_id,
+        key: None,
+    };
+    let (msg, to) = st.meta_message(&from, row.stream.author, meta, body.body, body.encoding)?;
     Ok(Json(send_answer(&st, msg, to).await?))
 }
 

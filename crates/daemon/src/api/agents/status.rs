@@ -42,7 +42,19 @@ pub(crate) async fn message(
         Some(a) => ApiState::address(a, &recipient),
         None => recipient.to_string(),
     };
+    let superseded_by = row.superseded_by.map(|b| b.to_string());
     let (state, detail) = match (row.dir, row.undelivered) {
+        (dir, None) if row.superseded_by.is_some() => (
+            "superseded",
+            format!(
+                "a later message with its key replaced it before it was sent ({}); {}",
+                superseded_by.as_deref().unwrap_or_default(),
+                match dir {
+                    MessageDir::Sent => "its recipient gets a tombstone in its place",
+                    MessageDir::Received => "this node received the tombstone in its place",
+                }
+            ),
+        ),
         (MessageDir::Received, Some(reason)) => (
             "undeliverable",
             format!(
@@ -73,6 +85,7 @@ pub(crate) async fn message(
         stream: StreamJson::from(&row.stream),
         seq: row.seq,
         detail,
+        superseded_by,
     }))
 }
 
