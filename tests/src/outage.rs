@@ -27,6 +27,8 @@ use crate::cluster::{Cluster, ClusterConfig, Isolation, write_journal};
 use crate::history::{History, Op};
 use crate::workload::{Ended, Send};
 
+pub mod supersede;
+
 /// The tmpfs's size.
 pub const TMPFS_BYTES: u64 = 32 << 20;
 /// Sends before the filesystem is filled.

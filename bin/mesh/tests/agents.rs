@@ -726,3 +726,83 @@ fn an_inbox_subscription_streams_only_its_agents_entries_and_a_named_cursor_surv
     assert!(waiting.wait().unwrap().success());
     wait_metric(&a, "mesh_api_inbox_waits", 0);
 }
+
+/// Polls `mesh status` on `d` until its link to `peer` is down.
+fn wait_disconnected(d: &DaemonProcess, peer: &str) {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let st = parse_json(&ok(d.mesh(&["status", "--json"]).unwrap())).unwrap();
+        let up = st["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["node"] == peer && p["connected"] == true);
+        if !up {
+            return;
+        }
+        assert!(Instant::now() < deadline, "still connected to {peer}: {st}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_keyed_status_queued_for_a_paused_peer_is_superseded_and_both_ends_say_so() {
+    let tmp = temp_dir().unwrap();
+    let (a, b) = pair(tmp.path());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    ok(a.mesh(&["peer", "pause", b.node()]).unwrap());
+    wait_disconnected(&a, b.node());
+
+    let send = |body: &str, key: Option<&str>| {
+        let mut args = vec!["send", "bob@gpu", body];
+        if let Some(k) = key {
+            args.extend(["--key", k]);
+        }
+        let out = as_agent(&a, "alice", &args);
+        ok(out).trim().to_owned()
+    };
+    let busy = send("busy", Some("status"));
+    let note = send("a note", None);
+    let idle = send("idle", Some("status"));
+    // The queued one is superseded at once: it never went out.
+    let st = wait_state(&a, &busy, "superseded");
+    assert_eq!(st["superseded_by"], idle, "{st}");
+    wait_state(&a, &idle, "queued");
+
+    ok(a.mesh(&["peer", "resume", b.node()]).unwrap());
+    let got = inbox_first(&b, "bob", 3);
+    let kinds: Vec<&str> = got.iter().map(|e| e["kind"].as_str().unwrap()).collect();
+    assert_eq!(kinds, ["superseded", "message", "message"], "{got:?}");
+    assert_eq!(got[0]["id"], busy);
+    assert_eq!(got[0]["superseded_by"], idle);
+    assert!(
+        got[0]["body"].as_str().unwrap().contains("status"),
+        "{got:?}"
+    );
+    assert_eq!(
+        (&got[1]["id"], &got[1]["body"]),
+        (&note.into(), &"a note".into())
+    );
+    assert_eq!(
+        (&got[2]["id"], &got[2]["body"]),
+        (&idle.clone().into(), &"idle".into())
+    );
+    let st = parse_json(&ok(b.mesh(&["message", &busy, "--json"]).unwrap())).unwrap();
+    assert_eq!(
+        (&st["state"], &st["superseded_by"]),
+        (&"superseded".into(), &idle.clone().into())
+    );
+    wait_state(&a, &idle, "delivered");
+    // The text form says what happened in its place.
+    let text = ok(as_agent(&b, "bob", &["inbox"]));
+    assert!(text.contains(&format!("SUPERSEDED {busy}")), "{text}");
+    wait_metric(&a, "mesh_agent_superseded_total", 1);
+    wait_metric(&b, "mesh_agent_tombstones_received_total", 1);
+
+    // A key needs an agent to send as; a bad key is the caller's error.
+    let out = a.mesh(&["send", b.node(), "x", "--key", "k"]).unwrap();
+    refused(&out, 2, &["--key needs a sending agent"]);
+    let out = as_agent(&a, "alice", &["send", "bob@gpu", "x", "--key", "a\u{7}b"]);
+    refused(&out, 3, &["supersede key"]);
+}

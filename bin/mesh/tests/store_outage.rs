@@ -27,3 +27,23 @@ fn a_full_disk_holds_sends_and_each_ends_once_committed_or_let_go_and_nothing_is
     };
     assert!(report.passed(), "{report:#?}");
 }
+
+/// Two keyed agent messages held while the disk is full: once it has room,
+/// the older is committed as its own tombstone and answered `superseded_by`
+/// the newer, and the recipient's inbox shows the tombstone, then the newer.
+/// Root, as above.
+#[test]
+fn a_keyed_send_held_with_a_newer_one_of_its_key_is_superseded_at_both_ends() {
+    assert!(
+        mesh_tests::netns::is_root(),
+        "the supersede outage test mounts a tmpfs, which needs root: run it as root \
+         (CI does), or leave it out with `--skip a_keyed_send_held`"
+    );
+    let bin = Path::new(env!("CARGO_BIN_EXE_mesh"));
+    let out = mesh_tests::run_dir(bin, "store-outage-supersede");
+    let report = match mesh_tests::outage::supersede::run_blocking(bin, &out) {
+        Ok(r) => r,
+        Err(e) => panic!("the supersede outage run could not be carried out: {e:#}"),
+    };
+    assert!(report.passed(), "{report:#?}");
+}
