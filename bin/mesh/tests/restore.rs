@@ -65,12 +65,6 @@ fn a_data_dir_run_twice_is_an_identity_conflict_and_loses_nothing_acknowledged()
 /// As above, with both copies sending in turn before B has seen the
 /// conflict.
 #[test]
-#[ignore = "known defect: with both copies sending at once, of 72 runs here since the \
-            duplicate fix 3 still failed: once B never showed the conflict, twice a copy's \
-            queue was never acknowledged (in the one with logs, the refused copy's messages \
-            carried into its new epoch after it found the fork); causes not found. Fixed: a \
-            batch over B's pending mark is checked like one over its committed mark, and \
-            messages waiting to be carried count as queued"]
 fn a_data_dir_run_twice_while_both_copies_send_delivers_each_message_once() {
     check_clone_run(CloneSends::Interleaved);
 }

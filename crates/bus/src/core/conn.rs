@@ -59,7 +59,7 @@ impl Core {
             self.out.drop(DropReason::BeforeHello);
             return;
         };
-        let from = Sender { peer, epoch };
+        let from = Sender { peer, epoch, conn };
         let (config, out) = (&self.config, &mut self.out);
         match frame {
             Frame::Ack { stream, upto } => {
@@ -140,6 +140,7 @@ impl Core {
         let from = Sender {
             peer,
             epoch: peer_epoch,
+            conn,
         };
         let mut env = Env {
             peers: &self.peers,

@@ -212,6 +212,10 @@ pub struct Metrics {
     pub gaps_recorded: u64,
     /// Times a peer's stream was resent from its last ack after a silence.
     pub retransmits: u64,
+    /// Acks not sent because the batch they acknowledge came on a
+    /// connection another one has replaced since (it may be another
+    /// process with the peer's key).
+    pub acks_withheld: u64,
     /// Outbox loads asked of the driver.
     pub loads: u64,
     /// Outbox loads that failed.

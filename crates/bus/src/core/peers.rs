@@ -292,6 +292,18 @@ impl Peers {
             .collect()
     }
 
+    /// Every peer with a connection, in any phase: the connection, and
+    /// whether the peer's Hello came on it.
+    pub(super) fn connected(&self) -> Vec<(NodeId, ConnId, bool)> {
+        self.table
+            .iter()
+            .filter_map(|(n, p)| {
+                let (c, phase) = p.conn?;
+                Some((*n, c, matches!(phase, Phase::Live { .. })))
+            })
+            .collect()
+    }
+
     /// The peer's Hello came on its live connection.
     pub(super) fn go_live(&mut self, peer: NodeId, epoch: Epoch) {
         if let Some((_, phase)) = self.table.get_mut(&peer).and_then(|p| p.conn.as_mut()) {

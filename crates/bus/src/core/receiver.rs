@@ -10,7 +10,7 @@ use mesh_protocol::{
 
 use super::commit::{InboundQueue, InboundWork};
 use super::peers::Peers;
-use super::{Config, DropReason, Millis, Out, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX};
+use super::{Config, ConnId, DropReason, Millis, Out, REORDER_BYTES_MAX, REORDER_ENVELOPES_MAX};
 
 /// The receiver state of one stream.
 ///
@@ -116,11 +116,13 @@ impl Inbound {
     }
 }
 
-/// The peer a frame came from, with the store epoch its Hello announced.
+/// The peer a frame came from, with the store epoch its Hello announced
+/// and the connection it came on.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Sender {
     pub(super) peer: NodeId,
     pub(super) epoch: Epoch,
+    pub(super) conn: ConnId,
 }
 
 /// What a receiver step reads besides its own state, and where its frames
@@ -290,10 +292,10 @@ impl Receiver {
             self.ask_resync(&stream, false, env);
             return 0;
         }
-        let Some(top) = self.queue_accept(from.peer, &stream, open, queue, env.out) else {
+        let Some(top) = self.queue_accept(from, &stream, open, queue, env.out) else {
             return 0;
         };
-        top.max(self.drain_held(from.peer, &stream, queue, env.out))
+        top.max(self.drain_held(from, &stream, queue, env.out))
     }
 
     /// Queues the part of `open` above the pending mark for the next commit.
@@ -302,7 +304,7 @@ impl Receiver {
     /// (the batch is dropped and counted).
     fn queue_accept(
         &mut self,
-        peer: NodeId,
+        from_peer: Sender,
         stream: &StreamId,
         open: OpenBatch,
         queue: &mut InboundQueue,
@@ -330,7 +332,8 @@ impl Receiver {
         inb.pending_cid = open.batch().entries().last().map(|e| e.payload_cid);
         inb.check();
         queue.push(InboundWork::Accept {
-            peer,
+            peer: from_peer.peer,
+            conn: from_peer.conn,
             from,
             batch: open,
         });
@@ -341,7 +344,7 @@ impl Receiver {
     /// the highest Lamport clock queued (0 if none).
     fn drain_held(
         &mut self,
-        peer: NodeId,
+        from: Sender,
         stream: &StreamId,
         queue: &mut InboundQueue,
         out: &mut Out,
@@ -358,7 +361,7 @@ impl Receiver {
             }
             let open = entry.remove();
             inb.held_bytes -= open.batch().payload_bytes();
-            match self.queue_accept(peer, stream, open, queue, out) {
+            match self.queue_accept(from, stream, open, queue, out) {
                 Some(t) => top = top.max(t),
                 None => return top,
             }
@@ -391,10 +394,11 @@ impl Receiver {
         inb.known_last = inb.known_last.max(inb.pending);
         queue.push(InboundWork::Gap {
             peer: from.peer,
+            conn: from.conn,
             stream: stream.clone(),
             earliest,
         });
-        self.drain_held(from.peer, &stream, queue, out)
+        self.drain_held(from, &stream, queue, out)
     }
 
     /// The author of `stream` has sent everything up to `upto`.

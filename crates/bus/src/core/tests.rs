@@ -2037,6 +2037,65 @@ fn a_peer_holding_more_than_this_store_wrote_makes_it_start_a_new_epoch_before_s
 }
 
 #[test]
+fn a_connection_still_waiting_for_the_peers_hello_hears_the_new_epoch_once_it_is_committed() {
+    let mut a = sent_three_acked_one();
+    let claim = Mark {
+        stream: stream(1, 1, 2),
+        seq: 5,
+        cid: Some(mesh_protocol::Cid([9; 32])),
+    };
+    a.hold_commits = true;
+    hello_of_2(&mut a, ConnId(8), vec![claim]);
+    // The new epoch's commit is in flight when the link is replaced: the
+    // new connection's first Hello names the old epoch.
+    a.run(Input::PeerDisconnected {
+        peer: id(2),
+        conn: ConnId(8),
+    });
+    let first = a.connected(2, ConnId(9));
+    assert!(
+        first
+            .iter()
+            .any(|(_, _, f)| matches!(f, Frame::Hello { epoch: e, .. } if *e == epoch(1))),
+        "{first:?}"
+    );
+    let out = a.release_commit();
+    let new_epoch = epoch_changed(&a).expect("a new epoch");
+    assert!(
+        out.iter().any(|(_, c, f)| *c == ConnId(9)
+            && matches!(f, Frame::Hello { epoch: e, .. } if *e == new_epoch)),
+        "the peer hears of the new epoch before its Hello comes: {out:?}"
+    );
+}
+
+#[test]
+fn an_ack_is_not_sent_on_a_connection_that_replaced_the_one_its_batch_came_on() {
+    let (mut b, conn) = receiver();
+    b.hold_commits = true;
+    b.frame(1, conn, batch(1, 1, 2, 1, &[b"a-1"]));
+    // Another process with node 1's key takes the link before the commit
+    // returns: the ack of a-1 is not its to have.
+    b.run(Input::PeerDisconnected { peer: id(1), conn });
+    let other = ConnId(8);
+    b.hello_from(1, 1, other, Vec::new());
+    let out = b.release_commit();
+    let acks = picked(&out, |f| match f {
+        Frame::Ack { upto, .. } => Some(*upto),
+        _ => None,
+    });
+    assert!(acks.is_empty(), "{out:?}");
+    assert_eq!(b.core.metrics().acks_withheld, 1);
+    // The same batch on the new connection (a restart resends it) is
+    // acknowledged there.
+    let out = b.frame(1, other, batch(1, 1, 2, 1, &[b"a-1"]));
+    assert!(
+        out.iter()
+            .any(|(_, c, f)| *c == other && matches!(f, Frame::Ack { upto: 1, .. })),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn what_an_ended_epoch_still_has_to_carry_counts_as_carrying_until_it_is_carried() {
     let mut a = sent_three_acked_one();
     let claim = Mark {

@@ -215,7 +215,7 @@ fn render_drops(t: &mut Text, status: &NodeStatus) {
 /// The bus's counters: (name after `mesh_`, help, value).
 // Long because it is the table of counters, one entry each, in the order
 // they are rendered; splitting it would only scatter the table.
-fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 23] {
+fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 24] {
     let m = &status.core;
     [
         (
@@ -264,6 +264,11 @@ fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 23] 
             "retransmits_total",
             "Streams resent after a silence.",
             m.retransmits,
+        ),
+        (
+            "acks_withheld_total",
+            "Acks not sent: the batch came on a connection another has replaced since.",
+            m.acks_withheld,
         ),
         (
             "link_paused_refused_total",

@@ -19,7 +19,10 @@ impl Core {
         work: &InboundWork,
         now: Millis,
     ) -> Vec<WriteOp> {
-        let InboundWork::Accept { peer, from, batch } = work else {
+        let InboundWork::Accept {
+            peer, from, batch, ..
+        } = work
+        else {
             return Vec::new();
         };
         let stream = batch.batch().stream().clone();

@@ -31,14 +31,17 @@ pub(super) enum Group {
         peer: NodeId,
         work: AckWork,
     },
+    /// A peer batch that came on `conn`: its ack goes back on `conn` only.
     Accept {
         peer: NodeId,
+        conn: super::ConnId,
         stream: StreamId,
         last: Seq,
         cid: Option<Cid>,
     },
     Gap {
         peer: NodeId,
+        conn: super::ConnId,
         stream: StreamId,
         earliest: Seq,
     },

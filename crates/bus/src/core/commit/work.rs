@@ -73,15 +73,17 @@ pub(in crate::core) struct WaitingSend {
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub(in crate::core) enum InboundWork {
-    /// Commit `batch` from seq `from`.
+    /// Commit `batch` from seq `from`; it came on `conn`.
     Accept {
         peer: NodeId,
+        conn: crate::core::ConnId,
         from: Seq,
         batch: OpenBatch,
     },
     /// The author no longer holds anything before `earliest`.
     Gap {
         peer: NodeId,
+        conn: crate::core::ConnId,
         stream: StreamId,
         earliest: Seq,
     },

@@ -6,9 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use mesh_protocol::{Channel, Cid, Frame, NodeId, OpenBatch, Seq, StreamId};
 use mesh_store::{Arrival, Receipt, StoreError};
 
+use crate::core::ConnId;
 use crate::core::commit::{AckWork, EpochSwitch, Group, WaitingSend};
 use crate::core::peers::PeerChange;
-use crate::core::receiver::{Env, send_live};
+use crate::core::receiver::Env;
 use crate::core::{CommitId, Core, Effect, Millis, PeerChangeError, ReqId, SendError};
 
 /// What a finished commit leaves to do once every group is handled.
@@ -23,8 +24,9 @@ pub(super) struct AfterCommit {
     store_works: bool,
     /// Sends whose commit failed for want of a store, to hold again, in order.
     pub(super) held: Vec<WaitingSend>,
-    /// Streams whose committed mark moved: their authors get an Ack.
-    acks: BTreeSet<(NodeId, StreamId)>,
+    /// Streams whose committed mark moved: their authors get an Ack, on
+    /// the connection the batch came on if it is still the live one.
+    acks: BTreeSet<(NodeId, ConnId, StreamId)>,
     /// Streams whose accept or gap failed: roll back and ask again.
     failed_streams: BTreeSet<StreamId>,
     /// Own streams whose append failed, and why: later batches of the
@@ -82,15 +84,20 @@ impl Core {
             Group::Ack { peer, work } => self.on_ack_committed(peer, work, &result),
             Group::Accept {
                 peer,
+                conn,
                 stream,
                 last,
                 cid,
-            } => self.on_accept_committed(peer, stream, last, cid, result.is_ok(), after),
+            } => {
+                let ok = result.is_ok();
+                self.on_accept_committed((peer, conn), stream, last, cid, ok, after);
+            }
             Group::Gap {
                 peer,
+                conn,
                 stream,
                 earliest,
-            } => self.on_gap_committed(peer, stream, earliest, result.is_ok(), after),
+            } => self.on_gap_committed((peer, conn), stream, earliest, result.is_ok(), after),
             Group::Peer { req, change } => self.on_peer_committed(req, change, result),
             Group::Write { req, agent } => {
                 if let (Some(change), Ok(_)) = (agent, &result) {
@@ -168,7 +175,7 @@ impl Core {
     /// the committed mark moved, or the stream is rolled back on failure.
     fn on_accept_committed(
         &mut self,
-        peer: NodeId,
+        (peer, conn): (NodeId, ConnId),
         stream: StreamId,
         last: Seq,
         cid: Option<Cid>,
@@ -178,7 +185,7 @@ impl Core {
         if !ok {
             after.failed_streams.insert(stream);
         } else if self.receiver.committed(&stream, last, cid) {
-            after.acks.insert((peer, stream));
+            after.acks.insert((peer, conn, stream));
         }
     }
 
@@ -186,7 +193,7 @@ impl Core {
     /// before the earliest seq the author still has.
     fn on_gap_committed(
         &mut self,
-        peer: NodeId,
+        (peer, conn): (NodeId, ConnId),
         stream: StreamId,
         earliest: Seq,
         ok: bool,
@@ -198,7 +205,7 @@ impl Core {
         }
         self.out.metrics.gaps_recorded += 1;
         if self.receiver.committed(&stream, earliest - 1, None) {
-            after.acks.insert((peer, stream));
+            after.acks.insert((peer, conn, stream));
         }
     }
 
@@ -269,9 +276,15 @@ impl Core {
         for r in &late {
             self.committer.queue_report(r.clone());
         }
-        for (peer, conn) in self.peers.live() {
+        // Every connection hears the new epoch, one whose peer's Hello has
+        // not come yet too: the Hello it got named the old epoch, and the
+        // peer would take none of the new streams' batches under it.
+        for (peer, conn, live) in self.peers.connected() {
             let hello = self.hello_frame(peer);
             self.out.send(peer, conn, hello);
+            if !live {
+                continue;
+            }
             for r in switch.reports.iter().chain(&late) {
                 if r.stream.channel == Channel::Direct(peer) {
                     let frame = Frame::StreamEnded {
@@ -330,9 +343,18 @@ impl Core {
                 },
             );
         }
-        for (peer, stream) in after.acks {
+        for (peer, conn, stream) in after.acks {
+            // Not on a connection that replaced the batch's: that one may
+            // be another process with this node's key (a cloned data dir),
+            // whose own envelopes at these seqs this store does not hold.
+            // It learns the mark from the Hello, with the envelope's hash,
+            // or from the ack of a batch of its own.
+            if self.peers.live_conn(peer) != Some(conn) {
+                out.metrics.acks_withheld += 1;
+                continue;
+            }
             let upto = self.receiver.mark(&stream);
-            send_live(&self.peers, peer, Frame::Ack { stream, upto }, out);
+            out.send(peer, conn, Frame::Ack { stream, upto });
         }
         if let Some(upto) = after.journaled {
             out.push(Effect::Journaled { upto });

@@ -330,6 +330,7 @@ fn batch_inbound(batch: &mut Batch, work: InboundWork, index: Vec<WriteOp>) {
     match work {
         InboundWork::Accept {
             peer,
+            conn,
             from,
             batch: open,
         } => {
@@ -342,6 +343,7 @@ fn batch_inbound(batch: &mut Batch, work: InboundWork, index: Vec<WriteOp>) {
                 ops,
                 Group::Accept {
                     peer,
+                    conn,
                     stream,
                     last,
                     cid,
@@ -350,6 +352,7 @@ fn batch_inbound(batch: &mut Batch, work: InboundWork, index: Vec<WriteOp>) {
         }
         InboundWork::Gap {
             peer,
+            conn,
             stream,
             earliest,
         } => {
@@ -359,6 +362,7 @@ fn batch_inbound(batch: &mut Batch, work: InboundWork, index: Vec<WriteOp>) {
             }];
             let group = Group::Gap {
                 peer,
+                conn,
                 stream,
                 earliest,
             };

@@ -96,6 +96,17 @@ impl<T: Send + 'static> Transport<T> {
             refuse_identity_conflict(&self.counters, ps, &est, rival_instance);
             return;
         }
+        if let Some((_, rival_instance)) = rival
+            && rival_instance > est.peer_instance
+        {
+            // An older instance of the peer connects while a newer one is
+            // connected: it is alive too (it just finished a handshake), so
+            // two processes run with the peer's key; from now on its
+            // connections are refused as such, never as mere duplicates.
+            ps.superseded = Some(est.peer_instance);
+            refuse_identity_conflict(&self.counters, ps, &est, rival_instance);
+            return;
+        }
         if let Some(rival) = rival
             && !new_wins(self.me, peer, new, rival)
         {
