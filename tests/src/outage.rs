@@ -210,12 +210,17 @@ impl OutageReport {
 /// # Errors
 /// If it cannot be set up (no root, no mount, a daemon does not start).
 pub fn run_blocking(bin: &Path, out_dir: &Path) -> anyhow::Result<OutageReport> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    block_on(run(bin, out_dir))
+}
+
+/// Runs `f` to its end on a runtime of its own (two workers).
+fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .context("cannot start a runtime")?;
-    rt.block_on(run(bin, out_dir))
+        .context("cannot start a runtime")?
+        .block_on(f)
 }
 
 fn ended_name(e: Ended) -> String {

@@ -14,18 +14,26 @@ use std::path::Path;
 /// rather than pass without having run (CI runs as root).
 #[test]
 fn a_full_disk_holds_sends_and_each_ends_once_committed_or_let_go_and_nothing_is_lost() {
+    let report = outage_run(
+        "store-outage",
+        "a_full_disk",
+        mesh_tests::outage::run_blocking,
+    );
+    assert!(report.passed(), "{report:#?}");
+}
+
+/// Runs an outage scenario (`run`) in the run dir `name`; fails, naming
+/// the `--skip` that leaves it out, where there is no root to mount a
+/// tmpfs with, rather than pass without having run.
+fn outage_run<T>(name: &str, skip: &str, run: fn(&Path, &Path) -> anyhow::Result<T>) -> T {
     assert!(
         mesh_tests::netns::is_root(),
-        "the store outage test mounts a tmpfs, which needs root: run it as root \
-         (CI does), or leave it out with `--skip a_full_disk`"
+        "the {name} test mounts a tmpfs, which needs root: run it as root \
+         (CI does), or leave it out with `--skip {skip}`"
     );
     let bin = Path::new(env!("CARGO_BIN_EXE_mesh"));
-    let out = mesh_tests::run_dir(bin, "store-outage");
-    let report = match mesh_tests::outage::run_blocking(bin, &out) {
-        Ok(r) => r,
-        Err(e) => panic!("the store outage run could not be carried out: {e:#}"),
-    };
-    assert!(report.passed(), "{report:#?}");
+    let out = mesh_tests::run_dir(bin, name);
+    run(bin, &out).unwrap_or_else(|e| panic!("the {name} run could not be carried out: {e:#}"))
 }
 
 /// Two keyed agent messages held while the disk is full: once it has room,
@@ -34,16 +42,10 @@ fn a_full_disk_holds_sends_and_each_ends_once_committed_or_let_go_and_nothing_is
 /// Root, as above.
 #[test]
 fn a_keyed_send_held_with_a_newer_one_of_its_key_is_superseded_at_both_ends() {
-    assert!(
-        mesh_tests::netns::is_root(),
-        "the supersede outage test mounts a tmpfs, which needs root: run it as root \
-         (CI does), or leave it out with `--skip a_keyed_send_held`"
+    let report = outage_run(
+        "store-outage-supersede",
+        "a_keyed_send_held",
+        mesh_tests::outage::supersede::run_blocking,
     );
-    let bin = Path::new(env!("CARGO_BIN_EXE_mesh"));
-    let out = mesh_tests::run_dir(bin, "store-outage-supersede");
-    let report = match mesh_tests::outage::supersede::run_blocking(bin, &out) {
-        Ok(r) => r,
-        Err(e) => panic!("the supersede outage run could not be carried out: {e:#}"),
-    };
     assert!(report.passed(), "{report:#?}");
 }

@@ -59,12 +59,7 @@ impl SupersedeReport {
 /// If it cannot be set up (no root, no mount, a daemon does not start) or a
 /// step does not happen in time.
 pub fn run_blocking(bin: &Path, out_dir: &Path) -> anyhow::Result<SupersedeReport> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("cannot start a runtime")?;
-    rt.block_on(run(bin, out_dir))
+    super::block_on(run(bin, out_dir))
 }
 
 async fn add_agent(api: &Client, name: &str) -> anyhow::Result<Client> {

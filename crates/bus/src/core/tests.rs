@@ -1968,15 +1968,21 @@ fn epoch_changed(node: &Node) -> Option<Epoch> {
     })
 }
 
+/// A peer's Hello mark of seq 5 of `stream`, with an envelope hash no
+/// store here wrote: more than `sent_three_acked_one` holds.
+fn claim_of_five(stream: StreamId) -> Mark {
+    Mark {
+        stream,
+        seq: 5,
+        cid: Some(mesh_protocol::Cid([9; 32])),
+    }
+}
+
 #[test]
 fn a_peer_holding_more_than_this_store_wrote_makes_it_start_a_new_epoch_before_sending() {
     let mut a = sent_three_acked_one();
     let old = stream(1, 1, 2);
-    let claim = Mark {
-        stream: old.clone(),
-        seq: 5,
-        cid: Some(mesh_protocol::Cid([9; 32])),
-    };
+    let claim = claim_of_five(old.clone());
     let out = hello_of_2(&mut a, ConnId(8), vec![claim]);
     let new_epoch = epoch_changed(&a).expect("a new epoch");
     assert_ne!(new_epoch, epoch(1));
@@ -2039,11 +2045,7 @@ fn a_peer_holding_more_than_this_store_wrote_makes_it_start_a_new_epoch_before_s
 #[test]
 fn a_connection_still_waiting_for_the_peers_hello_hears_the_new_epoch_once_it_is_committed() {
     let mut a = sent_three_acked_one();
-    let claim = Mark {
-        stream: stream(1, 1, 2),
-        seq: 5,
-        cid: Some(mesh_protocol::Cid([9; 32])),
-    };
+    let claim = claim_of_five(stream(1, 1, 2));
     a.hold_commits = true;
     hello_of_2(&mut a, ConnId(8), vec![claim]);
     // The new epoch's commit is in flight when the link is replaced: the

@@ -57,11 +57,7 @@ impl Core {
             self.out.metrics.agents.malformed += 1;
             return;
         };
-        let verified = self
-            .agents
-            .peers
-            .get(&peer)
-            .is_some_and(|m| m.contains_key(&msg.from));
+        let verified = self.announced(peer, &msg.from);
         let mut undelivered = None;
         match &msg.to {
             Some(to) if self.agents.is_local(to) => {
@@ -92,21 +88,24 @@ impl Core {
             }
             None => {}
         }
+        let row = MessageRow {
+            in_reply_to: msg.in_reply_to,
+            undelivered,
+            ..received_row(stream, e.seq, msg.from, msg.to)
+        };
         entries.push(AgentIndex::Message {
             id: msg.id,
             seq: e.seq,
-            row: MessageRow {
-                dir: MessageDir::Received,
-                stream: stream.clone(),
-                seq: e.seq,
-                arrival: 0,
-                from: msg.from,
-                to: msg.to,
-                in_reply_to: msg.in_reply_to,
-                undelivered,
-                superseded_by: None,
-            },
+            row,
         });
+    }
+
+    /// Whether `peer` announced its agent `agent` (on its last connection).
+    fn announced(&self, peer: NodeId, agent: &mesh_protocol::AgentName) -> bool {
+        self.agents
+            .peers
+            .get(&peer)
+            .is_some_and(|m| m.contains_key(agent))
     }
 
     /// Adds the index entries of the tombstone `e` from `peer` on `stream`
@@ -126,11 +125,7 @@ impl Core {
             self.out.metrics.agents.malformed += 1;
             return;
         };
-        let verified = self
-            .agents
-            .peers
-            .get(&peer)
-            .is_some_and(|m| m.contains_key(&t.from));
+        let verified = self.announced(peer, &t.from);
         if let Some(to) = t.to.as_ref().filter(|to| self.agents.is_local(to)) {
             self.out.metrics.agents.tombstones_received += 1;
             entries.push(AgentIndex::Inbox {
@@ -146,17 +141,7 @@ impl Core {
         entries.push(AgentIndex::Message {
             id: t.id,
             seq: e.seq,
-            row: MessageRow {
-                dir: MessageDir::Received,
-                stream: stream.clone(),
-                seq: e.seq,
-                arrival: 0,
-                from: t.from,
-                to: t.to,
-                in_reply_to: None,
-                undelivered: None,
-                superseded_by: None,
-            },
+            row: received_row(stream, e.seq, t.from, t.to),
         });
     }
 
@@ -212,5 +197,27 @@ impl Core {
     pub(in crate::core) fn wait_again_bounces(&mut self, mut bounces: Vec<WaitingSend>) {
         bounces.append(&mut self.agents.bounces);
         self.agents.bounces = bounces;
+    }
+}
+
+/// The message row of a message received at `seq` of `stream`, from `from`
+/// to `to`: answering nothing, delivered, not superseded (the store reads
+/// that from the tombstone).
+fn received_row(
+    stream: &StreamId,
+    seq: mesh_protocol::Seq,
+    from: mesh_protocol::AgentName,
+    to: Option<mesh_protocol::AgentName>,
+) -> MessageRow {
+    MessageRow {
+        dir: MessageDir::Received,
+        stream: stream.clone(),
+        seq,
+        arrival: 0,
+        from,
+        to,
+        in_reply_to: None,
+        undelivered: None,
+        superseded_by: None,
     }
 }
