@@ -72,11 +72,12 @@ pub(in crate::core) struct Replace {
 
 impl AgentMsg {
     fn slot(&self, to: NodeId) -> Option<Slot> {
+        let key = self.key.clone()?;
         Some(Slot {
             to,
             from: self.from.clone(),
             to_agent: self.to.clone(),
-            key: self.key.clone()?,
+            key,
         })
     }
 
@@ -123,6 +124,15 @@ impl WaitingSend {
     /// The slot of a keyed agent message.
     pub(in crate::core) fn slot(&self) -> Option<Slot> {
         self.tracked.as_deref()?.agent.as_ref()?.slot(self.to)
+    }
+
+    /// Whether it is a keyed agent message (what [`WaitingSend::slot`]
+    /// answers, without making the slot).
+    pub(in crate::core) fn is_keyed(&self) -> bool {
+        self.tracked
+            .as_deref()
+            .and_then(|t| t.agent.as_ref())
+            .is_some_and(|a| a.key.is_some())
     }
 }
 

@@ -36,9 +36,10 @@ impl Core {
             while let Some(s) = sends.next() {
                 // A keyed send may become its tombstone, which can be the
                 // longer: room for the longer of the two.
-                let len = match s.slot() {
-                    Some(_) => (s.payload.len() as u64).max(mesh_protocol::MAX_TOMBSTONE_BYTES),
-                    None => s.payload.len() as u64,
+                let len = if s.is_keyed() {
+                    (s.payload.len() as u64).max(mesh_protocol::MAX_TOMBSTONE_BYTES)
+                } else {
+                    s.payload.len() as u64
                 };
                 match room.admit(len) {
                     Ok(()) => taken.push(s),
@@ -84,14 +85,14 @@ impl Core {
         let mut chunk_bytes = 0u64;
         let mut sends = sends.into_iter().peekable();
         while let Some(s) = sends.next() {
-            let keyed = s.slot().is_some();
+            let keyed = s.is_keyed();
             chunk_bytes += s.payload.len() as u64;
             chunk.push(s);
             // A keyed message (or its tombstone) is a batch of its own: one
             // that is replaced in the outbox is re-signed alone.
             let full = keyed
                 || sends.peek().is_none_or(|n| {
-                    n.slot().is_some()
+                    n.is_keyed()
                         || chunk.len() as u64 >= max_entries
                         || chunk_bytes + n.payload.len() as u64 > max_bytes
                 });
