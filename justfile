@@ -29,6 +29,13 @@ deny:
 bench:
     cargo bench -p mesh-protocol -p mesh-store
 
+# NATS JetStream (the pinned harness in ../shared/peers/nats, or
+# NATS_HARNESS=DIR) and `mesh bench local`, alternately, ROUNDS times; prints
+# mesh's figures beside NATS's with the ratios and the hot-path goals.
+compare-nats ROUNDS="2":
+    cargo build --release -p mesh
+    python3 scripts/compare-nats --rounds {{ROUNDS}}
+
 # Run every fuzz target for SECONDS each (needs nightly and cargo-fuzz).
 # New finds go to a scratch dir, so the committed corpus only grows by hand
 # (see fuzz/README.md for the merge step).
