@@ -20,7 +20,8 @@
 //! not one per message. A row is keyed by its last entry, so the row that
 //! holds an entry is the first keyed at or after it. The message index
 //! holds places only: a message's sender, recipient and what it answers
-//! are read from its envelope in the journal (never trimmed), and the few
+//! are read from its envelope in the journal (once retention trimmed that,
+//! the message is unknown here: `docs/design.md`), and the few
 //! messages not delivered are in `undelivered-v1`.
 
 use mesh_protocol::{AgentName, BounceReason, MsgId, NodeId};
