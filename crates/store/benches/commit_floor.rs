@@ -52,7 +52,7 @@ fn redb_commit(db: &Database, n: usize, k: u64, durability: Durability, row: &[u
         let def: TableDefinition<'_, u64, &[u8]> = TableDefinition::new(name);
         let mut t = tx.open_table(def).expect("table");
         t.insert(k, row).expect("insert");
-        // Keep the tables small, as the outbox is once acknowledged.
+        // Keep each table at 64 rows, as acknowledgements keep the outbox short.
         if k >= 64 {
             t.remove(k - 64).expect("remove");
         }
@@ -132,19 +132,24 @@ fn preallocated(dir: &std::path::Path) -> std::fs::File {
     f
 }
 
+/// Writes `record` into slot `i` of the wrapping file `f` and flushes it.
+fn append(f: &std::fs::File, record: &[u8], i: u64) {
+    let slots = WAL_BYTES / record.len() as u64;
+    f.write_all_at(record, (i % slots) * record.len() as u64)
+        .expect("append");
+    f.sync_data().expect("fdatasync");
+}
+
 fn wal(c: &mut Criterion) {
     let record = vec![0x3cu8; RECORD_BYTES];
     let row = vec![0x5au8; RECORD_BYTES];
     let mut g = group(c);
     let dir = tempfile::tempdir().expect("tempdir");
     let f = preallocated(dir.path());
-    let slots = WAL_BYTES / RECORD_BYTES as u64;
     let mut i = 0u64;
     g.bench_function("wal_append", |b| {
         b.iter(|| {
-            f.write_all_at(&record, (i % slots) * RECORD_BYTES as u64)
-                .expect("append");
-            f.sync_data().expect("fdatasync");
+            append(&f, &record, i);
             i += 1;
         });
     });
@@ -152,9 +157,7 @@ fn wal(c: &mut Criterion) {
     let mut k = 0u64;
     g.bench_function("wal_then_redb_nosync_8", |b| {
         b.iter(|| {
-            f.write_all_at(&record, (i % slots) * RECORD_BYTES as u64)
-                .expect("append");
-            f.sync_data().expect("fdatasync");
+            append(&f, &record, i);
             redb_commit(&db, TABLES.len(), k, Durability::None, &row);
             i += 1;
             k += 1;
