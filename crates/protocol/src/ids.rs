@@ -130,12 +130,36 @@ impl fmt::Debug for TopicName {
 }
 
 /// Where a stream goes: one recipient node, or every member of a topic.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+// Equality is by key bytes (see `same_node`); Hash and Ord are by the same
+// bytes, so the derived ones agree with it.
+#[allow(clippy::derived_hash_with_manual_eq)]
+#[derive(Clone, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Channel {
     /// Messages for exactly one node.
     Direct(#[serde(with = "node_id_serde")] NodeId),
     /// Messages for every member of a topic (replication comes in a later layer).
     Topic(TopicName),
+}
+
+impl PartialEq for Channel {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Channel::Direct(a), Channel::Direct(b)) => same_node(a, b),
+            (Channel::Topic(a), Channel::Topic(b)) => a == b,
+            _ => false,
+        }
+    }
+}
+
+/// Whether `a` and `b` are the same node: their key bytes compared plainly.
+///
+/// `PublicKey`'s own `==` is constant-time (a `subtle` compare, byte by
+/// byte behind an optimisation barrier), which a public key does not need;
+/// streams are compared per message on the hot path (the store's index
+/// runs, the core's maps), where it was a measured share of the store
+/// writer's time (`docs/benchmarks.md`, "Agent-addressed sends").
+pub fn same_node(a: &NodeId, b: &NodeId) -> bool {
+    a.as_bytes() == b.as_bytes()
 }
 
 impl fmt::Debug for Channel {
@@ -160,7 +184,9 @@ impl fmt::Display for Channel {
 ///
 /// Sequence numbers are dense per stream, starting at 1, so "everything after
 /// N" is well defined for every reader.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+// Equality as `Channel`'s: by key bytes, which Hash and Ord also use.
+#[allow(clippy::derived_hash_with_manual_eq)]
+#[derive(Clone, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct StreamId {
     /// The node that writes and signs the stream.
     #[serde(with = "node_id_serde")]
@@ -169,6 +195,14 @@ pub struct StreamId {
     pub epoch: Epoch,
     /// Where the stream goes.
     pub channel: Channel,
+}
+
+impl PartialEq for StreamId {
+    fn eq(&self, other: &Self) -> bool {
+        self.epoch == other.epoch
+            && same_node(&self.author, &other.author)
+            && self.channel == other.channel
+    }
 }
 
 impl StreamId {

@@ -45,7 +45,7 @@ pub use frame::{
 };
 pub use ids::{
     Channel, Epoch, IdError, MAX_TOPIC_NAME_BYTES, NodeId, SecretKey, Seq, StreamId, TopicName,
-    parse_node_id,
+    parse_node_id, same_node,
 };
 pub use join::{
     INVITE_ADDRS_MAX, INVITE_SECRET_DOMAIN, InviteCode, InviteId, InviteSecret, JOIN_ALPN,

@@ -10,7 +10,7 @@ mod common;
 
 use common::{
     arb_addr, arb_agent_card, arb_agent_envelope, arb_bounce, arb_card, arb_epoch, arb_frame,
-    arb_invite, arb_node, arb_open_batch,
+    arb_invite, arb_node, arb_open_batch, arb_stream,
 };
 use mesh_protocol::{
     AgentEnvelope, Bounce, Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError, InviteCode,
@@ -45,8 +45,46 @@ fn flip(bytes: &mut [u8], bit: usize) {
     bytes[bit / 8] ^= 1 << (bit % 8);
 }
 
+/// A stream's hash under the std hasher.
+fn hash_of(s: &mesh_protocol::StreamId) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(s)
+}
+
 proptest! {
     #![proptest_config(config(48))]
+
+    /// Streams compare node ids by their bytes (not iroh's constant-time
+    /// `==`): that must agree with the keys' own equality, with `Ord` and
+    /// with `Hash`, or maps keyed by streams would split or merge them.
+    #[test]
+    fn stream_equality_agrees_with_key_equality_order_and_hash(
+        a in arb_stream(),
+        other in arb_stream(),
+        keep in any::<(bool, bool, bool)>(),
+    ) {
+        // Each field from `a` or from `other`, so streams that share some
+        // fields and differ in others are compared too.
+        let b = mesh_protocol::StreamId {
+            author: if keep.0 { a.author } else { other.author },
+            epoch: if keep.1 { a.epoch } else { other.epoch },
+            channel: if keep.2 { a.channel.clone() } else { other.channel },
+        };
+        let by_keys = a.author == b.author
+            && a.epoch == b.epoch
+            && match (&a.channel, &b.channel) {
+                (mesh_protocol::Channel::Direct(x), mesh_protocol::Channel::Direct(y)) => x == y,
+                (mesh_protocol::Channel::Topic(x), mesh_protocol::Channel::Topic(y)) => x == y,
+                _ => false,
+            };
+        prop_assert_eq!(a == b, by_keys);
+        prop_assert_eq!(a == b, a.cmp(&b) == std::cmp::Ordering::Equal);
+        prop_assert_eq!(a.channel == b.channel, a.channel.cmp(&b.channel) == std::cmp::Ordering::Equal);
+        if a == b {
+            prop_assert_eq!(hash_of(&a), hash_of(&b));
+        }
+        prop_assert_eq!(mesh_protocol::same_node(&a.author, &b.author), a.author == b.author);
+    }
 
     #[test]
     fn an_agent_envelope_round_trips_and_every_strict_prefix_is_refused(e in arb_agent_envelope()) {
