@@ -13,10 +13,10 @@ use common::{
     arb_invite, arb_node, arb_open_batch, arb_stream,
 };
 use mesh_protocol::{
-    AgentEnvelope, Bounce, Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError, InviteCode,
-    JoinAnswer, JoinRequest, MAX_FRAME_BYTES, MAX_TICKET_ADDRS, NodeCard, NodeTicket, Payloads,
-    RequestId, SignedBatch, VerifyError, decode_frame, decode_join, encode_frame, encode_join,
-    frame_body_len,
+    AgentEnvelope, Bounce, Channel, Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError,
+    InviteCode, JoinAnswer, JoinRequest, MAX_FRAME_BYTES, MAX_TICKET_ADDRS, NodeCard, NodeTicket,
+    Payloads, RequestId, SignedBatch, StreamId, VerifyError, decode_frame, decode_join,
+    encode_frame, encode_join, frame_body_len, same_node,
 };
 use proptest::prelude::*;
 
@@ -46,7 +46,7 @@ fn flip(bytes: &mut [u8], bit: usize) {
 }
 
 /// A stream's hash under the std hasher.
-fn hash_of(s: &mesh_protocol::StreamId) -> u64 {
+fn hash_of(s: &StreamId) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault};
     BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(s)
 }
@@ -65,7 +65,7 @@ proptest! {
     ) {
         // Each field from `a` or from `other`, so streams that share some
         // fields and differ in others are compared too.
-        let b = mesh_protocol::StreamId {
+        let b = StreamId {
             author: if keep.0 { a.author } else { other.author },
             epoch: if keep.1 { a.epoch } else { other.epoch },
             channel: if keep.2 { a.channel.clone() } else { other.channel },
@@ -73,8 +73,8 @@ proptest! {
         let by_keys = a.author == b.author
             && a.epoch == b.epoch
             && match (&a.channel, &b.channel) {
-                (mesh_protocol::Channel::Direct(x), mesh_protocol::Channel::Direct(y)) => x == y,
-                (mesh_protocol::Channel::Topic(x), mesh_protocol::Channel::Topic(y)) => x == y,
+                (Channel::Direct(x), Channel::Direct(y)) => x == y,
+                (Channel::Topic(x), Channel::Topic(y)) => x == y,
                 _ => false,
             };
         prop_assert_eq!(a == b, by_keys);
@@ -83,7 +83,7 @@ proptest! {
         if a == b {
             prop_assert_eq!(hash_of(&a), hash_of(&b));
         }
-        prop_assert_eq!(mesh_protocol::same_node(&a.author, &b.author), a.author == b.author);
+        prop_assert_eq!(same_node(&a.author, &b.author), a.author == b.author);
     }
 
     #[test]
