@@ -806,3 +806,58 @@ fn a_keyed_status_queued_for_a_paused_peer_is_superseded_and_both_ends_say_so() 
     let out = as_agent(&a, "alice", &["send", "bob@gpu", "x", "--key", "a\u{7}b"]);
     refused(&out, 3, &["supersede key"]);
 }
+
+#[test]
+fn an_agents_message_evicted_from_a_full_outbox_is_a_loss_in_its_own_inbox() {
+    let tmp = temp_dir().unwrap();
+    let a_dir = tmp.path().join("a");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::write(
+        a_dir.join("config.toml"),
+        "[outbox]\nmax_msgs = 2\non_full = \"evict-oldest\"\n",
+    )
+    .unwrap();
+    let a = start(&a_dir);
+    let b = start(&tmp.path().join("b"));
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(a.mesh(&["agent", "add", "carol"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    ok(a.mesh(&["peer", "pause", b.node()]).unwrap());
+    wait_disconnected(&a, b.node());
+
+    let to_bob = format!("bob@{}", b.node());
+    let send = |agent: &str, body: &str| ok(as_agent(&a, agent, &["send", &to_bob, body]));
+    let first = send("alice", "one").trim().to_owned();
+    let second = send("carol", "two").trim().to_owned();
+    // Each later send makes room for itself by giving up the oldest one.
+    let third = send("alice", "three").trim().to_owned();
+    let fourth = send("alice", "four").trim().to_owned();
+    wait_state(&a, &first, "lost");
+    wait_state(&a, &second, "lost");
+    wait_state(&a, &third, "queued");
+
+    for (agent, seq) in [("alice", 1), ("carol", 2)] {
+        let got = inbox_now(&a, agent);
+        assert_eq!(got.len(), 1, "{agent}: {got:?}");
+        assert_eq!(
+            (&got[0]["kind"], &got[0]["reason"], &got[0]["to"]),
+            (&"lost".into(), &"outbox_evicted".into(), &b.node().into()),
+            "{agent}: {got:?}"
+        );
+        let says = format!("seqs {seq}..={seq}");
+        assert!(got[0]["body"].as_str().unwrap().contains(&says), "{got:?}");
+    }
+    // The text form says it too.
+    let text = ok(as_agent(&a, "alice", &["inbox"]));
+    assert!(text.to_lowercase().contains("lost"), "{text}");
+
+    // Bob gets what was kept, and nothing of what was lost.
+    ok(a.mesh(&["peer", "resume", b.node()]).unwrap());
+    let got = inbox_first(&b, "bob", 2);
+    let ids: Vec<&str> = got.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(ids, [third.as_str(), fourth.as_str()], "{got:?}");
+    wait_state(&a, &fourth, "delivered");
+    assert_eq!(inbox_now(&b, "bob").len(), 2);
+}

@@ -230,6 +230,7 @@ fn print_inbox_entry(e: &InboxEntry, json: bool) -> anyhow::Result<()> {
         "bounce" => format!("BOUNCE {id}: {}", e.body),
         "lagged" => format!("LAGGED {}", e.body),
         "superseded" => format!("SUPERSEDED {id}: {}", e.body),
+        "lost" => format!("LOST {}", e.body),
         other => format!("({other}) {}", e.body),
     };
     let mut out = std::io::stdout().lock();

@@ -49,6 +49,9 @@ pub enum InboxKind {
     /// A tombstone: a message to it that was superseded before it was sent.
     // Appended last: a variant's place is its stored encoding.
     Superseded,
+    /// A loss record naming messages it sent that were given up before
+    /// their recipient node had them (its outbox evicted them).
+    Lost,
 }
 
 /// One entry of an agent's inbox index: the journal entry at its arrival

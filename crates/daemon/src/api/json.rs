@@ -142,7 +142,7 @@ pub(super) fn entry(node: &NodeId, epoch: Epoch, item: &JournalItem) -> EventEnt
 }
 
 /// The wire name of a loss reason.
-pub(super) fn loss_reason_name(reason: LossReason) -> &'static str {
+pub(crate) fn loss_reason_name(reason: LossReason) -> &'static str {
     match reason {
         LossReason::OutboxEvicted => "outbox_evicted",
         LossReason::SubscriberLagged => "subscriber_lagged",

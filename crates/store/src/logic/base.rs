@@ -65,6 +65,13 @@ pub(crate) trait Base {
     /// Whether the payloads of the outbox batch of `stream` at `first_seq`
     /// are kept in the outbox (its journal rows are trimmed or it was never journaled).
     fn batch_moved(&mut self, stream: &StreamId, first_seq: Seq) -> Result<bool, StoreError>;
+    /// The envelopes (kind and payload, in seq order) of the outbox batch
+    /// of `stream` at `first_seq`, as committed before this group.
+    fn batch_envelopes(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<Vec<(u16, Vec<u8>)>>, StoreError>;
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError>;
     /// Up to `max` committed journal rows from the one holding `from` on.
     fn journal_rows(&mut self, from: Arrival, max: usize) -> Result<Vec<RowInfo>, StoreError>;

@@ -1,10 +1,13 @@
 //! The author side: appending own batches to the outbox, acknowledgements,
 //! and evicting what the outbox bounds or the acknowledgements free.
 
-use mesh_protocol::{Seq, SignedBatch, StreamId};
+use std::collections::BTreeSet;
+
+use mesh_protocol::{AgentHeader, AgentName, KIND_AGENT, Seq, SignedBatch, StreamId};
 
 use super::{Base, BatchMeta, Fail, GroupView, Write, refuse};
-use crate::{Arrival, Eviction, JournalRecord, LossReason, OwnStream};
+use crate::agents::AgentWrite;
+use crate::{Arrival, Eviction, InboxKind, InboxRow, JournalRecord, LossReason, OwnStream};
 
 impl<B: Base> GroupView<'_, B> {
     /// The stored meta of the batch of `own` that starts at `first_seq`,
@@ -77,6 +80,7 @@ impl<B: Base> GroupView<'_, B> {
     /// unacknowledged seqs it drops as one loss record, if it may drop any.
     fn make_room(&mut self, own: &mut OwnStream, evict: Eviction) -> Result<(), Fail> {
         let mut lost: Option<(Seq, Seq)> = None;
+        let mut senders = BTreeSet::new();
         while own.msgs > evict.msgs_max || own.bytes > evict.bytes_max {
             let first = own.first_retained;
             if own.evictable_msgs == 0 && evict.loss.is_none() {
@@ -87,6 +91,10 @@ impl<B: Base> GroupView<'_, B> {
                 ));
             }
             let acked = own.evictable_msgs > 0;
+            if !acked {
+                let from = first.max(own.last_acked.saturating_add(1));
+                self.senders_in(&own.stream, first, from, &mut senders)?;
+            }
             let meta = self.evict_oldest(own)?;
             if !acked {
                 let from = first.max(own.last_acked.saturating_add(1));
@@ -101,6 +109,72 @@ impl<B: Base> GroupView<'_, B> {
                 reason: LossReason::OutboxEvicted,
                 detail,
             });
+            // Each agent whose message it gives up is told in its inbox.
+            let arrival = self.counters.journal_head;
+            for agent in senders {
+                self.writes.push(Write::Agents(AgentWrite::Inbox {
+                    agent,
+                    arrival,
+                    row: InboxRow {
+                        kind: InboxKind::Lost,
+                        verified: true,
+                        in_reply_to: None,
+                    },
+                }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds to `senders` the sending agent of each agent message from
+    /// seq `from` on in the outbox batch of `stream` at `first`.
+    fn senders_in(
+        &mut self,
+        stream: &StreamId,
+        first: Seq,
+        from: Seq,
+        senders: &mut BTreeSet<AgentName>,
+    ) -> Result<(), Fail> {
+        let key = (stream.clone(), first);
+        let envelopes: Vec<(Seq, u16, Vec<u8>)> = if let Some(Some(meta)) = self.batches.get(&key) {
+            // Appended by this group: its envelopes are among the group's writes.
+            let last = meta.last_seq;
+            self.writes
+                .iter()
+                .filter_map(|w| match w {
+                    Write::Journal {
+                        record:
+                            JournalRecord::Envelope {
+                                stream: s,
+                                seq,
+                                kind,
+                                payload,
+                                ..
+                            },
+                        ..
+                    } if s == stream && (first..=last).contains(seq) => {
+                        Some((*seq, *kind, payload.clone()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        } else {
+            let Some(envelopes) = self.base.batch_envelopes(stream, first)? else {
+                return Ok(());
+            };
+            (first..)
+                .zip(envelopes)
+                .map(|(seq, (kind, payload))| (seq, kind, payload))
+                .collect()
+        };
+        for (_, _, payload) in envelopes
+            .iter()
+            .filter(|(seq, kind, _)| *seq >= from && *kind == KIND_AGENT)
+        {
+            // The core wrote it: one that does not decode names no sender.
+            if let Ok(h) = AgentHeader::decode(payload) {
+                senders.insert(h.from);
+            }
         }
         Ok(())
     }

@@ -127,6 +127,31 @@ impl Base for MemBase<'_> {
             .contains_key(&(stream.clone(), first_seq)))
     }
 
+    fn batch_envelopes(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<Vec<(u16, Vec<u8>)>>, StoreError> {
+        let key = (stream.clone(), first_seq);
+        let Some((batch, first_arrival)) = self.state.outbox.get(&key) else {
+            return Ok(None);
+        };
+        let kinds = batch.entries.iter().map(|e| e.kind);
+        if let Some(kept) = self.state.payloads.get(&key) {
+            return Ok(Some(kinds.zip(kept.iter().cloned()).collect()));
+        }
+        let journaled = self
+            .state
+            .journal
+            .range(first_arrival..)
+            .take(batch.entries.len())
+            .filter_map(|(_, r)| match r {
+                JournalRecord::Envelope { payload, .. } => Some(payload.clone()),
+                _ => None,
+            });
+        Ok(Some(kinds.zip(journaled).collect()))
+    }
+
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
         Ok(self.state.marks.get(stream).copied())
     }

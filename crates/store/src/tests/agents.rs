@@ -24,6 +24,7 @@ store_suite!(
     a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it,
     a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_own,
     an_inbox_entry_whose_journal_entry_retention_trimmed_reads_as_trimmed,
+    an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox,
 );
 
 fn name(s: &str) -> AgentName {
@@ -650,4 +651,83 @@ fn a_received_tombstone_indexes_as_superseded(s: &dyn MeshStore) {
     let inbox = s.inbox(&name("bob"), 0, 10).expect("reads");
     assert_eq!(inbox.len(), 1);
     assert_eq!(inbox[0].row.kind, InboxKind::Superseded);
+}
+
+/// An agent message from `from` at `seq` of this store's stream to `PEER`.
+fn own_message(s: &dyn MeshStore, seq: u64, from: &str) -> OpenBatch {
+    let payload = AgentEnvelope {
+        id: MsgId::derive(&node(ME), s.meta().epoch, &node(PEER), seq),
+        from: name(from),
+        to: Some(name("bob")),
+        in_reply_to: None,
+        key: None,
+        body: vec![1; 10],
+    }
+    .encode();
+    own_one(s, seq, KIND_AGENT, payload)
+}
+
+fn append_evicting(batch: OpenBatch, msgs_max: u64) -> WriteOp {
+    WriteOp::AppendOwn {
+        batch,
+        evict: Some(crate::Eviction {
+            msgs_max,
+            bytes_max: u64::MAX,
+            loss: Some("outbox full".into()),
+        }),
+    }
+}
+
+/// The inbox of `agent`: each entry's kind and arrival.
+fn inbox_of(s: &dyn MeshStore, agent: &str) -> Vec<(InboxKind, u64)> {
+    s.inbox(&name(agent), 0, 100)
+        .expect("reads")
+        .into_iter()
+        .map(|i| (i.row.kind, i.item.arrival))
+        .collect()
+}
+
+fn an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox(s: &dyn MeshStore) {
+    // Committed earlier: alice at 1, carol at 2, a node message at 3.
+    commit1(s, vec![append_evicting(own_message(s, 1, "alice"), 10)]).expect("commits");
+    commit1(s, vec![append_evicting(own_message(s, 2, "carol"), 10)]).expect("commits");
+    commit1(
+        s,
+        vec![append_evicting(own_one(s, 3, 0, b"node".to_vec()), 10)],
+    )
+    .expect("commits");
+    // Another transaction's groups: dave at 4, then erin at 5 evicting 1..=4
+    // (dave's batch was journaled by the earlier group of this transaction).
+    let out = s.commit(vec![
+        vec![append_evicting(own_message(s, 4, "dave"), 10)],
+        vec![append_evicting(own_message(s, 5, "erin"), 0)],
+    ]);
+    let receipt = out[1].clone().expect("commits");
+    let (loss_at, _) = receipt.arrivals.expect("journals");
+    let page = s.journal_page(loss_at - 1, 1, u64::MAX).expect("reads");
+    assert!(
+        matches!(page[0].record, JournalRecord::Loss { from: 1, to: 4, .. }),
+        "{page:?}"
+    );
+    for agent in ["alice", "carol", "dave"] {
+        assert_eq!(
+            inbox_of(s, agent),
+            vec![(InboxKind::Lost, loss_at)],
+            "{agent}"
+        );
+    }
+    // Not lost: erin's own message, and bob (the recipient) is told nothing here.
+    assert_eq!(inbox_of(s, "erin"), vec![]);
+    assert_eq!(inbox_of(s, "bob"), vec![]);
+
+    // One group appends frank's message and evicts it with the next one.
+    let out = s.commit(vec![vec![
+        append_evicting(own_message(s, 6, "frank"), 10),
+        append_evicting(own_message(s, 7, "gina"), 0),
+    ]]);
+    let (first, _) = out[0].clone().expect("commits").arrivals.expect("journals");
+    // Frank's envelope, then the loss record, then gina's envelope.
+    assert_eq!(inbox_of(s, "frank"), vec![(InboxKind::Lost, first + 1)]);
+    assert_eq!(inbox_of(s, "erin"), vec![(InboxKind::Lost, first + 1)]);
+    assert_eq!(inbox_of(s, "gina"), vec![]);
 }

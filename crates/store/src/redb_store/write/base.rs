@@ -88,6 +88,44 @@ impl Base for Tables<'_> {
             .is_some())
     }
 
+    fn batch_envelopes(
+        &mut self,
+        stream: &StreamId,
+        first_seq: Seq,
+    ) -> Result<Option<Vec<(u16, Vec<u8>)>>, StoreError> {
+        let k = stream_key(stream)?;
+        let key = (k.as_slice(), first_seq);
+        let Some(v) = self.outbox.get(key).map_err(|e| self.err(e))? else {
+            return Ok(None);
+        };
+        let b: BatchOwned = decode(self.name, "outbox batch", v.value())?;
+        drop(v);
+        let kept = self.payloads.get(key).map_err(|e| self.err(e))?;
+        let payloads: Vec<Vec<u8>> = if let Some(v) = kept {
+            let p: Vec<serde_bytes::ByteBuf> = decode(self.name, "outbox payloads", v.value())?;
+            p.into_iter().map(serde_bytes::ByteBuf::into_vec).collect()
+        } else if self
+            .journal_pending
+            .first()
+            .is_some_and(|(a, _)| *a <= b.first_arrival)
+        {
+            // Journaled by an earlier group of this transaction.
+            self.journal_pending
+                .iter()
+                .skip_while(|(a, _)| *a < b.first_arrival)
+                .take(b.batch.entries.len())
+                .filter_map(|(_, r)| match r {
+                    JournalRecord::Envelope { payload, .. } => Some(payload.clone()),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            read::journal_payloads(self.name, &self.journal, &k, &b.batch, b.first_arrival)?
+        };
+        let kinds = b.batch.entries.iter().map(|e| e.kind);
+        Ok(Some(kinds.zip(payloads).collect()))
+    }
+
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
         if let Some(m) = self.marks_pending.get(stream) {
             return Ok(Some(*m));
