@@ -35,6 +35,16 @@ pub const KIND_TOMBSTONE: u16 = 3;
 pub const MAX_AGENT_NAME_BYTES: usize = 64;
 /// The longest supersede key, in bytes.
 pub const MAX_SUPERSEDE_KEY_BYTES: usize = 128;
+
+/// The most bytes an [`AgentEnvelope`] takes besides its body: the id, two
+/// names, what it answers and a key, each with its length or tag, and the
+/// body's length.
+const ENVELOPE_HEAD_BYTES_MAX: usize = 16
+    + (1 + MAX_AGENT_NAME_BYTES)
+    + (2 + MAX_AGENT_NAME_BYTES)
+    + 17
+    + (3 + MAX_SUPERSEDE_KEY_BYTES)
+    + 10;
 /// The most cards one [`crate::Frame::Agents`] may carry (also the most
 /// agents a node hosts).
 pub const MAX_AGENT_CARDS: usize = 256;
@@ -296,8 +306,12 @@ pub struct AgentEnvelope {
 impl AgentEnvelope {
     /// The payload bytes.
     pub fn encode(&self) -> Vec<u8> {
+        // Sized up front: the body is most of it, and growing a Vec piece
+        // by piece reallocates (and copies) the body on every agent send.
+        let room = self.body.len() + ENVELOPE_HEAD_BYTES_MAX;
         // Serializing plain structs into a Vec cannot fail.
-        postcard::to_stdvec(self).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+        postcard::to_extend(self, Vec::with_capacity(room))
+            .unwrap_or_else(|_| unreachable!("postcard into Vec"))
     }
 
     /// Decodes a payload of kind [`KIND_AGENT`]: at most

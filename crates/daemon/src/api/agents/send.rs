@@ -22,7 +22,7 @@ impl ApiState {
         &self,
         from: &AgentName,
         req: AgentSendRequest,
-    ) -> Result<(Outgoing, String), ApiError> {
+    ) -> Result<Outgoing, ApiError> {
         let (to, agent) = self.resolve_recipient(&req.to)?;
         let in_reply_to = req
             .in_reply_to
@@ -52,7 +52,7 @@ impl ApiState {
         meta: MessageMeta,
         body: String,
         encoding: BodyEncoding,
-    ) -> Result<(Outgoing, String), ApiError> {
+    ) -> Result<Outgoing, ApiError> {
         let MessageMeta {
             agent,
             in_reply_to,
@@ -68,10 +68,6 @@ impl ApiState {
             .into());
         }
         check_client_id(client_id.as_deref())?;
-        let to_text = match &agent {
-            Some(a) => Self::address(a, &to),
-            None => to.to_string(),
-        };
         let meta = SendMeta {
             from: Some(from.clone()),
             to: agent,
@@ -79,13 +75,21 @@ impl ApiState {
             client_id,
             key,
         };
-        let msg = Outgoing {
+        Ok(Outgoing {
             to,
             kind: 0,
             payload,
             meta: Some(Box::new(meta)),
-        };
-        Ok((msg, to_text))
+        })
+    }
+
+    /// The address an agent message goes to, as an answer shows it (made
+    /// only where one is answered: a batch's answers carry none).
+    fn recipient_text(msg: &Outgoing) -> String {
+        match msg.meta.as_ref().and_then(|m| m.to.as_ref()) {
+            Some(a) => Self::address(a, &msg.to),
+            None => msg.to.to_string(),
+        }
     }
 
     /// The id of the message committed with `receipt` (agent messages).
@@ -119,11 +123,8 @@ pub(crate) fn check_client_id(id: Option<&str>) -> Result<(), ApiError> {
 }
 
 /// Commits `msg` and answers it as an agent send to `to`.
-async fn send_answer(
-    st: &ApiState,
-    msg: Outgoing,
-    to: String,
-) -> Result<AgentSendResponse, ApiError> {
+async fn send_answer(st: &ApiState, msg: Outgoing) -> Result<AgentSendResponse, ApiError> {
+    let to = ApiState::recipient_text(&msg);
     #[cfg(feature = "fault-hooks")]
     let abort_after = msg
         .meta
@@ -165,8 +166,8 @@ pub(crate) async fn send(
         "; a message body may be at most 1 MiB",
     )
     .await?;
-    let (msg, to) = st.agent_message(&from, parse_json(&bytes)?)?;
-    Ok(Json(send_answer(&st, msg, to).await?))
+    let msg = st.agent_message(&from, parse_json(&bytes)?)?;
+    Ok(Json(send_answer(&st, msg).await?))
 }
 
 /// `POST /v1/agents/{name}/send/batch`, NDJSON of [`AgentSendRequest`]
@@ -185,7 +186,7 @@ pub(crate) async fn send_batch(
     let parser_st = st.clone();
     let parse = move |line: &[u8]| -> Result<Outgoing, ApiError> {
         let req: AgentSendRequest = parse_json(line)?;
-        parser_st.agent_message(&from, req).map(|(m, _)| m)
+        parser_st.agent_message(&from, req)
     };
     let answers = st.answers().with_msg_ids();
     crate::api::ndjson::respond(st.submitter(), answers, req.into_body(), parse).await
@@ -221,8 +222,8 @@ pub(crate) async fn reply(
         client_id: body.client_id,
         key: None,
     };
-    let (msg, to) = st.meta_message(&from, row.stream.author, meta, body.body, body.encoding)?;
-    Ok(Json(send_answer(&st, msg, to).await?))
+    let msg = st.meta_message(&from, row.stream.author, meta, body.body, body.encoding)?;
+    Ok(Json(send_answer(&st, msg).await?))
 }
 
 impl crate::api::send::Answers {
