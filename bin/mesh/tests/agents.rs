@@ -846,7 +846,10 @@ fn an_agents_message_evicted_from_a_full_outbox_is_a_loss_in_its_own_inbox() {
             (&"lost".into(), &"outbox_evicted".into(), &b.node().into()),
             "{agent}: {got:?}"
         );
-        let says = format!("seqs {seq}..={seq}");
+        let says = format!(
+            "seqs {seq}..={seq} of this node's stream to {}, yours among them, were given up",
+            b.node()
+        );
         assert!(got[0]["body"].as_str().unwrap().contains(&says), "{got:?}");
     }
     // The text form says it too.

@@ -112,18 +112,20 @@ impl ApiState {
                 }
             }
             JournalRecord::Loss {
-                stream,
+                stream: lost_on,
                 from,
                 to,
                 reason,
                 detail,
             } => {
                 e.kind = "lost".into();
-                e.to = stream.recipient().map(|n| n.to_string());
+                e.to = lost_on.recipient().map(|n| n.to_string());
                 e.reason = Some(crate::api::json::loss_reason_name(*reason).to_owned());
                 let recipient = e.to.as_deref().unwrap_or("its recipient");
                 e.body = format!(
-                    "messages at seqs {from}..={to} of this node's stream to {recipient},                      yours among them, were given up before {recipient} had them ({detail});                      `mesh message ID` says which of yours"
+                    "messages at seqs {from}..={to} of this node's stream to {recipient}, \
+                     yours among them, were given up before {recipient} had them ({detail}); \
+                     `mesh message ID` says which of yours"
                 );
             }
             JournalRecord::Trimmed { .. } => {
