@@ -129,8 +129,11 @@ pub struct AgentSendResponse {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InboxEntry {
     /// `message`, `bounce`, `lagged`, `superseded` (a tombstone: the
-    /// message `id` was replaced by `superseded_by` before it was sent), or
-    /// `trimmed` (journal retention took the entry before it was read).
+    /// message `id` was replaced by `superseded_by` before it was sent),
+    /// `lost` (the agent's own messages at the seqs its body names were
+    /// given up before their recipient node had them; `to` is that node,
+    /// `reason` why), or `trimmed` (journal retention took the entry
+    /// before it was read).
     pub kind: String,
     /// The message id (for a bounce: the id of the message it bounces).
     pub id: Option<String>,
@@ -150,7 +153,7 @@ pub struct InboxEntry {
     pub arrival: u64,
     /// For a message: whether its node announced its sender agent.
     pub verified: bool,
-    /// For a bounce: why (`no_such_agent`).
+    /// For a bounce: why (`no_such_agent`); for a loss: why (`outbox_evicted`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The author's clock when it was written, ms since the Unix epoch.

@@ -196,7 +196,7 @@ impl MeshServer {
 
     #[tool(
         name = "mesh_inbox",
-        description = "Read this agent's inbox after a cursor: messages to it, bounces of its messages, lag records. Returns the entries (id, from, to, in_reply_to, body, cursor) and `next`, the cursor to pass as `after` for the next page. With `wait`, waits for the first entry to arrive."
+        description = "Read this agent's inbox after a cursor: messages to it, bounces and losses of its messages, lag records. Returns the entries (id, from, to, in_reply_to, body, cursor) and `next`, the cursor to pass as `after` for the next page. With `wait`, waits for the first entry to arrive."
     )]
     async fn mesh_inbox(
         &self,
