@@ -3,7 +3,7 @@
 //! read and wait on its inbox, keep named cursors; where a message is.
 //!
 //! An agent's inbox is an index of the journal written in the commits that
-//! journal its entries (messages to it, bounces of its messages, lag
+//! journal its entries (messages to it, bounces and losses of its messages, lag
 //! records of its subscriptions), so a page reads only the agent's entries
 //! and a cursor is an ordinary journal cursor. A wait (`wait=SECS`) returns
 //! as soon as an entry commits: it wakes on the journal head, never on a

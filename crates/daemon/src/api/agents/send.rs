@@ -159,15 +159,31 @@ pub(crate) async fn send(
     Path(name): Path<String>,
     req: Request,
 ) -> Result<Json<AgentSendResponse>, ApiError> {
-    let from = st.sender(acting, &name)?;
-    let bytes = read_body(
-        req.into_body(),
-        SEND_REQUEST_BYTES_MAX,
+    let (from, body) = sender_and_request(
+        &st,
+        acting,
+        &name,
+        req,
         "; a message body may be at most 1 MiB",
     )
     .await?;
-    let msg = st.agent_message(&from, parse_json(&bytes)?)?;
+    let msg = st.agent_message(&from, body)?;
     Ok(Json(send_answer(&st, msg).await?))
+}
+
+/// The verified sending agent of a request to its socket, and the request
+/// body (at most [`SEND_REQUEST_BYTES_MAX`]) parsed as a `T`; `hint` ends
+/// the refusal of one too large.
+async fn sender_and_request<T: serde::de::DeserializeOwned>(
+    st: &ApiState,
+    acting: Option<Extension<Acting>>,
+    name: &str,
+    req: Request,
+    hint: &'static str,
+) -> Result<(AgentName, T), ApiError> {
+    let from = st.sender(acting, name)?;
+    let bytes = read_body(req.into_body(), SEND_REQUEST_BYTES_MAX, hint).await?;
+    Ok((from, parse_json(&bytes)?))
 }
 
 /// `POST /v1/agents/{name}/send/batch`, NDJSON of [`AgentSendRequest`]
@@ -199,14 +215,14 @@ pub(crate) async fn reply(
     Path(name): Path<String>,
     req: Request,
 ) -> Result<Json<AgentSendResponse>, ApiError> {
-    let from = st.sender(acting, &name)?;
-    let bytes = read_body(
-        req.into_body(),
-        SEND_REQUEST_BYTES_MAX,
+    let (from, body): (_, ReplyRequest) = sender_and_request(
+        &st,
+        acting,
+        &name,
+        req,
         "; a reply body may be at most 1 MiB",
     )
     .await?;
-    let body: ReplyRequest = parse_json(&bytes)?;
     let (id, row) = super::status::message_row(&st, &body.id).await?;
     let me = st.inner.node;
     let to_me = row.dir == MessageDir::Received || row.stream.recipient() == Some(me);
