@@ -6,6 +6,9 @@ use mesh_protocol::{Cid, Epoch, NodeCard, NodeId, Seq, SignedBatch, StreamId};
 use crate::agents::AgentWrite;
 use crate::{Arrival, EndedOwn, InviteRecord, JournalRecord, OwnStream, PeerRecord, StoreError};
 
+/// An envelope's kind and payload.
+pub(crate) type KindPayload = (u16, Vec<u8>);
+
 /// What the rules need to know about one stored outbox batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct BatchMeta {
@@ -71,7 +74,7 @@ pub(crate) trait Base {
         &mut self,
         stream: &StreamId,
         first_seq: Seq,
-    ) -> Result<Option<Vec<(u16, Vec<u8>)>>, StoreError>;
+    ) -> Result<Option<Vec<KindPayload>>, StoreError>;
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError>;
     /// Up to `max` committed journal rows from the one holding `from` on.
     fn journal_rows(&mut self, from: Arrival, max: usize) -> Result<Vec<RowInfo>, StoreError>;

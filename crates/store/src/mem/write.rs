@@ -131,7 +131,7 @@ impl Base for MemBase<'_> {
         &mut self,
         stream: &StreamId,
         first_seq: Seq,
-    ) -> Result<Option<Vec<(u16, Vec<u8>)>>, StoreError> {
+    ) -> Result<Option<Vec<crate::logic::KindPayload>>, StoreError> {
         let key = (stream.clone(), first_seq);
         let Some((batch, first_arrival)) = self.state.outbox.get(&key) else {
             return Ok(None);

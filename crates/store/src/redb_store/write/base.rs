@@ -92,7 +92,7 @@ impl Base for Tables<'_> {
         &mut self,
         stream: &StreamId,
         first_seq: Seq,
-    ) -> Result<Option<Vec<(u16, Vec<u8>)>>, StoreError> {
+    ) -> Result<Option<Vec<crate::logic::KindPayload>>, StoreError> {
         let k = stream_key(stream)?;
         let key = (k.as_slice(), first_seq);
         let Some(v) = self.outbox.get(key).map_err(|e| self.err(e))? else {
