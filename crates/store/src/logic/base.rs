@@ -6,8 +6,16 @@ use mesh_protocol::{Cid, Epoch, NodeCard, NodeId, Seq, SignedBatch, StreamId};
 use crate::agents::AgentWrite;
 use crate::{Arrival, EndedOwn, InviteRecord, JournalRecord, OwnStream, PeerRecord, StoreError};
 
-/// An envelope's kind and payload.
-pub(crate) type KindPayload = (u16, Vec<u8>);
+/// The places in `batch` (which starts at its first seq) of its agent
+/// messages at seq `from` or later.
+pub(crate) fn agent_entries(batch: &SignedBatch, from: Seq) -> Vec<usize> {
+    (batch.first_seq..)
+        .zip(&batch.entries)
+        .enumerate()
+        .filter(|(_, (seq, e))| *seq >= from && e.kind == mesh_protocol::KIND_AGENT)
+        .map(|(i, _)| i)
+        .collect()
+}
 
 /// What the rules need to know about one stored outbox batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,13 +76,16 @@ pub(crate) trait Base {
     /// Whether the payloads of the outbox batch of `stream` at `first_seq`
     /// are kept in the outbox (its journal rows are trimmed or it was never journaled).
     fn batch_moved(&mut self, stream: &StreamId, first_seq: Seq) -> Result<bool, StoreError>;
-    /// The envelopes (kind and payload, in seq order) of the outbox batch
-    /// of `stream` at `first_seq`, as committed before this group.
-    fn batch_envelopes(
+    /// The payloads of the agent messages (kind `KIND_AGENT`) at seq
+    /// `from` or later of the outbox batch of `stream` at `first_seq`, as
+    /// committed before this group (`None`: no such batch). A batch with
+    /// no such entry is answered without reading a payload.
+    fn agent_payloads(
         &mut self,
         stream: &StreamId,
         first_seq: Seq,
-    ) -> Result<Option<Vec<KindPayload>>, StoreError>;
+        from: Seq,
+    ) -> Result<Option<Vec<Vec<u8>>>, StoreError>;
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError>;
     /// Up to `max` committed journal rows from the one holding `from` on.
     fn journal_rows(&mut self, from: Arrival, max: usize) -> Result<Vec<RowInfo>, StoreError>;

@@ -21,7 +21,7 @@ mod outbox;
 mod receive;
 mod trim;
 
-pub(crate) use base::{Base, BatchMeta, KindPayload, RowInfo, Write};
+pub(crate) use base::{Base, BatchMeta, RowInfo, Write, agent_entries};
 
 /// The longest durable cursor name, in bytes.
 pub const CURSOR_NAME_BYTES_MAX: usize = 64;

@@ -135,46 +135,41 @@ impl<B: Base> GroupView<'_, B> {
         from: Seq,
         senders: &mut BTreeSet<AgentName>,
     ) -> Result<(), Fail> {
-        let key = (stream.clone(), first);
-        let envelopes: Vec<(Seq, u16, Vec<u8>)> = if let Some(Some(meta)) = self.batches.get(&key) {
-            // Appended by this group: its envelopes are among the group's writes.
-            let last = meta.last_seq;
-            self.writes
-                .iter()
-                .filter_map(|w| match w {
-                    Write::Journal {
-                        record:
-                            JournalRecord::Envelope {
-                                stream: s,
-                                seq,
-                                kind,
-                                payload,
-                                ..
-                            },
-                        ..
-                    } if s == stream && (first..=last).contains(seq) => {
-                        Some((*seq, *kind, payload.clone()))
-                    }
-                    _ => None,
-                })
-                .collect()
-        } else {
-            let Some(envelopes) = self.base.batch_envelopes(stream, first)? else {
-                return Ok(());
-            };
-            (first..)
-                .zip(envelopes)
-                .map(|(seq, (kind, payload))| (seq, kind, payload))
-                .collect()
-        };
-        for (_, _, payload) in envelopes
-            .iter()
-            .filter(|(seq, kind, _)| *seq >= from && *kind == KIND_AGENT)
-        {
-            // The core wrote it: one that does not decode names no sender.
+        // The core wrote them: one that does not decode names no sender.
+        let mut note = |payload: &[u8]| {
             if let Ok(h) = AgentHeader::decode(payload) {
                 senders.insert(h.from);
             }
+        };
+        if let Some(Some(meta)) = self.batches.get(&(stream.clone(), first)) {
+            // Appended by this group: its envelopes are among the group's writes.
+            let last = meta.last_seq;
+            for w in &self.writes {
+                if let Write::Journal {
+                    record:
+                        JournalRecord::Envelope {
+                            stream: s,
+                            seq,
+                            kind: KIND_AGENT,
+                            payload,
+                            ..
+                        },
+                    ..
+                } = w
+                    && s == stream
+                    && (from.max(first)..=last).contains(seq)
+                {
+                    note(payload);
+                }
+            }
+            return Ok(());
+        }
+        for payload in self
+            .base
+            .agent_payloads(stream, first, from)?
+            .unwrap_or_default()
+        {
+            note(&payload);
         }
         Ok(())
     }

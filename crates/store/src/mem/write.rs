@@ -127,29 +127,27 @@ impl Base for MemBase<'_> {
             .contains_key(&(stream.clone(), first_seq)))
     }
 
-    fn batch_envelopes(
+    fn agent_payloads(
         &mut self,
         stream: &StreamId,
         first_seq: Seq,
-    ) -> Result<Option<Vec<crate::logic::KindPayload>>, StoreError> {
+        from: Seq,
+    ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
         let key = (stream.clone(), first_seq);
         let Some((batch, first_arrival)) = self.state.outbox.get(&key) else {
             return Ok(None);
         };
-        let kinds = batch.entries.iter().map(|e| e.kind);
-        if let Some(kept) = self.state.payloads.get(&key) {
-            return Ok(Some(kinds.zip(kept.iter().cloned()).collect()));
-        }
-        let journaled = self
-            .state
-            .journal
-            .range(first_arrival..)
-            .take(batch.entries.len())
-            .filter_map(|(_, r)| match r {
-                JournalRecord::Envelope { payload, .. } => Some(payload.clone()),
+        let wanted = crate::logic::agent_entries(batch, from);
+        let payload = |i: usize| -> Option<Vec<u8>> {
+            if let Some(kept) = self.state.payloads.get(&key) {
+                return kept.get(i).cloned();
+            }
+            match self.state.journal.get(&(first_arrival + i as u64)) {
+                Some(JournalRecord::Envelope { payload, .. }) => Some(payload.clone()),
                 _ => None,
-            });
-        Ok(Some(kinds.zip(journaled).collect()))
+            }
+        };
+        Ok(Some(wanted.into_iter().filter_map(payload).collect()))
     }
 
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {

@@ -696,13 +696,19 @@ fn an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox(s: &dyn Me
         vec![append_evicting(own_one(s, 3, 0, b"node".to_vec()), 10)],
     )
     .expect("commits");
-    // Another transaction's groups: dave at 4, then erin at 5 evicting 1..=4
-    // (dave's batch was journaled by the earlier group of this transaction).
+    // Another transaction's groups: a lag record, dave at 4, then erin at 5
+    // evicting 1..=4 (dave's batch was journaled by an earlier group of this
+    // transaction, after another record).
     let out = s.commit(vec![
+        vec![WriteOp::RecordLag {
+            subscriber: "sub".into(),
+            from: 1,
+            to: 1,
+        }],
         vec![append_evicting(own_message(s, 4, "dave"), 10)],
         vec![append_evicting(own_message(s, 5, "erin"), 0)],
     ]);
-    let receipt = out[1].clone().expect("commits");
+    let receipt = out[2].clone().expect("commits");
     let (loss_at, _) = receipt.arrivals.expect("journals");
     let page = s.journal_page(loss_at - 1, 1, u64::MAX).expect("reads");
     assert!(
@@ -729,5 +735,49 @@ fn an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox(s: &dyn Me
     // Frank's envelope, then the loss record, then gina's envelope.
     assert_eq!(inbox_of(s, "frank"), vec![(InboxKind::Lost, first + 1)]);
     assert_eq!(inbox_of(s, "erin"), vec![(InboxKind::Lost, first + 1)]);
+    assert_eq!(inbox_of(s, "gina"), vec![]);
+
+    // A batch of two, hank's then ivy's, acknowledged up to hank's: only
+    // ivy's is lost (gina's, before it, is acknowledged too).
+    let stream = own_stream_id(s, PEER);
+    let both = |seq: u64| {
+        let mut envs = Vec::new();
+        for (at, who) in [(seq, "hank"), (seq + 1, "ivy")] {
+            let one = own_message(s, at, who);
+            envs.push(NewEnvelope {
+                lamport: at,
+                created_ms: at,
+                kind: KIND_AGENT,
+                payload: one.payloads()[0].clone(),
+            });
+        }
+        OpenBatch::sign(
+            &key(ME),
+            s.meta().epoch,
+            Channel::Direct(node(PEER)),
+            seq,
+            envs,
+        )
+        .expect("fits")
+    };
+    commit1(s, vec![append_evicting(both(8), 10)]).expect("commits");
+    commit1(
+        s,
+        vec![WriteOp::Acked {
+            stream,
+            upto: 8,
+            reset: false,
+        }],
+    )
+    .expect("commits");
+    let out = commit1(s, vec![append_evicting(own_message(s, 10, "jo"), 0)]).expect("commits");
+    let (loss_at, _) = out.arrivals.expect("journals");
+    let page = s.journal_page(loss_at - 1, 1, u64::MAX).expect("reads");
+    assert!(
+        matches!(page[0].record, JournalRecord::Loss { from: 9, to: 9, .. }),
+        "{page:?}"
+    );
+    assert_eq!(inbox_of(s, "ivy"), vec![(InboxKind::Lost, loss_at)]);
+    assert_eq!(inbox_of(s, "hank"), vec![]);
     assert_eq!(inbox_of(s, "gina"), vec![]);
 }

@@ -88,11 +88,12 @@ impl Base for Tables<'_> {
             .is_some())
     }
 
-    fn batch_envelopes(
+    fn agent_payloads(
         &mut self,
         stream: &StreamId,
         first_seq: Seq,
-    ) -> Result<Option<Vec<crate::logic::KindPayload>>, StoreError> {
+        from: Seq,
+    ) -> Result<Option<Vec<Vec<u8>>>, StoreError> {
         let k = stream_key(stream)?;
         let key = (k.as_slice(), first_seq);
         let Some(v) = self.outbox.get(key).map_err(|e| self.err(e))? else {
@@ -100,8 +101,12 @@ impl Base for Tables<'_> {
         };
         let b: BatchOwned = decode(self.name, "outbox batch", v.value())?;
         drop(v);
+        let wanted = crate::logic::agent_entries(&b.batch, from);
+        if wanted.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
         let kept = self.payloads.get(key).map_err(|e| self.err(e))?;
-        let payloads: Vec<Vec<u8>> = if let Some(v) = kept {
+        let mut all: Vec<Vec<u8>> = if let Some(v) = kept {
             let p: Vec<serde_bytes::ByteBuf> = decode(self.name, "outbox payloads", v.value())?;
             p.into_iter().map(serde_bytes::ByteBuf::into_vec).collect()
         } else if self
@@ -122,8 +127,12 @@ impl Base for Tables<'_> {
         } else {
             read::journal_payloads(self.name, &self.journal, &k, &b.batch, b.first_arrival)?
         };
-        let kinds = b.batch.entries.iter().map(|e| e.kind);
-        Ok(Some(kinds.zip(payloads).collect()))
+        Ok(Some(
+            wanted
+                .into_iter()
+                .filter_map(|i| all.get_mut(i).map(std::mem::take))
+                .collect(),
+        ))
     }
 
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
