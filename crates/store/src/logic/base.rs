@@ -86,6 +86,8 @@ pub(crate) trait Base {
         first_seq: Seq,
         from: Seq,
     ) -> Result<Option<Vec<Vec<u8>>>, StoreError>;
+    /// Whether `agent` is a local agent of this node.
+    fn is_agent(&mut self, agent: &mesh_protocol::AgentName) -> Result<bool, StoreError>;
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError>;
     /// Up to `max` committed journal rows from the one holding `from` on.
     fn journal_rows(&mut self, from: Arrival, max: usize) -> Result<Vec<RowInfo>, StoreError>;

@@ -112,6 +112,10 @@ impl<B: Base> GroupView<'_, B> {
             // Each agent whose message it gives up is told in its inbox.
             let arrival = self.counters.journal_head;
             for agent in senders {
+                // As for a bounce: an agent removed since it sent is told nothing.
+                if !self.base.is_agent(&agent)? {
+                    continue;
+                }
                 self.writes.push(Write::Agents(AgentWrite::Inbox {
                     agent,
                     arrival,

@@ -150,6 +150,10 @@ impl Base for MemBase<'_> {
         Ok(Some(wanted.into_iter().filter_map(payload).collect()))
     }
 
+    fn is_agent(&mut self, agent: &mesh_protocol::AgentName) -> Result<bool, StoreError> {
+        Ok(self.state.agents.agents.contains_key(agent))
+    }
+
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
         Ok(self.state.marks.get(stream).copied())
     }

@@ -238,6 +238,14 @@ impl<'tx> AgentTables<'tx> {
         Ok(())
     }
 
+    /// Whether this node has the local agent `agent`.
+    pub(super) fn has_agent(&mut self, agent: &AgentName, name: &str) -> Result<bool, StoreError> {
+        let t = open(self.tx, &mut self.agents, AGENTS, name)?;
+        Ok(t.get(agent.as_str())
+            .map_err(|e| from_redb(name, "cannot read", e))?
+            .is_some())
+    }
+
     pub(super) fn apply(&mut self, w: AgentWrite, name: &str) -> Result<(), StoreError> {
         let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
         let tx = self.tx;

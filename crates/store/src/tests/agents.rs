@@ -688,6 +688,18 @@ fn inbox_of(s: &dyn MeshStore, agent: &str) -> Vec<(InboxKind, u64)> {
 }
 
 fn an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox(s: &dyn MeshStore) {
+    let names = [
+        "alice", "carol", "dave", "erin", "frank", "gina", "hank", "ivy", "jo", "kim",
+    ];
+    for n in names {
+        let record = AgentRecord {
+            name: name(n),
+            key: node(7),
+            uid: 0,
+            created_ms: 5,
+        };
+        commit1(s, vec![WriteOp::Agents(AgentOp::PutAgent(record))]).expect("commits");
+    }
     // Committed earlier: alice at 1, carol at 2, a node message at 3.
     commit1(s, vec![append_evicting(own_message(s, 1, "alice"), 10)]).expect("commits");
     commit1(s, vec![append_evicting(own_message(s, 2, "carol"), 10)]).expect("commits");
@@ -780,4 +792,15 @@ fn an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox(s: &dyn Me
     assert_eq!(inbox_of(s, "ivy"), vec![(InboxKind::Lost, loss_at)]);
     assert_eq!(inbox_of(s, "hank"), vec![]);
     assert_eq!(inbox_of(s, "gina"), vec![]);
+
+    // An agent removed since it sent is told nothing (as for a bounce);
+    // another that is still here is.
+    commit1(s, vec![append_evicting(own_message(s, 11, "kim"), 10)]).expect("commits");
+    commit1(s, vec![append_evicting(own_message(s, 12, "zed"), 10)]).expect("commits");
+    commit1(s, vec![WriteOp::Agents(AgentOp::RemoveAgent(name("kim")))]).expect("commits");
+    let out = commit1(s, vec![append_evicting(own_message(s, 13, "jo"), 0)]).expect("commits");
+    let (loss_at, _) = out.arrivals.expect("journals");
+    assert_eq!(inbox_of(s, "kim"), vec![]);
+    assert_eq!(inbox_of(s, "zed"), vec![]);
+    assert_eq!(inbox_of(s, "jo"), vec![(InboxKind::Lost, loss_at)]);
 }

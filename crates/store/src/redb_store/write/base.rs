@@ -135,6 +135,10 @@ impl Base for Tables<'_> {
         ))
     }
 
+    fn is_agent(&mut self, agent: &mesh_protocol::AgentName) -> Result<bool, StoreError> {
+        self.agents.has_agent(agent, self.name)
+    }
+
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
         if let Some(m) = self.marks_pending.get(stream) {
             return Ok(Some(*m));
