@@ -90,14 +90,13 @@ impl<B: Base> GroupView<'_, B> {
                     evict.msgs_max, evict.bytes_max, own.stream
                 ));
             }
-            let acked = own.evictable_msgs > 0;
-            if !acked {
-                let from = first.max(own.last_acked.saturating_add(1));
+            // The first seq this batch gives up unacknowledged, if it gives up any.
+            let unacked = (own.evictable_msgs == 0).then(|| first.max(own.last_acked + 1));
+            if let Some(from) = unacked {
                 self.senders_in(&own.stream, first, from, &mut senders)?;
             }
             let meta = self.evict_oldest(own)?;
-            if !acked {
-                let from = first.max(own.last_acked.saturating_add(1));
+            if let Some(from) = unacked {
                 lost = Some((lost.map_or(from, |(s, _)| s), meta.last_seq));
             }
         }

@@ -105,25 +105,30 @@ impl Base for Tables<'_> {
         if wanted.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        let kept = self.payloads.get(key).map_err(|e| self.err(e))?;
-        let mut all: Vec<Vec<u8>> = if let Some(v) = kept {
-            let p: Vec<serde_bytes::ByteBuf> = decode(self.name, "outbox payloads", v.value())?;
-            p.into_iter().map(serde_bytes::ByteBuf::into_vec).collect()
-        } else if self
+        if self
             .journal_pending
             .first()
             .is_some_and(|(a, _)| *a <= b.first_arrival)
         {
-            // Journaled by an earlier group of this transaction.
-            self.journal_pending
-                .iter()
-                .skip_while(|(a, _)| *a < b.first_arrival)
-                .take(b.batch.entries.len())
-                .filter_map(|(_, r)| match r {
+            // Journaled by an earlier group of this transaction, at
+            // consecutive arrivals from the batch's first (the pending
+            // records are in arrival order).
+            let at = |i: usize| {
+                let pending = &self.journal_pending;
+                let n = pending
+                    .binary_search_by_key(&(b.first_arrival + i as u64), |(a, _)| *a)
+                    .ok()?;
+                match &pending[n].1 {
                     JournalRecord::Envelope { payload, .. } => Some(payload.clone()),
                     _ => None,
-                })
-                .collect()
+                }
+            };
+            return Ok(Some(wanted.into_iter().filter_map(at).collect()));
+        }
+        let kept = self.payloads.get(key).map_err(|e| self.err(e))?;
+        let mut all: Vec<Vec<u8>> = if let Some(v) = kept {
+            let p: Vec<serde_bytes::ByteBuf> = decode(self.name, "outbox payloads", v.value())?;
+            p.into_iter().map(serde_bytes::ByteBuf::into_vec).collect()
         } else {
             read::journal_payloads(self.name, &self.journal, &k, &b.batch, b.first_arrival)?
         };
