@@ -35,7 +35,8 @@ pub use redb_store::{CACHE_BYTES, RedbStore, STORE_FILE_NAME};
 pub use types::{
     Arrival, EndedOwn, Eviction, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord,
     InviteSpend, JournalBounds, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds,
-    OwnStream, PeerRecord, Receipt, StoreMeta, StoredBatch, TrimReport, WriteOp,
+    OwnStream, PeerRecord, Receipt, StoreMeta, StoredBatch, TOPICS_MAX, TopicRecord, TrimReport,
+    WriteOp,
 };
 
 use mesh_protocol::{InviteId, Mark, NodeCard, Seq, StreamId};
@@ -111,7 +112,9 @@ pub trait MeshStore: Send + Sync + 'static {
     /// every group gets the error.
     fn commit(&self, groups: Vec<Vec<WriteOp>>) -> Vec<Result<Receipt, StoreError>>;
 
-    /// Author-side state of every stream this node writes.
+    /// Author-side state of every stream this node writes, and of every
+    /// other member's topic stream whose batches it holds for relaying
+    /// (their `last_acked` is one below `next_seq`: all of it may go).
     fn own_streams(&self) -> Result<Vec<OwnStream>, StoreError>;
 
     /// Every receiver mark this node holds, with the payload hash of the
@@ -167,6 +170,10 @@ pub trait MeshStore: Send + Sync + 'static {
 
     /// One invite, if it exists.
     fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError>;
+
+    /// Every topic this node is a member of, by name. A store written
+    /// before topics existed reads as a member of none.
+    fn topics(&self) -> Result<Vec<TopicRecord>, StoreError>;
 
     /// A named durable cursor, if set.
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError>;

@@ -100,6 +100,9 @@ impl<H: CommitHook> MeshStore for Hooked<H> {
     fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError> {
         self.inner.invite(id)
     }
+    fn topics(&self) -> Result<Vec<crate::TopicRecord>, StoreError> {
+        self.inner.topics()
+    }
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
         self.inner.cursor(name)
     }

@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 
 use mesh_protocol::{
     Cid, Epoch, InviteId, NodeCard, NodeId, OpenBatch, RequestId, Seq, SignedBatch, StreamId,
+    TopicName,
 };
 use serde::{Deserialize, Serialize};
 
@@ -384,6 +385,35 @@ pub enum WriteOp {
     /// An agent write: local agents, inbox and message index, retried-send
     /// records, aliases, agents' cursors (see [`crate::AgentOp`]).
     Agents(crate::AgentOp),
+    /// Join the topic of `record` (or change its bounds): this node becomes
+    /// a member, which may take the topic's batches with
+    /// [`WriteOp::AcceptTopic`]. Check: at most [`TOPICS_MAX`] topics.
+    JoinTopic(TopicRecord),
+    /// Leave `topic`: its record goes. What was journaled stays, and so do
+    /// the held batches of its streams (bounded as before, and by the
+    /// journal's retention), the own stream's counter with them: a node
+    /// that joins again goes on with its next seq. Check: a member.
+    LeaveTopic {
+        /// The topic.
+        topic: TopicName,
+    },
+    /// Receiver of a topic: commit the envelopes of `batch` (any member's,
+    /// its author's signature checked) from `from` to its end, journal
+    /// them and move the mark, as [`WriteOp::Accept`] does, and keep the
+    /// batch as signed, so that this node can relay it to the topic's
+    /// other members, after the eviction `evict` made room in what is held
+    /// of its stream (quietly: an evicted relayed batch is in this node's
+    /// journal, and a member that still lacks it gets a gap from this
+    /// node). Checks: as for `Accept`; the stream is a topic's this node
+    /// is a member of, authored by another node.
+    AcceptTopic {
+        /// The verified batch with matching payloads.
+        batch: OpenBatch,
+        /// The first seq to take (earlier ones are duplicates).
+        from: Seq,
+        /// Room to make first in what is held of the stream.
+        evict: Option<Eviction>,
+    },
     /// Trim the journal, oldest rows first, while its rows take more than
     /// `bytes_max` bytes or were written more than `age_ms_max` ms before
     /// `now_ms` (0: no age bound); at most [`crate::TRIM_ROWS_MAX`] rows.
@@ -590,6 +620,23 @@ pub struct Eviction {
     /// `Some(detail)`: unacknowledged ones may go too; the seqs lost are
     /// journaled as one [`JournalRecord::Loss`] (`OutboxEvicted`) with `detail`.
     pub loss: Option<String>,
+}
+
+/// The most topics a node may be a member of.
+pub const TOPICS_MAX: usize = 256;
+
+/// A topic this node is a member of, and how much of each of its author
+/// streams it holds for relaying (its own included).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicRecord {
+    /// The topic.
+    pub name: TopicName,
+    /// When this node joined it (ms since the Unix epoch).
+    pub joined_ms: u64,
+    /// The most envelopes held of one author stream of the topic.
+    pub max_msgs: u64,
+    /// The most payload bytes held of one author stream of the topic.
+    pub max_bytes: u64,
 }
 
 /// What one caller's committed ops produced.

@@ -1,10 +1,12 @@
 //! What the rules read from a store ([`Base`]) and the primitive writes
 //! they plan for it ([`Write`]), which each implementation applies.
 
-use mesh_protocol::{Cid, Epoch, NodeCard, NodeId, Seq, SignedBatch, StreamId};
+use mesh_protocol::{Cid, Epoch, NodeCard, NodeId, Seq, SignedBatch, StreamId, TopicName};
 
 use crate::agents::AgentWrite;
-use crate::{Arrival, EndedOwn, InviteRecord, JournalRecord, OwnStream, PeerRecord, StoreError};
+use crate::{
+    Arrival, EndedOwn, InviteRecord, JournalRecord, OwnStream, PeerRecord, StoreError, TopicRecord,
+};
 
 /// The places in `batch` (which starts at its first seq) of its agent
 /// messages at seq `from` or later.
@@ -99,6 +101,8 @@ pub(crate) trait Base {
         max: usize,
     ) -> Result<Vec<(Arrival, u64)>, StoreError>;
     fn ended(&mut self, stream: &StreamId) -> Result<Option<EndedOwn>, StoreError>;
+    /// Every topic this node is a member of.
+    fn topics(&mut self) -> Result<Vec<TopicRecord>, StoreError>;
 }
 
 /// One primitive write, applied in order.
@@ -169,6 +173,8 @@ pub(crate) enum Write {
     Epoch(Epoch),
     PutCard(NodeCard),
     PutInvite(InviteRecord),
+    PutTopic(TopicRecord),
+    DelTopic(TopicName),
     /// An agent table write (`crate::agents`).
     Agents(AgentWrite),
 }

@@ -4,7 +4,7 @@
 use mesh_protocol::{Epoch, Seq, StreamId};
 
 use super::{Base, Fail, GroupView, Write, check_detail, refuse};
-use crate::{EndedOwn, JournalRecord};
+use crate::{EndedOwn, JournalRecord, OwnStream};
 
 impl<B: Base> GroupView<'_, B> {
     /// Ends every own stream of the current epoch and switches to `epoch`.
@@ -23,7 +23,13 @@ impl<B: Base> GroupView<'_, B> {
         if streams.iter().any(|o| o.stream.epoch == epoch) {
             return refuse(format!("epoch {} was written before", epoch.fmt_short()));
         }
-        for own in streams.into_iter().filter(|o| o.stream.epoch == old) {
+        // A topic's stream of the old epoch stays as it is: its batches are
+        // still relayed to members that lack them, and nothing is carried.
+        let direct = |o: &OwnStream| matches!(o.stream.channel, mesh_protocol::Channel::Direct(_));
+        for own in streams
+            .into_iter()
+            .filter(|o| o.stream.epoch == old && direct(o))
+        {
             // Only what the peer acknowledged is known to be as it has it.
             let ended = EndedOwn {
                 stream: own.stream.clone(),

@@ -19,6 +19,7 @@ mod base;
 mod epoch;
 mod outbox;
 mod receive;
+mod topic;
 mod trim;
 
 pub(crate) use base::{Base, BatchMeta, RowInfo, Write, agent_entries};
@@ -117,6 +118,8 @@ struct GroupView<'b, B: Base> {
     /// The envelopes this group journaled, for the agent index.
     runs: Vec<Run>,
     trim: Option<TrimReport>,
+    /// Topics joined (`Some`) or left (`None`) by this group.
+    topics: BTreeMap<mesh_protocol::TopicName, Option<crate::TopicRecord>>,
 }
 
 impl<B: Base> GroupView<'_, B> {
@@ -428,6 +431,9 @@ impl<B: Base> GroupView<'_, B> {
             WriteOp::PutCard(card) => self.write(Write::PutCard(card)),
             WriteOp::PutInvite(invite) => self.put_invite(invite),
             WriteOp::Agents(op) => self.agents(op),
+            WriteOp::JoinTopic(record) => self.join_topic(record),
+            WriteOp::LeaveTopic { topic } => self.leave_topic(topic),
+            WriteOp::AcceptTopic { batch, from, evict } => self.accept_topic(batch, from, evict),
         }
     }
 }
@@ -494,6 +500,7 @@ pub(crate) fn plan_group<B: Base>(
         first_arrival: None,
         runs: Vec::new(),
         trim: None,
+        topics: BTreeMap::new(),
     };
     for op in ops {
         view.apply(op)?;

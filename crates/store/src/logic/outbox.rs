@@ -78,7 +78,7 @@ impl<B: Base> GroupView<'_, B> {
 
     /// Evicts the oldest batches of `own` as `evict` says; journals the
     /// unacknowledged seqs it drops as one loss record, if it may drop any.
-    fn make_room(&mut self, own: &mut OwnStream, evict: Eviction) -> Result<(), Fail> {
+    pub(super) fn make_room(&mut self, own: &mut OwnStream, evict: Eviction) -> Result<(), Fail> {
         let mut lost: Option<(Seq, Seq)> = None;
         let mut senders = BTreeSet::new();
         while own.msgs > evict.msgs_max || own.bytes > evict.bytes_max {

@@ -61,7 +61,7 @@ impl<B: Base> GroupView<'_, B> {
             to,
         });
         self.marks.insert(stream.clone(), to);
-        self.mark_cids.insert(stream, None);
-        Ok(())
+        self.mark_cids.insert(stream.clone(), None);
+        self.topic_gap(&stream, earliest_available)
     }
 }

@@ -44,6 +44,7 @@ struct State {
     peers: BTreeMap<[u8; 32], PeerRecord>,
     cards: BTreeMap<[u8; 32], NodeCard>,
     invites: BTreeMap<InviteId, InviteRecord>,
+    topics: BTreeMap<mesh_protocol::TopicName, crate::TopicRecord>,
     cursors: BTreeMap<String, Arrival>,
     ended: BTreeMap<StreamId, EndedOwn>,
     max_lamport: u64,
@@ -117,6 +118,7 @@ impl State {
             peers: BTreeMap::new(),
             cards: BTreeMap::new(),
             invites: BTreeMap::new(),
+            topics: BTreeMap::new(),
             cursors: BTreeMap::new(),
             agents: Agents::default(),
             ended: BTreeMap::new(),
@@ -346,6 +348,10 @@ impl MeshStore for MemStore {
 
     fn invite(&self, id: &InviteId) -> Result<Option<InviteRecord>, StoreError> {
         Ok(self.lock().invites.get(id).cloned())
+    }
+
+    fn topics(&self) -> Result<Vec<crate::TopicRecord>, StoreError> {
+        Ok(self.lock().topics.values().cloned().collect())
     }
 
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {

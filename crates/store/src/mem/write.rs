@@ -193,6 +193,10 @@ impl Base for MemBase<'_> {
     fn ended(&mut self, stream: &StreamId) -> Result<Option<EndedOwn>, StoreError> {
         Ok(self.state.ended.get(stream).cloned())
     }
+
+    fn topics(&mut self) -> Result<Vec<crate::TopicRecord>, StoreError> {
+        Ok(self.state.topics.values().cloned().collect())
+    }
 }
 
 impl State {
@@ -266,6 +270,12 @@ impl State {
             }
             Write::PutInvite(invite) => {
                 self.invites.insert(invite.id, invite);
+            }
+            Write::PutTopic(topic) => {
+                self.topics.insert(topic.name.clone(), topic);
+            }
+            Write::DelTopic(name) => {
+                self.topics.remove(&name);
             }
             Write::Agents(w) => self.agents.apply(w),
         }

@@ -17,11 +17,19 @@
 //! | `cursors-v2`     | name                         | arrival                                 |
 //! | `cards-v1`       | node id bytes                | postcard `NodeCard`: the newest card of this node and of each peer |
 //! | `invites-v1`     | invite id (8 bytes)          | postcard `InviteRecord`                 |
+//! | `topics-v1`      | topic name                   | postcard `TopicRecord`: a topic this node is a member of |
 //!
 //! `cards-v1` and `invites-v1` were added to schema 3 without a version
 //! bump (new tables change no existing encoding): a file written before
 //! them lacks them, reads take a missing one as empty, and the first
 //! commit creates them.
+//!
+//! `topics-v1` was added to schema 4 in the same way: a file written before
+//! it is a member of no topic. A topic's streams need no table of their
+//! own: this node's stream of a topic is an own stream like any other, and
+//! the batches of another member's stream that it holds for relaying are
+//! outbox rows too, under an `own-streams-v3` row whose `last_acked` is one
+//! below its `next_seq` (so that all of it may go, quietly).
 //!
 //! and the agent tables, `agents-v1`, `inbox-v1`, `messages-v1`,
 //! `dedup-v1`, `aliases-v1` and `agent-cursors-v1` (`agents.rs`): added
@@ -124,6 +132,7 @@ const PEERS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("peers-v2"
 const CURSORS: TableDefinition<'_, &str, u64> = TableDefinition::new("cursors-v2");
 const CARDS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("cards-v1");
 const INVITES: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("invites-v1");
+const TOPICS: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("topics-v1");
 
 const META_SCHEMA: &str = "schema_version";
 const META_EPOCH: &str = "epoch";

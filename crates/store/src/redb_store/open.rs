@@ -328,6 +328,7 @@ pub(super) fn init(db: &Database, name: &str) -> Result<(), StoreError> {
         tx.open_table(CURSORS).map_err(|e| werr(e.into()))?;
         tx.open_table(CARDS).map_err(|e| werr(e.into()))?;
         tx.open_table(INVITES).map_err(|e| werr(e.into()))?;
+        tx.open_table(TOPICS).map_err(|e| werr(e.into()))?;
     }
     tx.commit().map_err(|e| werr(e.into()))
 }

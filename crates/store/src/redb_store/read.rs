@@ -364,6 +364,15 @@ impl MeshStore for RedbStore {
             .transpose()
     }
 
+    fn topics(&self) -> Result<Vec<crate::TopicRecord>, StoreError> {
+        let rx = self.begin_read()?;
+        // A file written before the table existed: a member of none.
+        let Some(t) = read_table(&rx, TOPICS, &self.name)? else {
+            return Ok(Vec::new());
+        };
+        self.decode_values(&t, "topic")
+    }
+
     fn cursor(&self, name: &str) -> Result<Option<Arrival>, StoreError> {
         let rx = self.begin_read()?;
         let t = rx.open_table(CURSORS).map_err(|e| self.read_err(e))?;

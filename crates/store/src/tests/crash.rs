@@ -134,7 +134,29 @@ impl Workload {
         match r.random_range(0..100) {
             0..35 => self.append(model),
             35..50 => self.ack(model),
-            50..80 => {
+            50..58 => {
+                // A member's topic batch: refused while this node is not a member.
+                let author = AUTHORS[r.random_range(0..3)];
+                let m = mark(model, &topic_stream(author));
+                let evict = r.random_bool(0.3).then(|| crate::Eviction {
+                    msgs_max: r.random_range(0..6),
+                    bytes_max: u64::MAX,
+                    loss: None,
+                });
+                WriteOp::AcceptTopic {
+                    batch: topic_batch(author, m + 1, r.random_range(1..=3usize)),
+                    from: m + 1,
+                    evict,
+                }
+            }
+            58..60 => {
+                if r.random_bool(0.8) {
+                    member_of(topic(), 10)
+                } else {
+                    WriteOp::LeaveTopic { topic: topic() }
+                }
+            }
+            60..80 => {
                 let author = AUTHORS[r.random_range(0..3)];
                 let m = mark(model, &peer_stream(author));
                 // The author sends from where it is; a resend starts inside an old batch.

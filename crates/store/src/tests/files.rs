@@ -595,3 +595,42 @@ fn a_new_epoch_survives_a_reopen() {
     assert_eq!(dump(&s, &[]).expect("dump"), before);
     append_ok(&s, own(&s, PEER, 1, 1, 10));
 }
+
+/// A data dir of schema 4 written before topics existed, by the build at
+/// commit a258ed2 (its `crates/store` with a scratch example program, run on
+/// an empty dir), in one commit: peer 2 (epoch `[2; 16]`, at
+/// 127.0.0.1:7000); an own batch to node 2 of seqs 1..=2; node 2's batch
+/// 1..=3 to this node accepted (16 bytes each).
+const STORE_V4: &[u8] = include_bytes!("data/store-v4.redb");
+
+#[test]
+fn a_schema_4_store_from_before_topics_is_a_member_of_none_and_takes_topics() {
+    let dir = tempdir();
+    std::fs::write(dir.path().join(STORE_FILE_NAME), STORE_V4).expect("write");
+    let s = RedbStore::open(dir.path()).expect("opens");
+    assert_eq!(s.meta().schema_version, SCHEMA_VERSION);
+    assert!(s.topics().expect("topics").is_empty());
+    let to2 = own_stream_id(&s, PEER);
+    assert_eq!(own_state(&s, &to2).expect("stream").next_seq, 3);
+    assert_eq!(s.journal_head().expect("head"), 5);
+    assert_eq!(s.peers().expect("peers").len(), 1);
+    commit1(
+        &s,
+        vec![
+            member_of(topic(), 10),
+            WriteOp::AcceptTopic {
+                batch: topic_batch(3, 1, 2),
+                from: 1,
+                evict: None,
+            },
+        ],
+    )
+    .expect("joins and takes a topic batch");
+    let before = dump(&s, &[]).expect("dump");
+    drop(s);
+    let s = RedbStore::open(dir.path()).expect("reopens");
+    assert_eq!(dump(&s, &[]).expect("dump"), before);
+    assert_eq!(s.topics().expect("topics")[0].name, topic());
+    assert_eq!(outbox(&s, &topic_stream(3)).len(), 1);
+    assert_eq!(outbox(&s, &to2).len(), 1, "the direct stream as it was");
+}

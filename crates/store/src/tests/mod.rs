@@ -7,6 +7,7 @@ mod conformance;
 mod crash;
 mod durable;
 mod files;
+mod topics;
 pub(crate) mod util;
 
 use mesh_protocol::Epoch;

@@ -1,12 +1,12 @@
 //! Shared test helpers: keys, signed batches, a dump of a store's whole state.
 
 use mesh_protocol::{
-    Channel, Epoch, Mark, NewEnvelope, NodeId, OpenBatch, SecretKey, Seq, StreamId,
+    Channel, Epoch, Mark, NewEnvelope, NodeId, OpenBatch, SecretKey, Seq, StreamId, TopicName,
 };
 
 use crate::{
     EndedOwn, JournalBounds, JournalItem, JournalRecord, MeshStore, OwnStream, PeerRecord, Receipt,
-    StoreError, StoredBatch, WriteOp,
+    StoreError, StoredBatch, TopicRecord, WriteOp,
 };
 
 /// Declares, for each store implementation (a module each: `mem`,
@@ -120,6 +120,41 @@ pub(crate) fn peer_stream(author: u8) -> StreamId {
     StreamId::direct(node(author), Epoch([author; 16]), node(ME))
 }
 
+/// The topic `builds`.
+pub(crate) fn topic() -> TopicName {
+    TopicName::new("builds").expect("a topic name")
+}
+
+/// Membership of `name` holding `max_msgs` envelopes of each author.
+pub(crate) fn member_of(name: TopicName, max_msgs: u64) -> WriteOp {
+    WriteOp::JoinTopic(TopicRecord {
+        name,
+        joined_ms: 5,
+        max_msgs,
+        max_bytes: 1 << 20,
+    })
+}
+
+/// Author `author`'s batch of `n` envelopes of the topic, in its epoch `[author; 16]`.
+pub(crate) fn topic_batch(author: u8, first: u64, n: usize) -> OpenBatch {
+    batch(
+        author,
+        Epoch([author; 16]),
+        Channel::Topic(topic()),
+        first,
+        &vec![16; n],
+    )
+}
+
+/// The stream of `topic_batch(author, ..)`.
+pub(crate) fn topic_stream(author: u8) -> StreamId {
+    StreamId {
+        author: node(author),
+        epoch: Epoch([author; 16]),
+        channel: Channel::Topic(topic()),
+    }
+}
+
 /// Commits one group and returns its result.
 pub(crate) fn commit1(s: &dyn MeshStore, ops: Vec<WriteOp>) -> Result<Receipt, StoreError> {
     let mut out = s.commit(vec![ops]);
@@ -190,6 +225,7 @@ pub(crate) struct Dump {
     pub(crate) peers: Vec<PeerRecord>,
     pub(crate) cursors: Vec<Option<u64>>,
     pub(crate) max_lamport: u64,
+    pub(crate) topics: Vec<crate::TopicRecord>,
 }
 
 /// Dumps `s`, reading the named cursors.
@@ -226,6 +262,7 @@ pub(crate) fn dump(s: &dyn MeshStore, cursor_names: &[&str]) -> Result<Dump, Sto
             .map(|n| s.cursor(n))
             .collect::<Result<_, _>>()?,
         max_lamport: s.max_lamport()?,
+        topics: s.topics()?,
     })
 }
 

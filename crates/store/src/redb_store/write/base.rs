@@ -201,4 +201,13 @@ impl Base for Tables<'_> {
             carried: c.carried,
         }))
     }
+
+    fn topics(&mut self) -> Result<Vec<crate::TopicRecord>, StoreError> {
+        let mut out = Vec::new();
+        for row in self.topics.iter().map_err(|e| self.err(e))? {
+            let (_, v) = row.map_err(|e| self.err(e))?;
+            out.push(decode(self.name, "topic", v.value())?);
+        }
+        Ok(out)
+    }
 }

@@ -156,6 +156,7 @@ pub(super) struct Tables<'tx> {
     cursors: Table<'tx, &'static str, u64>,
     cards: Table<'tx, &'static [u8], &'static [u8]>,
     invites: Table<'tx, &'static [u8], &'static [u8]>,
+    topics: Table<'tx, &'static [u8], &'static [u8]>,
     /// Journal records of the groups applied so far, in arrival order;
     /// written as rows at [`Tables::flush`], when every run is complete.
     journal_pending: Vec<(Arrival, JournalRecord)>,
@@ -187,6 +188,7 @@ impl<'tx> Tables<'tx> {
             cursors: tx.open_table(CURSORS).map_err(werr)?,
             cards: tx.open_table(CARDS).map_err(werr)?,
             invites: tx.open_table(INVITES).map_err(werr)?,
+            topics: tx.open_table(TOPICS).map_err(werr)?,
             journal_pending: Vec::new(),
             marks_pending: HashMap::new(),
             cids_pending: HashMap::new(),
@@ -288,6 +290,19 @@ impl Tables<'_> {
             }
             Write::PutInvite(invite) => {
                 put_encoded(&mut self.invites, &invite.id.0, &invite, name)?;
+            }
+            Write::PutTopic(topic) => {
+                put_encoded(
+                    &mut self.topics,
+                    topic.name.as_str().as_bytes(),
+                    &topic,
+                    name,
+                )?;
+            }
+            Write::DelTopic(topic) => {
+                self.topics
+                    .remove(topic.as_str().as_bytes())
+                    .map_err(werr)?;
             }
             Write::Cursor {
                 name: cursor,
