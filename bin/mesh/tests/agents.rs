@@ -864,3 +864,61 @@ fn an_agents_message_evicted_from_a_full_outbox_is_a_loss_in_its_own_inbox() {
     wait_state(&a, &fourth, "delivered");
     assert_eq!(inbox_now(&b, "bob").len(), 2);
 }
+
+#[test]
+fn an_inbox_behind_what_retention_trimmed_is_told_once_and_reads_on_in_order() {
+    let tmp = temp_dir().unwrap();
+    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+    std::fs::create_dir_all(&b_dir).unwrap();
+    // The smallest journal bound: 1 MiB.
+    std::fs::write(
+        b_dir.join("config.toml"),
+        "[journal]\nmax_bytes = 1048576\n",
+    )
+    .unwrap();
+    let a = start(&a_dir);
+    let b = start(&b_dir);
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+    ok(a.mesh(&["peer", "name", b.node(), "gpu"]).unwrap());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    // 1.5 MiB of messages to bob, so that b's retention takes the first ones.
+    const N: usize = 24;
+    let pad = "x".repeat(64 << 10);
+    let ids: Vec<String> = (0..N)
+        .map(|i| {
+            let body = format!("m{i:02} {pad}");
+            ok(as_agent(&a, "alice", &["send", "bob@gpu", &body]))
+                .trim()
+                .to_owned()
+        })
+        .collect();
+    wait_state(&a, &ids[N - 1], "delivered");
+    let deadline = Instant::now() + SETTLE;
+    let first = loop {
+        let st = parse_json(&ok(b.mesh(&["status", "--json"]).unwrap())).unwrap();
+        let first = st["journal"]["first"].as_u64().unwrap_or(0);
+        if first > 1 {
+            break first;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "b's journal was never trimmed: {st}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let all = inbox_now(&b, "bob");
+    assert_eq!(all[0]["kind"], "trimmed", "{:?}", all[0]);
+    let body = all[0]["body"].as_str().unwrap();
+    assert!(body.contains("arrivals 1..="), "{body}");
+    // Then the messages retention left, in order, each once, the last one last.
+    let kept: Vec<&str> = all[1..].iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert!(!kept.is_empty() && kept.len() < N, "{} kept", kept.len());
+    assert_eq!(kept, ids[N - kept.len()..].to_vec(), "the newest, in order");
+    assert!(all[1..].iter().all(|e| e["kind"] == "message"), "{all:?}");
+    // A cursor past the trimmed range is not told again.
+    let (page, _) = inbox(&b, "bob", Some(all[0]["cursor"].as_str().unwrap()), 100);
+    assert_eq!(page.len(), kept.len(), "{page:?}");
+    assert!(first > 1);
+}

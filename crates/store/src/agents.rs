@@ -299,6 +299,12 @@ pub(crate) enum AgentWrite {
         name: String,
         arrival: Arrival,
     },
+    /// Retention trimmed the journal before `before`: every agent's inbox
+    /// entries there go, and each agent remembers the last it lost, so that
+    /// a reader behind it is told (see [`inbox_trimmed`]).
+    TrimInboxes {
+        before: Arrival,
+    },
 }
 
 /// Consecutive envelopes of one stream journaled in a group: seqs
@@ -566,6 +572,28 @@ pub(crate) mod node_id_bytes {
         let bytes = <[u8; 32]>::deserialize(d)?;
         NodeId::from_bytes(&bytes).map_err(serde::de::Error::custom)
     }
+}
+
+/// The entry an inbox read after `after` starts with when retention took
+/// the agent's entries up to `trimmed_to` (its rows gone with the journal's):
+/// one `Trimmed` record naming the arrivals from `after + 1` to there, so
+/// the reader never skips them silently.
+pub(crate) fn inbox_trimmed(after: Arrival, trimmed_to: Option<Arrival>) -> Option<InboxItem> {
+    let to = trimmed_to?;
+    (after < to).then(|| InboxItem {
+        item: crate::JournalItem {
+            arrival: to,
+            record: crate::JournalRecord::Trimmed {
+                from: after + 1,
+                to,
+            },
+        },
+        row: InboxRow {
+            kind: InboxKind::Message,
+            verified: false,
+            in_reply_to: None,
+        },
+    })
 }
 
 /// The entry an inbox row gets in place of one retention trimmed.

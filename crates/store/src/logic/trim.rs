@@ -68,6 +68,11 @@ impl<B: Base> GroupView<'_, B> {
                 last,
             });
             self.writes.push(Write::DelTimesBefore(keep));
+            // The agents' inbox entries of the trimmed rows go with them.
+            self.writes
+                .push(Write::Agents(crate::agents::AgentWrite::TrimInboxes {
+                    before: self.counters.journal_first,
+                }));
         }
         self.trim = Some(TrimReport {
             bounds: self.counters.bounds(),

@@ -68,6 +68,8 @@ struct Agents {
     dedup: BTreeMap<(u64, Vec<u8>), DedupRecord>,
     aliases: BTreeMap<String, NodeId>,
     cursors: BTreeMap<(AgentName, String), Arrival>,
+    /// The last inbox entry of each agent that retention took.
+    trimmed: BTreeMap<AgentName, Arrival>,
 }
 
 /// The bytes a journal record is counted as in memory: its payload or
@@ -378,11 +380,14 @@ impl MeshStore for MemStore {
         };
         let lo = (agent.clone(), next);
         let hi = (agent.clone(), Arrival::MAX);
-        state
+        let trimmed = crate::agents::inbox_trimmed(after, state.agents.trimmed.get(agent).copied())
+            .filter(|_| limit > 0);
+        let rest = limit.saturating_sub(usize::from(trimmed.is_some()));
+        let rows = state
             .agents
             .inbox
             .range(lo..=hi)
-            .take(limit)
+            .take(rest)
             .map(|((_, arrival), row)| {
                 if *arrival < state.journal_first {
                     return Ok(InboxItem {
@@ -408,8 +413,8 @@ impl MeshStore for MemStore {
                     },
                     row: *row,
                 })
-            })
-            .collect()
+            });
+        trimmed.into_iter().map(Ok).chain(rows).collect()
     }
 
     fn message(&self, id: &MsgId) -> Result<Option<MessageRow>, StoreError> {

@@ -16,6 +16,7 @@ impl Agents {
             }
             AgentWrite::RemoveAgent(name) => {
                 self.agents.remove(&name);
+                self.trimmed.remove(&name);
                 self.inbox.retain(|(a, _), _| *a != name);
                 self.cursors.retain(|(a, _), _| *a != name);
             }
@@ -61,6 +62,19 @@ impl Agents {
                 arrival,
             } => {
                 self.cursors.insert((agent, name), arrival);
+            }
+            AgentWrite::TrimInboxes { before } => {
+                let gone: Vec<(mesh_protocol::AgentName, Arrival)> = self
+                    .inbox
+                    .keys()
+                    .filter(|(_, a)| *a < before)
+                    .cloned()
+                    .collect();
+                for (agent, arrival) in gone {
+                    self.inbox.remove(&(agent.clone(), arrival));
+                    let last = self.trimmed.entry(agent).or_default();
+                    *last = (*last).max(arrival);
+                }
             }
         }
     }

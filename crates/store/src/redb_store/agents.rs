@@ -12,6 +12,7 @@
 //! | `dedup-v1`         | (ms taken, postcard `DedupKey`)  | postcard `DedupRecord` |
 //! | `aliases-v1`       | alias                            | node id (32 bytes)    |
 //! | `agent-cursors-v1` | (agent name, cursor name)        | arrival               |
+//! | `inbox-trimmed-v1` | agent name                       | the last arrival of its inbox that retention took |
 //!
 //! The two indexes are packed as the journal is: a commit's inbox entries
 //! of one agent are one row, and its messages of one stream at
@@ -106,6 +107,7 @@ const UNDELIVERED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("und
 const SUPERSEDED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("superseded-v1");
 const AGENT_CURSORS: TableDefinition<'_, (&str, &str), u64> =
     TableDefinition::new("agent-cursors-v1");
+const INBOX_TRIMMED: TableDefinition<'_, &str, u64> = TableDefinition::new("inbox-trimmed-v1");
 
 /// The dedup table as a write transaction holds it.
 type DedupTable<'tx> = Table<'tx, (u64, &'static [u8]), &'static [u8]>;
@@ -121,6 +123,7 @@ pub(super) struct AgentTables<'tx> {
     cursors: Option<Table<'tx, (&'static str, &'static str), u64>>,
     undelivered: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     superseded: Option<Table<'tx, &'static [u8], &'static [u8]>>,
+    inbox_trimmed: Option<Table<'tx, &'static str, u64>>,
     /// Index entries of this commit, written packed at [`AgentTables::flush`].
     inbox_pending: Vec<(AgentName, Arrival, InboxRow)>,
     messages_pending: Vec<(MsgId, MessageRow)>,
@@ -157,6 +160,7 @@ impl<'tx> AgentTables<'tx> {
             cursors: None,
             undelivered: None,
             superseded: None,
+            inbox_trimmed: None,
             inbox_pending: Vec::new(),
             messages_pending: Vec::new(),
             bounced_pending: Vec::new(),
@@ -268,6 +272,9 @@ impl<'tx> AgentTables<'tx> {
                 open(tx, &mut self.cursors, AGENT_CURSORS, name)?
                     .retain_in((a, "")..=(a, "\u{10ffff}"), |_, _| false)
                     .map_err(werr)?;
+                open(tx, &mut self.inbox_trimmed, INBOX_TRIMMED, name)?
+                    .remove(a)
+                    .map_err(werr)?;
             }
             AgentWrite::Inbox {
                 agent,
@@ -317,6 +324,76 @@ impl<'tx> AgentTables<'tx> {
                     .insert((agent.as_str(), cursor.as_str()), arrival)
                     .map_err(werr)?;
             }
+            AgentWrite::TrimInboxes { before } => self.trim_inboxes(before, name)?,
+        }
+        Ok(())
+    }
+
+    /// Removes every agent's inbox entries before `before` (whole rows, and
+    /// the early part of the row that holds `before`), and remembers the
+    /// last one each agent lost.
+    fn trim_inboxes(&mut self, before: Arrival, name: &str) -> Result<(), StoreError> {
+        let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
+        let tx = self.tx;
+        let inbox = open(tx, &mut self.inbox, INBOX, name)?;
+        let mut lost = Vec::new();
+        // Each agent with an inbox, one range read each: the first key
+        // after all of an agent's is its name with a NUL appended.
+        let mut next = String::new();
+        loop {
+            let Some(a) = inbox
+                .range((next.as_str(), 0)..)
+                .map_err(werr)?
+                .next()
+                .transpose()
+                .map_err(werr)?
+                .map(|(k, _)| k.value().0.to_owned())
+            else {
+                break;
+            };
+            next = format!("{a}\0");
+            let a = a.as_str();
+            // Rows are keyed by their last arrival.
+            let mut last = inbox
+                .range((a, 0)..(a, before))
+                .map_err(werr)?
+                .next_back()
+                .transpose()
+                .map_err(werr)?
+                .map(|(k, _)| k.value().1);
+            if last.is_some() {
+                inbox
+                    .retain_in((a, 0)..(a, before), |_, _| false)
+                    .map_err(werr)?;
+            }
+            let straddling = inbox
+                .range((a, before)..=(a, u64::MAX))
+                .map_err(werr)?
+                .next()
+                .transpose()
+                .map_err(werr)?
+                .map(|(k, v)| (k.value().1, v.value().to_vec()));
+            if let Some((key, bytes)) = straddling {
+                let mut run: InboxRun = decode(name, "inbox row", &bytes)?;
+                if run.entries.first().is_some_and(|(at, _)| *at < before) {
+                    let gone = run.entries.iter().filter(|(at, _)| *at < before).count();
+                    last = last.max(Some(run.entries[gone - 1].0));
+                    run.entries.drain(..gone);
+                    let v = encode(&run)?;
+                    inbox.insert((a, key), v.as_slice()).map_err(werr)?;
+                }
+            }
+            if let Some(last) = last {
+                lost.push((a.to_owned(), last));
+            }
+        }
+        let trimmed = open(tx, &mut self.inbox_trimmed, INBOX_TRIMMED, name)?;
+        for (a, last) in lost {
+            let was = trimmed
+                .get(a.as_str())
+                .map_err(werr)?
+                .map_or(0, |v| v.value());
+            trimmed.insert(a.as_str(), last.max(was)).map_err(werr)?;
         }
         Ok(())
     }
@@ -345,6 +422,12 @@ impl RedbStore {
             return Ok(Vec::new());
         };
         let a = agent.as_str();
+        let trimmed_to = match read_table(&rx, INBOX_TRIMMED, &self.name)? {
+            Some(t) => t.get(a).map_err(|e| self.read_err(e))?.map(|v| v.value()),
+            None => None,
+        };
+        let trimmed = crate::agents::inbox_trimmed(after, trimmed_to).filter(|_| limit > 0);
+        let limit = limit.saturating_sub(usize::from(trimmed.is_some()));
         let mut rows = Vec::new();
         // Rows are keyed by their last arrival: the first at or after
         // `next` may hold earlier ones too, skipped.
@@ -366,7 +449,8 @@ impl RedbStore {
         }
         let first = self.bounds_in(&rx)?.first;
         let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
-        let mut out = Vec::with_capacity(rows.len());
+        let mut out = Vec::with_capacity(rows.len() + 1);
+        out.extend(trimmed);
         for (arrival, row) in rows {
             if arrival < first {
                 // Retention took its journal entry: the reader is told.

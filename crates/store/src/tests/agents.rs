@@ -24,6 +24,7 @@ store_suite!(
     a_lag_record_goes_to_an_agents_inbox_with_the_group_that_journals_it,
     a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_own,
     an_inbox_entry_whose_journal_entry_retention_trimmed_reads_as_trimmed,
+    a_trim_takes_the_inbox_entries_of_its_rows_even_from_a_row_it_cuts,
     an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox,
 );
 
@@ -458,13 +459,103 @@ fn an_inbox_entry_whose_journal_entry_retention_trimmed_reads_as_trimmed(s: &dyn
     assert_eq!(inbox[0].item.arrival, 2);
     assert_eq!(
         inbox[0].item.record,
-        JournalRecord::Trimmed { from: 2, to: 2 },
-        "the reader is told what retention took"
+        JournalRecord::Trimmed { from: 1, to: 2 },
+        "the reader is told what retention took, once, from its cursor on"
     );
     assert!(matches!(
         &inbox[1].item.record,
         JournalRecord::Envelope { seq: 5, .. }
     ));
+    // A cursor inside the trimmed range is told from there; one past it is not.
+    let from_1 = s.inbox(&name("bob"), 1, 10).expect("reads");
+    assert_eq!(
+        from_1[0].item.record,
+        JournalRecord::Trimmed { from: 2, to: 2 }
+    );
+    let past = s.inbox(&name("bob"), 2, 10).expect("reads");
+    assert_eq!(past.len(), 1);
+    assert!(matches!(
+        &past[0].item.record,
+        JournalRecord::Envelope { seq: 5, .. }
+    ));
+    // The told range counts against the page.
+    let one = s.inbox(&name("bob"), 0, 1).expect("reads");
+    assert_eq!(one.len(), 1);
+    assert!(matches!(one[0].item.record, JournalRecord::Trimmed { .. }));
+    assert!(s.inbox(&name("bob"), 0, 0).expect("reads").is_empty());
+    // Another agent's inbox is not told of bob's losses.
+    assert!(s.inbox(&name("carol"), 0, 10).expect("reads").is_empty());
+}
+
+fn a_trim_takes_the_inbox_entries_of_its_rows_even_from_a_row_it_cuts(s: &dyn MeshStore) {
+    // One commit: bob's entries at arrival 1 (PEER's run, 1..=2) and at 4
+    // (node 3's run, 3..=4), one inbox row on disk across two journal rows.
+    let index = |stream, seq| {
+        WriteOp::Agents(AgentOp::Index {
+            stream,
+            entries: vec![AgentIndex::Inbox {
+                agent: name("bob"),
+                seq,
+                row: row(InboxKind::Message),
+            }],
+        })
+    };
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: peer_batch(PEER, 1, 2),
+                from: 1,
+            },
+            WriteOp::Accept {
+                batch: peer_batch(3, 1, 2),
+                from: 1,
+            },
+            index(peer_stream(PEER), 1),
+            index(peer_stream(3), 2),
+        ],
+    )
+    .expect("commits");
+    let both = s.journal_bounds().expect("bounds").bytes;
+    // The two runs are alike: half the bytes is the first run's rows gone.
+    commit1(
+        s,
+        vec![WriteOp::Trim {
+            now_ms: 1_000_000,
+            bytes_max: both / 2,
+            age_ms_max: 0,
+        }],
+    )
+    .expect("trims");
+    assert_eq!(s.journal_bounds().expect("bounds").first, 3);
+    let inbox = s.inbox(&name("bob"), 0, 10).expect("reads");
+    assert_eq!(inbox.len(), 2, "{inbox:?}");
+    assert_eq!(
+        inbox[0].item.record,
+        JournalRecord::Trimmed { from: 1, to: 1 }
+    );
+    assert_eq!(inbox[1].item.arrival, 4);
+    assert!(matches!(
+        &inbox[1].item.record,
+        JournalRecord::Envelope { seq: 2, .. }
+    ));
+    // A later trim of everything: one range, up to the last entry taken.
+    commit1(
+        s,
+        vec![WriteOp::Trim {
+            now_ms: 2_000_000,
+            bytes_max: 0,
+            age_ms_max: 0,
+        }],
+    )
+    .expect("trims");
+    let inbox = s.inbox(&name("bob"), 0, 10).expect("reads");
+    assert_eq!(inbox.len(), 1, "{inbox:?}");
+    assert_eq!(
+        inbox[0].item.record,
+        JournalRecord::Trimmed { from: 1, to: 4 }
+    );
+    assert!(s.inbox(&name("bob"), 4, 10).expect("reads").is_empty());
 }
 
 /// A tombstone of `id` from `alice` to `bob` under key `k`, superseded by `by`.

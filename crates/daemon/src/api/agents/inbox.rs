@@ -128,10 +128,15 @@ impl ApiState {
                      `mesh message ID` says which of yours"
                 );
             }
-            JournalRecord::Trimmed { .. } => {
+            JournalRecord::Trimmed { from, to } => {
                 e.kind = "trimmed".into();
+                let what = if from == to {
+                    format!("arrival {to}")
+                } else {
+                    format!("arrivals {from}..={to}, entries of this inbox among them,")
+                };
                 e.body = format!(
-                    "journal retention ([journal] max_bytes / max_age) removed arrival {arrival} \
+                    "journal retention ([journal] max_bytes / max_age) removed {what} \
                      before it was read: what it said is gone"
                 );
             }
