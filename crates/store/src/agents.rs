@@ -305,6 +305,15 @@ pub(crate) enum AgentWrite {
     TrimInboxes {
         before: Arrival,
     },
+    /// Retention trimmed the journal rows of the received seqs `from..=to`
+    /// of the stream whose ids start with `tag`: their message rows go
+    /// (`mesh message` no longer knows them either way), and what marks
+    /// them (undelivered, superseded).
+    TrimMessages {
+        tag: [u8; 8],
+        from: Seq,
+        to: Seq,
+    },
 }
 
 /// Consecutive envelopes of one stream journaled in a group: seqs

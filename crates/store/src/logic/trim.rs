@@ -9,6 +9,25 @@ use crate::{Arrival, OwnStream, TrimReport};
 /// Journal rows read at a time while trimming.
 const TRIM_READ_ROWS: usize = 64;
 
+/// The seqs a trim takes of each received direct stream, by the stream's
+/// message id tag: from the first to the last (a stream's rows go in seq
+/// order, so nothing between them stays).
+#[derive(Default)]
+struct Received(std::collections::BTreeMap<[u8; 8], (Seq, Seq)>);
+
+impl Received {
+    fn note(&mut self, stream: &StreamId, first_seq: Seq, n: u64) {
+        let mesh_protocol::Channel::Direct(to) = &stream.channel else {
+            return;
+        };
+        let tag = mesh_protocol::MsgId::stream_tag(&stream.author, stream.epoch, to);
+        let last = first_seq + n - 1;
+        let range = self.0.entry(tag).or_insert((first_seq, last));
+        range.0 = range.0.min(first_seq);
+        range.1 = range.1.max(last);
+    }
+}
+
 impl<B: Base> GroupView<'_, B> {
     /// Trims the oldest journal rows while the journal is over its bounds
     /// (see [`WriteOp::Trim`](crate::WriteOp::Trim)).
@@ -25,6 +44,7 @@ impl<B: Base> GroupView<'_, B> {
         let aged = self.aged_before(now_ms, age_ms_max)?;
         let (first_before, mut rows, mut more) = (self.counters.journal_first, 0usize, false);
         let mut last_trimmed = None;
+        let mut received = Received::default();
         // Most trims take a row or two: read few first, more if need be.
         let mut read = 4;
         'read: loop {
@@ -52,8 +72,10 @@ impl<B: Base> GroupView<'_, B> {
                     more = true;
                     break 'read;
                 }
-                if let Some((stream, first_seq, n)) = &row.run {
-                    self.free_for_trim(stream, *first_seq, *n)?;
+                if let Some((stream, first_seq, n)) = &row.run
+                    && !self.free_for_trim(stream, *first_seq, *n)?
+                {
+                    received.note(stream, *first_seq, *n);
                 }
                 self.counters.journal_bytes = self.counters.journal_bytes.saturating_sub(row.bytes);
                 self.counters.journal_first = row.last + 1;
@@ -73,6 +95,15 @@ impl<B: Base> GroupView<'_, B> {
                 .push(Write::Agents(crate::agents::AgentWrite::TrimInboxes {
                     before: self.counters.journal_first,
                 }));
+            // And the message rows of the received messages among them.
+            for (tag, (from, to)) in received.0 {
+                self.writes
+                    .push(Write::Agents(crate::agents::AgentWrite::TrimMessages {
+                        tag,
+                        from,
+                        to,
+                    }));
+            }
         }
         self.trim = Some(TrimReport {
             bounds: self.counters.bounds(),
@@ -160,14 +191,15 @@ impl<B: Base> GroupView<'_, B> {
     /// of `stream` goes: if `stream` is an own stream, its outbox batches
     /// that hold them lose their payloads with the row — so an acknowledged
     /// one (then the oldest retained) is evicted, and an unacknowledged
-    /// one gets its payloads copied into the outbox.
-    fn free_for_trim(&mut self, stream: &StreamId, first_seq: Seq, n: u64) -> Result<(), Fail> {
+    /// one gets its payloads copied into the outbox. Returns whether it is
+    /// an own stream (or one held to relay).
+    fn free_for_trim(&mut self, stream: &StreamId, first_seq: Seq, n: u64) -> Result<bool, Fail> {
         let Some(mut own) = self.own_stream(stream)? else {
-            return Ok(());
+            return Ok(false);
         };
         let last_seq = first_seq + n - 1;
         if last_seq < own.first_retained {
-            return Ok(());
+            return Ok(true);
         }
         // Batches are contiguous from the first retained one.
         let start = first_seq.max(own.first_retained);
@@ -199,7 +231,7 @@ impl<B: Base> GroupView<'_, B> {
         if changed {
             self.set_own(own);
         }
-        Ok(())
+        Ok(true)
     }
 
     fn batch_first_arrival(&mut self, own: &OwnStream, first_seq: Seq) -> Result<Arrival, Fail> {

@@ -63,6 +63,14 @@ impl Agents {
             } => {
                 self.cursors.insert((agent, name), arrival);
             }
+            AgentWrite::TrimMessages { tag, from, to } => {
+                let lo = mesh_protocol::MsgId::in_stream(tag, from);
+                let hi = mesh_protocol::MsgId::in_stream(tag, to);
+                let gone = |id: &mesh_protocol::MsgId| (lo..=hi).contains(id);
+                self.messages.retain(|id, _| !gone(id));
+                self.undelivered.retain(|id, _| !gone(id));
+                self.superseded.retain(|id, _| !gone(id));
+            }
             AgentWrite::TrimInboxes { before } => {
                 let gone: Vec<(mesh_protocol::AgentName, Arrival)> = self
                     .inbox

@@ -325,6 +325,55 @@ impl<'tx> AgentTables<'tx> {
                     .map_err(werr)?;
             }
             AgentWrite::TrimInboxes { before } => self.trim_inboxes(before, name)?,
+            AgentWrite::TrimMessages { tag, from, to } => {
+                self.trim_messages(MsgId::in_stream(tag, from), MsgId::in_stream(tag, to), name)?
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the message rows of the ids `lo..=hi` (of one stream): the
+    /// rows keyed in it, and the early part of the row after it if that
+    /// holds some; and their undelivered and superseded marks.
+    fn trim_messages(&mut self, lo: MsgId, hi: MsgId, name: &str) -> Result<(), StoreError> {
+        let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
+        let tx = self.tx;
+        let (lo_k, hi_k) = (lo.as_bytes().as_slice(), hi.as_bytes().as_slice());
+        let t = open(tx, &mut self.messages, MESSAGES, name)?;
+        t.retain_in(lo_k..=hi_k, |_, _| false).map_err(werr)?;
+        let after = t
+            .range(hi_k..)
+            .map_err(werr)?
+            .next()
+            .transpose()
+            .map_err(werr)?
+            .map(|(k, v)| (k.value().to_vec(), v.value().to_vec()));
+        if let Some((key, bytes)) = after {
+            let key = MsgId(
+                key.as_slice()
+                    .try_into()
+                    .map_err(|_| corrupt(name, "a message row's key is not an id"))?,
+            );
+            let mut run: MessageRun = decode(name, "message row", &bytes)?;
+            // The row's entries end at its key, one id apart.
+            let first_low = id_low(&key).saturating_sub(u64::from(run.n).saturating_sub(1));
+            if key.0[..8] == hi.0[..8] && first_low <= id_low(&hi) {
+                let gone = id_low(&hi) - first_low + 1;
+                run.first_seq += gone;
+                run.first_arrival += gone;
+                run.n -= u32::try_from(gone).unwrap_or(run.n);
+                let v = encode(&run)?;
+                t.insert(key.as_bytes().as_slice(), v.as_slice())
+                    .map_err(werr)?;
+            }
+        }
+        for (slot, def) in [
+            (&mut self.undelivered, UNDELIVERED),
+            (&mut self.superseded, SUPERSEDED),
+        ] {
+            open(tx, slot, def, name)?
+                .retain_in(lo_k..=hi_k, |_, _| false)
+                .map_err(werr)?;
         }
         Ok(())
     }
@@ -400,6 +449,36 @@ impl<'tx> AgentTables<'tx> {
 }
 
 impl RedbStore {
+    /// The rows of the inbox, message, undelivered and inbox-trimmed tables.
+    #[cfg(test)]
+    pub(crate) fn index_rows(&self) -> [u64; 4] {
+        use redb::ReadableTableMetadata;
+        let rx = self.begin_read().expect("reads");
+        let count = |n: Option<u64>| n.unwrap_or(0);
+        [
+            count(
+                read_table(&rx, INBOX, &self.name)
+                    .expect("opens")
+                    .map(|t| t.len().expect("counts")),
+            ),
+            count(
+                read_table(&rx, MESSAGES, &self.name)
+                    .expect("opens")
+                    .map(|t| t.len().expect("counts")),
+            ),
+            count(
+                read_table(&rx, UNDELIVERED, &self.name)
+                    .expect("opens")
+                    .map(|t| t.len().expect("counts")),
+            ),
+            count(
+                read_table(&rx, INBOX_TRIMMED, &self.name)
+                    .expect("opens")
+                    .map(|t| t.len().expect("counts")),
+            ),
+        ]
+    }
+
     pub(super) fn read_agents(&self) -> Result<Vec<AgentRecord>, StoreError> {
         let rx = self.begin_read()?;
         let Some(t) = read_table(&rx, AGENTS, &self.name)? else {

@@ -25,6 +25,7 @@ store_suite!(
     a_run_of_messages_of_one_stream_reads_back_each_and_a_bounce_marks_only_its_own,
     an_inbox_entry_whose_journal_entry_retention_trimmed_reads_as_trimmed,
     a_trim_takes_the_inbox_entries_of_its_rows_even_from_a_row_it_cuts,
+    a_trim_forgets_the_messages_of_its_rows_and_the_rest_keep_their_places,
     an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox,
 );
 
@@ -54,6 +55,11 @@ fn peer_id(seq: u64) -> MsgId {
 /// A batch of `PEER`'s of `n` agent messages from `first`, message `seq`
 /// from agent `a{seq}` to `bob`.
 fn agent_batch(first: u64, n: u64) -> OpenBatch {
+    agent_batch_of(first, n, b"hi")
+}
+
+/// As [`agent_batch`], each message's body `body`.
+fn agent_batch_of(first: u64, n: u64, body: &[u8]) -> OpenBatch {
     let envs = (first..first + n)
         .map(|seq| NewEnvelope {
             lamport: seq,
@@ -65,7 +71,7 @@ fn agent_batch(first: u64, n: u64) -> OpenBatch {
                 to: Some(name("bob")),
                 in_reply_to: None,
                 key: None,
-                body: b"hi".to_vec(),
+                body: body.to_vec(),
             }
             .encode(),
         })
@@ -894,4 +900,134 @@ fn an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox(s: &dyn Me
     assert_eq!(inbox_of(s, "kim"), vec![]);
     assert_eq!(inbox_of(s, "zed"), vec![]);
     assert_eq!(inbox_of(s, "jo"), vec![(InboxKind::Lost, loss_at)]);
+}
+
+fn a_trim_forgets_the_messages_of_its_rows_and_the_rest_keep_their_places(s: &dyn MeshStore) {
+    // Three 10 KiB messages in one commit: one index row, three journal rows.
+    let entries = (1..=3)
+        .map(|seq| AgentIndex::Message {
+            id: peer_id(seq),
+            seq,
+            row: message_row(),
+        })
+        .collect();
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: agent_batch_of(1, 3, &[7; 10 << 10]),
+                from: 1,
+            },
+            WriteOp::Agents(AgentOp::Index {
+                stream: peer_stream(PEER),
+                entries,
+            }),
+            WriteOp::Agents(AgentOp::Bounced {
+                id: peer_id(1),
+                reason: BounceReason::NoSuchAgent,
+            }),
+        ],
+    )
+    .expect("commits");
+    let trim = |bytes_max| WriteOp::Trim {
+        now_ms: 1_000_000,
+        bytes_max,
+        age_ms_max: 0,
+    };
+    let all = s.journal_bounds().expect("bounds").bytes;
+    commit1(s, vec![trim(all - 1)]).expect("trims the oldest row");
+    assert_eq!(s.journal_bounds().expect("bounds").first, 2);
+    assert_eq!(s.message(&peer_id(1)).expect("reads"), None);
+    for seq in 2..=3 {
+        let row = s.message(&peer_id(seq)).expect("reads").expect("kept");
+        assert_eq!((row.seq, row.arrival, row.undelivered), (seq, seq, None));
+    }
+    // A later message of the stream is indexed after what is left.
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: agent_batch(4, 1),
+                from: 4,
+            },
+            WriteOp::Agents(AgentOp::Index {
+                stream: peer_stream(PEER),
+                entries: vec![AgentIndex::Message {
+                    id: peer_id(4),
+                    seq: 4,
+                    row: message_row(),
+                }],
+            }),
+        ],
+    )
+    .expect("commits");
+    let row = s.message(&peer_id(4)).expect("reads").expect("indexed");
+    assert_eq!((row.seq, row.arrival), (4, 4));
+    commit1(s, vec![trim(0)]).expect("trims everything");
+    for seq in 1..=4 {
+        assert_eq!(s.message(&peer_id(seq)).expect("reads"), None, "seq {seq}");
+    }
+}
+
+#[test]
+fn a_trim_removes_the_index_rows_of_what_it_takes_from_the_file() {
+    let s = crate::RedbStore::in_memory().expect("opens");
+    let entries = (1..=3)
+        .flat_map(|seq| {
+            [
+                AgentIndex::Message {
+                    id: peer_id(seq),
+                    seq,
+                    row: message_row(),
+                },
+                AgentIndex::Inbox {
+                    agent: name("bob"),
+                    seq,
+                    row: row(InboxKind::Message),
+                },
+            ]
+        })
+        .collect();
+    commit1(
+        &s,
+        vec![
+            WriteOp::Accept {
+                batch: agent_batch_of(1, 3, &[7; 10 << 10]),
+                from: 1,
+            },
+            WriteOp::Agents(AgentOp::Index {
+                stream: peer_stream(PEER),
+                entries,
+            }),
+            WriteOp::Agents(AgentOp::Bounced {
+                id: peer_id(3),
+                reason: BounceReason::NoSuchAgent,
+            }),
+        ],
+    )
+    .expect("commits");
+    assert_eq!(s.index_rows(), [1, 1, 1, 0], "one packed row each");
+    let trim = |bytes_max| WriteOp::Trim {
+        now_ms: 1_000_000,
+        bytes_max,
+        age_ms_max: 0,
+    };
+    let all = s.journal_bounds().expect("bounds").bytes;
+    commit1(&s, vec![trim(all - 1)]).expect("trims the oldest row");
+    assert_eq!(
+        s.index_rows(),
+        [1, 1, 1, 1],
+        "the rows it cuts are rewritten"
+    );
+    assert_eq!(
+        s.inbox(&name("bob"), 0, 10).expect("reads").len(),
+        3,
+        "told, then 2 and 3"
+    );
+    commit1(&s, vec![trim(0)]).expect("trims everything");
+    assert_eq!(
+        s.index_rows(),
+        [0, 0, 0, 1],
+        "nothing is left of them but the told mark"
+    );
 }
