@@ -1508,6 +1508,7 @@ fn frame_short(f: &Frame) -> String {
         Frame::CardAnswer { card, .. } => format!("CardAnswer {}", card.is_some()),
         Frame::Agents { cards } => format!("Agents {}", cards.len()),
         Frame::StreamEnded { held, .. } => format!("StreamEnded {held}"),
+        Frame::Topics { topics, marks, .. } => format!("Topics {} {}", topics.len(), marks.len()),
     }
 }
 

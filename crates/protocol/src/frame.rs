@@ -12,11 +12,12 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::agent::{AgentCard, MAX_AGENT_CARDS};
 use crate::batch::{Cid, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, SignedBatch};
 use crate::card::NodeCard;
-use crate::ids::{Epoch, NodeId, Seq, StreamId};
+use crate::ids::{Epoch, NodeId, Seq, StreamId, TopicName};
 
 /// The protocol version a node speaks, sent in [`Frame::Hello`] (and, as
 /// its digit, in the connection preamble).
-pub const PROTOCOL_VERSION: u32 = 2;
+/// 3: [`Frame::Topics`].
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Bytes of the length prefix in front of every frame body.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -24,8 +25,11 @@ pub const FRAME_HEADER_BYTES: usize = 4;
 /// The largest frame body: a full batch's payloads plus room for its headers.
 pub const MAX_FRAME_BYTES: usize = MAX_BATCH_PAYLOAD_BYTES as usize + 64 * 1024;
 
-/// The most marks one [`Frame::Hello`] may carry.
+/// The most marks one [`Frame::Hello`] (or [`Frame::Topics`]) may carry.
 pub const MAX_HELLO_MARKS: usize = 4096;
+
+/// The most topics one [`Frame::Topics`] may name.
+pub const MAX_FRAME_TOPICS: usize = 256;
 
 /// A receiver's mark on a stream: every envelope up to `seq` is committed.
 ///
@@ -134,6 +138,21 @@ pub enum Frame {
         /// The last seq the author's store holds as it sent it.
         held: Seq,
     },
+    /// The topics the sender is a member of now (it replaces what the
+    /// receiver knew, once the last page came), and its marks for the
+    /// author streams of them it holds: a version vector, the receiver
+    /// sends what the sender lacks of the topics both are members of. A
+    /// vector of more than [`MAX_HELLO_MARKS`] marks (or more than
+    /// [`MAX_FRAME_TOPICS`] topics) comes in pages, each but the last with
+    /// `more` set; every page names topics and marks of its own.
+    Topics {
+        /// Topics the sender is a member of.
+        topics: Vec<TopicName>,
+        /// The sender's marks for streams of those topics.
+        marks: Vec<Mark>,
+        /// Another page follows.
+        more: bool,
+    },
 }
 
 impl Frame {
@@ -153,18 +172,19 @@ impl Frame {
             Frame::CardQuery { .. } => 6,
             Frame::CardAnswer { .. } => 7,
             Frame::Agents { .. } => 8,
-            Frame::StreamEnded { .. } => STREAM_ENDED_TAG,
+            Frame::StreamEnded { .. } => 9,
+            Frame::Topics { .. } => TOPICS_TAG,
         }
     }
 }
 
-/// The postcard tag of [`Frame::StreamEnded`]: its place in the enum's
+/// The postcard tag of [`Frame::Topics`]: its place in the enum's
 /// declaration order (the variant is declared last, so this is also the
 /// highest tag).
-const STREAM_ENDED_TAG: usize = 9;
+const TOPICS_TAG: usize = 10;
 
 /// Variant names by postcard tag, in declaration order.
-const FRAME_NAMES: [&str; 10] = [
+const FRAME_NAMES: [&str; TOPICS_TAG + 1] = [
     "Hello",
     "Batch",
     "Ack",
@@ -175,6 +195,7 @@ const FRAME_NAMES: [&str; 10] = [
     "CardAnswer",
     "Agents",
     "StreamEnded",
+    "Topics",
 ];
 
 /// The payloads of a batch frame, each encoded as length-prefixed bytes.
@@ -262,6 +283,18 @@ pub enum FrameError {
     /// An agents frame carries more than [`MAX_AGENT_CARDS`] cards.
     #[error("Agents frame carries {0} cards, more than the {MAX_AGENT_CARDS} allowed")]
     TooManyCards(usize),
+    /// A topics frame names more than [`MAX_FRAME_TOPICS`] topics or
+    /// carries more than [`MAX_HELLO_MARKS`] marks.
+    #[error(
+        "Topics frame names {topics} topics and {marks} marks, more than the \
+         {MAX_FRAME_TOPICS} and {MAX_HELLO_MARKS} allowed"
+    )]
+    TooManyTopics {
+        /// Topics named.
+        topics: usize,
+        /// Marks carried.
+        marks: usize,
+    },
 }
 
 /// Appends `frame` to `out` as a length prefix and a postcard body.
@@ -307,6 +340,14 @@ fn check_counts(frame: &Frame) -> Result<(), FrameError> {
         }
         Frame::Agents { cards } if cards.len() > MAX_AGENT_CARDS => {
             Err(FrameError::TooManyCards(cards.len()))
+        }
+        Frame::Topics { topics, marks, .. }
+            if topics.len() > MAX_FRAME_TOPICS || marks.len() > MAX_HELLO_MARKS =>
+        {
+            Err(FrameError::TooManyTopics {
+                topics: topics.len(),
+                marks: marks.len(),
+            })
         }
         _ => Ok(()),
     }
@@ -479,6 +520,11 @@ mod tests {
             },
             Frame::Agents { cards: vec![] },
             Frame::StreamEnded { stream, held: 1 },
+            Frame::Topics {
+                topics: vec![TopicName::new("t").unwrap()],
+                marks: vec![],
+                more: false,
+            },
         ];
         for (i, f) in frames.iter().enumerate() {
             let b = body(f);

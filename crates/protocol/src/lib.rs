@@ -40,8 +40,8 @@ pub use card::{
 };
 pub use cursor::{Cursor, CursorError};
 pub use frame::{
-    FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, MAX_HELLO_MARKS, Mark,
-    PROTOCOL_VERSION, Payloads, decode_frame, encode_frame, frame_body_len,
+    FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, MAX_FRAME_TOPICS, MAX_HELLO_MARKS,
+    Mark, PROTOCOL_VERSION, Payloads, decode_frame, encode_frame, frame_body_len,
 };
 pub use ids::{
     Channel, Epoch, IdError, MAX_TOPIC_NAME_BYTES, NodeId, SecretKey, Seq, StreamId, TopicName,

@@ -258,7 +258,8 @@ fn the_frame_seeds_hold_every_variant_and_a_batch_that_opens() {
             "CardQuery",
             "CardAnswer",
             "Agents",
-            "StreamEnded"
+            "StreamEnded",
+            "Topics"
         ]
     );
 }

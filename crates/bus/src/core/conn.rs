@@ -25,6 +25,7 @@ impl Core {
     /// Drops the peer's connection state and what was held for it.
     pub(super) fn forget_conn(&mut self, peer: NodeId) {
         self.peers.close(peer);
+        self.topics.drop_peer(peer);
         self.author.drop_feed(peer);
         self.receiver.forget_held(peer, None);
     }
@@ -62,6 +63,24 @@ impl Core {
         let from = Sender { peer, epoch, conn };
         let (config, out) = (&self.config, &mut self.out);
         match frame {
+            Frame::Topics {
+                topics,
+                marks,
+                more,
+            } => self.topics.on_topics(peer, conn, topics, marks, more, out),
+            Frame::Resync { stream, after } if super::topics::topic_of(&stream).is_some() => {
+                self.topics.on_resync(peer, &stream, after, out)
+            }
+            Frame::ResyncGap {
+                stream,
+                earliest_available,
+            } if super::topics::topic_of(&stream).is_some() => {
+                let queue = &mut self.committer.inbound;
+                self.topics
+                    .on_resync_gap(stream, earliest_available, queue, out)
+            }
+            // A topic stream is never done: a member asks when it lacks something.
+            Frame::ResyncDone { stream, .. } if super::topics::topic_of(&stream).is_some() => {}
             Frame::Ack { stream, upto } => {
                 if self.author.on_ack(peer, &stream, upto, now, out) {
                     self.note_ack(peer, upto);
@@ -137,6 +156,13 @@ impl Core {
             Ok(open) => open,
             Err(bad) => return self.out.drop(DropReason::from(bad)),
         };
+        if super::topics::topic_of(open.batch().stream()).is_some() {
+            let top = open.batch().entries().iter().map(|e| e.lamport).max();
+            let queue = &mut self.committer.inbound;
+            self.topics.on_batch(peer, conn, open, queue, &mut self.out);
+            self.author.observe_lamport(top.unwrap_or(0));
+            return;
+        }
         let from = Sender {
             peer,
             epoch: peer_epoch,
@@ -193,6 +219,7 @@ impl Core {
         // and ours goes before any batch of ours on it.
         self.forget_peer_agents(peer);
         self.announce_to(peer, conn);
+        self.topics.announce(peer, conn, &mut self.out);
         let (config, out) = (&self.config, &mut self.out);
         match check {
             HelloCheck::Trust(mark) => self.author.start_feed(peer, conn, mark, now, config, out),

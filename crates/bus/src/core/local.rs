@@ -142,4 +142,48 @@ impl Core {
         }
         Ok(())
     }
+
+    /// Queues a publish to `topic` for the next commit, or refuses it at
+    /// once: a reserved kind, a topic this node is not a member of, a
+    /// payload too large, a full queue.
+    pub(super) fn on_publish(
+        &mut self,
+        req: ReqId,
+        topic: mesh_protocol::TopicName,
+        kind: u16,
+        payload: Vec<u8>,
+        now: Millis,
+    ) {
+        let len = payload.len() as u64;
+        let (waiting, waiting_bytes) = self.committer.publishes_waiting();
+        let refused = if mesh_protocol::is_mesh_kind(kind) {
+            Some(SendError::ReservedKind(kind))
+        } else if self.topics.record(&topic).is_none() {
+            Some(SendError::NotAMember(topic.clone()))
+        } else if len > PAYLOAD_BYTES_MAX {
+            Some(SendError::TooLarge {
+                len,
+                max: PAYLOAD_BYTES_MAX,
+            })
+        } else if waiting >= WAITING_SENDS_MAX || waiting_bytes + len > WAITING_SEND_BYTES_MAX {
+            Some(SendError::Busy { waiting })
+        } else {
+            None
+        };
+        if let Some(e) = refused {
+            self.out.metrics.sends_refused += 1;
+            self.out.push(Effect::Reply {
+                req,
+                result: Err(e),
+            });
+            return;
+        }
+        self.committer.queue_publish(super::commit::WaitingPublish {
+            req,
+            topic,
+            kind,
+            payload,
+            created_ms: now.0,
+        });
+    }
 }

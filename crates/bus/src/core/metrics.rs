@@ -25,6 +25,8 @@ pub struct FrameCounts {
     pub agents: u64,
     /// `StreamEnded` frames.
     pub stream_ended: u64,
+    /// `Topics` frames.
+    pub topics: u64,
 }
 
 impl FrameCounts {
@@ -40,6 +42,7 @@ impl FrameCounts {
             Frame::CardAnswer { .. } => &mut self.card_answer,
             Frame::Agents { .. } => &mut self.agents,
             Frame::StreamEnded { .. } => &mut self.stream_ended,
+            Frame::Topics { .. } => &mut self.topics,
         };
         *c += 1;
     }
@@ -87,6 +90,8 @@ pub enum DropReason {
     /// A batch with another envelope at the receiver's committed mark than
     /// the one committed there (journaled once as a conflict).
     Conflict,
+    /// A topic batch (or gap) of a topic this node is not a member of.
+    NotAMember,
 }
 
 impl From<crate::core::BadBatch> for DropReason {
@@ -101,7 +106,7 @@ impl From<crate::core::BadBatch> for DropReason {
 
 impl DropReason {
     /// Every reason, in the order [`DropCounts::iter`] gives them.
-    pub const ALL: [DropReason; 18] = [
+    pub const ALL: [DropReason; 19] = [
         DropReason::BadSignature,
         DropReason::Malformed,
         DropReason::CidMismatch,
@@ -120,6 +125,7 @@ impl DropReason {
         DropReason::UnsolicitedCard,
         DropReason::CardQueryLimited,
         DropReason::Conflict,
+        DropReason::NotAMember,
     ];
 
     /// The reason's name in `snake_case`, as metrics label it.
@@ -143,6 +149,7 @@ impl DropReason {
             DropReason::UnsolicitedCard => "unsolicited_card",
             DropReason::CardQueryLimited => "card_query_limited",
             DropReason::Conflict => "conflict",
+            DropReason::NotAMember => "not_a_member",
         }
     }
 
@@ -241,6 +248,21 @@ pub struct Metrics {
     pub cards_asked: u64,
     /// Agent messages, bounces and retried sends.
     pub agents: AgentCounts,
+    /// What the core counts of topics.
+    pub topics: TopicCounts,
+}
+
+/// What the core counts of topics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TopicCounts {
+    /// Messages this node published, committed.
+    pub published: u64,
+    /// Members' batches taken into a commit.
+    pub batches_accepted: u64,
+    /// Batches handed to members (this node's own and relayed ones).
+    pub batches_relayed: u64,
+    /// Outbox reads of topic feeds.
+    pub loads: u64,
 }
 
 /// What the core counts of agents.

@@ -34,6 +34,7 @@ mod receiver;
 #[cfg(test)]
 mod tests;
 mod timers;
+mod topics;
 
 use std::collections::VecDeque;
 
@@ -51,7 +52,7 @@ pub use io::{
     BadBatch, BadCards, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis,
     PeerChangeError, Recovered, ReqId, SendError, SendMeta, SendReceipt, open_batch, open_cards,
 };
-pub use metrics::{AgentCounts, DropCounts, DropReason, FrameCounts, Metrics};
+pub use metrics::{AgentCounts, DropCounts, DropReason, FrameCounts, Metrics, TopicCounts};
 
 use agents::Agents;
 use author::{Author, Loaded};
@@ -152,6 +153,7 @@ pub struct Core {
     receiver: Receiver,
     committer: Committer,
     agents: Agents,
+    topics: topics::Topics,
     timers: TimerTable,
     /// The deadline last handed out with [`Effect::SetTimer`].
     armed: Option<Millis>,
@@ -177,6 +179,7 @@ impl Core {
             .find(|c| c.node == me)
             .cloned()
             .unwrap_or_else(|| placeholder_card(&secret));
+        let topics = topics::Topics::new(me, state.topics, &state.own_streams, &state.marks);
         let mut peers = Peers::new(me, state.peers);
         peers.load_cards(state.cards);
         let author = Author::new(
@@ -193,9 +196,18 @@ impl Core {
             me,
             peers,
             author,
-            receiver: Receiver::new(me, state.marks),
+            // Topic streams' marks are the topics machine's.
+            receiver: Receiver::new(
+                me,
+                state
+                    .marks
+                    .into_iter()
+                    .filter(|m| topics::topic_of(&m.stream).is_none())
+                    .collect(),
+            ),
             committer,
             agents: Agents::new(state.agents, state.dedup),
+            topics,
             timers: TimerTable::default(),
             armed: None,
             journal: None,
@@ -241,6 +253,9 @@ impl Core {
 
     /// The committed mark of a stream this node receives (0 if none).
     pub fn mark(&self, stream: &StreamId) -> Seq {
+        if topics::topic_of(stream).is_some() {
+            return self.topics.mark(stream);
+        }
         self.receiver.mark(stream)
     }
 
@@ -253,6 +268,26 @@ impl Core {
     /// This node's stream to `to`, as committed (`None` before its first message).
     pub fn own_stream(&self, to: &NodeId) -> Option<&OwnStream> {
         self.author.own(to)
+    }
+
+    /// The topics this node is a member of.
+    pub fn topics(&self) -> Vec<mesh_store::TopicRecord> {
+        self.topics.joined().cloned().collect()
+    }
+
+    /// The author streams of `topic` this node holds and its mark of each
+    /// (its own stream's: its last seq), and the live peers that said they
+    /// are members.
+    pub fn topic_state(
+        &self,
+        topic: &mesh_protocol::TopicName,
+    ) -> (Vec<(StreamId, Seq)>, Vec<NodeId>) {
+        (self.topics.streams_of(topic), self.topics.members(topic))
+    }
+
+    /// What is held of the topic stream `stream`, as committed.
+    pub fn topic_held(&self, stream: &StreamId) -> Option<&OwnStream> {
+        self.topics.held(stream)
     }
 
     /// This node's agents' current cards.
@@ -325,9 +360,18 @@ impl Core {
                 payload,
                 meta,
             } => self.on_send_with(req, to, kind, payload, meta, now),
+            Input::Publish {
+                req,
+                topic,
+                kind,
+                payload,
+            } => self.on_publish(req, topic, kind, payload, now),
             Input::Agents { peer, conn, cards } => self.on_agents(peer, conn, cards),
             Input::AgentCard { card } => self.on_agent_card(card),
             Input::Committed { commit, results } => self.on_committed(commit, results, now),
+            Input::OutboxLoaded { load, result } if load.0 & topics::TOPIC_LOAD != 0 => {
+                self.topics.on_loaded(load, result, &mut self.out);
+            }
             Input::OutboxLoaded { load, result } => {
                 let (config, out) = (&self.config, &mut self.out);
                 match self.author.on_loaded(load, result, now, config, out) {

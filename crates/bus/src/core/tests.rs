@@ -333,6 +333,7 @@ fn frame_name(f: &Frame) -> String {
         Frame::CardAnswer { .. } => "card answer".to_string(),
         Frame::Agents { cards } => format!("agents {}", cards.len()),
         Frame::StreamEnded { held, .. } => format!("ended {held}"),
+        Frame::Topics { topics, .. } => format!("topics {}", topics.len()),
     }
 }
 
@@ -2488,3 +2489,4 @@ fn a_newer_card_without_addresses_leaves_the_known_ones() {
 }
 
 mod agents;
+mod topics;

@@ -169,9 +169,10 @@ pub(super) struct Actor<S: MeshStore + ?Sized> {
     pub(super) parts: HashMap<u64, Part>,
     next_req: u64,
     next_part: u64,
-    /// The outbox read waiting for the writer of a connection to take its
-    /// queue (the catch-up pacing rule), by connection: at most one each.
-    pub(super) deferred: HashMap<ConnId, LoadReq>,
+    /// The outbox reads waiting for the writer of a connection to take its
+    /// queue (the catch-up pacing rule), by connection: at most one per
+    /// stream (the peer's direct stream, and each topic stream it is fed).
+    pub(super) deferred: HashMap<ConnId, Vec<LoadReq>>,
 }
 
 impl<S: MeshStore + ?Sized> Actor<S> {
@@ -351,7 +352,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 Input::PeerDisconnected { peer, conn }
             }
             Event::Taken { conn } => {
-                if let Some(req) = self.deferred.remove(&conn) {
+                for req in self.deferred.remove(&conn).unwrap_or_default() {
                     self.start_load(req);
                 }
                 return;

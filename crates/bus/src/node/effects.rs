@@ -114,15 +114,17 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             self.start_load(req);
             return;
         };
-        // A feed has one read outstanding: one still waiting here was
-        // superseded (a resync restarted the feed), and the core no longer
-        // waits for it.
-        self.deferred.remove(&conn);
+        // A feed (one per stream) has one read outstanding: one of the same
+        // stream still waiting here was superseded (a resync restarted the
+        // feed), and the core no longer waits for it.
+        if let Some(waiting) = self.deferred.get_mut(&conn) {
+            waiting.retain(|w| w.stream != req.stream);
+        }
         if self
             .transport
             .notify_when_taken(conn, CATCHUP_QUEUE_BYTES_MAX)
         {
-            self.deferred.insert(conn, req);
+            self.deferred.entry(conn).or_default().push(req);
         } else {
             self.start_load(req);
         }

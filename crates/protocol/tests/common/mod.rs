@@ -225,6 +225,18 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
                 held: 2,
             },
         ),
+        (
+            "Topics",
+            Frame::Topics {
+                topics: vec![TopicName::new("agents/planner").unwrap()],
+                marks: vec![Mark {
+                    stream: topic_stream(),
+                    seq: 300,
+                    cid: None,
+                }],
+                more: false,
+            },
+        ),
     ]
 }
 
@@ -444,6 +456,26 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
         }),
         proptest::collection::vec(arb_agent_card(), 0..3).prop_map(|cards| Frame::Agents { cards }),
         (arb_stream(), arb_seq()).prop_map(|(stream, held)| Frame::StreamEnded { stream, held }),
+        (
+            proptest::collection::vec("[a-z0-9]{1,8}", 0..3),
+            proptest::collection::vec(
+                (arb_stream(), arb_seq()).prop_map(|(stream, seq)| Mark {
+                    stream,
+                    seq,
+                    cid: None
+                }),
+                0..3
+            ),
+            any::<bool>(),
+        )
+            .prop_map(|(names, marks, more)| Frame::Topics {
+                topics: names
+                    .iter()
+                    .map(|n| mesh_protocol::TopicName::new(n).unwrap())
+                    .collect(),
+                marks,
+                more,
+            }),
     ]
 }
 

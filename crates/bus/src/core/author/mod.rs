@@ -230,6 +230,27 @@ impl Author {
         )
     }
 
+    /// Signs `envelopes` as the batch of this node's stream on `channel`
+    /// (a topic's) starting at `first_seq`, each with the next Lamport clock.
+    pub(super) fn sign_on(
+        &mut self,
+        channel: Channel,
+        first_seq: Seq,
+        envelopes: impl IntoIterator<Item = NewEnvelope>,
+    ) -> Result<OpenBatch, VerifyError> {
+        let envelopes = envelopes
+            .into_iter()
+            .map(|e| {
+                self.lamport = self.lamport.saturating_add(1);
+                NewEnvelope {
+                    lamport: self.lamport,
+                    ..e
+                }
+            })
+            .collect();
+        OpenBatch::sign(&self.secret, self.epoch, channel, first_seq, envelopes)
+    }
+
     /// Signs `envelope`, lamport and all, alone as the batch of the stream
     /// to `to` at `seq`: a tombstone in the place of an envelope signed
     /// there before, with that envelope's clocks.

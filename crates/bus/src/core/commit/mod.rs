@@ -13,7 +13,8 @@ use super::peers::PeerChange;
 use super::{CommitId, Config, Effect, LocalWrite, Millis, Out, ReqId};
 
 pub(super) use work::{
-    AckWork, CarryWork, EpochSwitch, InboundQueue, InboundWork, LostTally, Report, WaitingSend,
+    AckWork, CarryWork, EpochSwitch, InboundQueue, InboundWork, LostTally, Report, WaitingPublish,
+    WaitingSend,
 };
 
 /// Why the store is taken to be down: its last error.
@@ -61,6 +62,24 @@ pub(super) enum Group {
         req: ReqId,
         /// The agent it adds or removes, applied once committed.
         agent: Option<super::agents::AgentChange>,
+        /// The topic it joins or leaves, applied once committed.
+        topic: Option<super::topics::TopicChange>,
+    },
+    /// A member's topic batch, kept to relay once committed.
+    TopicAccept {
+        peer: NodeId,
+        stream: StreamId,
+        last: Seq,
+        batch: OpenBatch,
+    },
+    TopicGap {
+        stream: StreamId,
+        earliest: Seq,
+    },
+    /// A batch of this node's own stream of a topic.
+    Publish {
+        batch: OpenBatch,
+        senders: Vec<ReqId>,
     },
     /// Store ops no request waits for (expired retried-send records).
     Housekeeping,
@@ -130,6 +149,9 @@ struct InFlight {
 pub(super) struct Committer {
     sends: VecDeque<WaitingSend>,
     send_bytes: u64,
+    /// Publishes to topics, in the order asked, within the bounds of sends.
+    publishes: VecDeque<WaitingPublish>,
+    publish_bytes: u64,
     /// Peer batches and gaps.
     pub(super) inbound: InboundQueue,
     acks: BTreeMap<NodeId, AckWork>,
@@ -171,6 +193,8 @@ impl Committer {
         Committer {
             sends: VecDeque::new(),
             send_bytes: 0,
+            publishes: VecDeque::new(),
+            publish_bytes: 0,
             inbound: InboundQueue::default(),
             acks: BTreeMap::new(),
             acks_since: None,
@@ -210,6 +234,7 @@ impl Committer {
     /// Whether anything but sends and acks waits for a commit.
     fn has_other_work(&self) -> bool {
         !self.inbound.work.is_empty()
+            || !self.publishes.is_empty()
             || !self.peer_changes.is_empty()
             || !self.writes.is_empty()
             || !self.cards.is_empty()
@@ -218,6 +243,23 @@ impl Committer {
             || !self.reports.is_empty()
             || self.carry.is_some()
             || self.trim_wanted
+    }
+
+    /// Publishes waiting, and their payload bytes.
+    pub(super) fn publishes_waiting(&self) -> (usize, u64) {
+        (self.publishes.len(), self.publish_bytes)
+    }
+
+    /// Queues a publish for the next commit (the caller checked the bounds).
+    pub(super) fn queue_publish(&mut self, p: WaitingPublish) {
+        self.publish_bytes += p.payload.len() as u64;
+        self.publishes.push_back(p);
+    }
+
+    /// The publishes waiting, for the next commit.
+    pub(super) fn take_publishes(&mut self) -> VecDeque<WaitingPublish> {
+        self.publish_bytes = 0;
+        std::mem::take(&mut self.publishes)
     }
 
     /// The store is down, and why, if it is.

@@ -55,6 +55,16 @@ pub(in crate::core) struct CarryWork {
     pub(in crate::core) envelopes: Vec<(Seq, NewEnvelope)>,
 }
 
+/// A local publish to a topic waiting for the next commit.
+#[derive(Debug)]
+pub(in crate::core) struct WaitingPublish {
+    pub(in crate::core) req: ReqId,
+    pub(in crate::core) topic: mesh_protocol::TopicName,
+    pub(in crate::core) kind: u16,
+    pub(in crate::core) payload: Vec<u8>,
+    pub(in crate::core) created_ms: u64,
+}
+
 /// A local send waiting for the next commit.
 #[derive(Debug)]
 pub(in crate::core) struct WaitingSend {
@@ -100,21 +110,36 @@ pub(in crate::core) enum InboundWork {
         from: Seq,
         to: Seq,
     },
+    /// Commit a member's topic `batch` from seq `from` (it came from
+    /// `peer`), and hold it to relay after `evict` made room.
+    TopicAccept {
+        peer: NodeId,
+        from: Seq,
+        batch: OpenBatch,
+        evict: Option<mesh_store::Eviction>,
+    },
+    /// No member that was asked holds a topic stream before `earliest`.
+    TopicGap { stream: StreamId, earliest: Seq },
 }
 
 impl InboundWork {
     fn stream(&self) -> &StreamId {
         match self {
-            InboundWork::Accept { batch, .. } => batch.batch().stream(),
+            InboundWork::Accept { batch, .. } | InboundWork::TopicAccept { batch, .. } => {
+                batch.batch().stream()
+            }
             InboundWork::Gap { stream, .. }
             | InboundWork::Conflict { stream, .. }
-            | InboundWork::RolledBack { stream, .. } => stream,
+            | InboundWork::RolledBack { stream, .. }
+            | InboundWork::TopicGap { stream, .. } => stream,
         }
     }
 
     fn bytes(&self) -> u64 {
         match self {
-            InboundWork::Accept { batch, .. } => batch.batch().payload_bytes(),
+            InboundWork::Accept { batch, .. } | InboundWork::TopicAccept { batch, .. } => {
+                batch.batch().payload_bytes()
+            }
             _ => 0,
         }
     }

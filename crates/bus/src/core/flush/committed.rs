@@ -57,6 +57,7 @@ impl Core {
                         after.journaled = Some(last);
                     }
                     self.author.committed(&receipt.own_streams);
+                    self.topics.committed(&receipt.own_streams);
                     self.author.ended_changed(&receipt.ended);
                     after.store_works = true;
                 }
@@ -99,12 +100,32 @@ impl Core {
                 earliest,
             } => self.on_gap_committed((peer, conn), stream, earliest, result.is_ok(), after),
             Group::Peer { req, change } => self.on_peer_committed(req, change, result),
-            Group::Write { req, agent } => {
+            Group::Write { req, agent, topic } => {
                 if let (Some(change), Ok(_)) = (agent, &result) {
                     self.on_agent_change(change);
                 }
+                if let (Some(change), Ok(_)) = (topic, &result) {
+                    self.topics.apply(change, &mut self.out);
+                }
                 self.out.push(Effect::Written { req, result });
             }
+            Group::TopicAccept {
+                peer,
+                stream,
+                last,
+                batch,
+            } => {
+                let ok = result.is_ok();
+                self.topics.committed_mark(&stream, last, ok);
+                if ok {
+                    self.topics.relay(&batch, Some(peer), &mut self.out);
+                }
+            }
+            Group::TopicGap { stream, earliest } => {
+                self.topics
+                    .committed_mark(&stream, earliest - 1, result.is_ok());
+            }
+            Group::Publish { batch, senders } => self.on_publish_committed(batch, senders, result),
             Group::Housekeeping => {}
             Group::Card { card } => self.on_card_committed(card, result),
             Group::Supersede { to } => {

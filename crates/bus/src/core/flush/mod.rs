@@ -71,9 +71,13 @@ impl Core {
         if !self.committer.switching() && !self.author.has_carry() {
             self.build_appends(&mut batch, &acking);
         }
+        if !self.committer.switching() {
+            self.build_publishes(&mut batch, now);
+        }
         for (req, write) in self.committer.take_writes() {
             let agent = super::agents::AgentChange::of(&write);
-            batch.push(write.into_ops(), Group::Write { req, agent });
+            let topic = super::topics::TopicChange::of(&write);
+            batch.push(write.into_ops(), Group::Write { req, agent, topic });
         }
         let housekeeping = self.agent_housekeeping(now);
         if !housekeeping.is_empty() {
@@ -381,6 +385,34 @@ fn batch_inbound(batch: &mut Batch, work: InboundWork, index: Vec<WriteOp>) {
                 theirs,
             }];
             batch.push(ops, Group::Conflict { stream });
+        }
+        InboundWork::TopicAccept {
+            peer,
+            from,
+            batch: open,
+            evict,
+        } => {
+            let stream = open.batch().stream().clone();
+            let last = open.batch().last_seq();
+            let ops = vec![WriteOp::AcceptTopic {
+                batch: open.clone(),
+                from,
+                evict,
+            }];
+            let group = Group::TopicAccept {
+                peer,
+                stream,
+                last,
+                batch: open,
+            };
+            batch.push(ops, group);
+        }
+        InboundWork::TopicGap { stream, earliest } => {
+            let ops = vec![WriteOp::Gap {
+                stream: stream.clone(),
+                earliest_available: earliest,
+            }];
+            batch.push(ops, Group::TopicGap { stream, earliest });
         }
         InboundWork::RolledBack { stream, from, to } => {
             let detail = format!(

@@ -4,13 +4,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use mesh_protocol::{
-    MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NewEnvelope, NodeId, OpenBatch, Seq,
+    Channel, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, NewEnvelope, NodeId, OpenBatch, Seq,
+    StreamId, TopicName,
 };
 use mesh_store::{Eviction, Receipt, StoreError, WriteOp};
 
 use super::committed::{AfterCommit, is_down};
 use crate::core::agents::Tracked;
-use crate::core::commit::{Batch, Group, WaitingSend};
+use crate::core::commit::{Batch, Group, WaitingPublish, WaitingSend};
 use crate::core::outbox::Room;
 use crate::core::{Core, Effect, Millis, ReqId, SendError, SendReceipt};
 
@@ -262,6 +263,109 @@ impl Core {
             });
             self.out.push(Effect::Reply { req: s.req, result });
         }
+    }
+}
+
+impl Core {
+    /// Signs the waiting publishes into batches of this node's stream of
+    /// each topic, one group each, evicting past the topic's bound with a
+    /// loss record. A publish to a topic left meanwhile is refused.
+    pub(super) fn build_publishes(&mut self, batch: &mut Batch, _now: Millis) {
+        let mut by_topic: BTreeMap<TopicName, Vec<WaitingPublish>> = BTreeMap::new();
+        for p in self.committer.take_publishes() {
+            by_topic.entry(p.topic.clone()).or_default().push(p);
+        }
+        for (topic, publishes) in by_topic {
+            let Some(record) = self.topics.record(&topic).cloned() else {
+                let err = SendError::NotAMember(topic.clone());
+                self.fail_senders(publishes.iter().map(|p| p.req).collect(), &err);
+                continue;
+            };
+            let stream = StreamId {
+                author: self.me,
+                epoch: self.author.epoch(),
+                channel: Channel::Topic(topic.clone()),
+            };
+            let own = self.topics.own_view(&stream);
+            let mut next_seq = own.next_seq;
+            let max_bytes = MAX_BATCH_PAYLOAD_BYTES.min(record.max_bytes.max(1));
+            let mut rest = publishes.into_iter().peekable();
+            while rest.peek().is_some() {
+                let mut chunk = Vec::new();
+                let mut bytes = 0u64;
+                while let Some(p) = rest.peek() {
+                    let len = p.payload.len() as u64;
+                    if !chunk.is_empty()
+                        && (chunk.len() >= MAX_BATCH_ENTRIES || bytes + len > max_bytes)
+                    {
+                        break;
+                    }
+                    bytes += len;
+                    if let Some(p) = rest.next() {
+                        chunk.push(p);
+                    }
+                }
+                let n = chunk.len() as u64;
+                let senders: Vec<ReqId> = chunk.iter().map(|p| p.req).collect();
+                let envelopes = chunk.into_iter().map(|p| NewEnvelope {
+                    lamport: 0,
+                    created_ms: p.created_ms,
+                    kind: p.kind,
+                    payload: p.payload,
+                });
+                let channel = Channel::Topic(topic.clone());
+                match self.author.sign_on(channel, next_seq, envelopes) {
+                    Ok(signed) => {
+                        let evict = crate::core::topics::evict_for(&record, n, bytes);
+                        let ops = vec![WriteOp::AppendOwn {
+                            batch: signed.clone(),
+                            evict: Some(evict),
+                        }];
+                        batch.push(
+                            ops,
+                            Group::Publish {
+                                batch: signed,
+                                senders,
+                            },
+                        );
+                        next_seq += n;
+                    }
+                    Err(e) => self.fail_senders(senders, &SendError::Internal(e.to_string())),
+                }
+            }
+        }
+    }
+
+    /// Answers the publishers of one batch of this node's topic stream,
+    /// and relays it to the topic's members.
+    pub(super) fn on_publish_committed(
+        &mut self,
+        batch: OpenBatch,
+        senders: Vec<ReqId>,
+        result: Result<Receipt, StoreError>,
+    ) {
+        let receipt = match result {
+            Ok(r) => r,
+            Err(e) => return self.fail_senders(senders, &SendError::from_store(&e)),
+        };
+        let stream = batch.batch().stream().clone();
+        let first = batch.batch().first_seq();
+        let n = batch.batch().entries().len() as u64;
+        let first_arrival = receipt
+            .arrivals
+            .map_or(0, |(_, last)| (last + 1).saturating_sub(n));
+        self.out.metrics.sends_ok += senders.len() as u64;
+        self.out.metrics.topics.published += senders.len() as u64;
+        for (i, req) in senders.into_iter().enumerate() {
+            let receipt = SendReceipt {
+                superseded_by: None,
+                stream: stream.clone(),
+                seq: first + i as u64,
+                arrival: first_arrival + i as u64,
+            };
+            self.reply(req, Ok(receipt));
+        }
+        self.topics.relay(&batch, None, &mut self.out);
     }
 }
 

@@ -128,6 +128,19 @@ pub enum Input {
         /// The agent addressing and client id.
         meta: SendMeta,
     },
+    /// A local client publishes `payload` to `topic`, of which this node
+    /// is a member: answered like [`Input::Send`] once committed, the
+    /// receipt naming this node's stream of the topic.
+    Publish {
+        /// Names the request.
+        req: ReqId,
+        /// The topic.
+        topic: mesh_protocol::TopicName,
+        /// Application-defined kind; 0 is a plain message.
+        kind: u16,
+        /// The payload.
+        payload: Vec<u8>,
+    },
     /// An `Agents` frame from `peer` on `conn`, its cards already checked
     /// by [`open_cards`] (`Err`: refused at the edge; only counted).
     Agents {
@@ -389,6 +402,8 @@ pub struct Recovered {
     pub entropy: [u8; 32],
     /// `MeshStore::cards`: this node's newest card and its peers'.
     pub cards: Vec<NodeCard>,
+    /// `MeshStore::topics`: the topics this node is a member of.
+    pub topics: Vec<mesh_store::TopicRecord>,
 }
 
 impl Recovered {
@@ -406,6 +421,7 @@ impl Recovered {
             ended_own: store.ended_own()?,
             entropy: [0; 32],
             cards: store.cards()?,
+            topics: store.topics()?,
         })
     }
 }

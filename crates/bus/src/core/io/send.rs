@@ -52,6 +52,9 @@ pub enum SendError {
     /// The caller's fault: a node does not send to itself over the mesh.
     #[error("cannot send to this node itself")]
     ToSelf,
+    /// The caller's fault: a publish to a topic this node is not a member of.
+    #[error("this node is not a member of topic {0}: join it first (`mesh topic join {0}`)")]
+    NotAMember(mesh_protocol::TopicName),
     /// The caller's fault: the sending agent is not an agent of this node.
     #[error("no agent {0} on this node")]
     UnknownAgent(AgentName),

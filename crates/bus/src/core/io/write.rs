@@ -65,6 +65,12 @@ pub enum LocalWrite {
     /// Write an invite's record (made, claimed, spent or revoked). The
     /// node's one owner of invites decides what; the core only sequences it.
     PutInvite(InviteRecord),
+    /// Join a topic (or change its bounds). Once committed this node takes
+    /// the topic's batches and tells every live peer.
+    JoinTopic(mesh_store::TopicRecord),
+    /// Leave a topic: replication stops once committed; what was journaled
+    /// and what is held stay.
+    LeaveTopic(mesh_protocol::TopicName),
 }
 
 impl LocalWrite {
@@ -80,7 +86,9 @@ impl LocalWrite {
             LocalWrite::PutAgent(r) => (r.name.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
             LocalWrite::RemoveAgent(n) => (n.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
             LocalWrite::PutAlias { alias, .. } => (alias, mesh_store::ALIAS_BYTES_MAX),
-            LocalWrite::PutInvite(_) => ("", 0),
+            LocalWrite::PutInvite(_) | LocalWrite::JoinTopic(_) | LocalWrite::LeaveTopic(_) => {
+                ("", 0)
+            }
         }
     }
 
@@ -132,6 +140,8 @@ impl LocalWrite {
                 arrival,
             })],
             LocalWrite::PutInvite(invite) => vec![WriteOp::PutInvite(invite)],
+            LocalWrite::JoinTopic(record) => vec![WriteOp::JoinTopic(record)],
+            LocalWrite::LeaveTopic(topic) => vec![WriteOp::LeaveTopic { topic }],
         }
     }
 }

@@ -1,0 +1,405 @@
+//! Topics through several cores: membership, publishing, relaying along a
+//! line, sync by marks after a partition, duplicates and forgeries.
+
+use std::collections::BTreeSet;
+
+use mesh_protocol::TopicName;
+use mesh_store::TopicRecord;
+
+use super::*;
+
+fn topic() -> TopicName {
+    TopicName::new("builds").expect("a topic name")
+}
+
+/// Node `n`'s stream of the topic (its store epoch is `n`).
+fn topic_stream(n: u8) -> StreamId {
+    StreamId {
+        author: id(n),
+        epoch: epoch(n),
+        channel: Channel::Topic(topic()),
+    }
+}
+
+/// Nodes 1..=n, the links between them, and the frames in flight.
+struct Mesh {
+    nodes: Vec<Node>,
+    /// Live links: the pair of node numbers and their connection.
+    links: Vec<(u8, u8, ConnId)>,
+    next_conn: u64,
+    /// Frames in flight: to node, from node, connection, frame.
+    queue: VecDeque<(u8, u8, ConnId, Frame)>,
+}
+
+impl Mesh {
+    /// Nodes 1..=n; `edges` lists who knows whom (both ways).
+    fn new(n: u8, edges: &[(u8, u8)]) -> Mesh {
+        let nodes = (1..=n)
+            .map(|i| {
+                let peers: Vec<u8> = edges
+                    .iter()
+                    .filter_map(|(a, b)| match (*a == i, *b == i) {
+                        (true, _) => Some(*b),
+                        (_, true) => Some(*a),
+                        _ => None,
+                    })
+                    .collect();
+                Node::new(i, i, &peers, Config::default())
+            })
+            .collect();
+        Mesh {
+            nodes,
+            links: Vec::new(),
+            next_conn: 1,
+            queue: VecDeque::new(),
+        }
+    }
+
+    fn node(&mut self, n: u8) -> &mut Node {
+        &mut self.nodes[usize::from(n - 1)]
+    }
+
+    /// Queues what node `from` sent.
+    fn sent_by(&mut self, from: u8, out: Vec<(NodeId, ConnId, Frame)>) {
+        for (to, conn, frame) in out {
+            let to = (1..=self.nodes.len() as u8)
+                .find(|n| id(*n) == to)
+                .expect("a node of the mesh");
+            self.queue.push_back((to, from, conn, frame));
+        }
+    }
+
+    fn is_live(&self, conn: ConnId) -> bool {
+        self.links.iter().any(|(_, _, c)| *c == conn)
+    }
+
+    /// Delivers frames until none are in flight.
+    fn settle(&mut self) {
+        for _ in 0..100_000 {
+            let Some((to, from, conn, frame)) = self.queue.pop_front() else {
+                return;
+            };
+            if !self.is_live(conn) {
+                continue;
+            }
+            let out = self.node(to).run(frame_input(id(from), conn, frame));
+            self.sent_by(to, out);
+        }
+        panic!("the mesh did not settle");
+    }
+
+    fn link(&mut self, a: u8, b: u8) {
+        let conn = ConnId(self.next_conn);
+        self.next_conn += 1;
+        self.links.push((a, b, conn));
+        let out = self.node(a).run(Input::PeerConnected { peer: id(b), conn });
+        self.sent_by(a, out);
+        let out = self.node(b).run(Input::PeerConnected { peer: id(a), conn });
+        self.sent_by(b, out);
+        self.settle();
+    }
+
+    /// Cuts the link of `a` and `b`: what is in flight on it is lost.
+    fn cut(&mut self, a: u8, b: u8) {
+        let Some(i) = self
+            .links
+            .iter()
+            .position(|(x, y, _)| (*x, *y) == (a, b) || (*x, *y) == (b, a))
+        else {
+            return;
+        };
+        let (_, _, conn) = self.links.remove(i);
+        self.node(a)
+            .run(Input::PeerDisconnected { peer: id(b), conn });
+        self.node(b)
+            .run(Input::PeerDisconnected { peer: id(a), conn });
+    }
+
+    fn join(&mut self, n: u8, max_msgs: u64) {
+        let node = self.node(n);
+        let req = ReqId(node.next_req);
+        node.next_req += 1;
+        let write = LocalWrite::JoinTopic(TopicRecord {
+            name: topic(),
+            joined_ms: 1,
+            max_msgs,
+            max_bytes: 1 << 20,
+        });
+        let out = node.run(Input::Write { req, write });
+        self.sent_by(n, out);
+        self.settle();
+    }
+
+    fn publish(&mut self, n: u8, payload: &[u8]) -> Result<SendReceipt, SendError> {
+        let node = self.node(n);
+        let req = ReqId(node.next_req);
+        node.next_req += 1;
+        let out = node.run(Input::Publish {
+            req,
+            topic: topic(),
+            kind: 0,
+            payload: payload.to_vec(),
+        });
+        let result = node.reply(req).cloned().expect("answered");
+        self.sent_by(n, out);
+        self.settle();
+        result
+    }
+
+    /// The payloads of `author`'s topic stream in node `n`'s journal, in order.
+    fn got(&mut self, n: u8, author: u8) -> Vec<Vec<u8>> {
+        let stream = topic_stream(author);
+        let items = self.node(n).received(&stream);
+        let seqs: Vec<Seq> = items.iter().map(|(s, _)| *s).collect();
+        let want: Vec<Seq> = (1..=seqs.len() as u64).collect();
+        assert_eq!(
+            seqs, want,
+            "node {n} journals author {author}'s seqs once each, in order"
+        );
+        items.into_iter().map(|(_, p)| p).collect()
+    }
+}
+
+fn texts(prefix: &str, n: usize) -> Vec<Vec<u8>> {
+    (0..n)
+        .map(|i| format!("{prefix}{i}").into_bytes())
+        .collect()
+}
+
+#[test]
+fn a_publish_is_refused_unless_this_node_is_a_member() {
+    let mut m = Mesh::new(1, &[]);
+    let err = m.publish(1, b"hi").expect_err("not a member");
+    assert_eq!(err, SendError::NotAMember(topic()));
+    m.join(1, 100);
+    let r = m.publish(1, b"hi").expect("a member publishes");
+    assert_eq!((r.stream.clone(), r.seq), (topic_stream(1), 1));
+    assert_eq!(m.got(1, 1), vec![b"hi".to_vec()], "journaled at its author");
+}
+
+#[test]
+fn a_line_relays_every_members_messages_exactly_once_in_order() {
+    // 1 — 2 — 3: node 1 and node 3 are not peers.
+    let mut m = Mesh::new(3, &[(1, 2), (2, 3)]);
+    for n in 1..=3 {
+        m.join(n, 100);
+    }
+    m.link(1, 2);
+    m.link(2, 3);
+    let from_1 = texts("one-", 5);
+    for p in &from_1 {
+        m.publish(1, p).expect("published");
+    }
+    let from_3 = texts("three-", 3);
+    for p in &from_3 {
+        m.publish(3, p).expect("published");
+    }
+    for n in [2, 3] {
+        assert_eq!(m.got(n, 1), from_1, "node {n}");
+    }
+    for n in [1, 2] {
+        assert_eq!(m.got(n, 3), from_3, "node {n}");
+    }
+    assert!(m.node(2).core.metrics().topics.batches_relayed >= 8);
+    // Nothing came back to its author as a second entry.
+    assert_eq!(m.got(1, 1), from_1);
+}
+
+#[test]
+fn a_member_that_joins_late_or_comes_back_after_a_partition_gets_what_it_lacks_once() {
+    let mut m = Mesh::new(3, &[(1, 2), (2, 3)]);
+    m.join(1, 100);
+    m.join(2, 100);
+    m.link(1, 2);
+    m.link(2, 3);
+    m.publish(1, b"before 3 joined").expect("published");
+    // Node 3 joins: node 2 feeds it what it holds of node 1's stream.
+    m.join(3, 100);
+    assert_eq!(m.got(3, 1), vec![b"before 3 joined".to_vec()]);
+    // A partition: node 1 publishes while 2 and 3 cannot hear it.
+    m.cut(1, 2);
+    let late = texts("late-", 4);
+    for p in &late {
+        m.publish(1, p).expect("published");
+    }
+    m.publish(3, b"from 3 meanwhile").expect("published");
+    assert_eq!(m.got(3, 1).len(), 1, "not yet");
+    m.link(1, 2);
+    let mut want = vec![b"before 3 joined".to_vec()];
+    want.extend(late.clone());
+    for n in [2, 3] {
+        assert_eq!(m.got(n, 1), want, "node {n}");
+    }
+    assert_eq!(m.got(1, 3), vec![b"from 3 meanwhile".to_vec()]);
+    // Links cut and made again change nothing: every entry is once.
+    m.cut(2, 3);
+    m.link(2, 3);
+    m.cut(1, 2);
+    m.link(1, 2);
+    for n in [2, 3] {
+        assert_eq!(m.got(n, 1), want, "node {n}");
+    }
+}
+
+#[test]
+fn a_batch_delivered_twice_is_a_counted_duplicate_and_a_forged_one_is_refused() {
+    let mut m = Mesh::new(2, &[(1, 2)]);
+    m.join(1, 100);
+    m.join(2, 100);
+    m.link(1, 2);
+    m.publish(1, b"once").expect("published");
+    let conn = m.links[0].2;
+    let sent = m.node(1).sent.clone();
+    let batch = sent
+        .iter()
+        .rev()
+        .find_map(|(_, _, f)| match f {
+            Frame::Batch { batch, payloads } if batch.channel == Channel::Topic(topic()) => {
+                Some((batch.clone(), payloads.clone()))
+            }
+            _ => None,
+        })
+        .expect("node 1 sent its batch");
+    let dups = m.node(2).core.metrics().dropped.get(DropReason::Duplicate);
+    m.queue.push_back((
+        2,
+        1,
+        conn,
+        Frame::Batch {
+            batch: batch.0.clone(),
+            payloads: batch.1.clone(),
+        },
+    ));
+    m.settle();
+    assert_eq!(
+        m.node(2).core.metrics().dropped.get(DropReason::Duplicate),
+        dups + 1
+    );
+    assert_eq!(m.got(2, 1), vec![b"once".to_vec()]);
+    // A relay that alters a payload: refused at the edge, counted.
+    let mut payloads = batch.1.clone();
+    payloads.0[0][0] ^= 1;
+    let mut next = batch.0.clone();
+    next.first_seq = 2;
+    m.queue.push_back((
+        2,
+        1,
+        conn,
+        Frame::Batch {
+            batch: next,
+            payloads,
+        },
+    ));
+    m.settle();
+    let dropped = m.node(2).core.metrics().dropped;
+    assert_eq!(
+        dropped.get(DropReason::BadSignature) + dropped.get(DropReason::CidMismatch),
+        1
+    );
+    assert_eq!(
+        m.got(2, 1),
+        vec![b"once".to_vec()],
+        "nothing forged journaled"
+    );
+}
+
+#[test]
+fn three_members_linked_in_a_triangle_each_journal_every_message_once() {
+    let mut m = Mesh::new(3, &[(1, 2), (2, 3), (1, 3)]);
+    for n in 1..=3 {
+        m.join(n, 100);
+    }
+    m.link(1, 2);
+    m.link(2, 3);
+    m.link(1, 3);
+    let mut want: Vec<Vec<Vec<u8>>> = vec![Vec::new(); 4];
+    for round in 0..4 {
+        for author in 1..=3u8 {
+            let p = format!("{author}:{round}").into_bytes();
+            m.publish(author, &p).expect("published");
+            want[usize::from(author)].push(p);
+        }
+        if round == 1 {
+            m.cut(1, 3);
+        }
+        if round == 2 {
+            m.link(1, 3);
+        }
+    }
+    for n in 1..=3 {
+        for author in 1..=3u8 {
+            assert_eq!(
+                m.got(n, author),
+                want[usize::from(author)],
+                "node {n}, author {author}"
+            );
+        }
+    }
+    let dups: u64 = (1..=3)
+        .map(|n| m.node(n).core.metrics().dropped.get(DropReason::Duplicate))
+        .sum();
+    assert!(
+        dups > 0,
+        "two paths deliver twice, and the second is a duplicate"
+    );
+}
+
+#[test]
+fn an_authors_bound_evicts_with_a_loss_record_and_a_member_behind_it_records_the_gap() {
+    let mut m = Mesh::new(2, &[(1, 2)]);
+    m.join(1, 2);
+    m.join(2, 100);
+    for i in 0..5 {
+        m.publish(1, format!("m{i}").as_bytes()).expect("published");
+    }
+    let losses = m
+        .node(1)
+        .journaled(|r| matches!(r, JournalRecord::Loss { .. }));
+    assert!(
+        !losses.is_empty(),
+        "the author journaled what its bound dropped"
+    );
+    m.link(1, 2);
+    let stream = topic_stream(1);
+    let gaps = m
+        .node(2)
+        .journaled(|r| matches!(r, JournalRecord::Gap { .. }));
+    assert_eq!(
+        gaps,
+        vec![JournalRecord::Gap {
+            stream: stream.clone(),
+            from: 1,
+            to: 3
+        }]
+    );
+    let got: Vec<Seq> = m
+        .node(2)
+        .received(&stream)
+        .iter()
+        .map(|(s, _)| *s)
+        .collect();
+    assert_eq!(got, vec![4, 5], "the rest, after the gap");
+    let seen: BTreeSet<Seq> = got.into_iter().collect();
+    assert_eq!(seen.len(), 2);
+}
+
+#[test]
+fn leaving_a_topic_stops_what_comes_and_keeps_what_came() {
+    let mut m = Mesh::new(2, &[(1, 2)]);
+    m.join(1, 100);
+    m.join(2, 100);
+    m.link(1, 2);
+    m.publish(1, b"kept").expect("published");
+    let node = m.node(2);
+    let req = ReqId(node.next_req);
+    node.next_req += 1;
+    let out = node.run(Input::Write {
+        req,
+        write: LocalWrite::LeaveTopic(topic()),
+    });
+    m.sent_by(2, out);
+    m.settle();
+    m.publish(1, b"not taken").expect("published");
+    assert_eq!(m.got(2, 1), vec![b"kept".to_vec()]);
+    assert!(m.node(2).core.topics().is_empty());
+}

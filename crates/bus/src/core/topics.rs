@@ -1,0 +1,661 @@
+//! Topics: membership, publishing, and every member's stream relayed by
+//! any member, synced by marks (`docs/design.md`, "Topics").
+//!
+//! The machine keeps, per topic stream this node holds (its own and other
+//! members'), what is held of it and its marks; per live peer, the topics
+//! its last `Topics` frame named and its marks; and a feed per (stream,
+//! peer) that says how far the peer has the stream. A batch this node
+//! commits goes at once to every member whose feed is right before it; a
+//! feed that is behind reads the outbox in chunks, as a direct catch-up
+//! does. Nobody acknowledges a topic stream: a member asks again with
+//! `Resync` when it sees a batch it cannot take yet.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use mesh_protocol::{
+    Channel, Frame, MAX_FRAME_TOPICS, MAX_HELLO_MARKS, Mark, NodeId, OpenBatch, Payloads, Seq,
+    StreamId, TopicName,
+};
+use mesh_store::{Eviction, OwnStream, StoreError, StoredBatch, TopicRecord};
+
+use super::commit::{InboundQueue, InboundWork};
+use super::{ConnId, DropReason, Effect, LoadId, Out};
+
+/// The bit that marks a [`LoadId`] as a topic feed's (the author's are small).
+pub(super) const TOPIC_LOAD: u64 = 1 << 63;
+
+/// Payload bytes one catch-up read of a topic stream gathers.
+const LOAD_BYTES: u64 = 1 << 20;
+
+/// How far one peer has one topic stream, as this node knows it.
+#[derive(Debug)]
+struct Feed {
+    /// The connection it belongs to.
+    conn: ConnId,
+    /// The highest seq the peer has, or was handed on this connection.
+    cursor: Seq,
+    /// The outbox read in flight, if any.
+    load: Option<LoadId>,
+}
+
+/// What one live peer said of its topics.
+#[derive(Debug, Default)]
+struct PeerTopics {
+    conn: Option<ConnId>,
+    /// The topics of its pages so far.
+    topics: BTreeSet<TopicName>,
+    /// Its last page came: `topics` is all of them.
+    complete: bool,
+}
+
+/// The marks of another member's stream this node receives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Marks {
+    /// Every envelope up to here is committed.
+    committed: Seq,
+    /// Every envelope up to here is committed or in a commit under way.
+    pending: Seq,
+}
+
+/// A membership change, committed as a local write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum TopicChange {
+    Join(TopicRecord),
+    Leave(TopicName),
+}
+
+impl TopicChange {
+    /// The membership change `write` makes, if any.
+    pub(super) fn of(write: &super::LocalWrite) -> Option<TopicChange> {
+        match write {
+            super::LocalWrite::JoinTopic(r) => Some(TopicChange::Join(r.clone())),
+            super::LocalWrite::LeaveTopic(t) => Some(TopicChange::Leave(t.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// The topics machine.
+#[derive(Debug)]
+pub(super) struct Topics {
+    me: NodeId,
+    joined: BTreeMap<TopicName, TopicRecord>,
+    /// What is held of each topic stream, as committed.
+    held: BTreeMap<StreamId, OwnStream>,
+    /// Other members' streams this node receives.
+    marks: BTreeMap<StreamId, Marks>,
+    peers: BTreeMap<NodeId, PeerTopics>,
+    /// By stream, then peer.
+    feeds: BTreeMap<(StreamId, NodeId), Feed>,
+    loads: BTreeMap<LoadId, (StreamId, NodeId)>,
+    next_load: u64,
+    /// Early batches already asked for again: (stream, peer) → the mark asked after.
+    asked: BTreeMap<(StreamId, NodeId), Seq>,
+}
+
+/// Whether `stream` is a topic's, and which.
+pub(super) fn topic_of(stream: &StreamId) -> Option<&TopicName> {
+    match &stream.channel {
+        Channel::Topic(t) => Some(t),
+        Channel::Direct(_) => None,
+    }
+}
+
+impl Topics {
+    /// The machine of node `me`, from what its store holds.
+    pub(super) fn new(
+        me: NodeId,
+        joined: Vec<TopicRecord>,
+        own_streams: &[OwnStream],
+        marks: &[Mark],
+    ) -> Topics {
+        let held = own_streams
+            .iter()
+            .filter(|o| topic_of(&o.stream).is_some())
+            .map(|o| (o.stream.clone(), o.clone()))
+            .collect();
+        let marks = marks
+            .iter()
+            .filter(|m| topic_of(&m.stream).is_some() && m.stream.author != me)
+            .map(|m| {
+                let at = Marks {
+                    committed: m.seq,
+                    pending: m.seq,
+                };
+                (m.stream.clone(), at)
+            })
+            .collect();
+        Topics {
+            me,
+            joined: joined.into_iter().map(|t| (t.name.clone(), t)).collect(),
+            held,
+            marks,
+            peers: BTreeMap::new(),
+            feeds: BTreeMap::new(),
+            loads: BTreeMap::new(),
+            next_load: 1,
+            asked: BTreeMap::new(),
+        }
+    }
+
+    /// The topic `name`'s record, if this node is a member.
+    pub(super) fn record(&self, name: &TopicName) -> Option<&TopicRecord> {
+        self.joined.get(name)
+    }
+
+    /// The topics this node is a member of.
+    pub(super) fn joined(&self) -> impl Iterator<Item = &TopicRecord> {
+        self.joined.values()
+    }
+
+    /// What is held of `stream` (a topic stream), as committed.
+    pub(super) fn held(&self, stream: &StreamId) -> Option<&OwnStream> {
+        self.held.get(stream)
+    }
+
+    /// This node's stream of `topic` in `epoch`, as committed (or empty).
+    pub(super) fn own_view(&self, stream: &StreamId) -> OwnStream {
+        self.held
+            .get(stream)
+            .cloned()
+            .unwrap_or_else(|| OwnStream::empty(stream.clone()))
+    }
+
+    /// The held topic streams and this node's mark of each (its own: its
+    /// last seq), by topic.
+    pub(super) fn streams_of(&self, topic: &TopicName) -> Vec<(StreamId, Seq)> {
+        let mut out: BTreeMap<StreamId, Seq> = BTreeMap::new();
+        for (s, o) in &self.held {
+            if topic_of(s) == Some(topic) && o.next_seq > 1 {
+                out.insert(s.clone(), o.next_seq - 1);
+            }
+        }
+        for (s, m) in &self.marks {
+            if topic_of(s) == Some(topic) && m.committed > 0 {
+                let e = out.entry(s.clone()).or_default();
+                *e = (*e).max(m.committed);
+            }
+        }
+        out.into_iter().collect()
+    }
+
+    /// The peers whose last `Topics` frame named `topic`.
+    pub(super) fn members(&self, topic: &TopicName) -> Vec<NodeId> {
+        self.peers
+            .iter()
+            .filter(|(_, p)| p.topics.contains(topic))
+            .map(|(n, _)| *n)
+            .collect()
+    }
+
+    /// The committed mark of another member's `stream` (0 if none).
+    pub(super) fn mark(&self, stream: &StreamId) -> Seq {
+        self.marks.get(stream).map_or(0, |m| m.committed)
+    }
+
+    /// The `Topics` frames that tell a peer this node's topics and marks.
+    pub(super) fn frames(&self) -> Vec<Frame> {
+        let mut pages = Vec::new();
+        let mut topics = Vec::new();
+        let mut marks = Vec::new();
+        for name in self.joined.keys() {
+            if topics.len() == MAX_FRAME_TOPICS {
+                pages.push((std::mem::take(&mut topics), std::mem::take(&mut marks)));
+            }
+            topics.push(name.clone());
+            for (stream, seq) in self.streams_of(name) {
+                if marks.len() == MAX_HELLO_MARKS {
+                    pages.push((std::mem::take(&mut topics), std::mem::take(&mut marks)));
+                }
+                marks.push(Mark {
+                    stream,
+                    seq,
+                    cid: None,
+                });
+            }
+        }
+        pages.push((topics, marks));
+        let last = pages.len() - 1;
+        pages
+            .into_iter()
+            .enumerate()
+            .map(|(i, (topics, marks))| Frame::Topics {
+                topics,
+                marks,
+                more: i < last,
+            })
+            .collect()
+    }
+
+    /// Tells `peer`, live on `conn`, this node's topics and marks (a node
+    /// of no topic says nothing: it is a member of none until it says so).
+    pub(super) fn announce(&mut self, peer: NodeId, conn: ConnId, out: &mut Out) {
+        self.peers.entry(peer).or_default().conn = Some(conn);
+        if self.joined.is_empty() {
+            return;
+        }
+        for frame in self.frames() {
+            out.send(peer, conn, frame);
+        }
+    }
+
+    /// `peer`'s connection is gone: what it said and its feeds go with it.
+    pub(super) fn drop_peer(&mut self, peer: NodeId) {
+        self.peers.remove(&peer);
+        self.feeds.retain(|(_, p), _| *p != peer);
+        self.loads.retain(|_, (_, p)| *p != peer);
+        self.asked.retain(|(_, p), _| *p != peer);
+    }
+
+    /// A page of `peer`'s topics and marks. Once its last page came, it is
+    /// fed what it lacks of every topic both are members of.
+    pub(super) fn on_topics(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        topics: Vec<TopicName>,
+        marks: Vec<Mark>,
+        more: bool,
+        out: &mut Out,
+    ) {
+        let p = self.peers.entry(peer).or_default();
+        if p.complete || p.conn != Some(conn) {
+            // A new announcement replaces the last.
+            *p = PeerTopics {
+                conn: Some(conn),
+                ..PeerTopics::default()
+            };
+            self.feeds.retain(|(_, n), _| *n != peer);
+            self.loads.retain(|_, (_, n)| *n != peer);
+        }
+        p.topics.extend(topics);
+        p.complete = !more;
+        let theirs: BTreeSet<TopicName> = p.topics.clone();
+        for m in marks {
+            let Some(topic) = topic_of(&m.stream) else {
+                continue;
+            };
+            if !theirs.contains(topic) || !self.joined.contains_key(topic) {
+                continue;
+            }
+            let feed = Feed {
+                conn,
+                cursor: m.seq,
+                load: None,
+            };
+            self.feeds.insert((m.stream, peer), feed);
+        }
+        if more {
+            return;
+        }
+        let common: Vec<TopicName> = theirs
+            .into_iter()
+            .filter(|t| self.joined.contains_key(t))
+            .collect();
+        for topic in common {
+            for (stream, _) in self.streams_of(&topic) {
+                if stream.author == peer {
+                    // Its own stream: it has all of it.
+                    continue;
+                }
+                self.feeds.entry((stream.clone(), peer)).or_insert(Feed {
+                    conn,
+                    cursor: 0,
+                    load: None,
+                });
+                self.serve(&stream, peer, out);
+            }
+        }
+    }
+
+    /// The live connection of `peer` if it is a member of `topic` (its
+    /// announcement complete) and so is this node.
+    fn member_conn(&self, peer: NodeId, topic: &TopicName) -> Option<ConnId> {
+        let p = self.peers.get(&peer)?;
+        (p.complete && p.topics.contains(topic) && self.joined.contains_key(topic))
+            .then_some(p.conn)
+            .flatten()
+    }
+
+    /// Reads on for `peer`'s feed of `stream` if it lacks what is held.
+    fn serve(&mut self, stream: &StreamId, peer: NodeId, out: &mut Out) {
+        let end = self.end_of(stream);
+        let Some(feed) = self.feeds.get_mut(&(stream.clone(), peer)) else {
+            return;
+        };
+        if feed.load.is_some() || feed.cursor >= end {
+            return;
+        }
+        let load = LoadId(TOPIC_LOAD | self.next_load);
+        self.next_load += 1;
+        feed.load = Some(load);
+        self.loads.insert(load, (stream.clone(), peer));
+        out.metrics.topics.loads += 1;
+        out.push(Effect::LoadOutbox {
+            load,
+            peer,
+            stream: stream.clone(),
+            after: feed.cursor,
+            max_bytes: LOAD_BYTES,
+        });
+    }
+
+    /// The last seq held of `stream` (0 if none).
+    fn end_of(&self, stream: &StreamId) -> Seq {
+        self.held
+            .get(stream)
+            .map_or(0, |o| o.next_seq.saturating_sub(1))
+    }
+
+    /// A catch-up read of a feed came back: its batches go to the peer,
+    /// after a gap if the outbox no longer holds what the peer lacks.
+    pub(super) fn on_loaded(
+        &mut self,
+        load: LoadId,
+        result: Result<Vec<StoredBatch>, StoreError>,
+        out: &mut Out,
+    ) {
+        let Some((stream, peer)) = self.loads.remove(&load) else {
+            return;
+        };
+        let Some(feed) = self.feeds.get_mut(&(stream.clone(), peer)) else {
+            return;
+        };
+        if feed.load != Some(load) {
+            return;
+        }
+        feed.load = None;
+        let batches = match result {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(error = %e, "a topic stream's outbox could not be read; the peer asks again");
+                return;
+            }
+        };
+        let conn = feed.conn;
+        let Some(first) = batches.first().map(|b| b.batch.first_seq) else {
+            // Nothing held past the cursor any more (a gap reset it).
+            let earliest = self.held.get(&stream).map_or(0, |o| o.first_retained);
+            if earliest > feed.cursor + 1 {
+                send_gap(out, peer, conn, &stream, earliest);
+                feed.cursor = earliest - 1;
+            }
+            return;
+        };
+        if first > feed.cursor + 1 {
+            send_gap(out, peer, conn, &stream, first);
+        }
+        for sb in batches {
+            let last = sb.batch.last_seq();
+            if last <= feed.cursor {
+                continue;
+            }
+            feed.cursor = last;
+            out.metrics.topics.batches_relayed += 1;
+            out.send(
+                peer,
+                conn,
+                Frame::Batch {
+                    batch: sb.batch,
+                    payloads: Payloads(sb.payloads),
+                },
+            );
+        }
+        self.serve(&stream, peer, out);
+    }
+
+    /// `peer` asks for `stream` after `after`.
+    pub(super) fn on_resync(&mut self, peer: NodeId, stream: &StreamId, after: Seq, out: &mut Out) {
+        let Some(topic) = topic_of(stream) else {
+            return;
+        };
+        let Some(conn) = self.member_conn(peer, topic) else {
+            out.drop(DropReason::UnknownStream);
+            return;
+        };
+        let feed = self.feeds.entry((stream.clone(), peer)).or_insert(Feed {
+            conn,
+            cursor: after,
+            load: None,
+        });
+        feed.cursor = after;
+        // A read in flight answers from an older cursor: a new one starts.
+        if let Some(load) = feed.load.take() {
+            self.loads.remove(&load);
+        }
+        if after >= self.end_of(stream) {
+            return;
+        }
+        self.serve(stream, peer, out);
+    }
+
+    /// A member's topic batch from `peer`: queued for the next commit if it
+    /// follows the pending mark, a counted duplicate if it is old, and
+    /// asked for again from `peer` if it is early.
+    pub(super) fn on_batch(
+        &mut self,
+        peer: NodeId,
+        conn: ConnId,
+        open: OpenBatch,
+        queue: &mut InboundQueue,
+        out: &mut Out,
+    ) {
+        let stream = open.batch().stream().clone();
+        let Some(topic) = topic_of(&stream).cloned() else {
+            return;
+        };
+        let Some(record) = self.joined.get(&topic) else {
+            out.drop(DropReason::NotAMember);
+            return;
+        };
+        let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
+        // The sender has it up to `last`: nothing of it goes back.
+        if let Some(feed) = self.feeds.get_mut(&(stream.clone(), peer)) {
+            feed.cursor = feed.cursor.max(last);
+        }
+        if stream.author == self.me {
+            out.drop(DropReason::Duplicate);
+            return;
+        }
+        let marks = self.marks.entry(stream.clone()).or_default();
+        if last <= marks.pending {
+            out.drop(DropReason::Duplicate);
+            out.metrics.duplicate_envelopes += last - first + 1;
+            return;
+        }
+        if first > marks.pending + 1 {
+            out.drop(DropReason::OutsideWindow);
+            let after = marks.pending;
+            let key = (stream.clone(), peer);
+            if self.asked.get(&key) != Some(&after) {
+                self.asked.insert(key, after);
+                out.send(peer, conn, Frame::Resync { stream, after });
+            }
+            return;
+        }
+        let bytes = open.batch().payload_bytes();
+        if !queue.has_room(bytes) {
+            out.drop(DropReason::QueueFull);
+            // Asked again once a commit empties the queue: by the next batch.
+            return;
+        }
+        let from = marks.pending + 1;
+        marks.pending = last;
+        let evict = Some(room(record, &open));
+        out.metrics.topics.batches_accepted += 1;
+        queue.push(InboundWork::TopicAccept {
+            peer,
+            from,
+            batch: open,
+            evict,
+        });
+    }
+
+    /// The member that relayed a batch no longer holds what `stream` lacks
+    /// before `earliest`: the gap is queued for the next commit.
+    pub(super) fn on_resync_gap(
+        &mut self,
+        stream: StreamId,
+        earliest: Seq,
+        queue: &mut InboundQueue,
+        out: &mut Out,
+    ) {
+        let Some(topic) = topic_of(&stream) else {
+            return;
+        };
+        if !self.joined.contains_key(topic) || stream.author == self.me {
+            out.drop(DropReason::UnknownStream);
+            return;
+        }
+        let marks = self.marks.entry(stream.clone()).or_default();
+        if earliest <= marks.pending + 1 || !queue.has_room(0) {
+            return;
+        }
+        marks.pending = earliest - 1;
+        queue.push(InboundWork::TopicGap { stream, earliest });
+    }
+
+    /// A member's batch (or a gap) of `stream` up to `last` was committed
+    /// (`ok`) or not: the marks move, or go back to what is committed.
+    pub(super) fn committed_mark(&mut self, stream: &StreamId, last: Seq, ok: bool) {
+        let Some(m) = self.marks.get_mut(stream) else {
+            return;
+        };
+        if ok {
+            m.committed = m.committed.max(last);
+            self.asked.retain(|(s, _), _| s != stream);
+        } else {
+            m.pending = m.committed;
+        }
+    }
+
+    /// A commit wrote these streams (only topic streams are taken).
+    pub(super) fn committed(&mut self, streams: &[OwnStream]) {
+        for o in streams {
+            if topic_of(&o.stream).is_some() {
+                self.held.insert(o.stream.clone(), o.clone());
+            }
+        }
+    }
+
+    /// A committed batch of `stream` goes at once to every other member
+    /// whose feed is right before it (not back to `from`, nor to its
+    /// author); a member that is behind reads the outbox instead.
+    pub(super) fn relay(&mut self, batch: &OpenBatch, from: Option<NodeId>, out: &mut Out) {
+        let stream = batch.batch().stream().clone();
+        let Some(topic) = topic_of(&stream).cloned() else {
+            return;
+        };
+        let first = batch.batch().first_seq();
+        let members: Vec<(NodeId, ConnId)> = self
+            .peers
+            .keys()
+            .filter(|p| Some(**p) != from && **p != stream.author)
+            .filter_map(|p| self.member_conn(*p, &topic).map(|c| (*p, c)))
+            .collect();
+        for (peer, conn) in members {
+            let feed = self.feeds.entry((stream.clone(), peer)).or_insert(Feed {
+                conn,
+                cursor: 0,
+                load: None,
+            });
+            if feed.load.is_none() && feed.cursor + 1 == first {
+                feed.cursor = batch.batch().last_seq();
+                out.metrics.topics.batches_relayed += 1;
+                out.send(
+                    peer,
+                    conn,
+                    Frame::Batch {
+                        batch: batch.batch().signed().clone(),
+                        payloads: Payloads(batch.payloads().to_vec()),
+                    },
+                );
+            } else {
+                self.serve(&stream, peer, out);
+            }
+        }
+    }
+
+    /// A committed membership change takes effect: every live peer is told.
+    pub(super) fn apply(&mut self, change: TopicChange, out: &mut Out) {
+        match change {
+            TopicChange::Join(record) => {
+                self.joined.insert(record.name.clone(), record);
+            }
+            TopicChange::Leave(name) => {
+                self.joined.remove(&name);
+                self.feeds.retain(|(s, _), _| topic_of(s) != Some(&name));
+                self.loads.retain(|_, (s, _)| topic_of(s) != Some(&name));
+            }
+        }
+        let live: Vec<(NodeId, ConnId)> = self
+            .peers
+            .iter()
+            .filter_map(|(n, p)| p.conn.map(|c| (*n, c)))
+            .collect();
+        for (peer, conn) in live {
+            for frame in self.frames() {
+                out.send(peer, conn, frame);
+            }
+            // Feed what it lacks of the topics both are members of now.
+            let common: Vec<TopicName> = self
+                .peers
+                .get(&peer)
+                .filter(|p| p.complete)
+                .map(|p| {
+                    p.topics
+                        .iter()
+                        .filter(|t| self.joined.contains_key(*t))
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            for topic in common {
+                for (stream, _) in self.streams_of(&topic) {
+                    if stream.author == peer {
+                        continue;
+                    }
+                    self.feeds.entry((stream.clone(), peer)).or_insert(Feed {
+                        conn,
+                        cursor: 0,
+                        load: None,
+                    });
+                    self.serve(&stream, peer, out);
+                }
+            }
+        }
+    }
+}
+
+/// The eviction that keeps what is held of a stream within the topic's
+/// bounds once `batch` is added.
+pub(super) fn room(record: &TopicRecord, batch: &OpenBatch) -> Eviction {
+    let n = batch.batch().entries().len() as u64;
+    evict_for(record, n, batch.batch().payload_bytes())
+}
+
+/// The eviction that leaves room for `n` envelopes of `bytes` within
+/// `record`'s bounds. What it drops of this node's own stream is journaled
+/// as lost (for another member's, the store drops it quietly).
+pub(super) fn evict_for(record: &TopicRecord, n: u64, bytes: u64) -> Eviction {
+    Eviction {
+        msgs_max: record.max_msgs.saturating_sub(n),
+        bytes_max: record.max_bytes.saturating_sub(bytes),
+        loss: Some(format!(
+            "topic {}'s bound of {} messages / {} bytes per author",
+            record.name, record.max_msgs, record.max_bytes
+        )),
+    }
+}
+
+fn send_gap(out: &mut Out, peer: NodeId, conn: ConnId, stream: &StreamId, earliest: Seq) {
+    out.metrics.gaps_sent += 1;
+    out.send(
+        peer,
+        conn,
+        Frame::ResyncGap {
+            stream: stream.clone(),
+            earliest_available: earliest,
+        },
+    );
+}
