@@ -490,3 +490,71 @@ pub struct NearbyResponse {
     /// found: invite one to make it a peer).
     pub nearby: Vec<NearbyJson>,
 }
+
+/// `POST /v1/topics`: join a topic (or change its bounds).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinTopicRequest {
+    /// The topic: 1 to 64 bytes of `[a-z0-9._/-]`.
+    pub name: String,
+    /// The most messages held of each author's stream of it (default
+    /// `TOPIC_MAX_MSGS_DEFAULT`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_msgs: Option<u64>,
+    /// The most payload bytes held of each author's stream of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+}
+
+/// `POST /v1/topics/{name}/publish`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishRequest {
+    /// The message.
+    pub body: String,
+    /// How `body` is written: `text` (default) or `base64`.
+    #[serde(default)]
+    pub encoding: BodyEncoding,
+    /// Application-defined kind (default 0; 1 to 15 are the mesh's own).
+    #[serde(default)]
+    pub msg_kind: u16,
+}
+
+/// One author stream of a topic, in a [`TopicJson`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicStreamJson {
+    /// The stream.
+    pub stream: StreamJson,
+    /// Every message of it up to this seq is in this node's journal.
+    pub mark: Seq,
+    /// Messages of it this node holds to relay to members that lack them.
+    pub held_msgs: u64,
+    /// Their payload bytes.
+    pub held_bytes: u64,
+    /// The first seq held (members behind it get a gap from this node).
+    pub first_held: Seq,
+}
+
+/// A topic this node is a member of, in `GET /v1/topics`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicJson {
+    /// The topic.
+    pub name: String,
+    /// When this node joined it (ms since the Unix epoch).
+    pub joined_ms: u64,
+    /// The most messages held of each author's stream.
+    pub max_msgs: u64,
+    /// The most payload bytes held of each author's stream.
+    pub max_bytes: u64,
+    /// The live peers that said they are members.
+    pub members: Vec<String>,
+    /// Every author stream of it this node holds or receives.
+    pub streams: Vec<TopicStreamJson>,
+}
+
+/// `GET /v1/topics`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicsResponse {
+    /// The topics this node is a member of, by name.
+    pub topics: Vec<TopicJson>,
+}

@@ -14,8 +14,8 @@ pub mod node;
 pub use crate::core::{
     AgentCounts, Config as CoreConfig, DropCounts, DropReason, FrameCounts, HOLD_BYTES_MAX,
     HOLD_MS, HOLD_MSGS_MAX, JOURNAL_AGE_MS_MAX, JOURNAL_BYTES_MAX, LocalWrite, Metrics,
-    PeerChangeError, SendError as CoreSendError, SendMeta, SendReceipt, WAITING_SEND_BYTES_MAX,
-    WAITING_SENDS_MAX,
+    PeerChangeError, SendError as CoreSendError, SendMeta, SendReceipt, TopicCounts,
+    WAITING_SEND_BYTES_MAX, WAITING_SENDS_MAX,
 };
 pub use crate::net::{
     MdnsMode, NearbyNode, NetConfig, NetCounters, PeerError, RELAYS_MAX, close_code,
@@ -23,7 +23,7 @@ pub use crate::net::{
 };
 pub use crate::node::{
     INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,
-    Node, NodeConfig, NodeError, NodeNames, NodePeer, NodeStatus, Outgoing, Receipts, SendError,
-    TRY_AGAIN_MS,
+    Node, NodeConfig, NodeError, NodeNames, NodePeer, NodeStatus, NodeTopic, Outgoing, Receipts,
+    SendError, TRY_AGAIN_MS, TopicStream,
 };
 pub use iroh::RelayUrl;

@@ -11,7 +11,7 @@ use mesh_api::{
     TicketResponse, path_segment,
 };
 
-use crate::{InviteCommand, PeerCommand, UsageError};
+use crate::{InviteCommand, PeerCommand, TopicCommand, UsageError};
 
 /// The most messages `mesh send --lines` puts in one request.
 const SEND_LINES_CHUNK: usize = 1000;
@@ -476,4 +476,91 @@ pub(crate) fn print_json<T: serde::Serialize>(v: &T) -> anyhow::Result<()> {
     serde_json::to_writer(&mut out, v)?;
     writeln!(out)?;
     Ok(())
+}
+
+/// `mesh topic ...`.
+pub(crate) async fn topic(c: &Client, cmd: TopicCommand) -> anyhow::Result<()> {
+    match cmd {
+        TopicCommand::Join {
+            name,
+            max_msgs,
+            max_bytes,
+            json,
+        } => {
+            let body = mesh_api::JoinTopicRequest {
+                name,
+                max_msgs,
+                max_bytes,
+            };
+            let t: mesh_api::TopicJson = c.post("/v1/topics", &body).await?;
+            if json {
+                return print_json(&t);
+            }
+            println!(
+                "member of topic {}: holds up to {} msgs / {} bytes of each author; {} members linked now",
+                t.name,
+                t.max_msgs,
+                t.max_bytes,
+                t.members.len()
+            );
+        }
+        TopicCommand::Leave { name, json } => {
+            let path = format!("/v1/topics/{}", path_segment(&name));
+            let t: mesh_api::TopicJson = c.delete(&path).await?;
+            if json {
+                return print_json(&t);
+            }
+            let msgs: u64 = t.streams.iter().map(|s| s.mark).sum();
+            println!(
+                "left topic {}: its {} messages from {} authors stay in the journal; nothing more comes",
+                t.name,
+                msgs,
+                t.streams.len()
+            );
+        }
+        TopicCommand::List { json } => {
+            let r: mesh_api::TopicsResponse = c.get("/v1/topics").await?;
+            if json {
+                return print_json(&r);
+            }
+            if r.topics.is_empty() {
+                println!("a member of no topic (`mesh topic join NAME`)");
+            }
+            for t in r.topics {
+                println!("{}  members linked: {}", t.name, t.members.len());
+                for s in t.streams {
+                    println!(
+                        "  author {}  mark {}  held {} msgs from seq {}",
+                        s.stream.author, s.mark, s.held_msgs, s.first_held
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `mesh publish`.
+pub(crate) async fn publish(
+    c: &Client,
+    topic: &str,
+    text: String,
+    json: bool,
+) -> anyhow::Result<()> {
+    let body = if text == "-" {
+        let mut body = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut body)
+            .context("cannot read stdin")?;
+        body
+    } else {
+        text
+    };
+    let req = mesh_api::PublishRequest {
+        body,
+        encoding: BodyEncoding::Text,
+        msg_kind: 0,
+    };
+    let path = format!("/v1/topics/{}/publish", path_segment(topic));
+    let sent: SendResponse = c.post(&path, &req).await?;
+    print_sent(&sent, json)
 }

@@ -199,6 +199,29 @@ pub enum Command {
     /// Manage this node's agents.
     #[command(subcommand)]
     Agent(AgentCommand),
+    /// Topics: many-to-many streams that every member journals and relays.
+    ///
+    /// A node that joined a topic journals every member's messages of it
+    /// exactly once, in order per author (`mesh events` shows them as
+    /// `topic:NAME`), and passes them on to the members it is linked to:
+    /// A—B—C in a line share a topic though A and C are not peers.
+    #[command(subcommand)]
+    Topic(TopicCommand),
+    /// Publish a message to a topic this node is a member of; prints its
+    /// seq in this node's stream of the topic once it is durably committed.
+    ///
+    /// Exits 3 if this node is not a member (`mesh topic join NAME` first)
+    /// or the message is too large, 5 if the node is busy, 6 if the daemon
+    /// is not running or its store is down.
+    Publish {
+        /// The topic.
+        topic: String,
+        /// The message text, or `-` to read it from stdin.
+        text: String,
+        /// Print JSON (id, stream, seq) instead of the seq.
+        #[arg(long)]
+        json: bool,
+    },
     /// Serve MCP on stdio as this agent (`--agent NAME`): tools mesh_send,
     /// mesh_inbox, mesh_request, mesh_reply, mesh_agents, mesh_status.
     ///
@@ -324,6 +347,44 @@ fn parse_duration_ms(text: &str) -> Result<u64, String> {
     Ok(ms)
 }
 
+/// `mesh topic ...`.
+#[derive(Debug, Subcommand)]
+pub enum TopicCommand {
+    /// Join a topic (or change its bounds): this node journals and relays
+    /// every member's messages of it from now on, and catches up on what
+    /// its linked members still hold.
+    Join {
+        /// The topic: 1 to 64 bytes of `[a-z0-9._/-]`.
+        name: String,
+        /// The most messages held of each author's stream, to relay
+        /// (default 100000); the oldest go first. This node's own beyond
+        /// it are journaled as lost.
+        #[arg(long, value_name = "N")]
+        max_msgs: Option<u64>,
+        /// The most payload bytes held of each author's stream (default 64 MiB).
+        #[arg(long, value_name = "BYTES")]
+        max_bytes: Option<u64>,
+        /// Print the topic as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Leave a topic: replication stops; what was journaled stays.
+    Leave {
+        /// The topic.
+        name: String,
+        /// Print what was kept as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// The topics this node is a member of: the members linked now, and
+    /// each author's stream with this node's mark and what it holds.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
 /// `mesh peer ...`.
 #[derive(Debug, Subcommand)]
 pub enum PeerCommand {
@@ -442,6 +503,10 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
             Command::Id => commands::id(&c).await,
             Command::Ticket => commands::ticket(&c).await,
             Command::Peer(cmd) => commands::peer(&c, cmd).await,
+            Command::Topic(cmd) => commands::topic(&c, cmd).await,
+            Command::Publish { topic, text, json } => {
+                commands::publish(&c, &topic, text, json).await
+            }
             Command::Invite {
                 cmd,
                 uses,

@@ -15,8 +15,8 @@ use mesh_store::Arrival;
 pub(crate) use mesh_bus::{
     CoreConfig, CoreSendError, DropReason, HOLD_BYTES_MAX, HOLD_MS, HOLD_MSGS_MAX, InviteError,
     JOURNAL_AGE_MS_MAX, JOURNAL_BYTES_MAX, JoinError, LocalWrite, MdnsMode, NetConfig, Node,
-    NodeConfig, NodeError, NodePeer, NodeStatus, Outgoing, PeerChangeError, PeerError, RELAYS_MAX,
-    Receipts, RelayUrl, SendError, SendMeta, SendReceipt, WAITING_SEND_BYTES_MAX,
+    NodeConfig, NodeError, NodePeer, NodeStatus, NodeTopic, Outgoing, PeerChangeError, PeerError,
+    RELAYS_MAX, Receipts, RelayUrl, SendError, SendMeta, SendReceipt, WAITING_SEND_BYTES_MAX,
     WAITING_SENDS_MAX, load_or_create_key, load_or_create_node_key,
 };
 pub(crate) use mesh_protocol::JoinRefusal;

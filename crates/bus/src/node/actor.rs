@@ -55,6 +55,14 @@ pub(super) enum Cmd {
     AgentCard {
         card: mesh_protocol::AgentCard,
     },
+    Publish {
+        topic: mesh_protocol::TopicName,
+        kind: u16,
+        payload: Vec<u8>,
+        reply: oneshot::Sender<Result<core::SendReceipt, core::SendError>>,
+        /// As for a submit: returned once the task has taken the payload.
+        budget: OwnedSemaphorePermit,
+    },
 }
 
 pub(super) enum PeerChange {
@@ -120,6 +128,8 @@ pub(super) enum Waiter {
         part: u64,
         index: usize,
     },
+    /// A publish to a topic.
+    Publish(oneshot::Sender<Result<core::SendReceipt, core::SendError>>),
     Peer {
         change: PeerChange,
         reply: oneshot::Sender<Result<(), NodeError>>,
@@ -388,6 +398,23 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 inputs.push(Input::Write { req, write });
             }
             Cmd::AgentCard { card } => inputs.push(Input::AgentCard { card }),
+            Cmd::Publish {
+                topic,
+                kind,
+                payload,
+                reply,
+                budget,
+            } => {
+                let req = self.req();
+                self.waiters.insert(req, Waiter::Publish(reply));
+                inputs.push(Input::Publish {
+                    req,
+                    topic,
+                    kind,
+                    payload,
+                });
+                drop(budget);
+            }
             Cmd::Status { reply } => {
                 // The answer reflects every input taken before it.
                 if !inputs.is_empty() {
@@ -511,7 +538,28 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 refused: p.refused,
             })
             .collect();
+        let topics = self
+            .core
+            .topics()
+            .into_iter()
+            .map(|record| {
+                let (streams, members) = self.core.topic_state(&record.name);
+                let streams = streams
+                    .into_iter()
+                    .map(|(stream, mark)| {
+                        let held = self.core.topic_held(&stream).cloned();
+                        crate::node::TopicStream { stream, mark, held }
+                    })
+                    .collect();
+                crate::node::NodeTopic {
+                    record,
+                    streams,
+                    members,
+                }
+            })
+            .collect();
         NodeStatus {
+            topics,
             card: self.core.own_card().clone(),
             node: self.core.node_id(),
             epoch: self.core.epoch(),

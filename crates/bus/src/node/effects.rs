@@ -151,8 +151,18 @@ impl<S: MeshStore + ?Sized> Actor<S> {
     }
 
     fn on_reply(&mut self, req: ReqId, result: Result<core::SendReceipt, core::SendError>) {
-        let Some(Waiter::Send { part, index }) = self.waiters.remove(&req) else {
-            return;
+        let (part, index) = match self.waiters.remove(&req) {
+            Some(Waiter::Send { part, index }) => (part, index),
+            Some(Waiter::Publish(reply)) => {
+                let _ = reply.send(result);
+                return;
+            }
+            Some(other) => {
+                // Not a send's: put it back (a reply names sends only).
+                self.waiters.insert(req, other);
+                return;
+            }
+            None => return,
         };
         let Some(p) = self.parts.get_mut(&part) else {
             return;

@@ -170,6 +170,33 @@ pub struct NodeStatus {
     pub net: NetCounters,
     /// Core counters.
     pub core: Metrics,
+    /// The topics this node is a member of, by name.
+    pub topics: Vec<NodeTopic>,
+}
+
+/// One topic this node is a member of, in a [`NodeStatus`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct NodeTopic {
+    /// Its record: name, when joined, the bounds of what is held per author.
+    pub record: mesh_store::TopicRecord,
+    /// Every author stream of it this node holds or receives, with this
+    /// node's mark of each (its own stream's: its last seq).
+    pub streams: Vec<TopicStream>,
+    /// The live peers whose last word said they are members.
+    pub members: Vec<NodeId>,
+}
+
+/// One author stream of a topic, in a [`NodeTopic`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct TopicStream {
+    /// The stream.
+    pub stream: mesh_protocol::StreamId,
+    /// Every envelope up to here is journaled here.
+    pub mark: mesh_protocol::Seq,
+    /// What this node holds of it to relay, as committed.
+    pub held: Option<OwnStream>,
 }
 
 /// One peer in a [`NodeStatus`].
@@ -342,6 +369,63 @@ impl Node {
         let msg = Outgoing::plain(to, kind, payload);
         let mut receipts = self.submit(vec![msg]).await.await;
         receipts.pop().unwrap_or(Err(SendError::Stopped))
+    }
+
+    /// Publishes `payload` to `topic`, of which this node is a member;
+    /// answers once it is committed to this node's stream of the topic (or
+    /// refused, with nothing written). Members get it as they connect.
+    ///
+    /// # Errors
+    /// [`SendError::Refused`] with the core's reason (not a member, too
+    /// large, busy, the store), [`SendError::Stopped`].
+    pub async fn publish(
+        &self,
+        topic: mesh_protocol::TopicName,
+        kind: u16,
+        payload: Vec<u8>,
+    ) -> Result<SendReceipt, SendError> {
+        let permits = u32::try_from(payload.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
+        let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
+            return Err(SendError::Stopped);
+        };
+        let (reply, rx) = oneshot::channel();
+        let cmd = Cmd::Publish {
+            topic,
+            kind,
+            payload,
+            reply,
+            budget,
+        };
+        self.commands
+            .send(cmd)
+            .await
+            .map_err(|_| SendError::Stopped)?;
+        rx.await
+            .map_err(|_| SendError::Stopped)?
+            .map_err(SendError::Refused)
+    }
+
+    /// Joins the topic of `record` (or changes its bounds), durably: once
+    /// committed this node takes the topic's messages and tells its peers.
+    ///
+    /// # Errors
+    /// [`NodeError::Store`] if it cannot be written (256 topics at most),
+    /// [`NodeError::Stopped`].
+    pub async fn join_topic(&self, record: mesh_store::TopicRecord) -> Result<(), NodeError> {
+        self.local_write(LocalWrite::JoinTopic(record))
+            .await
+            .map(drop)
+    }
+
+    /// Leaves `topic`, durably: replication stops; what was journaled and
+    /// what is held stay.
+    ///
+    /// # Errors
+    /// [`NodeError::Store`] if this node is not a member, [`NodeError::Stopped`].
+    pub async fn leave_topic(&self, topic: mesh_protocol::TopicName) -> Result<(), NodeError> {
+        self.local_write(LocalWrite::LeaveTopic(topic))
+            .await
+            .map(drop)
     }
 
     /// Hands `msgs` to the node in the order given (messages to one peer get

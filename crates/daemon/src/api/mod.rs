@@ -38,6 +38,7 @@ mod routes;
 mod send;
 mod socket;
 mod subscribe;
+mod topics;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -206,6 +207,12 @@ impl ApiState {
             )
             .route("/v1/invites/{id}/revoke", post(invites::revoke_invite))
             .route("/v1/join", post(invites::join))
+            .route(
+                "/v1/topics",
+                post(topics::join_topic).get(topics::list_topics),
+            )
+            .route("/v1/topics/{name}", delete(topics::leave_topic))
+            .route("/v1/topics/{name}/publish", post(topics::publish))
             .route("/v1/send", post(send::send_one))
             .route("/v1/send/batch", post(send::send_batch))
             .route("/v1/events", get(routes::events))

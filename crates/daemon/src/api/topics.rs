@@ -1,0 +1,175 @@
+//! The topic routes: join, leave, list, publish (`docs/design.md`, "Topics").
+
+use axum::Json;
+use axum::extract::{Path, Request, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use mesh_api::{
+    JoinTopicRequest, PublishRequest, StreamJson, TopicJson, TopicStreamJson, TopicsResponse,
+};
+use mesh_protocol::{MAX_BATCH_PAYLOAD_BYTES, TopicName};
+use mesh_store::TopicRecord;
+
+use super::error::{node_error, send_error};
+use super::routes::read_json;
+use super::{ApiError, ApiState, CallerError, REQUEST_BYTES_MAX, SEND_REQUEST_BYTES_MAX};
+use crate::bus::NodeTopic;
+
+/// The most messages held of each author's stream of a topic, by default.
+pub(super) const TOPIC_MAX_MSGS_DEFAULT: u64 = 100_000;
+
+/// The most payload bytes held of each author's stream of a topic, by default.
+pub(super) const TOPIC_MAX_BYTES_DEFAULT: u64 = 64 << 20;
+
+fn topic_name(name: &str) -> Result<TopicName, ApiError> {
+    TopicName::new(name).map_err(|e| CallerError::BadValue(e.to_string()).into())
+}
+
+fn topic_json(t: NodeTopic) -> TopicJson {
+    TopicJson {
+        name: t.record.name.to_string(),
+        joined_ms: t.record.joined_ms,
+        max_msgs: t.record.max_msgs,
+        max_bytes: t.record.max_bytes,
+        members: t.members.iter().map(ToString::to_string).collect(),
+        streams: t
+            .streams
+            .into_iter()
+            .map(|s| TopicStreamJson {
+                stream: StreamJson::from(&s.stream),
+                mark: s.mark,
+                held_msgs: s.held.as_ref().map_or(0, |h| h.msgs),
+                held_bytes: s.held.as_ref().map_or(0, |h| h.bytes),
+                first_held: s.held.as_ref().map_or(0, |h| h.first_retained),
+            })
+            .collect(),
+    }
+}
+
+impl ApiState {
+    /// The topics this node is a member of now.
+    async fn topics_now(&self) -> Result<Vec<TopicJson>, ApiError> {
+        let status = self.inner.bus.status().await.map_err(node_error)?;
+        Ok(status.topics.into_iter().map(topic_json).collect())
+    }
+
+    /// The topic `name` if this node is a member, else a caller's error.
+    async fn topic_now(&self, name: &TopicName) -> Result<TopicJson, ApiError> {
+        self.topics_now()
+            .await?
+            .into_iter()
+            .find(|t| t.name == name.as_str())
+            .ok_or_else(|| not_a_member(name))
+    }
+}
+
+fn not_a_member(name: &TopicName) -> ApiError {
+    CallerError::BadValue(format!(
+        "this node is not a member of topic {name}; join it first (`mesh topic join {name}`)"
+    ))
+    .into()
+}
+
+/// `GET /v1/topics`.
+pub(super) async fn list_topics(
+    State(st): State<ApiState>,
+) -> Result<Json<TopicsResponse>, ApiError> {
+    Ok(Json(TopicsResponse {
+        topics: st.topics_now().await?,
+    }))
+}
+
+/// `POST /v1/topics`: joins a topic, or changes its bounds.
+pub(super) async fn join_topic(
+    State(st): State<ApiState>,
+    req: Request,
+) -> Result<Json<TopicJson>, ApiError> {
+    let body: JoinTopicRequest = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
+    let name = topic_name(&body.name)?;
+    let max_msgs = body.max_msgs.unwrap_or(TOPIC_MAX_MSGS_DEFAULT);
+    let max_bytes = body.max_bytes.unwrap_or(TOPIC_MAX_BYTES_DEFAULT);
+    if max_msgs == 0 || max_bytes == 0 {
+        return Err(
+            CallerError::BadValue("max_msgs and max_bytes must be at least 1".into()).into(),
+        );
+    }
+    let joined = st.topics_now().await?;
+    if joined.len() >= mesh_store::TOPICS_MAX && !joined.iter().any(|t| t.name == name.as_str()) {
+        return Err(CallerError::BadValue(format!(
+            "this node is a member of {} topics, the most it may be; leave one first",
+            joined.len()
+        ))
+        .into());
+    }
+    let joined_ms = joined
+        .iter()
+        .find(|t| t.name == name.as_str())
+        .map_or_else(crate::agents::now_ms, |t| t.joined_ms);
+    let record = TopicRecord {
+        name: name.clone(),
+        joined_ms,
+        max_msgs,
+        max_bytes,
+    };
+    st.inner.bus.join_topic(record).await.map_err(node_error)?;
+    Ok(Json(st.topic_now(&name).await?))
+}
+
+/// `DELETE /v1/topics/{name}`: leaves it; answers what was kept.
+pub(super) async fn leave_topic(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<TopicJson>, ApiError> {
+    let name = topic_name(&name)?;
+    let kept = st.topic_now(&name).await?;
+    st.inner
+        .bus
+        .leave_topic(name.clone())
+        .await
+        .map_err(node_error)?;
+    Ok(Json(kept))
+}
+
+/// `POST /v1/topics/{name}/publish`.
+pub(super) async fn publish(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Response {
+    let answer = async {
+        let name = topic_name(&name)?;
+        let body: PublishRequest = read_json(req.into_body(), SEND_REQUEST_BYTES_MAX).await?;
+        let payload = body
+            .encoding
+            .decode(body.body)
+            .map_err(CallerError::BadValue)?;
+        if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
+            return Err(CallerError::PayloadTooLarge {
+                len: payload.len() as u64,
+                max: MAX_BATCH_PAYLOAD_BYTES,
+            }
+            .into());
+        }
+        let sent = st
+            .inner
+            .bus
+            .publish(name.clone(), body.msg_kind, payload)
+            .await
+            .map_err(|e| match e {
+                crate::bus::SendError::Refused(crate::bus::CoreSendError::NotAMember(_)) => {
+                    not_a_member(&name)
+                }
+                e => send_error(st.inner.node, e),
+            })?;
+        let mut answers = st.answers();
+        Ok::<_, ApiError>(answers.lines(&[sent]))
+    };
+    match answer.await {
+        Ok(mut json) => {
+            // One answer, without its line's end.
+            let json = json.split_to(json.len().saturating_sub(1));
+            ([(header::CONTENT_TYPE, "application/json")], json).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
+}
