@@ -38,7 +38,11 @@ fn publish(d: &DaemonProcess, topic: &str, text: &str) -> u64 {
 
 /// The topic messages of `d`'s journal after `after` (all of them when
 /// `None`), one page of at most `limit`: (author, seq, body), and the next cursor.
-fn page(d: &DaemonProcess, after: Option<&str>, limit: u32) -> (Vec<(String, u64, String)>, String) {
+fn page(
+    d: &DaemonProcess,
+    after: Option<&str>,
+    limit: u32,
+) -> (Vec<(String, u64, String)>, String) {
     let limit = limit.to_string();
     let mut args = vec!["events", "--json", "--limit", &limit];
     if let Some(a) = after {
@@ -79,7 +83,11 @@ fn wait_for(d: &DaemonProcess, author: &str, n: usize) -> Vec<(u64, String)> {
         if got.len() >= n {
             return got;
         }
-        assert!(Instant::now() < deadline, "{} of {n} after {SETTLE:?}: {got:?}", got.len());
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} after {SETTLE:?}: {got:?}",
+            got.len()
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -87,15 +95,21 @@ fn wait_for(d: &DaemonProcess, author: &str, n: usize) -> Vec<(u64, String)> {
 #[test]
 fn three_nodes_in_a_line_share_a_topic_each_message_journaled_once_in_order() {
     let tmp = temp_dir().unwrap();
+    // C is a member from its config, joined at start.
+    let c_dir = tmp.path().join("c");
+    std::fs::create_dir_all(&c_dir).unwrap();
+    std::fs::write(c_dir.join("config.toml"), "[topics]\njoin = [\"builds\"]\n").unwrap();
     let (a, b, c) = (
         start(&tmp.path().join("a")),
         start(&tmp.path().join("b")),
-        start(&tmp.path().join("c")),
+        start(&c_dir),
     );
+    let listed = parse_json(&ok(c.mesh(&["topic", "list", "--json"]).unwrap())).unwrap();
+    assert_eq!(listed["topics"][0]["name"], "builds", "{listed}");
     // A — B — C: A and C are not peers.
     link(&a, &b);
     link(&b, &c);
-    for d in [&a, &b, &c] {
+    for d in [&a, &b] {
         join(d, "builds");
     }
     let out = a.mesh(&["publish", "other", "x"]).unwrap();
@@ -117,6 +131,20 @@ fn three_nodes_in_a_line_share_a_topic_each_message_journaled_once_in_order() {
     assert_eq!(t["name"], "builds");
     assert_eq!(t["members"].as_array().unwrap().len(), 2, "{t}");
     assert_eq!(t["streams"].as_array().unwrap().len(), 2, "{t}");
+    // `/metrics` per topic.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = mesh_api::client::Client::new(b.socket());
+    let text = rt.block_on(client.get_text("/metrics")).unwrap();
+    for line in [
+        "mesh_topic_members{topic=\"builds\"} 2",
+        "mesh_topic_streams{topic=\"builds\"} 2",
+        "mesh_topic_held_msgs{topic=\"builds\"} 6",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} not in /metrics");
+    }
 }
 
 /// Seed 001's regression test, in our terms: a reader walks the journal one
@@ -161,13 +189,79 @@ fn a_journal_walk_resumed_across_partitions_returns_every_late_message_exactly_o
         }
         // Nothing arrives while paused; the walk finds nothing new.
         walk(&mut cursor, &mut seen);
-        assert_eq!(seen.len(), sent - 3, "round {round}: before the link is back");
+        assert_eq!(
+            seen.len(),
+            sent - 3,
+            "round {round}: before the link is back"
+        );
         ok(a.mesh(&["peer", "resume", b.node()]).unwrap());
         wait_for(&a, b.node(), sent);
         walk(&mut cursor, &mut seen);
     }
     let seqs: Vec<u64> = seen.iter().map(|(s, _)| *s).collect();
     let want: Vec<u64> = (1..=sent as u64).collect();
-    assert_eq!(seqs, want, "every message once, in order, over the whole walk");
+    assert_eq!(
+        seqs, want,
+        "every message once, in order, over the whole walk"
+    );
     assert_eq!(seen[1].1, "b-0-0");
+}
+
+#[test]
+fn three_members_publishing_through_random_partitions_end_with_every_message_once() {
+    let tmp = temp_dir().unwrap();
+    let nodes: Vec<DaemonProcess> = ["a", "b", "c"]
+        .iter()
+        .map(|n| start(&tmp.path().join(n)))
+        .collect();
+    for (i, j) in [(0, 1), (1, 2), (0, 2)] {
+        link(&nodes[i], &nodes[j]);
+    }
+    for d in &nodes {
+        join(d, "chaos");
+    }
+    // A fixed pseudo-random schedule (xorshift): each step one node
+    // publishes, and now and then a link is paused or resumed.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut paused = [[false; 3]; 3];
+    let mut sent = [0usize; 3];
+    for step in 0..30 {
+        let r = next();
+        let (i, j) = [(0, 1), (1, 2), (0, 2)][(r % 3) as usize];
+        if r % 4 == 0 {
+            let verb = if paused[i][j] { "resume" } else { "pause" };
+            ok(nodes[i].mesh(&["peer", verb, nodes[j].node()]).unwrap());
+            paused[i][j] = !paused[i][j];
+        }
+        let author = ((r >> 8) % 3) as usize;
+        publish(&nodes[author], "chaos", &format!("{author}:{step}"));
+        sent[author] += 1;
+    }
+    for (i, row) in paused.iter().enumerate() {
+        for (j, p) in row.iter().enumerate() {
+            if *p {
+                ok(nodes[i].mesh(&["peer", "resume", nodes[j].node()]).unwrap());
+            }
+        }
+    }
+    for d in &nodes {
+        for (author, n) in nodes.iter().zip(sent) {
+            let got = wait_for(d, author.node(), n);
+            let seqs: Vec<u64> = got.iter().map(|(s, _)| *s).collect();
+            let want: Vec<u64> = (1..=n as u64).collect();
+            assert_eq!(
+                seqs,
+                want,
+                "at {}: {}'s messages once each, in order",
+                d.node(),
+                author.node()
+            );
+        }
+    }
 }

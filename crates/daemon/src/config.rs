@@ -66,7 +66,40 @@ pub struct Config {
     pub journal: JournalConfig,
     /// Finding peers on the LAN.
     pub discovery: DiscoveryConfig,
+    /// Topics joined at start, and the default bounds of a topic.
+    pub topics: TopicsConfig,
 }
+
+/// `[topics]`: topics this node joins when it starts (it stays a member of
+/// any it joined since), and what a topic holds of each author by default.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct TopicsConfig {
+    /// Topics to be a member of (joined at start if not yet), at most 256.
+    pub join: Vec<String>,
+    /// The most messages held of each author's stream of a topic, to relay
+    /// (at least 1); a `mesh topic join --max-msgs` overrides it.
+    pub max_msgs: u64,
+    /// The most payload bytes held of each author's stream (at least 1).
+    pub max_bytes: u64,
+}
+
+impl Default for TopicsConfig {
+    fn default() -> Self {
+        TopicsConfig {
+            join: Vec::new(),
+            max_msgs: TOPIC_MAX_MSGS_DEFAULT,
+            max_bytes: TOPIC_MAX_BYTES_DEFAULT,
+        }
+    }
+}
+
+/// The default of `topics.max_msgs`.
+pub const TOPIC_MAX_MSGS_DEFAULT: u64 = 100_000;
+
+/// The default of `topics.max_bytes` (64 MiB).
+pub const TOPIC_MAX_BYTES_DEFAULT: u64 = 64 << 20;
 
 impl Default for Config {
     fn default() -> Self {
@@ -80,6 +113,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             journal: JournalConfig::default(),
             discovery: DiscoveryConfig::default(),
+            topics: TopicsConfig::default(),
         }
     }
 }
@@ -540,6 +574,27 @@ impl Config {
                 "journal.max_age",
                 "must be \"0\" (no bound) or at least a minute".into(),
             ));
+        }
+        if self.topics.join.len() > mesh_store::TOPICS_MAX {
+            return Err(bad(
+                "topics.join",
+                format!(
+                    "lists {} topics, at most {}",
+                    self.topics.join.len(),
+                    mesh_store::TOPICS_MAX
+                ),
+            ));
+        }
+        for name in &self.topics.join {
+            if let Err(e) = mesh_protocol::TopicName::new(name) {
+                return Err(bad("topics.join", e.to_string()));
+            }
+        }
+        if self.topics.max_msgs == 0 {
+            return Err(bad("topics.max_msgs", "must be at least 1".into()));
+        }
+        if self.topics.max_bytes == 0 {
+            return Err(bad("topics.max_bytes", "must be at least 1".into()));
         }
         if !SUBSCRIBER_STALL_MS_RANGE.contains(&self.api.subscriber_stall_ms) {
             return Err(bad(

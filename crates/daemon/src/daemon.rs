@@ -108,7 +108,9 @@ impl Daemon {
             agent_sockets_private: agent_socket_dir.starts_with(dir.root()),
             agent_socket_dir,
             aliases,
+            topic_bounds: (config.topics.max_msgs, config.topics.max_bytes),
         });
+        join_configured_topics(&bus, &config).await?;
         crate::api::start_agent_servers(&state).await?;
         crate::agents::announce(&registry, &bus, true).await;
         let presence = spawn_presence(registry, bus);
@@ -247,6 +249,32 @@ async fn restore_agents(
         registry.insert(record, secret);
     }
     Ok(aliases)
+}
+
+/// Joins the topics `[topics] join` lists that this node is not a member
+/// of yet, with the configured bounds.
+///
+/// # Errors
+/// The store cannot write a join.
+async fn join_configured_topics(bus: &Bus, config: &Config) -> Result<(), StartError> {
+    let status = bus.status().await.map_err(StartError::from)?;
+    for name in &config.topics.join {
+        // Checked when the config was read.
+        let Ok(name) = mesh_protocol::TopicName::new(name) else {
+            continue;
+        };
+        if status.topics.iter().any(|t| t.record.name == name) {
+            continue;
+        }
+        let record = mesh_store::TopicRecord {
+            name,
+            joined_ms: crate::agents::now_ms(),
+            max_msgs: config.topics.max_msgs,
+            max_bytes: config.topics.max_bytes,
+        };
+        bus.join_topic(record).await.map_err(StartError::from)?;
+    }
+    Ok(())
 }
 
 /// Every presence tick, announces the agents whose card changed, until aborted.

@@ -124,6 +124,65 @@ fn render_bus(t: &mut Text, status: &NodeStatus) {
         t.counter(&format!("mesh_{name}"), help, v);
     }
     render_drops(t, status);
+    render_topics(t, status);
+}
+
+/// The topic layer's counters, and per topic its members linked now, its
+/// author streams and what is held of them.
+fn render_topics(t: &mut Text, status: &NodeStatus) {
+    let c = &status.core.topics;
+    t.counter(
+        "mesh_topic_published_total",
+        "Messages this node published to its topics, committed.",
+        c.published,
+    );
+    t.counter(
+        "mesh_topic_batches_accepted_total",
+        "Members' topic batches taken into a commit here.",
+        c.batches_accepted,
+    );
+    t.counter(
+        "mesh_topic_batches_relayed_total",
+        "Topic batches handed to members (this node's own and relayed ones).",
+        c.batches_relayed,
+    );
+    let label = |name: &str| format!("{{topic=\"{name}\"}}");
+    let labels: Vec<String> = status
+        .topics
+        .iter()
+        .map(|tp| label(tp.record.name.as_str()))
+        .collect();
+    let per = |f: &dyn Fn(&crate::bus::NodeTopic) -> u64| -> Vec<(&str, u64)> {
+        labels
+            .iter()
+            .zip(&status.topics)
+            .map(|(l, tp)| (l.as_str(), f(tp)))
+            .collect()
+    };
+    t.family(
+        "mesh_topic_members",
+        "gauge",
+        "Live peers that said they are members of the topic.",
+        &per(&|tp| tp.members.len() as u64),
+    );
+    t.family(
+        "mesh_topic_streams",
+        "gauge",
+        "Author streams of the topic this node holds or receives.",
+        &per(&|tp| tp.streams.len() as u64),
+    );
+    t.family(
+        "mesh_topic_held_msgs",
+        "gauge",
+        "Messages of the topic this node holds to relay, over its authors.",
+        &per(&|tp| {
+            tp.streams
+                .iter()
+                .filter_map(|s| s.held.as_ref())
+                .map(|h| h.msgs)
+                .sum()
+        }),
+    );
 }
 
 /// The agent layer's counters: (name after `mesh_`, help, value).

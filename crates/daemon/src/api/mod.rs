@@ -109,6 +109,8 @@ pub(crate) struct ApiParts {
     pub(crate) agent_sockets_private: bool,
     /// The node aliases in the store.
     pub(crate) aliases: Vec<(String, NodeId)>,
+    /// A topic's bounds when a join names none (`[topics]`): msgs, bytes.
+    pub(crate) topic_bounds: (u64, u64),
 }
 
 /// The API's shared state; cheap to clone.
@@ -137,6 +139,7 @@ struct Inner {
     registry: Arc<Registry>,
     agent_socket_dir: PathBuf,
     agent_sockets_private: bool,
+    topic_bounds: (u64, u64),
     /// Node aliases (`mesh peer name`), as in the store.
     aliases: RwLock<BTreeMap<String, NodeId>>,
     /// Each agent's socket server.
@@ -184,6 +187,7 @@ impl ApiState {
                 registry: parts.registry,
                 agent_socket_dir: parts.agent_socket_dir,
                 agent_sockets_private: parts.agent_sockets_private,
+                topic_bounds: parts.topic_bounds,
                 aliases: RwLock::new(parts.aliases.into_iter().collect()),
                 agent_servers: Mutex::new(HashMap::new()),
             }),

@@ -15,12 +15,6 @@ use super::routes::read_json;
 use super::{ApiError, ApiState, CallerError, REQUEST_BYTES_MAX, SEND_REQUEST_BYTES_MAX};
 use crate::bus::NodeTopic;
 
-/// The most messages held of each author's stream of a topic, by default.
-pub(super) const TOPIC_MAX_MSGS_DEFAULT: u64 = 100_000;
-
-/// The most payload bytes held of each author's stream of a topic, by default.
-pub(super) const TOPIC_MAX_BYTES_DEFAULT: u64 = 64 << 20;
-
 fn topic_name(name: &str) -> Result<TopicName, ApiError> {
     TopicName::new(name).map_err(|e| CallerError::BadValue(e.to_string()).into())
 }
@@ -86,8 +80,9 @@ pub(super) async fn join_topic(
 ) -> Result<Json<TopicJson>, ApiError> {
     let body: JoinTopicRequest = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
     let name = topic_name(&body.name)?;
-    let max_msgs = body.max_msgs.unwrap_or(TOPIC_MAX_MSGS_DEFAULT);
-    let max_bytes = body.max_bytes.unwrap_or(TOPIC_MAX_BYTES_DEFAULT);
+    let (default_msgs, default_bytes) = st.inner.topic_bounds;
+    let max_msgs = body.max_msgs.unwrap_or(default_msgs);
+    let max_bytes = body.max_bytes.unwrap_or(default_bytes);
     if max_msgs == 0 || max_bytes == 0 {
         return Err(
             CallerError::BadValue("max_msgs and max_bytes must be at least 1".into()).into(),

@@ -49,6 +49,8 @@ fn the_example_file_lists_every_key_with_its_default() {
         "max_age",
         "[discovery]",
         "mdns",
+        "[topics]",
+        "join",
     ] {
         assert!(text.contains(key), "{key} missing from config/meshd.toml");
     }
@@ -188,4 +190,27 @@ fn an_oversized_file_is_refused() {
         Config::load(&path),
         Err(ConfigError::TooLarge { .. })
     ));
+}
+
+#[test]
+fn topics_to_join_and_their_bounds_are_read_and_checked() {
+    let c = parse(
+        "[topics]\njoin = [\"builds\", \"agents/planner\"]\nmax_msgs = 10\nmax_bytes = 2048\n",
+    )
+    .unwrap();
+    assert_eq!(c.topics.join, ["builds", "agents/planner"]);
+    assert_eq!((c.topics.max_msgs, c.topics.max_bytes), (10, 2048));
+    for (text, key) in [
+        ("[topics]\njoin = [\"Not Valid\"]\n", "topics.join"),
+        ("[topics]\nmax_msgs = 0\n", "topics.max_msgs"),
+        ("[topics]\nmax_bytes = 0\n", "topics.max_bytes"),
+    ] {
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains(key), "{text}: {err}");
+    }
+    let many: Vec<String> = (0..257).map(|i| format!("\"t{i}\"")).collect();
+    let err = parse(&format!("[topics]\njoin = [{}]\n", many.join(",")))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("at most 256"), "{err}");
 }
