@@ -160,6 +160,12 @@ impl Core {
             Some(SendError::ReservedKind(kind))
         } else if self.topics.record(&topic).is_none() {
             Some(SendError::NotAMember(topic.clone()))
+        } else if let Some((held, theirs)) = self.topics.forked(&topic) {
+            Some(SendError::Store(format!(
+                "this node's store went back in time (a restored backup?): a member of topic \
+                 {topic} holds this node's messages up to seq {theirs}, this store only up to \
+                 {held}; a publish would reuse their seqs, so nothing was published"
+            )))
         } else if len > PAYLOAD_BYTES_MAX {
             Some(SendError::TooLarge {
                 len,

@@ -91,6 +91,11 @@ pub(super) struct Topics {
     next_load: u64,
     /// Early batches already asked for again: (stream, peer) → the mark asked after.
     asked: BTreeMap<(StreamId, NodeId), Seq>,
+    /// This node's streams a member holds more of than this store: the
+    /// store went back in time (a restored backup). Publishing to the
+    /// topic would reuse seqs the members hold, so it is refused: the
+    /// stream's last seq held here, and the member's mark.
+    forked: BTreeMap<TopicName, (Seq, Seq)>,
 }
 
 /// Whether `stream` is a topic's, and which.
@@ -135,7 +140,14 @@ impl Topics {
             loads: BTreeMap::new(),
             next_load: 1,
             asked: BTreeMap::new(),
+            forked: BTreeMap::new(),
         }
+    }
+
+    /// Why publishing to `topic` would reuse seqs, if it would: this
+    /// store's last seq of its stream and a member's mark of it.
+    pub(super) fn forked(&self, topic: &TopicName) -> Option<(Seq, Seq)> {
+        self.forked.get(topic).copied()
     }
 
     /// The topic `name`'s record, if this node is a member.
@@ -268,14 +280,38 @@ impl Topics {
             self.feeds.retain(|(_, n), _| *n != peer);
             self.loads.retain(|_, (_, n)| *n != peer);
         }
-        p.topics.extend(topics);
+        // A peer is a member of at most as many topics as this node may
+        // be: what a peer names beyond that is not kept.
+        for topic in topics {
+            if p.topics.len() >= mesh_store::TOPICS_MAX {
+                out.drop(DropReason::Malformed);
+                break;
+            }
+            p.topics.insert(topic);
+        }
         p.complete = !more;
         let theirs: BTreeSet<TopicName> = p.topics.clone();
         for m in marks {
             let Some(topic) = topic_of(&m.stream) else {
                 continue;
             };
-            if !theirs.contains(topic) || !self.joined.contains_key(topic) {
+            let end = self.end_of(&m.stream);
+            if m.stream.author == self.me && m.seq > end && self.held.contains_key(&m.stream) {
+                tracing::error!(
+                    topic = %topic,
+                    held = end,
+                    member = m.seq,
+                    "a member holds more of this node's topic stream than its store: the store \
+                     went back in time; publishing to the topic is refused"
+                );
+                self.forked.insert(topic.clone(), (end, m.seq));
+            }
+            // Only a stream this node holds can be fed: a feed per stream
+            // held, not per stream a peer names.
+            if !theirs.contains(topic)
+                || !self.joined.contains_key(topic)
+                || !self.held.contains_key(&m.stream)
+            {
                 continue;
             }
             let feed = Feed {

@@ -403,3 +403,30 @@ fn leaving_a_topic_stops_what_comes_and_keeps_what_came() {
     assert_eq!(m.got(2, 1), vec![b"kept".to_vec()]);
     assert!(m.node(2).core.topics().is_empty());
 }
+
+#[test]
+fn a_node_whose_store_went_back_in_time_refuses_to_publish_what_would_reuse_a_members_seqs() {
+    let mut m = Mesh::new(2, &[(1, 2)]);
+    m.join(1, 100);
+    m.join(2, 100);
+    m.link(1, 2);
+    m.publish(1, b"a").expect("published");
+    let backup = m.node(1).store.fork();
+    m.publish(1, b"b").expect("published");
+    m.publish(1, b"c").expect("published");
+    m.cut(1, 2);
+    // Node 1 comes back from its backup: its stream ends at seq 1 there.
+    let node = m.node(1);
+    node.store = backup;
+    node.restart();
+    m.link(1, 2);
+    match m.publish(1, b"would be seq 2 again") {
+        Err(SendError::Store(why)) => assert!(why.contains("went back in time"), "{why}"),
+        other => panic!("a publish that reuses seqs must be refused: {other:?}"),
+    }
+    assert_eq!(
+        m.got(2, 1),
+        vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()],
+        "the member keeps what it had, once"
+    );
+}
