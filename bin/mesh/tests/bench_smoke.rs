@@ -75,8 +75,9 @@ fn a_quick_local_bench_gives_every_figure_and_leaves_nothing_behind() {
     let report = mesh_bench::measure(cmd, &data).unwrap();
     eprintln!("{}", report.table());
     assert_every_figure(&report);
-    // bench local also sends as an agent to an agent of the peer.
-    assert_figures(&report, &["agent-pipelined"]);
+    // bench local also sends as an agent to an agent of the peer, and
+    // publishes to a topic the peer joined.
+    assert_figures(&report, &["agent-pipelined", "topic-fanout"]);
     let json = serde_json::to_string(&report).unwrap();
     let back: mesh_bench::Report = serde_json::from_str(&json).unwrap();
     assert_eq!(back.figures.len(), report.figures.len());

@@ -124,7 +124,8 @@ pub struct BenchOptions {
     /// The workloads to run, each with an optional count, e.g.
     /// `send-each=5000 catch-up` [default: all, default counts]. Workloads:
     /// send-each, send-pipelined, agent-pipelined (bench local only),
-    /// latency, catch-up, queued-memory.
+    /// latency, catch-up, queued-memory, topic-fanout (bench local only: node
+    /// 0 publishes to a topic every node joined; `--nodes 3` for 2 members).
     #[arg(value_name = "WORKLOAD[=COUNT]")]
     pub counts: Vec<String>,
 }
@@ -135,16 +136,20 @@ pub(crate) enum Workload {
     SendEach,
     SendPipelined,
     AgentPipelined,
+    TopicFanout,
     Latency,
     CatchUp,
     QueuedMemory,
 }
 
 impl Workload {
-    const ALL: [Workload; 6] = [
+    /// In the order a run makes them (the declaration order): queued-memory
+    /// stops the other daemons, so it comes last.
+    const ALL: [Workload; 7] = [
         Workload::SendEach,
         Workload::SendPipelined,
         Workload::AgentPipelined,
+        Workload::TopicFanout,
         Workload::Latency,
         Workload::CatchUp,
         Workload::QueuedMemory,
@@ -158,6 +163,7 @@ impl Workload {
             Workload::Latency => "latency",
             Workload::CatchUp => "catch-up",
             Workload::QueuedMemory => "queued-memory",
+            Workload::TopicFanout => "topic-fanout",
         }
     }
 
@@ -174,6 +180,8 @@ impl Workload {
             (Workload::CatchUp, true) => 1_000,
             (Workload::QueuedMemory, false) => 1_000_000,
             (Workload::QueuedMemory, true) => 5_000,
+            (Workload::TopicFanout, false) => 20_000,
+            (Workload::TopicFanout, true) => 200,
         }
     }
 

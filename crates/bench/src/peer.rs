@@ -62,7 +62,10 @@ fn peer_metrics(w: Workload) -> Vec<(&'static str, &'static str)> {
         ],
         // This process sees neither the peer's CPU and disk nor, in these
         // two, this daemon's.
-        Workload::SendEach | Workload::SendPipelined | Workload::AgentPipelined => metrics_of(w)
+        Workload::SendEach
+        | Workload::SendPipelined
+        | Workload::AgentPipelined
+        | Workload::TopicFanout => metrics_of(w)
             .iter()
             .copied()
             .filter(|(m, _)| !m.contains("cpu") && !m.contains("disk"))
@@ -240,10 +243,12 @@ fn plan_and_notes(settings: &mut Settings, col: &mut Collector, pid: Option<u32>
     // It needs an agent on the peer, which this node cannot add.
     settings
         .plan
-        .retain(|(w, _)| *w != Workload::AgentPipelined);
+        .retain(|(w, _)| !matches!(w, Workload::AgentPipelined | Workload::TopicFanout));
     if settings.plan.len() < before {
         col.notes.push(
-            "agent-pipelined runs in `mesh bench local` only (it adds an agent on the peer)".into(),
+            "agent-pipelined and topic-fanout run in `mesh bench local` only (they add an \
+             agent, or join a topic, on the peer)"
+                .into(),
         );
     }
     if let Some(pid) = pid {
@@ -332,7 +337,7 @@ async fn workload(
         }
         Workload::SendPipelined => pipelined(r, client, peer, count).await,
         // Left out of the plan by plan_and_notes.
-        Workload::AgentPipelined => Ok(()),
+        Workload::AgentPipelined | Workload::TopicFanout => Ok(()),
         Workload::Latency => ack_latency(r, &data.socket_path(), client, peer, count).await,
         Workload::CatchUp => catch_up(r, client, link, pid.unwrap_or_default(), count).await,
         Workload::QueuedMemory => {

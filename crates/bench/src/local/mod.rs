@@ -48,7 +48,7 @@ pub(super) fn time_bound(w: Workload, count: u64, rate: u32) -> Duration {
             Duration::from_millis(count)
         }
         Workload::Latency => Duration::from_secs_f64(count as f64 / f64::from(rate)),
-        Workload::CatchUp => Duration::from_millis(2 * count),
+        Workload::CatchUp | Workload::TopicFanout => Duration::from_millis(2 * count),
     }
 }
 
@@ -214,6 +214,12 @@ pub(super) fn metrics_of(w: Workload) -> &'static [(&'static str, &'static str)]
             ("idle_rss", "MiB"),
             ("send_rate", "msgs/s"),
         ],
+        Workload::TopicFanout => &[
+            ("rate", "msgs/s"),
+            ("sender_rate", "msgs/s"),
+            ("sender_cpu/msg", "µs"),
+            ("peer_cpu/msg", "µs"),
+        ],
     }
 }
 
@@ -362,6 +368,7 @@ impl RunCtx<'_> {
             Workload::Latency => self.latency(sender, receivers, to, count).await,
             Workload::CatchUp => self.catch_up(sender, receivers, to, count).await,
             Workload::QueuedMemory => self.queued(sender, receivers, to, count).await,
+            Workload::TopicFanout => self.topic_fanout(sender, receivers, count).await,
         }
     }
 
@@ -454,6 +461,106 @@ impl RunCtx<'_> {
         Ok(())
     }
 }
+/// The topic topic-fanout publishes to.
+const BENCH_TOPIC: &str = "bench";
+
+impl RunCtx<'_> {
+    /// topic-fanout: every node joins the bench topic, node 0 publishes
+    /// `count` messages with `window` publishes in flight, and the run ends
+    /// when every other node has journaled them all (its mark of node 0's
+    /// stream of the topic).
+    async fn topic_fanout(
+        &mut self,
+        sender: &NodeProc,
+        receivers: &[NodeProc],
+        count: u64,
+    ) -> anyhow::Result<()> {
+        let join = mesh_api::JoinTopicRequest {
+            name: BENCH_TOPIC.into(),
+            max_msgs: Some(count.max(1)),
+            max_bytes: None,
+        };
+        for n in std::iter::once(sender).chain(receivers) {
+            n.client()
+                .post::<mesh_api::TopicJson>("/v1/topics", &join)
+                .await?;
+        }
+        let bar = Arc::new(self.bar("topic-fanout", count, "msgs"));
+        let sender_u0 = Usage::of(std::slice::from_ref(sender));
+        let peers_u0 = Usage::of(receivers);
+        let base = topic_mark(sender, sender.id()).await?;
+        let path = format!("/v1/topics/{BENCH_TOPIC}/publish");
+        let body = "x".repeat(self.settings.size);
+        let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let t0 = Instant::now();
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..self.settings.window.clamp(1, 64) {
+            let (client, path, body, next, bar) = (
+                sender.client().clone(),
+                path.clone(),
+                body.clone(),
+                next.clone(),
+                bar.clone(),
+            );
+            tasks.spawn(async move {
+                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
+                    let req = mesh_api::PublishRequest {
+                        body: body.clone(),
+                        encoding: mesh_api::BodyEncoding::Text,
+                        msg_kind: 0,
+                    };
+                    client.post::<mesh_api::SendResponse>(&path, &req).await?;
+                    bar.inc(1);
+                }
+                Ok::<_, anyhow::Error>(())
+            });
+        }
+        while let Some(done) = tasks.join_next().await {
+            done??;
+        }
+        let local = t0.elapsed();
+        for r in receivers {
+            loop {
+                if topic_mark(r, sender.id()).await? >= base + count {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        let rate = count as f64 / t0.elapsed().as_secs_f64();
+        let sender_rate = count as f64 / local.as_secs_f64();
+        let w = "topic-fanout";
+        self.col.add(w, "rate", "msgs/s", count, rate);
+        self.col.add(w, "sender_rate", "msgs/s", count, sender_rate);
+        let cpu = Usage::of(std::slice::from_ref(sender)).cpu_per_msg(&sender_u0, count);
+        self.col.add(w, "sender_cpu/msg", "µs", count, cpu);
+        let cpu = Usage::of(receivers).cpu_per_msg(&peers_u0, count);
+        self.col.add(w, "peer_cpu/msg", "µs", count, cpu);
+        let summary = format!(
+            "{rate:.0} msgs/s journaled at every member ({sender_rate:.0} msgs/s published)"
+        );
+        // Every task that held the bar has ended.
+        if let Ok(bar) = Arc::try_unwrap(bar) {
+            bar.finish(&summary);
+        }
+        Ok(())
+    }
+}
+
+/// `node`'s mark of `author`'s stream of the bench topic (0 if none).
+async fn topic_mark(node: &NodeProc, author: &str) -> anyhow::Result<u64> {
+    let topics: mesh_api::TopicsResponse = node.client().get("/v1/topics").await?;
+    Ok(topics
+        .topics
+        .iter()
+        .filter(|t| t.name == BENCH_TOPIC)
+        .flat_map(|t| &t.streams)
+        .filter(|s| s.stream.author == author)
+        .map(|s| s.mark)
+        .max()
+        .unwrap_or(0))
+}
+
 /// What the running daemons among some nodes have used so far.
 #[derive(Clone, Copy, Debug, Default)]
 struct Usage {
