@@ -324,14 +324,28 @@ impl Topics {
         if more {
             return;
         }
-        let common: Vec<TopicName> = theirs
-            .into_iter()
-            .filter(|t| self.joined.contains_key(t))
-            .collect();
+        self.feed_common(peer, conn, out);
+    }
+
+    /// Feeds `peer`, live on `conn`, what it lacks of every stream this
+    /// node holds of the topics both are members of (a stream it named no
+    /// mark of: from the start; its own stream: never, it has all of it).
+    fn feed_common(&mut self, peer: NodeId, conn: ConnId, out: &mut Out) {
+        let common: Vec<TopicName> = self
+            .peers
+            .get(&peer)
+            .filter(|p| p.complete)
+            .map(|p| {
+                p.topics
+                    .iter()
+                    .filter(|t| self.joined.contains_key(*t))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
         for topic in common {
             for (stream, _) in self.streams_of(&topic) {
                 if stream.author == peer {
-                    // Its own stream: it has all of it.
                     continue;
                 }
                 self.feeds.entry((stream.clone(), peer)).or_insert(Feed {
@@ -634,31 +648,7 @@ impl Topics {
                 out.send(peer, conn, frame);
             }
             // Feed what it lacks of the topics both are members of now.
-            let common: Vec<TopicName> = self
-                .peers
-                .get(&peer)
-                .filter(|p| p.complete)
-                .map(|p| {
-                    p.topics
-                        .iter()
-                        .filter(|t| self.joined.contains_key(*t))
-                        .cloned()
-                        .collect()
-                })
-                .unwrap_or_default();
-            for topic in common {
-                for (stream, _) in self.streams_of(&topic) {
-                    if stream.author == peer {
-                        continue;
-                    }
-                    self.feeds.entry((stream.clone(), peer)).or_insert(Feed {
-                        conn,
-                        cursor: 0,
-                        load: None,
-                    });
-                    self.serve(&stream, peer, out);
-                }
-            }
+            self.feed_common(peer, conn, out);
         }
     }
 }

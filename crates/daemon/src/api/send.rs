@@ -129,17 +129,7 @@ pub(super) fn message(
         Err(e) => resolve(&req.to).map_err(|_| e)?,
     };
     super::agents::check_client_id(req.client_id.as_deref())?;
-    let payload = req
-        .encoding
-        .decode(req.body)
-        .map_err(CallerError::BadValue)?;
-    if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
-        return Err(CallerError::PayloadTooLarge {
-            len: payload.len() as u64,
-            max: MAX_BATCH_PAYLOAD_BYTES,
-        }
-        .into());
-    }
+    let payload = payload_of(req.encoding, req.body)?;
     let mut msg = Outgoing::plain(to, req.msg_kind, payload);
     if let Some(client_id) = req.client_id {
         msg.meta = Some(Box::new(SendMeta {
@@ -148,6 +138,23 @@ pub(super) fn message(
         }));
     }
     Ok(msg)
+}
+
+/// The bytes of a message `body` written as `encoding`, refused if they
+/// do not decode or are more than a batch holds.
+pub(super) fn payload_of(
+    encoding: mesh_api::BodyEncoding,
+    body: String,
+) -> Result<Vec<u8>, ApiError> {
+    let payload = encoding.decode(body).map_err(CallerError::BadValue)?;
+    if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
+        return Err(CallerError::PayloadTooLarge {
+            len: payload.len() as u64,
+            max: MAX_BATCH_PAYLOAD_BYTES,
+        }
+        .into());
+    }
+    Ok(payload)
 }
 
 /// Writes send answers (`{id, stream, seq}`, as [`SendResponse`]) as JSON,

@@ -7,7 +7,7 @@ use axum::response::{IntoResponse, Response};
 use mesh_api::{
     JoinTopicRequest, PublishRequest, StreamJson, TopicJson, TopicStreamJson, TopicsResponse,
 };
-use mesh_protocol::{MAX_BATCH_PAYLOAD_BYTES, TopicName};
+use mesh_protocol::TopicName;
 use mesh_store::TopicRecord;
 
 use super::error::{node_error, send_error};
@@ -134,17 +134,7 @@ pub(super) async fn publish(
     let answer = async {
         let name = topic_name(&name)?;
         let body: PublishRequest = read_json(req.into_body(), SEND_REQUEST_BYTES_MAX).await?;
-        let payload = body
-            .encoding
-            .decode(body.body)
-            .map_err(CallerError::BadValue)?;
-        if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
-            return Err(CallerError::PayloadTooLarge {
-                len: payload.len() as u64,
-                max: MAX_BATCH_PAYLOAD_BYTES,
-            }
-            .into());
-        }
+        let payload = super::send::payload_of(body.encoding, body.body)?;
         let sent = st
             .inner
             .bus

@@ -211,23 +211,7 @@ impl Author {
         first_seq: Seq,
         envelopes: impl IntoIterator<Item = NewEnvelope>,
     ) -> Result<OpenBatch, VerifyError> {
-        let envelopes = envelopes
-            .into_iter()
-            .map(|e| {
-                self.lamport = self.lamport.saturating_add(1);
-                NewEnvelope {
-                    lamport: self.lamport,
-                    ..e
-                }
-            })
-            .collect();
-        OpenBatch::sign(
-            &self.secret,
-            self.epoch,
-            Channel::Direct(to),
-            first_seq,
-            envelopes,
-        )
+        self.sign_on(Channel::Direct(to), first_seq, envelopes)
     }
 
     /// Signs `envelopes` as the batch of this node's stream on `channel`

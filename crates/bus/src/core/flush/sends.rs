@@ -199,14 +199,7 @@ impl Core {
                 return;
             }
         };
-        let stream = batch.batch().stream().clone();
-        let first = batch.batch().first_seq();
-        // The store journals a batch's envelopes last in its group, in seq
-        // order: they end at `last`.
-        let n = batch.batch().entries().len() as u64;
-        let first_arrival = receipt
-            .arrivals
-            .map_or(0, |(_, last)| (last + 1).saturating_sub(n));
+        let (stream, first, first_arrival) = placed(&batch, &receipt);
         self.note_keyed(to, &batch, &tracked);
         self.out.metrics.sends_ok += senders.len() as u64;
         for (i, req) in senders.into_iter().enumerate() {
@@ -348,12 +341,7 @@ impl Core {
             Ok(r) => r,
             Err(e) => return self.fail_senders(senders, &SendError::from_store(&e)),
         };
-        let stream = batch.batch().stream().clone();
-        let first = batch.batch().first_seq();
-        let n = batch.batch().entries().len() as u64;
-        let first_arrival = receipt
-            .arrivals
-            .map_or(0, |(_, last)| (last + 1).saturating_sub(n));
+        let (stream, first, first_arrival) = placed(&batch, &receipt);
         self.out.metrics.sends_ok += senders.len() as u64;
         self.out.metrics.topics.published += senders.len() as u64;
         for (i, req) in senders.into_iter().enumerate() {
@@ -367,6 +355,21 @@ impl Core {
         }
         self.topics.relay(&batch, None, &mut self.out);
     }
+}
+
+/// Where an own batch committed with `receipt` is: its stream, its first
+/// seq and the journal arrival of its first envelope (the store journals a
+/// batch's envelopes last in its group, in seq order).
+fn placed(batch: &OpenBatch, receipt: &Receipt) -> (mesh_protocol::StreamId, Seq, u64) {
+    let n = batch.batch().entries().len() as u64;
+    let first_arrival = receipt
+        .arrivals
+        .map_or(0, |(_, last)| (last + 1).saturating_sub(n));
+    (
+        batch.batch().stream().clone(),
+        batch.batch().first_seq(),
+        first_arrival,
+    )
 }
 
 /// The sends of an own batch that was never written, as they waited

@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use mesh_api::{AgentSendRequest, AgentSendResponse, BodyEncoding, ReplyRequest, StreamJson};
-use mesh_protocol::{AgentName, MAX_BATCH_PAYLOAD_BYTES, MsgId, NodeId, StreamId, SupersedeKey};
+use mesh_protocol::{AgentName, MsgId, NodeId, StreamId, SupersedeKey};
 use mesh_store::{CLIENT_ID_BYTES_MAX, MessageDir};
 
 use crate::api::agent_socket::Acting;
@@ -59,14 +59,7 @@ impl ApiState {
             client_id,
             key,
         } = meta;
-        let payload = encoding.decode(body).map_err(CallerError::BadValue)?;
-        if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
-            return Err(CallerError::PayloadTooLarge {
-                len: payload.len() as u64,
-                max: MAX_BATCH_PAYLOAD_BYTES,
-            }
-            .into());
-        }
+        let payload = crate::api::send::payload_of(encoding, body)?;
         check_client_id(client_id.as_deref())?;
         let meta = SendMeta {
             from: Some(from.clone()),
