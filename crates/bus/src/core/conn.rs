@@ -67,7 +67,11 @@ impl Core {
                 topics,
                 marks,
                 more,
-            } => self.topics.on_topics(peer, conn, topics, marks, more, out),
+            } => {
+                let epoch = self.author.epoch();
+                self.topics
+                    .on_topics(peer, conn, (topics, marks, more), epoch, out)
+            }
             Frame::Resync { stream, after } if super::topics::topic_of(&stream).is_some() => {
                 self.topics.on_resync(peer, &stream, after, out)
             }

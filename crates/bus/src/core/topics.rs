@@ -260,14 +260,15 @@ impl Topics {
     }
 
     /// A page of `peer`'s topics and marks. Once its last page came, it is
-    /// fed what it lacks of every topic both are members of.
+    /// fed what it lacks of every topic both are members of. `epoch` is
+    /// this store's: a mark of this node's stream of it past what the store
+    /// holds means the store went back in time.
     pub(super) fn on_topics(
         &mut self,
         peer: NodeId,
         conn: ConnId,
-        topics: Vec<TopicName>,
-        marks: Vec<Mark>,
-        more: bool,
+        (topics, marks, more): (Vec<TopicName>, Vec<Mark>, bool),
+        epoch: mesh_protocol::Epoch,
         out: &mut Out,
     ) {
         let p = self.peers.entry(peer).or_default();
@@ -296,7 +297,7 @@ impl Topics {
                 continue;
             };
             let end = self.end_of(&m.stream);
-            if m.stream.author == self.me && m.seq > end && self.held.contains_key(&m.stream) {
+            if m.stream.author == self.me && m.stream.epoch == epoch && m.seq > end {
                 tracing::error!(
                     topic = %topic,
                     held = end,

@@ -430,3 +430,23 @@ fn a_node_whose_store_went_back_in_time_refuses_to_publish_what_would_reuse_a_me
         "the member keeps what it had, once"
     );
 }
+
+#[test]
+fn a_node_restored_from_a_backup_taken_before_its_first_publish_refuses_to_publish_too() {
+    let mut m = Mesh::new(2, &[(1, 2)]);
+    m.join(1, 100);
+    m.join(2, 100);
+    m.link(1, 2);
+    let backup = m.node(1).store.fork();
+    m.publish(1, b"a").expect("published");
+    m.cut(1, 2);
+    let node = m.node(1);
+    node.store = backup;
+    node.restart();
+    m.link(1, 2);
+    match m.publish(1, b"would be seq 1 again") {
+        Err(SendError::Store(why)) => assert!(why.contains("went back in time"), "{why}"),
+        other => panic!("a publish that reuses seqs must be refused: {other:?}"),
+    }
+    assert_eq!(m.got(2, 1), vec![b"a".to_vec()]);
+}
