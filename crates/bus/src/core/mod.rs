@@ -53,6 +53,7 @@ pub use io::{
     PeerChangeError, Recovered, ReqId, SendError, SendMeta, SendReceipt, open_batch, open_cards,
 };
 pub use metrics::{AgentCounts, DropCounts, DropReason, FrameCounts, Metrics, TopicCounts};
+pub use topics::TOPIC_ANNOUNCE_MS;
 
 use agents::Agents;
 use author::{Author, Loaded};
@@ -441,6 +442,7 @@ impl Core {
                 );
             }
             Timer::Hold => self.expire_held(now),
+            Timer::TopicAnnounce => self.topics.on_announce_timer(now, &mut self.out),
             Timer::Trim => self.committer.want_trim(),
             // Handled by the flush that ends every turn.
             Timer::StoreRetry | Timer::AckRide => {}
@@ -481,6 +483,8 @@ impl Core {
         self.timers.set(Timer::Hold, hold);
         let trim = self.committer.trim_deadline();
         self.timers.set(Timer::Trim, trim);
+        let announce = self.topics.announce_deadline(now);
+        self.timers.set(Timer::TopicAnnounce, announce);
     }
 
     fn arm_timer(&mut self, now: Millis) {

@@ -23,6 +23,8 @@ pub(super) enum Timer {
     Hold,
     /// The journal is due to be trimmed.
     Trim,
+    /// This node's topics and marks are due to be told to its peers again.
+    TopicAnnounce,
     /// A timer of one peer's connection.
     Peer(NodeId, PeerTimer),
     /// Ask the stream's author again for what is missing.

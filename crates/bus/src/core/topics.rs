@@ -27,6 +27,12 @@ pub(super) const TOPIC_LOAD: u64 = 1 << 63;
 /// Payload bytes one catch-up read of a topic stream gathers.
 const LOAD_BYTES: u64 = 1 << 20;
 
+/// How often a member tells its peers its topics and marks again, though
+/// nothing changed: a topic stream has no acks, so this is what brings a
+/// batch that never arrived (a relay's failed outbox read, a frame lost
+/// with its connection's queue) within a period.
+pub const TOPIC_ANNOUNCE_MS: u64 = 30_000;
+
 /// How far one peer has one topic stream, as this node knows it.
 #[derive(Debug)]
 struct Feed {
@@ -96,6 +102,8 @@ pub(super) struct Topics {
     /// topic would reuse seqs the members hold, so it is refused: the
     /// stream's last seq held here, and the member's mark.
     forked: BTreeMap<TopicName, (Seq, Seq)>,
+    /// When the topics are told to the peers again (`None`: a member of none).
+    announce_at: Option<super::Millis>,
 }
 
 /// Whether `stream` is a topic's, and which.
@@ -141,6 +149,37 @@ impl Topics {
             next_load: 1,
             asked: BTreeMap::new(),
             forked: BTreeMap::new(),
+            announce_at: None,
+        }
+    }
+
+    /// When this node's topics are next told to its peers again, arming
+    /// the first deadline a period after `now` once it is a member of any.
+    pub(super) fn announce_deadline(&mut self, now: super::Millis) -> Option<super::Millis> {
+        if self.joined.is_empty() {
+            self.announce_at = None;
+        } else if self.announce_at.is_none() {
+            self.announce_at = Some(now.plus(TOPIC_ANNOUNCE_MS));
+        }
+        self.announce_at
+    }
+
+    /// The period is up: every live peer is told this node's topics and
+    /// marks again, and feeds from its answer what this node lacks.
+    pub(super) fn on_announce_timer(&mut self, now: super::Millis, out: &mut Out) {
+        self.announce_at = (!self.joined.is_empty()).then(|| now.plus(TOPIC_ANNOUNCE_MS));
+        if self.joined.is_empty() {
+            return;
+        }
+        let live: Vec<(NodeId, ConnId)> = self
+            .peers
+            .iter()
+            .filter_map(|(n, p)| p.conn.map(|c| (*n, c)))
+            .collect();
+        for (peer, conn) in live {
+            for frame in self.frames() {
+                out.send(peer, conn, frame);
+            }
         }
     }
 

@@ -450,3 +450,43 @@ fn a_node_restored_from_a_backup_taken_before_its_first_publish_refuses_to_publi
     }
     assert_eq!(m.got(2, 1), vec![b"a".to_vec()]);
 }
+
+#[test]
+fn a_batch_that_never_arrived_comes_with_the_next_announcement() {
+    let mut m = Mesh::new(2, &[(1, 2)]);
+    m.join(1, 100);
+    m.join(2, 100);
+    m.link(1, 2);
+    // Node 1 publishes; its batch to node 2 is lost on the way (a relay's
+    // failed read, a frame gone with its connection's queue).
+    let node = m.node(1);
+    let req = ReqId(node.next_req);
+    node.next_req += 1;
+    let out = node.run(Input::Publish {
+        req,
+        topic: topic(),
+        kind: 0,
+        payload: b"lost once".to_vec(),
+    });
+    let kept: Vec<_> = out
+        .into_iter()
+        .filter(|(_, _, f)| !matches!(f, Frame::Batch { .. }))
+        .collect();
+    m.sent_by(1, kept);
+    m.settle();
+    assert!(m.got(2, 1).is_empty(), "the batch was lost");
+    // A period later node 2 tells its marks again, and node 1 feeds it.
+    let node = m.node(2);
+    node.now = node.now.plus(TOPIC_ANNOUNCE_MS);
+    let out = node.run(Input::Timer);
+    m.sent_by(2, out);
+    m.settle();
+    assert_eq!(m.got(2, 1), vec![b"lost once".to_vec()]);
+    // And again: nothing is journaled twice.
+    let node = m.node(1);
+    node.now = node.now.plus(TOPIC_ANNOUNCE_MS);
+    let out = node.run(Input::Timer);
+    m.sent_by(1, out);
+    m.settle();
+    assert_eq!(m.got(2, 1), vec![b"lost once".to_vec()]);
+}
