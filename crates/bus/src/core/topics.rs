@@ -171,16 +171,24 @@ impl Topics {
         if self.joined.is_empty() {
             return;
         }
+        self.tell_live(out);
+    }
+
+    /// Tells every live peer this node's topics and marks (the frames are
+    /// made once for all of them); returns those peers.
+    fn tell_live(&self, out: &mut Out) -> Vec<(NodeId, ConnId)> {
         let live: Vec<(NodeId, ConnId)> = self
             .peers
             .iter()
             .filter_map(|(n, p)| p.conn.map(|c| (*n, c)))
             .collect();
-        for (peer, conn) in live {
-            for frame in self.frames() {
-                out.send(peer, conn, frame);
+        let frames = self.frames();
+        for (peer, conn) in &live {
+            for frame in &frames {
+                out.send(*peer, *conn, frame.clone());
             }
         }
+        live
     }
 
     /// Why publishing to `topic` would reuse seqs, if it would: this
@@ -678,15 +686,7 @@ impl Topics {
                 self.loads.retain(|_, (s, _)| topic_of(s) != Some(&name));
             }
         }
-        let live: Vec<(NodeId, ConnId)> = self
-            .peers
-            .iter()
-            .filter_map(|(n, p)| p.conn.map(|c| (*n, c)))
-            .collect();
-        for (peer, conn) in live {
-            for frame in self.frames() {
-                out.send(peer, conn, frame);
-            }
+        for (peer, conn) in self.tell_live(out) {
             // Feed what it lacks of the topics both are members of now.
             self.feed_common(peer, conn, out);
         }

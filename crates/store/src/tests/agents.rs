@@ -911,24 +911,7 @@ fn a_trim_forgets_the_messages_of_its_rows_and_the_rest_keep_their_places(s: &dy
             row: message_row(),
         })
         .collect();
-    commit1(
-        s,
-        vec![
-            WriteOp::Accept {
-                batch: agent_batch_of(1, 3, &[7; 10 << 10]),
-                from: 1,
-            },
-            WriteOp::Agents(AgentOp::Index {
-                stream: peer_stream(PEER),
-                entries,
-            }),
-            WriteOp::Agents(AgentOp::Bounced {
-                id: peer_id(1),
-                reason: BounceReason::NoSuchAgent,
-            }),
-        ],
-    )
-    .expect("commits");
+    accept_large(s, entries, 1);
     let trim = |bytes_max| WriteOp::Trim {
         now_ms: 1_000_000,
         bytes_max,
@@ -988,24 +971,7 @@ fn a_trim_removes_the_index_rows_of_what_it_takes_from_the_file() {
             ]
         })
         .collect();
-    commit1(
-        &s,
-        vec![
-            WriteOp::Accept {
-                batch: agent_batch_of(1, 3, &[7; 10 << 10]),
-                from: 1,
-            },
-            WriteOp::Agents(AgentOp::Index {
-                stream: peer_stream(PEER),
-                entries,
-            }),
-            WriteOp::Agents(AgentOp::Bounced {
-                id: peer_id(3),
-                reason: BounceReason::NoSuchAgent,
-            }),
-        ],
-    )
-    .expect("commits");
+    accept_large(&s, entries, 3);
     assert_eq!(s.index_rows(), [1, 1, 1, 0], "one packed row each");
     let trim = |bytes_max| WriteOp::Trim {
         now_ms: 1_000_000,
@@ -1030,4 +996,28 @@ fn a_trim_removes_the_index_rows_of_what_it_takes_from_the_file() {
         [0, 0, 0, 1],
         "nothing is left of them but the told mark"
     );
+}
+
+/// Commits three 10 KiB messages of `PEER` in one commit (one index row,
+/// three journal rows) with the index `entries`, message `bounced` marked
+/// undeliverable.
+fn accept_large(s: &dyn MeshStore, entries: Vec<AgentIndex>, bounced: u64) {
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: agent_batch_of(1, 3, &[7; 10 << 10]),
+                from: 1,
+            },
+            WriteOp::Agents(AgentOp::Index {
+                stream: peer_stream(PEER),
+                entries,
+            }),
+            WriteOp::Agents(AgentOp::Bounced {
+                id: peer_id(bounced),
+                reason: BounceReason::NoSuchAgent,
+            }),
+        ],
+    )
+    .expect("commits");
 }

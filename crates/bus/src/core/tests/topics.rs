@@ -1,8 +1,6 @@
 //! Topics through several cores: membership, publishing, relaying along a
 //! line, sync by marks after a partition, duplicates and forgeries.
 
-use std::collections::BTreeSet;
-
 use mesh_protocol::TopicName;
 use mesh_store::TopicRecord;
 
@@ -53,6 +51,15 @@ impl Mesh {
             next_conn: 1,
             queue: VecDeque::new(),
         }
+    }
+
+    /// Nodes 1 and 2, peers and linked, both members of the topic.
+    fn two_members() -> Mesh {
+        let mut m = Mesh::new(2, &[(1, 2)]);
+        m.join(1, 100);
+        m.join(2, 100);
+        m.link(1, 2);
+        m
     }
 
     fn node(&mut self, n: u8) -> &mut Node {
@@ -243,10 +250,7 @@ fn a_member_that_joins_late_or_comes_back_after_a_partition_gets_what_it_lacks_o
 
 #[test]
 fn a_batch_delivered_twice_is_a_counted_duplicate_and_a_forged_one_is_refused() {
-    let mut m = Mesh::new(2, &[(1, 2)]);
-    m.join(1, 100);
-    m.join(2, 100);
-    m.link(1, 2);
+    let mut m = Mesh::two_members();
     m.publish(1, b"once").expect("published");
     let conn = m.links[0].2;
     let sent = m.node(1).sent.clone();
@@ -379,16 +383,11 @@ fn an_authors_bound_evicts_with_a_loss_record_and_a_member_behind_it_records_the
         .map(|(s, _)| *s)
         .collect();
     assert_eq!(got, vec![4, 5], "the rest, after the gap");
-    let seen: BTreeSet<Seq> = got.into_iter().collect();
-    assert_eq!(seen.len(), 2);
 }
 
 #[test]
 fn leaving_a_topic_stops_what_comes_and_keeps_what_came() {
-    let mut m = Mesh::new(2, &[(1, 2)]);
-    m.join(1, 100);
-    m.join(2, 100);
-    m.link(1, 2);
+    let mut m = Mesh::two_members();
     m.publish(1, b"kept").expect("published");
     let node = m.node(2);
     let req = ReqId(node.next_req);
@@ -408,10 +407,7 @@ fn leaving_a_topic_stops_what_comes_and_keeps_what_came() {
 /// is copied, it publishes `after`, and it comes back from the copy. Its
 /// next publish must be refused, and node 2 keeps all it had, once.
 fn restored_after(before: &[&[u8]], after: &[&[u8]]) {
-    let mut m = Mesh::new(2, &[(1, 2)]);
-    m.join(1, 100);
-    m.join(2, 100);
-    m.link(1, 2);
+    let mut m = Mesh::two_members();
     for p in before {
         m.publish(1, p).expect("published");
     }
@@ -444,10 +440,7 @@ fn a_node_restored_from_a_backup_taken_before_its_first_publish_refuses_to_publi
 
 #[test]
 fn a_batch_that_never_arrived_comes_with_the_next_announcement() {
-    let mut m = Mesh::new(2, &[(1, 2)]);
-    m.join(1, 100);
-    m.join(2, 100);
-    m.link(1, 2);
+    let mut m = Mesh::two_members();
     // Node 1 publishes; its batch to node 2 is lost on the way (a relay's
     // failed read, a frame gone with its connection's queue).
     let node = m.node(1);
