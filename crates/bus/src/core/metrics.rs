@@ -92,6 +92,9 @@ pub enum DropReason {
     Conflict,
     /// A topic batch (or gap) of a topic this node is not a member of.
     NotAMember,
+    /// A topic batch (or gap) of a new author stream of a topic that
+    /// holds [`crate::core::TOPIC_STREAMS_MAX`] streams already.
+    TopicStreamsFull,
 }
 
 impl From<crate::core::BadBatch> for DropReason {
@@ -106,7 +109,7 @@ impl From<crate::core::BadBatch> for DropReason {
 
 impl DropReason {
     /// Every reason, in the order [`DropCounts::iter`] gives them.
-    pub const ALL: [DropReason; 19] = [
+    pub const ALL: [DropReason; 20] = [
         DropReason::BadSignature,
         DropReason::Malformed,
         DropReason::CidMismatch,
@@ -126,6 +129,7 @@ impl DropReason {
         DropReason::CardQueryLimited,
         DropReason::Conflict,
         DropReason::NotAMember,
+        DropReason::TopicStreamsFull,
     ];
 
     /// The reason's name in `snake_case`, as metrics label it.
@@ -150,6 +154,7 @@ impl DropReason {
             DropReason::CardQueryLimited => "card_query_limited",
             DropReason::Conflict => "conflict",
             DropReason::NotAMember => "not_a_member",
+            DropReason::TopicStreamsFull => "topic_streams_full",
         }
     }
 

@@ -53,7 +53,7 @@ pub use io::{
     PeerChangeError, Recovered, ReqId, SendError, SendMeta, SendReceipt, open_batch, open_cards,
 };
 pub use metrics::{AgentCounts, DropCounts, DropReason, FrameCounts, Metrics, TopicCounts};
-pub use topics::TOPIC_ANNOUNCE_MS;
+pub use topics::{TOPIC_ANNOUNCE_MS, TOPIC_STREAMS_MAX};
 
 use agents::Agents;
 use author::{Author, Loaded};

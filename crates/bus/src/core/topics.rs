@@ -33,6 +33,14 @@ const LOAD_BYTES: u64 = 1 << 20;
 /// with its connection's queue) within a period.
 pub const TOPIC_ANNOUNCE_MS: u64 = 30_000;
 
+/// The most author streams of other members one topic takes (one per
+/// author and store epoch). A batch or gap of one more is dropped and
+/// counted (`topic_streams_full`), so members (or a key that signs a
+/// stream per epoch) cannot grow the marks, feeds and disk of a topic
+/// without end: its disk is at most one more than this many times its
+/// per-author byte bound (this node's own stream is never refused).
+pub const TOPIC_STREAMS_MAX: usize = 256;
+
 /// How far one peer has one topic stream, as this node knows it.
 #[derive(Debug)]
 struct Feed {
@@ -438,6 +446,21 @@ impl Topics {
         });
     }
 
+    /// Whether `stream` is new to `topic` and the topic holds
+    /// [`TOPIC_STREAMS_MAX`] streams already.
+    fn is_full(&self, stream: &StreamId, topic: &TopicName) -> bool {
+        if self.marks.contains_key(stream) || self.held.contains_key(stream) {
+            return false;
+        }
+        let known: BTreeSet<&StreamId> = self
+            .marks
+            .keys()
+            .chain(self.held.keys())
+            .filter(|s| topic_of(s) == Some(topic))
+            .collect();
+        known.len() >= TOPIC_STREAMS_MAX
+    }
+
     /// The last seq held of `stream` (0 if none).
     fn end_of(&self, stream: &StreamId) -> Seq {
         self.held
@@ -555,6 +578,10 @@ impl Topics {
             out.drop(DropReason::Duplicate);
             return;
         }
+        if self.is_full(&stream, &topic) {
+            out.drop(DropReason::TopicStreamsFull);
+            return;
+        }
         let marks = self.marks.entry(stream.clone()).or_default();
         if last <= marks.pending {
             out.drop(DropReason::Duplicate);
@@ -603,6 +630,10 @@ impl Topics {
         };
         if !self.joined.contains_key(topic) || stream.author == self.me {
             out.drop(DropReason::UnknownStream);
+            return;
+        }
+        if self.is_full(&stream, topic) {
+            out.drop(DropReason::TopicStreamsFull);
             return;
         }
         let marks = self.marks.entry(stream.clone()).or_default();

@@ -1,6 +1,8 @@
 //! Topics through several cores: membership, publishing, relaying along a
 //! line, sync by marks after a partition, duplicates and forgeries.
 
+use std::collections::BTreeSet;
+
 use mesh_protocol::TopicName;
 use mesh_store::TopicRecord;
 
@@ -473,4 +475,93 @@ fn a_batch_that_never_arrived_comes_with_the_next_announcement() {
     m.sent_by(1, out);
     m.settle();
     assert_eq!(m.got(2, 1), vec![b"lost once".to_vec()]);
+}
+
+/// A signed one-envelope batch of node 1's stream of the topic in the
+/// store epoch numbered `n` (many epochs: many author streams).
+fn batch_of_epoch(n: u16, first_seq: Seq) -> Frame {
+    let mut e = [0u8; 16];
+    e[..2].copy_from_slice(&n.to_be_bytes());
+    e[15] = 0xee;
+    let envelope = NewEnvelope {
+        lamport: first_seq,
+        created_ms: 0,
+        kind: 0,
+        payload: format!("epoch {n}").into_bytes(),
+    };
+    let open = OpenBatch::sign(
+        &key(1),
+        Epoch(e),
+        Channel::Topic(topic()),
+        first_seq,
+        vec![envelope],
+    )
+    .expect("a valid batch");
+    let (vb, payloads) = open.into_parts();
+    Frame::Batch {
+        batch: vb.into_signed(),
+        payloads: Payloads(payloads),
+    }
+}
+
+#[test]
+fn a_topic_takes_at_most_its_bound_of_author_streams_and_counts_the_rest() {
+    let mut m = Mesh::two_members();
+    let conn = m.links[0].2;
+    let max = TOPIC_STREAMS_MAX as u16;
+    for n in 0..=max {
+        m.queue.push_back((2, 1, conn, batch_of_epoch(n, 1)));
+    }
+    m.settle();
+    let streams = |m: &mut Mesh| {
+        let journal = m.node(2).journal();
+        let streams: BTreeSet<StreamId> = journal
+            .into_iter()
+            .filter_map(|r| match r {
+                JournalRecord::Envelope { stream, .. } => Some(stream),
+                _ => None,
+            })
+            .collect();
+        streams.len()
+    };
+    assert_eq!(streams(&mut m), TOPIC_STREAMS_MAX);
+    let dropped = |m: &mut Mesh| {
+        let d = m.node(2).core.metrics().dropped;
+        d.get(DropReason::TopicStreamsFull)
+    };
+    assert_eq!(dropped(&mut m), 1, "the stream past the bound is counted");
+    // A gap of yet another stream is refused too; the streams taken go on.
+    let mut gap_stream = topic_stream(1);
+    gap_stream.epoch = Epoch([0xab; 16]);
+    m.queue.push_back((
+        2,
+        1,
+        conn,
+        Frame::ResyncGap {
+            stream: gap_stream,
+            earliest_available: 5,
+        },
+    ));
+    m.queue.push_back((2, 1, conn, batch_of_epoch(0, 2)));
+    m.settle();
+    assert_eq!(dropped(&mut m), 2);
+    assert_eq!(streams(&mut m), TOPIC_STREAMS_MAX);
+    let taken = m.node(2).journal().len();
+    assert!(
+        m.node(2)
+            .journal()
+            .iter()
+            .all(|r| !matches!(r, JournalRecord::Gap { .. })),
+        "no gap of the refused stream: {taken} records"
+    );
+    let mut first = topic_stream(1);
+    first.epoch = match batch_of_epoch(0, 1) {
+        Frame::Batch { batch, .. } => batch.epoch,
+        _ => unreachable!("a batch"),
+    };
+    assert_eq!(
+        m.node(2).received(&first).len(),
+        2,
+        "a known stream goes on"
+    );
 }
