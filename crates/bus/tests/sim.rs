@@ -1802,6 +1802,7 @@ fn frame_short(f: &Frame) -> String {
         Frame::Agents { cards } => format!("Agents {}", cards.len()),
         Frame::StreamEnded { held, .. } => format!("StreamEnded {held}"),
         Frame::Topics { topics, marks, .. } => format!("Topics {} {}", topics.len(), marks.len()),
+        Frame::Moves { notices, .. } => format!("Moves {}", notices.len()),
     }
 }
 

@@ -51,6 +51,8 @@ pub const MAX_AGENT_CARDS: usize = 256;
 
 /// The domain tag signed before an agent card's fields.
 pub const AGENT_CARD_DOMAIN: &[u8] = b"agent-mesh/agent-card/v1\0";
+/// The domain tag signed before an agent move notice's fields.
+pub const AGENT_MOVE_DOMAIN: &[u8] = b"agent-mesh/agent-move/v1\0";
 /// The domain tag hashed before the fields a message id is derived from.
 pub const MSG_ID_DOMAIN: &[u8] = b"agent-mesh/msg-id/v1\0";
 
@@ -575,6 +577,127 @@ impl AgentCard {
     }
 }
 
+/// An agent's word that it is now hosted by `node`, signed by the agent's
+/// own key (which moved there with it), so that any node may pass it on
+/// and none can invent or alter one.
+///
+/// `version` only grows from one move of an agent to the next: a notice
+/// wins over another of the same agent if its `(version, node)` is higher,
+/// so two moves made in a race (one exported key imported twice) settle on
+/// the same host everywhere. The signature covers [`AGENT_MOVE_DOMAIN`]
+/// and the postcard encoding of `(key, name, from, node, version, issued_ms)`.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentMove {
+    /// The agent's public key: who moved.
+    #[serde(with = "crate::ids::node_id_serde")]
+    pub key: NodeId,
+    /// The agent's name (the same on its new host).
+    pub name: AgentName,
+    /// The node it left.
+    #[serde(with = "crate::ids::node_id_serde")]
+    pub from: NodeId,
+    /// The node that hosts it now.
+    #[serde(with = "crate::ids::node_id_serde")]
+    pub node: NodeId,
+    /// 1 for the first move, one more for each move after.
+    pub version: u64,
+    /// When the notice was signed, ms since the Unix epoch (for people).
+    pub issued_ms: u64,
+    /// ed25519 by `key` over the fields above.
+    #[serde(with = "crate::batch::sig_bytes")]
+    pub sig: [u8; 64],
+}
+
+impl fmt::Debug for AgentMove {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AgentMove")
+            .field("name", &self.name)
+            .field("key", &format_args!("{}", self.key.fmt_short()))
+            .field("from", &format_args!("{}", self.from.fmt_short()))
+            .field("node", &format_args!("{}", self.node.fmt_short()))
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The fields a move notice's signature covers, borrowed for encoding.
+#[derive(Serialize)]
+struct MoveFields<'a> {
+    #[serde(with = "crate::ids::node_id_serde")]
+    key: &'a NodeId,
+    name: &'a AgentName,
+    #[serde(with = "crate::ids::node_id_serde")]
+    from: &'a NodeId,
+    #[serde(with = "crate::ids::node_id_serde")]
+    node: &'a NodeId,
+    version: u64,
+    issued_ms: u64,
+}
+
+impl AgentMove {
+    /// A notice that the agent of `secret`, named `name`, left `from` and
+    /// is hosted by `node` from its move numbered `version` on.
+    pub fn sign(
+        secret: &SecretKey,
+        name: AgentName,
+        (from, node): (NodeId, NodeId),
+        version: u64,
+        issued_ms: u64,
+    ) -> AgentMove {
+        let key = secret.public();
+        let msg = move_bytes(&MoveFields {
+            key: &key,
+            name: &name,
+            from: &from,
+            node: &node,
+            version,
+            issued_ms,
+        });
+        AgentMove {
+            key,
+            name,
+            from,
+            node,
+            version,
+            issued_ms,
+            sig: secret.sign(&msg).to_bytes(),
+        }
+    }
+
+    /// The bytes the signature covers.
+    pub fn signed_bytes(&self) -> Vec<u8> {
+        move_bytes(&MoveFields {
+            key: &self.key,
+            name: &self.name,
+            from: &self.from,
+            node: &self.node,
+            version: self.version,
+            issued_ms: self.issued_ms,
+        })
+    }
+
+    /// Checks the signature (`verify_strict`) under the agent's key.
+    pub fn verify(&self) -> Result<(), AgentError> {
+        let sig = iroh_base::Signature::from_bytes(&self.sig);
+        self.key
+            .verify(&self.signed_bytes(), &sig)
+            .map_err(|_| AgentError::BadSignature(self.name.to_string()))
+    }
+
+    /// Whether this notice wins over `other`, a notice of the same agent:
+    /// a higher version, or the same version and a higher node id (two
+    /// imports of one exported key). The same notice does not win.
+    pub fn wins_over(&self, other: &AgentMove) -> bool {
+        (self.version, self.node.as_bytes()) > (other.version, other.node.as_bytes())
+    }
+}
+
+fn move_bytes(fields: &MoveFields<'_>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(AGENT_MOVE_DOMAIN.len() + 160);
+    out.extend_from_slice(AGENT_MOVE_DOMAIN);
+    postcard::to_extend(fields, out).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+}
+
 fn card_bytes(fields: &CardFields<'_>) -> Vec<u8> {
     let mut out = Vec::with_capacity(AGENT_CARD_DOMAIN.len() + 160);
     out.extend_from_slice(AGENT_CARD_DOMAIN);
@@ -598,6 +721,39 @@ mod tests {
             key: None,
             body: b"hi".to_vec(),
         }
+    }
+
+    #[test]
+    fn a_move_notice_verifies_only_as_signed_and_the_higher_version_then_node_wins() {
+        let agent = SecretKey::from_bytes(&[5; 32]);
+        let (a, b) = (
+            SecretKey::from_bytes(&[1; 32]).public(),
+            SecretKey::from_bytes(&[2; 32]).public(),
+        );
+        let first = AgentMove::sign(&agent, name("bob"), (b, a), 1, 10);
+        first.verify().unwrap();
+        let mut altered = first.clone();
+        altered.node = b;
+        assert!(altered.verify().is_err(), "a relay cannot change the host");
+        let forged = AgentMove::sign(&SecretKey::from_bytes(&[6; 32]), name("bob"), (a, b), 9, 10);
+        let mut forged_as_bob = forged.clone();
+        forged_as_bob.key = agent.public();
+        assert!(
+            forged_as_bob.verify().is_err(),
+            "only the agent's key signs"
+        );
+        let second = AgentMove::sign(&agent, name("bob"), (a, b), 2, 20);
+        assert!(second.wins_over(&first) && !first.wins_over(&second));
+        assert!(!second.wins_over(&second), "the same notice does not win");
+        // Two imports of one export: the same version, the higher node wins.
+        let (lo, hi) = if a.as_bytes() < b.as_bytes() {
+            (a, b)
+        } else {
+            (b, a)
+        };
+        let race_lo = AgentMove::sign(&agent, name("bob"), (hi, lo), 3, 30);
+        let race_hi = AgentMove::sign(&agent, name("bob"), (lo, hi), 3, 30);
+        assert!(race_hi.wins_over(&race_lo) && !race_lo.wins_over(&race_hi));
     }
 
     #[test]

@@ -9,15 +9,15 @@ use serde::de::{SeqAccess, Visitor};
 use serde::ser::SerializeSeq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use crate::agent::{AgentCard, MAX_AGENT_CARDS};
+use crate::agent::{AgentCard, AgentMove, MAX_AGENT_CARDS};
 use crate::batch::{Cid, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES, SignedBatch};
 use crate::card::NodeCard;
 use crate::ids::{Epoch, NodeId, Seq, StreamId, TopicName};
 
 /// The protocol version a node speaks, sent in [`Frame::Hello`] (and, as
 /// its digit, in the connection preamble).
-/// 3: [`Frame::Topics`].
-pub const PROTOCOL_VERSION: u32 = 3;
+/// 3: [`Frame::Topics`]. 4: [`Frame::Moves`].
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Bytes of the length prefix in front of every frame body.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -30,6 +30,9 @@ pub const MAX_HELLO_MARKS: usize = 4096;
 
 /// The most topics one [`Frame::Topics`] may name.
 pub const MAX_FRAME_TOPICS: usize = 256;
+
+/// The most move notices one [`Frame::Moves`] may carry.
+pub const MAX_FRAME_MOVES: usize = 256;
 
 /// A receiver's mark on a stream: every envelope up to `seq` is committed.
 ///
@@ -153,6 +156,17 @@ pub enum Frame {
         /// Another page follows.
         more: bool,
     },
+    /// Agents' move notices: the newest the sender holds of each agent that
+    /// ever moved (after its `Hello`, in pages of at most
+    /// [`MAX_FRAME_MOVES`], each but the last with `more` set), or one it
+    /// has just learned. Each is signed by its agent's key, so any node
+    /// passes them on; a receiver keeps, per agent, the one that wins.
+    Moves {
+        /// The notices.
+        notices: Vec<AgentMove>,
+        /// Another page follows.
+        more: bool,
+    },
 }
 
 impl Frame {
@@ -173,18 +187,19 @@ impl Frame {
             Frame::CardAnswer { .. } => 7,
             Frame::Agents { .. } => 8,
             Frame::StreamEnded { .. } => 9,
-            Frame::Topics { .. } => TOPICS_TAG,
+            Frame::Topics { .. } => 10,
+            Frame::Moves { .. } => LAST_TAG,
         }
     }
 }
 
-/// The postcard tag of [`Frame::Topics`]: its place in the enum's
+/// The postcard tag of [`Frame::Moves`]: its place in the enum's
 /// declaration order (the variant is declared last, so this is also the
 /// highest tag).
-const TOPICS_TAG: usize = 10;
+const LAST_TAG: usize = 11;
 
 /// Variant names by postcard tag, in declaration order.
-const FRAME_NAMES: [&str; TOPICS_TAG + 1] = [
+const FRAME_NAMES: [&str; LAST_TAG + 1] = [
     "Hello",
     "Batch",
     "Ack",
@@ -196,6 +211,7 @@ const FRAME_NAMES: [&str; TOPICS_TAG + 1] = [
     "Agents",
     "StreamEnded",
     "Topics",
+    "Moves",
 ];
 
 /// The payloads of a batch frame, each encoded as length-prefixed bytes.
@@ -295,6 +311,9 @@ pub enum FrameError {
         /// Marks carried.
         marks: usize,
     },
+    /// A moves frame carries more than [`MAX_FRAME_MOVES`] notices.
+    #[error("Moves frame carries {0} notices, more than the {MAX_FRAME_MOVES} allowed")]
+    TooManyMoves(usize),
 }
 
 /// Appends `frame` to `out` as a length prefix and a postcard body.
@@ -348,6 +367,9 @@ fn check_counts(frame: &Frame) -> Result<(), FrameError> {
                 topics: topics.len(),
                 marks: marks.len(),
             })
+        }
+        Frame::Moves { notices, .. } if notices.len() > MAX_FRAME_MOVES => {
+            Err(FrameError::TooManyMoves(notices.len()))
         }
         _ => Ok(()),
     }
@@ -523,6 +545,10 @@ mod tests {
             Frame::Topics {
                 topics: vec![TopicName::new("t").unwrap()],
                 marks: vec![],
+                more: false,
+            },
+            Frame::Moves {
+                notices: vec![],
                 more: false,
             },
         ];

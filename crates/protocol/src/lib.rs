@@ -26,10 +26,11 @@ mod join;
 mod ticket;
 
 pub use agent::{
-    AGENT_CARD_DOMAIN, AgentCard, AgentEnvelope, AgentError, AgentHeader, AgentName, Bounce,
-    BounceReason, KIND_AGENT, KIND_BOUNCE, KIND_MESH_MAX, KIND_MESH_MIN, KIND_TOMBSTONE,
-    MAX_AGENT_CARDS, MAX_AGENT_NAME_BYTES, MAX_SUPERSEDE_KEY_BYTES, MAX_TOMBSTONE_BYTES,
-    MSG_ID_DOMAIN, MsgId, SupersedeKey, Tombstone, TombstoneReason, is_mesh_kind, stamp_msg_id,
+    AGENT_CARD_DOMAIN, AGENT_MOVE_DOMAIN, AgentCard, AgentEnvelope, AgentError, AgentHeader,
+    AgentMove, AgentName, Bounce, BounceReason, KIND_AGENT, KIND_BOUNCE, KIND_MESH_MAX,
+    KIND_MESH_MIN, KIND_TOMBSTONE, MAX_AGENT_CARDS, MAX_AGENT_NAME_BYTES, MAX_SUPERSEDE_KEY_BYTES,
+    MAX_TOMBSTONE_BYTES, MSG_ID_DOMAIN, MsgId, SupersedeKey, Tombstone, TombstoneReason,
+    is_mesh_kind, stamp_msg_id,
 };
 pub use batch::{
     BATCH_DOMAIN, Cid, EntryHeader, Envelope, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES,
@@ -40,8 +41,8 @@ pub use card::{
 };
 pub use cursor::{Cursor, CursorError};
 pub use frame::{
-    FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, MAX_FRAME_TOPICS, MAX_HELLO_MARKS,
-    Mark, PROTOCOL_VERSION, Payloads, decode_frame, encode_frame, frame_body_len,
+    FRAME_HEADER_BYTES, Frame, FrameError, MAX_FRAME_BYTES, MAX_FRAME_MOVES, MAX_FRAME_TOPICS,
+    MAX_HELLO_MARKS, Mark, PROTOCOL_VERSION, Payloads, decode_frame, encode_frame, frame_body_len,
 };
 pub use ids::{
     Channel, Epoch, IdError, MAX_TOPIC_NAME_BYTES, NodeId, SecretKey, Seq, StreamId, TopicName,

@@ -259,7 +259,8 @@ fn the_frame_seeds_hold_every_variant_and_a_batch_that_opens() {
             "CardAnswer",
             "Agents",
             "StreamEnded",
-            "Topics"
+            "Topics",
+            "Moves"
         ]
     );
 }

@@ -258,6 +258,9 @@ pub enum AgentOp {
         /// The arrival.
         arrival: Arrival,
     },
+    /// Keep `notice` as the move notice of its agent (replacing the one
+    /// held): the core keeps only the notice that wins.
+    PutMove(mesh_protocol::AgentMove),
 }
 
 /// One primitive agent write, as planned (arrivals resolved).
@@ -294,6 +297,7 @@ pub(crate) enum AgentWrite {
         alias: String,
         node: Option<NodeId>,
     },
+    Move(mesh_protocol::AgentMove),
     Cursor {
         agent: AgentName,
         name: String,
@@ -385,6 +389,7 @@ pub(crate) fn plan(
             check_alias(&alias)?;
             out.push(AgentWrite::Alias { alias, node });
         }
+        AgentOp::PutMove(notice) => out.push(AgentWrite::Move(notice)),
         AgentOp::PutCursor {
             agent,
             name,

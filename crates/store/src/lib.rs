@@ -203,6 +203,9 @@ pub trait MeshStore: Send + Sync + 'static {
     /// Every retried-send record, oldest first.
     fn dedup(&self) -> Result<Vec<DedupRecord>, StoreError>;
 
+    /// The move notice held of each agent that moved, by agent key.
+    fn moves(&self) -> Result<Vec<mesh_protocol::AgentMove>, StoreError>;
+
     /// Every node alias, by alias.
     fn aliases(&self) -> Result<Vec<(String, mesh_protocol::NodeId)>, StoreError>;
 

@@ -129,6 +129,9 @@ impl<H: CommitHook> MeshStore for Hooked<H> {
     fn aliases(&self) -> Result<Vec<(String, NodeId)>, StoreError> {
         self.inner.aliases()
     }
+    fn moves(&self) -> Result<Vec<mesh_protocol::AgentMove>, StoreError> {
+        self.inner.moves()
+    }
     fn agent_cursor(&self, agent: &AgentName, name: &str) -> Result<Option<Arrival>, StoreError> {
         self.inner.agent_cursor(agent, name)
     }

@@ -113,6 +113,10 @@ impl Core {
                 debug_assert!(false, "an agents frame must come as Input::Agents");
                 self.out.drop(DropReason::Malformed);
             }
+            Frame::Moves { .. } => {
+                debug_assert!(false, "a moves frame must come as Input::Moves");
+                self.out.drop(DropReason::Malformed);
+            }
             // Handled above.
             Frame::Hello { .. } => {}
         }
@@ -223,6 +227,7 @@ impl Core {
         // and ours goes before any batch of ours on it.
         self.forget_peer_agents(peer);
         self.announce_to(peer, conn);
+        self.announce_moves_to(peer, conn);
         self.topics.announce(peer, conn, &mut self.out);
         let (config, out) = (&self.config, &mut self.out);
         match check {

@@ -27,6 +27,8 @@ pub struct FrameCounts {
     pub stream_ended: u64,
     /// `Topics` frames.
     pub topics: u64,
+    /// `Moves` frames.
+    pub moves: u64,
 }
 
 impl FrameCounts {
@@ -43,6 +45,7 @@ impl FrameCounts {
             Frame::Agents { .. } => &mut self.agents,
             Frame::StreamEnded { .. } => &mut self.stream_ended,
             Frame::Topics { .. } => &mut self.topics,
+            Frame::Moves { .. } => &mut self.moves,
         };
         *c += 1;
     }
@@ -95,6 +98,9 @@ pub enum DropReason {
     /// A topic batch (or gap) of a new author stream of a topic that
     /// holds [`crate::core::TOPIC_STREAMS_MAX`] streams already.
     TopicStreamsFull,
+    /// A move notice of a new agent while this node holds notices of
+    /// [`crate::core::MOVES_MAX`] agents already.
+    MovesFull,
 }
 
 impl From<crate::core::BadBatch> for DropReason {
@@ -109,7 +115,7 @@ impl From<crate::core::BadBatch> for DropReason {
 
 impl DropReason {
     /// Every reason, in the order [`DropCounts::iter`] gives them.
-    pub const ALL: [DropReason; 20] = [
+    pub const ALL: [DropReason; 21] = [
         DropReason::BadSignature,
         DropReason::Malformed,
         DropReason::CidMismatch,
@@ -130,6 +136,7 @@ impl DropReason {
         DropReason::Conflict,
         DropReason::NotAMember,
         DropReason::TopicStreamsFull,
+        DropReason::MovesFull,
     ];
 
     /// The reason's name in `snake_case`, as metrics label it.
@@ -155,6 +162,7 @@ impl DropReason {
             DropReason::Conflict => "conflict",
             DropReason::NotAMember => "not_a_member",
             DropReason::TopicStreamsFull => "topic_streams_full",
+            DropReason::MovesFull => "moves_full",
         }
     }
 
@@ -298,6 +306,10 @@ pub struct AgentCounts {
     pub malformed: u64,
     /// Agents frames dropped: a bad card, or a card of another node.
     pub cards_refused: u64,
+    /// Moves frames dropped: a notice whose signature does not verify.
+    pub moves_refused: u64,
+    /// Move notices taken: newer than the one held of their agent.
+    pub moves_taken: u64,
     /// Own agent messages superseded before they were sent: held ones
     /// (committed as tombstones) and queued ones (replaced in the outbox).
     pub superseded: u64,

@@ -28,6 +28,7 @@ mod flush;
 mod io;
 mod local;
 mod metrics;
+mod moves;
 mod outbox;
 mod peers;
 mod receiver;
@@ -51,8 +52,10 @@ pub use config::{
 pub use io::{
     BadBatch, BadCards, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis,
     PeerChangeError, Recovered, ReqId, SendError, SendMeta, SendReceipt, open_batch, open_cards,
+    open_moves,
 };
 pub use metrics::{AgentCounts, DropCounts, DropReason, FrameCounts, Metrics, TopicCounts};
+pub use moves::MOVES_MAX;
 pub use topics::{TOPIC_ANNOUNCE_MS, TOPIC_STREAMS_MAX};
 
 use agents::Agents;
@@ -155,6 +158,7 @@ pub struct Core {
     committer: Committer,
     agents: Agents,
     topics: topics::Topics,
+    moves: moves::Moves,
     timers: TimerTable,
     /// The deadline last handed out with [`Effect::SetTimer`].
     armed: Option<Millis>,
@@ -209,6 +213,7 @@ impl Core {
             committer,
             agents: Agents::new(state.agents, state.dedup),
             topics,
+            moves: moves::Moves::new(state.moves),
             timers: TimerTable::default(),
             armed: None,
             journal: None,
@@ -296,6 +301,16 @@ impl Core {
         self.agents.local_cards()
     }
 
+    /// The move notice held of each agent that moved, by agent key.
+    pub fn agent_moves(&self) -> Vec<mesh_protocol::AgentMove> {
+        self.moves.all().cloned().collect()
+    }
+
+    /// The move notice held of the agent `key`, if it moved.
+    pub fn agent_move(&self, key: &NodeId) -> Option<&mesh_protocol::AgentMove> {
+        self.moves.get(key)
+    }
+
     /// The agent cards `peer` announced on its last connection.
     pub fn peer_agent_cards(&self, peer: NodeId) -> Vec<mesh_protocol::AgentCard> {
         self.agents.peer_cards(peer)
@@ -368,6 +383,11 @@ impl Core {
                 payload,
             } => self.on_publish(req, topic, kind, payload, now),
             Input::Agents { peer, conn, cards } => self.on_agents(peer, conn, cards),
+            Input::Moves {
+                peer,
+                conn,
+                notices,
+            } => self.on_moves(peer, conn, notices),
             Input::AgentCard { card } => self.on_agent_card(card),
             Input::Committed { commit, results } => self.on_committed(commit, results, now),
             Input::OutboxLoaded { load, result } if load.0 & topics::TOPIC_LOAD != 0 => {

@@ -310,6 +310,11 @@ fn frame_input(peer: NodeId, conn: ConnId, frame: Frame) -> Input {
             conn,
             cards: super::open_cards(cards),
         },
+        Frame::Moves { notices, .. } => Input::Moves {
+            peer,
+            conn,
+            notices: super::open_moves(notices),
+        },
         frame => Input::Frame { peer, conn, frame },
     }
 }
@@ -334,6 +339,7 @@ fn frame_name(f: &Frame) -> String {
         Frame::Agents { cards } => format!("agents {}", cards.len()),
         Frame::StreamEnded { held, .. } => format!("ended {held}"),
         Frame::Topics { topics, .. } => format!("topics {}", topics.len()),
+        Frame::Moves { notices, .. } => format!("moves {}", notices.len()),
     }
 }
 
@@ -2489,4 +2495,6 @@ fn a_newer_card_without_addresses_leaves_the_known_ones() {
 }
 
 mod agents;
+mod mesh;
+mod moves;
 mod topics;

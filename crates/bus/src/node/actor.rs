@@ -82,6 +82,7 @@ pub(super) enum Received {
     Frame(Frame),
     Batch(Result<OpenBatch, BadBatch>),
     Agents(Result<Vec<mesh_protocol::AgentCard>, core::BadCards>),
+    Moves(Result<Vec<mesh_protocol::AgentMove>, core::BadCards>),
 }
 
 /// The transport's `open`: runs in each connection's reader task.
@@ -89,6 +90,7 @@ pub(super) fn open(frame: Frame) -> Received {
     match frame {
         Frame::Batch { batch, payloads } => Received::Batch(core::open_batch(batch, payloads.0)),
         Frame::Agents { cards } => Received::Agents(core::open_cards(cards)),
+        Frame::Moves { notices, .. } => Received::Moves(core::open_moves(notices)),
         other => Received::Frame(other),
     }
 }
@@ -354,6 +356,11 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                     Input::Batch { peer, conn, batch }
                 }
                 Received::Agents(cards) => Input::Agents { peer, conn, cards },
+                Received::Moves(notices) => Input::Moves {
+                    peer,
+                    conn,
+                    notices,
+                },
             },
             Event::Disconnected { peer, conn, reason } => {
                 debug!(peer = %peer.fmt_short(), %conn, %reason, "peer disconnected");

@@ -9,10 +9,10 @@
 use std::net::SocketAddr;
 
 use mesh_protocol::{
-    AgentCard, AgentEnvelope, AgentName, Bounce, BounceReason, Channel, Cid, Cursor, Epoch, Frame,
-    InviteCode, InviteId, InviteSecret, JoinAnswer, JoinRefusal, JoinRequest, Mark, MsgId,
-    NewEnvelope, NodeCard, NodeId, NodeName, NodeTicket, OpenBatch, PROTOCOL_VERSION, Payloads,
-    RequestId, SecretKey, StreamId, SupersedeKey, TopicName, encode_frame,
+    AgentCard, AgentEnvelope, AgentMove, AgentName, Bounce, BounceReason, Channel, Cid, Cursor,
+    Epoch, Frame, InviteCode, InviteId, InviteSecret, JoinAnswer, JoinRefusal, JoinRequest, Mark,
+    MsgId, NewEnvelope, NodeCard, NodeId, NodeName, NodeTicket, OpenBatch, PROTOCOL_VERSION,
+    Payloads, RequestId, SecretKey, StreamId, SupersedeKey, TopicName, encode_frame,
 };
 use proptest::prelude::*;
 
@@ -237,7 +237,26 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
                 more: false,
             },
         ),
+        (
+            "Moves",
+            Frame::Moves {
+                notices: vec![agent_move()],
+                more: false,
+            },
+        ),
     ]
+}
+
+/// The fixed move notice: agent `planner` moved from the author to the
+/// recipient, its first move.
+pub(crate) fn agent_move() -> AgentMove {
+    AgentMove::sign(
+        &agent_secret(),
+        agent("planner"),
+        (author(), recipient()),
+        1,
+        CREATED_MS,
+    )
 }
 
 /// The fixed agent's secret key: 32 bytes of `03`.
@@ -476,6 +495,11 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
                 marks,
                 more,
             }),
+        (
+            proptest::collection::vec(arb_agent_move(), 0..3),
+            any::<bool>()
+        )
+            .prop_map(|(notices, more)| Frame::Moves { notices, more }),
     ]
 }
 
@@ -500,6 +524,20 @@ pub(crate) fn arb_agent_card() -> impl Strategy<Value = AgentCard> {
     )
         .prop_map(|(secret, node, name, online, issued_ms)| {
             AgentCard::sign(&secret, node, name, online, issued_ms)
+        })
+}
+
+/// Any correctly signed move notice.
+pub(crate) fn arb_agent_move() -> impl Strategy<Value = AgentMove> {
+    (
+        arb_secret(),
+        arb_agent(),
+        (arb_node(), arb_node()),
+        any::<u64>(),
+        any::<u64>(),
+    )
+        .prop_map(|(secret, name, hosts, version, issued_ms)| {
+            AgentMove::sign(&secret, name, hosts, version, issued_ms)
         })
 }
 

@@ -67,6 +67,8 @@ struct Agents {
     /// By (time taken, encoded key), as on disk.
     dedup: BTreeMap<(u64, Vec<u8>), DedupRecord>,
     aliases: BTreeMap<String, NodeId>,
+    /// Agents' move notices, by agent key.
+    moves: BTreeMap<NodeId, mesh_protocol::AgentMove>,
     cursors: BTreeMap<(AgentName, String), Arrival>,
     /// The last inbox entry of each agent that retention took.
     trimmed: BTreeMap<AgentName, Arrival>,
@@ -443,6 +445,10 @@ impl MeshStore for MemStore {
 
     fn dedup(&self) -> Result<Vec<DedupRecord>, StoreError> {
         Ok(self.lock().agents.dedup.values().cloned().collect())
+    }
+
+    fn moves(&self) -> Result<Vec<mesh_protocol::AgentMove>, StoreError> {
+        Ok(self.lock().agents.moves.values().cloned().collect())
     }
 
     fn aliases(&self) -> Result<Vec<(String, NodeId)>, StoreError> {

@@ -48,6 +48,9 @@ impl Agents {
             AgentWrite::ForgetDedup { at_ms, key } => {
                 self.dedup.remove(&(at_ms, dedup_key_bytes(&key)));
             }
+            AgentWrite::Move(notice) => {
+                self.moves.insert(notice.key, notice);
+            }
             AgentWrite::Alias { alias, node } => match node {
                 Some(n) => {
                     self.aliases.insert(alias, n);

@@ -11,6 +11,7 @@
 //! | `superseded-v1`    | message id                       | the id (16 bytes) of the message that superseded it before it was sent |
 //! | `dedup-v1`         | (ms taken, postcard `DedupKey`)  | postcard `DedupRecord` |
 //! | `aliases-v1`       | alias                            | node id (32 bytes)    |
+//! | `moves-v1`         | agent key (32 bytes)             | postcard `AgentMove`: the move notice held of the agent |
 //! | `agent-cursors-v1` | (agent name, cursor name)        | arrival               |
 //! | `inbox-trimmed-v1` | agent name                       | the last arrival of its inbox that retention took |
 //!
@@ -103,6 +104,7 @@ const INBOX: TableDefinition<'_, (&str, u64), &[u8]> = TableDefinition::new("inb
 const MESSAGES: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("messages-v1");
 const DEDUP: TableDefinition<'_, (u64, &[u8]), &[u8]> = TableDefinition::new("dedup-v1");
 const ALIASES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("aliases-v1");
+const MOVES: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("moves-v1");
 const UNDELIVERED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("undelivered-v1");
 const SUPERSEDED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("superseded-v1");
 const AGENT_CURSORS: TableDefinition<'_, (&str, &str), u64> =
@@ -120,6 +122,7 @@ pub(super) struct AgentTables<'tx> {
     messages: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     dedup: Option<DedupTable<'tx>>,
     aliases: Option<Table<'tx, &'static str, &'static [u8]>>,
+    moves: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     cursors: Option<Table<'tx, (&'static str, &'static str), u64>>,
     undelivered: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     superseded: Option<Table<'tx, &'static [u8], &'static [u8]>>,
@@ -157,6 +160,7 @@ impl<'tx> AgentTables<'tx> {
             messages: None,
             dedup: None,
             aliases: None,
+            moves: None,
             cursors: None,
             undelivered: None,
             superseded: None,
@@ -305,6 +309,13 @@ impl<'tx> AgentTables<'tx> {
                 let k = dedup_key_bytes(&key);
                 open(tx, &mut self.dedup, DEDUP, name)?
                     .remove((at_ms, k.as_slice()))
+                    .map_err(werr)?;
+            }
+            AgentWrite::Move(notice) => {
+                let v = postcard::to_stdvec(&notice)
+                    .map_err(|e| StoreError::Unavailable(format!("cannot encode: {e}")))?;
+                open(tx, &mut self.moves, MOVES, name)?
+                    .insert(notice.key.as_bytes().as_slice(), v.as_slice())
                     .map_err(werr)?;
             }
             AgentWrite::Alias { alias, node } => {
@@ -622,6 +633,14 @@ impl RedbStore {
             return Ok(Vec::new());
         };
         self.decode_values(&t, "dedup record")
+    }
+
+    pub(super) fn read_moves(&self) -> Result<Vec<mesh_protocol::AgentMove>, StoreError> {
+        let rx = self.begin_read()?;
+        let Some(t) = read_table(&rx, MOVES, &self.name)? else {
+            return Ok(Vec::new());
+        };
+        self.decode_values(&t, "move notice")
     }
 
     pub(super) fn read_aliases(&self) -> Result<Vec<(String, NodeId)>, StoreError> {

@@ -412,6 +412,10 @@ impl MeshStore for RedbStore {
         self.read_aliases()
     }
 
+    fn moves(&self) -> Result<Vec<mesh_protocol::AgentMove>, StoreError> {
+        self.read_moves()
+    }
+
     fn agent_cursor(
         &self,
         agent: &mesh_protocol::AgentName,

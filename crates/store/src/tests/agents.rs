@@ -27,7 +27,23 @@ store_suite!(
     a_trim_takes_the_inbox_entries_of_its_rows_even_from_a_row_it_cuts,
     a_trim_forgets_the_messages_of_its_rows_and_the_rest_keep_their_places,
     an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox,
+    a_move_notice_is_kept_per_agent_and_a_later_one_replaces_it,
 );
+
+fn a_move_notice_is_kept_per_agent_and_a_later_one_replaces_it(s: &dyn MeshStore) {
+    assert_eq!(s.moves().expect("reads"), vec![], "none before any move");
+    let notice = |agent: u8, version: u64| {
+        mesh_protocol::AgentMove::sign(&key(agent), name("kim"), (node(1), node(2)), version, 7)
+    };
+    let put = |n| commit1(s, vec![WriteOp::Agents(AgentOp::PutMove(n))]);
+    put(notice(40, 1)).expect("commits");
+    put(notice(41, 3)).expect("commits");
+    put(notice(40, 2)).expect("commits");
+    let mut held = s.moves().expect("reads");
+    held.sort_by_key(|m| m.version);
+    assert_eq!(held, vec![notice(40, 2), notice(41, 3)]);
+    assert!(held.iter().all(|m| m.verify().is_ok()), "kept as signed");
+}
 
 fn name(s: &str) -> AgentName {
     AgentName::new(s).expect("valid name")

@@ -604,12 +604,13 @@ fn a_new_epoch_survives_a_reopen() {
 const STORE_V4: &[u8] = include_bytes!("data/store-v4.redb");
 
 #[test]
-fn a_schema_4_store_from_before_topics_is_a_member_of_none_and_takes_topics() {
+fn a_schema_4_store_from_before_topics_is_a_member_of_none_and_takes_topics_and_moves() {
     let dir = tempdir();
     std::fs::write(dir.path().join(STORE_FILE_NAME), STORE_V4).expect("write");
     let s = RedbStore::open(dir.path()).expect("opens");
     assert_eq!(s.meta().schema_version, SCHEMA_VERSION);
     assert!(s.topics().expect("topics").is_empty());
+    assert!(s.moves().expect("moves").is_empty(), "no move notices yet");
     let to2 = own_stream_id(&s, PEER);
     assert_eq!(own_state(&s, &to2).expect("stream").next_seq, 3);
     assert_eq!(s.journal_head().expect("head"), 5);
@@ -626,10 +627,23 @@ fn a_schema_4_store_from_before_topics_is_a_member_of_none_and_takes_topics() {
         ],
     )
     .expect("joins and takes a topic batch");
+    let notice = mesh_protocol::AgentMove::sign(
+        &key(40),
+        mesh_protocol::AgentName::new("kim").expect("a name"),
+        (node(1), node(2)),
+        1,
+        7,
+    );
+    commit1(
+        &s,
+        vec![WriteOp::Agents(crate::AgentOp::PutMove(notice.clone()))],
+    )
+    .expect("takes a move notice");
     let before = dump(&s, &[]).expect("dump");
     drop(s);
     let s = RedbStore::open(dir.path()).expect("reopens");
     assert_eq!(dump(&s, &[]).expect("dump"), before);
+    assert_eq!(s.moves().expect("moves"), vec![notice]);
     assert_eq!(s.topics().expect("topics")[0].name, topic());
     assert_eq!(outbox(&s, &topic_stream(3)).len(), 1);
     assert_eq!(outbox(&s, &to2).len(), 1, "the direct stream as it was");

@@ -66,6 +66,7 @@ pub(super) struct DedupMeta {
 pub(super) enum AgentChange {
     Put(AgentName),
     Remove(AgentName),
+    Move(mesh_protocol::AgentMove),
 }
 
 impl AgentChange {
@@ -74,6 +75,7 @@ impl AgentChange {
         match write {
             LocalWrite::PutAgent(r) => Some(AgentChange::Put(r.name.clone())),
             LocalWrite::RemoveAgent(n) => Some(AgentChange::Remove(n.clone())),
+            LocalWrite::PutMove(m) => Some(AgentChange::Move(m.clone())),
             _ => None,
         }
     }
@@ -136,6 +138,11 @@ impl Agents {
         self.local.len()
     }
 
+    /// Queues store ops for the next commit that no request waits for.
+    pub(super) fn push_housekeeping(&mut self, op: AgentOp) {
+        self.housekeeping.push(op);
+    }
+
     /// The frame announcing this node's agents (those with a card), if it
     /// hosts any.
     pub(super) fn frame(&self) -> Option<Frame> {
@@ -170,6 +177,7 @@ impl Core {
                 self.agents.local.remove(&name);
                 self.announce_all();
             }
+            AgentChange::Move(notice) => self.on_local_move(notice),
         }
     }
 

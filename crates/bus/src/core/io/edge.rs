@@ -21,6 +21,18 @@ pub fn open_cards(cards: Vec<AgentCard>) -> Result<Vec<AgentCard>, BadCards> {
     }
 }
 
+/// Checks every move notice's signature under its agent's key: a `Moves`
+/// frame with one bad notice is refused whole, as an `Agents` frame is.
+pub fn open_moves(
+    notices: Vec<mesh_protocol::AgentMove>,
+) -> Result<Vec<mesh_protocol::AgentMove>, BadCards> {
+    if notices.iter().all(|m| m.verify().is_ok()) {
+        Ok(notices)
+    } else {
+        Err(BadCards::BadSignature)
+    }
+}
+
 /// Why a peer's batch frame was refused before it reached the core's state.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -16,7 +16,7 @@ use mesh_store::{
     StoreError, StoredBatch, WriteOp,
 };
 
-pub use edge::{BadBatch, BadCards, open_batch, open_cards};
+pub use edge::{BadBatch, BadCards, open_batch, open_cards, open_moves};
 pub use send::{SendError, SendMeta, SendReceipt};
 pub use write::LocalWrite;
 
@@ -150,6 +150,16 @@ pub enum Input {
         conn: ConnId,
         /// The verified cards, or why they were refused.
         cards: Result<Vec<AgentCard>, BadCards>,
+    },
+    /// A `Moves` frame from `peer` on `conn`, its notices already checked
+    /// by [`open_moves`] (`Err`: refused at the edge; only counted).
+    Moves {
+        /// The peer (the connection's authenticated key).
+        peer: NodeId,
+        /// The connection it came on.
+        conn: ConnId,
+        /// The verified notices, or why they were refused.
+        notices: Result<Vec<mesh_protocol::AgentMove>, BadCards>,
     },
     /// A newly signed card of one of this node's agents (it went online or
     /// offline, or the node started): announced to every live peer, not
@@ -404,6 +414,8 @@ pub struct Recovered {
     pub cards: Vec<NodeCard>,
     /// `MeshStore::topics`: the topics this node is a member of.
     pub topics: Vec<mesh_store::TopicRecord>,
+    /// `MeshStore::moves`: the move notice held of each agent that moved.
+    pub moves: Vec<mesh_protocol::AgentMove>,
 }
 
 impl Recovered {
@@ -422,6 +434,7 @@ impl Recovered {
             entropy: [0; 32],
             cards: store.cards()?,
             topics: store.topics()?,
+            moves: store.moves()?,
         })
     }
 }

@@ -71,6 +71,9 @@ pub enum LocalWrite {
     /// Leave a topic: replication stops once committed; what was journaled
     /// and what is held stay.
     LeaveTopic(mesh_protocol::TopicName),
+    /// Keep a move notice this node signed for an agent it now hosts (an
+    /// import): once committed it is told to every live peer.
+    PutMove(mesh_protocol::AgentMove),
 }
 
 impl LocalWrite {
@@ -85,6 +88,7 @@ impl LocalWrite {
             | LocalWrite::AgentLagged { subscriber, .. } => (subscriber, SUBSCRIBER_NAME_BYTES_MAX),
             LocalWrite::PutAgent(r) => (r.name.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
             LocalWrite::RemoveAgent(n) => (n.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
+            LocalWrite::PutMove(m) => (m.name.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
             LocalWrite::PutAlias { alias, .. } => (alias, mesh_store::ALIAS_BYTES_MAX),
             LocalWrite::PutInvite(_) | LocalWrite::JoinTopic(_) | LocalWrite::LeaveTopic(_) => {
                 ("", 0)
@@ -142,6 +146,7 @@ impl LocalWrite {
             LocalWrite::PutInvite(invite) => vec![WriteOp::PutInvite(invite)],
             LocalWrite::JoinTopic(record) => vec![WriteOp::JoinTopic(record)],
             LocalWrite::LeaveTopic(topic) => vec![WriteOp::LeaveTopic { topic }],
+            LocalWrite::PutMove(notice) => vec![WriteOp::Agents(AgentOp::PutMove(notice))],
         }
     }
 }
