@@ -1,11 +1,13 @@
 //! The workload's history: what each client asked and what it was told.
 //!
 //! One JSON object a line (`history.jsonl`), in the order the harness saw
-//! them: `invoke` before a send, then exactly one of `ok` (the daemon
-//! answered with the message's stream and seq: it is committed), `fail` (the
-//! daemon or the socket said it was not sent) or `unknown` (no answer: a
-//! timeout, a crash mid-request). A message is named by its origin client
-//! and that client's counter, which the body carries as `{"o":…,"c":…}`.
+//! them: `invoke` before a send to one node or `publish` before a publish
+//! to a topic, then exactly one of `ok` (the daemon answered with the
+//! message's stream and seq: it is committed), `fail` (the daemon or the
+//! socket said it was not sent) or `unknown` (no answer: a timeout, a crash
+//! mid-request). A message is named by its origin client and that client's
+//! counter, which the body carries as `{"o":…,"c":…}`. A history written
+//! before topics has no `publish` lines and reads the same.
 
 use std::io::{BufRead as _, BufWriter, Write as _};
 use std::path::Path;
@@ -36,7 +38,23 @@ pub enum Op {
         /// The receiving node's id.
         to_id: String,
     },
-    /// The send was committed as `seq` of `stream`.
+    /// A client is about to publish message (`client`, `c`) to `topic`
+    /// through node `from`, which authors it: every other member should get it.
+    Publish {
+        /// Milliseconds since the run started.
+        t_ms: u64,
+        /// The client (origin).
+        client: u32,
+        /// The client's message counter, from 1.
+        c: u64,
+        /// The publishing node's index.
+        from: usize,
+        /// The publishing node's id (the author of its topic stream).
+        from_id: String,
+        /// The topic's name.
+        topic: String,
+    },
+    /// The send or publish was committed as `seq` of `stream`.
     Ok {
         /// Milliseconds since the run started.
         t_ms: u64,
@@ -49,7 +67,7 @@ pub enum Op {
         /// The seq the daemon answered.
         seq: Seq,
     },
-    /// The send was refused: nothing was written.
+    /// The send or publish was refused: nothing was written.
     Fail {
         /// Milliseconds since the run started.
         t_ms: u64,
@@ -78,6 +96,7 @@ impl Op {
     pub fn message(&self) -> (u32, u64) {
         match self {
             Op::Invoke { client, c, .. }
+            | Op::Publish { client, c, .. }
             | Op::Ok { client, c, .. }
             | Op::Fail { client, c, .. }
             | Op::Unknown { client, c, .. } => (*client, *c),
@@ -244,6 +263,14 @@ mod tests {
             client: 0,
             c: 2,
             error: "timeout".into(),
+        });
+        h.record(Op::Publish {
+            t_ms: 4,
+            client: 0,
+            c: 3,
+            from: 0,
+            from_id: "a".into(),
+            topic: "chaos".into(),
         });
         h.flush().unwrap();
         assert_eq!(load(&path).unwrap(), h.ops());
