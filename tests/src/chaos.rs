@@ -6,7 +6,8 @@
 //!    until it ends or the chaos time is up.
 //! 3. Stop the clients; heal the network, resume and restart every node.
 //! 4. Wait (bounded) until every receiver's marks reach the last seq its
-//!    senders acknowledged, and the senders' outboxes drain.
+//!    senders acknowledged, every member's topic marks the last seq each
+//!    author acknowledged of its topic stream, and the senders' outboxes drain.
 //! 5. Read every journal through the API and [`check`] it against the history.
 //!
 //! The folder (by default `target/chaos/<label>-<seed>/`) holds
@@ -25,12 +26,14 @@ use serde::Serialize;
 use tokio::sync::watch;
 
 use crate::checker::{Summary, check};
-use crate::cluster::{Cluster, ClusterConfig, Isolation, JournalTail, create_file, write_journal};
+use crate::cluster::{
+    Cluster, ClusterConfig, Isolation, JournalTail, call, create_file, write_journal,
+};
 use crate::history::{History, Op};
 use crate::nemesis::{Ctx, apply, plan};
 use crate::rng::SimRng;
 use crate::workload::{ClientSpec, WorkloadConfig, run_client};
-use mesh_api::EventRecord;
+use mesh_api::{EventRecord, TopicsResponse};
 
 /// The seed of the short run when `CHAOS_SEED` is not set.
 pub const SHORT_SEED: u64 = 20_261_129;
@@ -63,20 +66,30 @@ pub struct ChaosConfig {
     /// Namespaces or loopback.
     pub isolation: Isolation,
     /// Each daemon's `config.toml`, if any (e.g. a small outbox, so that
-    /// acknowledged envelopes are evicted and gaps happen).
+    /// acknowledged envelopes are evicted and gaps happen). It must join
+    /// every node to the workload's topic, if it has one.
     pub daemon_config: Option<String>,
     /// Where the run's files go.
     pub out_dir: PathBuf,
 }
 
 impl ChaosConfig {
-    /// The short run for `cargo test`: 3 nodes, 24 faults within about 90 s.
-    /// `CHAOS_SEED`, `CHAOS_NODES` and `CHAOS_OUT` override its defaults, and
-    /// `CHAOS_MESH_BIN` runs another `mesh` executable than `bin` (e.g. a
-    /// release build, or a copy that a rebuild will not replace mid-run).
+    /// The short run for `cargo test`: 3 nodes, 24 faults within about 90 s,
+    /// every node a member of [`TOPIC`] and one message in
+    /// [`PUBLISH_ONE_IN`] published to it. `CHAOS_SEED`, `CHAOS_NODES` and
+    /// `CHAOS_OUT` override its defaults, `CHAOS_TOPIC_MSGS=0` leaves the
+    /// topic out, and `CHAOS_MESH_BIN` runs another `mesh` executable than
+    /// `bin` (e.g. a release build, or a copy that a rebuild will not
+    /// replace mid-run).
     pub fn short(bin: impl Into<PathBuf>) -> Self {
         let bin = bin.into();
         let seed = env_u64("CHAOS_SEED").unwrap_or(SHORT_SEED);
+        let topic_msgs = env_u64("CHAOS_TOPIC_MSGS").unwrap_or(TOPIC_MSGS);
+        let workload = WorkloadConfig {
+            topic: (topic_msgs > 0).then(|| TOPIC.to_owned()),
+            publish_one_in: PUBLISH_ONE_IN,
+            ..WorkloadConfig::default()
+        };
         let mut cfg = ChaosConfig {
             out_dir: default_out_dir(&bin, "short", seed),
             bin: std::env::var_os("CHAOS_MESH_BIN").map_or(bin, PathBuf::from),
@@ -86,14 +99,14 @@ impl ChaosConfig {
             faults: 24,
             chaos_time: Duration::from_secs(100),
             converge_timeout: Duration::from_secs(60),
-            workload: WorkloadConfig::default(),
+            workload,
             // CHAOS_LOOPBACK=1 runs as a non-root user would, even as root.
             isolation: if env_u64("CHAOS_LOOPBACK").is_some_and(|v| v != 0) {
                 Isolation::Loopback
             } else {
                 Isolation::Auto
             },
-            daemon_config: outbox_config_from_env(),
+            daemon_config: Some(daemon_config_from_env(topic_msgs)),
         };
         if let Ok(out) = std::env::var("CHAOS_OUT") {
             cfg.out_dir = PathBuf::from(out);
@@ -134,26 +147,42 @@ pub const OUTBOX_MSGS: u64 = 32;
 /// The outbox policy of chaos runs unless `CHAOS_ON_FULL` says otherwise.
 pub const ON_FULL: &str = "evict-oldest";
 
+/// The topic every node of a chaos run joins from its config.
+pub const TOPIC: &str = "chaos";
+/// What each member holds of each author's stream of [`TOPIC`] unless
+/// `CHAOS_TOPIC_MSGS` says otherwise (0: no topic): small, so an author
+/// evicts its oldest publishes (with a loss record) within seconds and a
+/// member that is away long enough gets real gaps.
+pub const TOPIC_MSGS: u64 = 32;
+/// One workload message in this many is published to [`TOPIC`].
+pub const PUBLISH_ONE_IN: u64 = 4;
+
 /// What every chaos daemon's `config.toml` says: no mDNS, so a node
 /// restarted on a new port is found only through its own Hello and the
 /// cards its peers pass on (what a run with fresh ports tests).
 const DISCOVERY_OFF: &str = "[discovery]\nmdns = \"off\"\n";
 
-/// The daemons' `config.toml`: [`DISCOVERY_OFF`], and `[outbox]` from
-/// `CHAOS_OUTBOX_MSGS` (0: the daemon's built-in defaults) and `CHAOS_ON_FULL`.
-fn outbox_config_from_env() -> Option<String> {
+/// The daemons' `config.toml`: [`DISCOVERY_OFF`]; `[outbox]` from
+/// `CHAOS_OUTBOX_MSGS` (0: the daemon's built-in defaults) and
+/// `CHAOS_ON_FULL`; and `[topics]`, joining [`TOPIC`] with a bound of
+/// `topic_msgs` per author, unless it is 0.
+fn daemon_config_from_env(topic_msgs: u64) -> String {
+    let mut toml = DISCOVERY_OFF.to_owned();
     let msgs = env_u64("CHAOS_OUTBOX_MSGS").unwrap_or(OUTBOX_MSGS);
-    if msgs == 0 {
-        return Some(DISCOVERY_OFF.to_owned());
+    if msgs > 0 {
+        let on_full = std::env::var("CHAOS_ON_FULL")
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| ON_FULL.into());
+        toml += &format!(
+            "[outbox]\nmax_msgs = {msgs}\non_full = {:?}\n",
+            on_full.trim()
+        );
     }
-    let on_full = std::env::var("CHAOS_ON_FULL")
-        .ok()
-        .filter(|v| !v.trim().is_empty())
-        .unwrap_or_else(|| ON_FULL.into());
-    Some(format!(
-        "{DISCOVERY_OFF}[outbox]\nmax_msgs = {msgs}\non_full = {:?}\n",
-        on_full.trim()
-    ))
+    if topic_msgs > 0 {
+        toml += &format!("[topics]\njoin = [{TOPIC:?}]\nmax_msgs = {topic_msgs}\n");
+    }
+    toml
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -181,6 +210,8 @@ pub struct Report {
     pub nodes: usize,
     /// Whether partitions and loss ran (namespaces were available).
     pub network_faults: bool,
+    /// The topic every node was a member of and the workload published to.
+    pub topic: Option<String>,
     /// Faults carried out, by kind.
     pub faults: BTreeMap<String, u64>,
     /// Faults carried out in all.
@@ -239,6 +270,15 @@ impl fmt::Display for Report {
             "sends: invoked={} ok={} fail={} unknown={} unfinished={}; converged={} drained={}",
             s.invoked, s.ok, s.failed, s.unknown, s.unfinished, self.converged, self.drained
         )?;
+        if let Some(topic) = &self.topic {
+            let p = &s.published;
+            writeln!(
+                f,
+                "of them published to topic {topic}: invoked={} ok={} fail={} unknown={} \
+                 unfinished={}",
+                p.invoked, p.ok, p.failed, p.unknown, p.unfinished
+            )?;
+        }
         writeln!(f, "total: {}", s.total)?;
         for (node, c) in &s.per_receiver {
             writeln!(f, "  receiver {}: {c}", short(node))?;
@@ -354,6 +394,11 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     // The nemesis's own sends get a client number past every workload client's.
     let nemesis_client = (cluster.len() * cfg.workload.clients_per_node) as u32;
     let mut ctx = Ctx::new(history.clone(), nemesis_client, cfg.workload.send_timeout);
+    ctx.topic = cfg
+        .workload
+        .topic
+        .clone()
+        .map(|t| (t, cfg.workload.publish_one_in));
     let mut nemesis_log = std::io::BufWriter::new(create_file(&cfg.out_dir.join("nemesis.jsonl"))?);
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut resync_kills_while_behind = 0;
@@ -429,6 +474,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
         seed: cfg.seed,
         nodes: cfg.nodes,
         network_faults: network,
+        topic: cfg.workload.topic.clone(),
         faults_total: faults.values().sum(),
         faults,
         resync_kills_while_behind,
@@ -550,9 +596,12 @@ impl Follower {
 }
 
 /// Waits until, for every stream, the receiver holds everything up to the
-/// highest seq acknowledged on it (its mark in `GET /v1/status`, or what
-/// its journal shows delivered or covered by gaps), and (within the same
-/// bound) until every sender's outbox is empty. Answers (reached, drained).
+/// highest seq acknowledged on it (its mark, or what its journal shows
+/// delivered or covered by gaps), and (within the same bound) until every
+/// sender's outbox is empty. A direct stream's mark is the receiver's in
+/// `GET /v1/status`; a topic stream is for every node but its author, and
+/// its mark is the one in that node's `GET /v1/topics`. Answers (reached,
+/// drained).
 pub(crate) async fn converge(
     cluster: &Cluster,
     follower: &mut Follower,
@@ -561,10 +610,26 @@ pub(crate) async fn converge(
 ) -> (bool, bool) {
     // Receiver id -> stream -> highest acknowledged seq.
     let mut want: HashMap<String, HashMap<StreamKey, u64>> = HashMap::new();
+    let ids: Vec<String> = (0..cluster.len())
+        .map(|i| cluster.node_id(i).to_owned())
+        .collect();
+    let mut any_topic = false;
     for op in ops {
-        if let Op::Ok { stream, seq, .. } = op
-            && let Some(to) = stream.channel.strip_prefix("direct:")
-        {
+        let Op::Ok { stream, seq, .. } = op else {
+            continue;
+        };
+        let receivers: Vec<&str> = if let Some(to) = stream.channel.strip_prefix("direct:") {
+            vec![to]
+        } else if stream.channel.starts_with("topic:") {
+            any_topic = true;
+            ids.iter()
+                .map(String::as_str)
+                .filter(|id| *id != stream.author)
+                .collect()
+        } else {
+            continue;
+        };
+        for to in receivers {
             let top = want
                 .entry(to.to_owned())
                 .or_default()
@@ -595,25 +660,43 @@ pub(crate) async fn converge(
                     continue;
                 }
             };
+            let topics = if any_topic {
+                match call(cluster.client(i).get::<TopicsResponse>("/v1/topics")).await {
+                    Ok(t) => t.topics,
+                    Err(e) => {
+                        behind.push(format!("node {i}'s topics: {e:#}"));
+                        continue;
+                    }
+                }
+            } else {
+                Vec::new()
+            };
             queued += status.peers.iter().map(|p| p.queued_msgs).sum::<u64>();
             let id = cluster.node_id(i);
             for (key, top) in want.get(id).into_iter().flatten() {
                 let (author, epoch, channel) = key;
-                let mark = status
-                    .peers
-                    .iter()
-                    .filter(|p| &p.node == author)
-                    .flat_map(|p| &p.marks)
-                    .find(|m| {
-                        &m.stream.author == author
-                            && &m.stream.epoch == epoch
-                            && &m.stream.channel == channel
-                    })
-                    .map_or(0, |m| m.mark);
+                let same = |s: &mesh_api::StreamJson| {
+                    &s.author == author && &s.epoch == epoch && &s.channel == channel
+                };
+                let mark = match channel.strip_prefix("topic:") {
+                    Some(name) => topics
+                        .iter()
+                        .filter(|t| t.name == name)
+                        .flat_map(|t| &t.streams)
+                        .find(|s| same(&s.stream))
+                        .map_or(0, |s| s.mark),
+                    None => status
+                        .peers
+                        .iter()
+                        .filter(|p| &p.node == author)
+                        .flat_map(|p| &p.marks)
+                        .find(|m| same(&m.stream))
+                        .map_or(0, |m| m.mark),
+                };
                 let seen = follower.prefixes[i].get(key).map_or(0, |p| p.upto);
                 if mark.max(seen) < *top {
                     behind.push(format!(
-                        "node {i} holds {}..#{} (mark {mark}), acknowledged #{top}",
+                        "node {i} holds {} {channel}..#{} (mark {mark}), acknowledged #{top}",
                         short(author),
                         seen
                     ));

@@ -18,7 +18,7 @@ use crate::cluster::Cluster;
 use crate::history::History;
 use crate::netns::Netns;
 use crate::rng::SimRng;
-use crate::workload::{Ended, Send};
+use crate::workload::{Ended, Publish, Send};
 
 /// The share of packets the loss fault drops, in percent.
 pub const LOSS_PERCENT: u32 = 30;
@@ -62,7 +62,8 @@ pub enum Fault {
     },
     /// Send a burst of messages through a node and `kill -9` it the moment
     /// the first is acknowledged (so a send answered before its commit is
-    /// durable is caught), keep it down for `down_ms`, restart it.
+    /// durable is caught), keep it down for `down_ms`, restart it. With a
+    /// topic ([`Ctx::topic`]), some of the burst are published to it.
     KillAfterAck {
         /// The node.
         node: usize,
@@ -243,6 +244,10 @@ pub struct Ctx {
     pub client: u32,
     /// How long one of its sends may take.
     pub send_timeout: Duration,
+    /// The topic every node is a member of, if any, and one message in how
+    /// many of a `kill_after_ack` burst is published to it (by the
+    /// message's counter, so the schedule stays the seed's).
+    pub topic: Option<(String, u64)>,
     next_c: u64,
 }
 
@@ -253,6 +258,7 @@ impl Ctx {
             history,
             client,
             send_timeout,
+            topic: None,
             next_c: 0,
         }
     }
@@ -315,19 +321,34 @@ pub async fn apply(cluster: &mut Cluster, ctx: &mut Ctx, fault: &Fault) -> anyho
             let mut sends = tokio::task::JoinSet::new();
             for _ in 0..*burst {
                 ctx.next_c += 1;
-                let send = Send {
-                    client: ctx.client,
-                    c: ctx.next_c,
-                    from: *node,
-                    to: *to,
-                    to_id: cluster.node_id(*to).to_owned(),
-                };
+                let (client, c) = (ctx.client, ctx.next_c);
                 let (api, history, timeout) = (
                     cluster.client(*node).clone(),
                     ctx.history.clone(),
                     ctx.send_timeout,
                 );
-                sends.spawn(async move { send.run(&api, &history, timeout).await });
+                match &ctx.topic {
+                    Some((topic, one_in)) if *one_in > 0 && c % *one_in == 0 => {
+                        let publish = Publish {
+                            client,
+                            c,
+                            from: *node,
+                            from_id: cluster.node_id(*node).to_owned(),
+                            topic: topic.clone(),
+                        };
+                        sends.spawn(async move { publish.run(&api, &history, timeout).await });
+                    }
+                    _ => {
+                        let send = Send {
+                            client,
+                            c,
+                            from: *node,
+                            to: *to,
+                            to_id: cluster.node_id(*to).to_owned(),
+                        };
+                        sends.spawn(async move { send.run(&api, &history, timeout).await });
+                    }
+                }
             }
             let mut killed_after_ack = false;
             while let Some(ended) = sends.join_next().await {

@@ -1,11 +1,13 @@
 //! The workload: clients that send unique, numbered messages to random peers
-//! through a node's socket (`POST /v1/send`) and record what happened.
+//! through a node's socket (`POST /v1/send`), and publish some to a topic
+//! every node is a member of (`POST /v1/topics/{name}/publish`), and record
+//! what happened.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use mesh_api::client::{Client, ClientError};
-use mesh_api::{SendRequest, SendResponse};
+use mesh_api::client::{Client, ClientError, path_segment};
+use mesh_api::{PublishRequest, SendRequest, SendResponse};
 use tokio::sync::watch;
 
 use crate::history::{History, Op, body};
@@ -18,12 +20,17 @@ pub struct WorkloadConfig {
     pub clients_per_node: usize,
     /// The pause between one client's sends (bounds the rate).
     pub interval: Duration,
-    /// The most sends one client makes (bounds the count).
+    /// The most messages one client sends or publishes (bounds the count).
     pub sends_max: u64,
     /// How long a send may take before it is recorded as `unknown`.
     pub send_timeout: Duration,
     /// The pause after a definite failure to reach the node (it is down).
     pub down_backoff: Duration,
+    /// The topic every node is a member of, if any: clients publish to it.
+    pub topic: Option<String>,
+    /// One message in this many (drawn at random) is published to
+    /// [`WorkloadConfig::topic`] instead of sent to one node; 0: none.
+    pub publish_one_in: u64,
 }
 
 impl Default for WorkloadConfig {
@@ -34,6 +41,8 @@ impl Default for WorkloadConfig {
             sends_max: 50_000,
             send_timeout: Duration::from_secs(5),
             down_backoff: Duration::from_millis(200),
+            topic: None,
+            publish_one_in: 0,
         }
     }
 }
@@ -51,14 +60,7 @@ pub struct ClientSpec {
     pub node_ids: Vec<String>,
 }
 
-/// How a send ended, as the history records it.
-enum Outcome {
-    Ok(SendResponse),
-    Fail(String),
-    Unknown(String),
-}
-
-/// Runs one client until `stop` turns true or it has sent
+/// Runs one client until `stop` turns true or it has sent or published
 /// [`WorkloadConfig::sends_max`] messages; answers how many it invoked.
 pub async fn run_client(
     spec: ClientSpec,
@@ -76,15 +78,34 @@ pub async fn run_client(
     let mut c = 0u64;
     while c < cfg.sends_max && !*stop.borrow() {
         c += 1;
-        let to = others[rng.index(others.len())];
-        let send = Send {
-            client: spec.client,
-            c,
-            from: spec.node,
-            to,
-            to_id: spec.node_ids[to].clone(),
+        let topic = cfg
+            .topic
+            .as_ref()
+            .filter(|_| cfg.publish_one_in > 0 && rng.chance(1, cfg.publish_one_in));
+        let ended = match topic {
+            Some(topic) => {
+                let publish = Publish {
+                    client: spec.client,
+                    c,
+                    from: spec.node,
+                    from_id: spec.node_ids[spec.node].clone(),
+                    topic: topic.clone(),
+                };
+                publish.run(&spec.api, &history, cfg.send_timeout).await
+            }
+            None => {
+                let to = others[rng.index(others.len())];
+                let send = Send {
+                    client: spec.client,
+                    c,
+                    from: spec.node,
+                    to,
+                    to_id: spec.node_ids[to].clone(),
+                };
+                send.run(&spec.api, &history, cfg.send_timeout).await
+            }
         };
-        let pause = match send.run(&spec.api, &history, cfg.send_timeout).await {
+        let pause = match ended {
             Ended::Ok | Ended::Unknown => cfg.interval,
             Ended::Fail => cfg.down_backoff.max(cfg.interval),
         };
@@ -112,7 +133,7 @@ pub struct Send {
     pub to_id: String,
 }
 
-/// How a recorded send ended.
+/// How a recorded send or publish ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Ended {
     /// Committed.
@@ -142,64 +163,113 @@ impl Send {
             msg_kind: 0,
             client_id: None,
         };
-        let outcome =
-            match tokio::time::timeout(timeout, api.post::<SendResponse>("/v1/send", &req)).await {
-                Ok(Ok(resp)) => Outcome::Ok(resp),
-                Ok(Err(e)) => classify(e),
-                Err(_) => Outcome::Unknown(format!("no answer within {timeout:?}")),
-            };
-        let (t_ms, client, c) = (history.now_ms(), self.client, self.c);
-        match outcome {
-            Outcome::Ok(resp) => {
-                history.record(Op::Ok {
-                    t_ms,
-                    client,
-                    c,
-                    stream: resp.stream,
-                    seq: resp.seq,
-                });
-                Ended::Ok
-            }
-            Outcome::Fail(error) => {
-                history.record(Op::Fail {
-                    t_ms,
-                    client,
-                    c,
-                    error,
-                });
-                Ended::Fail
-            }
-            Outcome::Unknown(error) => {
-                history.record(Op::Unknown {
-                    t_ms,
-                    client,
-                    c,
-                    error,
-                });
-                Ended::Unknown
-            }
-        }
+        let answer = tokio::time::timeout(timeout, api.post("/v1/send", &req)).await;
+        record_outcome(history, self.client, self.c, answer, timeout)
     }
 }
 
-/// Sorts a client error into "nothing was written" and "may have been written".
-fn classify(e: ClientError) -> Outcome {
+/// One message to publish to a topic and record.
+#[derive(Clone, Debug)]
+pub struct Publish {
+    /// The origin client.
+    pub client: u32,
+    /// The client's counter for this message.
+    pub c: u64,
+    /// The publishing node's index.
+    pub from: usize,
+    /// The publishing node's id.
+    pub from_id: String,
+    /// The topic.
+    pub topic: String,
+}
+
+impl Publish {
+    /// Records `publish`, publishes through `api` (at most `timeout`),
+    /// records the outcome, and answers it.
+    pub async fn run(self, api: &Client, history: &History, timeout: Duration) -> Ended {
+        history.record(Op::Publish {
+            t_ms: history.now_ms(),
+            client: self.client,
+            c: self.c,
+            from: self.from,
+            from_id: self.from_id,
+            topic: self.topic.clone(),
+        });
+        let req = PublishRequest {
+            body: body(self.client, self.c),
+            encoding: Default::default(),
+            msg_kind: 0,
+        };
+        let path = format!("/v1/topics/{}/publish", path_segment(&self.topic));
+        let answer = tokio::time::timeout(timeout, api.post(&path, &req)).await;
+        record_outcome(history, self.client, self.c, answer, timeout)
+    }
+}
+
+/// Records how message (`client`, `c`) ended from the daemon's `answer`
+/// (`Err`: none within `timeout`), and answers it.
+fn record_outcome(
+    history: &History,
+    client: u32,
+    c: u64,
+    answer: Result<Result<SendResponse, ClientError>, tokio::time::error::Elapsed>,
+    timeout: Duration,
+) -> Ended {
+    let t_ms = history.now_ms();
+    let (op, ended) = match answer {
+        Ok(Ok(resp)) => (
+            Op::Ok {
+                t_ms,
+                client,
+                c,
+                stream: resp.stream,
+                seq: resp.seq,
+            },
+            Ended::Ok,
+        ),
+        Ok(Err(e)) if is_refusal(&e) => (
+            Op::Fail {
+                t_ms,
+                client,
+                c,
+                error: e.to_string(),
+            },
+            Ended::Fail,
+        ),
+        Ok(Err(e)) => (
+            Op::Unknown {
+                t_ms,
+                client,
+                c,
+                error: e.to_string(),
+            },
+            Ended::Unknown,
+        ),
+        Err(_) => (
+            Op::Unknown {
+                t_ms,
+                client,
+                c,
+                error: format!("no answer within {timeout:?}"),
+            },
+            Ended::Unknown,
+        ),
+    };
+    history.record(op);
+    ended
+}
+
+/// Whether a client error says nothing was written (else it may have been).
+fn is_refusal(e: &ClientError) -> bool {
     match e {
         // Nothing listens: the request never reached a daemon.
-        ClientError::NotRunning { .. } | ClientError::Connect { .. } => {
-            Outcome::Fail(e.to_string())
+        ClientError::NotRunning { .. } | ClientError::Connect { .. } => true,
+        // The API answers these only for a send or publish it did not
+        // commit. `node_unavailable` is not among them: a node that stops
+        // mid-send cannot say whether the commit happened.
+        ClientError::Api { status, code, .. } => {
+            (400..500).contains(status) || code == "outbox_full" || code == "store_unavailable"
         }
-        // The API answers these only for a send it did not commit.
-        // `node_unavailable` is not among them: a node that stops mid-send
-        // cannot say whether the commit happened.
-        ClientError::Api {
-            status, ref code, ..
-        } if (400..500).contains(&status)
-            || code == "outbox_full"
-            || code == "store_unavailable" =>
-        {
-            Outcome::Fail(e.to_string())
-        }
-        _ => Outcome::Unknown(e.to_string()),
+        _ => false,
     }
 }

@@ -17,6 +17,13 @@ fn judge(report: &Report) {
             >= 1,
         "no kill during resync was carried out\n{report}"
     );
+    if report.topic.is_some() {
+        let t = &report.summary.total;
+        assert!(
+            t.topic_acked > 0 && t.topic_delivered > 0,
+            "no published message was acknowledged and delivered\n{report}"
+        );
+    }
     assert!(report.passed(), "the chaos run broke a guarantee\n{report}");
 }
 
