@@ -45,6 +45,10 @@ pub struct AgentJson {
     /// For an agent of this node: its socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<String>,
+    /// For an agent of this node that moved to another node (its move
+    /// notice says so): that node's id. It no longer acts here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
 }
 
 /// `GET /v1/agents`.
@@ -54,6 +58,77 @@ pub struct AgentsResponse {
     pub local: Vec<AgentJson>,
     /// The agents its peers announced (a peer offline keeps its last announcement).
     pub peers: Vec<AgentJson>,
+    /// Where each agent that ever moved is now, by its move notice (absent
+    /// from older daemons' answers).
+    #[serde(default)]
+    pub moves: Vec<AgentMoveJson>,
+}
+
+/// One agent's move notice: the newest this node holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentMoveJson {
+    /// The agent's name.
+    pub name: String,
+    /// Its address now, `NAME@NODE_ID`.
+    pub address: String,
+    /// Its public key (hex).
+    pub key: String,
+    /// The node it left.
+    pub from: String,
+    /// The node that hosts it now.
+    pub node: String,
+    /// 1 for its first move, one more for each after.
+    pub version: u64,
+    /// When the new host signed the notice, ms since the Unix epoch.
+    pub issued_ms: u64,
+}
+
+/// The `format` of an agent export file.
+pub const AGENT_EXPORT_FORMAT: &str = "agent-mesh-agent-export/v1";
+
+/// What `mesh agent export` writes (`POST /v1/agents/{name}/export`) and
+/// `mesh agent import` reads: the agent's secret key, so whoever holds it
+/// can act as the agent. Keep it as the key file it is (mode 0600), move
+/// it to the new host, and delete it once imported.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentExport {
+    /// [`AGENT_EXPORT_FORMAT`].
+    pub format: String,
+    /// The agent's name (the same on its new host).
+    pub name: String,
+    /// Its public key (hex).
+    pub key: String,
+    /// Its secret key (hex, 64 digits).
+    pub secret_key: String,
+    /// The node it is exported from.
+    pub from: String,
+    /// The version of its last move (0: it never moved); the import's
+    /// notice is one more.
+    pub version: u64,
+}
+
+impl std::fmt::Debug for AgentExport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentExport")
+            .field("name", &self.name)
+            .field("key", &self.key)
+            .field("from", &self.from)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `POST /v1/agents/import`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImportAgentRequest {
+    /// The export file's content.
+    pub export: AgentExport,
+    /// The uid whose processes may act as the agent here [default: the
+    /// uid of the process that asks].
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 /// `POST /v1/agents/{name}/send` (and each line of `.../send/batch`).

@@ -162,6 +162,8 @@ pub enum ErrorCode {
     ClientIdReused,
     /// An agent of that name exists already.
     AgentExists,
+    /// The agent moved to another node: it no longer acts here.
+    AgentMoved,
     /// No agent of that name on this node.
     UnknownAgent,
     /// No message of that id is known to this node.
@@ -184,7 +186,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 30] = [
+    pub const ALL: [ErrorCode; 31] = [
         ErrorCode::BadJson,
         ErrorCode::BodyTooLarge,
         ErrorCode::BadRequest,
@@ -206,6 +208,7 @@ impl ErrorCode {
         ErrorCode::AmbiguousName,
         ErrorCode::ClientIdReused,
         ErrorCode::AgentExists,
+        ErrorCode::AgentMoved,
         ErrorCode::UnknownAgent,
         ErrorCode::UnknownMessage,
         ErrorCode::TooManyAgents,
@@ -241,6 +244,7 @@ impl ErrorCode {
             ErrorCode::AmbiguousName => "ambiguous_name",
             ErrorCode::ClientIdReused => "client_id_reused",
             ErrorCode::AgentExists => "agent_exists",
+            ErrorCode::AgentMoved => "agent_moved",
             ErrorCode::UnknownAgent => "unknown_agent",
             ErrorCode::UnknownMessage => "unknown_message",
             ErrorCode::TooManyAgents => "too_many_agents",

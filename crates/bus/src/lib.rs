@@ -19,11 +19,11 @@ pub use crate::core::{
 };
 pub use crate::net::{
     MdnsMode, NearbyNode, NetConfig, NetCounters, PeerError, RELAYS_MAX, close_code,
-    load_or_create_key, load_or_create_node_key,
+    load_or_create_key, load_or_create_node_key, store_key,
 };
 pub use crate::node::{
-    INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,
-    Node, NodeConfig, NodeError, NodeNames, NodePeer, NodeStatus, NodeTopic, Outgoing, Receipts,
-    SendError, TRY_AGAIN_MS, TopicStream,
+    AgentMoves, INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT,
+    JoinError, Node, NodeConfig, NodeError, NodeNames, NodePeer, NodeStatus, NodeTopic, Outgoing,
+    Receipts, SendError, TRY_AGAIN_MS, TopicStream,
 };
 pub use iroh::RelayUrl;

@@ -1177,7 +1177,10 @@ impl Sim {
             Effect::Reply { req, result } => self.replied(node, req, result)?,
             Effect::Written { req, result } => self.written(node, req, result)?,
             // The simulated peer sets (and their links) are fixed.
-            Effect::Journaled { .. } | Effect::PeerChanged { .. } | Effect::PeerAddrs { .. } => {}
+            Effect::Journaled { .. }
+            | Effect::PeerChanged { .. }
+            | Effect::PeerAddrs { .. }
+            | Effect::AgentMoved { .. } => {}
             Effect::EpochChanged { epoch } => {
                 return Err(format!(
                     "node {node} started epoch {epoch:?}, but no store here goes back in time"

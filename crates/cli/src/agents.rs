@@ -10,8 +10,8 @@ use anyhow::Context as _;
 use mesh_api::Reply;
 use mesh_api::client::Client;
 use mesh_api::{
-    AddAgentRequest, AgentJson, AgentSendRequest, AgentSendResponse, AgentsResponse, DataDir,
-    InboxEntry, InboxPage, MessageStatus, ReplyRequest, path_segment,
+    AddAgentRequest, AgentExport, AgentJson, AgentSendRequest, AgentSendResponse, AgentsResponse,
+    DataDir, ImportAgentRequest, InboxEntry, InboxPage, MessageStatus, ReplyRequest, path_segment,
 };
 
 use crate::commands::print_json;
@@ -324,7 +324,11 @@ pub(crate) async fn message(c: &Client, id: String, json: bool) -> anyhow::Resul
 }
 
 fn print_agent(a: &AgentJson) {
-    let state = if a.online { "online" } else { "offline" };
+    let state = match &a.moved_to {
+        Some(to) => format!("moved to {to}"),
+        None if a.online => "online".to_owned(),
+        None => "offline".to_owned(),
+    };
     let alias = a
         .node_alias
         .as_ref()
@@ -346,7 +350,49 @@ pub(crate) async fn agents(c: &Client, json: bool) -> anyhow::Result<()> {
     for a in &all.peers {
         print_agent(a);
     }
+    if !all.moves.is_empty() {
+        println!("moved ({}):", all.moves.len());
+        for m in &all.moves {
+            println!("  {}  from {}  (move {})", m.address, m.from, m.version);
+        }
+    }
     Ok(())
+}
+
+/// Writes `text` to a new file at `path` with mode 0600.
+fn write_private(path: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| {
+            format!(
+                "cannot create {} (an existing file is not replaced)",
+                path.display()
+            )
+        })?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    Ok(())
+}
+
+/// The export file at `path` (`-`: stdin).
+fn read_export(path: &std::path::Path) -> anyhow::Result<AgentExport> {
+    let text = if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        s
+    } else {
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?
+    };
+    serde_json::from_str(&text).with_context(|| {
+        format!(
+            "{} is not an agent export file (`mesh agent export` writes one)",
+            path.display()
+        )
+    })
 }
 
 /// `mesh agent add|list|remove`.
@@ -373,7 +419,11 @@ pub(crate) async fn agent(c: &Client, cmd: AgentCommand) -> anyhow::Result<()> {
                 println!("no agents yet: add one with `mesh agent add NAME`");
             }
             for a in &all.local {
-                let state = if a.online { "online" } else { "offline" };
+                let state = match &a.moved_to {
+                    Some(to) => format!("moved to {to}"),
+                    None if a.online => "online".to_owned(),
+                    None => "offline".to_owned(),
+                };
                 println!(
                     "{}  {state}  uid {}  {}",
                     a.name,
@@ -381,6 +431,46 @@ pub(crate) async fn agent(c: &Client, cmd: AgentCommand) -> anyhow::Result<()> {
                     a.socket.as_deref().unwrap_or("")
                 );
             }
+        }
+        AgentCommand::Export { name, out } => {
+            let export: AgentExport = c
+                .post(
+                    &format!("/v1/agents/{}/export", path_segment(&name)),
+                    &serde_json::json!({}),
+                )
+                .await?;
+            let text = serde_json::to_string_pretty(&export)? + "\n";
+            match out {
+                Some(path) => {
+                    write_private(&path, &text)?;
+                    eprintln!(
+                        "wrote agent {name}'s export (its secret key) to {} (mode 0600); run `mesh agent import {}` on its new host, then delete the file",
+                        path.display(),
+                        path.display()
+                    );
+                }
+                None => {
+                    print!("{text}");
+                    eprintln!(
+                        "this is agent {name}'s secret key: keep it where only you can read it, run `mesh agent import FILE` on its new host, then delete it"
+                    );
+                }
+            }
+        }
+        AgentCommand::Import { file, uid, json } => {
+            let export = read_export(&file)?;
+            let a: AgentJson = c
+                .post("/v1/agents/import", &ImportAgentRequest { export, uid })
+                .await?;
+            if json {
+                return print_json(&a);
+            }
+            println!(
+                "imported agent {} (uid {}); it acts through its socket {}, and the mesh is told it moved here",
+                a.address,
+                a.uid.unwrap_or_default(),
+                a.socket.as_deref().unwrap_or("?")
+            );
         }
         AgentCommand::Remove { name } => {
             let _: serde_json::Value = c

@@ -303,6 +303,34 @@ pub enum AgentCommand {
         /// The agent's name.
         name: String,
     },
+    /// Write an agent's export file, to move it to another node with
+    /// `mesh agent import FILE` there.
+    ///
+    /// The file holds the agent's SECRET KEY: whoever has it can act as
+    /// the agent. `--out` writes it with mode 0600 (without it, it goes to
+    /// stdout: redirect it to a file only you can read); delete it once it
+    /// is imported. The agent goes on acting here until its new host
+    /// announces the move; from then on it acts only there.
+    Export {
+        /// The agent's name.
+        name: String,
+        /// Write the file here (mode 0600; an existing file is not replaced).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// Host an agent exported from another node (`mesh agent export`): its
+    /// key moves here and this node announces the move to the mesh, signed
+    /// by the agent's key.
+    Import {
+        /// The export file (`-` for stdin).
+        file: PathBuf,
+        /// The uid whose processes may act as it here [default: yours].
+        #[arg(long)]
+        uid: Option<u32>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `mesh invite list` and `mesh invite revoke`.

@@ -16,7 +16,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mesh_protocol::{AgentCard, AgentName, NodeId, SecretKey};
 use mesh_store::AgentRecord;
 
-use crate::bus::{Bus, NodeError, load_or_create_key};
+use crate::bus::{Bus, NodeError, load_or_create_key, store_key};
 
 /// How long after its last request an agent counts as online.
 pub const AGENT_ONLINE_MS: u64 = 60_000;
@@ -81,9 +81,22 @@ pub(crate) struct Agent {
     pub(crate) activity: Arc<Activity>,
     /// Turns true when the agent is removed: its waits and subscriptions end.
     removed: tokio::sync::watch::Sender<bool>,
+    /// The node it moved to, once a move notice of its key names another
+    /// node than this one: it no longer acts here (no sends, no cards).
+    moved_to: std::sync::Mutex<Option<NodeId>>,
 }
 
 impl Agent {
+    /// The node it moved to, if it moved away from this one.
+    pub(crate) fn moved_to(&self) -> Option<NodeId> {
+        *self.moved_to.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its secret key (for its export).
+    pub(crate) fn secret(&self) -> &SecretKey {
+        &self.secret
+    }
+
     /// A watch that turns true when the agent is removed.
     pub(crate) fn removed(&self) -> tokio::sync::watch::Receiver<bool> {
         self.removed.subscribe()
@@ -148,6 +161,39 @@ impl Registry {
         })
     }
 
+    /// Keeps `secret` as the key of `name` (an imported agent): blocking
+    /// file IO; refused if another key of that name is there.
+    pub(crate) fn import_key(&self, name: &AgentName, secret: &SecretKey) -> Result<(), KeyError> {
+        let err = |source| KeyError {
+            name: name.clone(),
+            source,
+        };
+        create_private_dir(&self.keys_dir).map_err(|e| {
+            err(NodeError::Store(mesh_store::StoreError::Unavailable(
+                format!("cannot create {}: {e}", self.keys_dir.display()),
+            )))
+        })?;
+        store_key(&self.keys_dir, &Self::key_file(name), secret).map_err(|e| err(NodeError::Net(e)))
+    }
+
+    /// Marks each agent whose key `moves` places on another node as moved
+    /// there; returns the agents newly marked.
+    pub(crate) fn note_moves(&self, moves: &[mesh_protocol::AgentMove]) -> Vec<Arc<Agent>> {
+        let mut newly = Vec::new();
+        for agent in self.all() {
+            let away = moves
+                .iter()
+                .find(|m| m.key == agent.record.key && m.node != self.node)
+                .map(|m| m.node);
+            let mut slot = agent.moved_to.lock().unwrap_or_else(|p| p.into_inner());
+            if away.is_some() && slot.is_none() {
+                newly.push(agent.clone());
+            }
+            *slot = away;
+        }
+        newly
+    }
+
     /// Removes the key file of `name` (the agent is gone).
     pub(crate) fn forget_key(&self, name: &AgentName) {
         let path = self.keys_dir.join(Self::key_file(name));
@@ -165,6 +211,7 @@ impl Registry {
             secret,
             activity: Arc::new(Activity::default()),
             removed: tokio::sync::watch::Sender::new(false),
+            moved_to: std::sync::Mutex::new(None),
         });
         self.write()
             .insert(agent.record.name.clone(), agent.clone());
@@ -219,13 +266,29 @@ impl Registry {
 /// Announces every agent whose online state changed (all of them with
 /// `force`), signing a new card for each.
 pub(crate) async fn announce(registry: &Registry, bus: &Bus, force: bool) {
-    for agent in registry.all() {
+    for agent in registry
+        .all()
+        .into_iter()
+        .filter(|a| a.moved_to().is_none())
+    {
         if let Some(card) = registry.card_if_changed(&agent, force)
             && let Err(e) = bus.announce_agent(card).await
         {
             tracing::debug!("agent card not announced: {e}");
             return;
         }
+    }
+}
+
+/// Marks the agents that `moves` places on another node as moved there
+/// (they no longer act here), saying so once for each.
+pub(crate) fn note_moves(registry: &Registry, moves: &[mesh_protocol::AgentMove]) {
+    for agent in registry.note_moves(moves) {
+        tracing::info!(
+            agent = %agent.record.name,
+            to = %agent.moved_to().map(|n| n.fmt_short().to_string()).unwrap_or_default(),
+            "agent moved to another node: it no longer acts here"
+        );
     }
 }
 

@@ -17,7 +17,7 @@ pub(crate) use mesh_bus::{
     JOURNAL_AGE_MS_MAX, JOURNAL_BYTES_MAX, JoinError, LocalWrite, MdnsMode, NetConfig, Node,
     NodeConfig, NodeError, NodePeer, NodeStatus, NodeTopic, Outgoing, PeerChangeError, PeerError,
     RELAYS_MAX, Receipts, RelayUrl, SendError, SendMeta, SendReceipt, WAITING_SEND_BYTES_MAX,
-    WAITING_SENDS_MAX, load_or_create_key, load_or_create_node_key,
+    WAITING_SENDS_MAX, load_or_create_key, load_or_create_node_key, store_key,
 };
 pub(crate) use mesh_protocol::JoinRefusal;
 

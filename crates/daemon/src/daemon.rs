@@ -111,6 +111,7 @@ impl Daemon {
             topic_bounds: (config.topics.max_msgs, config.topics.max_bytes),
         });
         join_configured_topics(&bus, &config).await?;
+        crate::agents::note_moves(&registry, &bus.agent_moves().borrow());
         crate::api::start_agent_servers(&state).await?;
         crate::agents::announce(&registry, &bus, true).await;
         let presence = spawn_presence(registry, bus);
@@ -277,11 +278,23 @@ async fn join_configured_topics(bus: &Bus, config: &Config) -> Result<(), StartE
     Ok(())
 }
 
-/// Every presence tick, announces the agents whose card changed, until aborted.
+/// Every presence tick, announces the agents whose card changed; and as
+/// soon as a move notice is taken, marks the agents that moved away.
+/// Until aborted.
 fn spawn_presence(registry: Arc<Registry>, bus: Bus) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut moves = bus.agent_moves();
         loop {
-            tokio::time::sleep(crate::agents::PRESENCE_TICK).await;
+            tokio::select! {
+                () = tokio::time::sleep(crate::agents::PRESENCE_TICK) => {}
+                changed = moves.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    let held = moves.borrow_and_update().clone();
+                    crate::agents::note_moves(&registry, &held);
+                }
+            }
             crate::agents::announce(&registry, &bus, false).await;
         }
     })

@@ -117,6 +117,9 @@ impl Core {
             match self.moves.take(&notice) {
                 Ok(true) => {
                     self.out.metrics.agents.moves_taken += 1;
+                    self.out.push(super::Effect::AgentMoved {
+                        notice: notice.clone(),
+                    });
                     if from.is_some() {
                         self.agents
                             .push_housekeeping(AgentOp::PutMove(notice.clone()));
@@ -129,6 +132,15 @@ impl Core {
         }
         if won.is_empty() {
             return;
+        }
+        // An agent of this node that moved elsewhere is no longer announced here.
+        let away: Vec<NodeId> = won
+            .iter()
+            .filter(|m| m.node != self.me)
+            .map(|m| m.key)
+            .collect();
+        if self.agents.forget_cards_of(&away) {
+            self.announce_all();
         }
         for (peer, conn) in self.peers.live() {
             if Some(peer) == from {

@@ -43,7 +43,32 @@ pub fn load_or_create_key(data_dir: &Path, file: &str) -> Result<SecretKey, NetE
         Err(NetError::KeyIo { source, .. }) if source.kind() == ErrorKind::NotFound => {}
         Err(e) => return Err(e),
     }
-    let key = SecretKey::generate();
+    link_new(data_dir, file, SecretKey::generate())
+}
+
+/// Writes `key` to `<dir>/<file>` (mode 0600), as a new key is written,
+/// unless the file exists: then it must hold this very key. The daemon
+/// keeps an imported agent's key this way.
+///
+/// # Errors
+/// As [`load_or_create_node_key`]; [`NetError::KeyIo`] with
+/// `AlreadyExists` if the file holds another key.
+pub fn store_key(dir: &Path, file: &str, key: &SecretKey) -> Result<(), NetError> {
+    let held = link_new(dir, file, key.clone())?;
+    if held.to_bytes() != key.to_bytes() {
+        return Err(NetError::KeyIo {
+            path: dir.join(file),
+            source: std::io::Error::new(ErrorKind::AlreadyExists, "another key is there"),
+        });
+    }
+    Ok(())
+}
+
+/// Links `key` into `<data_dir>/<file>` through a temporary file; returns
+/// the key that is there after (another one, if a process put it there
+/// first).
+fn link_new(data_dir: &Path, file: &str, key: SecretKey) -> Result<SecretKey, NetError> {
+    let path = data_dir.join(file);
     let tmp = data_dir.join(format!(
         "{file}.tmp.{}.{:08x}",
         std::process::id(),

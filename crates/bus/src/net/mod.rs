@@ -40,7 +40,9 @@ pub use config::{
 pub use conn::RecvLease;
 pub use counters::NetCounters;
 pub use error::{DisconnectReason, NetError, PeerError, SendError};
-pub use key::{NODE_KEY_BYTES, NODE_KEY_FILE, load_or_create_key, load_or_create_node_key};
+pub use key::{
+    NODE_KEY_BYTES, NODE_KEY_FILE, load_or_create_key, load_or_create_node_key, store_key,
+};
 pub use mdns::{MDNS_SERVICE, MdnsMode, NEARBY_MAX};
 pub use raw::{NET_EVENTS_MAX, NET_QUEUE_BYTES_MAX, Net, NetEvent};
 pub use transport::{NearbyNode, PeerStatus};

@@ -161,6 +161,8 @@ pub(super) struct Actor<S: MeshStore + ?Sized> {
     pub(super) head: watch::Sender<Arrival>,
     /// The peers' names; the task is its only writer.
     names: watch::Sender<super::NodeNames>,
+    /// The agents' move notices held; the task is its only writer.
+    pub(super) moves: watch::Sender<super::AgentMoves>,
     /// The store's epoch; the task is its only writer.
     pub(super) epoch: watch::Sender<Epoch>,
     /// Where the store answers. Unbounded in type, bounded by what is
@@ -194,7 +196,11 @@ impl<S: MeshStore + ?Sized> Actor<S> {
         transport: Transport<Received>,
         commands: mpsc::Receiver<Cmd>,
         closing: watch::Receiver<bool>,
-        (head, names): (watch::Sender<Arrival>, watch::Sender<super::NodeNames>),
+        (head, names, moves): (
+            watch::Sender<Arrival>,
+            watch::Sender<super::NodeNames>,
+            watch::Sender<super::AgentMoves>,
+        ),
         epoch: watch::Sender<Epoch>,
     ) -> Self {
         let (store_tx, store_rx) = mpsc::unbounded_channel();
@@ -206,6 +212,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             closing,
             head,
             names,
+            moves,
             epoch,
             store_tx,
             store_rx,
@@ -567,6 +574,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             .collect();
         NodeStatus {
             topics,
+            moves: self.core.agent_moves(),
             card: self.core.own_card().clone(),
             node: self.core.node_id(),
             epoch: self.core.epoch(),

@@ -56,6 +56,11 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                     warn!(epoch = %epoch.fmt_short(), "this node started a new store epoch: its store went back in time");
                     self.epoch.send_replace(epoch);
                 }
+                Effect::AgentMoved { notice } => {
+                    info!(agent = %notice.name, to = %notice.node.fmt_short(), version = notice.version, "an agent moved");
+                    self.moves
+                        .send_replace(std::sync::Arc::new(self.core.agent_moves()));
+                }
                 Effect::PeerAddrs { node, addrs } => {
                     info!(peer = %node.fmt_short(), ?addrs, "learned where the peer listens");
                     self.transport.set_addrs(node, addrs);

@@ -60,6 +60,9 @@ pub const SHUTDOWN_DRAIN: Duration = Duration::from_secs(5);
 /// held of each (a peer without a card yet is not listed).
 pub type NodeNames = Arc<Vec<(NodeId, NodeName)>>;
 
+/// The agents' move notices a node holds, by agent key.
+pub type AgentMoves = Arc<Vec<mesh_protocol::AgentMove>>;
+
 /// How to start a node.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -172,6 +175,8 @@ pub struct NodeStatus {
     pub core: Metrics,
     /// The topics this node is a member of, by name.
     pub topics: Vec<NodeTopic>,
+    /// The move notice held of each agent that moved, by agent key.
+    pub moves: Vec<mesh_protocol::AgentMove>,
 }
 
 /// One topic this node is a member of, in a [`NodeStatus`].
@@ -250,6 +255,7 @@ pub struct Node {
     budget: Arc<Semaphore>,
     head: watch::Receiver<Arrival>,
     names: watch::Receiver<NodeNames>,
+    moves: watch::Receiver<AgentMoves>,
     closing: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
     inviter: Mutex<Option<JoinHandle<()>>>,
@@ -297,13 +303,14 @@ impl Node {
         };
         let inviter = tokio::spawn(inviter.run().instrument(span.clone()));
         let (names_tx, names_rx) = watch::channel(NodeNames::default());
+        let (moves_tx, moves_rx) = watch::channel(Arc::new(core.agent_moves()));
         let actor = Actor::new(
             core,
             store,
             transport,
             commands_rx,
             closing_rx,
-            (head_tx, names_tx),
+            (head_tx, names_tx, moves_tx),
             epoch_tx,
         );
         let task = tokio::spawn(actor.run().instrument(span));
@@ -319,6 +326,7 @@ impl Node {
             budget: Arc::new(Semaphore::new(COMMAND_BYTES_MAX)),
             head: head_rx,
             names: names_rx,
+            moves: moves_rx,
             closing,
             task: Mutex::new(Some(task)),
             inviter: Mutex::new(Some(inviter)),
@@ -676,6 +684,12 @@ impl Node {
     /// peer is added or removed.
     pub fn node_names(&self) -> NodeNames {
         self.names.borrow().clone()
+    }
+
+    /// A watch of the agents' move notices this node holds (the one that
+    /// wins per agent), changed whenever a newer one is taken.
+    pub fn agent_moves(&self) -> watch::Receiver<AgentMoves> {
+        self.moves.clone()
     }
 
     /// The node's state now, as the node task sees it after every input

@@ -143,6 +143,9 @@ pub enum CallerError {
     /// An agent of that name exists already.
     #[error("there is an agent {0} on this node already")]
     AgentExists(String),
+    /// The agent moved to another node; the message says where.
+    #[error("{0}")]
+    AgentMoved(String),
     /// The inviter refused the join for good (its code says why).
     #[error("{why}; ask the inviter for a new invite (`mesh invite` on a member)")]
     JoinRefused {
@@ -296,6 +299,7 @@ impl ApiError {
                 CallerError::AmbiguousName(_) => (S::CONFLICT, ErrorCode::AmbiguousName),
                 CallerError::ClientIdReused(_) => (S::CONFLICT, ErrorCode::ClientIdReused),
                 CallerError::AgentExists(_) => (S::CONFLICT, ErrorCode::AgentExists),
+                CallerError::AgentMoved(_) => (S::CONFLICT, ErrorCode::AgentMoved),
                 CallerError::JoinRefused { refusal, .. } => match refusal {
                     JoinRefusal::Expired => (S::CONFLICT, ErrorCode::InviteExpired),
                     JoinRefusal::Revoked => (S::CONFLICT, ErrorCode::InviteRevoked),

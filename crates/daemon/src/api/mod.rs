@@ -230,6 +230,8 @@ impl ApiState {
                 post(agents::add_agent).get(agents::list_agents),
             )
             .route("/v1/agents/{name}", delete(agents::remove_agent))
+            .route("/v1/agents/{name}/export", post(agents::export_agent))
+            .route("/v1/agents/import", post(agents::import_agent))
             .merge(Self::agent_routes())
             .route("/metrics", get(metrics::metrics))
             .fallback(routes::no_route)

@@ -138,6 +138,19 @@ impl Agents {
         self.local.len()
     }
 
+    /// Forgets the cards of the local agents whose key is in `keys` (they
+    /// moved away); returns whether any was held.
+    pub(super) fn forget_cards_of(&mut self, keys: &[NodeId]) -> bool {
+        let mut any = false;
+        for slot in self.local.values_mut() {
+            if slot.as_ref().is_some_and(|c| keys.contains(&c.key)) {
+                *slot = None;
+                any = true;
+            }
+        }
+        any
+    }
+
     /// Queues store ops for the next commit that no request waits for.
     pub(super) fn push_housekeeping(&mut self, op: AgentOp) {
         self.housekeeping.push(op);
@@ -190,6 +203,10 @@ impl Core {
             return;
         };
         if slot.as_ref().is_some_and(|c| c.issued_ms > card.issued_ms) {
+            return;
+        }
+        // It moved away: its card is no longer this node's to announce.
+        if self.moves.get(&card.key).is_some_and(|m| m.node != self.me) {
             return;
         }
         *slot = Some(card);
@@ -245,7 +262,7 @@ impl Core {
     }
 
     /// Announces this node's agents on every live connection.
-    fn announce_all(&mut self) {
+    pub(super) fn announce_all(&mut self) {
         let cards = self.agents.local_cards();
         for (peer, conn) in self.peers.live() {
             self.out.send(

@@ -310,6 +310,12 @@ pub enum Effect {
         /// The new epoch.
         epoch: Epoch,
     },
+    /// A move notice won over the one held of its agent (this node's own
+    /// import, committed, or one a peer passed on): where the agent is now.
+    AgentMoved {
+        /// The notice.
+        notice: mesh_protocol::AgentMove,
+    },
     /// A newer card of the peer `node` is committed: dial it at `addrs`
     /// from now on (at once, if it has no connection).
     PeerAddrs {

@@ -14,8 +14,11 @@ use std::sync::atomic::Ordering;
 use axum::Extension;
 use axum::Json;
 use axum::extract::{Path, Request, State};
-use mesh_api::{AddAgentRequest, AgentJson, AgentsResponse};
-use mesh_protocol::{AgentCard, AgentName, MAX_AGENT_CARDS, NodeId};
+use mesh_api::{
+    AGENT_EXPORT_FORMAT, AddAgentRequest, AgentExport, AgentJson, AgentMoveJson, AgentsResponse,
+    ImportAgentRequest,
+};
+use mesh_protocol::{AgentCard, AgentMove, AgentName, MAX_AGENT_CARDS, NodeId, SecretKey};
 use mesh_store::AgentRecord;
 
 use super::agent_socket::Acting;
@@ -48,6 +51,12 @@ impl ApiState {
     /// socket, by `name` itself ([`Acting`], set by its socket's check).
     fn sender(&self, acting: Option<Extension<Acting>>, name: &str) -> Result<AgentName, ApiError> {
         let name = agent_name(name)?;
+        if let Some(to) = self.inner.registry.get(&name).and_then(|a| a.moved_to()) {
+            return Err(CallerError::AgentMoved(format!(
+                "agent {name} moved to node {to}: it acts there now, not here"
+            ))
+            .into());
+        }
         match acting {
             Some(Extension(Acting(a))) if a == name => Ok(name),
             _ => {
@@ -147,7 +156,184 @@ pub(super) async fn add_agent(
         online: false,
         uid: Some(uid),
         socket: Some(socket.display().to_string()),
+        moved_to: None,
     }))
+}
+
+/// `POST /v1/agents/{name}/export`: the agent's key and last move, for
+/// `mesh agent import` on its new host. The agent goes on acting here
+/// until its new host's move notice arrives; from then on it does not.
+pub(super) async fn export_agent(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+) -> Result<Json<AgentExport>, ApiError> {
+    let name = st.reader(&name)?;
+    let agent = st
+        .inner
+        .registry
+        .get(&name)
+        .ok_or_else(|| NotFound::UnknownAgent(name.to_string()))?;
+    if let Some(to) = agent.moved_to() {
+        return Err(CallerError::AgentMoved(format!(
+            "agent {name} moved to node {to} already; export it there"
+        ))
+        .into());
+    }
+    let status = st.inner.bus.status().await.map_err(node_error)?;
+    let version = status
+        .moves
+        .iter()
+        .find(|m| m.key == agent.record.key)
+        .map_or(0, |m| m.version);
+    tracing::info!(agent = %name, version, "agent exported");
+    Ok(Json(AgentExport {
+        format: AGENT_EXPORT_FORMAT.to_owned(),
+        name: name.to_string(),
+        key: agent.record.key.to_string(),
+        secret_key: data_encoding::HEXLOWER.encode(&agent.secret().to_bytes()),
+        from: st.inner.node.to_string(),
+        version,
+    }))
+}
+
+/// The secret key of an export, checked against the public key it names.
+fn export_secret(export: &AgentExport) -> Result<SecretKey, ApiError> {
+    let bad = |why: String| -> ApiError { CallerError::BadValue(why).into() };
+    if export.format != AGENT_EXPORT_FORMAT {
+        return Err(bad(format!(
+            "not an agent export of this version: format {:?}, this node reads {AGENT_EXPORT_FORMAT:?}",
+            export.format
+        )));
+    }
+    let bytes = data_encoding::HEXLOWER_PERMISSIVE
+        .decode(export.secret_key.trim().as_bytes())
+        .map_err(|e| bad(format!("the export's secret_key is not hex: {e}")))?;
+    let bytes: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| bad("the export's secret_key is not 32 bytes".to_owned()))?;
+    let secret = SecretKey::from_bytes(&bytes);
+    if secret.public().to_string() != export.key.trim() {
+        return Err(bad(
+            "the export's secret_key is not the key it names: the file is damaged".to_owned(),
+        ));
+    }
+    Ok(secret)
+}
+
+/// `POST /v1/agents/import`: hosts an exported agent here with its key,
+/// and announces its move notice (the export's version and one).
+pub(super) async fn import_agent(
+    State(st): State<ApiState>,
+    cred: Option<Extension<PeerCred>>,
+    req: Request,
+) -> Result<Json<AgentJson>, ApiError> {
+    let body: ImportAgentRequest = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
+    let export = body.export;
+    let name = agent_name(&export.name)?;
+    let secret = export_secret(&export)?;
+    let from: NodeId = mesh_protocol::parse_node_id(export.from.trim())
+        .map_err(|e| CallerError::BadValue(format!("the export's from: {e}")))?;
+    let me = st.inner.node;
+    if from == me {
+        return Err(CallerError::BadValue(format!(
+            "agent {name} was exported from this node: import it on its new host"
+        ))
+        .into());
+    }
+    let registry = st.inner.registry.clone();
+    // An import cut short (the agent written, its notice not) is finished
+    // by importing the same file again.
+    let resumed = registry.get(&name);
+    match &resumed {
+        Some(a) if a.record.key != secret.public() => {
+            return Err(CallerError::AgentExists(name.to_string()).into());
+        }
+        None if registry.len() >= MAX_AGENT_CARDS => {
+            return Err(Capacity::TooManyAgents(format!(
+                "this node hosts {MAX_AGENT_CARDS} agents, as many as it may; remove one first"
+            ))
+            .into());
+        }
+        _ => {}
+    }
+    let status = st.inner.bus.status().await.map_err(node_error)?;
+    let held = status.moves.iter().find(|m| m.key == secret.public());
+    if resumed.is_some() && held.is_some_and(|m| m.node == me) {
+        return Err(CallerError::AgentExists(format!("{name} (imported here already)")).into());
+    }
+    // A move this node already knows of that is newer than the export's.
+    let version = held.map_or(0, |m| m.version).max(export.version) + 1;
+    let daemon_uid = st.inner.daemon_uid;
+    let uid = body
+        .uid
+        .or(cred.and_then(|c| c.0.uid))
+        .unwrap_or(daemon_uid);
+    {
+        let registry = registry.clone();
+        let (name, secret) = (name.clone(), secret.clone());
+        tokio::task::spawn_blocking(move || registry.import_key(&name, &secret))
+            .await
+            .map_err(|e| Bug::new(format!("key task failed: {e}")))?
+            .map_err(|e| super::Unavailable::Store(e.to_string()))?;
+    }
+    let record = match &resumed {
+        Some(a) => a.record.clone(),
+        None => AgentRecord {
+            name: name.clone(),
+            key: secret.public(),
+            uid,
+            created_ms: now_ms(),
+        },
+    };
+    if resumed.is_none() {
+        st.inner
+            .bus
+            .local_write(LocalWrite::PutAgent(record.clone()))
+            .await
+            .map_err(node_error)?;
+    }
+    let notice = AgentMove::sign(&secret, name.clone(), (from, me), version, now_ms());
+    st.inner
+        .bus
+        .local_write(LocalWrite::PutMove(notice))
+        .await
+        .map_err(node_error)?;
+    let agent = match resumed {
+        Some(a) => a,
+        None => {
+            let agent = registry.insert(record, secret);
+            st.start_agent_server(&agent)
+                .await
+                .map_err(|e| super::Unavailable::Node(e.to_string()))?;
+            agent
+        }
+    };
+    let socket = st.agent_socket_path(&name);
+    crate::agents::announce(&registry, &st.inner.bus, true).await;
+    tracing::info!(agent = %name, from = %from.fmt_short(), version, "agent imported");
+    Ok(Json(AgentJson {
+        address: ApiState::address(&name, &me),
+        name: name.to_string(),
+        node: me.to_string(),
+        node_alias: None,
+        key: Some(agent.record.key.to_string()),
+        online: false,
+        uid: Some(uid),
+        socket: Some(socket.display().to_string()),
+        moved_to: None,
+    }))
+}
+
+fn move_json(m: &AgentMove) -> AgentMoveJson {
+    AgentMoveJson {
+        name: m.name.to_string(),
+        address: ApiState::address(&m.name, &m.node),
+        key: m.key.to_string(),
+        from: m.from.to_string(),
+        node: m.node.to_string(),
+        version: m.version,
+        issued_ms: m.issued_ms,
+    }
 }
 
 /// `DELETE /v1/agents/{name}`: stops its socket, removes it (its inbox
@@ -182,6 +368,7 @@ fn card_json(card: &AgentCard, alias: Option<String>) -> AgentJson {
         online: card.online,
         uid: None,
         socket: None,
+        moved_to: None,
     }
 }
 
@@ -211,6 +398,11 @@ pub(super) async fn list_agents(
                 online,
                 uid: Some(a.record.uid),
                 socket: Some(st.agent_socket_path(name).display().to_string()),
+                moved_to: status
+                    .moves
+                    .iter()
+                    .find(|m| m.key == a.record.key && m.node != st.inner.node)
+                    .map(|m| m.node.to_string()),
             }
         })
         .collect();
@@ -225,5 +417,10 @@ pub(super) async fn list_agents(
                 .collect::<Vec<_>>()
         })
         .collect();
-    Ok(Json(AgentsResponse { local, peers }))
+    let moves = status.moves.iter().map(move_json).collect();
+    Ok(Json(AgentsResponse {
+        local,
+        peers,
+        moves,
+    }))
 }

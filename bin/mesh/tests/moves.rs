@@ -1,0 +1,205 @@
+//! Moving an agent through real `mesh daemon` processes: `mesh agent
+//! export` on its old host, `mesh agent import` on its new one, and the
+//! move notice reaching every node of a line, even one that never talks
+//! to the new host (issue 15, part one).
+//!
+//! Every wait is on an event (a command's output, `--wait` on the inbox, a
+//! listing that changes) and bounded.
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use mesh_tests::daemon::{DaemonProcess, Output, assert_says, ok, parse_json, temp_dir};
+
+const MESH: &str = env!("CARGO_BIN_EXE_mesh");
+/// How long a state the test waits for may take (polled through the CLI).
+const SETTLE: Duration = Duration::from_secs(60);
+
+fn start(data: &Path) -> DaemonProcess {
+    DaemonProcess::start_local(Path::new(MESH), data).unwrap()
+}
+
+/// Links `a` and `b` both ways.
+fn link(a: &DaemonProcess, b: &DaemonProcess) {
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+}
+
+fn as_agent(d: &DaemonProcess, agent: &str, args: &[&str]) -> Output {
+    let mut all = vec!["--agent", agent];
+    all.extend_from_slice(args);
+    d.mesh(&all).unwrap()
+}
+
+/// Polls `mesh agents --json` on `d` until `done` says yes; returns it.
+fn wait_agents(
+    d: &DaemonProcess,
+    what: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let all = parse_json(&ok(d.mesh(&["agents", "--json"]).unwrap())).unwrap();
+        if done(&all) {
+            return all;
+        }
+        assert!(Instant::now() < deadline, "{what}: {all}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The move notices `all` lists for agent `name`.
+fn moves_of<'a>(all: &'a serde_json::Value, name: &str) -> Vec<&'a serde_json::Value> {
+    all["moves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["name"] == name)
+        .collect()
+}
+
+#[test]
+fn an_agent_moved_along_a_line_is_placed_at_its_new_host_everywhere_and_acts_only_there() {
+    let tmp = temp_dir().unwrap();
+    let (a, b, c) = (
+        start(&tmp.path().join("a")),
+        start(&tmp.path().join("b")),
+        start(&tmp.path().join("c")),
+    );
+    // A line: a and c are not peers, b passes the notice on.
+    link(&a, &b);
+    link(&b, &c);
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let key = {
+        let all = parse_json(&ok(a.mesh(&["agents", "--json"]).unwrap())).unwrap();
+        all["local"][0]["key"].as_str().unwrap().to_owned()
+    };
+
+    // The export is the agent's key: a file only its owner may read, never
+    // written over.
+    let file = tmp.path().join("kim.export");
+    let out = a
+        .mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
+        .unwrap();
+    assert!(out.ok(), "{out:?}");
+    assert_says(&out, &["secret key", "mesh agent import"]);
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let again = a
+        .mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
+        .unwrap();
+    assert!(!again.ok(), "an existing file is not replaced: {again:?}");
+    // A damaged file is refused, naming what is wrong, and nothing is added.
+    let text = std::fs::read_to_string(&file).unwrap();
+    let export: serde_json::Value = parse_json(&text).unwrap();
+    let mut damaged = export.clone();
+    let secret = export["secret_key"].as_str().unwrap();
+    let flipped = if secret.starts_with('0') { "1" } else { "0" };
+    damaged["secret_key"] = format!("{flipped}{}", &secret[1..]).into();
+    let bad = tmp.path().join("damaged.export");
+    std::fs::write(&bad, damaged.to_string()).unwrap();
+    let out = c.mesh(&["agent", "import", bad.to_str().unwrap()]).unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_says(&out, &["damaged"]);
+
+    // Until its new host says so, kim still acts on a.
+    ok(as_agent(
+        &a,
+        "kim",
+        &["send", &format!("bob@{}", b.node()), "before"],
+    ));
+
+    let imported = parse_json(&ok(c
+        .mesh(&["agent", "import", file.to_str().unwrap(), "--json"])
+        .unwrap()))
+    .unwrap();
+    assert_eq!(imported["address"], format!("kim@{}", c.node()));
+    assert_eq!(imported["key"], key.as_str(), "the same agent, by its key");
+
+    // Every node of the line learns where kim is: b from c, a through b.
+    for d in [&a, &b, &c] {
+        let all = wait_agents(d, "the move notice arrives", |all| {
+            moves_of(all, "kim")
+                .first()
+                .is_some_and(|m| m["node"] == c.node())
+        });
+        let m = moves_of(&all, "kim");
+        assert_eq!(m.len(), 1, "{all}");
+        assert_eq!(m[0]["from"], a.node());
+        assert_eq!(m[0]["version"], 1);
+        assert_eq!(m[0]["key"], key.as_str());
+    }
+    let all = wait_agents(&a, "a marks kim as moved", |all| {
+        all["local"][0]["moved_to"] == c.node()
+    });
+    assert_eq!(all["local"][0]["name"], "kim");
+    let text = ok(a.mesh(&["agents"]).unwrap());
+    assert!(text.contains(&format!("moved to {}", c.node())), "{text}");
+
+    // kim no longer acts on a, and does on c.
+    let out = as_agent(&a, "kim", &["send", &format!("bob@{}", b.node()), "stale"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_says(&out, &["moved to node", c.node()]);
+    let id = ok(as_agent(
+        &c,
+        "kim",
+        &["send", &format!("bob@{}", b.node()), "after"],
+    ));
+    let bodies = {
+        let deadline = Instant::now() + SETTLE;
+        loop {
+            let out = as_agent(&b, "bob", &["inbox", "--json", "--limit", "10"]);
+            let got: Vec<serde_json::Value> =
+                out.stdout.lines().map(|l| parse_json(l).unwrap()).collect();
+            if got.len() >= 2 || Instant::now() > deadline {
+                break got;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let texts: Vec<&str> = bodies.iter().map(|e| e["body"].as_str().unwrap()).collect();
+    assert_eq!(texts, ["before", "after"], "{bodies:?}");
+    assert_eq!(bodies[1]["from"], format!("kim@{}", c.node()));
+    assert_eq!(bodies[1]["id"], id.trim());
+
+    // What a knows of the move survives its restart.
+    let a_dir = a.data().to_path_buf();
+    a.terminate().unwrap();
+    let a = start(&a_dir);
+    let all = wait_agents(&a, "a still knows after a restart", |all| {
+        all["local"][0]["moved_to"] == c.node()
+    });
+    assert_eq!(moves_of(&all, "kim").len(), 1, "{all}");
+
+    // And back: exported from c, imported on a again, where it still has
+    // its inbox; the second move wins everywhere.
+    let back = tmp.path().join("kim.back");
+    ok(
+        c.mesh(&["agent", "export", "kim", "--out", back.to_str().unwrap()])
+            .unwrap(),
+    );
+    ok(a.mesh(&["agent", "import", back.to_str().unwrap()])
+        .unwrap());
+    for d in [&a, &b, &c] {
+        wait_agents(d, "the second move arrives", |all| {
+            moves_of(all, "kim")
+                .first()
+                .is_some_and(|m| m["node"] == a.node() && m["version"] == 2)
+        });
+    }
+    wait_agents(&c, "c marks kim as moved", |all| {
+        all["local"][0]["moved_to"] == a.node()
+    });
+    let all = parse_json(&ok(a.mesh(&["agents", "--json"]).unwrap())).unwrap();
+    assert!(all["local"][0].get("moved_to").is_none(), "{all}");
+    ok(as_agent(
+        &a,
+        "kim",
+        &["send", &format!("bob@{}", b.node()), "home"],
+    ));
+    let out = as_agent(&c, "kim", &["send", &format!("bob@{}", b.node()), "stale"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+}
