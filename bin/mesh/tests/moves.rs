@@ -203,3 +203,99 @@ fn an_agent_moved_along_a_line_is_placed_at_its_new_host_everywhere_and_acts_onl
     let out = as_agent(&c, "kim", &["send", &format!("bob@{}", b.node()), "stale"]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
 }
+
+/// The value of the sample `name` in `d`'s `/metrics` now.
+fn metric(d: &DaemonProcess, name: &str) -> Option<u64> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = mesh_api::client::Client::new(d.socket());
+    let text = rt.block_on(client.get_text("/metrics")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The messages in `agent`'s inbox on `d`, waiting (bounded) until there
+/// are at least `n`.
+fn inbox_until(d: &DaemonProcess, agent: &str, n: usize) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let out = as_agent(d, agent, &["inbox", "--json", "--limit", "100"]);
+        assert!(out.ok(), "{out:?}");
+        let got: Vec<serde_json::Value> = out
+            .stdout
+            .lines()
+            .map(|l| parse_json(l).unwrap())
+            .filter(|e| e["kind"] == "message")
+            .collect();
+        if got.len() >= n {
+            return got;
+        }
+        assert!(Instant::now() < deadline, "{agent} has {got:?}, not {n}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Seed 004's first test, in our terms: a contact that was away during the
+/// move comes back and flushes its queue to the host the agent left; every
+/// message reaches the agent at its new host, exactly once and in order.
+#[test]
+fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_each_message_once() {
+    let tmp = temp_dir().unwrap();
+    let (a, b, c) = (
+        start(&tmp.path().join("a")),
+        start(&tmp.path().join("b")),
+        start(&tmp.path().join("c")),
+    );
+    link(&a, &b);
+    link(&b, &c);
+    link(&a, &c);
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let kim_at_a = format!("kim@{}", a.node());
+    ok(as_agent(&b, "bob", &["send", &kim_at_a, "m0"]));
+    // b goes away (from both), and queues for kim at a meanwhile.
+    ok(b.mesh(&["peer", "pause", a.node()]).unwrap());
+    ok(b.mesh(&["peer", "pause", c.node()]).unwrap());
+    let mut ids = Vec::new();
+    for i in 1..=3 {
+        let id = ok(as_agent(&b, "bob", &["send", &kim_at_a, &format!("m{i}")]));
+        ids.push(id.trim().to_owned());
+    }
+    // kim moves to c while b is away.
+    let file = tmp.path().join("kim.export");
+    ok(
+        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
+            .unwrap(),
+    );
+    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    wait_agents(&a, "a marks kim as moved", |all| {
+        all["local"][0]["moved_to"] == c.node()
+    });
+    // b comes back to a only: its queue goes to the host kim left.
+    ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
+    let got = inbox_until(&c, "kim", 3);
+    let bodies: Vec<&str> = got.iter().map(|e| e["body"].as_str().unwrap()).collect();
+    assert_eq!(bodies, ["m1", "m2", "m3"], "{got:?}");
+    for (e, id) in got.iter().zip(&ids) {
+        assert_eq!(e["id"], id.as_str(), "the id its author gave it");
+        assert_eq!(e["from"], format!("bob@{}", b.node()));
+        assert_eq!(e["forwarded_by"], a.node());
+    }
+    assert_eq!(metric(&a, "mesh_agent_forwards_sent_total"), Some(3));
+    assert_eq!(metric(&c, "mesh_agent_forwards_received_total"), Some(3));
+    // a kept them too, in kim's previous inbox there (with m0, from before).
+    let old = inbox_until(&a, "kim", 4);
+    assert_eq!(old.len(), 4, "{old:?}");
+    // b comes back to c too and writes on: still once each at c.
+    ok(b.mesh(&["peer", "resume", c.node()]).unwrap());
+    ok(as_agent(&b, "bob", &["send", &kim_at_a, "m4"]));
+    let got = inbox_until(&c, "kim", 4);
+    let bodies: Vec<&str> = got.iter().map(|e| e["body"].as_str().unwrap()).collect();
+    assert_eq!(bodies, ["m1", "m2", "m3", "m4"], "{got:?}");
+    let text = ok(as_agent(&c, "kim", &["inbox", "--limit", "1"]));
+    assert!(text.contains("via"), "{text}");
+}

@@ -237,6 +237,10 @@ pub struct InboxEntry {
     /// For a tombstone: the message that superseded `id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
+    /// For a message that reached the node its recipient moved away from
+    /// and was passed on from there: that node's id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarded_by: Option<String>,
 }
 
 /// A page of an agent's inbox.

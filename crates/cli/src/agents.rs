@@ -225,7 +225,10 @@ fn print_inbox_entry(e: &InboxEntry, json: bool) -> anyhow::Result<()> {
             } else {
                 " [sender unverified]"
             };
-            format!("{id} from {from}{reply}{unverified}: {}", e.body)
+            let via = e.forwarded_by.as_deref().map_or_else(String::new, |n| {
+                format!(" (via {}, the host it left)", short(n))
+            });
+            format!("{id} from {from}{reply}{via}{unverified}: {}", e.body)
         }
         "bounce" => format!("BOUNCE {id}: {}", e.body),
         "lagged" => format!("LAGGED {}", e.body),

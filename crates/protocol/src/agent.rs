@@ -30,6 +30,9 @@ pub const KIND_BOUNCE: u16 = 2;
 /// A tombstone: the payload is a [`Tombstone`], in the place (the seq and
 /// the id) of an agent message that was replaced before it was sent.
 pub const KIND_TOMBSTONE: u16 = 3;
+/// A forward: the payload is a [`Forward`], an agent message the old host
+/// of a moved agent passes on to its new host.
+pub const KIND_FORWARD: u16 = 4;
 
 /// The longest agent name, in bytes.
 pub const MAX_AGENT_NAME_BYTES: usize = 64;
@@ -455,6 +458,37 @@ impl Tombstone {
     }
 }
 
+/// The payload of an envelope of kind [`KIND_FORWARD`]: an agent message
+/// that reached the node an agent moved away from, passed on by that node
+/// to the agent's new host on its own stream (so exactly once and in
+/// order, as any message), as the author wrote it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Forward {
+    /// The node that wrote the message (its author).
+    #[serde(with = "crate::ids::node_id_serde")]
+    pub author: NodeId,
+    /// The message's payload as its author signed it: an [`AgentEnvelope`].
+    pub envelope: Vec<u8>,
+}
+
+/// The most bytes a [`Forward`] adds to the message it carries.
+pub const MAX_FORWARD_OVERHEAD_BYTES: usize = 32 + 5;
+
+impl Forward {
+    /// The payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+    }
+
+    /// Decodes a payload of kind [`KIND_FORWARD`], canonical and whole,
+    /// whose message decodes as an [`AgentEnvelope`].
+    pub fn decode(payload: &[u8]) -> Result<Forward, AgentError> {
+        let f: Forward = decode_canonical(payload, "forward")?;
+        AgentHeader::decode(&f.envelope)?;
+        Ok(f)
+    }
+}
+
 /// Decodes `payload` as the one canonical postcard encoding of a `T`.
 fn decode_canonical<'a, T: Serialize + Deserialize<'a>>(
     payload: &'a [u8],
@@ -851,7 +885,7 @@ mod tests {
     fn mesh_kinds_are_a_small_reserved_range() {
         assert!(!is_mesh_kind(0));
         assert!(is_mesh_kind(KIND_AGENT) && is_mesh_kind(KIND_BOUNCE));
-        assert!(is_mesh_kind(KIND_TOMBSTONE));
+        assert!(is_mesh_kind(KIND_TOMBSTONE) && is_mesh_kind(KIND_FORWARD));
         assert!(!is_mesh_kind(16));
         assert!(!is_mesh_kind(0x6d62));
     }

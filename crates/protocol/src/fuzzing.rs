@@ -98,6 +98,13 @@ pub fn agent_payload(data: &[u8]) {
             "a decoded tombstone re-encodes to other bytes"
         );
     }
+    if let Ok(f) = crate::Forward::decode(data) {
+        assert!(
+            f.encode() == data,
+            "a decoded forward re-encodes to other bytes"
+        );
+        assert!(AgentEnvelope::decode(&f.envelope).is_ok());
+    }
 }
 
 /// Feeds `data` (if UTF-8) to the journal cursor parser.

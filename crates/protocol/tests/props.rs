@@ -9,8 +9,8 @@
 mod common;
 
 use common::{
-    arb_addr, arb_agent_card, arb_agent_envelope, arb_bounce, arb_card, arb_epoch, arb_frame,
-    arb_invite, arb_node, arb_open_batch, arb_stream,
+    arb_addr, arb_agent_card, arb_agent_envelope, arb_bounce, arb_card, arb_epoch, arb_forward,
+    arb_frame, arb_invite, arb_node, arb_open_batch, arb_stream,
 };
 use mesh_protocol::{
     AgentEnvelope, Bounce, Channel, Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError,
@@ -93,6 +93,20 @@ proptest! {
         for n in 0..bytes.len() {
             prop_assert!(AgentEnvelope::decode(&bytes[..n]).is_err());
         }
+    }
+
+    #[test]
+    fn a_forward_round_trips_and_refuses_trailing_bytes_or_a_bad_message(
+        f in arb_forward(),
+        extra in any::<u8>(),
+    ) {
+        let mut bytes = f.encode();
+        prop_assert_eq!(mesh_protocol::Forward::decode(&bytes), Ok(f.clone()));
+        bytes.push(extra);
+        prop_assert!(mesh_protocol::Forward::decode(&bytes).is_err());
+        let mut bad = f;
+        bad.envelope.push(extra);
+        prop_assert!(mesh_protocol::Forward::decode(&bad.encode()).is_err());
     }
 
     #[test]

@@ -186,7 +186,7 @@ fn render_topics(t: &mut Text, status: &NodeStatus) {
 }
 
 /// The agent layer's counters: (name after `mesh_`, help, value).
-fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 12] {
+fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 17] {
     let a = &status.core.agents;
     [
         (
@@ -228,6 +228,31 @@ fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 12
             "agent_superseded_total",
             "Own agent messages superseded before they were sent.",
             a.superseded,
+        ),
+        (
+            "agent_moves_taken_total",
+            "Agents' move notices taken (newer than the one held of their agent).",
+            a.moves_taken,
+        ),
+        (
+            "agent_moves_refused_total",
+            "Moves frames dropped: a notice whose signature does not verify.",
+            a.moves_refused,
+        ),
+        (
+            "agent_forwards_sent_total",
+            "Messages for an agent that moved away, passed on to its new host.",
+            a.forwards_sent,
+        ),
+        (
+            "agent_forwards_unroutable_total",
+            "Messages for an agent that moved away that could not be passed on (kept here only).",
+            a.forwards_unroutable,
+        ),
+        (
+            "agent_forwards_received_total",
+            "Forwarded messages put in an agent's inbox here.",
+            a.forwards_received,
         ),
         (
             "agent_supersede_refused_total",

@@ -10,9 +10,10 @@ use std::net::SocketAddr;
 
 use mesh_protocol::{
     AgentCard, AgentEnvelope, AgentMove, AgentName, Bounce, BounceReason, Channel, Cid, Cursor,
-    Epoch, Frame, InviteCode, InviteId, InviteSecret, JoinAnswer, JoinRefusal, JoinRequest, Mark,
-    MsgId, NewEnvelope, NodeCard, NodeId, NodeName, NodeTicket, OpenBatch, PROTOCOL_VERSION,
-    Payloads, RequestId, SecretKey, StreamId, SupersedeKey, TopicName, encode_frame,
+    Epoch, Forward, Frame, InviteCode, InviteId, InviteSecret, JoinAnswer, JoinRefusal,
+    JoinRequest, Mark, MsgId, NewEnvelope, NodeCard, NodeId, NodeName, NodeTicket, OpenBatch,
+    PROTOCOL_VERSION, Payloads, RequestId, SecretKey, StreamId, SupersedeKey, TopicName,
+    encode_frame,
 };
 use proptest::prelude::*;
 
@@ -319,6 +320,15 @@ pub(crate) fn bounce() -> Bounce {
     }
 }
 
+/// The fixed forward: the fixed agent message, written by the author,
+/// passed on by the node its recipient moved away from.
+pub(crate) fn forward() -> Forward {
+    Forward {
+        author: author(),
+        envelope: agent_envelope().encode(),
+    }
+}
+
 /// The fixed cursor: after arrival 42 in the author's journal.
 pub(crate) fn cursor() -> Cursor {
     Cursor::new(&author(), AUTHOR_EPOCH, 42)
@@ -570,6 +580,14 @@ pub(crate) fn arb_bounce() -> impl Strategy<Value = Bounce> {
             missing,
             reason: BounceReason::NoSuchAgent,
         }
+    })
+}
+
+/// Any forward of any agent message.
+pub(crate) fn arb_forward() -> impl Strategy<Value = Forward> {
+    (arb_node(), arb_agent_envelope()).prop_map(|(author, e)| Forward {
+        author,
+        envelope: e.encode(),
     })
 }
 

@@ -137,3 +137,126 @@ fn a_peer_that_connects_later_is_told_and_a_restart_keeps_what_was_held() {
     m.node(2).restart();
     assert_eq!(m.held(2), Some(notice(2, 1, 1)));
 }
+
+impl Mesh {
+    /// Node `n` hosts the agent `name` of key `key` (its card announced).
+    fn host(&mut self, n: u8, name: &str, key: &SecretKey) {
+        let agent = AgentName::new(name).expect("a name");
+        let node = self.node(n);
+        let req = ReqId(node.next_req);
+        node.next_req += 1;
+        let record = mesh_store::AgentRecord {
+            name: agent.clone(),
+            key: key.public(),
+            uid: 0,
+            created_ms: 1,
+        };
+        let mut out = node.run(Input::Write {
+            req,
+            write: LocalWrite::PutAgent(record),
+        });
+        let card = mesh_protocol::AgentCard::sign(key, id(n), agent, true, 1);
+        out.extend(node.run(Input::AgentCard { card }));
+        self.sent_by(n, out);
+        self.settle();
+    }
+
+    /// Node `n`'s agent `from` sends `body` to agent `to` of node `at`.
+    fn send_agent(&mut self, n: u8, from: &str, (to, at): (&str, u8), body: &[u8]) {
+        let node = self.node(n);
+        let req = ReqId(node.next_req);
+        node.next_req += 1;
+        let meta = crate::core::SendMeta {
+            from: Some(AgentName::new(from).expect("a name")),
+            to: Some(AgentName::new(to).expect("a name")),
+            ..crate::core::SendMeta::default()
+        };
+        let out = node.run(Input::SendWith {
+            req,
+            to: id(at),
+            kind: 0,
+            payload: body.to_vec(),
+            meta,
+        });
+        assert!(matches!(node.reply(req), Some(Ok(_))), "sent");
+        self.sent_by(n, out);
+        self.settle();
+    }
+
+    /// The agent messages in `agent`'s inbox on node `n`: (id, sender, body),
+    /// forwarded ones as their author wrote them.
+    fn inbox_of(&mut self, n: u8, agent: &str) -> Vec<(mesh_protocol::MsgId, AgentName, Vec<u8>)> {
+        let name = AgentName::new(agent).expect("a name");
+        let items = self.node(n).store.inbox(&name, 0, 100).expect("reads");
+        items
+            .iter()
+            .filter_map(|i| match &i.item.record {
+                JournalRecord::Envelope { kind, payload, .. } => {
+                    let bytes = match *kind {
+                        mesh_protocol::KIND_AGENT => payload.clone(),
+                        mesh_protocol::KIND_FORWARD => {
+                            mesh_protocol::Forward::decode(payload)
+                                .expect("a forward")
+                                .envelope
+                        }
+                        _ => return None,
+                    };
+                    let e = mesh_protocol::AgentEnvelope::decode(&bytes).expect("a message");
+                    Some((e.id, e.from, e.body))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn a_message_that_reaches_the_host_an_agent_left_is_kept_there_and_passed_on_exactly_once() {
+    let mut m = Mesh::new(3, &[(1, 2), (2, 3), (1, 3)]);
+    m.link(1, 2);
+    m.link(2, 3);
+    m.link(1, 3);
+    m.host(1, "kim", &agent());
+    m.host(2, "bob", &SecretKey::from_bytes(&[60; 32]));
+    m.send_agent(2, "bob", ("kim", 1), b"before the move");
+    // kim moves from node 1 to node 3 (its key imported there).
+    m.host(3, "kim", &agent());
+    m.import(3, notice(1, 3, 1));
+    // Node 2 still writes to node 1: its message is kept in kim's previous
+    // inbox there, and passed on to node 3.
+    m.send_agent(2, "bob", ("kim", 1), b"after the move");
+    let old = m.inbox_of(1, "kim");
+    assert_eq!(old.len(), 2, "{old:?}");
+    let new = m.inbox_of(3, "kim");
+    assert_eq!(new.len(), 1, "only what came after the move: {new:?}");
+    assert_eq!(new[0], old[1], "as its author wrote it, with its id");
+    assert_eq!(new[0].1, AgentName::new("bob").expect("a name"));
+    assert_eq!(m.node(1).core.metrics().agents.forwards_sent, 1);
+    assert_eq!(m.node(3).core.metrics().agents.forwards_received, 1);
+    // The forward delivered twice is a counted duplicate, never twice in
+    // the inbox.
+    let forward = m
+        .node(1)
+        .sent
+        .iter()
+        .rev()
+        .find_map(|(to, _, f)| match f {
+            Frame::Batch { batch, payloads } if *to == id(3) => Some(Frame::Batch {
+                batch: batch.clone(),
+                payloads: payloads.clone(),
+            }),
+            _ => None,
+        })
+        .expect("node 1 sent the forward");
+    let conn = m.links[2].2;
+    m.queue.push_back((3, 1, conn, forward));
+    m.settle();
+    assert_eq!(m.inbox_of(3, "kim").len(), 1);
+    // kim moves on to node 2: node 3 passes on what still comes to it.
+    m.host(2, "kim", &agent());
+    m.import(2, notice(3, 2, 2));
+    m.send_agent(2, "bob", ("kim", 1), b"two moves later");
+    let latest = m.inbox_of(2, "kim");
+    assert_eq!(latest.len(), 1, "{latest:?}");
+    assert_eq!(latest[0].2, b"two moves later".to_vec());
+}

@@ -9,8 +9,8 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use mesh_api::{BodyEncoding, InboxEntry, InboxPage};
 use mesh_protocol::{
-    AgentEnvelope, AgentName, Bounce, KIND_AGENT, KIND_BOUNCE, KIND_TOMBSTONE, MsgId, NodeId,
-    Tombstone, TombstoneReason,
+    AgentEnvelope, AgentName, Bounce, Forward, KIND_AGENT, KIND_BOUNCE, KIND_FORWARD,
+    KIND_TOMBSTONE, MsgId, NodeId, Tombstone, TombstoneReason,
 };
 use mesh_store::{Arrival, InboxItem, InboxKind, JournalRecord, MeshStore};
 use serde::Deserialize;
@@ -94,6 +94,7 @@ impl ApiState {
             reason: None,
             created_ms: None,
             superseded_by: None,
+            forwarded_by: None,
         };
         match &item.item.record {
             JournalRecord::Envelope {
@@ -108,6 +109,13 @@ impl ApiState {
                     KIND_AGENT => Self::fill_message(&mut e, &stream.author, me, payload),
                     KIND_BOUNCE => Self::fill_bounce(&mut e, &stream.author, me, payload),
                     KIND_TOMBSTONE => Self::fill_tombstone(&mut e, &stream.author, me, payload),
+                    KIND_FORWARD => match Forward::decode(payload) {
+                        Ok(f) => {
+                            Self::fill_message(&mut e, &f.author, me, &f.envelope);
+                            e.forwarded_by = Some(stream.author.to_string());
+                        }
+                        Err(err) => e.body = format!("a forward that does not decode: {err}"),
+                    },
                     _ => {}
                 }
             }
