@@ -290,12 +290,32 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     // a kept them too, in kim's previous inbox there (with m0, from before).
     let old = inbox_until(&a, "kim", 4);
     assert_eq!(old.len(), 4, "{old:?}");
-    // b comes back to c too and writes on: still once each at c.
+    // b comes back to c too, learns of the move, and writes on: what it
+    // sends to kim@a now goes to kim at c, and still once each there.
     ok(b.mesh(&["peer", "resume", c.node()]).unwrap());
-    ok(as_agent(&b, "bob", &["send", &kim_at_a, "m4"]));
+    wait_agents(&b, "b learns of the move", |all| {
+        moves_of(all, "kim")
+            .first()
+            .is_some_and(|m| m["node"] == c.node())
+    });
+    let sent = parse_json(&ok(as_agent(
+        &b,
+        "bob",
+        &["send", &kim_at_a, "m4", "--json"],
+    )))
+    .unwrap();
+    assert_eq!(
+        sent["to"],
+        format!("kim@{}", c.node()),
+        "readdressed: {sent}"
+    );
     let got = inbox_until(&c, "kim", 4);
     let bodies: Vec<&str> = got.iter().map(|e| e["body"].as_str().unwrap()).collect();
     assert_eq!(bodies, ["m1", "m2", "m3", "m4"], "{got:?}");
+    assert!(
+        got[3].get("forwarded_by").is_none(),
+        "straight to c: {got:?}"
+    );
     let text = ok(as_agent(&c, "kim", &["inbox", "--limit", "1"]));
     assert!(text.contains("via"), "{text}");
 }
