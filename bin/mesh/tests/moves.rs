@@ -319,3 +319,92 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     let text = ok(as_agent(&c, "kim", &["inbox", "--limit", "1"]));
     assert!(text.contains("via"), "{text}");
 }
+
+/// Seed 004's third test, in our terms: two moves of one agent made in a
+/// race (one export imported on two nodes while they are apart), while a
+/// contact writes to it. Every node settles on one host, and every message
+/// sent from the export on reaches the agent there exactly once.
+#[test]
+fn two_moves_in_a_race_settle_on_one_host_and_nothing_sent_meanwhile_is_lost_or_doubled() {
+    let tmp = temp_dir().unwrap();
+    let (a, b, c) = (
+        start(&tmp.path().join("a")),
+        start(&tmp.path().join("b")),
+        start(&tmp.path().join("c")),
+    );
+    link(&a, &b);
+    link(&b, &c);
+    link(&a, &c);
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(a.mesh(&["agent", "add", "bob"]).unwrap());
+    let kim_at_a = format!("kim@{}", a.node());
+    let mut sent: Vec<String> = Vec::new();
+    let mut send = |i: usize| {
+        let id = ok(as_agent(&a, "bob", &["send", &kim_at_a, &format!("m{i}")]));
+        sent.push(id.trim().to_owned());
+    };
+    send(0);
+    let file = tmp.path().join("kim.export");
+    ok(
+        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
+            .unwrap(),
+    );
+    // b and c are cut off from everyone, and each imports the export.
+    for (d, others) in [(&b, [&a, &c]), (&c, [&a, &b])] {
+        for o in others {
+            ok(d.mesh(&["peer", "pause", o.node()]).unwrap());
+        }
+    }
+    for i in 1..=5 {
+        send(i);
+    }
+    ok(b.mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    for i in 6..=10 {
+        send(i);
+    }
+    for (d, others) in [(&b, [&a, &c]), (&c, [&a, &b])] {
+        for o in others {
+            ok(d.mesh(&["peer", "resume", o.node()]).unwrap());
+        }
+    }
+    // The same version twice: the higher node id wins, everywhere.
+    let (winner, loser) = if b.node() > c.node() {
+        (&b, &c)
+    } else {
+        (&c, &b)
+    };
+    for d in [&a, &b, &c] {
+        wait_agents(d, "every node settles on one host", |all| {
+            moves_of(all, "kim")
+                .first()
+                .is_some_and(|m| m["node"] == winner.node() && m["version"] == 1)
+        });
+    }
+    wait_agents(loser, "the loser no longer hosts kim", |all| {
+        all["local"][0]["moved_to"] == winner.node()
+    });
+    wait_agents(&a, "a no longer hosts kim", |all| {
+        all["local"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["name"] == "kim" && x["moved_to"] == winner.node())
+    });
+    // And on: sends now go to the winner straight.
+    for i in 11..=15 {
+        send(i);
+    }
+    let got = inbox_until(winner, "kim", 15);
+    let mut ids: Vec<&str> = got.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    let mut want: Vec<&str> = sent[1..].iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(ids, want, "every message from the export on, once: {got:?}");
+    // The loser's kim is not acting, and got nothing that is lost: what
+    // came to it (nothing here) would be passed on too.
+    let out = as_agent(loser, "kim", &["send", &format!("bob@{}", a.node()), "x"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+}

@@ -84,6 +84,8 @@ pub(crate) struct Agent {
     /// The node it moved to, once a move notice of its key names another
     /// node than this one: it no longer acts here (no sends, no cards).
     moved_to: std::sync::Mutex<Option<NodeId>>,
+    /// A pump passes its previous inbox on (`crate::drain`).
+    pub(crate) draining: AtomicBool,
 }
 
 impl Agent {
@@ -212,6 +214,7 @@ impl Registry {
             activity: Arc::new(Activity::default()),
             removed: tokio::sync::watch::Sender::new(false),
             moved_to: std::sync::Mutex::new(None),
+            draining: AtomicBool::new(false),
         });
         self.write()
             .insert(agent.record.name.clone(), agent.clone());

@@ -112,9 +112,10 @@ impl Daemon {
         });
         join_configured_topics(&bus, &config).await?;
         crate::agents::note_moves(&registry, &bus.agent_moves().borrow());
+        crate::drain::start_pumps(&registry, &store, &bus);
         crate::api::start_agent_servers(&state).await?;
         crate::agents::announce(&registry, &bus, true).await;
-        let presence = spawn_presence(registry, bus);
+        let presence = spawn_presence(registry, bus, store.clone());
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(crate::api::serve(socket, state, async move {
             let _ = stop_rx.await;
@@ -281,7 +282,11 @@ async fn join_configured_topics(bus: &Bus, config: &Config) -> Result<(), StartE
 /// Every presence tick, announces the agents whose card changed; and as
 /// soon as a move notice is taken, marks the agents that moved away.
 /// Until aborted.
-fn spawn_presence(registry: Arc<Registry>, bus: Bus) -> tokio::task::JoinHandle<()> {
+fn spawn_presence(
+    registry: Arc<Registry>,
+    bus: Bus,
+    store: Arc<RedbStore>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut moves = bus.agent_moves();
         loop {
@@ -293,6 +298,7 @@ fn spawn_presence(registry: Arc<Registry>, bus: Bus) -> tokio::task::JoinHandle<
                     }
                     let held = moves.borrow_and_update().clone();
                     crate::agents::note_moves(&registry, &held);
+                    crate::drain::start_pumps(&registry, &store, &bus);
                 }
             }
             crate::agents::announce(&registry, &bus, false).await;

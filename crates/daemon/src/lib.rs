@@ -12,6 +12,7 @@ pub mod api;
 mod bus;
 pub mod config;
 mod daemon;
+mod drain;
 mod foreground;
 
 pub use agents::{AGENT_ONLINE_MS, PRESENCE_TICK};

@@ -167,6 +167,22 @@ pub enum AgentIndex {
         /// The row (`arrival` and `stream` are set by the store).
         row: MessageRow,
     },
+    /// The envelope `seq` carries the agent message `id` that the old host
+    /// of `agent` passed on (a forward): it goes to `agent`'s inbox and the
+    /// message index, unless the message index has `id` already (the same
+    /// message passed on twice, or come straight too): then neither.
+    Forwarded {
+        /// The agent.
+        agent: AgentName,
+        /// The message id.
+        id: MsgId,
+        /// The envelope's seq.
+        seq: Seq,
+        /// The inbox row.
+        inbox: InboxRow,
+        /// The message row (`arrival` and `stream` are set by the store).
+        message: MessageRow,
+    },
     /// The envelope `seq` is the first send of `key` (arrival filled in).
     Dedup {
         /// The envelope's seq.
@@ -181,6 +197,7 @@ impl AgentIndex {
         match self {
             AgentIndex::Inbox { seq, .. }
             | AgentIndex::Message { seq, .. }
+            | AgentIndex::Forwarded { seq, .. }
             | AgentIndex::Dedup { seq, .. } => *seq,
         }
     }
@@ -414,6 +431,9 @@ fn index_write(e: AgentIndex, stream: &StreamId, runs: &[Run]) -> Result<AgentWr
         format!("index entry for seq {seq} of {stream:?}, which this group did not journal")
     })?;
     Ok(match e {
+        AgentIndex::Forwarded { .. } => {
+            return Err("a forwarded entry reached the plan unexpanded".to_owned());
+        }
         AgentIndex::Inbox { agent, row, .. } => AgentWrite::Inbox {
             agent,
             arrival,
@@ -517,7 +537,7 @@ impl Place {
         };
         let agent_kind = matches!(
             *kind,
-            mesh_protocol::KIND_AGENT | mesh_protocol::KIND_TOMBSTONE
+            mesh_protocol::KIND_AGENT | mesh_protocol::KIND_TOMBSTONE | mesh_protocol::KIND_FORWARD
         );
         if *stream != self.stream || *seq != self.seq || !agent_kind {
             return Err(format!(
@@ -548,6 +568,19 @@ impl Place {
                 superseded_by: by,
             });
         }
+        // A forward's message is the one it carries.
+        let forward;
+        let payload = if *kind == mesh_protocol::KIND_FORWARD {
+            forward = mesh_protocol::Forward::decode(payload).map_err(|e| {
+                format!(
+                    "the forward at arrival {} does not decode: {e}",
+                    self.arrival
+                )
+            })?;
+            &forward.envelope
+        } else {
+            payload
+        };
         let h = mesh_protocol::AgentHeader::decode(payload).map_err(|e| {
             format!(
                 "the agent message at arrival {} does not decode: {e}",

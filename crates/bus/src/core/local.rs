@@ -77,6 +77,33 @@ impl Core {
         self.peers.apply(change);
     }
 
+    /// A forward the driver asks for (of an agent that moved): a send of
+    /// the mesh's kind [`mesh_protocol::KIND_FORWARD`], refused unless its
+    /// payload is one.
+    pub(super) fn on_forward(&mut self, req: ReqId, to: NodeId, payload: Vec<u8>, now: Millis) {
+        let refused = match mesh_protocol::Forward::decode(&payload) {
+            Err(e) => Some(SendError::Internal(format!("not a forward: {e}"))),
+            Ok(_) => self.check_send(to, payload.len() as u64).err(),
+        };
+        if let Some(e) = refused {
+            self.out.metrics.sends_refused += 1;
+            self.out.push(Effect::Reply {
+                req,
+                result: Err(e),
+            });
+            return;
+        }
+        self.out.metrics.agents.forwards_sent += 1;
+        self.committer.queue_send(WaitingSend {
+            req,
+            to,
+            kind: mesh_protocol::KIND_FORWARD,
+            payload,
+            created_ms: now.0,
+            tracked: None,
+        });
+    }
+
     pub(super) fn on_send(
         &mut self,
         req: ReqId,

@@ -310,12 +310,8 @@ pub struct AgentCounts {
     pub moves_refused: u64,
     /// Move notices taken: newer than the one held of their agent.
     pub moves_taken: u64,
-    /// Messages for an agent that moved away, passed on to its new host.
+    /// Messages for an agent that moved away, taken to pass on to its new host.
     pub forwards_sent: u64,
-    /// Messages for an agent that moved away that could not be passed on
-    /// (its new host is not a peer, or the message with the forward's
-    /// framing is too large): kept in its previous inbox here only.
-    pub forwards_unroutable: u64,
     /// Forwarded messages received for an agent of this node.
     pub forwards_received: u64,
     /// Own agent messages superseded before they were sent: held ones

@@ -63,6 +63,13 @@ pub(super) enum Cmd {
         /// As for a submit: returned once the task has taken the payload.
         budget: OwnedSemaphorePermit,
     },
+    Forward {
+        to: NodeId,
+        payload: Vec<u8>,
+        reply: oneshot::Sender<Result<core::SendReceipt, core::SendError>>,
+        /// As for a submit: returned once the task has taken the payload.
+        budget: OwnedSemaphorePermit,
+    },
 }
 
 pub(super) enum PeerChange {
@@ -427,6 +434,17 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                     kind,
                     payload,
                 });
+                drop(budget);
+            }
+            Cmd::Forward {
+                to,
+                payload,
+                reply,
+                budget,
+            } => {
+                let req = self.req();
+                self.waiters.insert(req, Waiter::Publish(reply));
+                inputs.push(Input::Forward { req, to, payload });
                 drop(budget);
             }
             Cmd::Status { reply } => {

@@ -413,6 +413,34 @@ impl Node {
             .map_err(SendError::Refused)
     }
 
+    /// Passes `forward` (a [`mesh_protocol::Forward`] payload) on to `to`,
+    /// the new host of an agent that moved away from this node: answered
+    /// with its receipt once committed, as a send is.
+    ///
+    /// # Errors
+    /// As a send: refused (not a forward, not a peer, the outbox full) or
+    /// the node stopped.
+    pub async fn forward(&self, to: NodeId, forward: Vec<u8>) -> Result<SendReceipt, SendError> {
+        let permits = u32::try_from(forward.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
+        let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
+            return Err(SendError::Stopped);
+        };
+        let (reply, rx) = oneshot::channel();
+        let cmd = Cmd::Forward {
+            to,
+            payload: forward,
+            reply,
+            budget,
+        };
+        self.commands
+            .send(cmd)
+            .await
+            .map_err(|_| SendError::Stopped)?;
+        rx.await
+            .map_err(|_| SendError::Stopped)?
+            .map_err(SendError::Refused)
+    }
+
     /// Joins the topic of `record` (or changes its bounds), durably: once
     /// committed this node takes the topic's messages and tells its peers.
     ///

@@ -186,7 +186,7 @@ fn render_topics(t: &mut Text, status: &NodeStatus) {
 }
 
 /// The agent layer's counters: (name after `mesh_`, help, value).
-fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 17] {
+fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 16] {
     let a = &status.core.agents;
     [
         (
@@ -243,11 +243,6 @@ fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 17
             "agent_forwards_sent_total",
             "Messages for an agent that moved away, passed on to its new host.",
             a.forwards_sent,
-        ),
-        (
-            "agent_forwards_unroutable_total",
-            "Messages for an agent that moved away that could not be passed on (kept here only).",
-            a.forwards_unroutable,
         ),
         (
             "agent_forwards_received_total",

@@ -88,6 +88,12 @@ pub(crate) trait Base {
         first_seq: Seq,
         from: Seq,
     ) -> Result<Option<Vec<Vec<u8>>>, StoreError>;
+    /// Whether the message index has `id`, and as sent or received, as
+    /// committed before this group.
+    fn message_dir(
+        &mut self,
+        id: &mesh_protocol::MsgId,
+    ) -> Result<Option<crate::MessageDir>, StoreError>;
     /// Whether `agent` is a local agent of this node.
     fn is_agent(&mut self, agent: &mesh_protocol::AgentName) -> Result<bool, StoreError>;
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError>;

@@ -343,6 +343,7 @@ impl<B: Base> GroupView<'_, B> {
 
     /// Plans an agent write against the envelopes this group journaled.
     fn agents(&mut self, op: AgentOp) -> Result<(), Fail> {
+        let op = self.expand_forwarded(op)?;
         let last = self.first_arrival.map(|_| self.counters.journal_head);
         let mut planned = Vec::new();
         agents::plan(
@@ -355,6 +356,57 @@ impl<B: Base> GroupView<'_, B> {
         .or_else(refuse)?;
         self.writes.extend(planned.into_iter().map(Write::Agents));
         Ok(())
+    }
+
+    /// Expands the forwarded entries of an index op into an inbox and a
+    /// message entry each, leaving out those whose message the index has
+    /// already (or an earlier entry of this op has): a message passed on
+    /// twice is indexed once.
+    fn expand_forwarded(&mut self, op: AgentOp) -> Result<AgentOp, Fail> {
+        use crate::AgentIndex;
+        let AgentOp::Index { stream, entries } = op else {
+            return Ok(op);
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        let mut out = Vec::with_capacity(entries.len());
+        for e in entries {
+            match e {
+                AgentIndex::Forwarded {
+                    agent,
+                    id,
+                    seq,
+                    inbox,
+                    message,
+                } => {
+                    if !seen.insert(id) {
+                        continue;
+                    }
+                    let known = self.base.message_dir(&id)?;
+                    if known == Some(crate::MessageDir::Received) {
+                        continue;
+                    }
+                    out.push(AgentIndex::Inbox {
+                        agent,
+                        seq,
+                        row: inbox,
+                    });
+                    // This node's own message, come back to the agent that
+                    // moved here: its row says sent, and stays.
+                    if known.is_none() {
+                        out.push(AgentIndex::Message {
+                            id,
+                            seq,
+                            row: message,
+                        });
+                    }
+                }
+                other => out.push(other),
+            }
+        }
+        Ok(AgentOp::Index {
+            stream,
+            entries: out,
+        })
     }
 
     /// Queues `w` as it is: its op has nothing to check.

@@ -179,6 +179,13 @@ impl Base for MemBase<'_> {
         Ok(self.state.agents.agents.contains_key(agent))
     }
 
+    fn message_dir(
+        &mut self,
+        id: &mesh_protocol::MsgId,
+    ) -> Result<Option<crate::MessageDir>, StoreError> {
+        Ok(self.state.agents.messages.get(id).map(|p| p.dir))
+    }
+
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
         Ok(self.state.marks.get(stream).copied())
     }

@@ -254,6 +254,32 @@ impl<'tx> AgentTables<'tx> {
             .is_some())
     }
 
+    /// Whether the message index has `id`, and as sent or received:
+    /// written by an earlier commit, or by an earlier group of this one.
+    pub(super) fn message_dir(
+        &mut self,
+        id: &MsgId,
+        name: &str,
+    ) -> Result<Option<MessageDir>, StoreError> {
+        if let Some((_, row)) = self.messages_pending.iter().rev().find(|(m, _)| m == id) {
+            return Ok(Some(row.dir));
+        }
+        let rerr = |e: redb::StorageError| from_redb(name, "cannot read", e);
+        let t = open(self.tx, &mut self.messages, MESSAGES, name)?;
+        let mut range = t.range(id.as_bytes().as_slice()..).map_err(rerr)?;
+        let Some(row) = range.next() else {
+            return Ok(None);
+        };
+        let (k, v) = row.map_err(rerr)?;
+        let key = MsgId(
+            k.value()
+                .try_into()
+                .map_err(|_| corrupt(name, "a message row's key is not an id"))?,
+        );
+        let run: MessageRun = decode(name, "message row", v.value())?;
+        Ok(index_in(&key, run.n as usize, id).map(|_| run.dir))
+    }
+
     pub(super) fn apply(&mut self, w: AgentWrite, name: &str) -> Result<(), StoreError> {
         let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
         let tx = self.tx;

@@ -28,7 +28,140 @@ store_suite!(
     a_trim_forgets_the_messages_of_its_rows_and_the_rest_keep_their_places,
     an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox,
     a_move_notice_is_kept_per_agent_and_a_later_one_replaces_it,
+    a_message_passed_on_twice_is_indexed_once,
 );
+
+/// A forwarded entry of the message `id` at `seq` of `PEER`'s stream.
+fn forwarded(id: MsgId, seq: u64) -> AgentIndex {
+    AgentIndex::Forwarded {
+        agent: name("kim"),
+        id,
+        seq,
+        inbox: row(InboxKind::Message),
+        message: MessageRow {
+            seq,
+            ..message_row()
+        },
+    }
+}
+
+/// A batch of `PEER` from `first`: forwards of the messages `ids`.
+fn forward_batch(first: u64, ids: &[MsgId]) -> OpenBatch {
+    let envs = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let inner = AgentEnvelope {
+                id: *id,
+                from: name("bob"),
+                to: Some(name("kim")),
+                in_reply_to: None,
+                key: None,
+                body: b"hi".to_vec(),
+            };
+            let f = mesh_protocol::Forward {
+                author: node(50),
+                envelope: inner.encode(),
+            };
+            NewEnvelope {
+                lamport: first + i as u64,
+                created_ms: 1,
+                kind: mesh_protocol::KIND_FORWARD,
+                payload: f.encode(),
+            }
+        })
+        .collect();
+    OpenBatch::sign(
+        &key(PEER),
+        Epoch([PEER; 16]),
+        Channel::Direct(node(ME)),
+        first,
+        envs,
+    )
+    .expect("fits")
+}
+
+fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
+    let kim = AgentRecord {
+        name: name("kim"),
+        key: node(40),
+        uid: 1,
+        created_ms: 1,
+    };
+    commit1(s, vec![WriteOp::Agents(AgentOp::PutAgent(kim))]).expect("commits");
+    let (once, sent) = (MsgId([1; 16]), MsgId([2; 16]));
+    // A message this node sent, come back to an agent that moved here.
+    let own = MessageRow {
+        dir: MessageDir::Sent,
+        seq: 1,
+        ..message_row()
+    };
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: forward_batch(1, &[sent]),
+                from: 1,
+            },
+            WriteOp::Agents(AgentOp::Index {
+                stream: peer_stream(PEER),
+                entries: vec![AgentIndex::Message {
+                    id: sent,
+                    seq: 1,
+                    row: own,
+                }],
+            }),
+        ],
+    )
+    .expect("commits");
+    // Seqs 2 and 3 carry the same message, and so does seq 4 a commit
+    // later; seq 5 is the node's own message.
+    let index = |entries| {
+        WriteOp::Agents(AgentOp::Index {
+            stream: peer_stream(PEER),
+            entries,
+        })
+    };
+    let accept = |first, ids: &[MsgId]| WriteOp::Accept {
+        batch: forward_batch(first, ids),
+        from: first,
+    };
+    commit1(
+        s,
+        vec![
+            accept(2, &[once, once]),
+            index(vec![forwarded(once, 2), forwarded(once, 3)]),
+        ],
+    )
+    .expect("commits");
+    commit1(
+        s,
+        vec![
+            accept(4, &[once, sent]),
+            index(vec![forwarded(once, 4), forwarded(sent, 5)]),
+        ],
+    )
+    .expect("commits");
+    let inbox: Vec<u64> = s
+        .inbox(&name("kim"), 0, 10)
+        .expect("reads")
+        .iter()
+        .map(|i| i.item.arrival)
+        .collect();
+    assert_eq!(
+        inbox.len(),
+        2,
+        "the message once, and the node's own: {inbox:?}"
+    );
+    let got = s.message(&once).expect("reads").expect("indexed");
+    assert_eq!(
+        (got.dir, got.seq),
+        (MessageDir::Received, 2),
+        "the first place"
+    );
+    let own = s.message(&sent).expect("reads").expect("indexed");
+    assert_eq!((own.dir, own.seq), (MessageDir::Sent, 1), "its row stays");
+}
 
 fn a_move_notice_is_kept_per_agent_and_a_later_one_replaces_it(s: &dyn MeshStore) {
     assert_eq!(s.moves().expect("reads"), vec![], "none before any move");

@@ -1,8 +1,8 @@
 //! The receive side: a peer batch's agent messages to inboxes and the index, and bounces.
 
 use mesh_protocol::{
-    AgentHeader, AgentName, Bounce, BounceReason, Envelope, Forward, KIND_AGENT, KIND_BOUNCE,
-    KIND_FORWARD, KIND_TOMBSTONE, NodeId, StreamId, Tombstone,
+    AgentHeader, Bounce, BounceReason, Envelope, Forward, KIND_AGENT, KIND_BOUNCE, KIND_FORWARD,
+    KIND_TOMBSTONE, NodeId, StreamId, Tombstone,
 };
 use mesh_store::{AgentIndex, AgentOp, InboxKind, InboxRow, MessageDir, MessageRow, WriteOp};
 
@@ -33,7 +33,7 @@ impl Core {
                 KIND_AGENT => self.index_inbound_agent(*peer, &stream, &e, now, &mut entries),
                 KIND_BOUNCE => self.index_inbound_bounce(&e, &mut entries, &mut ops),
                 KIND_TOMBSTONE => self.index_inbound_tombstone(*peer, &stream, &e, &mut entries),
-                KIND_FORWARD => self.index_inbound_forward(&stream, &e, now, &mut entries),
+                KIND_FORWARD => self.index_inbound_forward(&stream, &e, &mut entries),
                 _ => {}
             }
         }
@@ -65,10 +65,6 @@ impl Core {
                 self.out.metrics.agents.delivered += 1;
                 if !verified {
                     self.out.metrics.agents.unverified_senders += 1;
-                }
-                // Kept in its previous inbox here, and passed on.
-                if let Some(host) = self.moved_host(to) {
-                    self.queue_forward(host, to, peer, e.payload.to_vec(), now);
                 }
                 entries.push(AgentIndex::Inbox {
                     agent: to.clone(),
@@ -107,13 +103,12 @@ impl Core {
 
     /// Adds the index entries of the forward `e` on `stream` (from the old
     /// host of one of this node's agents) to `entries`: the message it
-    /// carries goes to the agent's inbox as its author wrote it, and is
-    /// passed on again if the agent moved on since.
+    /// carries goes to the agent's inbox as its author wrote it (if the
+    /// agent moved on since, this node's daemon passes it on in turn).
     fn index_inbound_forward(
         &mut self,
         stream: &StreamId,
         e: &Envelope<'_>,
-        now: Millis,
         entries: &mut Vec<AgentIndex>,
     ) {
         let Ok(f) = Forward::decode(e.payload) else {
@@ -132,59 +127,20 @@ impl Core {
         };
         self.out.metrics.agents.forwards_received += 1;
         let verified = self.announced(f.author, &msg.from);
-        if let Some(host) = self.moved_host(&to) {
-            self.queue_forward(host, &to, f.author, f.envelope.clone(), now);
-        }
-        entries.push(AgentIndex::Inbox {
+        // Indexed once however often it is passed on (the store checks).
+        entries.push(AgentIndex::Forwarded {
             agent: to.clone(),
+            id: msg.id,
             seq: e.seq,
-            row: InboxRow {
+            inbox: InboxRow {
                 kind: InboxKind::Message,
                 verified,
                 in_reply_to: msg.in_reply_to,
             },
-        });
-        let row = MessageRow {
-            in_reply_to: msg.in_reply_to,
-            ..received_row(stream, e.seq, msg.from, Some(to))
-        };
-        entries.push(AgentIndex::Message {
-            id: msg.id,
-            seq: e.seq,
-            row,
-        });
-    }
-
-    /// Queues the message `envelope` by `author` for the local agent `to`,
-    /// which moved to `host`, as a forward to `host` for the commit being
-    /// built; counted as unroutable if `host` is not a peer or it is too large.
-    fn queue_forward(
-        &mut self,
-        host: NodeId,
-        to: &AgentName,
-        author: NodeId,
-        envelope: Vec<u8>,
-        now: Millis,
-    ) {
-        let payload = Forward { author, envelope }.encode();
-        if !self.peers.is_peer(host) || payload.len() as u64 > crate::core::PAYLOAD_BYTES_MAX {
-            self.out.metrics.agents.forwards_unroutable += 1;
-            tracing::warn!(
-                agent = %to,
-                host = %host.fmt_short(),
-                "a message for an agent that moved cannot be passed on to its new host (not a \
-                 peer of this node, or too large); it stays in the agent's previous inbox here"
-            );
-            return;
-        }
-        self.out.metrics.agents.forwards_sent += 1;
-        self.agents.bounces.push(WaitingSend {
-            req: ReqId::INTERNAL,
-            to: host,
-            kind: KIND_FORWARD,
-            payload,
-            created_ms: now.0,
-            tracked: None,
+            message: MessageRow {
+                in_reply_to: msg.in_reply_to,
+                ..received_row(stream, e.seq, msg.from, Some(to))
+            },
         });
     }
 

@@ -64,7 +64,7 @@ pub(super) struct DedupMeta {
 /// A local agent change committed with a [`LocalWrite`].
 #[derive(Debug)]
 pub(super) enum AgentChange {
-    Put(AgentName, NodeId),
+    Put(AgentName),
     Remove(AgentName),
     Move(mesh_protocol::AgentMove),
 }
@@ -73,7 +73,7 @@ impl AgentChange {
     /// The change `write` makes to the core's agents, if any.
     pub(super) fn of(write: &LocalWrite) -> Option<AgentChange> {
         match write {
-            LocalWrite::PutAgent(r) => Some(AgentChange::Put(r.name.clone(), r.key)),
+            LocalWrite::PutAgent(r) => Some(AgentChange::Put(r.name.clone())),
             LocalWrite::RemoveAgent(n) => Some(AgentChange::Remove(n.clone())),
             LocalWrite::PutMove(m) => Some(AgentChange::Move(m.clone())),
             _ => None,
@@ -86,8 +86,6 @@ impl AgentChange {
 pub(super) struct Agents {
     /// This node's agents, with their current cards once signed.
     local: BTreeMap<AgentName, Option<AgentCard>>,
-    /// This node's agents' keys.
-    keys: BTreeMap<AgentName, NodeId>,
     /// The agents each peer announced on its last connection.
     peers: BTreeMap<NodeId, BTreeMap<AgentName, AgentCard>>,
     dedup: Dedup,
@@ -107,7 +105,6 @@ pub(super) struct Agents {
 impl Agents {
     pub(super) fn new(agents: Vec<mesh_store::AgentRecord>, dedup: Vec<DedupRecord>) -> Agents {
         Agents {
-            keys: agents.iter().map(|r| (r.name.clone(), r.key)).collect(),
             local: agents.into_iter().map(|r| (r.name, None)).collect(),
             peers: BTreeMap::new(),
             dedup: Dedup::recover(dedup),
@@ -186,27 +183,15 @@ impl Core {
     /// A committed agent change takes effect and is announced.
     pub(super) fn on_agent_change(&mut self, change: AgentChange) {
         match change {
-            AgentChange::Put(name, key) => {
-                self.agents.keys.insert(name.clone(), key);
+            AgentChange::Put(name) => {
                 self.agents.local.entry(name).or_insert(None);
             }
             AgentChange::Remove(name) => {
-                self.agents.keys.remove(&name);
                 self.agents.local.remove(&name);
                 self.announce_all();
             }
             AgentChange::Move(notice) => self.on_local_move(notice),
         }
-    }
-
-    /// The node the local agent `name` moved to, if a move notice of its
-    /// key places it on another node than this one.
-    pub(super) fn moved_host(&self, name: &AgentName) -> Option<NodeId> {
-        let key = self.agents.keys.get(name)?;
-        self.moves
-            .get(key)
-            .map(|m| m.node)
-            .filter(|n| *n != self.me)
     }
 
     /// A newly signed card of a local agent.

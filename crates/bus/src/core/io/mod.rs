@@ -151,6 +151,18 @@ pub enum Input {
         /// The verified cards, or why they were refused.
         cards: Result<Vec<AgentCard>, BadCards>,
     },
+    /// Pass on `payload`, a [`mesh_protocol::Forward`] of a message that
+    /// came for an agent of this node that moved to `to` before this node
+    /// learned of the move (the daemon reads them from the agent's inbox).
+    /// Sent and answered as a send is; refused unless it decodes.
+    Forward {
+        /// Answered with its receipt once committed.
+        req: ReqId,
+        /// The agent's new host.
+        to: NodeId,
+        /// The forward.
+        payload: Vec<u8>,
+    },
     /// A `Moves` frame from `peer` on `conn`, its notices already checked
     /// by [`open_moves`] (`Err`: refused at the edge; only counted).
     Moves {

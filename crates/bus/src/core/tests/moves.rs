@@ -210,53 +210,76 @@ impl Mesh {
     }
 }
 
+impl Mesh {
+    /// Node `n` passes `forward` on to node `to`, as its daemon's pump does.
+    fn forward(&mut self, n: u8, to: u8, forward: Vec<u8>) -> Result<SendReceipt, SendError> {
+        let node = self.node(n);
+        let req = ReqId(node.next_req);
+        node.next_req += 1;
+        let out = node.run(Input::Forward {
+            req,
+            to: id(to),
+            payload: forward,
+        });
+        let result = node.reply(req).cloned().expect("answered");
+        self.sent_by(n, out);
+        self.settle();
+        result
+    }
+}
+
 #[test]
-fn a_message_that_reaches_the_host_an_agent_left_is_kept_there_and_passed_on_exactly_once() {
+fn a_forwarded_message_reaches_the_agent_at_its_new_host_once_however_often_it_is_passed_on() {
     let mut m = Mesh::new(3, &[(1, 2), (2, 3), (1, 3)]);
     m.link(1, 2);
     m.link(2, 3);
     m.link(1, 3);
     m.host(1, "kim", &agent());
     m.host(2, "bob", &SecretKey::from_bytes(&[60; 32]));
-    m.send_agent(2, "bob", ("kim", 1), b"before the move");
-    // kim moves from node 1 to node 3 (its key imported there).
+    m.send_agent(2, "bob", ("kim", 1), b"for kim");
+    // kim moves from node 1 to node 3; node 1 passes on what came for it.
     m.host(3, "kim", &agent());
     m.import(3, notice(1, 3, 1));
-    // Node 2 still writes to node 1: its message is kept in kim's previous
-    // inbox there, and passed on to node 3.
-    m.send_agent(2, "bob", ("kim", 1), b"after the move");
-    let old = m.inbox_of(1, "kim");
-    assert_eq!(old.len(), 2, "{old:?}");
-    let new = m.inbox_of(3, "kim");
-    assert_eq!(new.len(), 1, "only what came after the move: {new:?}");
-    assert_eq!(new[0], old[1], "as its author wrote it, with its id");
-    assert_eq!(new[0].1, AgentName::new("bob").expect("a name"));
-    assert_eq!(m.node(1).core.metrics().agents.forwards_sent, 1);
-    assert_eq!(m.node(3).core.metrics().agents.forwards_received, 1);
-    // The forward delivered twice is a counted duplicate, never twice in
-    // the inbox.
-    let forward = m
+    let kept = m.inbox_of(1, "kim");
+    assert_eq!(kept.len(), 1, "kept in the previous inbox: {kept:?}");
+    let payload = m
         .node(1)
-        .sent
-        .iter()
-        .rev()
-        .find_map(|(to, _, f)| match f {
-            Frame::Batch { batch, payloads } if *to == id(3) => Some(Frame::Batch {
-                batch: batch.clone(),
-                payloads: payloads.clone(),
-            }),
-            _ => None,
-        })
-        .expect("node 1 sent the forward");
-    let conn = m.links[2].2;
-    m.queue.push_back((3, 1, conn, forward));
-    m.settle();
+        .received(&stream(2, 2, 1))
+        .pop()
+        .expect("journaled")
+        .1;
+    let forward = mesh_protocol::Forward {
+        author: id(2),
+        envelope: payload,
+    }
+    .encode();
+    m.forward(1, 3, forward.clone()).expect("passed on");
+    let new = m.inbox_of(3, "kim");
+    assert_eq!(new, kept, "as its author wrote it, with its id");
+    // Passed on again (a crash before the pump's cursor moved): once.
+    m.forward(1, 3, forward.clone()).expect("passed on");
     assert_eq!(m.inbox_of(3, "kim").len(), 1);
-    // kim moves on to node 2: node 3 passes on what still comes to it.
+    assert_eq!(m.node(1).core.metrics().agents.forwards_sent, 2);
+    assert_eq!(m.node(3).core.metrics().agents.forwards_received, 2);
+    // A payload that is no forward is refused, and nothing is sent.
+    let refused = m.forward(1, 3, b"not a forward".to_vec());
+    assert!(
+        matches!(refused, Err(SendError::Internal(_))),
+        "{refused:?}"
+    );
+    // kim moves on to node 2, the sender's node: node 3 passes on what
+    // came to it (a forward, as it is), and the sender's own message is
+    // put in kim's inbox there without touching its sent row.
     m.host(2, "kim", &agent());
     m.import(2, notice(3, 2, 2));
-    m.send_agent(2, "bob", ("kim", 1), b"two moves later");
+    m.forward(3, 2, forward).expect("passed on");
     let latest = m.inbox_of(2, "kim");
-    assert_eq!(latest.len(), 1, "{latest:?}");
-    assert_eq!(latest[0].2, b"two moves later".to_vec());
+    assert_eq!(latest, kept, "{latest:?}");
+    let row = m
+        .node(2)
+        .store
+        .message(&kept[0].0)
+        .expect("reads")
+        .expect("indexed");
+    assert_eq!(row.dir, mesh_store::MessageDir::Sent, "its sent row stays");
 }

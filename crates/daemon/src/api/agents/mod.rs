@@ -162,7 +162,8 @@ pub(super) async fn add_agent(
 
 /// `POST /v1/agents/{name}/export`: the agent's key and last move, for
 /// `mesh agent import` on its new host. The agent goes on acting here
-/// until its new host's move notice arrives; from then on it does not.
+/// until its new host's move notice arrives; from then on it does not, and
+/// what came for it since the export is passed on to its new host.
 pub(super) async fn export_agent(
     State(st): State<ApiState>,
     Path(name): Path<String>,
@@ -185,6 +186,18 @@ pub(super) async fn export_agent(
         .iter()
         .find(|m| m.key == agent.record.key)
         .map_or(0, |m| m.version);
+    // What comes for it from here on is passed on to its new host once
+    // this node learns of the move (`crate::drain`).
+    let head = *st.inner.bus.journal_head().borrow();
+    st.inner
+        .bus
+        .local_write(LocalWrite::PutAgentCursor {
+            agent: name.clone(),
+            name: crate::drain::EXPORT_CURSOR.to_owned(),
+            arrival: head,
+        })
+        .await
+        .map_err(node_error)?;
     tracing::info!(agent = %name, version, "agent exported");
     Ok(Json(AgentExport {
         format: AGENT_EXPORT_FORMAT.to_owned(),
@@ -296,6 +309,18 @@ pub(super) async fn import_agent(
     st.inner
         .bus
         .local_write(LocalWrite::PutMove(notice))
+        .await
+        .map_err(node_error)?;
+    // Should this move lose a race, what comes for the agent here from now
+    // on is passed on to the winner (`crate::drain`).
+    let head = *st.inner.bus.journal_head().borrow();
+    st.inner
+        .bus
+        .local_write(LocalWrite::PutAgentCursor {
+            agent: name.clone(),
+            name: crate::drain::EXPORT_CURSOR.to_owned(),
+            arrival: head,
+        })
         .await
         .map_err(node_error)?;
     let agent = match resumed {

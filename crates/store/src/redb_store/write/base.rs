@@ -144,6 +144,13 @@ impl Base for Tables<'_> {
         self.agents.has_agent(agent, self.name)
     }
 
+    fn message_dir(
+        &mut self,
+        id: &mesh_protocol::MsgId,
+    ) -> Result<Option<crate::MessageDir>, StoreError> {
+        self.agents.message_dir(id, self.name)
+    }
+
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
         if let Some(m) = self.marks_pending.get(stream) {
             return Ok(Some(*m));

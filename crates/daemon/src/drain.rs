@@ -1,0 +1,184 @@
+//! The previous inbox of an agent that moved away (`docs/design.md`, "As
+//! built: moving an agent"): this node keeps journaling what still comes
+//! for the agent, in its inbox here, and a pump passes each message on to
+//! the agent's new host, in inbox order, under a cursor of its own.
+//!
+//! The cursor (the agent's named cursor [`EXPORT_CURSOR`], a name the API
+//! never takes) is set to the journal head when the agent is exported, so
+//! what came between the export and this node learning of the move is
+//! passed on too; it moves on after each page. A forward is a message on
+//! this node's own stream to the new host (exactly once, in order); the new
+//! host indexes a message once however often it is passed on, so a crash
+//! between a page and its cursor only sends that page again. Nothing is
+//! acknowledged on the agent's behalf.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use mesh_protocol::{AgentName, Forward, KIND_AGENT, KIND_FORWARD, NodeId};
+use mesh_store::{InboxItem, JournalRecord, MeshStore, RedbStore, StoreError};
+
+use crate::agents::{Agent, Registry};
+use crate::bus::{Bus, LocalWrite};
+
+/// The named cursor of a moved agent's previous inbox: how far it has
+/// been passed on (the API's cursor names cannot hold a `:`).
+pub(crate) const EXPORT_CURSOR: &str = "mesh:exported";
+
+/// Inbox entries one page of the pump reads.
+const PAGE_ENTRIES: usize = 256;
+
+/// How long the pump waits before trying a refused forward again (the new
+/// host is not a peer yet, the outbox is full, the store is down).
+const RETRY: Duration = Duration::from_secs(5);
+
+/// Starts a pump for every agent that moved away and has none running.
+pub(crate) fn start_pumps(registry: &Arc<Registry>, store: &Arc<RedbStore>, bus: &Bus) {
+    for agent in registry.all() {
+        if agent.moved_to().is_some() && !agent.draining.swap(true, Ordering::AcqRel) {
+            let pump = Pump {
+                agent,
+                registry: registry.clone(),
+                store: store.clone(),
+                bus: bus.clone(),
+            };
+            tokio::spawn(pump.run());
+        }
+    }
+}
+
+struct Pump {
+    agent: Arc<Agent>,
+    registry: Arc<Registry>,
+    store: Arc<RedbStore>,
+    bus: Bus,
+}
+
+impl Pump {
+    async fn run(self) {
+        let name = self.agent.record.name.clone();
+        let mut head = self.bus.journal_head();
+        let mut after = match self.read_cursor(&name).await {
+            Ok(Some(a)) => a,
+            // Moved without an export here: what comes from now on.
+            Ok(None) => *head.borrow(),
+            Err(e) => {
+                tracing::warn!(agent = %name, "the previous inbox cannot be read: {e}");
+                self.agent.draining.store(false, Ordering::Release);
+                return;
+            }
+        };
+        let mut passed = 0u64;
+        loop {
+            let here = self
+                .registry
+                .get(&name)
+                .is_some_and(|a| Arc::ptr_eq(&a, &self.agent));
+            let Some(host) = self.agent.moved_to().filter(|_| here) else {
+                break;
+            };
+            let page = match self.read_page(&name, after).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(agent = %name, "the previous inbox cannot be read: {e}");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            if page.is_empty() {
+                if head.changed().await.is_err() {
+                    break;
+                }
+                continue;
+            }
+            match self.pass_on(host, &page).await {
+                Ok((n, last)) => {
+                    passed += n;
+                    after = last;
+                }
+                Err((n, last, e)) => {
+                    passed += n;
+                    after = last;
+                    tracing::warn!(
+                        agent = %name,
+                        host = %host.fmt_short(),
+                        "a message for the agent cannot be passed on to its new host yet: {e}"
+                    );
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+            let write = LocalWrite::PutAgentCursor {
+                agent: name.clone(),
+                name: EXPORT_CURSOR.to_owned(),
+                arrival: after,
+            };
+            if let Err(e) = self.bus.local_write(write).await {
+                tracing::debug!(agent = %name, "the previous inbox's cursor is not written: {e}");
+            }
+            tracing::debug!(agent = %name, passed, "passed on from the previous inbox");
+        }
+        self.agent.draining.store(false, Ordering::Release);
+    }
+
+    /// Passes on the messages of `page` in order; answers how many and
+    /// the arrival passed, or also why it stopped.
+    async fn pass_on(
+        &self,
+        host: NodeId,
+        page: &[InboxItem],
+    ) -> Result<(u64, u64), (u64, u64, String)> {
+        let mut n = 0;
+        let mut last = page.first().map_or(0, |i| i.item.arrival.saturating_sub(1));
+        for item in page {
+            if let Some(forward) = forward_of(&item.item.record) {
+                if let Err(e) = self.bus.forward(host, forward).await {
+                    return Err((n, last, e.to_string()));
+                }
+                n += 1;
+            }
+            last = item.item.arrival;
+        }
+        Ok((n, last))
+    }
+
+    async fn read_cursor(&self, name: &AgentName) -> Result<Option<u64>, StoreError> {
+        let (store, name) = (self.store.clone(), name.clone());
+        tokio::task::spawn_blocking(move || store.agent_cursor(&name, EXPORT_CURSOR))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?
+    }
+
+    async fn read_page(&self, name: &AgentName, after: u64) -> Result<Vec<InboxItem>, StoreError> {
+        let (store, name) = (self.store.clone(), name.clone());
+        tokio::task::spawn_blocking(move || store.inbox(&name, after, PAGE_ENTRIES))
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?
+    }
+}
+
+/// The forward of a journal entry of the previous inbox: an agent message
+/// as its author wrote it, or a forward come here before the agent moved
+/// on (passed on as it is). Bounces and other entries stay here.
+fn forward_of(record: &JournalRecord) -> Option<Vec<u8>> {
+    let JournalRecord::Envelope {
+        stream,
+        kind,
+        payload,
+        ..
+    } = record
+    else {
+        return None;
+    };
+    match *kind {
+        KIND_AGENT => Some(
+            Forward {
+                author: stream.author,
+                envelope: payload.clone(),
+            }
+            .encode(),
+        ),
+        KIND_FORWARD => Some(payload.clone()),
+        _ => None,
+    }
+}
