@@ -408,3 +408,72 @@ fn two_moves_in_a_race_settle_on_one_host_and_nothing_sent_meanwhile_is_lost_or_
     let out = as_agent(loser, "kim", &["send", &format!("bob@{}", a.node()), "x"]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
 }
+
+/// The drain's end: with `[agents] drain_days = 0` the old host passes on
+/// what it holds for the moved agent, journals that the drain ended and no
+/// longer hosts the agent; a message that comes for it later is bounced to
+/// its sender, never dropped.
+#[test]
+fn once_the_drain_ends_the_old_host_says_so_and_a_late_message_is_bounced_to_its_sender() {
+    let tmp = temp_dir().unwrap();
+    let a_dir = tmp.path().join("a");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::write(a_dir.join("config.toml"), "[agents]\ndrain_days = 0\n").unwrap();
+    let (a, b, c) = (
+        start(&a_dir),
+        start(&tmp.path().join("b")),
+        start(&tmp.path().join("c")),
+    );
+    link(&a, &b);
+    link(&b, &c);
+    link(&a, &c);
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let kim_at_a = format!("kim@{}", a.node());
+    let file = tmp.path().join("kim.export");
+    ok(
+        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
+            .unwrap(),
+    );
+    ok(as_agent(&b, "bob", &["send", &kim_at_a, "held at a"]));
+    // b goes away before it learns of the move, with one more queued.
+    ok(b.mesh(&["peer", "pause", a.node()]).unwrap());
+    ok(b.mesh(&["peer", "pause", c.node()]).unwrap());
+    let late = ok(as_agent(&b, "bob", &["send", &kim_at_a, "late"]));
+    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    // What a held is passed on, then the drain ends: journaled, kim gone.
+    let got = inbox_until(&c, "kim", 1);
+    assert_eq!(got[0]["body"], "held at a");
+    wait_agents(&a, "the drain ends and kim is no longer a's", |all| {
+        all["local"].as_array().unwrap().is_empty()
+    });
+    let events = ok(a.mesh(&["events", "--json"]).unwrap());
+    let ended: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| parse_json(l).unwrap())
+        .filter(|e| e["kind"] == "drain_ended")
+        .collect();
+    assert_eq!(ended.len(), 1, "{events}");
+    assert_eq!(ended[0]["agent"], "kim");
+    assert_eq!(ended[0]["to"], c.node());
+    // b comes back to a only: its late message is bounced, not dropped.
+    ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
+    let deadline = Instant::now() + SETTLE;
+    let bounce = loop {
+        let out = as_agent(&b, "bob", &["inbox", "--json", "--limit", "10"]);
+        let got: Vec<serde_json::Value> =
+            out.stdout.lines().map(|l| parse_json(l).unwrap()).collect();
+        if let Some(e) = got.into_iter().find(|e| e["kind"] == "bounce") {
+            break e;
+        }
+        assert!(Instant::now() < deadline, "no bounce: {out:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(bounce["id"], late.trim());
+    assert_eq!(
+        inbox_until(&c, "kim", 1).len(),
+        1,
+        "the late one is not at c"
+    );
+}

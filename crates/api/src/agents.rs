@@ -46,7 +46,9 @@ pub struct AgentJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub socket: Option<String>,
     /// For an agent of this node that moved to another node (its move
-    /// notice says so): that node's id. It no longer acts here.
+    /// notice says so): that node's id. It no longer acts here, and its
+    /// drain runs: what comes for it here is passed on to that node until
+    /// `[agents] drain_days` after the move.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_to: Option<String>,
 }

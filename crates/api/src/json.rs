@@ -200,6 +200,17 @@ pub enum EventRecord {
         /// Free text for a person.
         detail: String,
     },
+    /// The drain of `agent`, which moved to `to`, ended: what came for it
+    /// here up to this entry was passed on to `to`; what comes later is
+    /// bounced to its sender.
+    DrainEnded {
+        /// The agent's name.
+        agent: String,
+        /// Its host now.
+        to: String,
+        /// Free text for a person.
+        detail: String,
+    },
     /// An entry of a kind this build does not know.
     Other {},
 }

@@ -328,7 +328,7 @@ pub(crate) async fn message(c: &Client, id: String, json: bool) -> anyhow::Resul
 
 fn print_agent(a: &AgentJson) {
     let state = match &a.moved_to {
-        Some(to) => format!("moved to {to}"),
+        Some(to) => format!("moved to {to} (draining: what comes here is passed on)"),
         None if a.online => "online".to_owned(),
         None => "offline".to_owned(),
     };
@@ -423,7 +423,7 @@ pub(crate) async fn agent(c: &Client, cmd: AgentCommand) -> anyhow::Result<()> {
             }
             for a in &all.local {
                 let state = match &a.moved_to {
-                    Some(to) => format!("moved to {to}"),
+                    Some(to) => format!("moved to {to} (draining: what comes here is passed on)"),
                     None if a.online => "online".to_owned(),
                     None => "offline".to_owned(),
                 };

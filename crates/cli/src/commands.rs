@@ -464,6 +464,9 @@ fn print_entry(e: &EventEntry, me: &str, json: bool) -> anyhow::Result<()> {
         ),
         EventRecord::Conflict { detail, .. } => format!("CONFLICT {detail}"),
         EventRecord::Trimmed { detail, .. } => format!("TRIMMED {detail}"),
+        EventRecord::DrainEnded { agent, to, detail } => {
+            format!("DRAIN ENDED {agent}, now on {}: {detail}", short(to))
+        }
         EventRecord::Other {} => "(an entry this build does not know)".to_owned(),
     };
     let mut out = std::io::stdout().lock();

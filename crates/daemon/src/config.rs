@@ -269,8 +269,9 @@ pub enum MdnsConfig {
     Off,
 }
 
-/// `[agents]`: where the agents' sockets are.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+/// `[agents]`: where the agents' sockets are, and how long a moved agent's
+/// previous inbox is read.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct AgentsConfig {
@@ -280,7 +281,27 @@ pub struct AgentsConfig {
     /// (e.g. `/run/agent-mesh`); the daemon creates a missing dir with mode
     /// 0711.
     pub socket_dir: Option<PathBuf>,
+    /// For how many days after an agent moved away what still comes for it
+    /// here is passed on to its new host [default: 30, at most 3650]. Then
+    /// the drain ends (journaled) and the agent is removed here: what comes
+    /// for it later is bounced to its sender. 0 ends it once what is held
+    /// has been passed on.
+    pub drain_days: u64,
 }
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        AgentsConfig {
+            socket_dir: None,
+            drain_days: DRAIN_DAYS_DEFAULT,
+        }
+    }
+}
+
+/// The default of `agents.drain_days`.
+pub const DRAIN_DAYS_DEFAULT: u64 = 30;
+/// The most `agents.drain_days` may be.
+pub const DRAIN_DAYS_MAX: u64 = 3650;
 
 /// The default of `api.dedup_window`.
 pub const DEDUP_WINDOW_DEFAULT: &str = "24h";
@@ -509,6 +530,12 @@ impl Config {
         }
         if self.outbox.max_msgs == 0 {
             return Err(bad("outbox.max_msgs", "must be at least 1".into()));
+        }
+        if self.agents.drain_days > DRAIN_DAYS_MAX {
+            return Err(bad(
+                "agents.drain_days",
+                format!("must be at most {DRAIN_DAYS_MAX}"),
+            ));
         }
         if self.outbox.max_bytes == 0 {
             return Err(bad("outbox.max_bytes", "must be at least 1".into()));

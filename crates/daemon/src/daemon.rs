@@ -112,10 +112,11 @@ impl Daemon {
         });
         join_configured_topics(&bus, &config).await?;
         crate::agents::note_moves(&registry, &bus.agent_moves().borrow());
-        crate::drain::start_pumps(&registry, &store, &bus);
+        let drain_days = config.agents.drain_days;
+        crate::drain::start_pumps(&registry, &store, &bus, drain_days);
         crate::api::start_agent_servers(&state).await?;
         crate::agents::announce(&registry, &bus, true).await;
-        let presence = spawn_presence(registry, bus, store.clone());
+        let presence = spawn_presence(registry, bus, (store.clone(), drain_days));
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(crate::api::serve(socket, state, async move {
             let _ = stop_rx.await;
@@ -285,7 +286,7 @@ async fn join_configured_topics(bus: &Bus, config: &Config) -> Result<(), StartE
 fn spawn_presence(
     registry: Arc<Registry>,
     bus: Bus,
-    store: Arc<RedbStore>,
+    (store, drain_days): (Arc<RedbStore>, u64),
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut moves = bus.agent_moves();
@@ -298,7 +299,7 @@ fn spawn_presence(
                     }
                     let held = moves.borrow_and_update().clone();
                     crate::agents::note_moves(&registry, &held);
-                    crate::drain::start_pumps(&registry, &store, &bus);
+                    crate::drain::start_pumps(&registry, &store, &bus, drain_days);
                 }
             }
             crate::agents::announce(&registry, &bus, false).await;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use mesh_protocol::{AgentName, Forward, KIND_AGENT, KIND_FORWARD, NodeId};
 use mesh_store::{InboxItem, JournalRecord, MeshStore, RedbStore, StoreError};
 
-use crate::agents::{Agent, Registry};
+use crate::agents::{Agent, Registry, now_ms};
 use crate::bus::{Bus, LocalWrite};
 
 /// The named cursor of a moved agent's previous inbox: how far it has
@@ -33,8 +33,14 @@ const PAGE_ENTRIES: usize = 256;
 /// host is not a peer yet, the outbox is full, the store is down).
 const RETRY: Duration = Duration::from_secs(5);
 
-/// Starts a pump for every agent that moved away and has none running.
-pub(crate) fn start_pumps(registry: &Arc<Registry>, store: &Arc<RedbStore>, bus: &Bus) {
+/// Starts a pump for every agent that moved away and has none running;
+/// each drains for `drain_days` after its move (`[agents] drain_days`).
+pub(crate) fn start_pumps(
+    registry: &Arc<Registry>,
+    store: &Arc<RedbStore>,
+    bus: &Bus,
+    drain_days: u64,
+) {
     for agent in registry.all() {
         if agent.moved_to().is_some() && !agent.draining.swap(true, Ordering::AcqRel) {
             let pump = Pump {
@@ -42,6 +48,7 @@ pub(crate) fn start_pumps(registry: &Arc<Registry>, store: &Arc<RedbStore>, bus:
                 registry: registry.clone(),
                 store: store.clone(),
                 bus: bus.clone(),
+                drain_days,
             };
             tokio::spawn(pump.run());
         }
@@ -53,6 +60,7 @@ struct Pump {
     registry: Arc<Registry>,
     store: Arc<RedbStore>,
     bus: Bus,
+    drain_days: u64,
 }
 
 impl Pump {
@@ -87,8 +95,17 @@ impl Pump {
                 }
             };
             if page.is_empty() {
-                if head.changed().await.is_err() {
-                    break;
+                // Read to its end: the drain ends once its days are over.
+                let left = self.deadline_ms().saturating_sub(now_ms());
+                if left == 0 {
+                    if self.end(&name, host, after).await {
+                        break;
+                    }
+                    continue;
+                }
+                tokio::select! {
+                    changed = head.changed() => if changed.is_err() { break },
+                    () = tokio::time::sleep(Duration::from_millis(left)) => {}
                 }
                 continue;
             }
@@ -119,6 +136,53 @@ impl Pump {
             tracing::debug!(agent = %name, passed, "passed on from the previous inbox");
         }
         self.agent.draining.store(false, Ordering::Release);
+    }
+
+    /// When the drain ends: `drain_days` after the move notice was signed.
+    fn deadline_ms(&self) -> u64 {
+        let key = self.agent.record.key;
+        let issued = self
+            .bus
+            .agent_moves()
+            .borrow()
+            .iter()
+            .find(|m| m.key == key)
+            .map_or(0, |m| m.issued_ms);
+        issued.saturating_add(self.drain_days.saturating_mul(86_400_000))
+    }
+
+    /// Ends the drain: journals it, and removes the agent here (what comes
+    /// for it later is bounced to its sender); `false` if the store found
+    /// inbox entries after `passed` (they came meanwhile: passed on first).
+    async fn end(&self, name: &AgentName, host: NodeId, passed: u64) -> bool {
+        let detail = format!(
+            "{} day(s) after the move the drain is over ([agents] drain_days): what came for \
+             the agent here up to this entry was passed on to {host}; what comes later is \
+             bounced to its sender",
+            self.drain_days
+        );
+        let write = LocalWrite::EndDrain {
+            agent: name.clone(),
+            to: host,
+            passed,
+            detail,
+        };
+        match self.bus.local_write(write).await {
+            Ok(_) => {}
+            Err(crate::bus::NodeError::Store(StoreError::Conflict(why))) => {
+                tracing::debug!(agent = %name, "the drain goes on: {why}");
+                return false;
+            }
+            Err(e) => {
+                tracing::warn!(agent = %name, "the end of the drain is not written; it ends at the next start: {e}");
+                return true;
+            }
+        }
+        self.registry.remove(name);
+        let (registry, n) = (self.registry.clone(), name.clone());
+        let _ = tokio::task::spawn_blocking(move || registry.forget_key(&n)).await;
+        tracing::info!(agent = %name, host = %host.fmt_short(), "the drain of a moved agent ended; it is no longer an agent here");
+        true
     }
 
     /// Passes on the messages of `page` in order; answers how many and

@@ -226,6 +226,17 @@ pub enum JournalRecord {
         /// Last trimmed arrival.
         to: Arrival,
     },
+    /// The drain of `agent`, which moved to `to`, ended: what came for it
+    /// here up to this entry was passed on to `to`; it is no longer an
+    /// agent of this node (what comes for it later is bounced).
+    DrainEnded {
+        /// The agent.
+        agent: mesh_protocol::AgentName,
+        /// Its host now.
+        to: NodeId,
+        /// Free text for a person (why it ended).
+        detail: String,
+    },
 }
 
 /// A journal entry with its arrival position.
@@ -464,6 +475,19 @@ pub enum WriteOp {
         from: Seq,
         /// Last seq concerned.
         to: Seq,
+        /// Free text for a person.
+        detail: String,
+    },
+    /// Journal a [`JournalRecord::DrainEnded`]. Check: `agent`'s inbox
+    /// has nothing after `passed` (what was passed on): an entry that came
+    /// meanwhile would be lost to it.
+    RecordDrainEnded {
+        /// The agent.
+        agent: mesh_protocol::AgentName,
+        /// Its host now.
+        to: NodeId,
+        /// The last inbox arrival passed on.
+        passed: Arrival,
         /// Free text for a person.
         detail: String,
     },

@@ -118,6 +118,9 @@ fn entry_line(e: &EventEntry, nodes: &[&DemoNode]) -> String {
         EventRecord::Trimmed { from, to, .. } => {
             let _ = write!(line, "TRIMMED arrivals {from}..={to}");
         }
+        EventRecord::DrainEnded { agent, to, .. } => {
+            let _ = write!(line, "DRAIN ENDED {agent}, now on {}", name(to));
+        }
         EventRecord::Other {} => line.push_str("(an entry this build does not know)"),
     }
     line

@@ -131,6 +131,11 @@ pub(super) fn entry(node: &NodeId, epoch: Epoch, item: &JournalItem) -> EventEnt
                 ),
             }
         }
+        JournalRecord::DrainEnded { agent, to, detail } => EventRecord::DrainEnded {
+            agent: agent.to_string(),
+            to: to.to_string(),
+            detail: detail.clone(),
+        },
         _ => EventRecord::Other {},
     };
     EventEntry {

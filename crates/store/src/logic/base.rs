@@ -94,6 +94,12 @@ pub(crate) trait Base {
         &mut self,
         id: &mesh_protocol::MsgId,
     ) -> Result<Option<crate::MessageDir>, StoreError>;
+    /// Whether `agent`'s inbox has an entry after arrival `after`.
+    fn inbox_after(
+        &mut self,
+        agent: &mesh_protocol::AgentName,
+        after: Arrival,
+    ) -> Result<bool, StoreError>;
     /// Whether `agent` is a local agent of this node.
     fn is_agent(&mut self, agent: &mesh_protocol::AgentName) -> Result<bool, StoreError>;
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError>;

@@ -464,6 +464,21 @@ impl<B: Base> GroupView<'_, B> {
                 to,
                 detail,
             } => self.record_rolled_back(stream, from, to, detail),
+            WriteOp::RecordDrainEnded {
+                agent,
+                to,
+                passed,
+                detail,
+            } => {
+                if self.base.inbox_after(&agent, passed)? {
+                    return refuse(format!(
+                        "agent {agent}'s inbox has entries after arrival {passed}, which were \
+                         not passed on: the drain goes on"
+                    ));
+                }
+                self.journal(JournalRecord::DrainEnded { agent, to, detail });
+                Ok(())
+            }
             WriteOp::RecordConflict {
                 stream,
                 seq,

@@ -87,6 +87,7 @@ pub(crate) fn record_text_bytes(r: &JournalRecord) -> u64 {
         JournalRecord::Envelope { payload, .. } => payload.len(),
         JournalRecord::Loss { detail, .. }
         | JournalRecord::SendsLost { detail, .. }
+        | JournalRecord::DrainEnded { detail, .. }
         | JournalRecord::RolledBack { detail, .. } => detail.len(),
         JournalRecord::SubscriberLagged { subscriber, .. } => subscriber.len(),
         _ => 0,

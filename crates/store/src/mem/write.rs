@@ -179,6 +179,20 @@ impl Base for MemBase<'_> {
         Ok(self.state.agents.agents.contains_key(agent))
     }
 
+    fn inbox_after(
+        &mut self,
+        agent: &mesh_protocol::AgentName,
+        after: Arrival,
+    ) -> Result<bool, StoreError> {
+        Ok(self
+            .state
+            .agents
+            .inbox
+            .range((agent.clone(), after + 1)..)
+            .next()
+            .is_some_and(|((a, _), _)| a == agent))
+    }
+
     fn message_dir(
         &mut self,
         id: &mesh_protocol::MsgId,

@@ -254,6 +254,29 @@ impl<'tx> AgentTables<'tx> {
             .is_some())
     }
 
+    /// Whether `agent`'s inbox has an entry after `after`: in a row of an
+    /// earlier commit (a row is keyed by its last arrival) or of this one.
+    pub(super) fn inbox_after(
+        &mut self,
+        agent: &AgentName,
+        after: Arrival,
+        name: &str,
+    ) -> Result<bool, StoreError> {
+        if self
+            .inbox_pending
+            .iter()
+            .any(|(a, arrival, _)| a == agent && *arrival > after)
+        {
+            return Ok(true);
+        }
+        let rerr = |e: redb::StorageError| from_redb(name, "cannot read", e);
+        let t = open(self.tx, &mut self.inbox, INBOX, name)?;
+        let mut range = t
+            .range((agent.as_str(), after.saturating_add(1))..=(agent.as_str(), u64::MAX))
+            .map_err(rerr)?;
+        Ok(range.next().is_some())
+    }
+
     /// Whether the message index has `id`, and as sent or received:
     /// written by an earlier commit, or by an earlier group of this one.
     pub(super) fn message_dir(

@@ -76,6 +76,7 @@ impl AgentChange {
             LocalWrite::PutAgent(r) => Some(AgentChange::Put(r.name.clone())),
             LocalWrite::RemoveAgent(n) => Some(AgentChange::Remove(n.clone())),
             LocalWrite::PutMove(m) => Some(AgentChange::Move(m.clone())),
+            LocalWrite::EndDrain { agent, .. } => Some(AgentChange::Remove(agent.clone())),
             _ => None,
         }
     }

@@ -74,6 +74,19 @@ pub enum LocalWrite {
     /// Keep a move notice this node signed for an agent it now hosts (an
     /// import): once committed it is told to every live peer.
     PutMove(mesh_protocol::AgentMove),
+    /// End the drain of `agent`, which moved to `to`: journal that it
+    /// ended, and remove the agent (its inbox index and cursors; its
+    /// journal entries stay) in the same group.
+    EndDrain {
+        /// The agent.
+        agent: AgentName,
+        /// Its host now.
+        to: mesh_protocol::NodeId,
+        /// The last inbox arrival passed on: refused if the inbox has more.
+        passed: Arrival,
+        /// Why, for a person.
+        detail: String,
+    },
 }
 
 impl LocalWrite {
@@ -89,6 +102,9 @@ impl LocalWrite {
             LocalWrite::PutAgent(r) => (r.name.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
             LocalWrite::RemoveAgent(n) => (n.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
             LocalWrite::PutMove(m) => (m.name.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES),
+            LocalWrite::EndDrain { agent, .. } => {
+                (agent.as_str(), mesh_protocol::MAX_AGENT_NAME_BYTES)
+            }
             LocalWrite::PutAlias { alias, .. } => (alias, mesh_store::ALIAS_BYTES_MAX),
             LocalWrite::PutInvite(_) | LocalWrite::JoinTopic(_) | LocalWrite::LeaveTopic(_) => {
                 ("", 0)
@@ -147,6 +163,20 @@ impl LocalWrite {
             LocalWrite::JoinTopic(record) => vec![WriteOp::JoinTopic(record)],
             LocalWrite::LeaveTopic(topic) => vec![WriteOp::LeaveTopic { topic }],
             LocalWrite::PutMove(notice) => vec![WriteOp::Agents(AgentOp::PutMove(notice))],
+            LocalWrite::EndDrain {
+                agent,
+                to,
+                passed,
+                detail,
+            } => vec![
+                WriteOp::RecordDrainEnded {
+                    agent: agent.clone(),
+                    to,
+                    passed,
+                    detail,
+                },
+                WriteOp::Agents(AgentOp::RemoveAgent(agent)),
+            ],
         }
     }
 }

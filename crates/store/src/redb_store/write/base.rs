@@ -144,6 +144,14 @@ impl Base for Tables<'_> {
         self.agents.has_agent(agent, self.name)
     }
 
+    fn inbox_after(
+        &mut self,
+        agent: &mesh_protocol::AgentName,
+        after: crate::Arrival,
+    ) -> Result<bool, StoreError> {
+        self.agents.inbox_after(agent, after, self.name)
+    }
+
     fn message_dir(
         &mut self,
         id: &mesh_protocol::MsgId,
