@@ -181,8 +181,17 @@ fn an_agent_moved_along_a_line_is_placed_at_its_new_host_everywhere_and_acts_onl
         c.mesh(&["agent", "export", "kim", "--out", back.to_str().unwrap()])
             .unwrap(),
     );
-    ok(a.mesh(&["agent", "import", back.to_str().unwrap()])
+    let again = ok(a
+        .mesh(&["agent", "import", back.to_str().unwrap(), "--json"])
         .unwrap());
+    let again = parse_json(&again).unwrap();
+    // Back on a node it had left: where to read its inbox here from.
+    assert!(
+        again["inbox_after"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("mc1")),
+        "{again}"
+    );
     for d in [&a, &b, &c] {
         wait_agents(d, "the second move arrives", |all| {
             moves_of(all, "kim")

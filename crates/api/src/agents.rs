@@ -51,6 +51,11 @@ pub struct AgentJson {
     /// `[agents] drain_days` after the move.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub moved_to: Option<String>,
+    /// For an agent imported back to a node it had left: the cursor its
+    /// inbox here is to be read after. What came before it was passed on
+    /// to the host it moved to (it read it there).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inbox_after: Option<String>,
 }
 
 /// `GET /v1/agents`.

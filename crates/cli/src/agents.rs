@@ -474,6 +474,11 @@ pub(crate) async fn agent(c: &Client, cmd: AgentCommand) -> anyhow::Result<()> {
                 a.uid.unwrap_or_default(),
                 a.socket.as_deref().unwrap_or("?")
             );
+            if let Some(after) = &a.inbox_after {
+                println!(
+                    "it was here before: read its inbox here after {after} (what came before that was passed on to the host it left)"
+                );
+            }
         }
         AgentCommand::Remove { name } => {
             let _: serde_json::Value = c

@@ -19,11 +19,11 @@ use mesh_api::{
     ImportAgentRequest,
 };
 use mesh_protocol::{AgentCard, AgentMove, AgentName, MAX_AGENT_CARDS, NodeId, SecretKey};
-use mesh_store::AgentRecord;
+use mesh_store::{AgentRecord, MeshStore};
 
 use super::agent_socket::Acting;
 use super::error::node_error;
-use super::routes::read_json;
+use super::routes::{read_json, read_store};
 use super::{
     ApiError, ApiState, Bug, CallerError, Capacity, NotFound, PeerCred, REQUEST_BYTES_MAX,
 };
@@ -157,6 +157,7 @@ pub(super) async fn add_agent(
         uid: Some(uid),
         socket: Some(socket.display().to_string()),
         moved_to: None,
+        inbox_after: None,
     }))
 }
 
@@ -311,6 +312,18 @@ pub(super) async fn import_agent(
         .local_write(LocalWrite::PutMove(notice))
         .await
         .map_err(node_error)?;
+    // Back on a node it had left: what came here while it was away, up to
+    // where that was passed on, it read there.
+    let inbox_after = match &resumed {
+        Some(_) => {
+            let n = name.clone();
+            read_store(&st.inner.store, move |s| {
+                s.agent_cursor(&n, crate::drain::EXPORT_CURSOR)
+            })
+            .await?
+        }
+        None => None,
+    };
     // Should this move lose a race, what comes for the agent here from now
     // on is passed on to the winner (`crate::drain`).
     let head = *st.inner.bus.journal_head().borrow();
@@ -336,6 +349,7 @@ pub(super) async fn import_agent(
     let socket = st.agent_socket_path(&name);
     crate::agents::announce(&registry, &st.inner.bus, true).await;
     tracing::info!(agent = %name, from = %from.fmt_short(), version, "agent imported");
+    let inbox_after = inbox_after.map(|a| st.cursor_text(a));
     Ok(Json(AgentJson {
         address: ApiState::address(&name, &me),
         name: name.to_string(),
@@ -346,6 +360,7 @@ pub(super) async fn import_agent(
         uid: Some(uid),
         socket: Some(socket.display().to_string()),
         moved_to: None,
+        inbox_after,
     }))
 }
 
@@ -394,6 +409,7 @@ fn card_json(card: &AgentCard, alias: Option<String>) -> AgentJson {
         uid: None,
         socket: None,
         moved_to: None,
+        inbox_after: None,
     }
 }
 
@@ -428,6 +444,7 @@ pub(super) async fn list_agents(
                     .iter()
                     .find(|m| m.key == a.record.key && m.node != st.inner.node)
                     .map(|m| m.node.to_string()),
+                inbox_after: None,
             }
         })
         .collect();
