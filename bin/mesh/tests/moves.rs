@@ -486,3 +486,145 @@ fn once_the_drain_ends_the_old_host_says_so_and_a_late_message_is_bounced_to_its
         "the late one is not at c"
     );
 }
+
+/// The agent's inbox on `d` after `after` (all of it if `None`), and the
+/// cursor after its last entry: what the agent reads there.
+fn read_inbox(
+    d: &DaemonProcess,
+    agent: &str,
+    after: Option<&str>,
+) -> (Vec<String>, Option<String>) {
+    let mut args = vec!["inbox", "--json", "--limit", "1000"];
+    if let Some(a) = after {
+        args.extend(["--after", a]);
+    }
+    let out = as_agent(d, agent, &args);
+    assert!(out.ok(), "{out:?}");
+    let entries: Vec<serde_json::Value> =
+        out.stdout.lines().map(|l| parse_json(l).unwrap()).collect();
+    let cursor = entries
+        .last()
+        .map(|e| e["cursor"].as_str().unwrap().to_owned());
+    let ids = entries
+        .iter()
+        .filter(|e| e["kind"] == "message")
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect();
+    (ids, cursor.or_else(|| after.map(str::to_owned)))
+}
+
+/// An agent moved twice (a → c → d) while a contact writes to it, each
+/// host it left killed (`kill -9`) right after the move and started again:
+/// what the agent read at each host, and what reaches it at the last, hold
+/// every message exactly once.
+#[test]
+fn an_agent_moved_twice_with_the_hosts_it_left_killed_reads_each_message_once() {
+    let tmp = temp_dir().unwrap();
+    let dirs: Vec<_> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|n| tmp.path().join(n))
+        .collect();
+    let mut nodes: Vec<Option<DaemonProcess>> = dirs.iter().map(|d| Some(start(d))).collect();
+    for i in 0..4 {
+        for j in i + 1..4 {
+            link(n(&nodes, i), n(&nodes, j));
+        }
+    }
+    let (a, b, c, d) = (0, 1, 2, 3);
+    ok(n(&nodes, a).mesh(&["agent", "add", "kim"]).unwrap());
+    ok(n(&nodes, b).mesh(&["agent", "add", "bob"]).unwrap());
+    let kim_at_a = format!("kim@{}", n(&nodes, a).node());
+    let mut sent = Vec::new();
+    let send = |nodes: &[Option<DaemonProcess>], sent: &mut Vec<String>, i: usize| {
+        let out = as_agent(n(nodes, b), "bob", &["send", &kim_at_a, &format!("m{i}")]);
+        sent.push(ok(out).trim().to_owned());
+    };
+    send(&nodes, &mut sent, 0);
+    // kim reads at a, then more comes, then it is exported: what came
+    // after what it read is passed on.
+    let got = inbox_until(n(&nodes, a), "kim", 1);
+    let read_a: Vec<String> = got
+        .iter()
+        .map(|e| e["id"].as_str().unwrap().to_owned())
+        .collect();
+    let after_a = got.last().unwrap()["cursor"].as_str().unwrap().to_owned();
+    for i in 1..=3 {
+        send(&nodes, &mut sent, i);
+    }
+    let file = tmp.path().join("kim.1");
+    let export = [
+        "agent",
+        "export",
+        "kim",
+        "--after",
+        &after_a,
+        "--out",
+        file.to_str().unwrap(),
+    ];
+    ok(n(&nodes, a).mesh(&export).unwrap());
+    ok(n(&nodes, c)
+        .mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    let c_id = n(&nodes, c).node().to_owned();
+    wait_agents(n(&nodes, a), "a learns of the move", |all| {
+        all["local"][0]["moved_to"] == c_id.as_str()
+    });
+    // a dies at once, maybe mid-pump; the contact writes on; a comes back.
+    nodes[a] = None;
+    for i in 4..=6 {
+        send(&nodes, &mut sent, i);
+    }
+    nodes[a] = Some(start(&dirs[a]));
+    // kim reads at c what came so far, then moves on to d; c dies at once
+    // and comes back.
+    inbox_until(n(&nodes, c), "kim", 1);
+    let (read_c, after_c) = read_inbox(n(&nodes, c), "kim", None);
+    let file = tmp.path().join("kim.2");
+    let mut export = vec!["agent", "export", "kim", "--out", file.to_str().unwrap()];
+    if let Some(after) = after_c.as_deref() {
+        export.extend(["--after", after]);
+    }
+    ok(n(&nodes, c).mesh(&export).unwrap());
+    for i in 7..=8 {
+        send(&nodes, &mut sent, i);
+    }
+    ok(n(&nodes, d)
+        .mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    let d_id = n(&nodes, d).node().to_owned();
+    wait_agents(n(&nodes, c), "c learns of the move", |all| {
+        all["local"][0]["moved_to"] == d_id.as_str()
+    });
+    nodes[c] = None;
+    for i in 9..=10 {
+        send(&nodes, &mut sent, i);
+    }
+    nodes[c] = Some(start(&dirs[c]));
+    // At d: everything not read at a or c, once.
+    let want: std::collections::BTreeSet<String> = sent.iter().cloned().collect();
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let (ids, _) = read_inbox(n(&nodes, d), "kim", None);
+        let all: Vec<String> = read_a.iter().chain(&read_c).chain(&ids).cloned().collect();
+        let seen: std::collections::BTreeSet<String> = all.iter().cloned().collect();
+        assert_eq!(
+            seen.len(),
+            all.len(),
+            "a message read twice: a {read_a:?} c {read_c:?} d {ids:?}"
+        );
+        if seen == want {
+            assert!(!ids.is_empty(), "d got what came after the reads");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not all read once: sent {sent:?}, a {read_a:?}, c {read_c:?}, d {ids:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Node `i` of `nodes`, which must be running.
+fn n(nodes: &[Option<DaemonProcess>], i: usize) -> &DaemonProcess {
+    nodes[i].as_ref().expect("running")
+}

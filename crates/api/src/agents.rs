@@ -126,6 +126,17 @@ impl std::fmt::Debug for AgentExport {
     }
 }
 
+/// `POST /v1/agents/{name}/export` (every field optional).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportAgentRequest {
+    /// How far the agent has read its inbox here (a cursor): what comes
+    /// after it is passed on to its new host [default: everything up to
+    /// now counts as read].
+    #[serde(default)]
+    pub after: Option<String>,
+}
+
 /// `POST /v1/agents/import`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -11,7 +11,8 @@ use mesh_api::Reply;
 use mesh_api::client::Client;
 use mesh_api::{
     AddAgentRequest, AgentExport, AgentJson, AgentSendRequest, AgentSendResponse, AgentsResponse,
-    DataDir, ImportAgentRequest, InboxEntry, InboxPage, MessageStatus, ReplyRequest, path_segment,
+    DataDir, ExportAgentRequest, ImportAgentRequest, InboxEntry, InboxPage, MessageStatus,
+    ReplyRequest, path_segment,
 };
 
 use crate::commands::print_json;
@@ -435,11 +436,11 @@ pub(crate) async fn agent(c: &Client, cmd: AgentCommand) -> anyhow::Result<()> {
                 );
             }
         }
-        AgentCommand::Export { name, out } => {
+        AgentCommand::Export { name, out, after } => {
             let export: AgentExport = c
                 .post(
                     &format!("/v1/agents/{}/export", path_segment(&name)),
-                    &serde_json::json!({}),
+                    &ExportAgentRequest { after },
                 )
                 .await?;
             let text = serde_json::to_string_pretty(&export)? + "\n";

@@ -310,10 +310,17 @@ pub enum AgentCommand {
     /// the agent. `--out` writes it with mode 0600 (without it, it goes to
     /// stdout: redirect it to a file only you can read); delete it once it
     /// is imported. The agent goes on acting here until its new host
-    /// announces the move; from then on it acts only there.
+    /// announces the move; from then on it acts only there, and what came
+    /// for it here after `--after` is passed on to it there.
     Export {
         /// The agent's name.
         name: String,
+        /// How far the agent has read its inbox here (the cursor of the
+        /// last entry it handled, as `mesh --agent NAME inbox` prints it):
+        /// what comes after is passed on to its new host [default: now,
+        /// i.e. it has read everything].
+        #[arg(long)]
+        after: Option<String>,
         /// Write the file here (mode 0600; an existing file is not replaced).
         #[arg(long)]
         out: Option<PathBuf>,

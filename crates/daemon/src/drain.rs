@@ -4,13 +4,13 @@
 //! the agent's new host, in inbox order, under a cursor of its own.
 //!
 //! The cursor (the agent's named cursor [`EXPORT_CURSOR`], a name the API
-//! never takes) is set to the journal head when the agent is exported, so
-//! what came between the export and this node learning of the move is
-//! passed on too; it moves on after each page. A forward is a message on
-//! this node's own stream to the new host (exactly once, in order); the new
-//! host indexes a message once however often it is passed on, so a crash
-//! between a page and its cursor only sends that page again. Nothing is
-//! acknowledged on the agent's behalf.
+//! never takes) is set at the export to how far the agent had read (by
+//! default the journal head), so what came between then and this node
+//! learning of the move is passed on too. A forward is a message on this
+//! node's own stream to the new host (exactly once, in order), and the
+//! cursor moves in the commit that writes it, so a crash never passes a
+//! message on twice (and the new host indexes a message once however often
+//! it comes). Nothing is acknowledged on the agent's behalf.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -109,7 +109,8 @@ impl Pump {
                 }
                 continue;
             }
-            match self.pass_on(host, &page).await {
+            let before = after;
+            match self.pass_on(&name, host, &page).await {
                 Ok((n, last)) => {
                     passed += n;
                     after = last;
@@ -125,13 +126,16 @@ impl Pump {
                     tokio::time::sleep(RETRY).await;
                 }
             }
-            let write = LocalWrite::PutAgentCursor {
-                agent: name.clone(),
-                name: EXPORT_CURSOR.to_owned(),
-                arrival: after,
-            };
-            if let Err(e) = self.bus.local_write(write).await {
-                tracing::debug!(agent = %name, "the previous inbox's cursor is not written: {e}");
+            // Entries passed over (bounces, lag records) move the cursor too.
+            if after > before {
+                let write = LocalWrite::PutAgentCursor {
+                    agent: name.clone(),
+                    name: EXPORT_CURSOR.to_owned(),
+                    arrival: after,
+                };
+                if let Err(e) = self.bus.local_write(write).await {
+                    tracing::debug!(agent = %name, "the previous inbox's cursor is not written: {e}");
+                }
             }
             tracing::debug!(agent = %name, passed, "passed on from the previous inbox");
         }
@@ -189,19 +193,22 @@ impl Pump {
     /// the arrival passed, or also why it stopped.
     async fn pass_on(
         &self,
+        name: &AgentName,
         host: NodeId,
         page: &[InboxItem],
     ) -> Result<(u64, u64), (u64, u64, String)> {
         let mut n = 0;
         let mut last = page.first().map_or(0, |i| i.item.arrival.saturating_sub(1));
         for item in page {
+            let arrival = item.item.arrival;
             if let Some(forward) = forward_of(&item.item.record) {
-                if let Err(e) = self.bus.forward(host, forward).await {
+                let cursor = Some((name.clone(), EXPORT_CURSOR.to_owned(), arrival));
+                if let Err(e) = self.bus.forward(host, forward, cursor).await {
                     return Err((n, last, e.to_string()));
                 }
                 n += 1;
             }
-            last = item.item.arrival;
+            last = arrival;
         }
         Ok((n, last))
     }

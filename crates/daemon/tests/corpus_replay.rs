@@ -60,6 +60,25 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     );
     json("seed-alias", r#"{"alias":"build-box"}"#.to_owned());
     json(
+        "seed-topic",
+        r#"{"name":"builds","max_msgs":100}"#.to_owned(),
+    );
+    json(
+        "seed-publish",
+        r#"{"body":"green","msg_kind":0}"#.to_owned(),
+    );
+    json("seed-export", format!(r#"{{"after":"{cursor}"}}"#));
+    let agent = mesh_protocol::SecretKey::from_bytes(&[3; 32]);
+    json(
+        "seed-import",
+        format!(
+            r#"{{"export":{{"format":"{}","name":"planner","key":"{}","secret_key":"{}","from":"{node}","version":1}},"uid":1000}}"#,
+            mesh_api::AGENT_EXPORT_FORMAT,
+            agent.public(),
+            data_encoding::HEXLOWER.encode(&agent.to_bytes()),
+        ),
+    );
+    json(
         "garbage-agent-bad-name",
         r#"{"name":"Planner!"}"#.to_owned(),
     );

@@ -66,6 +66,7 @@ pub(super) enum Cmd {
     Forward {
         to: NodeId,
         payload: Vec<u8>,
+        cursor: Option<(mesh_protocol::AgentName, String, Arrival)>,
         reply: oneshot::Sender<Result<core::SendReceipt, core::SendError>>,
         /// As for a submit: returned once the task has taken the payload.
         budget: OwnedSemaphorePermit,
@@ -439,12 +440,18 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             Cmd::Forward {
                 to,
                 payload,
+                cursor,
                 reply,
                 budget,
             } => {
                 let req = self.req();
                 self.waiters.insert(req, Waiter::Publish(reply));
-                inputs.push(Input::Forward { req, to, payload });
+                inputs.push(Input::Forward {
+                    req,
+                    to,
+                    payload,
+                    cursor,
+                });
                 drop(budget);
             }
             Cmd::Status { reply } => {

@@ -10,8 +10,9 @@
 
 use bytes::BytesMut;
 use mesh_api::{
-    AddAgentRequest, AddPeerRequest, AgentSendRequest, AliasRequest, CursorBody, InviteRequest,
-    JoinBody, ReplyRequest, SendRequest,
+    AddAgentRequest, AddPeerRequest, AgentSendRequest, AliasRequest, CursorBody,
+    ExportAgentRequest, ImportAgentRequest, InviteRequest, JoinBody, JoinTopicRequest,
+    PublishRequest, ReplyRequest, SendRequest,
 };
 use mesh_protocol::{AgentName, Cursor, InviteCode, MAX_BATCH_PAYLOAD_BYTES, MsgId, NodeTicket};
 
@@ -21,10 +22,11 @@ use super::routes::parse_json;
 use super::send::message;
 
 /// Feeds `data` to every JSON body the API decodes: a send, a batch of
-/// sends, a peer to add, a cursor to set, an invite to make, a join, and
+/// sends, a peer to add, a cursor to set, an invite to make, a join, a
+/// topic to join, a publish, and
 /// the agent routes' bodies (an agent to add, an agent send or one line of
-/// a batch of them, a reply, a peer's alias), with the field parsers each
-/// route runs on them.
+/// a batch of them, a reply, a peer's alias, an export, an import), with
+/// the field parsers each route runs on them.
 ///
 /// Panics if a decoded send or agent send does not survive encoding and
 /// decoding again, or if a send is taken as a message with a payload over
@@ -47,6 +49,12 @@ pub fn json_body(data: &[u8]) {
     let _ = parse_json::<InviteRequest>(data);
     if let Ok(j) = parse_json::<JoinBody>(data) {
         let _ = j.code.parse::<InviteCode>();
+    }
+    if let Ok(t) = parse_json::<JoinTopicRequest>(data) {
+        let _ = mesh_protocol::TopicName::new(&t.name);
+    }
+    if let Ok(p) = parse_json::<PublishRequest>(data) {
+        let _ = p.encoding.decode(p.body);
     }
     agent_bodies(data);
 }
@@ -72,6 +80,14 @@ fn agent_bodies(data: &[u8]) {
     }
     if let Ok(a) = parse_json::<AliasRequest>(data) {
         let _ = a.alias.as_deref().map(AgentName::new);
+    }
+    if let Ok(e) = parse_json::<ExportAgentRequest>(data) {
+        let _ = e.after.as_deref().map(str::parse::<Cursor>);
+    }
+    if let Ok(i) = parse_json::<ImportAgentRequest>(data) {
+        let _ = AgentName::new(&i.export.name);
+        let _ = super::agents::export_secret(&i.export);
+        let _ = mesh_protocol::parse_node_id(i.export.from.trim());
     }
 }
 

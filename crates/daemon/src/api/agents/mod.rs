@@ -16,7 +16,7 @@ use axum::Json;
 use axum::extract::{Path, Request, State};
 use mesh_api::{
     AGENT_EXPORT_FORMAT, AddAgentRequest, AgentExport, AgentJson, AgentMoveJson, AgentsResponse,
-    ImportAgentRequest,
+    ExportAgentRequest, ImportAgentRequest,
 };
 use mesh_protocol::{AgentCard, AgentMove, AgentName, MAX_AGENT_CARDS, NodeId, SecretKey};
 use mesh_store::{AgentRecord, MeshStore};
@@ -168,8 +168,15 @@ pub(super) async fn add_agent(
 pub(super) async fn export_agent(
     State(st): State<ApiState>,
     Path(name): Path<String>,
+    req: Request,
 ) -> Result<Json<AgentExport>, ApiError> {
+    let body: ExportAgentRequest = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
     let name = st.reader(&name)?;
+    let head = *st.inner.bus.journal_head().borrow();
+    let after = match body.after.as_deref() {
+        Some(text) => st.parse_after(Some(text))?.min(head),
+        None => head,
+    };
     let agent = st
         .inner
         .registry
@@ -189,17 +196,16 @@ pub(super) async fn export_agent(
         .map_or(0, |m| m.version);
     // What comes for it from here on is passed on to its new host once
     // this node learns of the move (`crate::drain`).
-    let head = *st.inner.bus.journal_head().borrow();
     st.inner
         .bus
         .local_write(LocalWrite::PutAgentCursor {
             agent: name.clone(),
             name: crate::drain::EXPORT_CURSOR.to_owned(),
-            arrival: head,
+            arrival: after,
         })
         .await
         .map_err(node_error)?;
-    tracing::info!(agent = %name, version, "agent exported");
+    tracing::info!(agent = %name, version, after, "agent exported");
     Ok(Json(AgentExport {
         format: AGENT_EXPORT_FORMAT.to_owned(),
         name: name.to_string(),
@@ -211,7 +217,7 @@ pub(super) async fn export_agent(
 }
 
 /// The secret key of an export, checked against the public key it names.
-fn export_secret(export: &AgentExport) -> Result<SecretKey, ApiError> {
+pub(crate) fn export_secret(export: &AgentExport) -> Result<SecretKey, ApiError> {
     let bad = |why: String| -> ApiError { CallerError::BadValue(why).into() };
     if export.format != AGENT_EXPORT_FORMAT {
         return Err(bad(format!(
