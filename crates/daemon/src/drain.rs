@@ -26,8 +26,9 @@ use crate::bus::{Bus, LocalWrite};
 /// been passed on (the API's cursor names cannot hold a `:`).
 pub(crate) const EXPORT_CURSOR: &str = "mesh:exported";
 
-/// Inbox entries one page of the pump reads.
-const PAGE_ENTRIES: usize = 256;
+/// Inbox entries one page of the pump reads (each at most a batch's
+/// payload, so a page holds at most 16 MiB).
+const PAGE_ENTRIES: usize = 16;
 
 /// How long the pump waits before trying a refused forward again (the new
 /// host is not a peer yet, the outbox is full, the store is down).

@@ -758,6 +758,26 @@ mod tests {
     }
 
     #[test]
+    fn a_forward_adds_at_most_its_overhead_to_the_message_it_carries() {
+        let author = SecretKey::from_bytes(&[1; 32]).public();
+        for len in [
+            0usize,
+            127,
+            128,
+            16_383,
+            16_384,
+            MAX_BATCH_PAYLOAD_BYTES as usize,
+        ] {
+            let f = Forward {
+                author,
+                envelope: vec![0; len],
+            };
+            let extra = f.encode().len() - len;
+            assert!(extra <= MAX_FORWARD_OVERHEAD_BYTES, "{len}: {extra}");
+        }
+    }
+
+    #[test]
     fn a_move_notice_verifies_only_as_signed_and_the_higher_version_then_node_wins() {
         let agent = SecretKey::from_bytes(&[5; 32]);
         let (a, b) = (

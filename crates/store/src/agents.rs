@@ -203,6 +203,12 @@ impl AgentIndex {
     }
 }
 
+/// The named cursor of an agent that came back to a node it had left: it
+/// reads its inbox there after this. A message passed on to it again
+/// (from the host it left) that this node journaled at or before it is put
+/// in its inbox again, since it reads on from past where it had it.
+pub const RESUMED_CURSOR: &str = "mesh:resumed";
+
 /// One agent write (the payload of [`crate::WriteOp::Agents`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]

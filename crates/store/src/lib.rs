@@ -24,7 +24,7 @@ pub use actor::{
 };
 pub use agents::{
     ALIAS_BYTES_MAX, AgentIndex, AgentOp, AgentRecord, CLIENT_ID_BYTES_MAX, DedupKey, DedupRecord,
-    InboxItem, InboxKind, InboxRow, MessageDir, MessageRow,
+    InboxItem, InboxKind, InboxRow, MessageDir, MessageRow, RESUMED_CURSOR,
 };
 pub use logic::{
     CURSOR_NAME_BYTES_MAX, DETAIL_BYTES_MAX, JOURNAL_TIME_STEP_MS, SUBSCRIBER_NAME_BYTES_MAX,

@@ -68,27 +68,6 @@ impl ApiState {
         }
     }
 
-    /// Where the agent `agent` of `node` is now: the node its move notice
-    /// names if it moved away from `node` (following moves on from there),
-    /// else `node`. The notice is signed by the agent's key: this follows
-    /// the agent's own word, never a guess.
-    pub(super) fn follow_moves(&self, node: NodeId, agent: &AgentName) -> NodeId {
-        let moves = self.inner.bus.agent_moves();
-        let moves = moves.borrow();
-        let mut at = node;
-        // One step per move notice at most: each names where it went from.
-        for _ in 0..=moves.len() {
-            let Some(m) = moves
-                .iter()
-                .find(|m| &m.name == agent && m.from == at && m.node != at)
-            else {
-                break;
-            };
-            at = m.node;
-        }
-        at
-    }
-
     /// The node names this node and its peers announce: the name in the
     /// newest card held of each. This is the one place the lookup goes.
     fn announced_names(&self) -> Vec<(String, NodeId)> {

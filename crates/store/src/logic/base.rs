@@ -88,12 +88,18 @@ pub(crate) trait Base {
         first_seq: Seq,
         from: Seq,
     ) -> Result<Option<Vec<Vec<u8>>>, StoreError>;
-    /// Whether the message index has `id`, and as sent or received, as
-    /// committed before this group.
-    fn message_dir(
+    /// Whether the message index has `id`, as sent or received, and at
+    /// which arrival, as committed before this group.
+    fn message_place(
         &mut self,
         id: &mesh_protocol::MsgId,
-    ) -> Result<Option<crate::MessageDir>, StoreError>;
+    ) -> Result<Option<(crate::MessageDir, Arrival)>, StoreError>;
+    /// An agent's named cursor, as committed before this group.
+    fn agent_cursor(
+        &mut self,
+        agent: &mesh_protocol::AgentName,
+        name: &str,
+    ) -> Result<Option<Arrival>, StoreError>;
     /// Whether `agent`'s inbox has an entry after arrival `after`.
     fn inbox_after(
         &mut self,

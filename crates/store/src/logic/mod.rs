@@ -381,9 +381,14 @@ impl<B: Base> GroupView<'_, B> {
                     if !seen.insert(id) {
                         continue;
                     }
-                    let known = self.base.message_dir(&id)?;
-                    if known == Some(crate::MessageDir::Received) {
-                        continue;
+                    let known = self.base.message_place(&id)?;
+                    if let Some((crate::MessageDir::Received, at)) = known {
+                        // Once is enough, unless the agent came back here
+                        // and reads on from past where it had it.
+                        let back = self.base.agent_cursor(&agent, crate::RESUMED_CURSOR)?;
+                        if back.is_none_or(|r| at > r) {
+                            continue;
+                        }
                     }
                     out.push(AgentIndex::Inbox {
                         agent,

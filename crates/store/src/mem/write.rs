@@ -193,11 +193,29 @@ impl Base for MemBase<'_> {
             .is_some_and(|((a, _), _)| a == agent))
     }
 
-    fn message_dir(
+    fn message_place(
         &mut self,
         id: &mesh_protocol::MsgId,
-    ) -> Result<Option<crate::MessageDir>, StoreError> {
-        Ok(self.state.agents.messages.get(id).map(|p| p.dir))
+    ) -> Result<Option<(crate::MessageDir, Arrival)>, StoreError> {
+        Ok(self
+            .state
+            .agents
+            .messages
+            .get(id)
+            .map(|p| (p.dir, p.arrival)))
+    }
+
+    fn agent_cursor(
+        &mut self,
+        agent: &mesh_protocol::AgentName,
+        name: &str,
+    ) -> Result<Option<Arrival>, StoreError> {
+        Ok(self
+            .state
+            .agents
+            .cursors
+            .get(&(agent.clone(), name.to_owned()))
+            .copied())
     }
 
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {

@@ -279,13 +279,13 @@ impl<'tx> AgentTables<'tx> {
 
     /// Whether the message index has `id`, and as sent or received:
     /// written by an earlier commit, or by an earlier group of this one.
-    pub(super) fn message_dir(
+    pub(super) fn message_place(
         &mut self,
         id: &MsgId,
         name: &str,
-    ) -> Result<Option<MessageDir>, StoreError> {
+    ) -> Result<Option<(MessageDir, Arrival)>, StoreError> {
         if let Some((_, row)) = self.messages_pending.iter().rev().find(|(m, _)| m == id) {
-            return Ok(Some(row.dir));
+            return Ok(Some((row.dir, row.arrival)));
         }
         let rerr = |e: redb::StorageError| from_redb(name, "cannot read", e);
         let t = open(self.tx, &mut self.messages, MESSAGES, name)?;
@@ -300,7 +300,21 @@ impl<'tx> AgentTables<'tx> {
                 .map_err(|_| corrupt(name, "a message row's key is not an id"))?,
         );
         let run: MessageRun = decode(name, "message row", v.value())?;
-        Ok(index_in(&key, run.n as usize, id).map(|_| run.dir))
+        Ok(index_in(&key, run.n as usize, id).map(|i| (run.dir, run.place(i).arrival)))
+    }
+
+    /// An agent's named cursor, as written so far (earlier commits and
+    /// earlier groups of this one).
+    pub(super) fn agent_cursor(
+        &mut self,
+        agent: &AgentName,
+        cursor: &str,
+        name: &str,
+    ) -> Result<Option<Arrival>, StoreError> {
+        let t = open(self.tx, &mut self.cursors, AGENT_CURSORS, name)?;
+        Ok(t.get((agent.as_str(), cursor))
+            .map_err(|e| from_redb(name, "cannot read", e))?
+            .map(|v| v.value()))
     }
 
     pub(super) fn apply(&mut self, w: AgentWrite, name: &str) -> Result<(), StoreError> {

@@ -140,6 +140,12 @@ impl Core {
         agent: Option<&AgentMsg>,
         len: u64,
     ) -> Result<(), SendError> {
+        // An agent message has room for the forward it may become, should
+        // its recipient move (the old host passes it on as it is).
+        let len = match agent {
+            Some(_) => len + mesh_protocol::MAX_FORWARD_OVERHEAD_BYTES as u64,
+            None => len,
+        };
         // An agent message to an agent of this node is delivered here, in
         // the commit that writes it: its stream to this node is acknowledged
         // in the same group.

@@ -124,10 +124,15 @@ pub(super) async fn add_agent(
     let key = {
         let registry = registry.clone();
         let name = name.clone();
-        tokio::task::spawn_blocking(move || registry.key(&name))
-            .await
-            .map_err(|e| Bug::new(format!("key task failed: {e}")))?
-            .map_err(|e| super::Unavailable::Store(e.to_string()))?
+        // A new agent gets a new key: a key file left by an agent of this
+        // name that is gone (a crash after its drain ended) is not reused.
+        tokio::task::spawn_blocking(move || {
+            registry.forget_key(&name);
+            registry.key(&name)
+        })
+        .await
+        .map_err(|e| Bug::new(format!("key task failed: {e}")))?
+        .map_err(|e| super::Unavailable::Store(e.to_string()))?
     };
     let record = AgentRecord {
         name: name.clone(),
@@ -282,7 +287,17 @@ pub(super) async fn import_agent(
         return Err(CallerError::AgentExists(format!("{name} (imported here already)")).into());
     }
     // A move this node already knows of that is newer than the export's.
-    let version = held.map_or(0, |m| m.version).max(export.version) + 1;
+    let Some(version) = held
+        .map_or(0, |m| m.version)
+        .max(export.version)
+        .checked_add(1)
+    else {
+        return Err(CallerError::BadValue(format!(
+            "the export says version {}: no move can follow it",
+            export.version
+        ))
+        .into());
+    };
     let daemon_uid = st.inner.daemon_uid;
     let uid = body
         .uid
@@ -312,12 +327,6 @@ pub(super) async fn import_agent(
             .await
             .map_err(node_error)?;
     }
-    let notice = AgentMove::sign(&secret, name.clone(), (from, me), version, now_ms());
-    st.inner
-        .bus
-        .local_write(LocalWrite::PutMove(notice))
-        .await
-        .map_err(node_error)?;
     // Back on a node it had left: what came here while it was away, up to
     // where that was passed on, it read there.
     let inbox_after = match &resumed {
@@ -330,6 +339,19 @@ pub(super) async fn import_agent(
         }
         None => None,
     };
+    if let Some(after) = inbox_after {
+        // What comes back to it from the host it left, journaled here at
+        // or before that, goes in its inbox again (mesh_store::RESUMED_CURSOR).
+        st.inner
+            .bus
+            .local_write(LocalWrite::PutAgentCursor {
+                agent: name.clone(),
+                name: mesh_store::RESUMED_CURSOR.to_owned(),
+                arrival: after,
+            })
+            .await
+            .map_err(node_error)?;
+    }
     // Should this move lose a race, what comes for the agent here from now
     // on is passed on to the winner (`crate::drain`).
     let head = *st.inner.bus.journal_head().borrow();
@@ -340,6 +362,12 @@ pub(super) async fn import_agent(
             name: crate::drain::EXPORT_CURSOR.to_owned(),
             arrival: head,
         })
+        .await
+        .map_err(node_error)?;
+    let notice = AgentMove::sign(&secret, name.clone(), (from, me), version, now_ms());
+    st.inner
+        .bus
+        .local_write(LocalWrite::PutMove(notice))
         .await
         .map_err(node_error)?;
     let agent = match resumed {

@@ -53,11 +53,6 @@ impl ApiState {
         body: String,
         encoding: BodyEncoding,
     ) -> Result<Outgoing, ApiError> {
-        // An agent that moved is written to at its new host.
-        let to = match &meta.agent {
-            Some(agent) => self.follow_moves(to, agent),
-            None => to,
-        };
         let MessageMeta {
             agent,
             in_reply_to,

@@ -152,11 +152,19 @@ impl Base for Tables<'_> {
         self.agents.inbox_after(agent, after, self.name)
     }
 
-    fn message_dir(
+    fn message_place(
         &mut self,
         id: &mesh_protocol::MsgId,
-    ) -> Result<Option<crate::MessageDir>, StoreError> {
-        self.agents.message_dir(id, self.name)
+    ) -> Result<Option<(crate::MessageDir, crate::Arrival)>, StoreError> {
+        self.agents.message_place(id, self.name)
+    }
+
+    fn agent_cursor(
+        &mut self,
+        agent: &mesh_protocol::AgentName,
+        name: &str,
+    ) -> Result<Option<crate::Arrival>, StoreError> {
+        self.agents.agent_cursor(agent, name, self.name)
     }
 
     fn mark(&mut self, stream: &StreamId) -> Result<Option<Seq>, StoreError> {
