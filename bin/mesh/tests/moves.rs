@@ -21,6 +21,19 @@ fn start(data: &Path) -> DaemonProcess {
     DaemonProcess::start_local(Path::new(MESH), data).unwrap()
 }
 
+/// Daemons a, b and c in `root`, each linked to both others.
+fn triangle(root: &Path) -> (DaemonProcess, DaemonProcess, DaemonProcess) {
+    let (a, b, c) = (
+        start(&root.join("a")),
+        start(&root.join("b")),
+        start(&root.join("c")),
+    );
+    link(&a, &b);
+    link(&b, &c);
+    link(&a, &c);
+    (a, b, c)
+}
+
 /// Links `a` and `b` both ways.
 fn link(a: &DaemonProcess, b: &DaemonProcess) {
     ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
@@ -253,14 +266,7 @@ fn inbox_until(d: &DaemonProcess, agent: &str, n: usize) -> Vec<serde_json::Valu
 #[test]
 fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_each_message_once() {
     let tmp = temp_dir().unwrap();
-    let (a, b, c) = (
-        start(&tmp.path().join("a")),
-        start(&tmp.path().join("b")),
-        start(&tmp.path().join("c")),
-    );
-    link(&a, &b);
-    link(&b, &c);
-    link(&a, &c);
+    let (a, b, c) = triangle(tmp.path());
     ok(a.mesh(&["agent", "add", "kim"]).unwrap());
     ok(b.mesh(&["agent", "add", "bob"]).unwrap());
     let kim_at_a = format!("kim@{}", a.node());
@@ -328,14 +334,7 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
 #[test]
 fn two_moves_in_a_race_settle_on_one_host_and_nothing_sent_meanwhile_is_lost_or_doubled() {
     let tmp = temp_dir().unwrap();
-    let (a, b, c) = (
-        start(&tmp.path().join("a")),
-        start(&tmp.path().join("b")),
-        start(&tmp.path().join("c")),
-    );
-    link(&a, &b);
-    link(&b, &c);
-    link(&a, &c);
+    let (a, b, c) = triangle(tmp.path());
     ok(a.mesh(&["agent", "add", "kim"]).unwrap());
     ok(a.mesh(&["agent", "add", "bob"]).unwrap());
     let kim_at_a = format!("kim@{}", a.node());
@@ -420,14 +419,7 @@ fn once_the_drain_ends_the_old_host_says_so_and_a_late_message_is_bounced_to_its
     let a_dir = tmp.path().join("a");
     std::fs::create_dir_all(&a_dir).unwrap();
     std::fs::write(a_dir.join("config.toml"), "[agents]\ndrain_days = 0\n").unwrap();
-    let (a, b, c) = (
-        start(&a_dir),
-        start(&tmp.path().join("b")),
-        start(&tmp.path().join("c")),
-    );
-    link(&a, &b);
-    link(&b, &c);
-    link(&a, &c);
+    let (a, b, c) = triangle(tmp.path());
     ok(a.mesh(&["agent", "add", "kim"]).unwrap());
     ok(b.mesh(&["agent", "add", "bob"]).unwrap());
     let kim_at_a = format!("kim@{}", a.node());
@@ -628,14 +620,7 @@ fn n(nodes: &[Option<DaemonProcess>], i: usize) -> &DaemonProcess {
 #[test]
 fn a_message_passed_on_and_back_before_it_was_read_is_read_once_at_the_host_moved_back_to() {
     let tmp = temp_dir().unwrap();
-    let (a, b, c) = (
-        start(&tmp.path().join("a")),
-        start(&tmp.path().join("b")),
-        start(&tmp.path().join("c")),
-    );
-    link(&a, &b);
-    link(&b, &c);
-    link(&a, &c);
+    let (a, b, c) = triangle(tmp.path());
     ok(a.mesh(&["agent", "add", "kim"]).unwrap());
     ok(b.mesh(&["agent", "add", "bob"]).unwrap());
     let kim_at_a = format!("kim@{}", a.node());

@@ -201,15 +201,8 @@ pub(super) async fn export_agent(
         .map_or(0, |m| m.version);
     // What comes for it from here on is passed on to its new host once
     // this node learns of the move (`crate::drain`).
-    st.inner
-        .bus
-        .local_write(LocalWrite::PutAgentCursor {
-            agent: name.clone(),
-            name: crate::drain::EXPORT_CURSOR.to_owned(),
-            arrival: after,
-        })
-        .await
-        .map_err(node_error)?;
+    st.put_agent_cursor(&name, crate::drain::EXPORT_CURSOR, after)
+        .await?;
     tracing::info!(agent = %name, version, after, "agent exported");
     Ok(Json(AgentExport {
         format: AGENT_EXPORT_FORMAT.to_owned(),
@@ -219,6 +212,27 @@ pub(super) async fn export_agent(
         from: st.inner.node.to_string(),
         version,
     }))
+}
+
+impl ApiState {
+    /// Sets `agent`'s named cursor `cursor` to `arrival`, committed.
+    async fn put_agent_cursor(
+        &self,
+        agent: &AgentName,
+        cursor: &str,
+        arrival: mesh_store::Arrival,
+    ) -> Result<(), ApiError> {
+        self.inner
+            .bus
+            .local_write(LocalWrite::PutAgentCursor {
+                agent: agent.clone(),
+                name: cursor.to_owned(),
+                arrival,
+            })
+            .await
+            .map_err(node_error)?;
+        Ok(())
+    }
 }
 
 /// The secret key of an export, checked against the public key it names.
@@ -342,28 +356,14 @@ pub(super) async fn import_agent(
     if let Some(after) = inbox_after {
         // What comes back to it from the host it left, journaled here at
         // or before that, goes in its inbox again (mesh_store::RESUMED_CURSOR).
-        st.inner
-            .bus
-            .local_write(LocalWrite::PutAgentCursor {
-                agent: name.clone(),
-                name: mesh_store::RESUMED_CURSOR.to_owned(),
-                arrival: after,
-            })
-            .await
-            .map_err(node_error)?;
+        st.put_agent_cursor(&name, mesh_store::RESUMED_CURSOR, after)
+            .await?;
     }
     // Should this move lose a race, what comes for the agent here from now
     // on is passed on to the winner (`crate::drain`).
     let head = *st.inner.bus.journal_head().borrow();
-    st.inner
-        .bus
-        .local_write(LocalWrite::PutAgentCursor {
-            agent: name.clone(),
-            name: crate::drain::EXPORT_CURSOR.to_owned(),
-            arrival: head,
-        })
-        .await
-        .map_err(node_error)?;
+    st.put_agent_cursor(&name, crate::drain::EXPORT_CURSOR, head)
+        .await?;
     let notice = AgentMove::sign(&secret, name.clone(), (from, me), version, now_ms());
     st.inner
         .bus
