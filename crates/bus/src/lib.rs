@@ -22,8 +22,8 @@ pub use crate::net::{
     load_or_create_key, load_or_create_node_key, store_key,
 };
 pub use crate::node::{
-    AgentMoves, INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT,
-    JoinError, Node, NodeConfig, NodeError, NodeNames, NodePeer, NodeStatus, NodeTopic, Outgoing,
-    Receipts, SendError, TRY_AGAIN_MS, TopicStream,
+    AgentMoves, DrainsFollowed, INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX,
+    JOIN_TIMEOUT, JoinError, Node, NodeConfig, NodeError, NodeNames, NodePeer, NodeStatus,
+    NodeTopic, Outgoing, Receipts, SendError, TRY_AGAIN_MS, TopicStream,
 };
 pub use iroh::RelayUrl;

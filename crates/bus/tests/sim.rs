@@ -1180,7 +1180,8 @@ impl Sim {
             Effect::Journaled { .. }
             | Effect::PeerChanged { .. }
             | Effect::PeerAddrs { .. }
-            | Effect::AgentMoved { .. } => {}
+            | Effect::AgentMoved { .. }
+            | Effect::DrainsFollowed { .. } => {}
             Effect::EpochChanged { epoch } => {
                 return Err(format!(
                     "node {node} started epoch {epoch:?}, but no store here goes back in time"
@@ -1806,6 +1807,11 @@ fn frame_short(f: &Frame) -> String {
         Frame::StreamEnded { held, .. } => format!("StreamEnded {held}"),
         Frame::Topics { topics, marks, .. } => format!("Topics {} {}", topics.len(), marks.len()),
         Frame::Moves { notices, .. } => format!("Moves {}", notices.len()),
+        Frame::Followed {
+            through, agents, ..
+        } => {
+            format!("Followed {} {through}", agents.len())
+        }
     }
 }
 

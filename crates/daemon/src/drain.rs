@@ -11,6 +11,11 @@
 //! cursor moves in the commit that writes it, so a crash never passes a
 //! message on twice (and the new host indexes a message once however often
 //! it comes). Nothing is acknowledged on the agent's behalf.
+//!
+//! The drain ends once the previous inbox is passed on to its end and
+//! either every peer follows the move (it sends to the new host now and
+//! this node has received its stream as far as it said: the bus's
+//! `drains_followed`), or `drain_days` have passed since the move.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -56,6 +61,15 @@ pub(crate) fn start_pumps(
     }
 }
 
+/// Why a drain ends.
+#[derive(Clone, Copy, Debug)]
+enum End {
+    /// Every peer follows the move.
+    Followed,
+    /// `drain_days` passed.
+    Deadline,
+}
+
 struct Pump {
     agent: Arc<Agent>,
     registry: Arc<Registry>,
@@ -68,6 +82,8 @@ impl Pump {
     async fn run(self) {
         let name = self.agent.record.name.clone();
         let mut head = self.bus.journal_head();
+        let mut followed = self.bus.drains_followed();
+        let key = self.agent.record.key;
         let mut after = match self.read_cursor(&name).await {
             Ok(Some(a)) => a,
             // Moved without an export here: what comes from now on.
@@ -87,6 +103,7 @@ impl Pump {
             let Some(host) = self.agent.moved_to().filter(|_| here) else {
                 break;
             };
+            let every_peer_followed = followed.borrow_and_update().contains(&key);
             let page = match self.read_page(&name, after).await {
                 Ok(p) => p,
                 Err(e) => {
@@ -96,16 +113,24 @@ impl Pump {
                 }
             };
             if page.is_empty() {
-                // Read to its end: the drain ends once its days are over.
+                // Read to its end (the followed set was read before the
+                // page, so what every peer's stream brought is in it):
+                // the drain ends once every peer follows, or its days are over.
                 let left = self.deadline_ms().saturating_sub(now_ms());
-                if left == 0 {
-                    if self.end(&name, host, after).await {
+                let why = if every_peer_followed {
+                    Some(End::Followed)
+                } else {
+                    (left == 0).then_some(End::Deadline)
+                };
+                if let Some(why) = why {
+                    if self.end(&name, host, after, why).await {
                         break;
                     }
                     continue;
                 }
                 tokio::select! {
                     changed = head.changed() => if changed.is_err() { break },
+                    changed = followed.changed() => if changed.is_err() { break },
                     () = tokio::time::sleep(Duration::from_millis(left)) => {}
                 }
                 continue;
@@ -159,12 +184,19 @@ impl Pump {
     /// Ends the drain: journals it, and removes the agent here (what comes
     /// for it later is bounced to its sender); `false` if the store found
     /// inbox entries after `passed` (they came meanwhile: passed on first).
-    async fn end(&self, name: &AgentName, host: NodeId, passed: u64) -> bool {
+    async fn end(&self, name: &AgentName, host: NodeId, passed: u64, why: End) -> bool {
+        let why = match why {
+            End::Followed => "every peer sends to the agent's new host now and this node has \
+                              what each sent it before"
+                .to_owned(),
+            End::Deadline => format!(
+                "{} day(s) after the move the drain is over ([agents] drain_days)",
+                self.drain_days
+            ),
+        };
         let detail = format!(
-            "{} day(s) after the move the drain is over ([agents] drain_days): what came for \
-             the agent here up to this entry was passed on to {host}; what comes later is \
-             bounced to its sender",
-            self.drain_days
+            "{why}: what came for the agent here up to this entry was passed on to {host}; \
+             what comes later is bounced to its sender"
         );
         let write = LocalWrite::EndDrain {
             agent: name.clone(),

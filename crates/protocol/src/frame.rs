@@ -16,8 +16,8 @@ use crate::ids::{Epoch, NodeId, Seq, StreamId, TopicName};
 
 /// The protocol version a node speaks, sent in [`Frame::Hello`] (and, as
 /// its digit, in the connection preamble).
-/// 3: [`Frame::Topics`]. 4: [`Frame::Moves`].
-pub const PROTOCOL_VERSION: u32 = 4;
+/// 3: [`Frame::Topics`]. 4: [`Frame::Moves`]. 5: [`Frame::Followed`].
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Bytes of the length prefix in front of every frame body.
 pub const FRAME_HEADER_BYTES: usize = 4;
@@ -167,6 +167,22 @@ pub enum Frame {
         /// Another page follows.
         more: bool,
     },
+    /// The sender follows the moves of `agents` away from the receiver:
+    /// it holds the notice of each and sends to it at its new host from
+    /// now on, so nothing for any of them comes on `stream` (the sender's
+    /// stream to the receiver) after `through`. At most
+    /// [`MAX_FRAME_MOVES`] agents (agent keys) per frame; the old host of
+    /// an agent ends its drain once every peer follows and it has
+    /// received their streams that far.
+    Followed {
+        /// The sender's stream to the receiver.
+        stream: StreamId,
+        /// The last seq of `stream` that may hold a message for one of
+        /// `agents`.
+        through: Seq,
+        /// The agents' keys.
+        agents: Vec<NodeId>,
+    },
 }
 
 impl Frame {
@@ -188,15 +204,16 @@ impl Frame {
             Frame::Agents { .. } => 8,
             Frame::StreamEnded { .. } => 9,
             Frame::Topics { .. } => 10,
-            Frame::Moves { .. } => LAST_TAG,
+            Frame::Moves { .. } => 11,
+            Frame::Followed { .. } => LAST_TAG,
         }
     }
 }
 
-/// The postcard tag of [`Frame::Moves`]: its place in the enum's
+/// The postcard tag of [`Frame::Followed`]: its place in the enum's
 /// declaration order (the variant is declared last, so this is also the
 /// highest tag).
-const LAST_TAG: usize = 11;
+const LAST_TAG: usize = 12;
 
 /// Variant names by postcard tag, in declaration order.
 const FRAME_NAMES: [&str; LAST_TAG + 1] = [
@@ -212,6 +229,7 @@ const FRAME_NAMES: [&str; LAST_TAG + 1] = [
     "StreamEnded",
     "Topics",
     "Moves",
+    "Followed",
 ];
 
 /// The payloads of a batch frame, each encoded as length-prefixed bytes.
@@ -314,6 +332,9 @@ pub enum FrameError {
     /// A moves frame carries more than [`MAX_FRAME_MOVES`] notices.
     #[error("Moves frame carries {0} notices, more than the {MAX_FRAME_MOVES} allowed")]
     TooManyMoves(usize),
+    /// A followed frame names more than [`MAX_FRAME_MOVES`] agents.
+    #[error("Followed frame names {0} agents, more than the {MAX_FRAME_MOVES} allowed")]
+    TooManyFollowed(usize),
 }
 
 /// Appends `frame` to `out` as a length prefix and a postcard body.
@@ -370,6 +391,9 @@ fn check_counts(frame: &Frame) -> Result<(), FrameError> {
         }
         Frame::Moves { notices, .. } if notices.len() > MAX_FRAME_MOVES => {
             Err(FrameError::TooManyMoves(notices.len()))
+        }
+        Frame::Followed { agents, .. } if agents.len() > MAX_FRAME_MOVES => {
+            Err(FrameError::TooManyFollowed(agents.len()))
         }
         _ => Ok(()),
     }
@@ -551,6 +575,11 @@ mod tests {
                 notices: vec![],
                 more: false,
             },
+            Frame::Followed {
+                stream: StreamId::direct(node(1), Epoch([3; 16]), node(2)),
+                through: 0,
+                agents: vec![],
+            },
         ];
         for (i, f) in frames.iter().enumerate() {
             let b = body(f);
@@ -590,6 +619,28 @@ mod tests {
             decode_frame(&b),
             Err(FrameError::TooManyMarks(MAX_HELLO_MARKS + 1))
         );
+    }
+
+    #[test]
+    fn a_followed_frame_of_more_agents_than_the_cap_is_refused_both_ways() {
+        let followed = |n: usize| Frame::Followed {
+            stream: StreamId::direct(node(1), Epoch([3; 16]), node(2)),
+            through: 7,
+            agents: (0..n).map(|i| node(i as u8)).collect(),
+        };
+        let mut out = Vec::new();
+        assert_eq!(
+            encode_frame(&followed(MAX_FRAME_MOVES + 1), &mut out),
+            Err(FrameError::TooManyFollowed(MAX_FRAME_MOVES + 1))
+        );
+        assert!(out.is_empty());
+        let b = postcard::to_stdvec(&followed(MAX_FRAME_MOVES + 1)).unwrap();
+        assert_eq!(
+            decode_frame(&b),
+            Err(FrameError::TooManyFollowed(MAX_FRAME_MOVES + 1))
+        );
+        let b = postcard::to_stdvec(&followed(MAX_FRAME_MOVES)).unwrap();
+        assert_eq!(decode_frame(&b), Ok(followed(MAX_FRAME_MOVES)));
     }
 
     #[test]

@@ -261,7 +261,8 @@ fn the_frame_seeds_hold_every_variant_and_a_batch_that_opens() {
             "Agents",
             "StreamEnded",
             "Topics",
-            "Moves"
+            "Moves",
+            "Followed"
         ]
     );
 }

@@ -103,6 +103,11 @@ impl Core {
                 self.receiver
                     .on_stream_ended(from, stream, held, queue, out);
             }
+            Frame::Followed {
+                stream,
+                through,
+                agents,
+            } => self.on_followed(peer, stream, through, agents),
             Frame::CardQuery { node } => self.on_card_query(peer, node, now),
             Frame::CardAnswer { node, card } => self.on_card_answer(peer, node, card),
             Frame::Batch { .. } => {
@@ -228,6 +233,7 @@ impl Core {
         self.forget_peer_agents(peer);
         self.announce_to(peer, conn);
         self.announce_moves_to(peer, conn);
+        self.follow_on_hello(peer);
         self.topics.announce(peer, conn, &mut self.out);
         let (config, out) = (&self.config, &mut self.out);
         match check {

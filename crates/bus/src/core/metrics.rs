@@ -29,6 +29,8 @@ pub struct FrameCounts {
     pub topics: u64,
     /// `Moves` frames.
     pub moves: u64,
+    /// `Followed` frames.
+    pub followed: u64,
 }
 
 impl FrameCounts {
@@ -46,6 +48,7 @@ impl FrameCounts {
             Frame::StreamEnded { .. } => &mut self.stream_ended,
             Frame::Topics { .. } => &mut self.topics,
             Frame::Moves { .. } => &mut self.moves,
+            Frame::Followed { .. } => &mut self.followed,
         };
         *c += 1;
     }
@@ -306,10 +309,18 @@ pub struct AgentCounts {
     pub malformed: u64,
     /// Agents frames dropped: a bad card, or a card of another node.
     pub cards_refused: u64,
-    /// Moves frames dropped: a notice whose signature does not verify.
+    /// Move notices refused: a Moves frame whose signature does not
+    /// verify (counted once), or a notice of an agent leaving this node
+    /// that is not this node's agent of that name and key.
     pub moves_refused: u64,
     /// Move notices taken: newer than the one held of their agent.
     pub moves_taken: u64,
+    /// `Followed` frames sent: this node told a peer it follows the moves
+    /// of agents away from it.
+    pub follows_sent: u64,
+    /// Drains this node could end early: every peer followed the agent's
+    /// move away from here and its stream arrived that far.
+    pub drains_followed: u64,
     /// Messages for an agent that moved away, taken to pass on to its new host.
     pub forwards_sent: u64,
     /// Forwarded messages received for an agent of this node.

@@ -55,7 +55,7 @@ pub use io::{
     open_moves,
 };
 pub use metrics::{AgentCounts, DropCounts, DropReason, FrameCounts, Metrics, TopicCounts};
-pub use moves::MOVES_MAX;
+pub use moves::{HOSTED_MAX, MOVES_MAX};
 pub use topics::{TOPIC_ANNOUNCE_MS, TOPIC_STREAMS_MAX};
 
 use agents::Agents;
@@ -213,7 +213,7 @@ impl Core {
             committer,
             agents: Agents::new(state.agents, state.dedup),
             topics,
-            moves: moves::Moves::new(state.moves),
+            moves: moves::Moves::new(me, state.moves),
             timers: TimerTable::default(),
             armed: None,
             journal: None,

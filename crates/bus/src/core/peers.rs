@@ -116,6 +116,11 @@ impl Peers {
         }
     }
 
+    /// Every peer's id.
+    pub(super) fn ids(&self) -> impl Iterator<Item = NodeId> + '_ {
+        self.table.keys().copied()
+    }
+
     pub(super) fn is_peer(&self, node: NodeId) -> bool {
         self.table.contains_key(&node)
     }

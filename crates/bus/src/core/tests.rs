@@ -340,6 +340,11 @@ fn frame_name(f: &Frame) -> String {
         Frame::StreamEnded { held, .. } => format!("ended {held}"),
         Frame::Topics { topics, .. } => format!("topics {}", topics.len()),
         Frame::Moves { notices, .. } => format!("moves {}", notices.len()),
+        Frame::Followed {
+            through, agents, ..
+        } => {
+            format!("followed {} through {through}", agents.len())
+        }
     }
 }
 

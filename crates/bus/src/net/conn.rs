@@ -95,7 +95,7 @@ impl HandshakeError {
     /// The refusal to show for this peer, if it is one of protocol versions:
     /// ours of its preamble, its of ours (a peer of this protocol or newer
     /// closes with [`close_code::VERSION_MISMATCH`], an older one reads
-    /// `amesh/4` as a bad preamble).
+    /// `amesh/5` as a bad preamble).
     pub(crate) fn refusal(&self) -> Option<String> {
         match self {
             HandshakeError::Version(theirs) => Some(version_refusal(*theirs)),

@@ -171,6 +171,8 @@ pub(super) struct Actor<S: MeshStore + ?Sized> {
     names: watch::Sender<super::NodeNames>,
     /// The agents' move notices held; the task is its only writer.
     pub(super) moves: watch::Sender<super::AgentMoves>,
+    /// The drains every peer followed; the task is its only writer.
+    pub(super) followed: watch::Sender<super::DrainsFollowed>,
     /// The store's epoch; the task is its only writer.
     pub(super) epoch: watch::Sender<Epoch>,
     /// Where the store answers. Unbounded in type, bounded by what is
@@ -204,10 +206,11 @@ impl<S: MeshStore + ?Sized> Actor<S> {
         transport: Transport<Received>,
         commands: mpsc::Receiver<Cmd>,
         closing: watch::Receiver<bool>,
-        (head, names, moves): (
+        (head, names, moves, followed): (
             watch::Sender<Arrival>,
             watch::Sender<super::NodeNames>,
             watch::Sender<super::AgentMoves>,
+            watch::Sender<super::DrainsFollowed>,
         ),
         epoch: watch::Sender<Epoch>,
     ) -> Self {
@@ -221,6 +224,7 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             head,
             names,
             moves,
+            followed,
             epoch,
             store_tx,
             store_rx,

@@ -61,6 +61,14 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                     self.moves
                         .send_replace(std::sync::Arc::new(self.core.agent_moves()));
                 }
+                Effect::DrainsFollowed { agents } => {
+                    info!(
+                        agents = agents.len(),
+                        "every peer follows the moves of agents away from here"
+                    );
+                    self.followed
+                        .send_replace(std::sync::Arc::new(agents.into_iter().collect()));
+                }
                 Effect::PeerAddrs { node, addrs } => {
                     info!(peer = %node.fmt_short(), ?addrs, "learned where the peer listens");
                     self.transport.set_addrs(node, addrs);

@@ -63,6 +63,10 @@ pub type NodeNames = Arc<Vec<(NodeId, NodeName)>>;
 /// The agents' move notices a node holds, by agent key.
 pub type AgentMoves = Arc<Vec<mesh_protocol::AgentMove>>;
 
+/// The agents (by key) that moved away from a node whose every peer
+/// follows the move and has been received as far as it said.
+pub type DrainsFollowed = Arc<std::collections::BTreeSet<NodeId>>;
+
 /// How to start a node.
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -256,6 +260,7 @@ pub struct Node {
     head: watch::Receiver<Arrival>,
     names: watch::Receiver<NodeNames>,
     moves: watch::Receiver<AgentMoves>,
+    followed: watch::Receiver<DrainsFollowed>,
     closing: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
     inviter: Mutex<Option<JoinHandle<()>>>,
@@ -304,13 +309,14 @@ impl Node {
         let inviter = tokio::spawn(inviter.run().instrument(span.clone()));
         let (names_tx, names_rx) = watch::channel(NodeNames::default());
         let (moves_tx, moves_rx) = watch::channel(Arc::new(core.agent_moves()));
+        let (followed_tx, followed_rx) = watch::channel(DrainsFollowed::default());
         let actor = Actor::new(
             core,
             store,
             transport,
             commands_rx,
             closing_rx,
-            (head_tx, names_tx, moves_tx),
+            (head_tx, names_tx, moves_tx, followed_tx),
             epoch_tx,
         );
         let task = tokio::spawn(actor.run().instrument(span));
@@ -327,6 +333,7 @@ impl Node {
             head: head_rx,
             names: names_rx,
             moves: moves_rx,
+            followed: followed_rx,
             closing,
             task: Mutex::new(Some(task)),
             inviter: Mutex::new(Some(inviter)),
@@ -725,6 +732,13 @@ impl Node {
     /// wins per agent), changed whenever a newer one is taken.
     pub fn agent_moves(&self) -> watch::Receiver<AgentMoves> {
         self.moves.clone()
+    }
+
+    /// A watch of the agents that moved away from this node whose every
+    /// peer follows the move (`Followed`) and has been received as far as
+    /// it said: their previous inbox gets nothing more.
+    pub fn drains_followed(&self) -> watch::Receiver<DrainsFollowed> {
+        self.followed.clone()
     }
 
     /// The node's state now, as the node task sees it after every input

@@ -186,7 +186,7 @@ fn render_topics(t: &mut Text, status: &NodeStatus) {
 }
 
 /// The agent layer's counters: (name after `mesh_`, help, value).
-fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 16] {
+fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 18] {
     let a = &status.core.agents;
     [
         (
@@ -236,8 +236,18 @@ fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 16
         ),
         (
             "agent_moves_refused_total",
-            "Moves frames dropped: a notice whose signature does not verify.",
+            "Move notices refused: a bad signature, or an agent leaving this node that is not its.",
             a.moves_refused,
+        ),
+        (
+            "agent_follows_sent_total",
+            "Followed frames sent: this node told a peer it writes to agents that left it at their new host.",
+            a.follows_sent,
+        ),
+        (
+            "agent_drains_followed_total",
+            "Drains of agents that left this node which every peer came to follow.",
+            a.drains_followed,
         ),
         (
             "agent_forwards_sent_total",

@@ -245,6 +245,14 @@ pub(crate) fn frames() -> Vec<(&'static str, Frame)> {
                 more: false,
             },
         ),
+        (
+            "Followed",
+            Frame::Followed {
+                stream: direct_stream(),
+                through: 2,
+                agents: vec![agent_secret().public()],
+            },
+        ),
     ]
 }
 
@@ -510,6 +518,16 @@ pub(crate) fn arb_frame() -> impl Strategy<Value = Frame> {
             any::<bool>()
         )
             .prop_map(|(notices, more)| Frame::Moves { notices, more }),
+        (
+            arb_stream(),
+            arb_seq(),
+            proptest::collection::vec(arb_node(), 0..3)
+        )
+            .prop_map(|(stream, through, agents)| Frame::Followed {
+                stream,
+                through,
+                agents
+            }),
     ]
 }
 

@@ -67,7 +67,7 @@ pub(super) struct DedupMeta {
 /// A local agent change committed with a [`LocalWrite`].
 #[derive(Debug)]
 pub(super) enum AgentChange {
-    Put(AgentName),
+    Put(AgentName, NodeId),
     Remove(AgentName),
     Move(mesh_protocol::AgentMove),
 }
@@ -76,7 +76,7 @@ impl AgentChange {
     /// The change `write` makes to the core's agents, if any.
     pub(super) fn of(write: &LocalWrite) -> Option<AgentChange> {
         match write {
-            LocalWrite::PutAgent(r) => Some(AgentChange::Put(r.name.clone())),
+            LocalWrite::PutAgent(r) => Some(AgentChange::Put(r.name.clone(), r.key)),
             LocalWrite::RemoveAgent(n) => Some(AgentChange::Remove(n.clone())),
             LocalWrite::PutMove(m) => Some(AgentChange::Move(m.clone())),
             LocalWrite::EndDrain { agent, .. } => Some(AgentChange::Remove(agent.clone())),
@@ -90,6 +90,8 @@ impl AgentChange {
 pub(super) struct Agents {
     /// This node's agents, with their current cards once signed.
     local: BTreeMap<AgentName, Option<AgentCard>>,
+    /// This node's agents' keys.
+    keys: BTreeMap<AgentName, NodeId>,
     /// The agents each peer announced on its last connection.
     peers: BTreeMap<NodeId, BTreeMap<AgentName, AgentCard>>,
     dedup: Dedup,
@@ -109,6 +111,7 @@ pub(super) struct Agents {
 impl Agents {
     pub(super) fn new(agents: Vec<mesh_store::AgentRecord>, dedup: Vec<DedupRecord>) -> Agents {
         Agents {
+            keys: agents.iter().map(|r| (r.name.clone(), r.key)).collect(),
             local: agents.into_iter().map(|r| (r.name, None)).collect(),
             peers: BTreeMap::new(),
             dedup: Dedup::recover(dedup),
@@ -122,6 +125,16 @@ impl Agents {
     /// Whether `name` is an agent of this node.
     pub(super) fn is_local(&self, name: &AgentName) -> bool {
         self.local.contains_key(name)
+    }
+
+    /// Whether `name` is an agent of this node with the key `key`.
+    pub(super) fn has(&self, name: &AgentName, key: &NodeId) -> bool {
+        self.keys.get(name) == Some(key)
+    }
+
+    /// Whether an agent of this node has the key `key`.
+    pub(super) fn has_key(&self, key: &NodeId) -> bool {
+        self.keys.values().any(|k| k == key)
     }
 
     /// This node's agents' cards, by name.
@@ -187,10 +200,12 @@ impl Core {
     /// A committed agent change takes effect and is announced.
     pub(super) fn on_agent_change(&mut self, change: AgentChange) {
         match change {
-            AgentChange::Put(name) => {
+            AgentChange::Put(name, key) => {
+                self.agents.keys.insert(name.clone(), key);
                 self.agents.local.entry(name).or_insert(None);
             }
             AgentChange::Remove(name) => {
+                self.agents.keys.remove(&name);
                 self.agents.local.remove(&name);
                 self.announce_all();
             }
@@ -240,6 +255,7 @@ impl Core {
                 return;
             }
         };
+        self.vouch_cards(peer, &cards);
         let mut known: BTreeMap<AgentName, AgentCard> = BTreeMap::new();
         for c in cards {
             if known

@@ -54,6 +54,12 @@ impl Core {
                 Ok(addressed) => addressed,
                 Err(e) => return refuse(self, e),
             };
+        // A recipient that moved is written to at its new host.
+        let to = agent
+            .as_ref()
+            .and_then(|a| a.to.as_ref())
+            .and_then(|name| self.readdress(to, name))
+            .unwrap_or(to);
         if let Err(e) = self.check_addressed(to, agent.as_ref(), payload.len() as u64) {
             return refuse(self, e);
         }
@@ -85,6 +91,19 @@ impl Core {
                 cursor: None,
             })),
         });
+    }
+
+    /// Sends a waiting agent message to its recipient's new host, if the
+    /// recipient moved since it was queued (see `core::moves`).
+    pub(in crate::core) fn readdress_waiting(&self, send: &mut WaitingSend) {
+        let name = send
+            .tracked
+            .as_ref()
+            .and_then(|t| t.agent.as_ref())
+            .and_then(|a| a.to.as_ref());
+        if let Some(host) = name.and_then(|name| self.readdress(send.to, name)) {
+            send.to = host;
+        }
     }
 
     /// The kind, payload and agent addressing of a send: an agent message's

@@ -215,6 +215,11 @@ impl Committer {
         }
     }
 
+    /// Whether a commit is outstanding (built, not yet answered).
+    pub(super) fn in_flight(&self) -> bool {
+        self.in_flight.is_some()
+    }
+
     /// Whether a commit is outstanding or anything waits for one.
     pub(super) fn is_committing(&self) -> bool {
         self.in_flight.is_some() || !self.is_empty()

@@ -71,6 +71,10 @@ impl Core {
             self.on_group(group, result, &mut after, now);
         }
         self.after_commit(after, now);
+        // Marks moved: a drain may be followed now; and the sends built
+        // before a move was learned are committed, so it can be followed.
+        self.check_drains();
+        self.send_follows();
     }
 
     /// Routes one group's outcome.

@@ -25,7 +25,11 @@ impl Core {
     pub(super) fn build_appends(&mut self, batch: &mut Batch, acking: &BTreeSet<NodeId>) {
         let mut by_peer: BTreeMap<NodeId, Vec<WaitingSend>> = BTreeMap::new();
         let bounces = self.take_bounces();
-        for s in self.committer.take_sends().into_iter().chain(bounces) {
+        for mut s in self.committer.take_sends() {
+            self.readdress_waiting(&mut s);
+            by_peer.entry(s.to).or_default().push(s);
+        }
+        for s in bounces {
             by_peer.entry(s.to).or_default().push(s);
         }
         let mut later = Vec::new();

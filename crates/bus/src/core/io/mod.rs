@@ -332,6 +332,15 @@ pub enum Effect {
         /// The notice.
         notice: mesh_protocol::AgentMove,
     },
+    /// The agents (by key) that moved away from this node whose every
+    /// peer follows the move and has been received as far as it said:
+    /// nothing more comes here for them, so their drain may end once
+    /// their previous inbox is passed on. The whole set, each time it
+    /// changes.
+    DrainsFollowed {
+        /// The agents' keys.
+        agents: Vec<NodeId>,
+    },
     /// A newer card of the peer `node` is committed: dial it at `addrs`
     /// from now on (at once, if it has no connection).
     PeerAddrs {

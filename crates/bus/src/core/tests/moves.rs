@@ -58,6 +58,9 @@ fn a_notice_goes_along_a_line_and_a_newer_one_wins_everywhere() {
     let mut m = Mesh::new(3, &[(1, 2), (2, 3)]);
     m.link(1, 2);
     m.link(2, 3);
+    // Each node the agent leaves hosted it (or takes no notice of it leaving).
+    m.host(3, "kim", &agent());
+    m.host(1, "kim", &agent());
     m.import(1, notice(3, 1, 1));
     for n in 1..=3 {
         assert_eq!(m.held(n), Some(notice(3, 1, 1)), "node {n}");
@@ -87,6 +90,7 @@ fn a_notice_goes_along_a_line_and_a_newer_one_wins_everywhere() {
 #[test]
 fn two_moves_in_a_race_settle_on_the_higher_node_everywhere() {
     let mut m = Mesh::new(3, &[(1, 2), (2, 3)]);
+    m.host(2, "kim", &agent());
     // One exported key imported at nodes 1 and 3 while they are apart.
     m.import(1, notice(2, 1, 4));
     m.import(3, notice(2, 3, 4));
@@ -126,6 +130,7 @@ fn a_forged_notice_is_refused_whole_and_counted() {
 #[test]
 fn a_peer_that_connects_later_is_told_and_a_restart_keeps_what_was_held() {
     let mut m = Mesh::new(2, &[(1, 2)]);
+    m.host(2, "kim", &agent());
     m.import(1, notice(2, 1, 1));
     m.node(1).restart();
     assert_eq!(m.held(1), Some(notice(2, 1, 1)), "kept across a restart");
@@ -291,4 +296,167 @@ fn a_forwarded_message_reaches_the_agent_at_its_new_host_once_however_often_it_i
         .expect("reads")
         .expect("indexed");
     assert_eq!(row.dir, mesh_store::MessageDir::Sent, "its sent row stays");
+}
+
+impl Mesh {
+    /// The agents node `n` last said every peer follows the drain of.
+    fn drains_followed(&mut self, n: u8) -> Vec<NodeId> {
+        self.node(n)
+            .other
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                Effect::DrainsFollowed { agents } => Some(agents.clone()),
+                _ => None,
+            })
+            .unwrap_or_default()
+    }
+
+    /// What node `at` journaled for its agent kim, by body.
+    fn kim_bodies(&mut self, at: u8) -> Vec<Vec<u8>> {
+        self.inbox_of(at, "kim").into_iter().map(|m| m.2).collect()
+    }
+}
+
+/// Node 1 hosts kim, node 2's bob writes to it, nodes 1..=3 are linked
+/// in a triangle (and node 4, if `four`, knows nodes 1 and 3 only).
+fn kim_at_1(four: bool) -> Mesh {
+    let edges: &[(u8, u8)] = if four {
+        &[(1, 2), (2, 3), (1, 3), (1, 4), (3, 4)]
+    } else {
+        &[(1, 2), (2, 3), (1, 3)]
+    };
+    let mut m = Mesh::new(if four { 4 } else { 3 }, edges);
+    m.link(1, 2);
+    m.link(2, 3);
+    m.link(1, 3);
+    m.host(1, "kim", &agent());
+    m.host(2, "bob", &SecretKey::from_bytes(&[60; 32]));
+    m
+}
+
+#[test]
+fn a_contact_writes_to_the_new_host_once_it_knows_and_the_old_host_learns_every_peer_followed() {
+    let mut m = kim_at_1(false);
+    // Bob's first message goes while node 2 cannot reach node 1: queued.
+    m.cut(1, 2);
+    m.send_agent(2, "bob", ("kim", 1), b"before");
+    // kim moves to node 3; node 2 learns it from node 3.
+    m.host(3, "kim", &agent());
+    m.import(3, notice(1, 3, 1));
+    assert_eq!(m.held(2), Some(notice(1, 3, 1)));
+    assert!(
+        m.drains_followed(1).is_empty(),
+        "node 2 has not said it follows"
+    );
+    // Node 2 follows from its next Hello on: its queued message (seq 1)
+    // reaches node 1 and only then is the drain followed.
+    m.link(1, 2);
+    assert_eq!(m.kim_bodies(1), vec![b"before".to_vec()]);
+    assert_eq!(m.drains_followed(1), vec![agent().public()]);
+    assert!(m.node(2).core.metrics().agents.follows_sent >= 1);
+    // A later send to kim@1 goes to node 3, not to node 1.
+    m.send_agent(2, "bob", ("kim", 1), b"after");
+    assert_eq!(m.kim_bodies(3), vec![b"after".to_vec()]);
+    assert_eq!(m.kim_bodies(1), vec![b"before".to_vec()]);
+    assert_eq!(m.node(1).received(&stream(2, 2, 1)).len(), 1);
+}
+
+#[test]
+fn a_peer_that_says_more_than_has_come_holds_the_drain_until_it_has() {
+    let mut m = kim_at_1(false);
+    m.host(3, "kim", &agent());
+    m.import(3, notice(1, 3, 1));
+    assert_eq!(m.drains_followed(1), vec![agent().public()]);
+    // Node 2 now says seqs up to 2 may hold a message for kim: node 1
+    // has none of them, so the drain is no longer followed.
+    let conn = m
+        .links
+        .iter()
+        .find(|(a, b, _)| (*a, *b) == (1, 2))
+        .expect("linked")
+        .2;
+    m.queue.push_back((
+        1,
+        2,
+        conn,
+        Frame::Followed {
+            stream: stream(2, 2, 1),
+            through: 2,
+            agents: vec![agent().public()],
+        },
+    ));
+    m.settle();
+    assert!(m.drains_followed(1).is_empty());
+    // Two sends of node 2's own to node 1 (a plain message, no agent): once
+    // node 1 has them, every peer is followed again.
+    for body in [b"one".as_slice(), b"two"] {
+        let node = m.node(2);
+        let req = ReqId(node.next_req);
+        node.next_req += 1;
+        let out = node.run(Input::Send {
+            req,
+            to: id(1),
+            kind: 20,
+            payload: body.to_vec(),
+        });
+        m.sent_by(2, out);
+        m.settle();
+    }
+    assert_eq!(m.drains_followed(1), vec![agent().public()]);
+}
+
+#[test]
+fn a_drain_is_followed_only_once_every_peer_follows_also_one_that_connects_late() {
+    let mut m = kim_at_1(true);
+    m.host(3, "kim", &agent());
+    m.import(3, notice(1, 3, 1));
+    assert!(
+        m.drains_followed(1).is_empty(),
+        "node 4, a peer of node 1, has not followed"
+    );
+    // Node 4 never saw kim's card; it learns from node 1's own notice
+    // (node 1 took it for its agent of that key) that kim@1 moved.
+    m.link(1, 4);
+    m.link(3, 4);
+    assert_eq!(m.drains_followed(1), vec![agent().public()]);
+    m.host(4, "ann", &SecretKey::from_bytes(&[61; 32]));
+    m.send_agent(4, "ann", ("kim", 1), b"from ann");
+    assert_eq!(m.kim_bodies(3), vec![b"from ann".to_vec()]);
+}
+
+#[test]
+fn a_member_cannot_claim_another_nodes_agent_moved_to_it() {
+    let mut m = kim_at_1(false);
+    // Node 2 signs, with a key of its own, that "kim" left node 1 for it.
+    let forger = SecretKey::from_bytes(&[62; 32]);
+    let name = AgentName::new("kim").expect("a name");
+    let forged = AgentMove::sign(&forger, name, (id(1), id(2)), 1, 1);
+    for to in [1u8, 3] {
+        let conn = m
+            .links
+            .iter()
+            .find(|(a, b, _)| (*a, *b) == (to.min(2), to.max(2)))
+            .expect("linked")
+            .2;
+        m.queue.push_back((
+            to,
+            2,
+            conn,
+            Frame::Moves {
+                notices: vec![forged.clone()],
+                more: false,
+            },
+        ));
+    }
+    m.settle();
+    assert_eq!(m.node(1).core.agent_move(&forger.public()), None);
+    // Refused from node 2, and again when node 3 passed it on.
+    assert_eq!(m.node(1).core.metrics().agents.moves_refused, 2);
+    // Node 3 keeps the notice (any node may pass one on) but still writes
+    // to kim at node 1: node 1 said kim has another key.
+    m.host(3, "ann", &SecretKey::from_bytes(&[61; 32]));
+    m.send_agent(3, "ann", ("kim", 1), b"for the real kim");
+    assert_eq!(m.kim_bodies(1), vec![b"for the real kim".to_vec()]);
+    assert!(m.kim_bodies(2).is_empty());
 }
