@@ -21,8 +21,16 @@ fn start(data: &Path) -> DaemonProcess {
     DaemonProcess::start_local(Path::new(MESH), data).unwrap()
 }
 
-/// Daemons a, b and c in `root`, each linked to both others.
+/// Daemons a, b and c in `root`, each linked to both others, and to a
+/// member that is down (see [`offline_member`]).
 fn triangle(root: &Path) -> (DaemonProcess, DaemonProcess, DaemonProcess) {
+    let (a, b, c) = online_triangle(root);
+    offline_member(root, &[&a, &b, &c]);
+    (a, b, c)
+}
+
+/// Daemons a, b and c in `root`, each linked to both others.
+fn online_triangle(root: &Path) -> (DaemonProcess, DaemonProcess, DaemonProcess) {
     let (a, b, c) = (
         start(&root.join("a")),
         start(&root.join("b")),
@@ -32,6 +40,18 @@ fn triangle(root: &Path) -> (DaemonProcess, DaemonProcess, DaemonProcess) {
     link(&b, &c);
     link(&a, &c);
     (a, b, c)
+}
+
+/// A member that each of `nodes` has as a peer and that is down for the
+/// rest of the test: it never follows a move, so no drain ends early (as
+/// with a contact that stays offline), and what these tests look at is
+/// the drain itself.
+fn offline_member(root: &Path, nodes: &[&DaemonProcess]) {
+    let away = start(&root.join("offline"));
+    for n in nodes {
+        link(n, &away);
+    }
+    away.terminate().unwrap();
 }
 
 /// Links `a` and `b` both ways.
@@ -84,6 +104,7 @@ fn an_agent_moved_along_a_line_is_placed_at_its_new_host_everywhere_and_acts_onl
     // A line: a and c are not peers, b passes the notice on.
     link(&a, &b);
     link(&b, &c);
+    offline_member(tmp.path(), &[&a, &b, &c]);
     ok(a.mesh(&["agent", "add", "kim"]).unwrap());
     ok(b.mesh(&["agent", "add", "bob"]).unwrap());
     let key = {
@@ -305,9 +326,8 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     // a kept them too, in kim's previous inbox there (with m0, from before).
     let old = inbox_until(&a, "kim", 4);
     assert_eq!(old.len(), 4, "{old:?}");
-    // b comes back to c too, learns of the move, and writes on to kim@a:
-    // a passes that on too (sends are not readdressed by name: a node
-    // could sign a notice for a name it does not own), still once each.
+    // b comes back to c too, and writes on to kim@a: it learned from a
+    // itself that kim@a moved, so m4 goes to c, not through a.
     ok(b.mesh(&["peer", "resume", c.node()]).unwrap());
     wait_agents(&b, "b learns of the move", |all| {
         moves_of(all, "kim")
@@ -318,13 +338,91 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     let got = inbox_until(&c, "kim", 4);
     let bodies: Vec<&str> = got.iter().map(|e| e["body"].as_str().unwrap()).collect();
     assert_eq!(bodies, ["m1", "m2", "m3", "m4"], "{got:?}");
-    assert_eq!(got[3]["forwarded_by"], a.node());
     assert!(
-        got.iter().all(|e| e["verified"] == false),
+        got[..3].iter().all(|e| e["verified"] == false),
         "the forwarder vouches, not the author: {got:?}"
     );
+    assert!(got[3].get("forwarded_by").is_none(), "{got:?}");
+    assert_eq!(got[3]["verified"], true, "{got:?}");
+    assert_eq!(metric(&a, "mesh_agent_forwards_sent_total"), Some(3));
     let text = ok(as_agent(&c, "kim", &["inbox", "--limit", "1"]));
     assert!(text.contains("via"), "{text}");
+}
+
+/// Seed 004's second test, in our terms: the host an agent left is read
+/// until every peer has followed. With a contact away, the drain goes on
+/// after the move; once the contact is back, has sent what it queued for
+/// the agent to the old host and follows the move, and the old host has
+/// passed all of it on, the drain ends, saying why. What the contact sends
+/// after that goes to the new host.
+#[test]
+fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
+    let tmp = temp_dir().unwrap();
+    let (a, b, c) = online_triangle(tmp.path());
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let kim_at_a = format!("kim@{}", a.node());
+    ok(as_agent(&b, "bob", &["send", &kim_at_a, "m0"]));
+    inbox_until(&a, "kim", 1);
+    ok(b.mesh(&["peer", "pause", a.node()]).unwrap());
+    ok(b.mesh(&["peer", "pause", c.node()]).unwrap());
+    for i in 1..=3 {
+        ok(as_agent(&b, "bob", &["send", &kim_at_a, &format!("m{i}")]));
+    }
+    let file = tmp.path().join("kim.export");
+    let (_, read_to) = read_inbox(&a, "kim", None);
+    ok(a.mesh(&[
+        "agent",
+        "export",
+        "kim",
+        "--out",
+        file.to_str().unwrap(),
+        "--after",
+        &read_to.unwrap(),
+    ])
+    .unwrap());
+    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    // c follows at once (it hosts kim); b, away, has not: the drain goes on.
+    wait_agents(&a, "a drains kim's previous inbox", |all| {
+        all["local"][0]["moved_to"] == c.node()
+    });
+    assert_eq!(metric(&a, "mesh_agent_drains_followed_total"), Some(0));
+    let events = ok(a.mesh(&["events", "--json"]).unwrap());
+    assert!(!events.contains("drain_ended"), "{events}");
+    // b comes back to a: its queue reaches a, a passes it on, b learns of
+    // the move from a and follows: the drain ends.
+    ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
+    wait_agents(&a, "the drain ends and kim is no longer a's", |all| {
+        all["local"].as_array().unwrap().is_empty()
+    });
+    let got = inbox_until(&c, "kim", 3);
+    let bodies: Vec<&str> = got.iter().map(|e| e["body"].as_str().unwrap()).collect();
+    assert_eq!(bodies, ["m1", "m2", "m3"], "read to its end first: {got:?}");
+    assert!(got.iter().all(|e| e["forwarded_by"] == a.node()), "{got:?}");
+    let events = ok(a.mesh(&["events", "--json"]).unwrap());
+    let ended: Vec<serde_json::Value> = events
+        .lines()
+        .map(|l| parse_json(l).unwrap())
+        .filter(|e| e["kind"] == "drain_ended")
+        .collect();
+    assert_eq!(ended.len(), 1, "{events}");
+    assert!(
+        ended[0]["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("every peer")),
+        "{}",
+        ended[0]
+    );
+    assert_eq!(metric(&a, "mesh_agent_drains_followed_total"), Some(1));
+    assert!(metric(&b, "mesh_agent_follows_sent_total").is_some_and(|n| n >= 1));
+    // From now on b writes to kim at c, by the address it knows.
+    ok(b.mesh(&["peer", "resume", c.node()]).unwrap());
+    ok(as_agent(&b, "bob", &["send", &kim_at_a, "m4"]));
+    let got = inbox_until(&c, "kim", 4);
+    assert_eq!(got[3]["body"], "m4");
+    assert!(got[3].get("forwarded_by").is_none(), "{got:?}");
+    assert_eq!(metric(&a, "mesh_agent_forwards_sent_total"), Some(3));
 }
 
 /// Seed 004's third test, in our terms: two moves of one agent made in a

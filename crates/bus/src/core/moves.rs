@@ -123,7 +123,11 @@ impl Core {
         if self.moves.held.is_empty() {
             return None;
         }
-        let key = self.moves.hosted.get(&(to, name.clone()))?;
+        let key = if to == self.me {
+            self.agents.key_of(name)?
+        } else {
+            self.moves.hosted.get(&(to, name.clone()))?
+        };
         let m = self.moves.held.get(key)?;
         (m.node != to && &m.name == name && (m.node == self.me || self.peers.is_peer(m.node)))
             .then_some(m.node)

@@ -132,6 +132,11 @@ impl Agents {
         self.keys.get(name) == Some(key)
     }
 
+    /// The key of this node's agent `name`.
+    pub(super) fn key_of(&self, name: &AgentName) -> Option<&NodeId> {
+        self.keys.get(name)
+    }
+
     /// Whether an agent of this node has the key `key`.
     pub(super) fn has_key(&self, key: &NodeId) -> bool {
         self.keys.values().any(|k| k == key)

@@ -460,3 +460,42 @@ fn a_member_cannot_claim_another_nodes_agent_moved_to_it() {
     assert_eq!(m.kim_bodies(1), vec![b"for the real kim".to_vec()]);
     assert!(m.kim_bodies(2).is_empty());
 }
+
+#[test]
+fn a_send_held_through_a_store_outage_goes_to_the_new_host_if_the_move_comes_meanwhile() {
+    let mut m = kim_at_1(false);
+    let node = m.node(2);
+    node.store.set_unavailable(true);
+    let req = ReqId(node.next_req);
+    node.next_req += 1;
+    let meta = crate::core::SendMeta {
+        from: Some(AgentName::new("bob").expect("a name")),
+        to: Some(AgentName::new("kim").expect("a name")),
+        ..crate::core::SendMeta::default()
+    };
+    let out = node.run(Input::SendWith {
+        req,
+        to: id(1),
+        kind: 0,
+        payload: b"held".to_vec(),
+        meta,
+    });
+    assert!(node.reply(req).is_none(), "held while the store is down");
+    m.sent_by(2, out);
+    m.settle();
+    // kim moves to node 3 meanwhile; node 2 learns it with its store down.
+    m.host(3, "kim", &agent());
+    m.import(3, notice(1, 3, 1));
+    let node = m.node(2);
+    node.store.set_unavailable(false);
+    node.now = node.now.plus(node.config.store_retry_ms);
+    let out = node.run(Input::Timer);
+    assert!(
+        matches!(node.reply(req), Some(Ok(_))),
+        "committed once the store is back"
+    );
+    m.sent_by(2, out);
+    m.settle();
+    assert_eq!(m.kim_bodies(3), vec![b"held".to_vec()]);
+    assert!(m.kim_bodies(1).is_empty());
+}
