@@ -501,6 +501,17 @@ fn two_moves_in_a_race_settle_on_one_host_and_nothing_sent_meanwhile_is_lost_or_
     let mut want: Vec<&str> = sent[1..].iter().map(String::as_str).collect();
     want.sort_unstable();
     assert_eq!(ids, want, "every message from the export on, once: {got:?}");
+    // a knows kim's key (it was its agent): its own later sends to kim@a
+    // go to the winner directly, not through its previous inbox.
+    let late: Vec<&serde_json::Value> = got
+        .iter()
+        .filter(|e| ["m11", "m12", "m13", "m14", "m15"].contains(&e["body"].as_str().unwrap()))
+        .collect();
+    assert_eq!(late.len(), 5, "{got:?}");
+    assert!(
+        late.iter().all(|e| e.get("forwarded_by").is_none()),
+        "{late:?}"
+    );
     // The loser's kim is not acting, and got nothing that is lost: what
     // came to it (nothing here) would be passed on too.
     let out = as_agent(loser, "kim", &["send", &format!("bob@{}", a.node()), "x"]);
