@@ -422,6 +422,12 @@ fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
     let got = inbox_until(&c, "kim", 4);
     assert_eq!(got[3]["body"], "m4");
     assert!(got[3].get("forwarded_by").is_none(), "{got:?}");
+    // And so does an agent of a, the node kim left: a no longer hosts kim.
+    ok(a.mesh(&["agent", "add", "ann"]).unwrap());
+    ok(as_agent(&a, "ann", &["send", &kim_at_a, "from ann"]));
+    let got = inbox_until(&c, "kim", 5);
+    assert_eq!(got[4]["body"], "from ann");
+    assert_eq!(got[4]["from"], format!("ann@{}", a.node()));
     assert_eq!(metric(&a, "mesh_agent_forwards_sent_total"), Some(3));
 }
 

@@ -68,6 +68,14 @@ impl Moves {
         }
     }
 
+    /// The key of an agent named `name` that left this node, if one did.
+    fn left_key(&self, name: &AgentName) -> Option<&NodeId> {
+        self.left
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, key)| key)
+    }
+
     /// Keeps that `host` says its agent `name` has the key `key`.
     fn vouch(&mut self, host: NodeId, name: &AgentName, key: NodeId) {
         let slot = (host, name.clone());
@@ -124,7 +132,11 @@ impl Core {
             return None;
         }
         let key = if to == self.me {
-            self.agents.key_of(name)?
+            // An agent here, or one that left (its drain may have ended).
+            match self.agents.key_of(name) {
+                Some(key) => key,
+                None => self.moves.left_key(name)?,
+            }
         } else {
             self.moves.hosted.get(&(to, name.clone()))?
         };
