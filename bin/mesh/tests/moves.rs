@@ -66,6 +66,23 @@ fn as_agent(d: &DaemonProcess, agent: &str, args: &[&str]) -> Output {
     d.mesh(&all).unwrap()
 }
 
+/// `d` pauses its links to each of `others`: it is away, and queues.
+fn away(d: &DaemonProcess, others: &[&DaemonProcess]) {
+    for o in others {
+        ok(d.mesh(&["peer", "pause", o.node()]).unwrap());
+    }
+}
+
+/// The `drain_ended` entries of `d`'s journal.
+fn drains_ended(d: &DaemonProcess) -> Vec<serde_json::Value> {
+    let events = ok(d.mesh(&["events", "--json"]).unwrap());
+    events
+        .lines()
+        .map(|l| parse_json(l).unwrap())
+        .filter(|e| e["kind"] == "drain_ended")
+        .collect()
+}
+
 /// Polls `mesh agents --json` on `d` until `done` says yes; returns it.
 fn wait_agents(
     d: &DaemonProcess,
@@ -293,8 +310,7 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     let kim_at_a = format!("kim@{}", a.node());
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "m0"]));
     // b goes away (from both), and queues for kim at a meanwhile.
-    ok(b.mesh(&["peer", "pause", a.node()]).unwrap());
-    ok(b.mesh(&["peer", "pause", c.node()]).unwrap());
+    away(&b, &[&a, &c]);
     let mut ids = Vec::new();
     for i in 1..=3 {
         let id = ok(as_agent(&b, "bob", &["send", &kim_at_a, &format!("m{i}")]));
@@ -364,8 +380,7 @@ fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
     let kim_at_a = format!("kim@{}", a.node());
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "m0"]));
     inbox_until(&a, "kim", 1);
-    ok(b.mesh(&["peer", "pause", a.node()]).unwrap());
-    ok(b.mesh(&["peer", "pause", c.node()]).unwrap());
+    away(&b, &[&a, &c]);
     for i in 1..=3 {
         ok(as_agent(&b, "bob", &["send", &kim_at_a, &format!("m{i}")]));
     }
@@ -388,8 +403,7 @@ fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
         all["local"][0]["moved_to"] == c.node()
     });
     assert_eq!(metric(&a, "mesh_agent_drains_followed_total"), Some(0));
-    let events = ok(a.mesh(&["events", "--json"]).unwrap());
-    assert!(!events.contains("drain_ended"), "{events}");
+    assert!(drains_ended(&a).is_empty());
     // b comes back to a: its queue reaches a, a passes it on, b learns of
     // the move from a and follows: the drain ends.
     ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
@@ -400,13 +414,8 @@ fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
     let bodies: Vec<&str> = got.iter().map(|e| e["body"].as_str().unwrap()).collect();
     assert_eq!(bodies, ["m1", "m2", "m3"], "read to its end first: {got:?}");
     assert!(got.iter().all(|e| e["forwarded_by"] == a.node()), "{got:?}");
-    let events = ok(a.mesh(&["events", "--json"]).unwrap());
-    let ended: Vec<serde_json::Value> = events
-        .lines()
-        .map(|l| parse_json(l).unwrap())
-        .filter(|e| e["kind"] == "drain_ended")
-        .collect();
-    assert_eq!(ended.len(), 1, "{events}");
+    let ended = drains_ended(&a);
+    assert_eq!(ended.len(), 1, "{ended:?}");
     assert!(
         ended[0]["detail"]
             .as_str()
@@ -545,8 +554,7 @@ fn once_the_drain_ends_the_old_host_says_so_and_a_late_message_is_bounced_to_its
     );
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "held at a"]));
     // b goes away before it learns of the move, with one more queued.
-    ok(b.mesh(&["peer", "pause", a.node()]).unwrap());
-    ok(b.mesh(&["peer", "pause", c.node()]).unwrap());
+    away(&b, &[&a, &c]);
     let late = ok(as_agent(&b, "bob", &["send", &kim_at_a, "late"]));
     ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
         .unwrap());
@@ -556,13 +564,8 @@ fn once_the_drain_ends_the_old_host_says_so_and_a_late_message_is_bounced_to_its
     wait_agents(&a, "the drain ends and kim is no longer a's", |all| {
         all["local"].as_array().unwrap().is_empty()
     });
-    let events = ok(a.mesh(&["events", "--json"]).unwrap());
-    let ended: Vec<serde_json::Value> = events
-        .lines()
-        .map(|l| parse_json(l).unwrap())
-        .filter(|e| e["kind"] == "drain_ended")
-        .collect();
-    assert_eq!(ended.len(), 1, "{events}");
+    let ended = drains_ended(&a);
+    assert_eq!(ended.len(), 1, "{ended:?}");
     assert_eq!(ended[0]["agent"], "kim");
     assert_eq!(ended[0]["to"], c.node());
     // b comes back to a only: its late message is bounced, not dropped.
