@@ -26,4 +26,5 @@ pub use crate::node::{
     JOIN_TIMEOUT, JoinError, Node, NodeConfig, NodeError, NodeNames, NodePeer, NodeStatus,
     NodeTopic, Outgoing, Receipts, SendError, TRY_AGAIN_MS, TopicStream,
 };
+pub use crate::node::{MOVE_TIMEOUT, MOVES_AT_ONCE_MAX, MoveError, MoveOffer, MoveOffers};
 pub use iroh::RelayUrl;

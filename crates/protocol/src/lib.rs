@@ -54,3 +54,14 @@ pub use join::{
     RequestId, decode_join, encode_join,
 };
 pub use ticket::{MAX_TICKET_ADDRS, NodeTicket, TicketError};
+
+/// The ALPN of the agent move link: a node hands one agent export (its
+/// secret key) to a peer, which imports it and answers. Its version is in
+/// its name; the frame protocol's version is not involved. The bytes are
+/// in `docs/protocol.md` ("The move link").
+pub const MOVE_ALPN: &[u8] = b"amesh-move/1";
+
+/// The most bytes of one message on the move link (an offer or its
+/// answer), after its 4-byte big-endian length header; a longer one is
+/// refused before its body is read.
+pub const MOVE_MESSAGE_BYTES_MAX: usize = 16 * 1024;

@@ -40,6 +40,9 @@ pub const VERSION_MISMATCH: u32 = 505;
 /// Join exchange: this node takes no joins now (too many at once, or it
 /// does not take joins at all); try again later.
 pub const JOIN_BUSY: u32 = 530;
+/// Move link: this node takes no agent move now (as many at once as it
+/// handles, or nothing here takes moves); try again later.
+pub const MOVE_BUSY: u32 = 531;
 
 impl From<&CloseReason> for u32 {
     /// The close code the bus sends for `reason`.

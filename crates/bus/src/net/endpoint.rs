@@ -101,7 +101,11 @@ async fn bind_at(
         .clear_ip_transports()
         .bind_addr(addr)
         .map_err(|e| bind_err(e.to_string()))?
-        .alpns(vec![ALPN.to_vec(), mesh_protocol::JOIN_ALPN.to_vec()])
+        .alpns(vec![
+            ALPN.to_vec(),
+            mesh_protocol::JOIN_ALPN.to_vec(),
+            mesh_protocol::MOVE_ALPN.to_vec(),
+        ])
         .transport_config(transport)
         .bind()
         .await

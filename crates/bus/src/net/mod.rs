@@ -39,6 +39,7 @@ pub use config::{
 };
 pub use conn::RecvLease;
 pub use counters::NetCounters;
+pub(crate) use error::error_chain;
 pub use error::{DisconnectReason, NetError, PeerError, SendError};
 pub use key::{
     NODE_KEY_BYTES, NODE_KEY_FILE, load_or_create_key, load_or_create_node_key, store_key,

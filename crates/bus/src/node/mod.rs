@@ -10,6 +10,7 @@
 mod actor;
 mod effects;
 mod join;
+mod moving;
 mod receipts;
 mod start;
 
@@ -35,6 +36,10 @@ use crate::net::{ConnId, NetConfig, NetCounters, NetError, PeerError, endpoint_a
 pub use join::{
     INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,
     TRY_AGAIN_MS,
+};
+pub use moving::{
+    MOVE_ANSWER_TIMEOUT, MOVE_READ_TIMEOUT, MOVE_TIMEOUT, MOVES_AT_ONCE_MAX, MoveError, MoveOffer,
+    MoveOffers, move_message_len,
 };
 pub use receipts::Receipts;
 
@@ -264,6 +269,10 @@ pub struct Node {
     closing: watch::Sender<bool>,
     task: Mutex<Option<JoinHandle<()>>>,
     inviter: Mutex<Option<JoinHandle<()>>>,
+    /// The offers of agent moves, until taken ([`Node::take_move_offers`]).
+    move_offers: Mutex<Option<MoveOffers>>,
+    /// The task that reads agent move offers.
+    mover: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Node {
@@ -307,6 +316,14 @@ impl Node {
             closing: closing_rx.clone(),
         };
         let inviter = tokio::spawn(inviter.run().instrument(span.clone()));
+        let ((move_conns_tx, move_conns), (offers_tx, offers)) = moving::channels();
+        transport.accept_moves(move_conns_tx);
+        let mover = moving::Mover {
+            conns: move_conns,
+            offers: offers_tx,
+            closing: closing_rx.clone(),
+        };
+        let mover = tokio::spawn(mover.run().instrument(span.clone()));
         let (names_tx, names_rx) = watch::channel(NodeNames::default());
         let (moves_tx, moves_rx) = watch::channel(Arc::new(core.agent_moves()));
         let (followed_tx, followed_rx) = watch::channel(DrainsFollowed::default());
@@ -337,6 +354,8 @@ impl Node {
             closing,
             task: Mutex::new(Some(task)),
             inviter: Mutex::new(Some(inviter)),
+            move_offers: Mutex::new(Some(offers)),
+            mover: Mutex::new(Some(mover)),
         })
     }
 
@@ -715,6 +734,37 @@ impl Node {
         }
     }
 
+    /// The agent move offers peers make to this node, to import and answer
+    /// ([`MoveOffer::answer`]); `None` after the first call. Until they are
+    /// taken, and while the taker does not answer, an offer waits at most
+    /// [`MOVE_ANSWER_TIMEOUT`] and is then refused as busy.
+    pub fn take_move_offers(&self) -> Option<MoveOffers> {
+        self.move_offers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// Offers the agent export `body` to the peer `to` on the move link and
+    /// returns its answer (see `moving`), within [`MOVE_TIMEOUT`]. QUIC's
+    /// TLS to `to`'s node key keeps it secret on the way.
+    ///
+    /// # Errors
+    /// [`MoveError::NotPeer`] or [`MoveError::Paused`] before anything is
+    /// sent; the peer's refusal, or unreachable, after.
+    pub async fn offer_move(&self, to: NodeId, body: Vec<u8>) -> Result<Vec<u8>, MoveError> {
+        let status = self.status().await.map_err(|_| MoveError::Stopped)?;
+        let peer = status
+            .peers
+            .iter()
+            .find(|p| p.node == to)
+            .ok_or(MoveError::NotPeer(to))?;
+        if peer.paused {
+            return Err(MoveError::Paused(to));
+        }
+        moving::offer(&self.endpoint, to, &peer.addrs, &self.relays, &body).await
+    }
+
     /// A watch of the last journal position written; it moves after every
     /// commit that journals something. The node task is its only writer.
     pub fn journal_head(&self) -> watch::Receiver<Arrival> {
@@ -768,6 +818,10 @@ impl Node {
             .take();
         if let Some(inviter) = inviter {
             let _ = inviter.await;
+        }
+        let mover = self.mover.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(mover) = mover {
+            let _ = mover.await;
         }
     }
 }

@@ -45,6 +45,11 @@ impl<T: Send + 'static> Transport<T> {
             }
             return;
         }
+        if connection.alpn() == mesh_protocol::MOVE_ALPN {
+            drop(slot);
+            self.on_move_connection(connection);
+            return;
+        }
         let Some(ps) = self.peers.get_mut(&peer) else {
             Counters::add(&self.counters.refused, 1);
             warn!(peer = %peer, "refused a connection from an unknown node");
@@ -64,6 +69,42 @@ impl<T: Send + 'static> Transport<T> {
             }
             .instrument(span),
         );
+    }
+
+    /// A connection on the move ALPN: taken only from a known peer whose
+    /// link is not paused ([`move_admission`]), before anything is read.
+    fn on_move_connection(&mut self, connection: iroh::endpoint::Connection) {
+        let peer = connection.remote_id();
+        let refused = match move_admission(self.peers.get(&peer)) {
+            Err(refusal) => Some((refusal, connection)),
+            Ok(()) => match &self.moves {
+                Some(moves) => moves.try_send(connection).err().map(|e| {
+                    (
+                        MoveRefusal::Busy("too many agent moves at once; try again"),
+                        e.into_inner(),
+                    )
+                }),
+                None => Some((
+                    MoveRefusal::Busy("this node takes no agent moves"),
+                    connection,
+                )),
+            },
+        };
+        let Some((refusal, connection)) = refused else {
+            return;
+        };
+        match refusal {
+            MoveRefusal::UnknownNode => {
+                Counters::add(&self.counters.refused, 1);
+                warn!(peer = %peer, "refused an agent move from a node that is not a peer");
+            }
+            MoveRefusal::Paused => Counters::add(&self.counters.paused_refused, 1),
+            MoveRefusal::Busy(why) => {
+                debug!(peer = %peer.fmt_short(), why, "an agent move refused")
+            }
+        }
+        let (code, reason) = refusal.close();
+        conn::close(&connection, code, reason);
     }
 
     /// Keeps or refuses a connection whose frame stream is open: against the
@@ -489,4 +530,54 @@ fn note_conflict(counters: &Counters, peer: NodeId, ps: &mut PeerState, code: u6
         warn!(peer = %peer.fmt_short(), "the peer refused this node: {why}");
     }
     ps.conflict = Some(why);
+}
+
+/// Why a connection on the move ALPN is closed before it is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MoveRefusal {
+    /// Its key is not a known peer's.
+    UnknownNode,
+    /// The link to the peer is paused here.
+    Paused,
+    /// Nothing takes it now.
+    Busy(&'static str),
+}
+
+impl MoveRefusal {
+    /// The close code and reason it is sent with.
+    pub(crate) fn close(self) -> (u32, &'static str) {
+        match self {
+            MoveRefusal::UnknownNode => (
+                close_code::UNKNOWN_NODE,
+                "not a peer: agent moves are taken from peers only",
+            ),
+            MoveRefusal::Paused => (close_code::PAUSED, PAUSED_REASON),
+            MoveRefusal::Busy(why) => (close_code::MOVE_BUSY, why),
+        }
+    }
+}
+
+/// Whether an agent move may be read from a node whose peer state here is
+/// `ps`: only from a known peer whose link is not paused.
+pub(crate) fn move_admission(ps: Option<&PeerState>) -> Result<(), MoveRefusal> {
+    match ps {
+        None => Err(MoveRefusal::UnknownNode),
+        Some(ps) if ps.paused.is_some() => Err(MoveRefusal::Paused),
+        Some(_) => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod move_tests {
+    use super::*;
+
+    #[test]
+    fn a_move_is_read_only_from_a_known_peer_whose_link_is_not_paused() {
+        assert_eq!(move_admission(None), Err(MoveRefusal::UnknownNode));
+        let mut ps = PeerState::new(Vec::new());
+        assert_eq!(move_admission(Some(&ps)), Ok(()));
+        ps.paused = Some(false);
+        assert_eq!(move_admission(Some(&ps)), Err(MoveRefusal::Paused));
+        assert_eq!(MoveRefusal::UnknownNode.close().0, close_code::UNKNOWN_NODE);
+    }
 }

@@ -156,6 +156,9 @@ pub(crate) struct Transport<T> {
     nearby: HashMap<NodeId, (NearbyNode, Instant)>,
     /// Where connections on the join ALPN go (the node's inviter), if anywhere.
     joins: Option<mpsc::Sender<Connection>>,
+    /// Where connections on the move ALPN from known, unpaused peers go
+    /// (the node's mover), if anywhere.
+    moves: Option<mpsc::Sender<Connection>>,
     /// Events made by one source beyond the one returned at once.
     ready: VecDeque<Event<T>>,
     next_conn: u64,
@@ -217,6 +220,7 @@ impl<T: Send + 'static> Transport<T> {
             mdns,
             nearby: HashMap::new(),
             joins: None,
+            moves: None,
             ready: VecDeque::new(),
             next_conn: 1,
             next_attempt: 1,
@@ -234,6 +238,16 @@ impl<T: Send + 'static> Transport<T> {
     /// the same way.
     pub(crate) fn accept_joins(&mut self, joins: mpsc::Sender<Connection>) {
         self.joins = Some(joins);
+    }
+
+    /// Hands every connection on the move ALPN from a known peer whose
+    /// link is not paused to `moves` (bounded: one that finds it full is
+    /// closed with [`close_code::MOVE_BUSY`]); any other node's is closed
+    /// before anything is read from it, with [`close_code::UNKNOWN_NODE`]
+    /// (counted as refused) or [`close_code::PAUSED`]. Without it, every
+    /// such connection is closed with [`close_code::MOVE_BUSY`].
+    pub(crate) fn accept_moves(&mut self, moves: mpsc::Sender<Connection>) {
+        self.moves = Some(moves);
     }
 
     /// The endpoint (for the addresses a ticket names).
