@@ -243,11 +243,11 @@ pub(super) struct Mover {
     pub(super) closing: watch::Receiver<bool>,
 }
 
+/// A channel's two ends.
+type Channel<T> = (mpsc::Sender<T>, mpsc::Receiver<T>);
+
 /// The channels: connections from the transport, offers to their taker.
-pub(super) fn channels() -> (
-    (mpsc::Sender<Connection>, mpsc::Receiver<Connection>),
-    (mpsc::Sender<MoveOffer>, MoveOffers),
-) {
+pub(super) fn channels() -> (Channel<Connection>, Channel<MoveOffer>) {
     (
         mpsc::channel(MOVES_AT_ONCE_MAX),
         mpsc::channel(MOVES_AT_ONCE_MAX),
@@ -350,7 +350,7 @@ mod tests {
         assert_eq!(at(u32::MAX), None);
         assert!(framed(&vec![0; MOVE_MESSAGE_BYTES_MAX]).is_some());
         assert!(framed(&vec![0; MOVE_MESSAGE_BYTES_MAX + 1]).is_none());
-        let out = framed(b"abc").unwrap();
+        let out = framed(b"abc").expect("under the cap");
         assert_eq!(&out[..4], &3u32.to_be_bytes());
     }
 }
