@@ -149,6 +149,58 @@ pub struct ImportAgentRequest {
     pub uid: Option<u32>,
 }
 
+/// `POST /v1/agents/{name}/move` (node socket): export the agent and hand
+/// it to the peer `to` over the mesh, which imports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveAgentRequest {
+    /// The peer to move it to: a node id, a node name or a local alias.
+    pub to: String,
+    /// How far the agent has read its inbox here, as for an export
+    /// ([`ExportAgentRequest::after`]) [default: everything up to now].
+    #[serde(default)]
+    pub after: Option<String>,
+}
+
+/// The answer to `POST /v1/agents/{name}/move`: the agent as its new host
+/// hosts it, and the version of the move notice it signed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoveAgentResponse {
+    /// The agent on its new host (its address, key, uid and socket there).
+    pub agent: AgentJson,
+    /// The version of the new host's move notice.
+    pub version: u64,
+    /// Whether the new host had imported it already (an earlier move
+    /// whose answer was lost): nothing was done twice.
+    #[serde(default)]
+    pub already: bool,
+}
+
+/// The one answer a node sends on the move link (`amesh-move/1`) to an
+/// agent export a peer offered it (the offer is the [`AgentExport`]'s JSON
+/// bytes). Both are at most `mesh_protocol::MOVE_MESSAGE_BYTES_MAX` bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum MoveAnswer {
+    /// Imported: the node hosts the agent and signed its move notice.
+    Imported {
+        /// The agent as it is hosted there.
+        agent: AgentJson,
+        /// The notice's version.
+        version: u64,
+        /// It was imported there already (by an earlier offer).
+        #[serde(default)]
+        already: bool,
+    },
+    /// Refused, as `mesh agent import` would have been there: nothing was
+    /// imported.
+    Refused {
+        /// The import's error (its code, fault and message).
+        error: crate::ErrorDetail,
+    },
+}
+
 /// `POST /v1/agents/{name}/send` (and each line of `.../send/batch`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

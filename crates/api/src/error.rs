@@ -182,11 +182,14 @@ pub enum ErrorCode {
     InviteSpent,
     /// The inviter cannot be reached at the addresses in the invite code.
     InviterUnreachable,
+    /// A peer asked to do something (take an agent that moves) could not be
+    /// reached, does not speak the link, or gave no answer in time.
+    PeerUnreachable,
 }
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 31] = [
+    pub const ALL: [ErrorCode; 32] = [
         ErrorCode::BadJson,
         ErrorCode::BodyTooLarge,
         ErrorCode::BadRequest,
@@ -218,6 +221,7 @@ impl ErrorCode {
         ErrorCode::InviteRevoked,
         ErrorCode::InviteSpent,
         ErrorCode::InviterUnreachable,
+        ErrorCode::PeerUnreachable,
     ];
 
     /// The code as it is written in `error.code`.
@@ -254,6 +258,7 @@ impl ErrorCode {
             ErrorCode::InviteRevoked => "invite_revoked",
             ErrorCode::InviteSpent => "invite_spent",
             ErrorCode::InviterUnreachable => "inviter_unreachable",
+            ErrorCode::PeerUnreachable => "peer_unreachable",
         }
     }
 

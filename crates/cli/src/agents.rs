@@ -12,7 +12,7 @@ use mesh_api::client::Client;
 use mesh_api::{
     AddAgentRequest, AgentExport, AgentJson, AgentSendRequest, AgentSendResponse, AgentsResponse,
     DataDir, ExportAgentRequest, ImportAgentRequest, InboxEntry, InboxPage, MessageStatus,
-    ReplyRequest, path_segment,
+    MoveAgentRequest, MoveAgentResponse, ReplyRequest, path_segment,
 };
 
 use crate::commands::print_json;
@@ -480,6 +480,31 @@ pub(crate) async fn agent(c: &Client, cmd: AgentCommand) -> anyhow::Result<()> {
                     "it was here before: read its inbox here after {after} (what came before that was passed on to the host it left)"
                 );
             }
+        }
+        AgentCommand::Move {
+            name,
+            to,
+            after,
+            json,
+        } => {
+            let moved: MoveAgentResponse = c
+                .post(
+                    &format!("/v1/agents/{}/move", path_segment(&name)),
+                    &MoveAgentRequest { to, after },
+                )
+                .await?;
+            if json {
+                return print_json(&moved);
+            }
+            let how = if moved.already {
+                "was imported there already"
+            } else {
+                "is imported there"
+            };
+            println!(
+                "moved agent {name} to {}: it {how} (move notice version {}) and acts only there; what comes for it here is passed on",
+                moved.agent.address, moved.version
+            );
         }
         AgentCommand::Remove { name } => {
             let _: serde_json::Value = c

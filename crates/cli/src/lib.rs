@@ -196,7 +196,9 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Manage this node's agents.
+    /// Manage this node's agents: add, list, remove, and move one to
+    /// another node (`mesh agent move NAME --to PEER` over the mesh, its
+    /// key encrypted to the peer; or `export`/`import` with a file).
     #[command(subcommand)]
     Agent(AgentCommand),
     /// Topics: many-to-many streams that every member journals and relays.
@@ -324,6 +326,35 @@ pub enum AgentCommand {
         /// Write the file here (mode 0600; an existing file is not replaced).
         #[arg(long)]
         out: Option<PathBuf>,
+    },
+    /// Move an agent to a peer over the mesh: export and import in one step.
+    ///
+    /// This node exports the agent (as `mesh agent export`, without a
+    /// file) and hands the export, which holds the agent's SECRET KEY, to
+    /// the peer over the mesh: on a connection of its own (ALPN
+    /// amesh-move/1), encrypted by QUIC's TLS 1.3 to that node's key, so
+    /// only that node can read it. The peer imports it as `mesh agent
+    /// import` would (its uid there is that daemon's) and announces the
+    /// move, signed by the agent's key; from then on the agent acts only
+    /// there, and what comes for it here is passed on to it there. PEER
+    /// must be a peer of this node, and this node one of PEER's. If
+    /// anything fails before PEER says it imported the agent, the agent
+    /// stays here and the error says so; if the answer was lost, running
+    /// the move again is safe.
+    Move {
+        /// The agent's name.
+        name: String,
+        /// The peer to move it to: a node id, its name or a local alias.
+        #[arg(long)]
+        to: String,
+        /// How far the agent has read its inbox here (as for `mesh agent
+        /// export`): what comes after is passed on to its new host
+        /// [default: now, i.e. it has read everything].
+        #[arg(long)]
+        after: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Host an agent exported from another node (`mesh agent export`): its
     /// key moves here and this node announces the move to the mesh, signed

@@ -19,6 +19,7 @@ pub(crate) use mesh_bus::{
     RELAYS_MAX, Receipts, RelayUrl, SendError, SendMeta, SendReceipt, WAITING_SEND_BYTES_MAX,
     WAITING_SENDS_MAX, load_or_create_key, load_or_create_node_key, store_key,
 };
+pub(crate) use mesh_bus::{MoveError, MoveOffer, MoveOffers, close_code};
 pub(crate) use mesh_protocol::JoinRefusal;
 
 /// The running bus node, as the API uses it. Cheap to clone.

@@ -115,6 +115,10 @@ impl Daemon {
         let drain_days = config.agents.drain_days;
         crate::drain::start_pumps(&registry, &store, &bus, drain_days);
         crate::api::start_agent_servers(&state).await?;
+        // Agents peers move here over the mesh; the task ends with the node.
+        if let Some(offers) = bus.take_move_offers() {
+            drop(crate::api::serve_moves(state.clone(), offers));
+        }
         crate::agents::announce(&registry, &bus, true).await;
         let presence = spawn_presence(registry, bus, (store.clone(), drain_days));
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();

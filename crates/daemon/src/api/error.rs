@@ -56,6 +56,22 @@ pub enum ErrorKind {
     /// A bug.
     #[error(transparent)]
     Bug(#[from] Bug),
+    /// Another node refused what this one asked of it (an agent import),
+    /// by its own code and class.
+    #[error(transparent)]
+    Refused(#[from] Refused),
+}
+
+/// Another node's refusal, passed on with its code and fault class.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Refused {
+    /// Its code.
+    pub code: ErrorCode,
+    /// Its class.
+    pub fault: Fault,
+    /// What it said, and what this node adds.
+    pub message: String,
 }
 
 /// The caller's fault: change the request.
@@ -227,6 +243,10 @@ pub enum Unavailable {
     /// The inviter of a join cannot be reached.
     #[error("{0}; is the inviter running and reachable at the addresses in the code?")]
     Inviter(String),
+    /// A peer asked to take an agent could not be reached, does not speak
+    /// the move link, or gave no answer in time.
+    #[error("{0}")]
+    Peer(String),
 }
 
 /// A bug in the node: a store conflict, a task that died, an answer that
@@ -260,6 +280,7 @@ impl ApiError {
             ErrorKind::Capacity(_) => Fault::Capacity,
             ErrorKind::Unavailable(_) => Fault::Unavailable,
             ErrorKind::Bug(_) => Fault::Bug,
+            ErrorKind::Refused(r) => r.fault,
         }
     }
 
@@ -332,8 +353,19 @@ impl ApiError {
                 Unavailable::Store(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::StoreUnavailable),
                 Unavailable::Node(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::NodeUnavailable),
                 Unavailable::Inviter(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::InviterUnreachable),
+                Unavailable::Peer(_) => (S::SERVICE_UNAVAILABLE, ErrorCode::PeerUnreachable),
             },
             ErrorKind::Bug(_) => (S::INTERNAL_SERVER_ERROR, ErrorCode::Internal),
+            ErrorKind::Refused(r) => {
+                let status = match r.fault {
+                    Fault::Caller => S::CONFLICT,
+                    Fault::NotFound => S::NOT_FOUND,
+                    Fault::Capacity => S::TOO_MANY_REQUESTS,
+                    Fault::Unavailable => S::SERVICE_UNAVAILABLE,
+                    _ => S::INTERNAL_SERVER_ERROR,
+                };
+                (status, r.code)
+            }
         }
     }
 
@@ -400,6 +432,7 @@ macro_rules! api_error_from {
 }
 
 api_error_from!(
+    Refused,
     CallerError,
     NotFound,
     Capacity,

@@ -25,7 +25,8 @@ use super::send::message;
 /// sends, a peer to add, a cursor to set, an invite to make, a join, a
 /// topic to join, a publish, and
 /// the agent routes' bodies (an agent to add, an agent send or one line of
-/// a batch of them, a reply, a peer's alias, an export, an import), with
+/// a batch of them, a reply, a peer's alias, an export, an import), the
+/// move link's offer and answer (a peer reaches those), with
 /// the field parsers each route runs on them.
 ///
 /// Panics if a decoded send or agent send does not survive encoding and
@@ -89,6 +90,12 @@ fn agent_bodies(data: &[u8]) {
         let _ = super::agents::export_secret(&i.export);
         let _ = mesh_protocol::parse_node_id(i.export.from.trim());
     }
+    // What a peer sends on the move link, and what it answers.
+    if let Ok(e) = super::agents::decode_offer(data) {
+        let _ = AgentName::new(&e.name);
+        let _ = super::agents::export_secret(&e);
+    }
+    let _ = super::agents::decode_answer(data);
 }
 
 fn check_send(req: SendRequest) {

@@ -61,9 +61,10 @@ use crate::agents::Registry;
 use crate::bus::Bus;
 
 pub(crate) use agent_socket::start_agent_servers;
+pub(crate) use agents::serve_moves;
 
 pub use agents::{INBOX_SCAN_ROWS_MAX, INBOX_WAIT_SECS_MAX, LOSS_SCAN_ENTRIES_MAX};
-pub use error::{ApiError, Bug, CallerError, Capacity, ErrorKind, NotFound, Unavailable};
+pub use error::{ApiError, Bug, CallerError, Capacity, ErrorKind, NotFound, Refused, Unavailable};
 pub use socket::{ApiSocket, BindError, CONNECTIONS_MAX, PeerCred, daemon_uid};
 
 /// The largest body of a plain JSON request (peers, cursors), in bytes.
@@ -232,6 +233,7 @@ impl ApiState {
             .route("/v1/agents/{name}", delete(agents::remove_agent))
             .route("/v1/agents/{name}/export", post(agents::export_agent))
             .route("/v1/agents/import", post(agents::import_agent))
+            .route("/v1/agents/{name}/move", post(agents::move_agent))
             .merge(Self::agent_routes())
             .route("/metrics", get(metrics::metrics))
             .fallback(routes::no_route)
