@@ -806,3 +806,152 @@ fn a_message_passed_on_and_back_before_it_was_read_is_read_once_at_the_host_move
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The move's answer as `mesh agent move NAME --to PEER --json` on `d`
+/// prints it (`extra` after the peer).
+fn move_agent(d: &DaemonProcess, name: &str, to: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["agent", "move", name, "--to", to];
+    args.extend_from_slice(extra);
+    d.mesh(&args).unwrap()
+}
+
+/// `mesh agent move` hands the agent to a peer over the mesh: what was sent
+/// to it after what it read at the old host, before and after the move,
+/// reaches it at the new host exactly once; the old host no longer acts as
+/// it the moment the move returns; every node shows it at its new host.
+#[test]
+fn an_agent_moved_over_the_mesh_gets_each_message_once_at_its_new_host_and_not_at_the_old() {
+    let tmp = temp_dir().unwrap();
+    let (a, b, c) = triangle(tmp.path());
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    // The peer by a local alias, as a send names it.
+    ok(a.mesh(&["peer", "name", c.node(), "gpu"]).unwrap());
+    let kim_at_a = format!("kim@{}", a.node());
+    let key = {
+        let all = parse_json(&ok(a.mesh(&["agents", "--json"]).unwrap())).unwrap();
+        all["local"][0]["key"].as_str().unwrap().to_owned()
+    };
+    // kim reads m1 at a; m2 comes after what it read.
+    ok(as_agent(&b, "bob", &["send", &kim_at_a, "m1"]));
+    inbox_until(&a, "kim", 1);
+    let (_, read_to) = read_inbox(&a, "kim", None);
+    let m2 = ok(as_agent(&b, "bob", &["send", &kim_at_a, "m2"]));
+    inbox_until(&a, "kim", 2);
+
+    let out = move_agent(&a, "kim", "gpu", &["--after", &read_to.unwrap(), "--json"]);
+    let moved = parse_json(&ok(out)).unwrap();
+    assert_eq!(moved["agent"]["address"], format!("kim@{}", c.node()));
+    assert_eq!(
+        moved["agent"]["key"],
+        key.as_str(),
+        "the same agent, by its key"
+    );
+    assert_eq!(moved["version"], 1);
+    assert_eq!(moved["already"], false);
+
+    // The old host refuses to act as it as soon as the move returns.
+    let out = as_agent(&a, "kim", &["send", &format!("bob@{}", b.node()), "stale"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_says(&out, &["agent_moved", "moved to node", c.node()]);
+    // A second move is refused the same way: it moved already.
+    let again = move_agent(&a, "kim", c.node(), &[]);
+    assert_eq!(again.status.code(), Some(3), "{again:?}");
+    assert_says(&again, &["agent_moved"]);
+
+    // Sent after the move to the address it had: it reaches kim at c.
+    let m3 = ok(as_agent(&b, "bob", &["send", &kim_at_a, "m3"]));
+    let got = inbox_until(&c, "kim", 2);
+    let mut ids: Vec<&str> = got.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    let mut want = vec![m2.trim(), m3.trim()];
+    want.sort_unstable();
+    assert_eq!(
+        ids, want,
+        "m2 and m3 once each, m1 (read at a) not: {got:?}"
+    );
+    // And one more, from kim's new host's point of view: still once each.
+    let m4 = ok(as_agent(&b, "bob", &["send", &kim_at_a, "m4"]));
+    let got = inbox_until(&c, "kim", 3);
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert_eq!(got[2]["id"], m4.trim());
+    // kim acts at c.
+    ok(as_agent(
+        &c,
+        "kim",
+        &["send", &format!("bob@{}", b.node()), "from c"],
+    ));
+    // Every node shows kim at c; a shows it moved there.
+    for d in [&a, &b, &c] {
+        wait_agents(d, "the move notice arrives", |all| {
+            moves_of(all, "kim")
+                .first()
+                .is_some_and(|m| m["node"] == c.node() && m["from"] == a.node())
+        });
+    }
+    let all = parse_json(&ok(c.mesh(&["agents", "--json"]).unwrap())).unwrap();
+    assert!(
+        all["local"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["name"] == "kim" && x.get("moved_to").is_none()),
+        "{all}"
+    );
+    let all = parse_json(&ok(a.mesh(&["agents", "--json"]).unwrap())).unwrap();
+    assert_eq!(all["local"][0]["moved_to"], c.node(), "{all}");
+}
+
+/// A move that cannot be made changes nothing: to a node that is not a
+/// peer (refused here), to a node that does not have this one as a peer
+/// (refused there before it reads anything), of an unknown agent, or to
+/// this node itself. The agent stays, acting where it was, and the error
+/// says so, by its fault class.
+#[test]
+fn a_move_to_a_node_that_is_not_a_peer_or_of_an_unknown_agent_is_refused_and_changes_nothing() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    let d = start(&tmp.path().join("d"));
+    link(&a, &b);
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+
+    // d is no peer of a's.
+    let out = move_agent(&a, "kim", d.node(), &[]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert_says(&out, &["unknown_peer", "stays here"]);
+    // a has d as a peer, d does not have a: d refuses before reading.
+    ok(a.mesh(&["peer", "add", d.ticket()]).unwrap());
+    let refused_before = metric(&d, "mesh_unknown_node_refused_total").unwrap();
+    let out = move_agent(&a, "kim", d.node(), &[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_says(&out, &["forbidden", "not its peer", "stays here"]);
+    assert!(
+        metric(&d, "mesh_unknown_node_refused_total").unwrap() > refused_before,
+        "counted at d"
+    );
+    // An unknown agent, and this node itself.
+    let out = move_agent(&a, "nobody", b.node(), &[]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert_says(&out, &["unknown_agent"]);
+    let out = move_agent(&a, "kim", a.node(), &[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+
+    // Nothing changed: d hosts no kim, nobody holds a notice, kim acts at a.
+    let all = parse_json(&ok(d.mesh(&["agents", "--json"]).unwrap())).unwrap();
+    assert!(all["local"].as_array().unwrap().is_empty(), "{all}");
+    for n in [&a, &b, &d] {
+        let all = parse_json(&ok(n.mesh(&["agents", "--json"]).unwrap())).unwrap();
+        assert!(moves_of(&all, "kim").is_empty(), "{all}");
+    }
+    let all = parse_json(&ok(a.mesh(&["agents", "--json"]).unwrap())).unwrap();
+    assert!(all["local"][0].get("moved_to").is_none(), "{all}");
+    ok(as_agent(
+        &a,
+        "kim",
+        &["send", &format!("bob@{}", b.node()), "still here"],
+    ));
+    let got = inbox_until(&b, "bob", 1);
+    assert_eq!(got[0]["body"], "still here");
+}
