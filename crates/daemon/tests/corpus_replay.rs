@@ -78,6 +78,32 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
             data_encoding::HEXLOWER.encode(&agent.to_bytes()),
         ),
     );
+    // The move link: an offer (an export's JSON) and both answers, and
+    // the route's body.
+    json(
+        "seed-move-offer",
+        format!(
+            r#"{{"format":"{}","name":"planner","key":"{}","secret_key":"{}","from":"{node}","version":0}}"#,
+            mesh_api::AGENT_EXPORT_FORMAT,
+            agent.public(),
+            data_encoding::HEXLOWER.encode(&agent.to_bytes()),
+        ),
+    );
+    json(
+        "seed-move-imported",
+        format!(
+            r#"{{"imported":{{"agent":{{"name":"planner","address":"planner@{node}","node":"{node}","key":"{}","online":false,"uid":1000,"socket":"/run/agent-mesh/planner.sock"}},"version":1}}}}"#,
+            agent.public()
+        ),
+    );
+    json(
+        "seed-move-refused",
+        r#"{"refused":{"error":{"code":"agent_exists","fault":"caller","message":"an agent planner exists here"}}}"#.to_owned(),
+    );
+    json(
+        "seed-move",
+        format!(r#"{{"to":"{node}","after":"{cursor}"}}"#),
+    );
     json(
         "garbage-agent-bad-name",
         r#"{"name":"Planner!"}"#.to_owned(),

@@ -12,7 +12,7 @@ use bytes::BytesMut;
 use mesh_api::{
     AddAgentRequest, AddPeerRequest, AgentSendRequest, AliasRequest, CursorBody,
     ExportAgentRequest, ImportAgentRequest, InviteRequest, JoinBody, JoinTopicRequest,
-    PublishRequest, ReplyRequest, SendRequest,
+    MoveAgentRequest, PublishRequest, ReplyRequest, SendRequest,
 };
 use mesh_protocol::{AgentName, Cursor, InviteCode, MAX_BATCH_PAYLOAD_BYTES, MsgId, NodeTicket};
 
@@ -81,6 +81,9 @@ fn agent_bodies(data: &[u8]) {
     }
     if let Ok(a) = parse_json::<AliasRequest>(data) {
         let _ = a.alias.as_deref().map(AgentName::new);
+    }
+    if let Ok(m) = parse_json::<MoveAgentRequest>(data) {
+        let _ = m.after.as_deref().map(str::parse::<Cursor>);
     }
     if let Ok(e) = parse_json::<ExportAgentRequest>(data) {
         let _ = e.after.as_deref().map(str::parse::<Cursor>);

@@ -354,6 +354,23 @@ mod tests {
         assert_eq!(e.code(), ErrorCode::BodyTooLarge, "{e}");
         assert_eq!(decode_offer(b"{").unwrap_err().code(), ErrorCode::BadJson);
         assert!(decode_answer(&vec![b' '; MOVE_MESSAGE_BYTES_MAX + 1]).is_err());
+        let seed = std::fs::read(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/corpus/json_body/seed-move-imported"
+        ))
+        .unwrap();
+        assert!(
+            matches!(
+                decode_answer(&seed),
+                Ok(MoveAnswer::Imported {
+                    version: 1,
+                    already: false,
+                    ..
+                })
+            ),
+            "{:?}",
+            decode_answer(&seed)
+        );
     }
 
     #[test]
