@@ -18,6 +18,7 @@ pub mod cluster;
 pub mod daemon;
 pub mod flood;
 pub mod history;
+pub mod move_link;
 pub mod nemesis;
 pub mod netns;
 pub mod outage;

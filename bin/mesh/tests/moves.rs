@@ -955,3 +955,61 @@ fn a_move_to_a_node_that_is_not_a_peer_or_of_an_unknown_agent_is_refused_and_cha
     let got = inbox_until(&b, "bob", 1);
     assert_eq!(got[0]["body"], "still here");
 }
+
+/// An answer lost after the import is safe to retry: the same offer made
+/// again (by hand on the move link, as the old host's node) is answered
+/// imported, `already`, with the same notice; nothing is done twice.
+#[test]
+fn a_move_offered_again_after_its_answer_was_lost_is_answered_imported_and_done_once() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let c = start(&tmp.path().join("c"));
+    link(&a, &c);
+    // a's drain stays open: kim stays a's, marked moved.
+    offline_member(tmp.path(), &[&a, &c]);
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    let file = tmp.path().join("kim.export");
+    ok(
+        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
+            .unwrap(),
+    );
+    let export = std::fs::read(&file).unwrap();
+    // As a's node: its key, from its data dir.
+    let key: [u8; 32] = std::fs::read(a.data().join("node.key"))
+        .unwrap()
+        .try_into()
+        .unwrap();
+    let key = mesh_protocol::SecretKey::from_bytes(&key);
+    let to: mesh_protocol::NodeTicket = c.ticket().parse().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let offer = || {
+        let answer = rt
+            .block_on(mesh_tests::move_link::offer(key.clone(), &to, &export))
+            .unwrap();
+        parse_json(std::str::from_utf8(&answer).unwrap()).unwrap()
+    };
+    let first = offer();
+    assert_eq!(first["imported"]["version"], 1, "{first}");
+    assert_eq!(first["imported"]["already"], false, "{first}");
+    let second = offer();
+    assert_eq!(second["imported"]["version"], 1, "{second}");
+    assert_eq!(second["imported"]["already"], true, "{second}");
+    assert_eq!(
+        second["imported"]["agent"]["address"],
+        format!("kim@{}", c.node())
+    );
+    let all = parse_json(&ok(c.mesh(&["agents", "--json"]).unwrap())).unwrap();
+    let m = moves_of(&all, "kim");
+    assert_eq!(m.len(), 1, "{all}");
+    assert_eq!(m[0]["version"], 1, "one notice, not a second: {all}");
+    // And a's own `mesh agent move` now: it moved already.
+    wait_agents(&a, "a learns of the move", |all| {
+        all["local"][0]["moved_to"] == c.node()
+    });
+    let out = move_agent(&a, "kim", c.node(), &[]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_says(&out, &["agent_moved"]);
+}
