@@ -28,6 +28,9 @@ use super::super::{Capacity, Unavailable};
 use super::agent_name;
 use crate::bus::{MoveError, MoveOffer, MoveOffers};
 
+/// What a move that failed before the peer imported the agent adds.
+const STAYS: &str = "the agent stays here";
+
 /// How long a move waits, once the peer answered, for this node to hold the
 /// peer's notice (so that it no longer acts as the agent when the move
 /// returns); the move succeeded either way.
@@ -42,10 +45,7 @@ pub(in crate::api) async fn move_agent(
 ) -> Result<Json<MoveAgentResponse>, ApiError> {
     let body: MoveAgentRequest = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
     let name = st.reader(&name)?;
-    let stays = "; the agent stays here";
-    let to = st
-        .resolve_node(&body.to)
-        .map_err(|e| e.with_note(&stays[2..]))?;
+    let to = st.resolve_node(&body.to).map_err(|e| e.with_note(STAYS))?;
     let me = st.inner.node;
     if to == me {
         return Err(CallerError::BadValue(format!(
@@ -61,7 +61,7 @@ pub(in crate::api) async fn move_agent(
         .await
         .map_err(super::super::error::node_error)?;
     match status.peers.iter().find(|p| p.node == to) {
-        None => return Err(ApiError::from(NotFound::UnknownPeer(to)).with_note(&stays[2..])),
+        None => return Err(ApiError::from(NotFound::UnknownPeer(to)).with_note(STAYS)),
         Some(p) if p.paused => return Err(move_error(MoveError::Paused(to))),
         Some(_) => {}
     }
@@ -130,7 +130,7 @@ impl ApiState {
 /// The API error for a move that got no answer from `to`: nothing was
 /// imported there (or, for no answer in time, it is not known).
 fn move_error(e: MoveError) -> ApiError {
-    let stays = "the agent stays here";
+    let stays = STAYS;
     match e {
         MoveError::NotPeer(to) => ApiError::from(NotFound::UnknownPeer(to)).with_note(stays),
         e @ MoveError::Paused(_) => CallerError::BadValue(format!("{e}; {stays}")).into(),
@@ -175,7 +175,7 @@ fn refused(to: NodeId, name: &str, error: ErrorDetail) -> ApiError {
         code,
         fault,
         message: format!(
-            "node {to} refused to import agent {name}: {} ({}); the agent stays here",
+            "node {to} refused to import agent {name}: {} ({}); {STAYS}",
             error.message, error.code
         ),
     }
