@@ -180,51 +180,52 @@ pub(super) async fn export_agent(
 ) -> Result<Json<AgentExport>, ApiError> {
     let body: ExportAgentRequest = read_json(req.into_body(), REQUEST_BYTES_MAX).await?;
     let name = st.reader(&name)?;
-    st.export(&name, body.after.as_deref()).await.map(Json)
+    export(&st, &name, body.after.as_deref()).await.map(Json)
 }
 
-impl ApiState {
-    /// Exports the agent `name` (as `POST /v1/agents/{name}/export`):
-    /// sets its export cursor to `after` (default: the journal head) and
-    /// returns its export.
-    async fn export(&self, name: &AgentName, after: Option<&str>) -> Result<AgentExport, ApiError> {
-        let st = self;
-        let head = *st.inner.bus.journal_head().borrow();
-        let after = match after {
-            Some(text) => st.parse_after(Some(text))?.min(head),
-            None => head,
-        };
-        let agent = st
-            .inner
-            .registry
-            .get(name)
-            .ok_or_else(|| NotFound::UnknownAgent(name.to_string()))?;
-        if let Some(to) = agent.moved_to() {
-            return Err(CallerError::AgentMoved(format!(
-                "agent {name} moved to node {to} already; export it there"
-            ))
-            .into());
-        }
-        let status = st.inner.bus.status().await.map_err(node_error)?;
-        let version = status
-            .moves
-            .iter()
-            .find(|m| m.key == agent.record.key)
-            .map_or(0, |m| m.version);
-        // What comes for it from here on is passed on to its new host once
-        // this node learns of the move (`crate::drain`).
-        st.put_agent_cursor(name, crate::drain::EXPORT_CURSOR, after)
-            .await?;
-        tracing::info!(agent = %name, version, after, "agent exported");
-        Ok(AgentExport {
-            format: AGENT_EXPORT_FORMAT.to_owned(),
-            name: name.to_string(),
-            key: agent.record.key.to_string(),
-            secret_key: data_encoding::HEXLOWER.encode(&agent.secret().to_bytes()),
-            from: st.inner.node.to_string(),
-            version,
-        })
+/// Exports the agent `name` (as `POST /v1/agents/{name}/export`): sets
+/// its export cursor to `after` (default: the journal head) and returns
+/// its export.
+async fn export(
+    st: &ApiState,
+    name: &AgentName,
+    after: Option<&str>,
+) -> Result<AgentExport, ApiError> {
+    let head = *st.inner.bus.journal_head().borrow();
+    let after = match after {
+        Some(text) => st.parse_after(Some(text))?.min(head),
+        None => head,
+    };
+    let agent = st
+        .inner
+        .registry
+        .get(name)
+        .ok_or_else(|| NotFound::UnknownAgent(name.to_string()))?;
+    if let Some(to) = agent.moved_to() {
+        return Err(CallerError::AgentMoved(format!(
+            "agent {name} moved to node {to} already; export it there"
+        ))
+        .into());
     }
+    let status = st.inner.bus.status().await.map_err(node_error)?;
+    let version = status
+        .moves
+        .iter()
+        .find(|m| m.key == agent.record.key)
+        .map_or(0, |m| m.version);
+    // What comes for it from here on is passed on to its new host once
+    // this node learns of the move (`crate::drain`).
+    st.put_agent_cursor(name, crate::drain::EXPORT_CURSOR, after)
+        .await?;
+    tracing::info!(agent = %name, version, after, "agent exported");
+    Ok(AgentExport {
+        format: AGENT_EXPORT_FORMAT.to_owned(),
+        name: name.to_string(),
+        key: agent.record.key.to_string(),
+        secret_key: data_encoding::HEXLOWER.encode(&agent.secret().to_bytes()),
+        from: st.inner.node.to_string(),
+        version,
+    })
 }
 
 impl ApiState {
@@ -284,140 +285,141 @@ pub(super) async fn import_agent(
         .uid
         .or(cred.and_then(|c| c.0.uid))
         .unwrap_or(st.inner.daemon_uid);
-    st.import(body.export, uid).await.map(|(a, _)| Json(a))
+    import(&st, body.export, uid).await.map(|(a, _)| Json(a))
 }
 
-impl ApiState {
-    /// Imports `export` (as `POST /v1/agents/import`, and an offer on the
-    /// move link), for processes of `uid`: the agent as hosted here, and
-    /// the version of the move notice signed for it.
-    async fn import(&self, export: AgentExport, uid: u32) -> Result<(AgentJson, u64), ApiError> {
-        let st = self;
-        let name = agent_name(&export.name)?;
-        let secret = export_secret(&export)?;
-        let from: NodeId = mesh_protocol::parse_node_id(export.from.trim())
-            .map_err(|e| CallerError::BadValue(format!("the export's from: {e}")))?;
-        let me = st.inner.node;
-        if from == me {
-            return Err(CallerError::BadValue(format!(
-                "agent {name} was exported from this node: import it on its new host"
+/// Imports `export` (as `POST /v1/agents/import`, and an offer on the move
+/// link), for processes of `uid`: the agent as hosted here, and the
+/// version of the move notice signed for it.
+async fn import(
+    st: &ApiState,
+    export: AgentExport,
+    uid: u32,
+) -> Result<(AgentJson, u64), ApiError> {
+    let name = agent_name(&export.name)?;
+    let secret = export_secret(&export)?;
+    let from: NodeId = mesh_protocol::parse_node_id(export.from.trim())
+        .map_err(|e| CallerError::BadValue(format!("the export's from: {e}")))?;
+    let me = st.inner.node;
+    if from == me {
+        return Err(CallerError::BadValue(format!(
+            "agent {name} was exported from this node: import it on its new host"
+        ))
+        .into());
+    }
+    let registry = st.inner.registry.clone();
+    // An import cut short (the agent written, its notice not) is finished
+    // by importing the same file again.
+    let resumed = registry.get(&name);
+    match &resumed {
+        Some(a) if a.record.key != secret.public() => {
+            return Err(CallerError::AgentExists(name.to_string()).into());
+        }
+        None if registry.len() >= MAX_AGENT_CARDS => {
+            return Err(Capacity::TooManyAgents(format!(
+                "this node hosts {MAX_AGENT_CARDS} agents, as many as it may; remove one first"
             ))
             .into());
         }
-        let registry = st.inner.registry.clone();
-        // An import cut short (the agent written, its notice not) is finished
-        // by importing the same file again.
-        let resumed = registry.get(&name);
-        match &resumed {
-            Some(a) if a.record.key != secret.public() => {
-                return Err(CallerError::AgentExists(name.to_string()).into());
-            }
-            None if registry.len() >= MAX_AGENT_CARDS => {
-                return Err(Capacity::TooManyAgents(format!(
-                    "this node hosts {MAX_AGENT_CARDS} agents, as many as it may; remove one first"
-                ))
-                .into());
-            }
-            _ => {}
-        }
-        let status = st.inner.bus.status().await.map_err(node_error)?;
-        let held = status.moves.iter().find(|m| m.key == secret.public());
-        if resumed.is_some() && held.is_some_and(|m| m.node == me) {
-            return Err(CallerError::AgentExists(format!("{name} (imported here already)")).into());
-        }
-        // A move this node already knows of that is newer than the export's.
-        let Some(version) = held
-            .map_or(0, |m| m.version)
-            .max(export.version)
-            .checked_add(1)
-        else {
-            return Err(CallerError::BadValue(format!(
-                "the export says version {}: no move can follow it",
-                export.version
-            ))
-            .into());
-        };
-        {
-            let registry = registry.clone();
-            let (name, secret) = (name.clone(), secret.clone());
-            tokio::task::spawn_blocking(move || registry.import_key(&name, &secret))
-                .await
-                .map_err(|e| Bug::new(format!("key task failed: {e}")))?
-                .map_err(|e| super::Unavailable::Store(e.to_string()))?;
-        }
-        let record = match &resumed {
-            Some(a) => a.record.clone(),
-            None => AgentRecord {
-                name: name.clone(),
-                key: secret.public(),
-                uid,
-                created_ms: now_ms(),
-            },
-        };
-        if resumed.is_none() {
-            st.inner
-                .bus
-                .local_write(LocalWrite::PutAgent(record.clone()))
-                .await
-                .map_err(node_error)?;
-        }
-        // Back on a node it had left: what came here while it was away, up to
-        // where that was passed on, it read there.
-        let inbox_after = match &resumed {
-            Some(_) => {
-                let n = name.clone();
-                read_store(&st.inner.store, move |s| {
-                    s.agent_cursor(&n, crate::drain::EXPORT_CURSOR)
-                })
-                .await?
-            }
-            None => None,
-        };
-        if let Some(after) = inbox_after {
-            // What comes back to it from the host it left, journaled here at
-            // or before that, goes in its inbox again (mesh_store::RESUMED_CURSOR).
-            st.put_agent_cursor(&name, mesh_store::RESUMED_CURSOR, after)
-                .await?;
-        }
-        // Should this move lose a race, what comes for the agent here from now
-        // on is passed on to the winner (`crate::drain`).
-        let head = *st.inner.bus.journal_head().borrow();
-        st.put_agent_cursor(&name, crate::drain::EXPORT_CURSOR, head)
-            .await?;
-        let notice = AgentMove::sign(&secret, name.clone(), (from, me), version, now_ms());
+        _ => {}
+    }
+    let status = st.inner.bus.status().await.map_err(node_error)?;
+    let held = status.moves.iter().find(|m| m.key == secret.public());
+    if resumed.is_some() && held.is_some_and(|m| m.node == me) {
+        return Err(CallerError::AgentExists(format!("{name} (imported here already)")).into());
+    }
+    // A move this node already knows of that is newer than the export's.
+    let Some(version) = held
+        .map_or(0, |m| m.version)
+        .max(export.version)
+        .checked_add(1)
+    else {
+        return Err(CallerError::BadValue(format!(
+            "the export says version {}: no move can follow it",
+            export.version
+        ))
+        .into());
+    };
+    {
+        let registry = registry.clone();
+        let (name, secret) = (name.clone(), secret.clone());
+        tokio::task::spawn_blocking(move || registry.import_key(&name, &secret))
+            .await
+            .map_err(|e| Bug::new(format!("key task failed: {e}")))?
+            .map_err(|e| super::Unavailable::Store(e.to_string()))?;
+    }
+    let record = match &resumed {
+        Some(a) => a.record.clone(),
+        None => AgentRecord {
+            name: name.clone(),
+            key: secret.public(),
+            uid,
+            created_ms: now_ms(),
+        },
+    };
+    if resumed.is_none() {
         st.inner
             .bus
-            .local_write(LocalWrite::PutMove(notice))
+            .local_write(LocalWrite::PutAgent(record.clone()))
             .await
             .map_err(node_error)?;
-        let agent = match resumed {
-            Some(a) => a,
-            None => {
-                let agent = registry.insert(record, secret);
-                st.start_agent_server(&agent)
-                    .await
-                    .map_err(|e| super::Unavailable::Node(e.to_string()))?;
-                agent
-            }
-        };
-        let socket = st.agent_socket_path(&name);
-        crate::agents::announce(&registry, &st.inner.bus, true).await;
-        tracing::info!(agent = %name, from = %from.fmt_short(), version, "agent imported");
-        let inbox_after = inbox_after.map(|a| st.cursor_text(a));
-        let json = AgentJson {
-            address: ApiState::address(&name, &me),
-            name: name.to_string(),
-            node: me.to_string(),
-            node_alias: None,
-            key: Some(agent.record.key.to_string()),
-            online: false,
-            uid: Some(uid),
-            socket: Some(socket.display().to_string()),
-            moved_to: None,
-            inbox_after,
-        };
-        Ok((json, version))
     }
+    // Back on a node it had left: what came here while it was away, up to
+    // where that was passed on, it read there.
+    let inbox_after = match &resumed {
+        Some(_) => {
+            let n = name.clone();
+            read_store(&st.inner.store, move |s| {
+                s.agent_cursor(&n, crate::drain::EXPORT_CURSOR)
+            })
+            .await?
+        }
+        None => None,
+    };
+    if let Some(after) = inbox_after {
+        // What comes back to it from the host it left, journaled here at
+        // or before that, goes in its inbox again (mesh_store::RESUMED_CURSOR).
+        st.put_agent_cursor(&name, mesh_store::RESUMED_CURSOR, after)
+            .await?;
+    }
+    // Should this move lose a race, what comes for the agent here from now
+    // on is passed on to the winner (`crate::drain`).
+    let head = *st.inner.bus.journal_head().borrow();
+    st.put_agent_cursor(&name, crate::drain::EXPORT_CURSOR, head)
+        .await?;
+    let notice = AgentMove::sign(&secret, name.clone(), (from, me), version, now_ms());
+    st.inner
+        .bus
+        .local_write(LocalWrite::PutMove(notice))
+        .await
+        .map_err(node_error)?;
+    let agent = match resumed {
+        Some(a) => a,
+        None => {
+            let agent = registry.insert(record, secret);
+            st.start_agent_server(&agent)
+                .await
+                .map_err(|e| super::Unavailable::Node(e.to_string()))?;
+            agent
+        }
+    };
+    let socket = st.agent_socket_path(&name);
+    crate::agents::announce(&registry, &st.inner.bus, true).await;
+    tracing::info!(agent = %name, from = %from.fmt_short(), version, "agent imported");
+    let inbox_after = inbox_after.map(|a| st.cursor_text(a));
+    let json = AgentJson {
+        address: ApiState::address(&name, &me),
+        name: name.to_string(),
+        node: me.to_string(),
+        node_alias: None,
+        key: Some(agent.record.key.to_string()),
+        online: false,
+        uid: Some(uid),
+        socket: Some(socket.display().to_string()),
+        moved_to: None,
+        inbox_after,
+    };
+    Ok((json, version))
 }
 
 fn move_json(m: &AgentMove) -> AgentMoveJson {

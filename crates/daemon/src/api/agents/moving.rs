@@ -65,7 +65,7 @@ pub(in crate::api) async fn move_agent(
         Some(p) if p.paused => return Err(move_error(MoveError::Paused(to))),
         Some(_) => {}
     }
-    let export = st.export(&name, body.after.as_deref()).await?;
+    let export = super::export(&st, &name, body.after.as_deref()).await?;
     let key = export.key.clone();
     let bytes = serde_json::to_vec(&export)
         .map_err(|e| Bug::new(format!("an export does not encode: {e}")))?;
@@ -279,7 +279,7 @@ impl ApiState {
         if let Some(again) = self.imported_already(&export).await? {
             return Ok(again);
         }
-        let (agent, version) = self.import(export, self.inner.daemon_uid).await?;
+        let (agent, version) = super::import(self, export, self.inner.daemon_uid).await?;
         Ok((agent, version, false))
     }
 
