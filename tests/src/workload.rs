@@ -224,6 +224,7 @@ fn record_outcome(
                 c,
                 stream: resp.stream,
                 seq: resp.seq,
+                id: None,
             },
             Ended::Ok,
         ),
