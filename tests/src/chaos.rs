@@ -8,7 +8,14 @@
 //! 4. Wait (bounded) until every receiver's marks reach the last seq its
 //!    senders acknowledged, every member's topic marks the last seq each
 //!    author acknowledged of its topic stream, and the senders' outboxes drain.
-//! 5. Read every journal through the API and [`check`] it against the history.
+//! 5. Read the roaming agent's inbox at its last host until every agent
+//!    send answered `ok` was read (or given up with a record), bounded.
+//! 6. Read every journal through the API and [`check`] it against the history.
+//!
+//! Every node has a sender agent (`s0`, `s1`, ...) that some of the
+//! workload's messages go from, to the roaming agent [`ROAMER`], created on
+//! node 0; the nemesis moves it between nodes (`move_roamer`), reading its
+//! inbox at each host before it leaves.
 //!
 //! The folder (by default `target/chaos/<label>-<seed>/`) holds
 //! `history.jsonl`, `plan.json`, `nemesis.jsonl`, `journal-node-I.jsonl`,
@@ -30,10 +37,11 @@ use crate::cluster::{
     Cluster, ClusterConfig, Isolation, JournalTail, call, create_file, write_journal,
 };
 use crate::history::{History, Op};
-use crate::nemesis::{Ctx, apply, plan};
+use crate::nemesis::{Ctx, RoamerReader, apply, plan, with_moves};
 use crate::rng::SimRng;
-use crate::workload::{ClientSpec, WorkloadConfig, run_client};
-use mesh_api::{EventRecord, TopicsResponse};
+use crate::workload::{ClientSpec, Roamer, WorkloadConfig, run_client};
+use mesh_api::client::Client;
+use mesh_api::{AddAgentRequest, AgentJson, EventRecord, TopicsResponse};
 
 /// The seed of the short run when `CHAOS_SEED` is not set.
 pub const SHORT_SEED: u64 = 20_261_129;
@@ -71,6 +79,9 @@ pub struct ChaosConfig {
     pub daemon_config: Option<String>,
     /// Where the run's files go.
     pub out_dir: PathBuf,
+    /// A move of the roaming agent after every this many faults (0: no
+    /// agents, no moves).
+    pub moves_every: usize,
 }
 
 impl ChaosConfig {
@@ -85,9 +96,15 @@ impl ChaosConfig {
         let bin = bin.into();
         let seed = env_u64("CHAOS_SEED").unwrap_or(SHORT_SEED);
         let topic_msgs = env_u64("CHAOS_TOPIC_MSGS").unwrap_or(TOPIC_MSGS);
+        let moves_every = env_u64("CHAOS_MOVES_EVERY").map_or(MOVES_EVERY, |n| n as usize);
         let workload = WorkloadConfig {
             topic: (topic_msgs > 0).then(|| TOPIC.to_owned()),
             publish_one_in: PUBLISH_ONE_IN,
+            agent_send_one_in: if moves_every > 0 {
+                AGENT_SEND_ONE_IN
+            } else {
+                0
+            },
             ..WorkloadConfig::default()
         };
         let mut cfg = ChaosConfig {
@@ -107,6 +124,7 @@ impl ChaosConfig {
                 Isolation::Auto
             },
             daemon_config: Some(daemon_config_from_env(topic_msgs)),
+            moves_every,
         };
         if let Ok(out) = std::env::var("CHAOS_OUT") {
             cfg.out_dir = PathBuf::from(out);
@@ -156,6 +174,15 @@ pub const TOPIC: &str = "chaos";
 pub const TOPIC_MSGS: u64 = 32;
 /// One workload message in this many is published to [`TOPIC`].
 pub const PUBLISH_ONE_IN: u64 = 4;
+/// Of the rest, one in this many is an agent send to [`ROAMER`].
+pub const AGENT_SEND_ONE_IN: u64 = 4;
+/// The roaming agent's name.
+pub const ROAMER: &str = "roamer";
+/// The node it is created on.
+pub const ROAMER_HOME: usize = 0;
+/// A move of [`ROAMER`] after every this many faults unless
+/// `CHAOS_MOVES_EVERY` says otherwise (0: no agents, no moves).
+pub const MOVES_EVERY: usize = 4;
 
 /// What every chaos daemon's `config.toml` says: no mDNS, so a node
 /// restarted on a new port is found only through its own Hello and the
@@ -225,6 +252,9 @@ pub struct Report {
     pub converged: bool,
     /// Whether every sender's outbox drained (everything acknowledged).
     pub drained: bool,
+    /// Whether every agent send answered `ok` was read (or given up with a
+    /// record) at the end.
+    pub agents_settled: bool,
     /// Seconds from start to verdict.
     pub elapsed_s: u64,
     /// The checker's counts.
@@ -282,6 +312,25 @@ impl fmt::Display for Report {
         writeln!(f, "total: {}", s.total)?;
         for (node, c) in &s.per_receiver {
             writeln!(f, "  receiver {}: {c}", short(node))?;
+        }
+        if s.agent_sends.invoked > 0 || s.agent_moves > 0 {
+            let a = &s.agent_sends;
+            writeln!(
+                f,
+                "agent sends: invoked={} ok={} fail={} unknown={} unfinished={}; moves={} \
+                 inbox reads={}; settled={}",
+                a.invoked,
+                a.ok,
+                a.failed,
+                a.unknown,
+                a.unfinished,
+                s.agent_moves,
+                s.agent_reads,
+                self.agents_settled
+            )?;
+            for (agent, c) in &s.per_agent {
+                writeln!(f, "  agent {agent}: {c}")?;
+            }
         }
         for e in &s.examples {
             writeln!(f, "  {e}")?;
@@ -350,7 +399,17 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
         cfg.out_dir.join("nodes.json"),
         serde_json::to_vec_pretty(&cluster.node_ids())?,
     )?;
-    let steps = plan(cfg.seed, cfg.nodes, cfg.faults, network);
+    let agents = if cfg.moves_every > 0 {
+        Some(add_agents(&cluster).await?)
+    } else {
+        None
+    };
+    let steps = with_moves(
+        plan(cfg.seed, cfg.nodes, cfg.faults, network),
+        cfg.seed,
+        cfg.nodes,
+        cfg.moves_every,
+    );
     std::fs::write(
         cfg.out_dir.join("plan.json"),
         serde_json::to_vec_pretty(&steps)?,
@@ -369,6 +428,8 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
                 node,
                 api: cluster.client(node).clone(),
                 node_ids: node_ids.clone(),
+                agent: agents.as_ref().map(|a| a.senders[node].clone()),
+                roamer: agents.as_ref().map(|a| a.roamer.clone()),
             };
             clients.spawn(run_client(
                 spec,
@@ -399,6 +460,10 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
         .topic
         .clone()
         .map(|t| (t, cfg.workload.publish_one_in));
+    ctx.roamer = agents.as_ref().map(|a| RoamerReader {
+        roamer: a.roamer.clone(),
+        after: None,
+    });
     let mut nemesis_log = std::io::BufWriter::new(create_file(&cfg.out_dir.join("nemesis.jsonl"))?);
     let mut faults: BTreeMap<String, u64> = BTreeMap::new();
     let mut resync_kills_while_behind = 0;
@@ -455,6 +520,19 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     let ops = history.ops();
     let mut follower = Follower::new(cluster.len());
     let (converged, drained) = converge(&cluster, &mut follower, &ops, cfg.converge_timeout).await;
+    let agents_settled = match ctx.roamer.as_mut() {
+        Some(r) => {
+            eprintln!(
+                "chaos: reading {} at node {} until every acknowledged agent send is read",
+                r.roamer.name,
+                r.roamer.host()
+            );
+            settle_roamer(&cluster, &mut follower, r, &history, cfg.converge_timeout).await
+        }
+        None => true,
+    };
+    history.flush()?;
+    let ops = history.ops();
 
     let mut journals = BTreeMap::new();
     for i in 0..cluster.len() {
@@ -481,6 +559,7 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
         packets_dropped,
         converged,
         drained,
+        agents_settled,
         elapsed_s: started.elapsed().as_secs(),
         summary,
         out_dir: cfg.out_dir.clone(),
@@ -614,10 +693,20 @@ pub(crate) async fn converge(
         .map(|i| cluster.node_id(i).to_owned())
         .collect();
     let mut any_topic = false;
+    // Agent sends are waited for at the agent (`settle_roamer`): their
+    // stream may be one to the sender's own node, or readdressed.
+    let agent_sends: std::collections::HashSet<(u32, u64)> = ops
+        .iter()
+        .filter(|o| matches!(o, Op::AgentSend { .. }))
+        .filter_map(Op::message)
+        .collect();
     for op in ops {
         let Op::Ok { stream, seq, .. } = op else {
             continue;
         };
+        if op.message().is_some_and(|m| agent_sends.contains(&m)) {
+            continue;
+        }
         let receivers: Vec<&str> = if let Some(to) = stream.channel.strip_prefix("direct:") {
             vec![to]
         } else if stream.channel.starts_with("topic:") {
@@ -716,6 +805,92 @@ pub(crate) async fn converge(
     }
     eprintln!("chaos: not converged within {timeout:?}: {last_behind}");
     (reached, false)
+}
+
+/// The agents of a run: each node's sender agent and the roaming one.
+struct Agents {
+    /// By node: the sender agent's name and a client of its socket.
+    senders: Vec<(String, Client)>,
+    roamer: Roamer,
+}
+
+/// Adds a sender agent `sI` on every node `I` and [`ROAMER`] on [`ROAMER_HOME`].
+async fn add_agents(cluster: &Cluster) -> anyhow::Result<Agents> {
+    let add = |i: usize, name: String| async move {
+        let a: AgentJson = call(
+            cluster
+                .client(i)
+                .post("/v1/agents", &AddAgentRequest { name, uid: None }),
+        )
+        .await?;
+        let socket = a
+            .socket
+            .with_context(|| format!("node {i} named no socket for agent {}", a.name))?;
+        anyhow::Ok(Client::for_agent(socket, &a.name))
+    };
+    let mut senders = Vec::new();
+    for i in 0..cluster.len() {
+        let name = format!("s{i}");
+        let client = add(i, name.clone())
+            .await
+            .with_context(|| format!("adding agent {name} on node {i}"))?;
+        senders.push((name, client));
+    }
+    add(ROAMER_HOME, ROAMER.into())
+        .await
+        .with_context(|| format!("adding agent {ROAMER} on node {ROAMER_HOME}"))?;
+    Ok(Agents {
+        senders,
+        roamer: Roamer {
+            name: ROAMER.into(),
+            home: ROAMER_HOME,
+            host: Arc::new(std::sync::atomic::AtomicUsize::new(ROAMER_HOME)),
+        },
+    })
+}
+
+/// Reads `r`'s agent's inbox at its host (recording each read) until the
+/// checker finds no agent send lost (every one answered `ok` was read, or
+/// its sender was told: given up with a record, or bounced), on the
+/// journals `follower` reads, polling within `timeout`; then once more.
+/// Answers whether it found none lost.
+async fn settle_roamer(
+    cluster: &Cluster,
+    follower: &mut Follower,
+    r: &mut RoamerReader,
+    history: &History,
+    timeout: Duration,
+) -> bool {
+    let polls = (timeout.as_millis() / CONVERGE_POLL.as_millis()).max(1);
+    let mut lost = u64::MAX;
+    for _ in 0..polls {
+        if let Err(e) = r.read(cluster, history).await {
+            eprintln!("chaos: {e:#}");
+        }
+        let mut journals = BTreeMap::new();
+        for i in 0..cluster.len() {
+            if let Err(e) = follower.read(cluster, i).await {
+                eprintln!("chaos: node {i}'s journal: {e:#}");
+            }
+            journals.insert(
+                cluster.node_id(i).to_owned(),
+                follower.tails[i].entries.clone(),
+            );
+        }
+        lost = check(&history.ops(), &journals).agent_total.lost;
+        if lost == 0 {
+            break;
+        }
+        tokio::time::sleep(CONVERGE_POLL).await;
+    }
+    // What came meanwhile, once more (a late duplicate, too).
+    if let Err(e) = r.read(cluster, history).await {
+        eprintln!("chaos: {e:#}");
+    }
+    if lost > 0 {
+        eprintln!("chaos: {lost} acknowledged agent sends not read within {timeout:?}");
+    }
+    lost == 0
 }
 
 #[cfg(test)]

@@ -34,7 +34,31 @@
 //!   same way. (This holds while no node loses its store, as in these runs.)
 //!
 //! A run passes only if all of these except gaps are zero. `unknown` sends
-//! may or may not arrive; they are counted for information.
+//! may or may not arrive; they are counted for information. Envelopes of
+//! the mesh's own kinds (agent messages, forwards, bounces) take seqs of the
+//! streams like any other, so they count for holes, duplicates and order,
+//! but what they carry is judged per agent:
+//!
+//! Per agent A (an `agent_send` to A), over every `agent_read` of A's inbox
+//! at whichever host it was read:
+//! - **lost**: answered `ok`, never read, and neither given up by its
+//!   sending node with a record (an `outbox_evicted` loss record over the
+//!   seq it was answered with: its sender was told, in its inbox) nor
+//!   bounced (a bounce naming its id in a journal: a host the agent had
+//!   left, whose drain had ended, sent it back to its sender);
+//! - **duplicated**: read more than once (at one host or across hosts);
+//! - **unexpected**: read, but never sent to A (a body the workload never
+//!   wrote, or a message for another agent), or read under another message
+//!   id than its send was answered with;
+//! - **phantom**: answered `fail`, read all the same;
+//! - **forward evicted** (counted, allowed, but worth a person's look): never
+//!   read, but passed on by a host the agent had left, and that forward was
+//!   given up under `evict-oldest` with the forwarder's `outbox_evicted`
+//!   record (its new host holds a gap record for it): the node journals say
+//!   so, the agent's inbox does not;
+//! - **bounced and read**: read, and bounced to its sender as well.
+//!
+//! `unknown` agent sends may be read once or not at all.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -89,6 +113,9 @@ pub struct Counts {
     pub unknown_delivered: u64,
     /// `unknown` sends that were not.
     pub unknown_missing: u64,
+    /// Envelopes from other nodes of the mesh's own kinds (agent messages,
+    /// forwards, bounces): their seqs count here, their messages per agent.
+    pub mesh_kind: u64,
 }
 
 impl Counts {
@@ -124,6 +151,7 @@ impl Counts {
         self.gap_unexplained += o.gap_unexplained;
         self.unknown_delivered += o.unknown_delivered;
         self.unknown_missing += o.unknown_missing;
+        self.mesh_kind += o.mesh_kind;
     }
 }
 
@@ -157,6 +185,91 @@ impl fmt::Display for Counts {
     }
 }
 
+/// What the checker counted for one agent's messages, or in total.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct AgentCounts {
+    /// Agent sends to it answered `ok`.
+    pub acked: u64,
+    /// Of them, read (once or more).
+    pub read: u64,
+    /// Of them, read after a host the agent left passed them on (the
+    /// entry says `forwarded_by`).
+    pub read_forwarded: u64,
+    /// Answered `ok`, never read, given up with a record its sender got.
+    pub evicted: u64,
+    /// Answered `ok`, never read, bounced to its sender.
+    pub bounced: u64,
+    /// Read, and bounced to its sender too.
+    pub bounced_read: u64,
+    /// Answered `ok`, never read, passed on by a host the agent left as a
+    /// forward that host then evicted with a record (its node journal says
+    /// so; the agent's inbox does not).
+    pub forward_evicted: u64,
+    /// Answered `ok`, never read, nothing says why.
+    pub lost: u64,
+    /// Reads beyond the first of one message.
+    pub duplicated: u64,
+    /// Read, never sent to this agent (or under another id).
+    pub unexpected: u64,
+    /// Answered `fail`, read all the same.
+    pub phantom: u64,
+    /// `unknown` sends that were read.
+    pub unknown_read: u64,
+    /// `unknown` sends that were not.
+    pub unknown_missing: u64,
+}
+
+impl AgentCounts {
+    /// Whether nothing that breaks a guarantee was counted.
+    pub fn clean(&self) -> bool {
+        self.lost == 0
+            && self.duplicated == 0
+            && self.unexpected == 0
+            && self.phantom == 0
+            && self.bounced_read == 0
+    }
+
+    fn add(&mut self, o: &AgentCounts) {
+        self.acked += o.acked;
+        self.read += o.read;
+        self.read_forwarded += o.read_forwarded;
+        self.evicted += o.evicted;
+        self.bounced += o.bounced;
+        self.bounced_read += o.bounced_read;
+        self.forward_evicted += o.forward_evicted;
+        self.lost += o.lost;
+        self.duplicated += o.duplicated;
+        self.unexpected += o.unexpected;
+        self.phantom += o.phantom;
+        self.unknown_read += o.unknown_read;
+        self.unknown_missing += o.unknown_missing;
+    }
+}
+
+impl fmt::Display for AgentCounts {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lost={} duplicated={} unexpected={} phantom={} bounced and read={} | acked={} \
+             read={} (passed on {}) sender told: evicted={} bounced={} | forward evicted \
+             (agent not told)={} | unknown read={} missing={}",
+            self.lost,
+            self.duplicated,
+            self.unexpected,
+            self.phantom,
+            self.bounced_read,
+            self.acked,
+            self.read,
+            self.read_forwarded,
+            self.evicted,
+            self.bounced,
+            self.forward_evicted,
+            self.unknown_read,
+            self.unknown_missing
+        )
+    }
+}
+
 /// The checker's verdict.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Summary {
@@ -176,6 +289,16 @@ pub struct Summary {
     pub unfinished: u64,
     /// Of the messages, those published to a topic, and how they ended.
     pub published: Outcomes,
+    /// Agent sends (not among the messages above), and how they ended.
+    pub agent_sends: Outcomes,
+    /// Agent counts per recipient agent name.
+    pub per_agent: BTreeMap<String, AgentCounts>,
+    /// The sum over agents.
+    pub agent_total: AgentCounts,
+    /// Inbox reads and moves of the roaming agents the history records.
+    pub agent_reads: u64,
+    /// Moves whose import answered.
+    pub agent_moves: u64,
     /// A few examples of each problem, for a person.
     pub examples: Vec<String>,
 }
@@ -198,7 +321,7 @@ pub struct Outcomes {
 impl Summary {
     /// Whether the run kept every guarantee.
     pub fn passed(&self) -> bool {
-        self.total.clean()
+        self.total.clean() && self.agent_total.clean()
     }
 }
 
@@ -283,7 +406,46 @@ pub fn check(ops: &[Op], journals: &BTreeMap<String, Vec<EventEntry>>) -> Summar
             list.push(format!("{kind}: {text}"));
         }
     };
+    let mut agent_sends: HashMap<(u32, u64), AgentSent> = HashMap::new();
     for op in ops {
+        let Some(message) = op.message() else {
+            match op {
+                Op::AgentRead { .. } => summary.agent_reads += 1,
+                Op::AgentMove { outcome, .. } if outcome == "moved" => summary.agent_moves += 1,
+                _ => {}
+            }
+            continue;
+        };
+        if let Op::AgentSend { to_agent, .. } = op {
+            summary.agent_sends.invoked += 1;
+            agent_sends.insert(
+                message,
+                AgentSent {
+                    to_agent: to_agent.clone(),
+                    outcome: AgentOutcome::Pending,
+                },
+            );
+            continue;
+        }
+        if let Some(a) = agent_sends.get_mut(&message) {
+            let (outcome, count) = match op {
+                Op::Ok {
+                    stream, seq, id, ..
+                } => (
+                    AgentOutcome::Ok {
+                        stream: key(stream),
+                        seq: *seq,
+                        id: id.clone().unwrap_or_default(),
+                    },
+                    &mut summary.agent_sends.ok,
+                ),
+                Op::Fail { .. } => (AgentOutcome::Fail, &mut summary.agent_sends.failed),
+                _ => (AgentOutcome::Unknown, &mut summary.agent_sends.unknown),
+            };
+            *count += 1;
+            a.outcome = outcome;
+            continue;
+        }
         let target = match op {
             Op::Invoke { to_id, .. } => Some(Target::Node(to_id.clone())),
             Op::Publish { from_id, topic, .. } => Some(Target::Topic {
@@ -301,10 +463,10 @@ pub fn check(ops: &[Op], journals: &BTreeMap<String, Vec<EventEntry>>) -> Summar
             if sent.is_topic() {
                 summary.published.invoked += 1;
             }
-            sends.insert(op.message(), sent);
+            sends.insert(message, sent);
             continue;
         }
-        let sent = sends.get_mut(&op.message());
+        let sent = sends.get_mut(&message);
         let published = sent.as_ref().is_some_and(|s| s.is_topic());
         let (outcome, all, of_published) = match op {
             Op::Ok { stream, seq, .. } => (
@@ -373,8 +535,239 @@ pub fn check(ops: &[Op], journals: &BTreeMap<String, Vec<EventEntry>>) -> Summar
         summary.total.add(&counts);
         summary.per_receiver.insert(r.clone(), counts);
     }
+    summary.agent_sends.unfinished = agent_sends
+        .values()
+        .filter(|a| matches!(a.outcome, AgentOutcome::Pending))
+        .count() as u64;
+    let records = AgentRecords {
+        evicted: &evicted,
+        bounced: bounced_ids(journals),
+        forward_evicted: forward_evicted_ids(journals, &evicted),
+    };
+    summary.per_agent = check_agents(ops, &agent_sends, &records, &mut example);
+    for c in summary.per_agent.values() {
+        summary.agent_total.add(c);
+    }
     summary.examples = examples.into_values().flatten().collect();
     summary
+}
+
+/// How an agent send ended.
+#[derive(Clone, Debug)]
+enum AgentOutcome {
+    Pending,
+    Ok {
+        stream: StreamKey,
+        seq: Seq,
+        id: String,
+    },
+    Fail,
+    Unknown,
+}
+
+#[derive(Clone, Debug)]
+struct AgentSent {
+    to_agent: String,
+    outcome: AgentOutcome,
+}
+
+/// The ids of the agent messages the bounces in `journals` send back.
+fn bounced_ids(journals: &BTreeMap<String, Vec<EventEntry>>) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    for e in journals.values().flatten() {
+        if let EventRecord::Envelope {
+            msg_kind,
+            encoding,
+            body,
+            ..
+        } = &e.record
+            && *msg_kind == mesh_protocol::KIND_BOUNCE
+            && let Ok(bytes) = encoding.decode(body.clone())
+            && let Ok(b) = mesh_protocol::Bounce::decode(&bytes)
+        {
+            ids.insert(b.id.to_string());
+        }
+    }
+    ids
+}
+
+/// The ids of the agent messages passed on in forwards that their
+/// forwarder (the forward's author) recorded as evicted (`evicted`).
+fn forward_evicted_ids(
+    journals: &BTreeMap<String, Vec<EventEntry>>,
+    evicted: &Evicted,
+) -> HashSet<String> {
+    let mut ids = HashSet::new();
+    for (node, journal) in journals {
+        for e in journal {
+            if let EventRecord::Envelope {
+                stream,
+                seq,
+                msg_kind,
+                encoding,
+                body,
+                ..
+            } = &e.record
+                && *msg_kind == mesh_protocol::KIND_FORWARD
+                && &stream.author == node
+                && evicted
+                    .get(&key(stream))
+                    .is_some_and(|r| r.iter().any(|&(lo, hi)| lo <= *seq && *seq <= hi))
+                && let Ok(bytes) = encoding.decode(body.clone())
+                && let Ok(f) = mesh_protocol::Forward::decode(&bytes)
+                && let Ok(m) = mesh_protocol::AgentEnvelope::decode(&f.envelope)
+            {
+                ids.insert(m.id.to_string());
+            }
+        }
+    }
+    ids
+}
+
+/// What the journals record of agent sends that were not delivered.
+struct AgentRecords<'a> {
+    /// Per stream, the seqs its author evicted.
+    evicted: &'a Evicted,
+    /// The ids of bounced messages.
+    bounced: HashSet<String>,
+    /// The ids of messages whose forward was evicted.
+    forward_evicted: HashSet<String>,
+}
+
+/// Judges every agent send against every read of its recipient's inbox
+/// (and `records`); answers the counts per recipient agent.
+fn check_agents(
+    ops: &[Op],
+    sends: &HashMap<(u32, u64), AgentSent>,
+    records: &AgentRecords<'_>,
+    example: &mut impl FnMut(&'static str, String),
+) -> BTreeMap<String, AgentCounts> {
+    let mut per: BTreeMap<String, AgentCounts> = BTreeMap::new();
+    for s in sends.values() {
+        per.entry(s.to_agent.clone()).or_default();
+    }
+    // Message -> (reads, read through a host it left).
+    let mut reads: HashMap<(u32, u64), (u64, bool)> = HashMap::new();
+    for op in ops {
+        let Op::AgentRead {
+            node,
+            agent,
+            entries,
+            ..
+        } = op
+        else {
+            continue;
+        };
+        let n = per.entry(agent.clone()).or_default();
+        for e in entries {
+            let at = format!("{agent} at node {node}, arrival {}", e.arrival);
+            let msg = parse_body(&e.body);
+            let Some((m, sent)) = msg.and_then(|m| sends.get(&m).map(|s| (m, s))) else {
+                n.unexpected += 1;
+                example(
+                    "agent unexpected",
+                    format!("{at}: body {:?} was never sent", e.body),
+                );
+                continue;
+            };
+            if &sent.to_agent != agent {
+                n.unexpected += 1;
+                example(
+                    "agent unexpected",
+                    format!("{at}: message {m:?} was sent to {}", sent.to_agent),
+                );
+                continue;
+            }
+            if let AgentOutcome::Ok { id, .. } = &sent.outcome
+                && id != &e.id
+            {
+                n.unexpected += 1;
+                example(
+                    "agent unexpected",
+                    format!("{at}: message {m:?} read as id {}, answered {id}", e.id),
+                );
+                continue;
+            }
+            let r = reads.entry(m).or_default();
+            r.0 += 1;
+            r.1 |= e.forwarded_by.is_some();
+            if r.0 > 1 {
+                n.duplicated += 1;
+                example(
+                    "agent duplicated",
+                    format!("{at}: message {m:?} (id {}) read {} times", e.id, r.0),
+                );
+            }
+        }
+    }
+    let mut all: Vec<(&(u32, u64), &AgentSent)> = sends.iter().collect();
+    all.sort_by_key(|(m, _)| **m);
+    for (m, sent) in all {
+        let n = per.entry(sent.to_agent.clone()).or_default();
+        let read = reads.get(m).copied();
+        match &sent.outcome {
+            AgentOutcome::Ok { stream, seq, id } => {
+                n.acked += 1;
+                let was_bounced = records.bounced.contains(id);
+                if let Some((_, forwarded)) = read {
+                    n.read += 1;
+                    n.read_forwarded += u64::from(forwarded);
+                    if was_bounced {
+                        n.bounced_read += 1;
+                        example(
+                            "agent bounced and read",
+                            format!("message {m:?} (id {id}) to {}", sent.to_agent),
+                        );
+                    }
+                    continue;
+                }
+                let given_up = records
+                    .evicted
+                    .get(stream)
+                    .is_some_and(|r| r.iter().any(|&(lo, hi)| lo <= *seq && *seq <= hi));
+                if given_up {
+                    n.evicted += 1;
+                } else if was_bounced {
+                    n.bounced += 1;
+                } else if records.forward_evicted.contains(id) {
+                    n.forward_evicted += 1;
+                    example(
+                        "agent forward evicted",
+                        format!(
+                            "message {m:?} (id {id}) to {}, acknowledged as {}#{seq}: its \
+                             forward was evicted, the agent was not told",
+                            sent.to_agent, stream.2
+                        ),
+                    );
+                } else {
+                    n.lost += 1;
+                    example(
+                        "agent lost",
+                        format!(
+                            "message {m:?} (id {id}) to {}, acknowledged as {}#{seq}, never read",
+                            sent.to_agent, stream.2
+                        ),
+                    );
+                }
+            }
+            AgentOutcome::Fail if read.is_some() => {
+                n.phantom += 1;
+                example(
+                    "agent phantom",
+                    format!("message {m:?} to {} was answered fail", sent.to_agent),
+                );
+            }
+            AgentOutcome::Unknown | AgentOutcome::Pending => {
+                if read.is_some() {
+                    n.unknown_read += 1;
+                } else {
+                    n.unknown_missing += 1;
+                }
+            }
+            AgentOutcome::Fail => {}
+        }
+    }
+    per
 }
 
 /// Per stream, the seq ranges its author recorded as evicted.
@@ -417,10 +810,19 @@ fn check_receiver(
                 gaps.entry(sk).or_default().push((*from, *to));
             }
             EventRecord::Envelope {
-                stream, seq, body, ..
+                stream,
+                seq,
+                body,
+                msg_kind,
+                ..
             } if stream.author != r => {
-                n.delivered += 1;
-                n.topic_delivered += u64::from(is_topic(stream));
+                let mesh_kind = mesh_protocol::is_mesh_kind(*msg_kind);
+                if mesh_kind {
+                    n.mesh_kind += 1;
+                } else {
+                    n.delivered += 1;
+                    n.topic_delivered += u64::from(is_topic(stream));
+                }
                 let sk = key(stream);
                 let at = format!("arrival {} {}#{seq}", e.arrival, stream.channel);
                 if !seen_at.insert((sk.clone(), *seq)) {
@@ -437,6 +839,10 @@ fn check_receiver(
                     );
                 } else {
                     *h = *seq;
+                }
+                if mesh_kind {
+                    // An agent's message: judged per agent, from its reads.
+                    continue;
                 }
                 let msg = parse_body(body);
                 let sent = msg.and_then(|m| sends.get(&m));
@@ -599,6 +1005,7 @@ mod tests {
                 c,
                 stream: stream(A, to),
                 seq,
+                id: None,
             });
             self
         }
@@ -629,6 +1036,7 @@ mod tests {
                 c,
                 stream: topic_stream(A),
                 seq,
+                id: None,
             });
             self
         }
@@ -1072,5 +1480,324 @@ mod tests {
         assert_eq!(s.per_receiver[B].phantom, 1);
         assert_eq!((s.published.invoked, s.published.failed), (1, 1));
         assert!(!s.passed());
+    }
+
+    /// A history of agent sends from client 0 to agent `R`.
+    #[derive(Default)]
+    struct AH {
+        ops: Vec<Op>,
+    }
+
+    const R: &str = "roamer";
+
+    fn msg_id(c: u64) -> String {
+        format!("{c:032x}")
+    }
+
+    impl AH {
+        fn send(&mut self, c: u64) -> &mut Self {
+            self.ops.push(Op::AgentSend {
+                t_ms: 0,
+                client: 0,
+                c,
+                from: 0,
+                from_agent: "s0".into(),
+                to_agent: R.into(),
+                to: 1,
+                to_id: B.into(),
+            });
+            self
+        }
+        /// Sent as `seq` of A's stream to B, answered with its id.
+        fn ok(&mut self, c: u64, seq: Seq) -> &mut Self {
+            self.send(c);
+            self.ops.push(Op::Ok {
+                t_ms: 0,
+                client: 0,
+                c,
+                stream: stream(A, B),
+                seq,
+                id: Some(msg_id(c)),
+            });
+            self
+        }
+        fn fail(&mut self, c: u64) -> &mut Self {
+            self.send(c);
+            self.ops.push(Op::Fail {
+                t_ms: 0,
+                client: 0,
+                c,
+                error: "store unavailable".into(),
+            });
+            self
+        }
+        fn unknown(&mut self, c: u64) -> &mut Self {
+            self.send(c);
+            self.ops.push(Op::Unknown {
+                t_ms: 0,
+                client: 0,
+                c,
+                error: "timeout".into(),
+            });
+            self
+        }
+        /// The agent reads messages `cs` at node `node`.
+        fn read(&mut self, node: usize, cs: &[u64]) -> &mut Self {
+            self.ops.push(Op::AgentRead {
+                t_ms: 0,
+                node,
+                agent: R.into(),
+                after: None,
+                next: None,
+                entries: cs
+                    .iter()
+                    .map(|&c| crate::history::ReadEntry {
+                        id: msg_id(c),
+                        body: body(0, c),
+                        arrival: c,
+                        forwarded_by: None,
+                    })
+                    .collect(),
+                other: Vec::new(),
+            });
+            self
+        }
+        fn moved(&mut self, from: usize, to: usize) -> &mut Self {
+            self.ops.push(Op::AgentMove {
+                t_ms: 0,
+                agent: R.into(),
+                from,
+                to,
+                after: None,
+                outcome: "moved".into(),
+                inbox_after: None,
+                error: String::new(),
+            });
+            self
+        }
+    }
+
+    fn run_agents(h: &AH, a: &J) -> Summary {
+        let journals = BTreeMap::from([(A.to_owned(), a.entries.clone())]);
+        check(&h.ops, &journals)
+    }
+
+    #[test]
+    fn agent_sends_each_read_once_across_two_hosts_pass() {
+        let mut h = AH::default();
+        h.ok(1, 1)
+            .ok(2, 2)
+            .read(0, &[1])
+            .moved(0, 1)
+            .ok(3, 3)
+            .read(1, &[2, 3]);
+        let s = run_agents(&h, &J::default());
+        assert!(s.passed(), "{s:?}");
+        let n = &s.per_agent[R];
+        assert_eq!((n.acked, n.read, n.lost, n.duplicated), (3, 3, 0, 0));
+        assert_eq!((s.agent_sends.invoked, s.agent_sends.ok), (3, 3));
+        assert_eq!((s.agent_moves, s.agent_reads), (1, 2));
+        assert_eq!(s.invoked, 0, "agent sends are not node sends");
+    }
+
+    #[test]
+    fn an_agent_message_read_at_the_old_host_and_again_at_the_new_one_is_a_duplicate() {
+        let mut h = AH::default();
+        h.ok(1, 1)
+            .ok(2, 2)
+            .read(0, &[1, 2])
+            .moved(0, 1)
+            .read(1, &[2]);
+        let s = run_agents(&h, &J::default());
+        assert_eq!(s.per_agent[R].duplicated, 1);
+        assert!(!s.passed());
+        assert!(
+            s.examples
+                .iter()
+                .any(|e| e.starts_with("agent duplicated: roamer at node 1")),
+            "{:?}",
+            s.examples
+        );
+    }
+
+    #[test]
+    fn an_acknowledged_agent_send_never_read_is_lost() {
+        let mut h = AH::default();
+        h.ok(1, 1).ok(2, 2).read(0, &[1]);
+        let s = run_agents(&h, &J::default());
+        assert_eq!(s.per_agent[R].lost, 1);
+        assert!(!s.passed());
+        assert!(
+            s.examples
+                .iter()
+                .any(|e| e.starts_with("agent lost: message (0, 2)")),
+            "{:?}",
+            s.examples
+        );
+    }
+
+    #[test]
+    fn an_agent_send_its_node_gave_up_with_a_record_is_not_lost() {
+        let mut h = AH::default();
+        h.ok(1, 1).ok(2, 2).read(0, &[1]);
+        let mut a = J::default();
+        evicted(&mut a, B, 2, 2);
+        let s = run_agents(&h, &a);
+        assert!(s.passed(), "{s:?}");
+        assert_eq!((s.per_agent[R].evicted, s.per_agent[R].lost), (1, 0));
+    }
+
+    #[test]
+    fn an_errored_agent_send_may_be_absent_but_not_read() {
+        let mut h = AH::default();
+        h.fail(1).ok(2, 1).read(0, &[2]);
+        let s = run_agents(&h, &J::default());
+        assert!(s.passed(), "{s:?}");
+        assert_eq!(s.agent_sends.failed, 1);
+        let mut h = AH::default();
+        h.fail(1).read(0, &[1]);
+        let s = run_agents(&h, &J::default());
+        assert_eq!(s.per_agent[R].phantom, 1);
+        assert!(!s.passed());
+    }
+
+    #[test]
+    fn an_unknown_agent_send_may_be_read_once_or_not_at_all_but_not_twice() {
+        let mut h = AH::default();
+        h.unknown(1).unknown(2).read(0, &[1]);
+        let s = run_agents(&h, &J::default());
+        assert!(s.passed(), "{s:?}");
+        let n = &s.per_agent[R];
+        assert_eq!((n.unknown_read, n.unknown_missing), (1, 1));
+        h.read(1, &[1]);
+        let s = run_agents(&h, &J::default());
+        assert_eq!(s.per_agent[R].duplicated, 1);
+        assert!(!s.passed());
+    }
+
+    #[test]
+    fn an_agent_message_read_under_another_id_or_never_sent_is_unexpected() {
+        let mut h = AH::default();
+        h.ok(1, 1);
+        h.ops.push(Op::AgentRead {
+            t_ms: 0,
+            node: 0,
+            agent: R.into(),
+            after: None,
+            next: None,
+            entries: vec![
+                crate::history::ReadEntry {
+                    id: msg_id(9),
+                    body: body(0, 1),
+                    arrival: 1,
+                    forwarded_by: None,
+                },
+                crate::history::ReadEntry {
+                    id: msg_id(5),
+                    body: "hello".into(),
+                    arrival: 2,
+                    forwarded_by: None,
+                },
+            ],
+            other: Vec::new(),
+        });
+        let s = run_agents(&h, &J::default());
+        assert_eq!(s.per_agent[R].unexpected, 2);
+        assert_eq!(s.per_agent[R].lost, 1, "not read under its own id");
+        assert!(!s.passed());
+    }
+
+    #[test]
+    fn agent_envelopes_fill_their_seqs_without_being_workload_messages() {
+        // Node send 1 and 3 on A's stream to B, an agent message at seq 2.
+        let mut h = H::default();
+        h.ok(1, B, 1).ok(3, B, 3);
+        let mut b = J::default();
+        b.env(B, 1, 1);
+        b.push(EventRecord::Envelope {
+            stream: stream(A, B),
+            seq: 2,
+            lamport: 2,
+            created_ms: 0,
+            msg_kind: mesh_protocol::KIND_AGENT,
+            encoding: BodyEncoding::Base64,
+            body: "AAEC".into(),
+        });
+        b.env(B, 3, 3);
+        let s = run(&h, &b);
+        assert!(s.passed(), "{s:?}");
+        assert_eq!((s.total.delivered, s.total.mesh_kind), (2, 1));
+        assert_eq!((s.total.holes, s.total.unexpected), (0, 0));
+    }
+
+    #[test]
+    fn an_agent_send_bounced_to_its_sender_is_not_lost_but_must_not_be_read_too() {
+        let mut h = AH::default();
+        h.ok(1, 1).ok(2, 2).read(0, &[1]);
+        let bounce = mesh_protocol::Bounce {
+            id: msg_id(2).parse().unwrap(),
+            to: R.parse().unwrap(),
+            missing: None,
+            reason: mesh_protocol::BounceReason::NoSuchAgent,
+        };
+        let (encoding, body) = BodyEncoding::encode(&bounce.encode());
+        let mut a = J::default();
+        a.push(EventRecord::Envelope {
+            stream: stream(B, A),
+            seq: 1,
+            lamport: 1,
+            created_ms: 0,
+            msg_kind: mesh_protocol::KIND_BOUNCE,
+            encoding,
+            body,
+        });
+        let s = run_agents(&h, &a);
+        assert!(s.passed(), "{s:?}");
+        assert_eq!((s.per_agent[R].bounced, s.per_agent[R].lost), (1, 0));
+        h.read(1, &[2]);
+        let s = run_agents(&h, &a);
+        assert_eq!(s.per_agent[R].bounced_read, 1);
+        assert!(!s.passed());
+    }
+
+    #[test]
+    fn an_agent_send_whose_forward_was_evicted_is_counted_as_such_not_lost() {
+        let mut h = AH::default();
+        h.ok(1, 1).ok(2, 2).read(0, &[1]);
+        // B, a host the agent left, passed message 2 on to C as seq 5 of
+        // its stream to C, and evicted it under evict-oldest.
+        let envelope = mesh_protocol::AgentEnvelope {
+            id: msg_id(2).parse().unwrap(),
+            from: "s0".parse().unwrap(),
+            to: Some(R.parse().unwrap()),
+            in_reply_to: None,
+            key: None,
+            body: body(0, 2).into_bytes(),
+        };
+        let forward = mesh_protocol::Forward {
+            author: iroh::SecretKey::from_bytes(&[7; 32]).public(),
+            envelope: envelope.encode(),
+        };
+        let (encoding, text) = BodyEncoding::encode(&forward.encode());
+        let mut b = J::default();
+        b.push(EventRecord::Envelope {
+            stream: stream(B, C),
+            seq: 5,
+            lamport: 5,
+            created_ms: 0,
+            msg_kind: mesh_protocol::KIND_FORWARD,
+            encoding,
+            body: text,
+        });
+        let s = run_agents(&h, &J::default());
+        assert_eq!(s.per_agent[R].lost, 1, "without the eviction it is lost");
+        evicted_of(&mut b, stream(B, C), 5, 5);
+        let journals = BTreeMap::from([(B.to_owned(), b.entries.clone())]);
+        let s = check(&h.ops, &journals);
+        assert!(s.passed(), "{s:?}");
+        assert_eq!(
+            (s.per_agent[R].forward_evicted, s.per_agent[R].lost),
+            (1, 0)
+        );
     }
 }

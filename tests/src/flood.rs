@@ -258,6 +258,8 @@ async fn run(bin: &Path, out_dir: &Path, frames: u64) -> anyhow::Result<FloodRep
             node: 1,
             api: cluster.client(1).clone(),
             node_ids: vec![cluster.node_id(0).to_owned(), cluster.node_id(1).to_owned()],
+            agent: None,
+            roamer: None,
         },
         WorkloadConfig {
             interval: Duration::from_millis(20),

@@ -8,6 +8,13 @@
 //! mid-request). A message is named by its origin client and that client's
 //! counter, which the body carries as `{"o":…,"c":…}`. A history written
 //! before topics has no `publish` lines and reads the same.
+//!
+//! Agent moves add three kinds a history written before them simply lacks:
+//! `agent_send` (an agent's message to the roaming agent, then `ok` with the
+//! message `id`, `fail` or `unknown` as above), `agent_read` (what the
+//! roaming agent read of its inbox at one host: every message entry's id
+//! and body) and `agent_move` (an export and import of it, and how each
+//! ended).
 
 use std::io::{BufRead as _, BufWriter, Write as _};
 use std::path::Path;
@@ -54,6 +61,70 @@ pub enum Op {
         /// The topic's name.
         topic: String,
     },
+    /// Agent `from_agent` on node `from` is about to send message
+    /// (`client`, `c`) to agent `to_agent@to_id`, under the client id
+    /// [`agent_client_id`] names.
+    AgentSend {
+        /// Milliseconds since the run started.
+        t_ms: u64,
+        /// The client (origin).
+        client: u32,
+        /// The client's message counter, from 1.
+        c: u64,
+        /// The sending node's index.
+        from: usize,
+        /// The sending agent.
+        from_agent: String,
+        /// The recipient agent's name.
+        to_agent: String,
+        /// The node the address names, by index (where the workload
+        /// believes the agent is, or a host it had).
+        to: usize,
+        /// That node's id.
+        to_id: String,
+    },
+    /// The roaming agent read its inbox at node `node` after `after` (from
+    /// its start if `None`), up to `next`.
+    AgentRead {
+        /// Milliseconds since the run started.
+        t_ms: u64,
+        /// The host read at, by index.
+        node: usize,
+        /// The agent.
+        agent: String,
+        /// Where the read started.
+        after: Option<String>,
+        /// Where it ended: the next read there starts after it.
+        next: Option<String>,
+        /// Every message entry read, in order.
+        entries: Vec<ReadEntry>,
+        /// Entries of other kinds (bounces, loss records, ...), for a person.
+        #[serde(default)]
+        other: Vec<String>,
+    },
+    /// The roaming agent was exported from `from` (read up to `after`) and
+    /// imported on `to`; `outcome` says how far that went.
+    AgentMove {
+        /// Milliseconds since the run started.
+        t_ms: u64,
+        /// The agent.
+        agent: String,
+        /// The host it left, by index.
+        from: usize,
+        /// The host it was imported on, by index.
+        to: usize,
+        /// The export's `after`: how far it had read at `from`.
+        after: Option<String>,
+        /// `moved` (the import answered), `export_failed` or
+        /// `import_failed` (it stays at `from`), with the error.
+        outcome: String,
+        /// The import's `inbox_after`: where its inbox at `to` is read from
+        /// (a host it had before); `None` from its start.
+        inbox_after: Option<String>,
+        /// What went wrong, if anything.
+        #[serde(default)]
+        error: String,
+    },
     /// The send or publish was committed as `seq` of `stream`.
     Ok {
         /// Milliseconds since the run started.
@@ -66,6 +137,9 @@ pub enum Op {
         stream: StreamJson,
         /// The seq the daemon answered.
         seq: Seq,
+        /// For an agent send: the message id the daemon answered.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        id: Option<String>,
     },
     /// The send or publish was refused: nothing was written.
     Fail {
@@ -91,17 +165,40 @@ pub enum Op {
     },
 }
 
+/// One message entry an agent read of its inbox.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadEntry {
+    /// The message id.
+    pub id: String,
+    /// Its body (the workload's bodies name their message).
+    pub body: String,
+    /// Its arrival in the host's journal.
+    pub arrival: u64,
+    /// The node that passed it on, if it came through a host the agent left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarded_by: Option<String>,
+}
+
 impl Op {
-    /// The message this op is about: (client, counter).
-    pub fn message(&self) -> (u32, u64) {
+    /// The message this op is about: (client, counter); `None` for the
+    /// ops that are about no one message (reads, moves).
+    pub fn message(&self) -> Option<(u32, u64)> {
         match self {
             Op::Invoke { client, c, .. }
             | Op::Publish { client, c, .. }
+            | Op::AgentSend { client, c, .. }
             | Op::Ok { client, c, .. }
             | Op::Fail { client, c, .. }
-            | Op::Unknown { client, c, .. } => (*client, *c),
+            | Op::Unknown { client, c, .. } => Some((*client, *c)),
+            Op::AgentRead { .. } | Op::AgentMove { .. } => None,
         }
     }
+}
+
+/// The client id an agent send of message (`client`, `c`) carries, so a
+/// retry of it is answered, not sent again.
+pub fn agent_client_id(client: u32, c: u64) -> String {
+    format!("chaos-{client}-{c}")
 }
 
 /// The body that names message (`client`, `c`): `{"o":client,"c":c}`.
@@ -257,6 +354,7 @@ mod tests {
                 channel: "direct:b".into(),
             },
             seq: 1,
+            id: None,
         });
         h.record(Op::Unknown {
             t_ms: 3,
@@ -272,9 +370,55 @@ mod tests {
             from_id: "a".into(),
             topic: "chaos".into(),
         });
+        h.record(Op::AgentSend {
+            t_ms: 5,
+            client: 0,
+            c: 4,
+            from: 0,
+            from_agent: "s0".into(),
+            to_agent: "roamer".into(),
+            to: 1,
+            to_id: "b".into(),
+        });
+        h.record(Op::AgentRead {
+            t_ms: 6,
+            node: 1,
+            agent: "roamer".into(),
+            after: None,
+            next: Some("mc1x".into()),
+            entries: vec![ReadEntry {
+                id: "00ff".into(),
+                body: body(0, 4),
+                arrival: 7,
+                forwarded_by: None,
+            }],
+            other: Vec::new(),
+        });
+        h.record(Op::AgentMove {
+            t_ms: 7,
+            agent: "roamer".into(),
+            from: 1,
+            to: 2,
+            after: Some("mc1x".into()),
+            outcome: "moved".into(),
+            inbox_after: None,
+            error: String::new(),
+        });
         h.flush().unwrap();
         assert_eq!(load(&path).unwrap(), h.ops());
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.starts_with("{\"type\":\"invoke\""), "{text}");
+    }
+
+    #[test]
+    fn a_history_written_before_agent_moves_still_loads() {
+        let old = r#"{"type":"ok","t_ms":2,"client":0,"c":1,"stream":{"author":"a","epoch":"e","channel":"direct:b"},"seq":1}"#;
+        let op: Op = serde_json::from_str(old).unwrap();
+        assert!(matches!(op, Op::Ok { id: None, .. }), "{op:?}");
+        assert_eq!(
+            serde_json::to_string(&op).unwrap(),
+            old,
+            "written as before"
+        );
     }
 }

@@ -6,6 +6,8 @@
 //! failing run replays from its seed. Faults run one at a time: apply, hold,
 //! heal, a quiet spell, the next. The first faults of every schedule are one
 //! of each kind in a seeded order, so even a short run has them all.
+//! [`with_moves`] adds moves of the roaming agent between them, drawn from
+//! a seeded generator of their own (the faults stay the seed's).
 
 use std::time::Duration;
 
@@ -13,12 +15,16 @@ use anyhow::Context;
 use serde::Serialize;
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use mesh_api::client::{Client, path_segment};
+use mesh_api::{AgentExport, AgentJson, ExportAgentRequest, ImportAgentRequest, InboxPage};
 
 use crate::cluster::Cluster;
-use crate::history::History;
+use crate::history::{History, Op, ReadEntry};
 use crate::netns::Netns;
 use crate::rng::SimRng;
-use crate::workload::{Ended, Publish, Send};
+use crate::workload::{Ended, Publish, Roamer, Send};
 
 /// The share of packets the loss fault drops, in percent.
 pub const LOSS_PERCENT: u32 = 30;
@@ -86,6 +92,34 @@ pub enum Fault {
         /// How long after it is back the second kill comes at the latest.
         resync_ms: u64,
     },
+    /// Move the roaming agent ([`Ctx::roamer`]) from its host to another
+    /// node: read its inbox there to its end, export it after what it read,
+    /// import it on the node `1 + to_offset` after its host (mod the
+    /// cluster's size); `kill` says which host is `kill -9`ed around it,
+    /// for `down_ms`.
+    MoveRoamer {
+        /// Which node it moves to, counted from its host.
+        to_offset: usize,
+        /// Which host is killed around the move, if any.
+        kill: MoveKill,
+        /// How long the killed host stays down.
+        down_ms: u64,
+    },
+}
+
+/// Which host a move kills (`kill -9`), and when.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MoveKill {
+    /// None.
+    None,
+    /// The host it leaves, between the export and the import (it learns of
+    /// the move from its peers once it is back).
+    OldBeforeImport,
+    /// The host it leaves, right after the import (maybe mid-pump).
+    Old,
+    /// The new host, right after the import (before its notice is out, maybe).
+    New,
 }
 
 impl Fault {
@@ -99,6 +133,7 @@ impl Fault {
             Fault::Loss { .. } => "loss",
             Fault::KillDuringResync { .. } => "kill_during_resync",
             Fault::KillAfterAck { .. } => "kill_after_ack",
+            Fault::MoveRoamer { .. } => "move_roamer",
         }
     }
 
@@ -213,6 +248,42 @@ pub fn plan(seed: u64, nodes: usize, count: usize, network: bool) -> Vec<Step> {
         .collect()
 }
 
+/// `steps` with a move of the roaming agent after every `every` of them
+/// (none if 0), drawn from `seed` by a generator of their own: the faults
+/// of `steps` stay what [`plan`] made them.
+pub fn with_moves(steps: Vec<Step>, seed: u64, nodes: usize, every: usize) -> Vec<Step> {
+    if every == 0 || nodes < 2 {
+        return steps;
+    }
+    let mut rng = SimRng::new(seed ^ 0x726F_616D_6572_2121);
+    let kills = [
+        MoveKill::None,
+        MoveKill::OldBeforeImport,
+        MoveKill::Old,
+        MoveKill::New,
+    ];
+    let mut out = Vec::with_capacity(steps.len() + steps.len() / every);
+    for (i, step) in steps.into_iter().enumerate() {
+        out.push(step);
+        if (i + 1) % every == 0 {
+            let kill = kills[rng.index(kills.len())];
+            out.push(Step {
+                fault: Fault::MoveRoamer {
+                    to_offset: rng.index(nodes - 1),
+                    kill,
+                    down_ms: rng
+                        .duration(Duration::from_millis(200), Duration::from_millis(1000))
+                        .as_millis() as u64,
+                },
+                quiet_ms: rng
+                    .duration(Duration::from_millis(100), Duration::from_millis(500))
+                    .as_millis() as u64,
+            });
+        }
+    }
+    out
+}
+
 /// What carrying out a fault observed.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Applied {
@@ -248,7 +319,117 @@ pub struct Ctx {
     /// many of a `kill_after_ack` burst is published to it (by the
     /// message's counter, so the schedule stays the seed's).
     pub topic: Option<(String, u64)>,
+    /// The agent `move_roamer` moves, and where it reads it.
+    pub roamer: Option<RoamerReader>,
     next_c: u64,
+}
+
+/// The roaming agent as its reader knows it: where it is, and how far it
+/// has read its inbox there.
+#[derive(Debug)]
+pub struct RoamerReader {
+    /// The agent (its host is shared with the workload).
+    pub roamer: Roamer,
+    /// Where the next read of its inbox at its host starts (`None`: from
+    /// the start).
+    pub after: Option<String>,
+}
+
+/// Entries one page of an inbox read asks for, and the most pages one
+/// read takes (a bound, far above what a run's agent sends fill).
+const INBOX_PAGE: usize = 500;
+const INBOX_PAGES_MAX: usize = 200;
+/// How long one inbox page, export or import may take.
+const AGENT_CALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl RoamerReader {
+    /// A client of the agent's socket on node `i` (as its host).
+    pub fn client(&self, cluster: &Cluster, i: usize) -> Client {
+        let dir = mesh_api::DataDir::resolve(Some(cluster.data_dir(i))).map_or_else(
+            |_| cluster.data_dir(i).join("agents"),
+            |d| d.agent_sockets_dir(),
+        );
+        Client::for_agent(
+            mesh_api::agent_socket_in(&dir, &self.roamer.name),
+            &self.roamer.name,
+        )
+    }
+
+    /// Reads the agent's inbox at its host from where the last read
+    /// stopped to its end, records what it read (`agent_read`, also when
+    /// a page fails after others were read) and moves on past it. Answers
+    /// how many message entries it read.
+    ///
+    /// # Errors
+    /// If a page cannot be read (what was read before it is recorded).
+    pub async fn read(&mut self, cluster: &Cluster, history: &History) -> anyhow::Result<usize> {
+        let node = self.roamer.host();
+        let client = self.client(cluster, node);
+        let start = self.after.clone();
+        let mut entries = Vec::new();
+        let mut other = Vec::new();
+        let mut failed = None;
+        for _ in 0..INBOX_PAGES_MAX {
+            let mut path = format!(
+                "/v1/agents/{}/inbox?limit={INBOX_PAGE}",
+                path_segment(&self.roamer.name)
+            );
+            if let Some(a) = &self.after {
+                path += &format!("&after={}", path_segment(a));
+            }
+            let page = match tokio::time::timeout(
+                AGENT_CALL_TIMEOUT,
+                client.get::<InboxPage>(&path),
+            )
+            .await
+            {
+                Ok(Ok(p)) => p,
+                Ok(Err(e)) => {
+                    failed = Some(anyhow::Error::new(e));
+                    break;
+                }
+                Err(_) => {
+                    failed = Some(anyhow::anyhow!("no answer within {AGENT_CALL_TIMEOUT:?}"));
+                    break;
+                }
+            };
+            let Some(last) = page.entries.last() else {
+                break;
+            };
+            self.after = Some(last.cursor.clone());
+            for e in page.entries {
+                if e.kind == "message" {
+                    entries.push(ReadEntry {
+                        id: e.id.unwrap_or_default(),
+                        body: e.body,
+                        arrival: e.arrival,
+                        forwarded_by: e.forwarded_by,
+                    });
+                } else {
+                    other.push(format!("{} at arrival {}: {}", e.kind, e.arrival, e.body));
+                }
+            }
+        }
+        let n = entries.len();
+        if !entries.is_empty() || !other.is_empty() {
+            history.record(Op::AgentRead {
+                t_ms: history.now_ms(),
+                node,
+                agent: self.roamer.name.clone(),
+                after: start,
+                next: self.after.clone(),
+                entries,
+                other,
+            });
+        }
+        match failed {
+            Some(e) => Err(e.context(format!(
+                "reading {}'s inbox at node {node}",
+                self.roamer.name
+            ))),
+            None => Ok(n),
+        }
+    }
 }
 
 impl Ctx {
@@ -259,6 +440,7 @@ impl Ctx {
             client,
             send_timeout,
             topic: None,
+            roamer: None,
             next_c: 0,
         }
     }
@@ -393,8 +575,132 @@ pub async fn apply(cluster: &mut Cluster, ctx: &mut Ctx, fault: &Fault) -> anyho
             sleep(*down_ms / 4).await;
             cluster.restart(*node).await?;
         }
+        Fault::MoveRoamer {
+            to_offset,
+            kill,
+            down_ms,
+        } => {
+            let r = ctx
+                .roamer
+                .as_mut()
+                .context("move_roamer needs a roaming agent")?;
+            let from = r.roamer.host();
+            let to = (from + 1 + to_offset) % cluster.len();
+            applied.note = move_roamer(cluster, r, &ctx.history, from, to, *kill).await?;
+            match kill {
+                MoveKill::None => {}
+                MoveKill::OldBeforeImport => {
+                    // Killed already: it comes back now.
+                    sleep(*down_ms).await;
+                    cluster.restart(from).await?;
+                }
+                MoveKill::Old | MoveKill::New => {
+                    let node = if *kill == MoveKill::Old { from } else { to };
+                    cluster.kill(node).await?;
+                    sleep(*down_ms).await;
+                    cluster.restart(node).await?;
+                }
+            }
+        }
     }
     Ok(applied)
+}
+
+/// Moves `r`'s agent from node `from` to node `to`: reads its inbox at
+/// `from` to its end, exports it there after what it read, kills `from`
+/// if `kill` says so before the import, and imports it on `to`. Each step
+/// is recorded; an export or import that fails leaves the agent at `from`
+/// (where its reader goes on), and the run goes on. Answers a note.
+///
+/// # Errors
+/// If the import's answer was lost and cannot be told from a refusal (the
+/// agent's inbox at `to` could not be read from the right place), or the
+/// history cannot be kept.
+async fn move_roamer(
+    cluster: &mut Cluster,
+    r: &mut RoamerReader,
+    history: &History,
+    from: usize,
+    to: usize,
+    kill: MoveKill,
+) -> anyhow::Result<String> {
+    let name = r.roamer.name.clone();
+    let record = |outcome: &str, after: Option<String>, inbox_after, error: String| {
+        history.record(Op::AgentMove {
+            t_ms: history.now_ms(),
+            agent: name.clone(),
+            from,
+            to,
+            after,
+            outcome: outcome.into(),
+            inbox_after,
+            error,
+        });
+    };
+    if let Err(e) = r.read(cluster, history).await {
+        // Not moved: what it could not read stays there, to be read later.
+        let error = format!("{e:#}");
+        record("read_failed", r.after.clone(), None, error.clone());
+        return Ok(format!(
+            "not moved, its inbox at {from} could not be read: {error}"
+        ));
+    }
+    let after = r.after.clone();
+    let export = tokio::time::timeout(
+        AGENT_CALL_TIMEOUT,
+        cluster.client(from).post::<AgentExport>(
+            &format!("/v1/agents/{}/export", path_segment(&name)),
+            &ExportAgentRequest {
+                after: after.clone(),
+            },
+        ),
+    )
+    .await;
+    let export = match export {
+        Ok(Ok(x)) => x,
+        Ok(Err(e)) => {
+            record("export_failed", after, None, e.to_string());
+            return Ok(format!("not moved, the export failed: {e}"));
+        }
+        Err(_) => {
+            let error = format!("no answer within {AGENT_CALL_TIMEOUT:?}");
+            record("export_failed", after, None, error.clone());
+            return Ok(format!("not moved, the export failed: {error}"));
+        }
+    };
+    if kill == MoveKill::OldBeforeImport {
+        cluster.kill(from).await?;
+    }
+    let import = tokio::time::timeout(
+        AGENT_CALL_TIMEOUT,
+        cluster.client(to).post::<AgentJson>(
+            "/v1/agents/import",
+            &ImportAgentRequest { export, uid: None },
+        ),
+    )
+    .await;
+    match import {
+        Ok(Ok(a)) => {
+            record("moved", after, a.inbox_after.clone(), String::new());
+            r.roamer.host.store(to, Ordering::Release);
+            r.after = a.inbox_after;
+            Ok(format!("moved {name} from node {from} to node {to}"))
+        }
+        Ok(Err(e)) if crate::workload::is_refusal(&e) => {
+            // Refused: nothing was imported, it is still at `from`.
+            record("import_failed", after, None, e.to_string());
+            Ok(format!("not moved, the import was refused: {e}"))
+        }
+        Ok(Err(e)) => {
+            record("import_unknown", after, None, e.to_string());
+            anyhow::bail!("the import of {name} on node {to} may or may not have happened: {e}")
+        }
+        Err(_) => {
+            let error = format!("no answer within {AGENT_CALL_TIMEOUT:?}");
+            record("import_unknown", after, None, error.clone());
+            anyhow::bail!("the import of {name} on node {to} may or may not have happened: {error}")
+        }
+    }
 }
 
 /// How often, and how many times at most, `kill_during_resync` reads the
@@ -458,6 +764,31 @@ mod tests {
     }
 
     #[test]
+    fn moves_come_between_the_faults_and_leave_them_as_the_seed_made_them() {
+        let p = plan(42, 3, 24, true);
+        let m = with_moves(p.clone(), 42, 3, 4);
+        assert_eq!(m.len(), 30);
+        let faults: Vec<Step> = m
+            .iter()
+            .filter(|s| s.fault.kind() != "move_roamer")
+            .cloned()
+            .collect();
+        assert_eq!(faults, p);
+        for (i, s) in m.iter().enumerate() {
+            assert_eq!(
+                s.fault.kind() == "move_roamer",
+                (i + 1) % 5 == 0,
+                "step {i}"
+            );
+            if let Fault::MoveRoamer { to_offset, .. } = s.fault {
+                assert!(to_offset < 2);
+            }
+        }
+        assert_eq!(with_moves(p.clone(), 42, 3, 0), p);
+        assert_eq!(m, with_moves(p, 42, 3, 4));
+    }
+
+    #[test]
     fn without_a_network_only_process_faults_are_drawn() {
         let p = plan(7, 3, 100, false);
         assert!(p.iter().all(|s| !s.fault.needs_network()));
@@ -480,7 +811,7 @@ mod tests {
                         assert!(!minority.is_empty() && minority.len() * 2 < nodes.max(3));
                         assert!(minority.iter().all(|&n| n < nodes));
                     }
-                    Fault::Loss { .. } => {}
+                    Fault::Loss { .. } | Fault::MoveRoamer { .. } => {}
                 }
             }
         }

@@ -1,6 +1,8 @@
 //! Chaos runs of real `mesh daemon` processes: kill -9, SIGSTOP, partitions
-//! and packet loss under a recorded workload, judged by the history checker.
-//! The harness is `mesh_tests::chaos`; see `docs/reliability.md`.
+//! and packet loss under a recorded workload, judged by the history checker;
+//! and an agent moved back and forth between the daemons meanwhile, that
+//! the others' agents send to. The harness is `mesh_tests::chaos`; see
+//! `docs/reliability.md`.
 
 use mesh_tests::chaos::{ChaosConfig, Report, run_blocking};
 
@@ -22,6 +24,22 @@ fn judge(report: &Report) {
         assert!(
             t.topic_acked > 0 && t.topic_delivered > 0,
             "no published message was acknowledged and delivered\n{report}"
+        );
+    }
+    let s = &report.summary;
+    if s.agent_sends.invoked > 0 {
+        assert!(
+            s.agent_moves >= 1,
+            "the roaming agent was never moved\n{report}"
+        );
+        assert!(
+            s.agent_total.acked > 0 && s.agent_total.read > 0,
+            "no agent send was acknowledged and read\n{report}"
+        );
+        assert_eq!(
+            (s.agent_total.lost, s.agent_total.duplicated),
+            (0, 0),
+            "an agent send was lost or read twice\n{report}"
         );
     }
     assert!(report.passed(), "the chaos run broke a guarantee\n{report}");
@@ -70,6 +88,9 @@ fn recheck_a_finished_run() {
         Err(e) => panic!("cannot recheck: {e:#}"),
     };
     eprintln!("total: {}", summary.total);
+    for (agent, c) in &summary.per_agent {
+        eprintln!("agent {agent}: {c}");
+    }
     for e in &summary.examples {
         eprintln!("  {e}");
     }
