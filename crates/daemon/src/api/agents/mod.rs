@@ -155,18 +155,31 @@ pub(super) async fn add_agent(
         .map_err(|e| super::Unavailable::Node(e.to_string()))?;
     crate::agents::announce(&registry, &st.inner.bus, true).await;
     tracing::info!(agent = %name, uid, socket = %socket.display(), "agent added");
-    Ok(Json(AgentJson {
-        address: ApiState::address(&name, &st.inner.node),
-        name: name.to_string(),
-        node: st.inner.node.to_string(),
-        node_alias: None,
-        key: Some(agent.record.key.to_string()),
-        online: false,
-        uid: Some(uid),
-        socket: Some(socket.display().to_string()),
-        moved_to: None,
-        inbox_after: None,
-    }))
+    Ok(Json(st.hosted_json(&agent.record, None)))
+}
+
+impl ApiState {
+    /// How an agent this node hosts now is shown right after a change (not
+    /// online yet): its address, key, uid and socket, and `inbox_after`.
+    pub(super) fn hosted_json(
+        &self,
+        record: &AgentRecord,
+        inbox_after: Option<String>,
+    ) -> AgentJson {
+        let me = self.inner.node;
+        AgentJson {
+            address: ApiState::address(&record.name, &me),
+            name: record.name.to_string(),
+            node: me.to_string(),
+            node_alias: None,
+            key: Some(record.key.to_string()),
+            online: false,
+            uid: Some(record.uid),
+            socket: Some(self.agent_socket_path(&record.name).display().to_string()),
+            moved_to: None,
+            inbox_after,
+        }
+    }
 }
 
 /// `POST /v1/agents/{name}/export`: the agent's key and last move, for
@@ -403,23 +416,10 @@ async fn import(
             agent
         }
     };
-    let socket = st.agent_socket_path(&name);
     crate::agents::announce(&registry, &st.inner.bus, true).await;
     tracing::info!(agent = %name, from = %from.fmt_short(), version, "agent imported");
     let inbox_after = inbox_after.map(|a| st.cursor_text(a));
-    let json = AgentJson {
-        address: ApiState::address(&name, &me),
-        name: name.to_string(),
-        node: me.to_string(),
-        node_alias: None,
-        key: Some(agent.record.key.to_string()),
-        online: false,
-        uid: Some(uid),
-        socket: Some(socket.display().to_string()),
-        moved_to: None,
-        inbox_after,
-    };
-    Ok((json, version))
+    Ok((st.hosted_json(&agent.record, inbox_after), version))
 }
 
 fn move_json(m: &AgentMove) -> AgentMoveJson {

@@ -297,33 +297,16 @@ impl ApiState {
         if agent.record.key.to_string() != export.key.trim() {
             return Ok(None);
         }
-        let status = self
+        let me = self.inner.node;
+        let version = self
             .inner
             .bus
-            .status()
-            .await
-            .map_err(super::super::error::node_error)?;
-        let me = self.inner.node;
-        let Some(held) = status
-            .moves
+            .agent_moves()
+            .borrow()
             .iter()
             .find(|m| m.key == agent.record.key && m.node == me)
-        else {
-            return Ok(None);
-        };
-        let json = AgentJson {
-            address: ApiState::address(&name, &me),
-            name: name.to_string(),
-            node: me.to_string(),
-            node_alias: None,
-            key: Some(agent.record.key.to_string()),
-            online: false,
-            uid: Some(agent.record.uid),
-            socket: Some(self.agent_socket_path(&name).display().to_string()),
-            moved_to: None,
-            inbox_after: None,
-        };
-        Ok(Some((json, held.version, true)))
+            .map(|m| m.version);
+        Ok(version.map(|v| (self.hosted_json(&agent.record, None), v, true)))
     }
 }
 
