@@ -282,13 +282,7 @@ pub(crate) async fn dial(
         closed: None,
         why,
     };
-    let mut addr = EndpointAddr::new(peer);
-    for a in addrs {
-        addr = addr.with_ip_addr(a);
-    }
-    for r in relays {
-        addr = addr.with_relay_url(r);
-    }
+    let addr = endpoint_addr(peer, addrs, relays);
     let connection = match timeout(DIAL_TIMEOUT, endpoint.connect(addr, ALPN)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return Err(failed(e.to_string())),
@@ -326,4 +320,18 @@ pub(crate) fn instance_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+}
+
+/// Where to dial `node`: at each of `addrs`, and through each of `relays`.
+pub(crate) fn endpoint_addr(
+    node: NodeId,
+    addrs: impl IntoIterator<Item = SocketAddr>,
+    relays: impl IntoIterator<Item = RelayUrl>,
+) -> EndpointAddr {
+    let addr = addrs
+        .into_iter()
+        .fold(EndpointAddr::new(node), |addr, a| addr.with_ip_addr(a));
+    relays
+        .into_iter()
+        .fold(addr, |addr, r| addr.with_relay_url(r))
 }

@@ -49,6 +49,8 @@ pub use raw::{NET_EVENTS_MAX, NET_QUEUE_BYTES_MAX, Net, NetEvent};
 pub use transport::{NearbyNode, PeerStatus};
 
 pub(crate) use config::SHUTDOWN_TIMEOUT;
+pub(crate) use conn::close as close_connection;
+pub(crate) use endpoint::endpoint_addr;
 pub(crate) use endpoint::local_addrs as endpoint_addrs;
 pub(crate) use endpoint::local_port as endpoint_port;
 pub(crate) use transport::{Event, Transport};

@@ -10,6 +10,7 @@
 mod actor;
 mod effects;
 mod join;
+mod link;
 mod moving;
 mod receipts;
 mod start;

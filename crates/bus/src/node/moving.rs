@@ -16,15 +16,16 @@
 
 use std::time::Duration;
 
-use iroh::endpoint::{Connection, ConnectionError, RecvStream, VarInt};
-use iroh::{Endpoint, EndpointAddr, RelayUrl};
+use iroh::endpoint::{Connection, ConnectionError, RecvStream};
+use iroh::{Endpoint, RelayUrl};
 use mesh_protocol::{FRAME_HEADER_BYTES, MOVE_ALPN, MOVE_MESSAGE_BYTES_MAX, NodeId};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinSet;
 use tokio::time::timeout;
 use tracing::{debug, info};
 
-use crate::net::close_code;
+use super::link::{ReadError, capped_len, read_capped};
+use crate::net::{close_code, close_connection as close};
 
 /// The most agent moves this node takes at once; more are refused with
 /// [`close_code::MOVE_BUSY`].
@@ -117,8 +118,7 @@ pub enum MoveError {
 /// The length a move message header announces, if it is within
 /// [`MOVE_MESSAGE_BYTES_MAX`] (checked before the body is read).
 pub fn move_message_len(header: [u8; FRAME_HEADER_BYTES]) -> Option<usize> {
-    let len = u32::from_be_bytes(header) as usize;
-    (len <= MOVE_MESSAGE_BYTES_MAX).then_some(len)
+    capped_len(header, MOVE_MESSAGE_BYTES_MAX)
 }
 
 /// `body` with its length header.
@@ -132,30 +132,9 @@ fn framed(body: &[u8]) -> Option<Vec<u8>> {
     Some(out)
 }
 
-/// Why a message could not be read.
-enum ReadError {
-    TooLarge(usize),
-    Stream(String),
-}
-
-/// Reads one length-prefixed message, refusing one over the cap before
-/// reading its body.
+/// Reads one move message, refusing one over the cap before its body.
 async fn read_message(recv: &mut RecvStream) -> Result<Vec<u8>, ReadError> {
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    recv.read_exact(&mut header)
-        .await
-        .map_err(|e| ReadError::Stream(e.to_string()))?;
-    let len = move_message_len(header)
-        .ok_or_else(|| ReadError::TooLarge(u32::from_be_bytes(header) as usize))?;
-    let mut body = vec![0u8; len];
-    recv.read_exact(&mut body)
-        .await
-        .map_err(|e| ReadError::Stream(e.to_string()))?;
-    Ok(body)
-}
-
-fn close(connection: &Connection, code: u32, reason: &str) {
-    connection.close(VarInt::from_u32(code), reason.as_bytes());
+    read_capped(recv, MOVE_MESSAGE_BYTES_MAX).await
 }
 
 /// The offering side: dials `to` (at `addrs`, and through `relays`) on
@@ -173,13 +152,7 @@ pub(super) async fn offer(
     body: &[u8],
 ) -> Result<Vec<u8>, MoveError> {
     let out = framed(body).ok_or(MoveError::TooLarge(body.len()))?;
-    let mut addr = EndpointAddr::new(to);
-    for a in addrs {
-        addr = addr.with_ip_addr(*a);
-    }
-    for r in relays {
-        addr = addr.with_relay_url(r.clone());
-    }
+    let addr = crate::net::endpoint_addr(to, addrs.iter().copied(), relays.iter().cloned());
     let unreachable = |why: String| MoveError::Unreachable { node: to, why };
     let exchange = async {
         let connection = endpoint.connect(addr, MOVE_ALPN).await.map_err(|e| {

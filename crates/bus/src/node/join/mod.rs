@@ -23,12 +23,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iroh::endpoint::{Connection, RecvStream, SendStream, VarInt};
-use iroh::{Endpoint, EndpointAddr, RelayUrl};
+use iroh::endpoint::{Connection, RecvStream, SendStream};
+use iroh::{Endpoint, RelayUrl};
 use mesh_protocol::{
-    FRAME_HEADER_BYTES, InviteCode, InviteId, InviteSecret, JOIN_ALPN, JOIN_MESSAGE_BYTES_MAX,
-    JoinAnswer, JoinError as WireError, JoinRefusal, JoinRequest, NodeCard, NodeId, RequestId,
-    SecretKey, decode_join, encode_join,
+    InviteCode, InviteId, InviteSecret, JOIN_ALPN, JOIN_MESSAGE_BYTES_MAX, JoinAnswer,
+    JoinError as WireError, JoinRefusal, JoinRequest, NodeCard, NodeId, RequestId, SecretKey,
+    decode_join, encode_join,
 };
 use mesh_store::{
     INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord, InviteSpend, MeshStore, StoreError,
@@ -39,9 +39,10 @@ use tokio::time::timeout;
 use tracing::{debug, info, warn};
 
 use super::actor::{Cmd, PeerChange, now};
+use super::link::{ReadError, read_capped};
 use super::{NodeError, ask};
 use crate::core::LocalWrite;
-use crate::net::close_code;
+use crate::net::{close_code, close_connection as close};
 
 /// The most join attempts handled at once; more are refused with
 /// [`close_code::JOIN_BUSY`].
@@ -472,22 +473,15 @@ async fn read_request(connection: Connection) -> Option<Presented> {
 /// Reads one length-prefixed join message, refusing one over
 /// [`JOIN_MESSAGE_BYTES_MAX`] before reading its body.
 async fn read_message(recv: &mut RecvStream) -> Result<Vec<u8>, (u32, String)> {
-    let mut header = [0u8; FRAME_HEADER_BYTES];
-    recv.read_exact(&mut header)
+    read_capped(recv, JOIN_MESSAGE_BYTES_MAX)
         .await
-        .map_err(|e| (close_code::BAD_FRAME, e.to_string()))?;
-    let len = u32::from_be_bytes(header) as usize;
-    if len > JOIN_MESSAGE_BYTES_MAX {
-        return Err((
-            close_code::FRAME_TOO_LARGE,
-            WireError::TooLarge(len).to_string(),
-        ));
-    }
-    let mut body = vec![0u8; len];
-    recv.read_exact(&mut body)
-        .await
-        .map_err(|e| (close_code::BAD_FRAME, e.to_string()))?;
-    Ok(body)
+        .map_err(|e| match e {
+            ReadError::TooLarge(len) => (
+                close_code::FRAME_TOO_LARGE,
+                WireError::TooLarge(len).to_string(),
+            ),
+            ReadError::Stream(why) => (close_code::BAD_FRAME, why),
+        })
 }
 
 /// Writes `answer`, then lets the joiner close (at most [`ANSWER_LINGER`]).
@@ -500,10 +494,6 @@ async fn write_answer(connection: Connection, mut send: SendStream, answer: Join
     close(&connection, close_code::SHUTDOWN, "join answered");
 }
 
-fn close(connection: &Connection, code: u32, reason: &str) {
-    connection.close(VarInt::from_u32(code), reason.as_bytes());
-}
-
 /// The joiner's side: presents `req` to the inviter of `code` (dialed at its
 /// addresses and through `relays`) and returns its answer.
 pub(super) async fn present(
@@ -513,13 +503,11 @@ pub(super) async fn present(
     req: &JoinRequest,
 ) -> Result<JoinAnswer, JoinError> {
     let unreachable = |e: String| JoinError::Unreachable(e);
-    let mut addr = EndpointAddr::new(code.inviter);
-    for a in &code.addrs {
-        addr = addr.with_ip_addr(*a);
-    }
-    for r in relays {
-        addr = addr.with_relay_url(r.clone());
-    }
+    let addr = crate::net::endpoint_addr(
+        code.inviter,
+        code.addrs.iter().copied(),
+        relays.iter().cloned(),
+    );
     let exchange = async {
         let connection = endpoint
             .connect(addr, JOIN_ALPN)
