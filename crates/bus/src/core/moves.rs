@@ -232,13 +232,21 @@ impl Core {
         if self.moves.follows.is_empty() && self.moves.followed.is_empty() {
             return;
         }
-        let follows = std::mem::take(&mut self.moves.follows);
-        // A move this node learned that is not a drain here is no concern.
-        let follows: BTreeMap<_, _> = follows
-            .into_iter()
-            .filter(|(key, _)| !self.moves.held.contains_key(key) || self.drains_here(key))
+        // A move this node learned that is not a drain here is no concern
+        // (in place: this runs after every commit while a drain is followed).
+        let stale: Vec<NodeId> = self
+            .moves
+            .follows
+            .keys()
+            .filter(|&key| self.moves.held.contains_key(key) && !self.drains_here(key))
+            .copied()
             .collect();
-        let followed: BTreeSet<NodeId> = follows
+        for key in stale {
+            self.moves.follows.remove(&key);
+        }
+        let followed: BTreeSet<NodeId> = self
+            .moves
+            .follows
             .iter()
             .filter(|(key, by)| {
                 self.drains_here(key)
@@ -249,7 +257,6 @@ impl Core {
             })
             .map(|(key, _)| *key)
             .collect();
-        self.moves.follows = follows;
         if followed != self.moves.followed {
             let new = followed.difference(&self.moves.followed).count() as u64;
             self.out.metrics.agents.drains_followed += new;
