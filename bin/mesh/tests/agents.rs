@@ -514,10 +514,11 @@ fn a_wait_returns_when_a_message_commits_and_a_request_gets_its_reply_or_times_o
         &["request", "bob@gpu", "slow?", "--timeout", "1"],
     );
     refused(&out, 8, &["no reply", "late reply"]);
-    let slow = inbox_now(&b, "bob")
-        .into_iter()
-        .find(|e| e["body"] == "slow?")
-        .expect("the request was delivered");
+    // The request was committed at a and reaches b when it does, which under
+    // load can be after the second the request waited: read on after "ping".
+    let (after_ping, _) = inbox(&b, "bob", got[0]["cursor"].as_str(), 1);
+    let slow = &after_ping[0];
+    assert_eq!(slow["body"], "slow?");
     ok(as_agent(
         &b,
         "bob",
