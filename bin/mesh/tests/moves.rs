@@ -365,6 +365,73 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     assert!(text.contains("via"), "{text}");
 }
 
+/// A host the agent left whose outbox to the new host is full passes on
+/// nothing by a loss, even under `evict-oldest`: its own sends to the new
+/// host are refused while a forward waits there, and every message reaches
+/// the agent once the new host is back (chaos found forwards evicted).
+#[test]
+fn a_full_outbox_to_the_new_host_gives_up_no_forward_and_the_agent_gets_every_message() {
+    let tmp = temp_dir().unwrap();
+    let a_dir = tmp.path().join("a");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    std::fs::write(
+        a_dir.join("config.toml"),
+        "[outbox]\nmax_msgs = 3\non_full = \"evict-oldest\"\n",
+    )
+    .unwrap();
+    let (a, b, c) = triangle(tmp.path());
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let kim_at_a = format!("kim@{}", a.node());
+    // b is away during the move and queues three messages for kim at a.
+    away(&b, &[&a, &c]);
+    for i in 1..=3 {
+        ok(as_agent(&b, "bob", &["send", &kim_at_a, &format!("m{i}")]));
+    }
+    let file = tmp.path().join("kim.export");
+    ok(
+        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
+            .unwrap(),
+    );
+    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    wait_agents(&a, "a marks kim as moved", |all| {
+        all["local"][0]["moved_to"] == c.node()
+    });
+    // a cannot reach c; b comes back to a, which passes the three on into
+    // its outbox to c (three fill it).
+    away(&a, &[&c]);
+    ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
+    let deadline = Instant::now() + SETTLE;
+    while metric(&a, "mesh_agent_forwards_sent_total") < Some(3) {
+        assert!(Instant::now() < deadline, "a did not pass the three on");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // a's own send to c would make room by giving up a forward: refused.
+    let out = a.mesh(&["send", c.node(), "plain"]).unwrap();
+    assert!(!out.ok(), "{out:?}");
+    assert_says(&out, &["outbox"]);
+    let events = ok(a.mesh(&["events", "--json"]).unwrap());
+    assert!(
+        !events
+            .lines()
+            .any(|l| parse_json(l).unwrap()["kind"] == "loss"),
+        "nothing given up: {events}"
+    );
+    // c is back: kim gets each of the three, once and in order.
+    ok(a.mesh(&["peer", "resume", c.node()]).unwrap());
+    let got = inbox_until(&c, "kim", 3);
+    let bodies: Vec<&str> = got.iter().map(|e| e["body"].as_str().unwrap()).collect();
+    assert_eq!(bodies, ["m1", "m2", "m3"], "{got:?}");
+    // Once c acknowledged them, a's own sends to c go again.
+    let deadline = Instant::now() + SETTLE;
+    while !a.mesh(&["send", c.node(), "plain"]).unwrap().ok() {
+        assert!(Instant::now() < deadline, "a's outbox to c stays full");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(inbox_until(&c, "kim", 3).len(), 3);
+}
+
 /// Seed 004's second test, in our terms: the host an agent left is read
 /// until every peer has followed. With a contact away, the drain goes on
 /// after the move; once the contact is back, has sent what it queued for

@@ -375,7 +375,9 @@ pub enum OnFullConfig {
     /// `"reject"`: the sender gets "peer outbox full" and nothing is written.
     #[default]
     Reject,
-    /// `"evict-oldest"`: the oldest unacknowledged envelopes go, with a durable loss record.
+    /// `"evict-oldest"`: the oldest unacknowledged envelopes go, with a durable loss record
+    /// (except while the stream carries an unacknowledged forward of a moved
+    /// agent's message: then as `reject`).
     EvictOldest,
 }
 

@@ -7,15 +7,22 @@
 //! never takes) is set at the export to how far the agent had read (by
 //! default the journal head), so what came between then and this node
 //! learning of the move is passed on too. A forward is a message on this
-//! node's own stream to the new host (exactly once, in order), and the
-//! cursor moves in the commit that writes it, so a crash never passes a
-//! message on twice (and the new host indexes a message once however often
-//! it comes). Nothing is acknowledged on the agent's behalf.
+//! node's own stream to the new host, in order; the pump passes on a page
+//! of them and moves the cursor past the page only once the new host has
+//! acknowledged every forward of it (committed it there). While a forward
+//! is unacknowledged the outbox to the new host makes no room by a loss,
+//! whatever its policy (the bus refuses a send instead), so no message its
+//! author was told was delivered is given up on the way on. The page in
+//! flight at a crash (that guard is in memory), one found given up all
+//! the same, or one on a stream of an earlier store of this node, is
+//! passed on again: the new host indexes a message once however often it
+//! comes. Nothing is acknowledged on the agent's behalf.
 //!
-//! The drain ends once the previous inbox is passed on to its end and
-//! either every peer follows the move (it sends to the new host now and
-//! this node has received its stream as far as it said: the bus's
-//! `drains_followed`), or `drain_days` have passed since the move.
+//! The drain ends once the previous inbox is passed on to its end (every
+//! forward acknowledged) and either every peer follows the move (it sends
+//! to the new host now and this node has received its stream as far as it
+//! said: the bus's `drains_followed`), or `drain_days` have passed since
+//! the move.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -36,8 +43,14 @@ pub(crate) const EXPORT_CURSOR: &str = "mesh:exported";
 const PAGE_ENTRIES: usize = 16;
 
 /// How long the pump waits before trying a refused forward again (the new
-/// host is not a peer yet, the outbox is full, the store is down).
+/// host is not a peer yet, the outbox is full, the store is down), or one
+/// the outbox gave up.
 const RETRY: Duration = Duration::from_secs(5);
+
+/// The first and the longest pause between two looks at whether the new
+/// host acknowledged a page of forwards (the pause doubles in between).
+const ACK_POLL_FIRST: Duration = Duration::from_millis(10);
+const ACK_POLL_MAX: Duration = Duration::from_secs(1);
 
 /// Starts a pump for every agent that moved away and has none running;
 /// each drains for `drain_days` after its move (`[agents] drain_days`).
@@ -95,14 +108,7 @@ impl Pump {
             }
         };
         let mut passed = 0u64;
-        loop {
-            let here = self
-                .registry
-                .get(&name)
-                .is_some_and(|a| Arc::ptr_eq(&a, &self.agent));
-            let Some(host) = self.agent.moved_to().filter(|_| here) else {
-                break;
-            };
+        while let Some(host) = self.agent.moved_to().filter(|_| self.here(&name)) {
             let every_peer_followed = followed.borrow_and_update().contains(&key);
             let page = match self.read_page(&name, after).await {
                 Ok(p) => p,
@@ -136,21 +142,34 @@ impl Pump {
                 continue;
             }
             let before = after;
-            match self.pass_on(&name, host, &page).await {
-                Ok((n, last)) => {
-                    passed += n;
-                    after = last;
+            let pass = self.pass_on(host, &page).await;
+            let delivered = match &pass.sent {
+                None => Delivery::Acked,
+                Some((stream, seqs)) => self.delivery(&name, host, stream, seqs).await,
+            };
+            match delivered {
+                Delivery::Acked => {
+                    passed += pass.forwards();
+                    after = pass.last;
                 }
-                Err((n, last, e)) => {
-                    passed += n;
-                    after = last;
+                Delivery::Again(why) => {
                     tracing::warn!(
                         agent = %name,
                         host = %host.fmt_short(),
-                        "a message for the agent cannot be passed on to its new host yet: {e}"
+                        "messages passed on to the agent's new host are passed on again: {why}"
                     );
                     tokio::time::sleep(RETRY).await;
+                    continue;
                 }
+                Delivery::Gone => break,
+            }
+            if let Some(e) = &pass.refused {
+                tracing::warn!(
+                    agent = %name,
+                    host = %host.fmt_short(),
+                    "a message for the agent cannot be passed on to its new host yet: {e}"
+                );
+                tokio::time::sleep(RETRY).await;
             }
             // Entries passed over (bounces, lag records) move the cursor too.
             if after > before {
@@ -222,28 +241,91 @@ impl Pump {
         true
     }
 
-    /// Passes on the messages of `page` in order; answers how many and
-    /// the arrival passed, or also why it stopped.
-    async fn pass_on(
+    /// Whether the agent is still this pump's agent here (not removed,
+    /// not imported back anew).
+    fn here(&self, name: &AgentName) -> bool {
+        self.registry
+            .get(name)
+            .is_some_and(|a| Arc::ptr_eq(&a, &self.agent))
+    }
+
+    /// Passes on the messages of `page` in order, up to the first the node
+    /// refuses.
+    async fn pass_on(&self, host: NodeId, page: &[InboxItem]) -> Pass {
+        let mut pass = Pass {
+            last: page.first().map_or(0, |i| i.item.arrival.saturating_sub(1)),
+            sent: None,
+            refused: None,
+        };
+        for item in page {
+            if let Some(forward) = forward_of(&item.item.record) {
+                match self.bus.forward(host, forward).await {
+                    Ok(r) => match &mut pass.sent {
+                        Some((stream, seqs)) if *stream == r.stream => seqs.push(r.seq),
+                        Some(_) => {
+                            // A new stream mid-page (a new store here): what
+                            // is sent on it is looked at with the next page.
+                            pass.refused =
+                                Some("this node's stream to the new host changed".into());
+                            return pass;
+                        }
+                        None => pass.sent = Some((r.stream, vec![r.seq])),
+                    },
+                    Err(e) => {
+                        pass.refused = Some(e.to_string());
+                        return pass;
+                    }
+                }
+            }
+            pass.last = item.item.arrival;
+        }
+        pass
+    }
+
+    /// Waits until the new host `host` acknowledged the forwards `seqs` of
+    /// `stream` (this node's stream to it), or says why they are to be
+    /// passed on again, or that the agent is gone from here.
+    async fn delivery(
         &self,
         name: &AgentName,
         host: NodeId,
-        page: &[InboxItem],
-    ) -> Result<(u64, u64), (u64, u64, String)> {
-        let mut n = 0;
-        let mut last = page.first().map_or(0, |i| i.item.arrival.saturating_sub(1));
-        for item in page {
-            let arrival = item.item.arrival;
-            if let Some(forward) = forward_of(&item.item.record) {
-                let cursor = Some((name.clone(), EXPORT_CURSOR.to_owned(), arrival));
-                if let Err(e) = self.bus.forward(host, forward, cursor).await {
-                    return Err((n, last, e.to_string()));
-                }
-                n += 1;
+        stream: &mesh_protocol::StreamId,
+        seqs: &[mesh_protocol::Seq],
+    ) -> Delivery {
+        let mut pause = ACK_POLL_FIRST;
+        loop {
+            if !self.here(name) {
+                return Delivery::Gone;
             }
-            last = arrival;
+            let Ok(status) = self.bus.status().await else {
+                return Delivery::Gone; // the node stopped
+            };
+            let own = status
+                .peers
+                .iter()
+                .find(|p| p.node == host)
+                .and_then(|p| p.own_stream.as_ref());
+            let Some(own) = own else {
+                return Delivery::Again(format!("{} is not a peer now", host.fmt_short()));
+            };
+            if own.stream != *stream {
+                return Delivery::Again(
+                    "this node's stream to the new host is of a newer store".to_owned(),
+                );
+            }
+            match seqs.iter().find(|&&s| s > own.last_acked) {
+                None => return Delivery::Acked,
+                Some(&s) if s < own.first_retained => {
+                    return Delivery::Again(format!(
+                        "seq {s} of this node's stream to it was given up unacknowledged \
+                         (the outbox was full and its policy is evict-oldest)"
+                    ));
+                }
+                Some(_) => {}
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(ACK_POLL_MAX);
         }
-        Ok((n, last))
     }
 
     async fn read_cursor(&self, name: &AgentName) -> Result<Option<u64>, StoreError> {
@@ -259,6 +341,33 @@ impl Pump {
             .await
             .map_err(|e| StoreError::Unavailable(format!("read task failed: {e}")))?
     }
+}
+
+/// One page passed on.
+struct Pass {
+    /// The arrival of the last entry passed on or over.
+    last: u64,
+    /// The stream the forwards went on and their seqs, if any went.
+    sent: Option<(mesh_protocol::StreamId, Vec<mesh_protocol::Seq>)>,
+    /// Why the node refused the next one, if it did.
+    refused: Option<String>,
+}
+
+impl Pass {
+    /// How many forwards went.
+    fn forwards(&self) -> u64 {
+        self.sent.as_ref().map_or(0, |(_, s)| s.len() as u64)
+    }
+}
+
+/// Where a page of forwards stands at the new host.
+enum Delivery {
+    /// Every one is acknowledged.
+    Acked,
+    /// To be passed on again, for this reason.
+    Again(String),
+    /// The agent is not this pump's here any more, or the node stopped.
+    Gone,
 }
 
 /// The forward of a journal entry of the previous inbox: an agent message

@@ -80,16 +80,7 @@ impl Core {
     /// A forward the driver asks for (of an agent that moved): a send of
     /// the mesh's kind [`mesh_protocol::KIND_FORWARD`], refused unless its
     /// payload is one.
-    pub(super) fn on_forward(
-        &mut self,
-        req: ReqId,
-        to: NodeId,
-        (payload, cursor): (
-            Vec<u8>,
-            Option<(mesh_protocol::AgentName, String, mesh_store::Arrival)>,
-        ),
-        now: Millis,
-    ) {
+    pub(super) fn on_forward(&mut self, req: ReqId, to: NodeId, payload: Vec<u8>, now: Millis) {
         let refused = match mesh_protocol::Forward::decode(&payload) {
             Err(e) => Some(SendError::Internal(format!("not a forward: {e}"))),
             Ok(_) => self.check_send(to, payload.len() as u64).err(),
@@ -109,13 +100,7 @@ impl Core {
             kind: mesh_protocol::KIND_FORWARD,
             payload,
             created_ms: now.0,
-            tracked: cursor.map(|cursor| {
-                Box::new(super::agents::Tracked {
-                    agent: None,
-                    dedup: None,
-                    cursor: Some(cursor),
-                })
-            }),
+            tracked: None,
         });
     }
 

@@ -53,6 +53,11 @@ pub(super) struct Moves {
     followed: BTreeSet<NodeId>,
     /// The agents (name, key) a notice this node took says left it.
     left: BTreeSet<(AgentName, NodeId)>,
+    /// Per peer, the last seq of this node's stream to it that carries a
+    /// forward (in memory: after a restart the daemon's pump passes on
+    /// again what was not acknowledged). While it is unacknowledged the
+    /// outbox to the peer makes no room by a loss.
+    forwarding: BTreeMap<NodeId, Seq>,
 }
 
 impl Moves {
@@ -65,6 +70,25 @@ impl Moves {
                 .collect(),
             held: held.into_iter().map(|m| (m.key, m)).collect(),
             ..Moves::default()
+        }
+    }
+
+    /// Notes that seq `seq` of this node's stream to `to` carries a forward.
+    pub(super) fn note_forward(&mut self, to: NodeId, seq: Seq) {
+        let last = self.forwarding.entry(to).or_default();
+        *last = (*last).max(seq);
+    }
+
+    /// Whether this node's stream to `to` carries a forward after
+    /// `last_acked`, the peer's acknowledgment (forgetting one it acknowledged).
+    pub(super) fn forwarding(&mut self, to: NodeId, last_acked: Seq) -> bool {
+        match self.forwarding.get(&to) {
+            Some(&seq) if seq > last_acked => true,
+            Some(_) => {
+                self.forwarding.remove(&to);
+                false
+            }
+            None => false,
         }
     }
 

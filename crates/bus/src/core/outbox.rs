@@ -42,6 +42,9 @@ pub(super) struct Room {
     /// commit first evicts (how much a whole-batch eviction frees is the
     /// store's to find out).
     total: Option<Amount>,
+    /// Whether no send may make room by a loss, whatever the policy: the
+    /// outbox holds (or this commit takes) a forward not yet acknowledged.
+    lossless: bool,
 }
 
 impl Room {
@@ -57,7 +60,14 @@ impl Room {
             held,
             queued: (0, 0),
             total: Some((own.msgs, own.bytes)),
+            lossless: false,
         }
+    }
+
+    /// From now on no send makes room by a loss: each is refused as under
+    /// `reject` instead.
+    pub(super) fn keep_unacked(&mut self) {
+        self.lossless = true;
     }
 
     fn max(&self) -> Amount {
@@ -71,7 +81,8 @@ impl Room {
     pub(super) fn admit(&mut self, len: u64) -> Result<(), SendError> {
         let after = add(add(self.held, self.queued), (1, len));
         let never = !within((1, len), self.max());
-        if never || (self.bounds.on_full == OnFull::Reject && !within(after, self.max())) {
+        let reject = self.lossless || self.bounds.on_full == OnFull::Reject;
+        if never || (reject && !within(after, self.max())) {
             let (msgs, bytes) = add(self.held, self.queued);
             return Err(SendError::OutboxFull {
                 peer: self.peer,
@@ -81,6 +92,15 @@ impl Room {
         }
         self.queued = add(self.queued, (1, len));
         Ok(())
+    }
+
+    /// A forward of a moved agent's message (its author was told it was
+    /// delivered): taken as under `reject`, and from it on, while it is
+    /// unacknowledged, no send makes room by a loss (the store may evict
+    /// a batch of this very commit).
+    pub(super) fn admit_lossless(&mut self, len: u64) -> Result<(), SendError> {
+        self.keep_unacked();
+        self.admit(len)
     }
 
     /// What the store evicts before appending the next batch of admitted
@@ -178,6 +198,28 @@ mod tests {
             bytes_max,
             loss: None,
         })
+    }
+
+    #[test]
+    fn a_lossless_message_is_refused_where_evict_oldest_would_make_room_by_a_loss() {
+        let b = bounds(3, 100, OnFull::EvictOldest);
+        // Three retained, one of them in an acked batch.
+        let mut r = Room::new(&own(3, 30, (1, 10)), b, peer());
+        r.admit_lossless(10).expect("the acked one makes room");
+        let err = r
+            .admit_lossless(10)
+            .expect_err("only by evicting an unacked one");
+        assert_full(&err, 3, 30);
+        let err = r.admit(10).expect_err("nor a plain send, after a forward");
+        assert_full(&err, 3, 30);
+        let mut r = Room::new(&own(3, 30, (0, 0)), b, peer());
+        r.admit(10)
+            .expect("a plain send under evict-oldest is taken");
+        r.keep_unacked();
+        assert!(
+            r.admit(10).is_err(),
+            "not while a forward is unacknowledged"
+        );
     }
 
     #[test]

@@ -1022,6 +1022,92 @@ fn evict_oldest_records_a_loss_and_the_peer_gets_a_gap() {
 }
 
 #[test]
+fn a_forward_never_makes_room_by_a_loss_even_under_evict_oldest() {
+    let mut p = Pair::new(bounds(2, OnFull::EvictOldest));
+    let forward = |n: u8| {
+        let envelope = mesh_protocol::AgentEnvelope {
+            id: mesh_protocol::MsgId::in_stream([3; 8], u64::from(n)),
+            from: mesh_protocol::AgentName::new("bob").expect("a name"),
+            to: Some(mesh_protocol::AgentName::new("kim").expect("a name")),
+            in_reply_to: None,
+            key: None,
+            body: vec![n; 4],
+        };
+        mesh_protocol::Forward {
+            author: id(3),
+            envelope: envelope.encode(),
+        }
+        .encode()
+    };
+    let forward_req = |a: &mut Node, n: u8| {
+        let req = ReqId(a.next_req);
+        a.next_req += 1;
+        a.run(Input::Forward {
+            req,
+            to: id(2),
+            payload: forward(n),
+        });
+        req
+    };
+    for n in [1, 2] {
+        let req = forward_req(&mut p.a, n);
+        assert!(
+            matches!(p.a.reply(req), Some(Ok(_))),
+            "{:?}",
+            p.a.reply(req)
+        );
+    }
+    // The outbox holds two unacknowledged: a third forward is refused,
+    // and nothing is given up for it.
+    let req = forward_req(&mut p.a, 3);
+    assert!(
+        matches!(
+            p.a.reply(req),
+            Some(Err(SendError::OutboxFull { msgs: 2, .. }))
+        ),
+        "{:?}",
+        p.a.reply(req)
+    );
+    let lost = |a: &Node| {
+        a.journal()
+            .iter()
+            .filter(|r| matches!(r, JournalRecord::Loss { .. }))
+            .count()
+    };
+    // Nor does a plain send make room by a loss while a forward is
+    // unacknowledged: it is refused as under `reject`.
+    let req = p.a.send(id(2), b"plain");
+    assert!(
+        matches!(p.a.reply(req), Some(Err(SendError::OutboxFull { .. }))),
+        "{:?}",
+        p.a.reply(req)
+    );
+    assert_eq!(lost(&p.a), 0);
+    // Once the peer acknowledged them, evict-oldest is as it was: room is
+    // made by a loss if need be.
+    p.connect();
+    let s = stream(1, 1, 2);
+    assert_eq!(p.b.received(&s).len(), 2, "both forwards arrived");
+    let req = p.a.send(id(2), b"3");
+    assert!(
+        matches!(p.a.reply(req), Some(Ok(_))),
+        "{:?}",
+        p.a.reply(req)
+    );
+    assert_eq!(lost(&p.a), 0, "the acknowledged forwards made the room");
+    p.disconnect();
+    for body in [&b"4"[..], b"5"] {
+        let req = p.a.send(id(2), body);
+        assert!(
+            matches!(p.a.reply(req), Some(Ok(_))),
+            "{:?}",
+            p.a.reply(req)
+        );
+    }
+    assert_eq!(lost(&p.a), 1, "a plain send evicts again");
+}
+
+#[test]
 fn a_failed_commit_rolls_the_mark_back_and_asks_again() {
     let (mut b, conn) = receiver();
     b.store.set_unavailable(true);

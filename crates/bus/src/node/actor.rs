@@ -66,7 +66,6 @@ pub(super) enum Cmd {
     Forward {
         to: NodeId,
         payload: Vec<u8>,
-        cursor: Option<(mesh_protocol::AgentName, String, Arrival)>,
         reply: oneshot::Sender<Result<core::SendReceipt, core::SendError>>,
         /// As for a submit: returned once the task has taken the payload.
         budget: OwnedSemaphorePermit,
@@ -444,18 +443,12 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             Cmd::Forward {
                 to,
                 payload,
-                cursor,
                 reply,
                 budget,
             } => {
                 let req = self.req();
                 self.waiters.insert(req, Waiter::Publish(reply));
-                inputs.push(Input::Forward {
-                    req,
-                    to,
-                    payload,
-                    cursor,
-                });
+                inputs.push(Input::Forward { req, to, payload });
                 drop(budget);
             }
             Cmd::Status { reply } => {

@@ -441,19 +441,15 @@ impl Node {
     }
 
     /// Passes `forward` (a [`mesh_protocol::Forward`] payload) on to `to`,
-    /// the new host of an agent that moved away from this node, setting the
-    /// agent cursor `cursor` (agent, name, arrival) in the same commit:
-    /// answered with its receipt once committed, as a send is.
+    /// the new host of an agent that moved away from this node: answered
+    /// with its receipt once committed, as a send is. It never makes room
+    /// in a full outbox by a loss, whatever the outbox's policy: it is
+    /// refused instead (its author was told the message was delivered).
     ///
     /// # Errors
     /// As a send: refused (not a forward, not a peer, the outbox full) or
     /// the node stopped.
-    pub async fn forward(
-        &self,
-        to: NodeId,
-        forward: Vec<u8>,
-        cursor: Option<(mesh_protocol::AgentName, String, Arrival)>,
-    ) -> Result<SendReceipt, SendError> {
+    pub async fn forward(&self, to: NodeId, forward: Vec<u8>) -> Result<SendReceipt, SendError> {
         let permits = u32::try_from(forward.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
         let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
             return Err(SendError::Stopped);
@@ -462,7 +458,6 @@ impl Node {
         let cmd = Cmd::Forward {
             to,
             payload: forward,
-            cursor,
             reply,
             budget,
         };

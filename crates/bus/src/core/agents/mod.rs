@@ -36,9 +36,6 @@ pub(super) struct Tracked {
     pub(super) agent: Option<AgentMsg>,
     /// For a send with a client id: its retried-send record to be.
     pub(super) dedup: Option<DedupMeta>,
-    /// For a forward: the agent cursor to set in the same commit (how far
-    /// the agent's previous inbox has been passed on).
-    pub(super) cursor: Option<(AgentName, String, mesh_store::Arrival)>,
 }
 
 /// An agent message's addressing, for its message index row.

@@ -85,11 +85,7 @@ impl Core {
             kind,
             payload,
             created_ms: now.0,
-            tracked: Some(Box::new(Tracked {
-                agent,
-                dedup,
-                cursor: None,
-            })),
+            tracked: Some(Box::new(Tracked { agent, dedup })),
         });
     }
 
@@ -250,24 +246,6 @@ impl Core {
             self.index_own_send(s, seq, tag, &stream, local, &mut entries);
         }
         let mut ops = Vec::new();
-        // A forward's cursor moves in the commit that writes the forward.
-        let mut cursors: Vec<(AgentName, String, mesh_store::Arrival)> = Vec::new();
-        for c in sends
-            .iter()
-            .filter_map(|s| s.tracked.as_deref().and_then(|t| t.cursor.clone()))
-        {
-            match cursors.iter_mut().find(|(a, n, _)| (a, n) == (&c.0, &c.1)) {
-                Some(held) => held.2 = held.2.max(c.2),
-                None => cursors.push(c),
-            }
-        }
-        for (agent, name, arrival) in cursors {
-            ops.push(WriteOp::Agents(AgentOp::PutCursor {
-                agent,
-                name,
-                arrival,
-            }));
-        }
         if local {
             ops.push(WriteOp::Acked {
                 stream: stream.clone(),

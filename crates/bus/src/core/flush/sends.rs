@@ -36,6 +36,9 @@ impl Core {
         for (to, sends) in by_peer {
             let own = self.author.own_view(to);
             let mut room = Room::new(&own, self.config.outbox, to);
+            if self.moves.forwarding(to, own.last_acked) {
+                room.keep_unacked();
+            }
             let mut taken: Vec<WaitingSend> = Vec::with_capacity(sends.len());
             let mut sends = sends.into_iter();
             while let Some(s) = sends.next() {
@@ -46,7 +49,15 @@ impl Core {
                 } else {
                     s.payload.len() as u64
                 };
-                match room.admit(len) {
+                // A forward's author was told its message was delivered:
+                // nothing makes room by a loss while it is on its way (it
+                // waits for room; the pump passes it on again).
+                let admitted = if s.kind == mesh_protocol::KIND_FORWARD {
+                    room.admit_lossless(len)
+                } else {
+                    room.admit(len)
+                };
+                match admitted {
                     Ok(()) => taken.push(s),
                     Err(_) if acking.contains(&to) => {
                         later.push(s);
@@ -107,8 +118,15 @@ impl Core {
             let taken = std::mem::take(&mut chunk);
             let bytes = std::mem::take(&mut chunk_bytes);
             let n = taken.len() as u64;
+            let forward = taken
+                .iter()
+                .rposition(|s| s.kind == mesh_protocol::KIND_FORWARD)
+                .map(|i| next_seq + i as u64);
             let evict = room.evict_for(n, bytes);
             if self.sign_chunk(batch, to, next_seq, taken, evict) {
+                if let Some(seq) = forward {
+                    self.moves.note_forward(to, seq);
+                }
                 next_seq += n;
             }
         }

@@ -162,10 +162,6 @@ pub enum Input {
         to: NodeId,
         /// The forward.
         payload: Vec<u8>,
-        /// The agent cursor to set in the commit that writes the forward
-        /// (agent, cursor name, arrival): how far the previous inbox has
-        /// been passed on, so a crash never passes a message on twice.
-        cursor: Option<(mesh_protocol::AgentName, String, mesh_store::Arrival)>,
     },
     /// A `Moves` frame from `peer` on `conn`, its notices already checked
     /// by [`open_moves`] (`Err`: refused at the edge; only counted).
