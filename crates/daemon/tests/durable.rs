@@ -106,6 +106,12 @@ async fn a_stalled_subscriber_is_lagged_at_its_byte_bound_long_before_its_entry_
         let body = "y".repeat(60_000);
         let bodies: Vec<String> = (0..N).map(|i| format!("{i:03}{body}")).collect();
         d.send_all(&peer.to_string(), &bodies, 8).await;
+        // Read only once the server has seen the stall: sends that finish
+        // within the stall time would otherwise have the reader back in time.
+        wait_for("the stalled subscriber lagged", async || {
+            (d.metric("mesh_api_subscriber_lags_total").await > 0).then_some(())
+        })
+        .await;
         let lagged = read_until_lagged(&mut stopped).await;
         assert!(lagged.loss_recorded);
         assert!(
