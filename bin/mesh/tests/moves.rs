@@ -432,6 +432,127 @@ fn a_full_outbox_to_the_new_host_gives_up_no_forward_and_the_agent_gets_every_me
     assert_eq!(inbox_until(&c, "kim", 3).len(), 3);
 }
 
+/// A host the agent left whose journal retention removes messages for it
+/// before they are passed on (the new host away, the journal bounded)
+/// tells the agent at its new host: a `trimmed` entry stands where they
+/// were, and every other message arrives once and in order.
+#[test]
+fn messages_retention_took_at_the_old_host_before_they_were_passed_on_are_told_to_the_agent() {
+    const N: usize = 40;
+    let tmp = temp_dir().unwrap();
+    let a_dir = tmp.path().join("a");
+    std::fs::create_dir_all(&a_dir).unwrap();
+    // The smallest journal bound: 1 MiB, about 17 of the messages below.
+    std::fs::write(
+        a_dir.join("config.toml"),
+        "[journal]\nmax_bytes = 1048576\n",
+    )
+    .unwrap();
+    let (a, b, c) = triangle(tmp.path());
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let kim_at_a = format!("kim@{}", a.node());
+    // b is away during the move and queues 40 messages of 60 KB (2.4 MB)
+    // for kim at a.
+    away(&b, &[&a, &c]);
+    let pad = "x".repeat(60_000);
+    for i in 0..N {
+        ok(as_agent(
+            &b,
+            "bob",
+            &["send", &kim_at_a, &format!("m{i:02} {pad}")],
+        ));
+    }
+    let file = tmp.path().join("kim.export");
+    ok(
+        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
+            .unwrap(),
+    );
+    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    wait_agents(&a, "a marks kim as moved", |all| {
+        all["local"][0]["moved_to"] == c.node()
+    });
+    // a cannot reach c; b comes back to a, whose journal keeps 1 MiB of
+    // the 2.4 MB while at most a page of them waits to be passed on.
+    away(&a, &[&c]);
+    ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
+    let deadline = Instant::now() + SETTLE;
+    let queued_to_a = || {
+        let peers = parse_json(&ok(b.mesh(&["peer", "list", "--json"]).unwrap())).unwrap();
+        peers["peers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["node"] == a.node())
+            .map_or(u64::MAX, |p| p["queued_msgs"].as_u64().unwrap())
+    };
+    while queued_to_a() != 0 {
+        assert!(Instant::now() < deadline, "b's queue to a did not drain");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ok(a.mesh(&["peer", "resume", c.node()]).unwrap());
+    // kim at c: a prefix of the messages, then one trimmed entry passed on
+    // by a, then the rest: nothing missing that the entry does not cover.
+    let deadline = Instant::now() + SETTLE;
+    let entries = loop {
+        let out = as_agent(&c, "kim", &["inbox", "--json", "--limit", "1000"]);
+        assert!(out.ok(), "{out:?}");
+        let entries: Vec<serde_json::Value> =
+            out.stdout.lines().map(|l| parse_json(l).unwrap()).collect();
+        let last = format!("m{:02} ", N - 1);
+        if entries
+            .iter()
+            .any(|e| e["body"].as_str().is_some_and(|b| b.starts_with(&last)))
+        {
+            break entries;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kim at c has {} entries",
+            entries.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let seen: Vec<String> = entries
+        .iter()
+        .map(|e| match e["kind"].as_str().unwrap() {
+            "message" => e["body"].as_str().unwrap()[..3].to_owned(),
+            kind => kind.to_owned(),
+        })
+        .collect();
+    let at = seen.iter().position(|k| k == "trimmed");
+    let at = at.unwrap_or_else(|| panic!("no trimmed entry: {seen:?}"));
+    let trimmed = &entries[at];
+    assert_eq!(trimmed["forwarded_by"], a.node(), "{trimmed}");
+    assert!(
+        trimmed["body"].as_str().unwrap().contains("retention"),
+        "{trimmed}"
+    );
+    let number = |k: &String| {
+        k[1..]
+            .parse::<usize>()
+            .unwrap_or_else(|_| panic!("{seen:?}"))
+    };
+    let before: Vec<usize> = seen[..at].iter().map(number).collect();
+    let after: Vec<usize> = seen[at + 1..].iter().map(number).collect();
+    assert_eq!(before, (0..before.len()).collect::<Vec<_>>(), "{seen:?}");
+    let first_after = after.first().copied().unwrap_or(N);
+    assert!(
+        first_after > before.len(),
+        "the entry stands for a loss: {seen:?}"
+    );
+    assert_eq!(after, (first_after..N).collect::<Vec<_>>(), "{seen:?}");
+    assert_eq!(
+        metric(&a, "mesh_agent_forwards_trimmed_sent_total"),
+        Some(1)
+    );
+    assert_eq!(
+        metric(&c, "mesh_agent_forwards_trimmed_received_total"),
+        Some(1)
+    );
+}
+
 /// Seed 004's second test, in our terms: the host an agent left is read
 /// until every peer has followed. With a contact away, the drain goes on
 /// after the move; once the contact is back, has sent what it queued for

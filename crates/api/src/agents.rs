@@ -278,7 +278,8 @@ pub struct InboxEntry {
     /// `lost` (the agent's own messages at the seqs its body names were
     /// given up before their recipient node had them; `to` is that node,
     /// `reason` why), or `trimmed` (journal retention took the entry
-    /// before it was read).
+    /// before it was read; with `forwarded_by`, retention at the node the
+    /// agent moved away from took entries before they were passed on here).
     pub kind: String,
     /// The message id (for a bounce: the id of the message it bounces).
     pub id: Option<String>,
@@ -308,7 +309,8 @@ pub struct InboxEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
     /// For a message that reached the node its recipient moved away from
-    /// and was passed on from there: that node's id.
+    /// and was passed on from there (or a `trimmed` entry saying what that
+    /// node's retention took first): that node's id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forwarded_by: Option<String>,
 }

@@ -16,7 +16,11 @@
 //! flight at a crash (that guard is in memory), one found given up all
 //! the same, or one on a stream of an earlier store of this node, is
 //! passed on again: the new host indexes a message once however often it
-//! comes. Nothing is acknowledged on the agent's behalf.
+//! comes. Nothing is acknowledged on the agent's behalf. Where journal
+//! retention here removed entries of the previous inbox before they were
+//! passed on (the new host away longer than `[journal]` keeps them), the
+//! pump passes on a trimmed forward in their place, so the agent is told
+//! at its new host what it cannot have.
 //!
 //! The drain ends once the previous inbox is passed on to its end (every
 //! forward acknowledged) and either every peer follows the move (it sends
@@ -28,7 +32,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use mesh_protocol::{AgentName, Forward, KIND_AGENT, KIND_FORWARD, NodeId};
+use mesh_protocol::{
+    AgentName, Forward, ForwardTrimmed, KIND_AGENT, KIND_FORWARD, KIND_FORWARD_TRIMMED, NodeId,
+};
 use mesh_store::{InboxItem, JournalRecord, MeshStore, RedbStore, StoreError};
 
 use crate::agents::{Agent, Registry, now_ms};
@@ -249,17 +255,26 @@ impl Pump {
             .is_some_and(|a| Arc::ptr_eq(&a, &self.agent))
     }
 
-    /// Passes on the messages of `page` in order, up to the first the node
-    /// refuses.
+    /// Passes on the messages of `page` (and, for entries retention
+    /// removed, trimmed forwards) in order, up to the first the node refuses.
     async fn pass_on(&self, host: NodeId, page: &[InboxItem]) -> Pass {
+        let name = &self.agent.record.name;
         let mut pass = Pass {
             last: page.first().map_or(0, |i| i.item.arrival.saturating_sub(1)),
             sent: None,
             refused: None,
         };
         for item in page {
-            if let Some(forward) = forward_of(&item.item.record) {
-                match self.bus.forward(host, forward).await {
+            if let Some((kind, forward)) = forward_of(name, &item.item.record) {
+                if kind == KIND_FORWARD_TRIMMED {
+                    tracing::warn!(
+                        agent = %name,
+                        host = %host.fmt_short(),
+                        "journal retention removed entries of the moved agent's previous inbox \
+                         before they were passed on; its new host is told"
+                    );
+                }
+                match self.bus.forward(host, kind, forward).await {
                     Ok(r) => match &mut pass.sent {
                         Some((stream, seqs)) if *stream == r.stream => seqs.push(r.seq),
                         Some(_) => {
@@ -370,28 +385,38 @@ enum Delivery {
     Gone,
 }
 
-/// The forward of a journal entry of the previous inbox: an agent message
-/// as its author wrote it, or a forward come here before the agent moved
-/// on (passed on as it is). Bounces and other entries stay here.
-fn forward_of(record: &JournalRecord) -> Option<Vec<u8>> {
-    let JournalRecord::Envelope {
-        stream,
-        kind,
-        payload,
-        ..
-    } = record
-    else {
-        return None;
+/// The forward (its kind and payload) of a journal entry of `agent`'s
+/// previous inbox: an agent message as its author wrote it, a forward come
+/// here before the agent moved on (passed on as it is, trimmed or not), or
+/// a trimmed forward for entries retention removed here. Bounces and other
+/// entries stay here.
+fn forward_of(agent: &AgentName, record: &JournalRecord) -> Option<(u16, Vec<u8>)> {
+    let (stream, kind, payload) = match record {
+        JournalRecord::Envelope {
+            stream,
+            kind,
+            payload,
+            ..
+        } => (stream, *kind, payload),
+        JournalRecord::Trimmed { from, to } => {
+            let trimmed = ForwardTrimmed {
+                agent: agent.clone(),
+                from: *from,
+                to: *to,
+            };
+            return Some((KIND_FORWARD_TRIMMED, trimmed.encode()));
+        }
+        _ => return None,
     };
-    match *kind {
-        KIND_AGENT => Some(
-            Forward {
+    match kind {
+        KIND_AGENT => {
+            let forward = Forward {
                 author: stream.author,
                 envelope: payload.clone(),
-            }
-            .encode(),
-        ),
-        KIND_FORWARD => Some(payload.clone()),
+            };
+            Some((KIND_FORWARD, forward.encode()))
+        }
+        KIND_FORWARD | KIND_FORWARD_TRIMMED => Some((kind, payload.clone())),
         _ => None,
     }
 }

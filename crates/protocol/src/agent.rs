@@ -33,6 +33,10 @@ pub const KIND_TOMBSTONE: u16 = 3;
 /// A forward: the payload is a [`Forward`], an agent message the old host
 /// of a moved agent passes on to its new host.
 pub const KIND_FORWARD: u16 = 4;
+/// A trimmed forward: the payload is a [`ForwardTrimmed`], in the place of
+/// messages for a moved agent that the old host's journal retention
+/// removed before they were passed on, so the agent is told.
+pub const KIND_FORWARD_TRIMMED: u16 = 5;
 
 /// The longest agent name, in bytes.
 pub const MAX_AGENT_NAME_BYTES: usize = 64;
@@ -62,6 +66,12 @@ pub const MSG_ID_DOMAIN: &[u8] = b"agent-mesh/msg-id/v1\0";
 /// Whether `kind` is one of the mesh's own envelope kinds.
 pub fn is_mesh_kind(kind: u16) -> bool {
     (KIND_MESH_MIN..=KIND_MESH_MAX).contains(&kind)
+}
+
+/// Whether `kind` is one an old host passes on to a moved agent's new host
+/// ([`KIND_FORWARD`], [`KIND_FORWARD_TRIMMED`]).
+pub fn is_forward_kind(kind: u16) -> bool {
+    matches!(kind, KIND_FORWARD | KIND_FORWARD_TRIMMED)
 }
 
 /// Why an agent name, message id, payload or card was refused.
@@ -486,6 +496,41 @@ impl Forward {
         let f: Forward = decode_canonical(payload, "forward")?;
         AgentHeader::decode(&f.envelope)?;
         Ok(f)
+    }
+}
+
+/// The payload of an envelope of kind [`KIND_FORWARD_TRIMMED`]: the old host
+/// of a moved agent found that its journal retention had removed arrivals
+/// `from..=to` of its journal, entries of the agent's previous inbox among
+/// them, before it passed them on. What they said is gone; the new host
+/// puts this in the agent's inbox in their place, so the agent is told.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ForwardTrimmed {
+    /// The agent whose messages they were.
+    pub agent: AgentName,
+    /// The first arrival removed, in the old host's journal.
+    pub from: u64,
+    /// The last arrival removed (at least `from`).
+    pub to: u64,
+}
+
+impl ForwardTrimmed {
+    /// The payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+    }
+
+    /// Decodes a payload of kind [`KIND_FORWARD_TRIMMED`], canonical and
+    /// whole, with `from <= to`.
+    pub fn decode(payload: &[u8]) -> Result<ForwardTrimmed, AgentError> {
+        let t: ForwardTrimmed = decode_canonical(payload, "trimmed forward")?;
+        if t.from > t.to {
+            return Err(AgentError::Malformed {
+                what: "trimmed forward",
+                why: format!("its range {}..={} is empty", t.from, t.to),
+            });
+        }
+        Ok(t)
     }
 }
 

@@ -66,8 +66,8 @@ pub fn frame(data: &[u8]) {
 }
 
 /// Feeds `data` to the decoders of the mesh's own payload formats (an
-/// agent message, a bounce, a tombstone), as a receiving node does with an envelope of
-/// that kind.
+/// agent message, a bounce, a tombstone, a forward, a trimmed forward), as a
+/// receiving node does with an envelope of that kind.
 ///
 /// Panics if a decoded value does not re-encode to exactly `data`.
 pub fn agent_payload(data: &[u8]) {
@@ -104,6 +104,13 @@ pub fn agent_payload(data: &[u8]) {
             "a decoded forward re-encodes to other bytes"
         );
         assert!(AgentEnvelope::decode(&f.envelope).is_ok());
+    }
+    if let Ok(t) = crate::ForwardTrimmed::decode(data) {
+        assert!(
+            t.encode() == data,
+            "a decoded trimmed forward re-encodes to other bytes"
+        );
+        assert!(t.from <= t.to, "a trimmed forward of an empty range");
     }
 }
 

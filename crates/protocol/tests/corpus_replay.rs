@@ -97,6 +97,7 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     agent("seed-agent-reply", common::agent_reply().encode());
     agent("seed-bounce", common::bounce().encode());
     agent("seed-forward", common::forward().encode());
+    agent("seed-forward-trimmed", common::forward_trimmed().encode());
     {
         let mut b = common::agent_envelope().encode();
         b.push(0);

@@ -88,6 +88,7 @@ const FRAMES_HEX: [&str; 13] = [
 ];
 const FOLLOWED_HEX: &str = "000000740c8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b3940201ed4928c628d1c2c6eae90338905995612959273a5c63f93636c14614ac8737d1";
 const FORWARD_HEX: &str = "8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c24b4672bf683bcfd81000000000000000107706c616e6e65720105636f6465720000026869";
+const FORWARD_TRIMMED_HEX: &str = "07706c616e6e65720509";
 const MOVES_HEX: &str = "000000b20b01ed4928c628d1c2c6eae90338905995612959273a5c63f93636c14614ac8737d107706c616e6e65728a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b3940180d0eab6b733759f230d61cdd8d7c8094d70422edb579a1498c38a69d2006f634a5cd3ab64fd0573dc0366f96818d7ce11f70aca9a8976feefb853bf7bbfb38996a14992950800";
 const AGENT_MOVE_SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f6167656e742d6d6f76652f763100ed4928c628d1c2c6eae90338905995612959273a5c63f93636c14614ac8737d107706c616e6e65728a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b3940180d0eab6b733";
 const TOPICS_HEX: &str = "000000560a010e6167656e74732f706c616e6e6572018a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac020000";
@@ -188,6 +189,17 @@ fn the_fixed_agent_payloads_encode_to_their_pinned_bytes_and_decode_back() {
         Ok(common::forward())
     );
     assert_eq!(Bounce::decode(&unhex(BOUNCE_HEX)), Ok(common::bounce()));
+    assert_hex(
+        "trimmed forward",
+        &common::forward_trimmed().encode(),
+        FORWARD_TRIMMED_HEX,
+    );
+    assert_eq!(
+        mesh_protocol::ForwardTrimmed::decode(&unhex(FORWARD_TRIMMED_HEX)),
+        Ok(common::forward_trimmed())
+    );
+    // An empty range is refused.
+    assert!(mesh_protocol::ForwardTrimmed::decode(&unhex("07706c616e6e65720905")).is_err());
 }
 
 #[test]

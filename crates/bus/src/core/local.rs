@@ -78,12 +78,30 @@ impl Core {
     }
 
     /// A forward the driver asks for (of an agent that moved): a send of
-    /// the mesh's kind [`mesh_protocol::KIND_FORWARD`], refused unless its
-    /// payload is one.
-    pub(super) fn on_forward(&mut self, req: ReqId, to: NodeId, payload: Vec<u8>, now: Millis) {
-        let refused = match mesh_protocol::Forward::decode(&payload) {
+    /// the mesh's kind [`mesh_protocol::KIND_FORWARD`] or
+    /// [`mesh_protocol::KIND_FORWARD_TRIMMED`], refused unless its payload
+    /// is one of that kind.
+    pub(super) fn on_forward(
+        &mut self,
+        req: ReqId,
+        to: NodeId,
+        kind: u16,
+        payload: Vec<u8>,
+        now: Millis,
+    ) {
+        let decoded = match kind {
+            mesh_protocol::KIND_FORWARD => mesh_protocol::Forward::decode(&payload).map(drop),
+            mesh_protocol::KIND_FORWARD_TRIMMED => {
+                mesh_protocol::ForwardTrimmed::decode(&payload).map(drop)
+            }
+            _ => Ok(()),
+        };
+        let refused = match decoded {
+            _ if !mesh_protocol::is_forward_kind(kind) => Some(SendError::Internal(format!(
+                "kind {kind} is not a forward's"
+            ))),
             Err(e) => Some(SendError::Internal(format!("not a forward: {e}"))),
-            Ok(_) => self.check_send(to, payload.len() as u64).err(),
+            Ok(()) => self.check_send(to, payload.len() as u64).err(),
         };
         if let Some(e) = refused {
             self.out.metrics.sends_refused += 1;
@@ -93,11 +111,15 @@ impl Core {
             });
             return;
         }
-        self.out.metrics.agents.forwards_sent += 1;
+        if kind == mesh_protocol::KIND_FORWARD_TRIMMED {
+            self.out.metrics.agents.forwards_trimmed_sent += 1;
+        } else {
+            self.out.metrics.agents.forwards_sent += 1;
+        }
         self.committer.queue_send(WaitingSend {
             req,
             to,
-            kind: mesh_protocol::KIND_FORWARD,
+            kind,
             payload,
             created_ms: now.0,
             tracked: None,

@@ -325,6 +325,11 @@ pub struct AgentCounts {
     pub forwards_sent: u64,
     /// Forwarded messages received for an agent of this node.
     pub forwards_received: u64,
+    /// Trimmed forwards sent: ranges of a moved agent's previous inbox
+    /// that journal retention removed before they were passed on.
+    pub forwards_trimmed_sent: u64,
+    /// Trimmed forwards put in an agent's inbox here.
+    pub forwards_trimmed_received: u64,
     /// Own agent messages superseded before they were sent: held ones
     /// (committed as tombstones) and queued ones (replaced in the outbox).
     pub superseded: u64,

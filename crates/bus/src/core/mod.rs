@@ -388,7 +388,12 @@ impl Core {
                 conn,
                 notices,
             } => self.on_moves(peer, conn, notices),
-            Input::Forward { req, to, payload } => self.on_forward(req, to, payload, now),
+            Input::Forward {
+                req,
+                to,
+                kind,
+                payload,
+            } => self.on_forward(req, to, kind, payload, now),
             Input::AgentCard { card } => self.on_agent_card(card),
             Input::Committed { commit, results } => self.on_committed(commit, results, now),
             Input::OutboxLoaded { load, result } if load.0 & topics::TOPIC_LOAD != 0 => {

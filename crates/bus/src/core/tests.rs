@@ -1045,6 +1045,7 @@ fn a_forward_never_makes_room_by_a_loss_even_under_evict_oldest() {
         a.run(Input::Forward {
             req,
             to: id(2),
+            kind: mesh_protocol::KIND_FORWARD,
             payload: forward(n),
         });
         req

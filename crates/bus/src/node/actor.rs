@@ -65,6 +65,7 @@ pub(super) enum Cmd {
     },
     Forward {
         to: NodeId,
+        kind: u16,
         payload: Vec<u8>,
         reply: oneshot::Sender<Result<core::SendReceipt, core::SendError>>,
         /// As for a submit: returned once the task has taken the payload.
@@ -442,13 +443,19 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             }
             Cmd::Forward {
                 to,
+                kind,
                 payload,
                 reply,
                 budget,
             } => {
                 let req = self.req();
                 self.waiters.insert(req, Waiter::Publish(reply));
-                inputs.push(Input::Forward { req, to, payload });
+                inputs.push(Input::Forward {
+                    req,
+                    to,
+                    kind,
+                    payload,
+                });
                 drop(budget);
             }
             Cmd::Status { reply } => {

@@ -440,8 +440,9 @@ impl Node {
             .map_err(SendError::Refused)
     }
 
-    /// Passes `forward` (a [`mesh_protocol::Forward`] payload) on to `to`,
-    /// the new host of an agent that moved away from this node: answered
+    /// Passes `forward` (a payload of `kind`: a [`mesh_protocol::Forward`]
+    /// or a [`mesh_protocol::ForwardTrimmed`]) on to `to`, the new host of
+    /// an agent that moved away from this node: answered
     /// with its receipt once committed, as a send is. It never makes room
     /// in a full outbox by a loss, whatever the outbox's policy: it is
     /// refused instead (its author was told the message was delivered).
@@ -449,7 +450,12 @@ impl Node {
     /// # Errors
     /// As a send: refused (not a forward, not a peer, the outbox full) or
     /// the node stopped.
-    pub async fn forward(&self, to: NodeId, forward: Vec<u8>) -> Result<SendReceipt, SendError> {
+    pub async fn forward(
+        &self,
+        to: NodeId,
+        kind: u16,
+        forward: Vec<u8>,
+    ) -> Result<SendReceipt, SendError> {
         let permits = u32::try_from(forward.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
         let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
             return Err(SendError::Stopped);
@@ -457,6 +463,7 @@ impl Node {
         let (reply, rx) = oneshot::channel();
         let cmd = Cmd::Forward {
             to,
+            kind,
             payload: forward,
             reply,
             budget,

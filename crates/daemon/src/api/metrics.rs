@@ -186,7 +186,7 @@ fn render_topics(t: &mut Text, status: &NodeStatus) {
 }
 
 /// The agent layer's counters: (name after `mesh_`, help, value).
-fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 18] {
+fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 20] {
     let a = &status.core.agents;
     [
         (
@@ -258,6 +258,16 @@ fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 18
             "agent_forwards_received_total",
             "Forwarded messages put in an agent's inbox here.",
             a.forwards_received,
+        ),
+        (
+            "agent_forwards_trimmed_sent_total",
+            "Ranges of a moved agent's previous inbox that retention removed before they were passed on, told to its new host.",
+            a.forwards_trimmed_sent,
+        ),
+        (
+            "agent_forwards_trimmed_received_total",
+            "Trimmed forwards put in an agent's inbox here: messages it lost to its old host's retention.",
+            a.forwards_trimmed_received,
         ),
         (
             "agent_supersede_refused_total",

@@ -337,6 +337,15 @@ pub(crate) fn forward() -> Forward {
     }
 }
 
+/// The fixed trimmed forward: arrivals 5 to 9 of the planner's previous inbox.
+pub(crate) fn forward_trimmed() -> mesh_protocol::ForwardTrimmed {
+    mesh_protocol::ForwardTrimmed {
+        agent: agent("planner"),
+        from: 5,
+        to: 9,
+    }
+}
+
 /// The fixed cursor: after arrival 42 in the author's journal.
 pub(crate) fn cursor() -> Cursor {
     Cursor::new(&author(), AUTHOR_EPOCH, 42)

@@ -1,8 +1,8 @@
 //! The receive side: a peer batch's agent messages to inboxes and the index, and bounces.
 
 use mesh_protocol::{
-    AgentHeader, Bounce, BounceReason, Envelope, Forward, KIND_AGENT, KIND_BOUNCE, KIND_FORWARD,
-    KIND_TOMBSTONE, NodeId, StreamId, Tombstone,
+    AgentHeader, Bounce, BounceReason, Envelope, Forward, ForwardTrimmed, KIND_AGENT, KIND_BOUNCE,
+    KIND_FORWARD, KIND_FORWARD_TRIMMED, KIND_TOMBSTONE, NodeId, StreamId, Tombstone,
 };
 use mesh_store::{AgentIndex, AgentOp, InboxKind, InboxRow, MessageDir, MessageRow, WriteOp};
 
@@ -34,6 +34,7 @@ impl Core {
                 KIND_BOUNCE => self.index_inbound_bounce(&e, &mut entries, &mut ops),
                 KIND_TOMBSTONE => self.index_inbound_tombstone(*peer, &stream, &e, &mut entries),
                 KIND_FORWARD => self.index_inbound_forward(&stream, &e, &mut entries),
+                KIND_FORWARD_TRIMMED => self.index_inbound_forward_trimmed(&e, &mut entries),
                 _ => {}
             }
         }
@@ -142,6 +143,32 @@ impl Core {
             message: MessageRow {
                 in_reply_to: msg.in_reply_to,
                 ..received_row(stream, e.seq, msg.from, Some(to))
+            },
+        });
+    }
+
+    /// Adds the inbox entry of the trimmed forward `e` (from the old host
+    /// of one of this node's agents: its retention removed messages for the
+    /// agent before it passed them on) to `entries`, so the agent is told;
+    /// if the agent moved on since, this node's daemon passes it on in turn.
+    fn index_inbound_forward_trimmed(&mut self, e: &Envelope<'_>, entries: &mut Vec<AgentIndex>) {
+        let Ok(t) = ForwardTrimmed::decode(e.payload) else {
+            self.out.metrics.agents.malformed += 1;
+            return;
+        };
+        if !self.agents.is_local(&t.agent) {
+            // Journaled here; nobody to tell.
+            self.out.metrics.agents.undeliverable += 1;
+            return;
+        }
+        self.out.metrics.agents.forwards_trimmed_received += 1;
+        entries.push(AgentIndex::Inbox {
+            agent: t.agent,
+            seq: e.seq,
+            row: InboxRow {
+                kind: InboxKind::Lost,
+                verified: false,
+                in_reply_to: None,
             },
         });
     }

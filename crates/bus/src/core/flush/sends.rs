@@ -52,7 +52,7 @@ impl Core {
                 // A forward's author was told its message was delivered:
                 // nothing makes room by a loss while it is on its way (it
                 // waits for room; the pump passes it on again).
-                let admitted = if s.kind == mesh_protocol::KIND_FORWARD {
+                let admitted = if mesh_protocol::is_forward_kind(s.kind) {
                     room.admit_lossless(len)
                 } else {
                     room.admit(len)
@@ -120,7 +120,7 @@ impl Core {
             let n = taken.len() as u64;
             let forward = taken
                 .iter()
-                .rposition(|s| s.kind == mesh_protocol::KIND_FORWARD)
+                .rposition(|s| mesh_protocol::is_forward_kind(s.kind))
                 .map(|i| next_seq + i as u64);
             let evict = room.evict_for(n, bytes);
             if self.sign_chunk(batch, to, next_seq, taken, evict) {

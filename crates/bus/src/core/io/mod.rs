@@ -153,13 +153,17 @@ pub enum Input {
     },
     /// Pass on `payload`, a [`mesh_protocol::Forward`] of a message that
     /// came for an agent of this node that moved to `to` before this node
-    /// learned of the move (the daemon reads them from the agent's inbox).
-    /// Sent and answered as a send is; refused unless it decodes.
+    /// learned of the move (the daemon reads them from the agent's inbox),
+    /// or a [`mesh_protocol::ForwardTrimmed`] in the place of ones its
+    /// journal retention removed first. Sent and answered as a send is;
+    /// refused unless it decodes as its `kind`.
     Forward {
         /// Answered with its receipt once committed.
         req: ReqId,
         /// The agent's new host.
         to: NodeId,
+        /// [`mesh_protocol::KIND_FORWARD`] or [`mesh_protocol::KIND_FORWARD_TRIMMED`].
+        kind: u16,
         /// The forward.
         payload: Vec<u8>,
     },

@@ -218,12 +218,24 @@ impl Mesh {
 impl Mesh {
     /// Node `n` passes `forward` on to node `to`, as its daemon's pump does.
     fn forward(&mut self, n: u8, to: u8, forward: Vec<u8>) -> Result<SendReceipt, SendError> {
+        self.forward_of(n, to, mesh_protocol::KIND_FORWARD, forward)
+    }
+
+    /// Has node `n` pass on a payload of forward kind `kind` to node `to`.
+    fn forward_of(
+        &mut self,
+        n: u8,
+        to: u8,
+        kind: u16,
+        forward: Vec<u8>,
+    ) -> Result<SendReceipt, SendError> {
         let node = self.node(n);
         let req = ReqId(node.next_req);
         node.next_req += 1;
         let out = node.run(Input::Forward {
             req,
             to: id(to),
+            kind,
             payload: forward,
         });
         let result = node.reply(req).cloned().expect("answered");
@@ -288,6 +300,54 @@ fn a_forwarded_message_reaches_the_agent_at_its_new_host_once_however_often_it_i
         .expect("reads")
         .expect("indexed");
     assert_eq!(row.dir, mesh_store::MessageDir::Sent, "its sent row stays");
+}
+
+#[test]
+fn a_trimmed_forward_puts_its_loss_in_the_agents_inbox_at_the_new_host() {
+    let mut m = Mesh::new(3, &[(1, 3)]);
+    m.link(1, 3);
+    m.host(1, "kim", &agent());
+    m.host(3, "kim", &agent());
+    m.import(3, notice(1, 3, 1));
+    let kim = AgentName::new("kim").expect("a name");
+    let trimmed = mesh_protocol::ForwardTrimmed {
+        agent: kim.clone(),
+        from: 4,
+        to: 9,
+    };
+    m.forward_of(1, 3, mesh_protocol::KIND_FORWARD_TRIMMED, trimmed.encode())
+        .expect("passed on");
+    let items = m.node(3).store.inbox(&kim, 0, 100).expect("reads");
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert_eq!(items[0].row.kind, mesh_store::InboxKind::Lost);
+    let JournalRecord::Envelope { kind, payload, .. } = &items[0].item.record else {
+        panic!("an envelope: {items:?}");
+    };
+    assert_eq!(*kind, mesh_protocol::KIND_FORWARD_TRIMMED);
+    assert_eq!(mesh_protocol::ForwardTrimmed::decode(payload), Ok(trimmed));
+    // One of the wrong kind's bytes, or an empty range, is refused.
+    for (kind, payload) in [
+        (mesh_protocol::KIND_FORWARD_TRIMMED, b"no".to_vec()),
+        (mesh_protocol::KIND_FORWARD_TRIMMED, {
+            let mut b = mesh_protocol::ForwardTrimmed {
+                agent: kim.clone(),
+                from: 9,
+                to: 9,
+            }
+            .encode();
+            let n = b.len();
+            b[n - 2] = 10;
+            b
+        }),
+        (mesh_protocol::KIND_AGENT, b"x".to_vec()),
+    ] {
+        let refused = m.forward_of(1, 3, kind, payload);
+        assert!(
+            matches!(refused, Err(SendError::Internal(_))),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(m.node(3).store.inbox(&kim, 0, 100).expect("reads").len(), 1);
 }
 
 impl Mesh {

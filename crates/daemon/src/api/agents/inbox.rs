@@ -9,8 +9,8 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
 use mesh_api::{BodyEncoding, InboxEntry, InboxPage};
 use mesh_protocol::{
-    AgentEnvelope, AgentName, Bounce, Forward, KIND_AGENT, KIND_BOUNCE, KIND_FORWARD,
-    KIND_TOMBSTONE, MsgId, NodeId, Tombstone, TombstoneReason,
+    AgentEnvelope, AgentName, Bounce, Forward, ForwardTrimmed, KIND_AGENT, KIND_BOUNCE,
+    KIND_FORWARD, KIND_FORWARD_TRIMMED, KIND_TOMBSTONE, MsgId, NodeId, Tombstone, TombstoneReason,
 };
 use mesh_store::{Arrival, InboxItem, InboxKind, JournalRecord, MeshStore};
 use serde::Deserialize;
@@ -116,6 +116,15 @@ impl ApiState {
                         }
                         Err(err) => e.body = format!("a forward that does not decode: {err}"),
                     },
+                    KIND_FORWARD_TRIMMED => {
+                        e.forwarded_by = Some(stream.author.to_string());
+                        match ForwardTrimmed::decode(payload) {
+                            Ok(t) => Self::fill_forward_trimmed(&mut e, &stream.author, &t),
+                            Err(err) => {
+                                e.body = format!("a trimmed forward that does not decode: {err}");
+                            }
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -184,6 +193,22 @@ impl ApiState {
             }
             Err(err) => e.body = format!("an agent message that does not decode: {err}"),
         }
+    }
+
+    /// Fills `e` from a trimmed forward `t` passed on by `by`, the node the
+    /// agent moved away from.
+    fn fill_forward_trimmed(e: &mut InboxEntry, by: &NodeId, t: &ForwardTrimmed) {
+        e.kind = "trimmed".into();
+        let what = if t.from == t.to {
+            format!("arrival {}", t.to)
+        } else {
+            format!("arrivals {}..={}", t.from, t.to)
+        };
+        e.body = format!(
+            "journal retention at {by}, the node this agent moved away from, removed {what} \
+             of its journal, entries of this agent's inbox there among them, before they were \
+             passed on here: what they said is gone (their senders were told they were delivered)"
+        );
     }
 
     /// Fills `e` from a tombstone `payload` written by `author`, read on
