@@ -365,6 +365,44 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     assert!(text.contains("via"), "{text}");
 }
 
+/// Writes `config` as the config file of the daemon `name` in `root`.
+fn configure(root: &Path, name: &str, config: &str) {
+    let dir = root.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.toml"), config).unwrap();
+}
+
+/// b, away, queues `bodies` from bob for kim at a; kim moves from a to c
+/// (export, import); a is cut off from c; b comes back to a, which takes
+/// the messages into kim's previous inbox to pass on.
+fn queued_for_the_old_host_while_the_new_is_away(
+    root: &Path,
+    a: &DaemonProcess,
+    b: &DaemonProcess,
+    c: &DaemonProcess,
+    bodies: &[String],
+) {
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let kim_at_a = format!("kim@{}", a.node());
+    away(b, &[a, c]);
+    for body in bodies {
+        ok(as_agent(b, "bob", &["send", &kim_at_a, body]));
+    }
+    let file = root.join("kim.export");
+    ok(
+        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
+            .unwrap(),
+    );
+    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+    wait_agents(a, "a marks kim as moved", |all| {
+        all["local"][0]["moved_to"] == c.node()
+    });
+    away(a, &[c]);
+    ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
+}
+
 /// A host the agent left whose outbox to the new host is full passes on
 /// nothing by a loss, even under `evict-oldest`: its own sends to the new
 /// host are refused while a forward waits there, and every message reaches
@@ -372,36 +410,16 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
 #[test]
 fn a_full_outbox_to_the_new_host_gives_up_no_forward_and_the_agent_gets_every_message() {
     let tmp = temp_dir().unwrap();
-    let a_dir = tmp.path().join("a");
-    std::fs::create_dir_all(&a_dir).unwrap();
-    std::fs::write(
-        a_dir.join("config.toml"),
+    configure(
+        tmp.path(),
+        "a",
         "[outbox]\nmax_msgs = 3\non_full = \"evict-oldest\"\n",
-    )
-    .unwrap();
-    let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
-    // b is away during the move and queues three messages for kim at a.
-    away(&b, &[&a, &c]);
-    for i in 1..=3 {
-        ok(as_agent(&b, "bob", &["send", &kim_at_a, &format!("m{i}")]));
-    }
-    let file = tmp.path().join("kim.export");
-    ok(
-        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
-            .unwrap(),
     );
-    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
-    wait_agents(&a, "a marks kim as moved", |all| {
-        all["local"][0]["moved_to"] == c.node()
-    });
-    // a cannot reach c; b comes back to a, which passes the three on into
-    // its outbox to c (three fill it).
-    away(&a, &[&c]);
-    ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
+    let (a, b, c) = triangle(tmp.path());
+    // b queues three messages for kim at a while away; a passes them on
+    // into its outbox to c (three fill it).
+    let bodies: Vec<String> = (1..=3).map(|i| format!("m{i}")).collect();
+    queued_for_the_old_host_while_the_new_is_away(tmp.path(), &a, &b, &c, &bodies);
     let deadline = Instant::now() + SETTLE;
     while metric(&a, "mesh_agent_forwards_sent_total") < Some(3) {
         assert!(Instant::now() < deadline, "a did not pass the three on");
@@ -440,43 +458,14 @@ fn a_full_outbox_to_the_new_host_gives_up_no_forward_and_the_agent_gets_every_me
 fn messages_retention_took_at_the_old_host_before_they_were_passed_on_are_told_to_the_agent() {
     const N: usize = 40;
     let tmp = temp_dir().unwrap();
-    let a_dir = tmp.path().join("a");
-    std::fs::create_dir_all(&a_dir).unwrap();
     // The smallest journal bound: 1 MiB, about 17 of the messages below.
-    std::fs::write(
-        a_dir.join("config.toml"),
-        "[journal]\nmax_bytes = 1048576\n",
-    )
-    .unwrap();
+    configure(tmp.path(), "a", "[journal]\nmax_bytes = 1048576\n");
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
-    // b is away during the move and queues 40 messages of 60 KB (2.4 MB)
-    // for kim at a.
-    away(&b, &[&a, &c]);
+    // b queues 40 messages of 60 KB (2.4 MB) for kim at a while away; a's
+    // journal keeps 1 MiB of them while at most a page waits to be passed on.
     let pad = "x".repeat(60_000);
-    for i in 0..N {
-        ok(as_agent(
-            &b,
-            "bob",
-            &["send", &kim_at_a, &format!("m{i:02} {pad}")],
-        ));
-    }
-    let file = tmp.path().join("kim.export");
-    ok(
-        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
-            .unwrap(),
-    );
-    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
-    wait_agents(&a, "a marks kim as moved", |all| {
-        all["local"][0]["moved_to"] == c.node()
-    });
-    // a cannot reach c; b comes back to a, whose journal keeps 1 MiB of
-    // the 2.4 MB while at most a page of them waits to be passed on.
-    away(&a, &[&c]);
-    ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
+    let bodies: Vec<String> = (0..N).map(|i| format!("m{i:02} {pad}")).collect();
+    queued_for_the_old_host_while_the_new_is_away(tmp.path(), &a, &b, &c, &bodies);
     let deadline = Instant::now() + SETTLE;
     let queued_to_a = || {
         let peers = parse_json(&ok(b.mesh(&["peer", "list", "--json"]).unwrap())).unwrap();
@@ -728,9 +717,7 @@ fn two_moves_in_a_race_settle_on_one_host_and_nothing_sent_meanwhile_is_lost_or_
 #[test]
 fn once_the_drain_ends_the_old_host_says_so_and_a_late_message_is_bounced_to_its_sender() {
     let tmp = temp_dir().unwrap();
-    let a_dir = tmp.path().join("a");
-    std::fs::create_dir_all(&a_dir).unwrap();
-    std::fs::write(a_dir.join("config.toml"), "[agents]\ndrain_days = 0\n").unwrap();
+    configure(tmp.path(), "a", "[agents]\ndrain_days = 0\n");
     let (a, b, c) = triangle(tmp.path());
     ok(a.mesh(&["agent", "add", "kim"]).unwrap());
     ok(b.mesh(&["agent", "add", "bob"]).unwrap());
