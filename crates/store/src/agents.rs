@@ -183,6 +183,17 @@ pub enum AgentIndex {
         /// The message row (`arrival` and `stream` are set by the store).
         message: MessageRow,
     },
+    /// The envelope `seq` is a forward of the message `id` that the store
+    /// put in an inbox although the message index had `id` already (the
+    /// agent came back here, or it is this node's own message): the next
+    /// forward of `id` is measured against this arrival, so it is taken
+    /// once. The store writes it itself, expanding [`AgentIndex::Forwarded`].
+    ForwardTaken {
+        /// The message id.
+        id: MsgId,
+        /// The forward's seq.
+        seq: Seq,
+    },
     /// The envelope `seq` is the first send of `key` (arrival filled in).
     Dedup {
         /// The envelope's seq.
@@ -198,6 +209,7 @@ impl AgentIndex {
             AgentIndex::Inbox { seq, .. }
             | AgentIndex::Message { seq, .. }
             | AgentIndex::Forwarded { seq, .. }
+            | AgentIndex::ForwardTaken { seq, .. }
             | AgentIndex::Dedup { seq, .. } => *seq,
         }
     }
@@ -299,6 +311,10 @@ pub(crate) enum AgentWrite {
     Message {
         id: MsgId,
         row: MessageRow,
+    },
+    ForwardTaken {
+        id: MsgId,
+        arrival: Arrival,
     },
     Bounced {
         id: MsgId,
@@ -451,6 +467,7 @@ fn index_write(e: AgentIndex, stream: &StreamId, runs: &[Run]) -> Result<AgentWr
             row.seq = seq;
             AgentWrite::Message { id, row }
         }
+        AgentIndex::ForwardTaken { id, .. } => AgentWrite::ForwardTaken { id, arrival },
         AgentIndex::Dedup { mut record, .. } => {
             let len = record.key.client_id.len();
             if len == 0 || len > CLIENT_ID_BYTES_MAX {

@@ -94,6 +94,9 @@ pub(crate) trait Base {
         &mut self,
         id: &mesh_protocol::MsgId,
     ) -> Result<Option<(crate::MessageDir, Arrival)>, StoreError>;
+    /// The arrival of the last inbox entry made here from a forward of
+    /// `id` that the message index had already ([`crate::AgentIndex::ForwardTaken`]).
+    fn forward_taken(&mut self, id: &mesh_protocol::MsgId) -> Result<Option<Arrival>, StoreError>;
     /// An agent's named cursor, as committed before this group.
     fn agent_cursor(
         &mut self,

@@ -382,7 +382,17 @@ impl<B: Base> GroupView<'_, B> {
                         continue;
                     }
                     let known = self.base.message_place(&id)?;
-                    if let Some((crate::MessageDir::Received, at)) = known {
+                    // Where an inbox here last took it: received straight,
+                    // or an earlier forward taken while the index had it.
+                    let received = match known {
+                        Some((crate::MessageDir::Received, at)) => Some(at),
+                        _ => None,
+                    };
+                    let taken = match known {
+                        Some(_) => self.base.forward_taken(&id)?,
+                        None => None,
+                    };
+                    if let Some(at) = received.max(taken) {
                         // Once is enough, unless the agent came back here
                         // and reads on from past where it had it.
                         let back = self.base.agent_cursor(&agent, crate::RESUMED_CURSOR)?;
@@ -395,14 +405,18 @@ impl<B: Base> GroupView<'_, B> {
                         seq,
                         row: inbox,
                     });
-                    // This node's own message, come back to the agent that
-                    // moved here: its row says sent, and stays.
                     if known.is_none() {
                         out.push(AgentIndex::Message {
                             id,
                             seq,
                             row: message,
                         });
+                    } else {
+                        // Taken again (the agent came back here, or this
+                        // node's own message came back to the agent that
+                        // moved here: its row says sent, and stays): the
+                        // next copy of it is measured against this one.
+                        out.push(AgentIndex::ForwardTaken { id, seq });
                     }
                 }
                 other => out.push(other),

@@ -64,6 +64,8 @@ struct Agents {
     undelivered: BTreeMap<MsgId, mesh_protocol::BounceReason>,
     /// Sent messages superseded before they were sent, and by what.
     superseded: BTreeMap<MsgId, MsgId>,
+    /// Forwards taken into an inbox while the index had their message.
+    forwards: BTreeMap<MsgId, Arrival>,
     /// By (time taken, encoded key), as on disk.
     dedup: BTreeMap<(u64, Vec<u8>), DedupRecord>,
     aliases: BTreeMap<String, NodeId>,

@@ -33,6 +33,9 @@ impl Agents {
                 }
                 self.messages.insert(id, crate::agents::Place::of(&row));
             }
+            AgentWrite::ForwardTaken { id, arrival } => {
+                self.forwards.insert(id, arrival);
+            }
             AgentWrite::Bounced { id, reason } => {
                 self.undelivered.insert(id, reason);
             }
@@ -73,6 +76,7 @@ impl Agents {
                 self.messages.retain(|id, _| !gone(id));
                 self.undelivered.retain(|id, _| !gone(id));
                 self.superseded.retain(|id, _| !gone(id));
+                self.forwards.retain(|id, _| !gone(id));
             }
             AgentWrite::TrimInboxes { before } => {
                 let gone: Vec<(mesh_protocol::AgentName, Arrival)> = self
@@ -191,6 +195,10 @@ impl Base for MemBase<'_> {
             .range((agent.clone(), after + 1)..)
             .next()
             .is_some_and(|((a, _), _)| a == agent))
+    }
+
+    fn forward_taken(&mut self, id: &mesh_protocol::MsgId) -> Result<Option<Arrival>, StoreError> {
+        Ok(self.state.agents.forwards.get(id).copied())
     }
 
     fn message_place(

@@ -12,6 +12,7 @@
 //! | `dedup-v1`         | (ms taken, postcard `DedupKey`)  | postcard `DedupRecord` |
 //! | `aliases-v1`       | alias                            | node id (32 bytes)    |
 //! | `moves-v1`         | agent key (32 bytes)             | postcard `AgentMove`: the move notice held of the agent |
+//! | `forwards-v1`      | message id                       | the arrival of the last inbox entry made from a forward of it while the message index had it |
 //! | `agent-cursors-v1` | (agent name, cursor name)        | arrival               |
 //! | `inbox-trimmed-v1` | agent name                       | the last arrival of its inbox that retention took |
 //!
@@ -110,6 +111,7 @@ const SUPERSEDED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("supe
 const AGENT_CURSORS: TableDefinition<'_, (&str, &str), u64> =
     TableDefinition::new("agent-cursors-v1");
 const INBOX_TRIMMED: TableDefinition<'_, &str, u64> = TableDefinition::new("inbox-trimmed-v1");
+const FORWARDS: TableDefinition<'_, &[u8], u64> = TableDefinition::new("forwards-v1");
 
 /// The dedup table as a write transaction holds it.
 type DedupTable<'tx> = Table<'tx, (u64, &'static [u8]), &'static [u8]>;
@@ -127,6 +129,7 @@ pub(super) struct AgentTables<'tx> {
     undelivered: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     superseded: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     inbox_trimmed: Option<Table<'tx, &'static str, u64>>,
+    forwards: Option<Table<'tx, &'static [u8], u64>>,
     /// Index entries of this commit, written packed at [`AgentTables::flush`].
     inbox_pending: Vec<(AgentName, Arrival, InboxRow)>,
     messages_pending: Vec<(MsgId, MessageRow)>,
@@ -165,6 +168,7 @@ impl<'tx> AgentTables<'tx> {
             undelivered: None,
             superseded: None,
             inbox_trimmed: None,
+            forwards: None,
             inbox_pending: Vec::new(),
             messages_pending: Vec::new(),
             bounced_pending: Vec::new(),
@@ -303,6 +307,19 @@ impl<'tx> AgentTables<'tx> {
         Ok(index_in(&key, run.n as usize, id).map(|i| (run.dir, run.place(i).arrival)))
     }
 
+    /// Where an inbox here last took a forward of `id` while the message
+    /// index had it, as written so far.
+    pub(super) fn forward_taken(
+        &mut self,
+        id: &MsgId,
+        name: &str,
+    ) -> Result<Option<Arrival>, StoreError> {
+        let t = open(self.tx, &mut self.forwards, FORWARDS, name)?;
+        Ok(t.get(id.as_bytes().as_slice())
+            .map_err(|e| from_redb(name, "cannot read", e))?
+            .map(|v| v.value()))
+    }
+
     /// An agent's named cursor, as written so far (earlier commits and
     /// earlier groups of this one).
     pub(super) fn agent_cursor(
@@ -349,6 +366,11 @@ impl<'tx> AgentTables<'tx> {
                 row,
             } => self.inbox_pending.push((agent, arrival, row)),
             AgentWrite::Message { id, row } => self.messages_pending.push((id, row)),
+            AgentWrite::ForwardTaken { id, arrival } => {
+                open(tx, &mut self.forwards, FORWARDS, name)?
+                    .insert(id.as_bytes().as_slice(), arrival)
+                    .map_err(werr)?;
+            }
             AgentWrite::Bounced { id, reason } => self.bounced_pending.push((id, reason)),
             AgentWrite::Superseded { id, by } => {
                 open(tx, &mut self.superseded, SUPERSEDED, name)?
@@ -449,6 +471,9 @@ impl<'tx> AgentTables<'tx> {
                 .retain_in(lo_k..=hi_k, |_, _| false)
                 .map_err(werr)?;
         }
+        open(tx, &mut self.forwards, FORWARDS, name)?
+            .retain_in(lo_k..=hi_k, |_, _| false)
+            .map_err(werr)?;
         Ok(())
     }
 

@@ -29,6 +29,7 @@ store_suite!(
     an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox,
     a_move_notice_is_kept_per_agent_and_a_later_one_replaces_it,
     a_message_passed_on_twice_is_indexed_once,
+    a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only,
 );
 
 /// A forwarded entry of the message `id` at `seq` of `PEER`'s stream.
@@ -161,6 +162,90 @@ fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
     );
     let own = s.message(&sent).expect("reads").expect("indexed");
     assert_eq!((own.dir, own.seq), (MessageDir::Sent, 1), "its row stays");
+}
+
+/// The chaos run's duplicate (docs/reliability.md): an agent came back to
+/// a node it had left, and the old host passed one message on to it twice.
+/// A message the index had from before the agent left here, and this
+/// node's own message, each go in its inbox once more, not once per copy.
+fn a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only(s: &dyn MeshStore) {
+    let kim = AgentRecord {
+        name: name("kim"),
+        key: node(40),
+        uid: 1,
+        created_ms: 1,
+    };
+    commit1(s, vec![WriteOp::Agents(AgentOp::PutAgent(kim))]).expect("commits");
+    let (back, sent) = (MsgId([3; 16]), MsgId([4; 16]));
+    let index = |entries| {
+        WriteOp::Agents(AgentOp::Index {
+            stream: peer_stream(PEER),
+            entries,
+        })
+    };
+    let accept = |first, ids: &[MsgId]| WriteOp::Accept {
+        batch: forward_batch(first, ids),
+        from: first,
+    };
+    // Before kim left: `back` came here for it, and this node sent `sent`.
+    let own = MessageRow {
+        dir: MessageDir::Sent,
+        seq: 2,
+        ..message_row()
+    };
+    commit1(
+        s,
+        vec![
+            accept(1, &[back, sent]),
+            index(vec![
+                forwarded(back, 1),
+                AgentIndex::Message {
+                    id: sent,
+                    seq: 2,
+                    row: own,
+                },
+            ]),
+        ],
+    )
+    .expect("commits");
+    let before = inbox_of(s, "kim");
+    assert_eq!(before.len(), 1, "{before:?}");
+    // kim left and came back: it reads on from past where it had `back`.
+    let resumed = s.inbox(&name("kim"), 0, 10).expect("reads")[0].item.arrival;
+    commit1(
+        s,
+        vec![WriteOp::Agents(AgentOp::PutCursor {
+            agent: name("kim"),
+            name: crate::RESUMED_CURSOR.to_owned(),
+            arrival: resumed,
+        })],
+    )
+    .expect("commits");
+    // The host it came from passes both on, then (a page given up and
+    // read again) both once more, a commit apart.
+    for first in [3, 5] {
+        commit1(
+            s,
+            vec![
+                accept(first, &[back, sent]),
+                index(vec![forwarded(back, first), forwarded(sent, first + 1)]),
+            ],
+        )
+        .expect("commits");
+    }
+    let after: Vec<u64> = s
+        .inbox(&name("kim"), resumed, 10)
+        .expect("reads")
+        .iter()
+        .map(|i| i.item.arrival)
+        .collect();
+    assert_eq!(
+        after.len(),
+        2,
+        "past where kim resumed: `back` and the node's own message, once each: {after:?}"
+    );
+    let own = s.message(&sent).expect("reads").expect("indexed");
+    assert_eq!((own.dir, own.seq), (MessageDir::Sent, 2), "its row stays");
 }
 
 fn a_move_notice_is_kept_per_agent_and_a_later_one_replaces_it(s: &dyn MeshStore) {

@@ -152,6 +152,13 @@ impl Base for Tables<'_> {
         self.agents.inbox_after(agent, after, self.name)
     }
 
+    fn forward_taken(
+        &mut self,
+        id: &mesh_protocol::MsgId,
+    ) -> Result<Option<crate::Arrival>, StoreError> {
+        self.agents.forward_taken(id, self.name)
+    }
+
     fn message_place(
         &mut self,
         id: &mesh_protocol::MsgId,
