@@ -86,7 +86,7 @@ pub struct NodePeer {
     pub conn: Option<ConnId>,
     /// This node's stream to it, as committed (`None` before the first message).
     pub own_stream: Option<OwnStream>,
-    /// Whether the link to it is paused ([`Node::set_peer_paused`]).
+    /// Whether the link to it is paused ([`Node::set_peer_paused`](super::Node::set_peer_paused)).
     pub paused: bool,
     /// The agents it announced on its last connection.
     pub agents: Vec<mesh_protocol::AgentCard>,
