@@ -64,41 +64,35 @@ impl AgentCard {
         online: bool,
         issued_ms: u64,
     ) -> AgentCard {
-        let key = secret.public();
-        let msg = card_bytes(&CardFields {
-            node: &node,
-            name: &name,
-            key: &key,
-            online,
-            issued_ms,
-        });
-        AgentCard {
+        let mut card = AgentCard {
             node,
             name,
-            key,
+            key: secret.public(),
             online,
             issued_ms,
-            sig: secret.sign(&msg).to_bytes(),
-        }
+            sig: [0; 64],
+        };
+        card.sig = secret.sign(&card.signed_bytes()).to_bytes();
+        card
     }
 
     /// The bytes the signature covers.
     pub fn signed_bytes(&self) -> Vec<u8> {
-        card_bytes(&CardFields {
-            node: &self.node,
-            name: &self.name,
-            key: &self.key,
-            online: self.online,
-            issued_ms: self.issued_ms,
-        })
+        domain_bytes(
+            AGENT_CARD_DOMAIN,
+            &CardFields {
+                node: &self.node,
+                name: &self.name,
+                key: &self.key,
+                online: self.online,
+                issued_ms: self.issued_ms,
+            },
+        )
     }
 
     /// Checks the signature (`verify_strict`) under the card's agent key.
     pub fn verify(&self) -> Result<(), AgentError> {
-        let sig = iroh_base::Signature::from_bytes(&self.sig);
-        self.key
-            .verify(&self.signed_bytes(), &sig)
-            .map_err(|_| AgentError::BadSignature(self.name.to_string()))
+        verify_agent(&self.key, &self.name, &self.signed_bytes(), &self.sig)
     }
 }
 
@@ -169,44 +163,37 @@ impl AgentMove {
         version: u64,
         issued_ms: u64,
     ) -> AgentMove {
-        let key = secret.public();
-        let msg = move_bytes(&MoveFields {
-            key: &key,
-            name: &name,
-            from: &from,
-            node: &node,
-            version,
-            issued_ms,
-        });
-        AgentMove {
-            key,
+        let mut notice = AgentMove {
+            key: secret.public(),
             name,
             from,
             node,
             version,
             issued_ms,
-            sig: secret.sign(&msg).to_bytes(),
-        }
+            sig: [0; 64],
+        };
+        notice.sig = secret.sign(&notice.signed_bytes()).to_bytes();
+        notice
     }
 
     /// The bytes the signature covers.
     pub fn signed_bytes(&self) -> Vec<u8> {
-        move_bytes(&MoveFields {
-            key: &self.key,
-            name: &self.name,
-            from: &self.from,
-            node: &self.node,
-            version: self.version,
-            issued_ms: self.issued_ms,
-        })
+        domain_bytes(
+            AGENT_MOVE_DOMAIN,
+            &MoveFields {
+                key: &self.key,
+                name: &self.name,
+                from: &self.from,
+                node: &self.node,
+                version: self.version,
+                issued_ms: self.issued_ms,
+            },
+        )
     }
 
     /// Checks the signature (`verify_strict`) under the agent's key.
     pub fn verify(&self) -> Result<(), AgentError> {
-        let sig = iroh_base::Signature::from_bytes(&self.sig);
-        self.key
-            .verify(&self.signed_bytes(), &sig)
-            .map_err(|_| AgentError::BadSignature(self.name.to_string()))
+        verify_agent(&self.key, &self.name, &self.signed_bytes(), &self.sig)
     }
 
     /// Whether this notice wins over `other`, a notice of the same agent:
@@ -217,14 +204,23 @@ impl AgentMove {
     }
 }
 
-fn move_bytes(fields: &MoveFields<'_>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(AGENT_MOVE_DOMAIN.len() + 160);
-    out.extend_from_slice(AGENT_MOVE_DOMAIN);
+/// The bytes an agent's signature covers: `domain`, then the postcard
+/// encoding of `fields`.
+fn domain_bytes(domain: &[u8], fields: &impl Serialize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(domain.len() + 160);
+    out.extend_from_slice(domain);
     postcard::to_extend(fields, out).unwrap_or_else(|_| unreachable!("postcard into Vec"))
 }
 
-fn card_bytes(fields: &CardFields<'_>) -> Vec<u8> {
-    let mut out = Vec::with_capacity(AGENT_CARD_DOMAIN.len() + 160);
-    out.extend_from_slice(AGENT_CARD_DOMAIN);
-    postcard::to_extend(fields, out).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+/// Checks `sig` (`verify_strict`) over `signed` under the agent key `key`;
+/// the error names the agent `name`.
+fn verify_agent(
+    key: &NodeId,
+    name: &AgentName,
+    signed: &[u8],
+    sig: &[u8; 64],
+) -> Result<(), AgentError> {
+    let sig = iroh_base::Signature::from_bytes(sig);
+    key.verify(signed, &sig)
+        .map_err(|_| AgentError::BadSignature(name.to_string()))
 }
