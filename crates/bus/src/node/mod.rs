@@ -42,7 +42,7 @@ pub use moving::{
 pub use receipts::Receipts;
 pub use status::{NodePeer, NodeStatus, NodeTopic, TopicStream};
 
-use actor::{Actor, Cmd, PeerChange};
+use actor::{Actor, Audience, Cmd, PeerChange};
 use join::{InviteCmd, Inviter};
 use start::{bind_transport, new_core};
 
@@ -326,25 +326,7 @@ impl Node {
         kind: u16,
         payload: Vec<u8>,
     ) -> Result<SendReceipt, SendError> {
-        let permits = u32::try_from(payload.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
-        let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
-            return Err(SendError::Stopped);
-        };
-        let (reply, rx) = oneshot::channel();
-        let cmd = Cmd::Publish {
-            topic,
-            kind,
-            payload,
-            reply,
-            budget,
-        };
-        self.commands
-            .send(cmd)
-            .await
-            .map_err(|_| SendError::Stopped)?;
-        rx.await
-            .map_err(|_| SendError::Stopped)?
-            .map_err(SendError::Refused)
+        self.publish_to(Audience::Topic(topic), kind, payload).await
     }
 
     /// Passes `forward` (a payload of `kind`: a [`mesh_protocol::Forward`]
@@ -363,15 +345,26 @@ impl Node {
         kind: u16,
         forward: Vec<u8>,
     ) -> Result<SendReceipt, SendError> {
-        let permits = u32::try_from(forward.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
+        self.publish_to(Audience::Forward(to), kind, forward).await
+    }
+
+    /// Hands `payload` of `kind` for `to` to the task once the command
+    /// budget has room for it, and waits for its receipt.
+    async fn publish_to(
+        &self,
+        to: Audience,
+        kind: u16,
+        payload: Vec<u8>,
+    ) -> Result<SendReceipt, SendError> {
+        let permits = u32::try_from(payload.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
         let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
             return Err(SendError::Stopped);
         };
         let (reply, rx) = oneshot::channel();
-        let cmd = Cmd::Forward {
+        let cmd = Cmd::Publish {
             to,
             kind,
-            payload: forward,
+            payload,
             reply,
             budget,
         };
