@@ -13,6 +13,16 @@ fn topic() -> TopicName {
     TopicName::new("builds").expect("a topic name")
 }
 
+/// The request `req` publishing `payload` (of kind 0) to the topic.
+fn publish_input(req: ReqId, payload: &[u8]) -> Input {
+    Input::Publish {
+        req,
+        topic: topic(),
+        kind: 0,
+        payload: payload.to_vec(),
+    }
+}
+
 /// Node `n`'s stream of the topic (its store epoch is `n`).
 fn topic_stream(n: u8) -> StreamId {
     StreamId {
@@ -34,8 +44,7 @@ impl Mesh {
 
     fn join(&mut self, n: u8, max_msgs: u64) {
         let node = self.node(n);
-        let req = ReqId(node.next_req);
-        node.next_req += 1;
+        let req = node.take_req();
         let write = LocalWrite::JoinTopic(TopicRecord {
             name: topic(),
             joined_ms: 1,
@@ -49,14 +58,8 @@ impl Mesh {
 
     fn publish(&mut self, n: u8, payload: &[u8]) -> Result<SendReceipt, SendError> {
         let node = self.node(n);
-        let req = ReqId(node.next_req);
-        node.next_req += 1;
-        let out = node.run(Input::Publish {
-            req,
-            topic: topic(),
-            kind: 0,
-            payload: payload.to_vec(),
-        });
+        let req = node.take_req();
+        let out = node.run(publish_input(req, payload));
         let result = node.reply(req).cloned().expect("answered");
         self.sent_by(n, out);
         self.settle();
@@ -300,8 +303,7 @@ fn leaving_a_topic_stops_what_comes_and_keeps_what_came() {
     let mut m = Mesh::two_members();
     m.publish(1, b"kept").expect("published");
     let node = m.node(2);
-    let req = ReqId(node.next_req);
-    node.next_req += 1;
+    let req = node.take_req();
     let out = node.run(Input::Write {
         req,
         write: LocalWrite::LeaveTopic(topic()),
@@ -354,14 +356,8 @@ fn a_batch_that_never_arrived_comes_with_the_next_announcement() {
     // Node 1 publishes; its batch to node 2 is lost on the way (a relay's
     // failed read, a frame gone with its connection's queue).
     let node = m.node(1);
-    let req = ReqId(node.next_req);
-    node.next_req += 1;
-    let out = node.run(Input::Publish {
-        req,
-        topic: topic(),
-        kind: 0,
-        payload: b"lost once".to_vec(),
-    });
+    let req = node.take_req();
+    let out = node.run(publish_input(req, b"lost once"));
     let kept: Vec<_> = out
         .into_iter()
         .filter(|(_, _, f)| !matches!(f, Frame::Batch { .. }))
