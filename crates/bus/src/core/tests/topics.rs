@@ -33,6 +33,16 @@ fn topic_stream(n: u8) -> StreamId {
 }
 
 impl Mesh {
+    /// Node `n`'s clock moves on by a topic announcement period, so it
+    /// tells its topics and marks again; what follows is delivered.
+    fn announce_a_period_later(&mut self, n: u8) {
+        let node = self.node(n);
+        node.now = node.now.plus(TOPIC_ANNOUNCE_MS);
+        let out = node.run(Input::Timer);
+        self.sent_by(n, out);
+        self.settle();
+    }
+
     /// Nodes 1 and 2, peers and linked, both members of the topic.
     fn two_members() -> Mesh {
         let mut m = Mesh::new(2, &[(1, 2)]);
@@ -366,18 +376,10 @@ fn a_batch_that_never_arrived_comes_with_the_next_announcement() {
     m.settle();
     assert!(m.got(2, 1).is_empty(), "the batch was lost");
     // A period later node 2 tells its marks again, and node 1 feeds it.
-    let node = m.node(2);
-    node.now = node.now.plus(TOPIC_ANNOUNCE_MS);
-    let out = node.run(Input::Timer);
-    m.sent_by(2, out);
-    m.settle();
+    m.announce_a_period_later(2);
     assert_eq!(m.got(2, 1), vec![b"lost once".to_vec()]);
     // And again: nothing is journaled twice.
-    let node = m.node(1);
-    node.now = node.now.plus(TOPIC_ANNOUNCE_MS);
-    let out = node.run(Input::Timer);
-    m.sent_by(1, out);
-    m.settle();
+    m.announce_a_period_later(1);
     assert_eq!(m.got(2, 1), vec![b"lost once".to_vec()]);
 }
 
