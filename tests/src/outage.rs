@@ -305,19 +305,31 @@ fn lost_in(journal: &[mesh_api::EventEntry]) -> u64 {
         .sum()
 }
 
+/// Starts two nodes on loopback, logging to `out_dir`, with node 0's data
+/// dir on a new tmpfs of [`TMPFS_BYTES`] and its `[store] hold_ms` at
+/// `hold_ms`. The tmpfs must outlive the cluster.
+async fn start_on_tmpfs(
+    bin: &Path,
+    out_dir: &Path,
+    hold_ms: u64,
+) -> anyhow::Result<(Tmpfs, Cluster)> {
+    let tmpfs = Tmpfs::mount(TMPFS_BYTES)?;
+    let mut cfg = ClusterConfig::new(bin, 2);
+    cfg.isolation = Isolation::Loopback;
+    cfg.log_dir = Some(out_dir.to_owned());
+    cfg.data_dirs = BTreeMap::from([(0, tmpfs.path().join("n0"))]);
+    cfg.daemon_config = Some(format!("[store]\nhold_ms = {hold_ms}\n"));
+    let cluster = Cluster::start(cfg).await?;
+    Ok((tmpfs, cluster))
+}
+
 async fn run(bin: &Path, out_dir: &Path) -> anyhow::Result<OutageReport> {
     if out_dir.exists() {
         std::fs::remove_dir_all(out_dir)
             .with_context(|| format!("cannot clear {}", out_dir.display()))?;
     }
     std::fs::create_dir_all(out_dir)?;
-    let tmpfs = Tmpfs::mount(TMPFS_BYTES)?;
-    let mut cfg = ClusterConfig::new(bin, 2);
-    cfg.isolation = Isolation::Loopback;
-    cfg.log_dir = Some(out_dir.to_owned());
-    cfg.data_dirs = BTreeMap::from([(0, tmpfs.path().join("n0"))]);
-    cfg.daemon_config = Some(format!("[store]\nhold_ms = {HOLD_MS}\n"));
-    let mut cluster = Cluster::start(cfg).await?;
+    let (tmpfs, mut cluster) = start_on_tmpfs(bin, out_dir, HOLD_MS).await?;
     let history = Arc::new(History::new(Some(&out_dir.join("history.jsonl")))?);
     let mut sender = Sender {
         api: cluster.client(0).clone(),

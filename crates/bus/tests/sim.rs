@@ -807,45 +807,19 @@ impl Sim {
             return Ok(());
         }
         self.after(300, Ev::Join { node });
-        if self.nodes[node].core.is_none() {
+        let Some(req) = self.take_req(node) else {
             return Ok(());
-        }
-        let req = self.nodes[node].next_req;
-        self.nodes[node].next_req += 1;
-        let write = LocalWrite::JoinTopic(record);
-        self.writes.insert(
-            (node, req),
-            IssuedWrite {
-                write: write.clone(),
-                valid: true,
-            },
-        );
-        self.input(
-            node,
-            Input::Write {
-                req: ReqId(req),
-                write,
-            },
-        )
+        };
+        self.issue_write(node, req, LocalWrite::JoinTopic(record), true)
     }
 
     /// A member publishes a unique payload (a node that has not joined yet
     /// is refused, and the checks hold it to that).
     fn publish(&mut self, node: usize) -> Check {
-        if self.nodes[node].core.is_none() {
+        let Some(req) = self.take_req(node) else {
             return Ok(());
-        }
-        let req = self.nodes[node].next_req;
-        self.nodes[node].next_req += 1;
-        let payload = self.payload(node, req);
-        self.issued.insert(
-            (node, req),
-            Issued {
-                to: None,
-                payload: payload.clone(),
-                at: self.now,
-            },
-        );
+        };
+        let payload = self.issue(node, req, None);
         self.input(
             node,
             Input::Publish {
@@ -865,23 +839,56 @@ impl Sim {
         payload
     }
 
-    fn send(&mut self, node: usize) -> Check {
-        if self.nodes[node].core.is_none() {
-            return Ok(());
-        }
-        let n = self.p.nodes;
-        let to = (node + self.rng.random_range(1..n)) % n;
-        let req = self.nodes[node].next_req;
-        self.nodes[node].next_req += 1;
+    /// The next request of `node`, taken; `None` while it is down.
+    fn take_req(&mut self, node: usize) -> Option<u64> {
+        let n = &mut self.nodes[node];
+        n.core.as_ref()?;
+        let req = n.next_req;
+        n.next_req += 1;
+        Some(req)
+    }
+
+    /// A payload for the send (to node `to`) or publish (`None`) `req` of
+    /// `node`, recorded as issued now.
+    fn issue(&mut self, node: usize, req: u64, to: Option<usize>) -> Vec<u8> {
         let payload = self.payload(node, req);
         self.issued.insert(
             (node, req),
             Issued {
-                to: Some(to),
+                to,
                 payload: payload.clone(),
                 at: self.now,
             },
         );
+        payload
+    }
+
+    /// Records the local write `req` of `node` (one the store must take if
+    /// `valid`) and hands it to the node.
+    fn issue_write(&mut self, node: usize, req: u64, write: LocalWrite, valid: bool) -> Check {
+        self.writes.insert(
+            (node, req),
+            IssuedWrite {
+                write: write.clone(),
+                valid,
+            },
+        );
+        self.input(
+            node,
+            Input::Write {
+                req: ReqId(req),
+                write,
+            },
+        )
+    }
+
+    fn send(&mut self, node: usize) -> Check {
+        let Some(req) = self.take_req(node) else {
+            return Ok(());
+        };
+        let n = self.p.nodes;
+        let to = (node + self.rng.random_range(1..n)) % n;
+        let payload = self.issue(node, req, Some(to));
         let to_id = self.nodes[to].id;
         self.input(
             node,
@@ -898,11 +905,9 @@ impl Sim {
     /// lag record of entries already journaled; now and then one past the
     /// head, which the store must refuse.
     fn write(&mut self, node: usize) -> Check {
-        if self.nodes[node].core.is_none() {
+        let Some(req) = self.take_req(node) else {
             return Ok(());
-        }
-        let req = self.nodes[node].next_req;
-        self.nodes[node].next_req += 1;
+        };
         let head = self.nodes[node].store.journal_head().unwrap();
         let valid = self.rng.random_bool(0.8);
         let past = if valid { 0 } else { 1_000 };
@@ -922,20 +927,7 @@ impl Sim {
                 to: (from + self.rng.random_range(0..3)).min(head + past),
             }
         };
-        self.writes.insert(
-            (node, req),
-            IssuedWrite {
-                write: write.clone(),
-                valid,
-            },
-        );
-        self.input(
-            node,
-            Input::Write {
-                req: ReqId(req),
-                write,
-            },
-        )
+        self.issue_write(node, req, write, valid)
     }
 
     /// Applies a commit to the store, checking that no mark moves backwards

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 
 use mesh_daemon::api::fuzzing;
-use mesh_protocol::fuzzing::corpus::{self, Harness};
+use mesh_protocol::fuzzing::corpus::Harness;
 use mesh_protocol::{Cursor, Epoch, NodeTicket, SecretKey};
 
 /// Each fuzz target's corpus folder and the harness function it calls.
@@ -137,19 +137,11 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     out
 }
 
-#[test]
-fn every_fuzz_target_has_a_non_empty_corpus() {
-    corpus::assert_none_empty(&root(), &TARGETS);
-}
-
-#[test]
-fn every_corpus_input_runs_through_its_harness_without_a_panic() {
-    corpus::replay(&root(), &TARGETS);
-}
-
-#[test]
-fn the_committed_seeds_are_the_current_ones() {
-    corpus::check_seeds(&root(), seeds());
+mesh_protocol::corpus_tests! {
+    root: root(),
+    targets: TARGETS,
+    seeds: seeds(),
+    seeds_test: the_committed_seeds_are_the_current_ones,
 }
 
 #[test]

@@ -3,7 +3,6 @@
 //! tombstone of itself (its sender answered `superseded_by` the newer one)
 //! and the newer as itself, and the recipient's inbox shows both.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -14,8 +13,7 @@ use mesh_api::{
 };
 use serde::Serialize;
 
-use super::{HELD_AFTER, HOLD_MS, PHASE_TIMEOUT, TMPFS_BYTES, Tmpfs};
-use crate::cluster::{Cluster, ClusterConfig, Isolation};
+use super::{HELD_AFTER, HOLD_MS, PHASE_TIMEOUT, start_on_tmpfs};
 
 /// What the run saw.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -107,13 +105,7 @@ async fn held_past(api: &Client, above: u64) -> anyhow::Result<()> {
 
 async fn run(bin: &Path, out_dir: &Path) -> anyhow::Result<SupersedeReport> {
     std::fs::create_dir_all(out_dir)?;
-    let tmpfs = Tmpfs::mount(TMPFS_BYTES)?;
-    let mut cfg = ClusterConfig::new(bin, 2);
-    cfg.isolation = Isolation::Loopback;
-    cfg.log_dir = Some(out_dir.to_owned());
-    cfg.data_dirs = BTreeMap::from([(0, tmpfs.path().join("n0"))]);
-    cfg.daemon_config = Some(format!("[store]\nhold_ms = {}\n", HOLD_MS * 10));
-    let cluster = Cluster::start(cfg).await?;
+    let (tmpfs, cluster) = start_on_tmpfs(bin, out_dir, HOLD_MS * 10).await?;
     let (api, to) = (cluster.client(0).clone(), cluster.node_id(1).to_owned());
     let alice = add_agent(&api, "alice").await?;
     let bob = add_agent(cluster.client(1), "bob").await?;

@@ -104,11 +104,7 @@ impl Core {
             Ok(()) => self.check_send(to, payload.len() as u64).err(),
         };
         if let Some(e) = refused {
-            self.out.metrics.sends_refused += 1;
-            self.out.push(Effect::Reply {
-                req,
-                result: Err(e),
-            });
+            self.refuse_send(req, e);
             return;
         }
         if kind == mesh_protocol::KIND_FORWARD_TRIMMED {
@@ -135,17 +131,11 @@ impl Core {
         now: Millis,
     ) {
         if mesh_protocol::is_mesh_kind(kind) {
-            self.out.metrics.sends_refused += 1;
-            let result = Err(SendError::ReservedKind(kind));
-            self.out.push(Effect::Reply { req, result });
+            self.refuse_send(req, SendError::ReservedKind(kind));
             return;
         }
         if let Err(e) = self.check_send(to, payload.len() as u64) {
-            self.out.metrics.sends_refused += 1;
-            self.out.push(Effect::Reply {
-                req,
-                result: Err(e),
-            });
+            self.refuse_send(req, e);
             return;
         }
         self.committer.queue_send(WaitingSend {
@@ -226,11 +216,7 @@ impl Core {
             None
         };
         if let Some(e) = refused {
-            self.out.metrics.sends_refused += 1;
-            self.out.push(Effect::Reply {
-                req,
-                result: Err(e),
-            });
+            self.refuse_send(req, e);
             return;
         }
         self.committer.queue_publish(super::commit::WaitingPublish {
@@ -239,6 +225,16 @@ impl Core {
             kind,
             payload,
             created_ms: now.0,
+        });
+    }
+
+    /// Refuses the local send or publish `req` with `e`: counted, and
+    /// answered at once.
+    fn refuse_send(&mut self, req: ReqId, e: SendError) {
+        self.out.metrics.sends_refused += 1;
+        self.out.push(Effect::Reply {
+            req,
+            result: Err(e),
         });
     }
 }

@@ -184,9 +184,15 @@ impl Node {
         self.run(Input::Committed { commit, results })
     }
 
-    fn send(&mut self, to: NodeId, payload: &[u8]) -> ReqId {
+    /// The next request id, taken.
+    fn take_req(&mut self) -> ReqId {
         let req = ReqId(self.next_req);
         self.next_req += 1;
+        req
+    }
+
+    fn send(&mut self, to: NodeId, payload: &[u8]) -> ReqId {
+        let req = self.take_req();
         self.run(Input::Send {
             req,
             to,
@@ -1040,8 +1046,7 @@ fn a_forward_never_makes_room_by_a_loss_even_under_evict_oldest() {
         .encode()
     };
     let forward_req = |a: &mut Node, n: u8| {
-        let req = ReqId(a.next_req);
-        a.next_req += 1;
+        let req = a.take_req();
         a.run(Input::Forward {
             req,
             to: id(2),

@@ -18,8 +18,9 @@ use mesh_protocol::{
 };
 use mesh_store::{Eviction, OwnStream, StoreError, StoredBatch, TopicRecord};
 
-use super::commit::{InboundQueue, InboundWork};
 use super::{ConnId, DropReason, Effect, LoadId, Out};
+
+mod inbound;
 
 /// The bit that marks a [`LoadId`] as a topic feed's (the author's are small).
 pub(super) const TOPIC_LOAD: u64 = 1 << 63;
@@ -548,123 +549,6 @@ impl Topics {
             return;
         }
         self.serve(stream, peer, out);
-    }
-
-    /// A member's topic batch from `peer`: queued for the next commit if it
-    /// follows the pending mark, a counted duplicate if it is old, and
-    /// asked for again from `peer` if it is early.
-    pub(super) fn on_batch(
-        &mut self,
-        peer: NodeId,
-        conn: ConnId,
-        open: OpenBatch,
-        queue: &mut InboundQueue,
-        out: &mut Out,
-    ) {
-        let stream = open.batch().stream().clone();
-        let Some(topic) = topic_of(&stream).cloned() else {
-            return;
-        };
-        let Some(record) = self.joined.get(&topic) else {
-            out.drop(DropReason::NotAMember);
-            return;
-        };
-        let (first, last) = (open.batch().first_seq(), open.batch().last_seq());
-        // The sender has it up to `last`: nothing of it goes back.
-        if let Some(feed) = self.feeds.get_mut(&(stream.clone(), peer)) {
-            feed.cursor = feed.cursor.max(last);
-        }
-        if stream.author == self.me {
-            out.drop(DropReason::Duplicate);
-            return;
-        }
-        if self.is_full(&stream, &topic) {
-            out.drop(DropReason::TopicStreamsFull);
-            return;
-        }
-        let marks = self.marks.entry(stream.clone()).or_default();
-        if last <= marks.pending {
-            out.drop(DropReason::Duplicate);
-            out.metrics.duplicate_envelopes += last - first + 1;
-            return;
-        }
-        if first > marks.pending + 1 {
-            out.drop(DropReason::OutsideWindow);
-            let after = marks.pending;
-            let key = (stream.clone(), peer);
-            if self.asked.get(&key) != Some(&after) {
-                self.asked.insert(key, after);
-                out.send(peer, conn, Frame::Resync { stream, after });
-            }
-            return;
-        }
-        let bytes = open.batch().payload_bytes();
-        if !queue.has_room(bytes) {
-            out.drop(DropReason::QueueFull);
-            // Asked again once a commit empties the queue: by the next batch.
-            return;
-        }
-        let from = marks.pending + 1;
-        marks.pending = last;
-        let evict = Some(room(record, &open));
-        out.metrics.topics.batches_accepted += 1;
-        queue.push(InboundWork::TopicAccept {
-            peer,
-            from,
-            batch: open,
-            evict,
-        });
-    }
-
-    /// The member that relayed a batch no longer holds what `stream` lacks
-    /// before `earliest`: the gap is queued for the next commit.
-    pub(super) fn on_resync_gap(
-        &mut self,
-        stream: StreamId,
-        earliest: Seq,
-        queue: &mut InboundQueue,
-        out: &mut Out,
-    ) {
-        let Some(topic) = topic_of(&stream) else {
-            return;
-        };
-        if !self.joined.contains_key(topic) || stream.author == self.me {
-            out.drop(DropReason::UnknownStream);
-            return;
-        }
-        if self.is_full(&stream, topic) {
-            out.drop(DropReason::TopicStreamsFull);
-            return;
-        }
-        let marks = self.marks.entry(stream.clone()).or_default();
-        if earliest <= marks.pending + 1 || !queue.has_room(0) {
-            return;
-        }
-        marks.pending = earliest - 1;
-        queue.push(InboundWork::TopicGap { stream, earliest });
-    }
-
-    /// A member's batch (or a gap) of `stream` up to `last` was committed
-    /// (`ok`) or not: the marks move, or go back to what is committed.
-    pub(super) fn committed_mark(&mut self, stream: &StreamId, last: Seq, ok: bool) {
-        let Some(m) = self.marks.get_mut(stream) else {
-            return;
-        };
-        if ok {
-            m.committed = m.committed.max(last);
-            self.asked.retain(|(s, _), _| s != stream);
-        } else {
-            m.pending = m.committed;
-        }
-    }
-
-    /// A commit wrote these streams (only topic streams are taken).
-    pub(super) fn committed(&mut self, streams: &[OwnStream]) {
-        for o in streams {
-            if topic_of(&o.stream).is_some() {
-                self.held.insert(o.stream.clone(), o.clone());
-            }
-        }
     }
 
     /// A committed batch of `stream` goes at once to every other member

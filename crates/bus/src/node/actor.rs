@@ -56,21 +56,21 @@ pub(super) enum Cmd {
         card: mesh_protocol::AgentCard,
     },
     Publish {
-        topic: mesh_protocol::TopicName,
+        to: Audience,
         kind: u16,
         payload: Vec<u8>,
         reply: oneshot::Sender<Result<core::SendReceipt, core::SendError>>,
         /// As for a submit: returned once the task has taken the payload.
         budget: OwnedSemaphorePermit,
     },
-    Forward {
-        to: NodeId,
-        kind: u16,
-        payload: Vec<u8>,
-        reply: oneshot::Sender<Result<core::SendReceipt, core::SendError>>,
-        /// As for a submit: returned once the task has taken the payload.
-        budget: OwnedSemaphorePermit,
-    },
+}
+
+/// Where a [`Cmd::Publish`] goes.
+pub(super) enum Audience {
+    /// The members of a topic this node is a member of.
+    Topic(mesh_protocol::TopicName),
+    /// The new host of an agent that moved away, as a forward.
+    Forward(NodeId),
 }
 
 pub(super) enum PeerChange {
@@ -425,23 +425,6 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             }
             Cmd::AgentCard { card } => inputs.push(Input::AgentCard { card }),
             Cmd::Publish {
-                topic,
-                kind,
-                payload,
-                reply,
-                budget,
-            } => {
-                let req = self.req();
-                self.waiters.insert(req, Waiter::Publish(reply));
-                inputs.push(Input::Publish {
-                    req,
-                    topic,
-                    kind,
-                    payload,
-                });
-                drop(budget);
-            }
-            Cmd::Forward {
                 to,
                 kind,
                 payload,
@@ -450,11 +433,19 @@ impl<S: MeshStore + ?Sized> Actor<S> {
             } => {
                 let req = self.req();
                 self.waiters.insert(req, Waiter::Publish(reply));
-                inputs.push(Input::Forward {
-                    req,
-                    to,
-                    kind,
-                    payload,
+                inputs.push(match to {
+                    Audience::Topic(topic) => Input::Publish {
+                        req,
+                        topic,
+                        kind,
+                        payload,
+                    },
+                    Audience::Forward(to) => Input::Forward {
+                        req,
+                        to,
+                        kind,
+                        payload,
+                    },
                 });
                 drop(budget);
             }

@@ -9,30 +9,27 @@
 
 mod actor;
 mod effects;
+mod invites;
 mod join;
 mod link;
 mod moving;
 mod receipts;
 mod start;
+mod status;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use iroh::{Endpoint, RelayUrl};
-use mesh_protocol::{
-    Epoch, InviteCode, InviteId, InviteSecret, JoinAnswer, MAX_TICKET_ADDRS, NodeCard, NodeId,
-    NodeName, NodeTicket, SecretKey,
-};
-use mesh_store::{
-    Arrival, InviteRecord, JournalBounds, MeshStore, OwnStream, Receipt, StoreError, StoreHandle,
-};
+use mesh_protocol::{Epoch, MAX_TICKET_ADDRS, NodeId, NodeName, NodeTicket, SecretKey};
+use mesh_store::{Arrival, MeshStore, Receipt, StoreError, StoreHandle};
 use tokio::sync::{Semaphore, mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tracing::{Instrument, error_span, info};
 
-use crate::core::{self, LocalWrite, Metrics, Recovered, SendReceipt};
-use crate::net::{ConnId, NetConfig, NetCounters, NetError, PeerError, endpoint_addrs};
+use crate::core::{self, LocalWrite, Recovered, SendReceipt};
+use crate::net::{NetConfig, NetError, PeerError, endpoint_addrs};
 
 pub use join::{
     INVITE_LEASE_MS, INVITE_TTL_MS_MAX, InviteError, JOIN_ATTEMPTS_MAX, JOIN_TIMEOUT, JoinError,
@@ -43,8 +40,9 @@ pub use moving::{
     MoveOffers, move_message_len,
 };
 pub use receipts::Receipts;
+pub use status::{NodePeer, NodeStatus, NodeTopic, TopicStream};
 
-use actor::{Actor, Cmd, PeerChange};
+use actor::{Actor, Audience, Cmd, PeerChange};
 use join::{InviteCmd, Inviter};
 use start::{bind_transport, new_core};
 
@@ -152,97 +150,6 @@ impl Outgoing {
             meta: None,
         }
     }
-}
-
-/// A snapshot of the node for status pages and metrics, taken by the node
-/// task between two of its turns.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct NodeStatus {
-    /// This node's id.
-    pub node: NodeId,
-    /// Its store epoch.
-    pub epoch: Epoch,
-    /// Its newest card: its name and the addresses its Hellos announce.
-    pub card: NodeCard,
-    /// A ticket other nodes can add.
-    pub ticket: NodeTicket,
-    /// Every known peer, by id.
-    pub peers: Vec<NodePeer>,
-    /// The nodes mDNS found on the LAN that are not peers, by id.
-    pub nearby: Vec<crate::net::NearbyNode>,
-    /// This node's agents' current cards (an agent without one yet is not listed).
-    pub agents: Vec<mesh_protocol::AgentCard>,
-    /// The last journal position written.
-    pub journal_head: Arrival,
-    /// The journal's retained range and bytes, as the last trim found them.
-    pub journal: Option<JournalBounds>,
-    /// Why the store cannot commit now (sends are held meanwhile), if it cannot.
-    pub store_down: Option<String>,
-    /// Transport counters.
-    pub net: NetCounters,
-    /// Core counters.
-    pub core: Metrics,
-    /// The topics this node is a member of, by name.
-    pub topics: Vec<NodeTopic>,
-    /// The move notice held of each agent that moved, by agent key.
-    pub moves: Vec<mesh_protocol::AgentMove>,
-}
-
-/// One topic this node is a member of, in a [`NodeStatus`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct NodeTopic {
-    /// Its record: name, when joined, the bounds of what is held per author.
-    pub record: mesh_store::TopicRecord,
-    /// Every author stream of it this node holds or receives, with this
-    /// node's mark of each (its own stream's: its last seq).
-    pub streams: Vec<TopicStream>,
-    /// The live peers whose last word said they are members.
-    pub members: Vec<NodeId>,
-}
-
-/// One author stream of a topic, in a [`NodeTopic`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct TopicStream {
-    /// The stream.
-    pub stream: mesh_protocol::StreamId,
-    /// Every envelope up to here is journaled here.
-    pub mark: mesh_protocol::Seq,
-    /// What this node holds of it to relay, as committed.
-    pub held: Option<OwnStream>,
-}
-
-/// One peer in a [`NodeStatus`].
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct NodePeer {
-    /// The peer.
-    pub node: NodeId,
-    /// Where it is dialed: where its newest card says it listens, or the
-    /// addresses it was added with before any card came.
-    pub addrs: Vec<SocketAddr>,
-    /// Its newest card held (its name, addresses and when it issued it).
-    pub card: Option<NodeCard>,
-    /// Why its last connection was refused for another protocol version,
-    /// until one is live again.
-    pub refused: Option<String>,
-    /// Its live connection, if any.
-    pub conn: Option<ConnId>,
-    /// This node's stream to it, as committed (`None` before the first message).
-    pub own_stream: Option<OwnStream>,
-    /// Whether the link to it is paused ([`Node::set_peer_paused`]).
-    pub paused: bool,
-    /// The agents it announced on its last connection.
-    pub agents: Vec<mesh_protocol::AgentCard>,
-    /// The last identity conflict seen on the link (two live processes
-    /// share one node key), for a person.
-    pub identity_conflict: Option<String>,
-    /// Unacknowledged envelopes of an ended epoch's stream to the peer,
-    /// still to be carried into this epoch's (queued, though not in
-    /// `own_stream`).
-    pub carrying: u64,
 }
 
 /// The running node. Dropping it stops the node in the background; prefer
@@ -419,25 +326,7 @@ impl Node {
         kind: u16,
         payload: Vec<u8>,
     ) -> Result<SendReceipt, SendError> {
-        let permits = u32::try_from(payload.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
-        let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
-            return Err(SendError::Stopped);
-        };
-        let (reply, rx) = oneshot::channel();
-        let cmd = Cmd::Publish {
-            topic,
-            kind,
-            payload,
-            reply,
-            budget,
-        };
-        self.commands
-            .send(cmd)
-            .await
-            .map_err(|_| SendError::Stopped)?;
-        rx.await
-            .map_err(|_| SendError::Stopped)?
-            .map_err(SendError::Refused)
+        self.publish_to(Audience::Topic(topic), kind, payload).await
     }
 
     /// Passes `forward` (a payload of `kind`: a [`mesh_protocol::Forward`]
@@ -456,15 +345,26 @@ impl Node {
         kind: u16,
         forward: Vec<u8>,
     ) -> Result<SendReceipt, SendError> {
-        let permits = u32::try_from(forward.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
+        self.publish_to(Audience::Forward(to), kind, forward).await
+    }
+
+    /// Hands `payload` of `kind` for `to` to the task once the command
+    /// budget has room for it, and waits for its receipt.
+    async fn publish_to(
+        &self,
+        to: Audience,
+        kind: u16,
+        payload: Vec<u8>,
+    ) -> Result<SendReceipt, SendError> {
+        let permits = u32::try_from(payload.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
         let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
             return Err(SendError::Stopped);
         };
         let (reply, rx) = oneshot::channel();
-        let cmd = Cmd::Forward {
+        let cmd = Cmd::Publish {
             to,
             kind,
-            payload: forward,
+            payload,
             reply,
             budget,
         };
@@ -654,87 +554,6 @@ impl Node {
     /// Sends the command `cmd` builds and waits for its answer.
     async fn ask<R>(&self, cmd: impl FnOnce(oneshot::Sender<R>) -> Cmd) -> Result<R, NodeError> {
         ask(&self.commands, cmd).await
-    }
-
-    /// Makes an invite for `uses` nodes, good for `ttl_ms`; answers its
-    /// code (this node's id and addresses, the invite's id and secret) once
-    /// its record is committed. The secret is in the code only: the store
-    /// keeps its hash.
-    ///
-    /// # Errors
-    /// [`InviteError::BadUses`], [`InviteError::BadTtl`], or the node's.
-    pub async fn create_invite(&self, uses: u32, ttl_ms: u64) -> Result<InviteCode, InviteError> {
-        let id = InviteId(rand::random());
-        let secret = InviteSecret(rand::random());
-        let (reply, answer) = oneshot::channel();
-        let cmd = InviteCmd::Create {
-            uses,
-            ttl_ms,
-            reply,
-            secret: secret.clone(),
-            id,
-        };
-        self.invites
-            .send(cmd)
-            .await
-            .map_err(|_| NodeError::Stopped)?;
-        answer.await.map_err(|_| NodeError::Stopped)??;
-        Ok(InviteCode {
-            inviter: self.id,
-            addrs: endpoint_addrs(&self.endpoint),
-            id,
-            secret,
-        })
-    }
-
-    /// Revokes the invite `id`: refused to everyone from now on (nodes that
-    /// joined with it stay peers). Answers its record as committed.
-    ///
-    /// # Errors
-    /// [`InviteError::Unknown`], or the node's.
-    pub async fn revoke_invite(&self, id: InviteId) -> Result<InviteRecord, InviteError> {
-        let (reply, answer) = oneshot::channel();
-        self.invites
-            .send(InviteCmd::Revoke { id, reply })
-            .await
-            .map_err(|_| NodeError::Stopped)?;
-        answer.await.map_err(|_| NodeError::Stopped)?
-    }
-
-    /// Joins the mesh of `code`'s inviter: presents a fresh proven request
-    /// on the join ALPN, and when the inviter welcomes this node, makes the
-    /// inviter a peer (durably) at the addresses of its card. Answers the
-    /// inviter's card.
-    ///
-    /// # Errors
-    /// [`JoinError::Refused`] (for good), [`JoinError::TryAgain`] (nothing
-    /// spent), [`JoinError::Unreachable`], [`JoinError::BadAnswer`], or
-    /// the node's when adding the inviter.
-    pub async fn join(&self, code: &InviteCode) -> Result<NodeCard, JoinError> {
-        if code.inviter == self.id {
-            return Err(NodeError::from(PeerError::SelfPeer).into());
-        }
-        let card = self.status().await?.card;
-        let req = join::request(&self.secret, code, card);
-        match join::present(&self.endpoint, code, &self.relays, &req).await? {
-            JoinAnswer::Welcome { card } => {
-                if card.node != code.inviter || card.verify().is_err() {
-                    return Err(JoinError::BadAnswer(
-                        "the welcome carries a card that is not the inviter's".into(),
-                    ));
-                }
-                let addrs = if card.addrs.is_empty() {
-                    code.addrs.clone()
-                } else {
-                    card.addrs.clone()
-                };
-                self.add_peer(code.inviter, addrs).await?;
-                info!(inviter = %code.inviter.fmt_short(), name = %card.name, "joined");
-                Ok(card)
-            }
-            JoinAnswer::TryAgain { after_ms } => Err(JoinError::TryAgain { after_ms }),
-            JoinAnswer::Refused { refusal } => Err(JoinError::Refused(refusal)),
-        }
     }
 
     /// The agent move offers peers make to this node, to import and answer

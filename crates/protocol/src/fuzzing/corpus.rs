@@ -95,3 +95,38 @@ pub fn check_seeds(root: &Path, seeds: Vec<(&str, String, Vec<u8>)>) {
         );
     }
 }
+
+/// The corpus tests of a crate with fuzz targets, written once: every
+/// target has a non-empty corpus ([`assert_none_empty`]), every input runs
+/// through its harness without a panic ([`replay`]), and the committed
+/// seeds are the current ones ([`check_seeds`], in the test named
+/// `seeds_test`).
+///
+/// `root` is the corpus folder, `targets` the `(target, harness)` table and
+/// `seeds` the seeds as [`check_seeds`] takes them; each is an expression
+/// evaluated in the test.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! corpus_tests {
+    (
+        root: $root:expr,
+        targets: $targets:expr,
+        seeds: $seeds:expr,
+        seeds_test: $seeds_test:ident $(,)?
+    ) => {
+        #[test]
+        fn every_fuzz_target_has_a_non_empty_corpus() {
+            $crate::fuzzing::corpus::assert_none_empty(&$root, &$targets);
+        }
+
+        #[test]
+        fn every_corpus_input_runs_through_its_harness_without_a_panic() {
+            $crate::fuzzing::corpus::replay(&$root, &$targets);
+        }
+
+        #[test]
+        fn $seeds_test() {
+            $crate::fuzzing::corpus::check_seeds(&$root, $seeds);
+        }
+    };
+}

@@ -23,8 +23,7 @@ fn agent_key(n: u8, agent: &str) -> SecretKey {
 impl Node {
     /// Adds the agent `agent` to this node and announces its card.
     fn add_agent(&mut self, agent: &str) {
-        let req = ReqId(self.next_req);
-        self.next_req += 1;
+        let req = self.take_req();
         let record = AgentRecord {
             name: name(agent),
             key: agent_key(self.n, agent).public(),
@@ -40,8 +39,7 @@ impl Node {
     }
 
     fn send_as(&mut self, to: NodeId, meta: SendMeta, body: &[u8]) -> ReqId {
-        let req = ReqId(self.next_req);
-        self.next_req += 1;
+        let req = self.take_req();
         self.run(Input::SendWith {
             req,
             to,

@@ -22,8 +22,7 @@ impl Mesh {
     /// Node `n` commits `notice` as its own (an import) and tells its peers.
     fn import(&mut self, n: u8, notice: AgentMove) {
         let node = self.node(n);
-        let req = ReqId(node.next_req);
-        node.next_req += 1;
+        let req = node.take_req();
         let out = node.run(Input::Write {
             req,
             write: LocalWrite::PutMove(notice),
@@ -148,8 +147,7 @@ impl Mesh {
     fn host(&mut self, n: u8, name: &str, key: &SecretKey) {
         let agent = AgentName::new(name).expect("a name");
         let node = self.node(n);
-        let req = ReqId(node.next_req);
-        node.next_req += 1;
+        let req = node.take_req();
         let record = mesh_store::AgentRecord {
             name: agent.clone(),
             key: key.public(),
@@ -169,8 +167,7 @@ impl Mesh {
     /// Node `n`'s agent `from` sends `body` to agent `to` of node `at`.
     fn send_agent(&mut self, n: u8, from: &str, (to, at): (&str, u8), body: &[u8]) {
         let node = self.node(n);
-        let req = ReqId(node.next_req);
-        node.next_req += 1;
+        let req = node.take_req();
         let meta = crate::core::SendMeta {
             from: Some(AgentName::new(from).expect("a name")),
             to: Some(AgentName::new(to).expect("a name")),
@@ -230,8 +227,7 @@ impl Mesh {
         forward: Vec<u8>,
     ) -> Result<SendReceipt, SendError> {
         let node = self.node(n);
-        let req = ReqId(node.next_req);
-        node.next_req += 1;
+        let req = node.take_req();
         let out = node.run(Input::Forward {
             req,
             to: id(to),
@@ -444,8 +440,7 @@ fn a_peer_that_says_more_than_has_come_holds_the_drain_until_it_has() {
     // node 1 has them, every peer is followed again.
     for body in [b"one".as_slice(), b"two"] {
         let node = m.node(2);
-        let req = ReqId(node.next_req);
-        node.next_req += 1;
+        let req = node.take_req();
         let out = node.run(Input::Send {
             req,
             to: id(1),
@@ -518,8 +513,7 @@ fn a_send_held_through_a_store_outage_goes_to_the_new_host_if_the_move_comes_mea
     let mut m = kim_at_1(false);
     let node = m.node(2);
     node.store.set_unavailable(true);
-    let req = ReqId(node.next_req);
-    node.next_req += 1;
+    let req = node.take_req();
     let meta = crate::core::SendMeta {
         from: Some(AgentName::new("bob").expect("a name")),
         to: Some(AgentName::new("kim").expect("a name")),

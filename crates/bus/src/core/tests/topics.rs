@@ -13,6 +13,16 @@ fn topic() -> TopicName {
     TopicName::new("builds").expect("a topic name")
 }
 
+/// The request `req` publishing `payload` (of kind 0) to the topic.
+fn publish_input(req: ReqId, payload: &[u8]) -> Input {
+    Input::Publish {
+        req,
+        topic: topic(),
+        kind: 0,
+        payload: payload.to_vec(),
+    }
+}
+
 /// Node `n`'s stream of the topic (its store epoch is `n`).
 fn topic_stream(n: u8) -> StreamId {
     StreamId {
@@ -23,6 +33,16 @@ fn topic_stream(n: u8) -> StreamId {
 }
 
 impl Mesh {
+    /// Node `n`'s clock moves on by a topic announcement period, so it
+    /// tells its topics and marks again; what follows is delivered.
+    fn announce_a_period_later(&mut self, n: u8) {
+        let node = self.node(n);
+        node.now = node.now.plus(TOPIC_ANNOUNCE_MS);
+        let out = node.run(Input::Timer);
+        self.sent_by(n, out);
+        self.settle();
+    }
+
     /// Nodes 1 and 2, peers and linked, both members of the topic.
     fn two_members() -> Mesh {
         let mut m = Mesh::new(2, &[(1, 2)]);
@@ -34,8 +54,7 @@ impl Mesh {
 
     fn join(&mut self, n: u8, max_msgs: u64) {
         let node = self.node(n);
-        let req = ReqId(node.next_req);
-        node.next_req += 1;
+        let req = node.take_req();
         let write = LocalWrite::JoinTopic(TopicRecord {
             name: topic(),
             joined_ms: 1,
@@ -49,14 +68,8 @@ impl Mesh {
 
     fn publish(&mut self, n: u8, payload: &[u8]) -> Result<SendReceipt, SendError> {
         let node = self.node(n);
-        let req = ReqId(node.next_req);
-        node.next_req += 1;
-        let out = node.run(Input::Publish {
-            req,
-            topic: topic(),
-            kind: 0,
-            payload: payload.to_vec(),
-        });
+        let req = node.take_req();
+        let out = node.run(publish_input(req, payload));
         let result = node.reply(req).cloned().expect("answered");
         self.sent_by(n, out);
         self.settle();
@@ -300,8 +313,7 @@ fn leaving_a_topic_stops_what_comes_and_keeps_what_came() {
     let mut m = Mesh::two_members();
     m.publish(1, b"kept").expect("published");
     let node = m.node(2);
-    let req = ReqId(node.next_req);
-    node.next_req += 1;
+    let req = node.take_req();
     let out = node.run(Input::Write {
         req,
         write: LocalWrite::LeaveTopic(topic()),
@@ -354,14 +366,8 @@ fn a_batch_that_never_arrived_comes_with_the_next_announcement() {
     // Node 1 publishes; its batch to node 2 is lost on the way (a relay's
     // failed read, a frame gone with its connection's queue).
     let node = m.node(1);
-    let req = ReqId(node.next_req);
-    node.next_req += 1;
-    let out = node.run(Input::Publish {
-        req,
-        topic: topic(),
-        kind: 0,
-        payload: b"lost once".to_vec(),
-    });
+    let req = node.take_req();
+    let out = node.run(publish_input(req, b"lost once"));
     let kept: Vec<_> = out
         .into_iter()
         .filter(|(_, _, f)| !matches!(f, Frame::Batch { .. }))
@@ -370,18 +376,10 @@ fn a_batch_that_never_arrived_comes_with_the_next_announcement() {
     m.settle();
     assert!(m.got(2, 1).is_empty(), "the batch was lost");
     // A period later node 2 tells its marks again, and node 1 feeds it.
-    let node = m.node(2);
-    node.now = node.now.plus(TOPIC_ANNOUNCE_MS);
-    let out = node.run(Input::Timer);
-    m.sent_by(2, out);
-    m.settle();
+    m.announce_a_period_later(2);
     assert_eq!(m.got(2, 1), vec![b"lost once".to_vec()]);
     // And again: nothing is journaled twice.
-    let node = m.node(1);
-    node.now = node.now.plus(TOPIC_ANNOUNCE_MS);
-    let out = node.run(Input::Timer);
-    m.sent_by(1, out);
-    m.settle();
+    m.announce_a_period_later(1);
     assert_eq!(m.got(2, 1), vec![b"lost once".to_vec()]);
 }
 
