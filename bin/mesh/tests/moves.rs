@@ -309,6 +309,8 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     ok(b.mesh(&["agent", "add", "bob"]).unwrap());
     let kim_at_a = format!("kim@{}", a.node());
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "m0"]));
+    // kim reads m0 at a: what the export passes on starts after it.
+    inbox_until(&a, "kim", 1);
     // b goes away (from both), and queues for kim at a meanwhile.
     away(&b, &[&a, &c]);
     let mut ids = Vec::new();
@@ -634,6 +636,8 @@ fn two_moves_in_a_race_settle_on_one_host_and_nothing_sent_meanwhile_is_lost_or_
         sent.push(id.trim().to_owned());
     };
     send(0);
+    // kim reads m0 at a: what the export passes on starts after it.
+    inbox_until(&a, "kim", 1);
     let file = tmp.path().join("kim.export");
     ok(
         a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
@@ -980,6 +984,55 @@ fn a_message_passed_on_and_back_before_it_was_read_is_read_once_at_the_host_move
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// A move without `--after` passes on what the old host never handed the
+/// agent (before: everything up to the move counted as read, and what the
+/// agent had not read stayed at the old host, where nobody could read it).
+/// kim reads m1 of m1..m3 at a, a is restarted, kim moves to c without
+/// `--after`: at c it gets m2 and m3, once each, and not m1.
+#[test]
+fn a_move_without_after_passes_on_what_the_agent_never_read_even_across_a_restart() {
+    let tmp = temp_dir().unwrap();
+    let (a, b, c) = triangle(tmp.path());
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let kim_at_a = format!("kim@{}", a.node());
+    let sent: Vec<String> = ["m1", "m2", "m3"]
+        .iter()
+        .map(|m| {
+            ok(as_agent(&b, "bob", &["send", &kim_at_a, m]))
+                .trim()
+                .to_owned()
+        })
+        .collect();
+    // All three committed at a, seen from b: kim's inbox is not read yet.
+    let deadline = Instant::now() + SETTLE;
+    for id in &sent {
+        loop {
+            let state = parse_json(&ok(b.mesh(&["message", id, "--json"]).unwrap())).unwrap();
+            if state["state"] == "delivered" {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{id} never reached a: {state}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    // kim reads one entry: m1.
+    let first = as_agent(&a, "kim", &["inbox", "--json", "--limit", "1"]);
+    let first = parse_json(ok(first).lines().next().unwrap()).unwrap();
+    assert_eq!(first["id"], sent[0].as_str());
+    let a_dir = a.data().to_path_buf();
+    a.terminate().unwrap();
+    let a = start(&a_dir);
+    ok(move_agent(&a, "kim", c.node(), &[]));
+    let got = inbox_until(&c, "kim", 2);
+    let ids: Vec<&str> = got.iter().map(|e| e["id"].as_str().unwrap()).collect();
+    assert_eq!(
+        ids,
+        [sent[1].as_str(), sent[2].as_str()],
+        "m2 and m3 (never read at a), once each, m1 not: {got:?}"
+    );
 }
 
 /// The move's answer as `mesh agent move NAME --to PEER --json` on `d`

@@ -131,8 +131,9 @@ impl std::fmt::Debug for AgentExport {
 #[serde(deny_unknown_fields)]
 pub struct ExportAgentRequest {
     /// How far the agent has read its inbox here (a cursor): what comes
-    /// after it is passed on to its new host [default: everything up to
-    /// now counts as read].
+    /// after it is passed on to its new host [default: the last entry
+    /// this node handed to the agent, by an inbox read or its
+    /// subscription; what it never saw here is passed on].
     #[serde(default)]
     pub after: Option<String>,
 }
@@ -157,7 +158,8 @@ pub struct MoveAgentRequest {
     /// The peer to move it to: a node id, a node name or a local alias.
     pub to: String,
     /// How far the agent has read its inbox here, as for an export
-    /// ([`ExportAgentRequest::after`]) [default: everything up to now].
+    /// ([`ExportAgentRequest::after`]) [default: the last entry this node
+    /// handed to the agent].
     #[serde(default)]
     pub after: Option<String>,
 }

@@ -319,8 +319,9 @@ pub enum AgentCommand {
         name: String,
         /// How far the agent has read its inbox here (the cursor of the
         /// last entry it handled, as `mesh --agent NAME inbox` prints it):
-        /// what comes after is passed on to its new host [default: now,
-        /// i.e. it has read everything].
+        /// what comes after is passed on to its new host [default: the
+        /// last entry this node handed to the agent, by an inbox read or
+        /// its subscription: what it never saw here is passed on].
         #[arg(long)]
         after: Option<String>,
         /// Write the file here (mode 0600; an existing file is not replaced).
@@ -349,7 +350,8 @@ pub enum AgentCommand {
         to: String,
         /// How far the agent has read its inbox here (as for `mesh agent
         /// export`): what comes after is passed on to its new host
-        /// [default: now, i.e. it has read everything].
+        /// [default: the last entry this node handed to the agent: what it
+        /// never saw here is passed on].
         #[arg(long)]
         after: Option<String>,
         /// Print JSON.

@@ -86,6 +86,12 @@ pub(crate) struct Agent {
     moved_to: std::sync::Mutex<Option<NodeId>>,
     /// A pump passes its previous inbox on (`crate::drain`).
     pub(crate) draining: AtomicBool,
+    /// The last inbox entry this node handed to the agent in this run of
+    /// the daemon (an unfiltered inbox page, or its subscription), or 0:
+    /// where a move without `--after` starts passing its inbox on.
+    pub(crate) served: AtomicU64,
+    /// A write of [`Agent::served`] to the store is under way.
+    pub(crate) served_writing: AtomicBool,
 }
 
 impl Agent {
@@ -215,6 +221,8 @@ impl Registry {
             removed: tokio::sync::watch::Sender::new(false),
             moved_to: std::sync::Mutex::new(None),
             draining: AtomicBool::new(false),
+            served: AtomicU64::new(0),
+            served_writing: AtomicBool::new(false),
         });
         self.write()
             .insert(agent.record.name.clone(), agent.clone());

@@ -44,6 +44,11 @@ use crate::bus::{Bus, LocalWrite};
 /// been passed on (the API's cursor names cannot hold a `:`).
 pub(crate) const EXPORT_CURSOR: &str = "mesh:exported";
 
+/// The named cursor of the last inbox entry this node handed to an agent
+/// (an inbox page, or its subscription): a move or export without an
+/// `after` passes on what comes after it, what the agent never saw here.
+pub(crate) const SERVED_CURSOR: &str = "mesh:served";
+
 /// Inbox entries one page of the pump reads (each at most a batch's
 /// payload, so a page holds at most 16 MiB).
 const PAGE_ENTRIES: usize = 16;

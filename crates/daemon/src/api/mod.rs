@@ -353,6 +353,7 @@ pub(crate) async fn serve(
         .await;
     ApiSocket::remove_file(&path, ino);
     state.stop_agent_servers().await;
+    state.flush_served().await;
     result
 }
 

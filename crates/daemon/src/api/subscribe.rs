@@ -142,14 +142,22 @@ async fn open(
             taken: taken.clone(),
         },
     };
+    // An agent's entries count as handed to it once its reader takes them.
+    let served = match &pump.source {
+        Source::Inbox(agent) => Some((st.clone(), agent.clone())),
+        Source::Journal => None,
+    };
     tokio::spawn(pump.run());
     let stream = futures_util::stream::poll_fn(move |cx| {
         rx.poll_recv(cx).map(|o| {
-            o.map(|(event, bytes)| {
+            o.map(|(event, bytes, arrival)| {
                 // Taken: its bytes are the buffer's again, and the pump
                 // sees progress.
                 drop(bytes);
                 taken.notify_one();
+                if let (Some((st, agent)), true) = (&served, arrival > 0) {
+                    st.note_served(agent, arrival);
+                }
                 Ok::<_, Infallible>(event)
             })
         })
@@ -168,8 +176,9 @@ impl Drop for Open<'_> {
     }
 }
 
-/// An event in a subscription's buffer, holding its share of the byte bound.
-type Item = (Event, OwnedSemaphorePermit);
+/// An event in a subscription's buffer, holding its share of the byte
+/// bound, and the arrival of its entry (0: not an entry).
+type Item = (Event, OwnedSemaphorePermit, Arrival);
 
 /// A subscription's buffer: bounded in entries (the channel) and in bytes
 /// (the semaphore's permits, one per byte of the events in it).
@@ -188,16 +197,16 @@ impl Buffer {
         u32::try_from(bytes).unwrap_or(u32::MAX).min(self.bytes_max)
     }
 
-    /// Puts `event` in the buffer, waiting as long as it takes; `Err` once
-    /// the reader is gone.
-    async fn send(&self, event: Event, bytes: usize) -> Result<(), ()> {
+    /// Puts `event` (of the entry at `arrival`, or 0) in the buffer,
+    /// waiting as long as it takes; `Err` once the reader is gone.
+    async fn send(&self, event: Event, bytes: usize, arrival: Arrival) -> Result<(), ()> {
         let permit = self
             .budget
             .clone()
             .acquire_many_owned(self.permits(bytes))
             .await
             .map_err(|_| ())?;
-        self.tx.send((event, permit)).await.map_err(|_| ())
+        self.tx.send((event, permit, arrival)).await.map_err(|_| ())
     }
 }
 
@@ -251,7 +260,7 @@ impl Pump {
                 // Best effort: the stream ends either way.
                 let event = error_event(&e);
                 if let Ok(permit) = self.buffer.budget.clone().try_acquire_many_owned(1) {
-                    let _ = self.buffer.tx.try_send((event, permit));
+                    let _ = self.buffer.tx.try_send((event, permit, 0));
                 }
             }
         }
@@ -284,7 +293,7 @@ impl Pump {
             }
             for (arrival, event, bytes) in page {
                 if arrival > self.backlog_to {
-                    match self.offer(event, bytes, closing).await {
+                    match self.offer(event, bytes, arrival, closing).await {
                         Offer::Taken => {}
                         Offer::Lagged => {
                             let head_now = *head.borrow();
@@ -295,7 +304,7 @@ impl Pump {
                     }
                 } else {
                     tokio::select! {
-                        sent = self.buffer.send(event, bytes) => if sent.is_err() { return Ok(()) },
+                        sent = self.buffer.send(event, bytes, arrival) => if sent.is_err() { return Ok(()) },
                         _ = closing.changed() => return Ok(()),
                     }
                 }
@@ -342,6 +351,7 @@ impl Pump {
         &self,
         event: Event,
         bytes: usize,
+        arrival: Arrival,
         closing: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Offer {
         let buffer = &self.buffer;
@@ -352,10 +362,10 @@ impl Pump {
             Err(tokio::sync::TryAcquireError::NoPermits) => None,
         };
         let event = match permit {
-            Some(permit) => match buffer.tx.try_send((event, permit)) {
+            Some(permit) => match buffer.tx.try_send((event, permit, arrival)) {
                 Ok(()) => return Offer::Taken,
                 Err(TrySendError::Closed(_)) => return Offer::Stop,
-                Err(TrySendError::Full((ev, _permit))) => ev,
+                Err(TrySendError::Full((ev, _permit, _))) => ev,
             },
             None => event,
         };
@@ -370,7 +380,7 @@ impl Pump {
         loop {
             tokio::select! {
                 got = &mut room => return match got {
-                    Some((permit, slot)) => { slot.send((event, permit)); Offer::Taken }
+                    Some((permit, slot)) => { slot.send((event, permit, arrival)); Offer::Taken }
                     None => Offer::Stop,
                 },
                 () = buffer.taken.notified() => continue,
@@ -421,7 +431,7 @@ impl Pump {
         let bytes = data.len();
         let event = Event::default().event("lagged").data(data);
         tokio::select! {
-            sent = self.buffer.send(event, bytes) => if sent.is_err() { return Ok(()) },
+            sent = self.buffer.send(event, bytes, 0) => if sent.is_err() { return Ok(()) },
             _ = closing.changed() => return Ok(()),
         }
         // What was committed while the reader stood still is backlog now.

@@ -75,6 +75,96 @@ impl ApiState {
         Ok((out, pos))
     }
 
+    /// Notes that the inbox entry at `arrival` was handed to `agent` (an
+    /// unfiltered page, or its subscription), and writes how far that went
+    /// to the store in the background ([`crate::drain::SERVED_CURSOR`]):
+    /// one write at a time per agent, the last value wins. A write lost to
+    /// a crash leaves the cursor behind, so a later move passes on more,
+    /// never less.
+    pub(crate) fn note_served(&self, agent: &AgentName, arrival: Arrival) {
+        let Some(a) = self.inner.registry.get(agent) else {
+            return;
+        };
+        if a.served.fetch_max(arrival, Ordering::AcqRel) >= arrival
+            || a.served_writing.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        let st = self.clone();
+        let name = agent.clone();
+        tokio::spawn(async move {
+            let mut written = 0;
+            loop {
+                let want = a.served.load(Ordering::Acquire);
+                if want > written {
+                    if let Err(e) = st.put_served(&name, want).await {
+                        tracing::debug!(agent = %name, "the served cursor is not written: {e}");
+                        a.served_writing.store(false, Ordering::Release);
+                        return;
+                    }
+                    written = want;
+                    continue;
+                }
+                a.served_writing.store(false, Ordering::Release);
+                // A note between the load and the store above finds the
+                // flag still set: look once more.
+                if a.served.load(Ordering::Acquire) <= written
+                    || a.served_writing.swap(true, Ordering::AcqRel)
+                {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Writes `agent`'s served cursor: at least `arrival`, never back (a
+    /// daemon restarted counts from 0 again in memory).
+    async fn put_served(&self, agent: &AgentName, arrival: Arrival) -> Result<(), ApiError> {
+        let stored = self.stored_served(agent).await?;
+        if stored >= arrival {
+            return Ok(());
+        }
+        self.put_agent_cursor(agent, crate::drain::SERVED_CURSOR, arrival)
+            .await
+    }
+
+    /// `agent`'s served cursor as the store has it (0: none).
+    async fn stored_served(&self, agent: &AgentName) -> Result<Arrival, ApiError> {
+        let a = agent.clone();
+        Ok(read_store(&self.inner.store, move |s| {
+            s.agent_cursor(&a, crate::drain::SERVED_CURSOR)
+        })
+        .await?
+        .unwrap_or(0))
+    }
+
+    /// Writes every agent's served cursor that this run of the daemon
+    /// moved and has not written yet (the server is stopping: after this,
+    /// a restart knows what each agent saw).
+    pub(crate) async fn flush_served(&self) {
+        for a in self.inner.registry.all() {
+            let served = a.served.load(Ordering::Acquire);
+            if served == 0 {
+                continue;
+            }
+            if let Err(e) = self.put_served(&a.record.name, served).await {
+                tracing::warn!(agent = %a.record.name, "the served cursor is not written: {e}");
+            }
+        }
+    }
+
+    /// How far this node handed `agent` its inbox: the larger of the
+    /// stored served cursor and what this run of the daemon handed it.
+    pub(crate) async fn served_cursor(&self, agent: &AgentName) -> Result<Arrival, ApiError> {
+        let stored = self.stored_served(agent).await?;
+        let here = self
+            .inner
+            .registry
+            .get(agent)
+            .map_or(0, |a| a.served.load(Ordering::Acquire));
+        Ok(stored.max(here))
+    }
+
     /// The JSON form of an inbox entry.
     pub(crate) fn inbox_entry(&self, item: &InboxItem) -> InboxEntry {
         let me = &self.inner.node;
@@ -299,6 +389,10 @@ pub(crate) async fn inbox(
     } else {
         items.last().map_or(after, |i| i.item.arrival)
     };
+    // What a filtered read skips over was not handed to the agent.
+    if let (None, Some(last)) = (in_reply_to, items.last()) {
+        st.note_served(&agent, last.item.arrival);
+    }
     Ok(Json(InboxPage {
         entries: items.iter().map(|i| st.inbox_entry(i)).collect(),
         next: st.cursor_text(next),

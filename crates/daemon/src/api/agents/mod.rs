@@ -197,7 +197,8 @@ pub(super) async fn export_agent(
 }
 
 /// Exports the agent `name` (as `POST /v1/agents/{name}/export`): sets
-/// its export cursor to `after` (default: the journal head) and returns
+/// its export cursor to `after` (default: the last inbox entry this node
+/// handed to it, so that what it never saw here is passed on) and returns
 /// its export.
 async fn export(
     st: &ApiState,
@@ -206,9 +207,10 @@ async fn export(
 ) -> Result<AgentExport, ApiError> {
     let head = *st.inner.bus.journal_head().borrow();
     let after = match after {
-        Some(text) => st.parse_after(Some(text))?.min(head),
-        None => head,
-    };
+        Some(text) => st.parse_after(Some(text))?,
+        None => st.served_cursor(name).await?,
+    }
+    .min(head);
     let agent = st
         .inner
         .registry
@@ -394,6 +396,12 @@ async fn import(
         // or before that, goes in its inbox again (mesh_store::RESUMED_CURSOR).
         st.put_agent_cursor(&name, mesh_store::RESUMED_CURSOR, after)
             .await?;
+        // What was passed on from here it saw (or will see) at the host it
+        // left: a move from here without `--after` starts past it.
+        if st.served_cursor(&name).await? < after {
+            st.put_agent_cursor(&name, crate::drain::SERVED_CURSOR, after)
+                .await?;
+        }
     }
     // Should this move lose a race, what comes for the agent here from now
     // on is passed on to the winner (`crate::drain`).
