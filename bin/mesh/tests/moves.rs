@@ -747,6 +747,10 @@ fn once_the_drain_ends_the_old_host_says_so_and_a_late_message_is_bounced_to_its
     assert_eq!(ended.len(), 1, "{ended:?}");
     assert_eq!(ended[0]["agent"], "kim");
     assert_eq!(ended[0]["to"], c.node());
+    // kim is gone from a, and a still says where it went.
+    let out = as_agent(&a, "kim", &["send", &format!("bob@{}", b.node()), "stale"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_says(&out, &["agent_moved", "moved to node", c.node()]);
     // b comes back to a only: its late message is bounced, not dropped.
     ok(b.mesh(&["peer", "resume", a.node()]).unwrap());
     let deadline = Instant::now() + SETTLE;

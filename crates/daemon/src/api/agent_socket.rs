@@ -165,6 +165,19 @@ pub(super) async fn authorize_agent(
     let cred = req.extensions().get::<ConnectInfo<PeerCred>>().map(|c| c.0);
     let uid = cred.and_then(|c| c.uid);
     let agent = st.inner.registry.get(&name);
+    if agent.is_none()
+        && let Some(to) = moved_away(&st, &name)
+    {
+        // Its drain here ended: it is gone from here, but the mesh knows where.
+        st.inner
+            .counters
+            .refused_agent
+            .fetch_add(1, Ordering::Relaxed);
+        return ApiError::from(CallerError::AgentMoved(format!(
+            "agent {name} moved to node {to}; it acts only there now"
+        )))
+        .into_response();
+    }
     let why = match (&agent, uid) {
         (None, _) => Some(format!(
             "there is no agent {name} on this node (it was removed)"
@@ -192,6 +205,19 @@ pub(super) async fn authorize_agent(
     }
     req.extensions_mut().insert(Acting(name));
     next.run(req).await
+}
+
+/// The node the agent `name` moved to from this one, by the move notice
+/// this node holds of it, if it left.
+fn moved_away(st: &ApiState, name: &AgentName) -> Option<mesh_protocol::NodeId> {
+    let me = st.inner.node;
+    st.inner
+        .bus
+        .agent_moves()
+        .borrow()
+        .iter()
+        .find(|m| &m.name == name && m.from == me && m.node != me)
+        .map(|m| m.node)
 }
 
 /// Why `req` on `name`'s socket names another agent, if it does.
