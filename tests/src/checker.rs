@@ -1083,6 +1083,7 @@ mod tests {
                 msg_kind: 0,
                 encoding: BodyEncoding::Text,
                 body,
+                agent: None,
             })
         }
         /// Message `c` of client 0 at `seq` of `stream`.
@@ -1095,6 +1096,7 @@ mod tests {
                 msg_kind: 0,
                 encoding: BodyEncoding::Text,
                 body: body(0, c),
+                agent: None,
             })
         }
         /// Message `c` of client 0 at `seq` of A's topic stream.
@@ -1723,6 +1725,7 @@ mod tests {
             msg_kind: mesh_protocol::KIND_AGENT,
             encoding: BodyEncoding::Base64,
             body: "AAEC".into(),
+            agent: None,
         });
         b.env(B, 3, 3);
         let s = run(&h, &b);
@@ -1751,6 +1754,7 @@ mod tests {
             msg_kind: mesh_protocol::KIND_BOUNCE,
             encoding,
             body,
+            agent: None,
         });
         let s = run_agents(&h, &a);
         assert!(s.passed(), "{s:?}");
@@ -1789,6 +1793,7 @@ mod tests {
             msg_kind: mesh_protocol::KIND_FORWARD,
             encoding,
             body: text,
+            agent: None,
         });
         let s = run_agents(&h, &J::default());
         assert_eq!(s.per_agent[R].lost, 1, "without the eviction it is lost");

@@ -173,6 +173,22 @@ fn agents_on_two_nodes_talk_both_ways_by_alias_and_each_inbox_holds_only_its_own
     assert!(inbox_now(&a, "carol").is_empty());
     let events = ok(a.mesh(&["events", "--json"]).unwrap());
     assert_eq!(events.lines().count(), 3, "{events}");
+    // The node's journal reads each as its envelope says, as text too.
+    let first = parse_json(events.lines().next().unwrap()).unwrap();
+    assert_eq!(first["msg_kind"], 1, "{first}");
+    assert_eq!(first["agent"]["id"], id, "{first}");
+    assert_eq!(first["agent"]["from"], format!("alice@{}", a.node()));
+    assert_eq!(first["agent"]["to"], format!("bob@{}", b.node()));
+    assert_eq!(first["agent"]["body"], "hi bob");
+    let text = ok(a.mesh(&["events"]).unwrap());
+    let line = text.lines().next().unwrap();
+    let short = |n: &str| n.chars().take(10).collect::<String>();
+    let want = format!(
+        "{id} alice@{} -> bob@{}: hi bob",
+        short(a.node()),
+        short(b.node())
+    );
+    assert!(line.ends_with(&want), "{line:?}, not ending {want:?}");
 
     // Where each message is, on each node.
     wait_state(&a, id, "delivered");

@@ -75,6 +75,26 @@ pub struct EventEntry {
     pub losses_unrecorded: bool,
 }
 
+/// An agent message in the node's journal, as its envelope says.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentMessageJson {
+    /// The message id.
+    pub id: String,
+    /// `AGENT@NODE`: the sending agent, on the stream's author.
+    pub from: String,
+    /// `AGENT@NODE`: the recipient agent, on the stream's recipient (absent
+    /// for a message to the node's own journal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// The message it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_reply_to: Option<String>,
+    /// How `body` is written: UTF-8 `text` when valid, else `base64`.
+    pub encoding: BodyEncoding,
+    /// The message's body.
+    pub body: String,
+}
+
 /// The content of a journal entry; `kind` tells which.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -95,6 +115,10 @@ pub enum EventRecord {
         encoding: BodyEncoding,
         /// The payload.
         body: String,
+        /// An agent message (`msg_kind` 1) read out of its envelope in
+        /// `body`: absent for other kinds, and for one that does not decode.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<AgentMessageJson>,
     },
     /// This node can never have `from..=to` of `stream`: the author no longer holds it.
     Gap {

@@ -418,6 +418,7 @@ fn print_entry(e: &EventEntry, me: &str, json: bool) -> anyhow::Result<()> {
             seq,
             body,
             encoding,
+            agent,
             ..
         } => {
             let dir = if stream.author == me {
@@ -428,11 +429,28 @@ fn print_entry(e: &EventEntry, me: &str, json: bool) -> anyhow::Result<()> {
             } else {
                 format!("from {}", short(&stream.author))
             };
-            let enc = match encoding {
+            let enc = |e: &BodyEncoding| match e {
                 BodyEncoding::Text => "",
                 BodyEncoding::Base64 => " (base64)",
             };
-            format!("{dir} #{seq}{enc}: {body}")
+            // An agent message reads as what its envelope says.
+            let address = |a: &str| match a.split_once('@') {
+                Some((name, node)) => format!("{name}@{}", short(node)),
+                None => a.to_owned(),
+            };
+            match agent {
+                Some(m) => {
+                    let to = m.to.as_deref().map_or("the node".to_owned(), address);
+                    format!(
+                        "{dir} #{seq} {} {} -> {to}{}: {}",
+                        m.id,
+                        address(&m.from),
+                        enc(&m.encoding),
+                        m.body
+                    )
+                }
+                None => format!("{dir} #{seq}{}: {body}", enc(encoding)),
+            }
         }
         EventRecord::Gap { stream, from, to } => format!(
             "GAP  from {}: messages #{from}..=#{to} can never arrive (the author no longer holds them)",

@@ -1,7 +1,7 @@
 //! The journal's entries in their JSON form (the wire types are `mesh_api`'s).
 
-use mesh_api::{BodyEncoding, EventEntry, EventRecord};
-use mesh_protocol::{Cursor, Epoch, NodeId};
+use mesh_api::{AgentMessageJson, BodyEncoding, EventEntry, EventRecord};
+use mesh_protocol::{AgentHeader, Cursor, Epoch, KIND_AGENT, NodeId, StreamId};
 use mesh_store::{JournalItem, JournalRecord, LossReason};
 
 /// The JSON form of `item` from the journal of `node` at `epoch`.
@@ -26,6 +26,9 @@ pub(super) fn entry(node: &NodeId, epoch: Epoch, item: &JournalItem) -> EventEnt
                 msg_kind: *kind,
                 encoding,
                 body,
+                agent: (*kind == KIND_AGENT)
+                    .then(|| agent_message(node, stream, payload))
+                    .flatten(),
             }
         }
         JournalRecord::Gap { stream, from, to } => EventRecord::Gap {
@@ -153,4 +156,21 @@ pub(crate) fn loss_reason_name(reason: LossReason) -> &'static str {
         LossReason::SubscriberLagged => "subscriber_lagged",
         _ => "other",
     }
+}
+
+/// The agent message in `payload`, an envelope of `stream` journaled by
+/// `node`, with its sender and recipient as addresses; `None` if it does
+/// not decode.
+fn agent_message(node: &NodeId, stream: &StreamId, payload: &[u8]) -> Option<AgentMessageJson> {
+    let m = AgentHeader::decode(payload).ok()?;
+    let recipient = stream.recipient().unwrap_or(*node);
+    let (encoding, body) = BodyEncoding::encode(m.body);
+    Some(AgentMessageJson {
+        id: m.id.to_string(),
+        from: format!("{}@{}", m.from, stream.author),
+        to: m.to.map(|t| format!("{t}@{recipient}")),
+        in_reply_to: m.in_reply_to.map(|i| i.to_string()),
+        encoding,
+        body,
+    })
 }
