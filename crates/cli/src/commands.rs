@@ -247,9 +247,39 @@ fn print_invite(i: &InviteJson) {
         format!("  joined: {}", short.join(", "))
     };
     println!(
-        "  {}  {:8}  {}/{} uses left  expires {}{joined}",
-        i.id, i.state, i.uses_left, i.uses, i.expires_ms
+        "  {}  {:8}  {}/{} uses left  {}{joined}",
+        i.id,
+        i.state,
+        i.uses_left,
+        i.uses,
+        expiry_text(i.expires_ms, now_ms())
     );
+}
+
+/// Milliseconds since the Unix epoch, now.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// When an invite that expires at `expires_ms` does, as a person reads it
+/// at `now_ms`: `expires in 23h 59m`, `expired 5m ago`.
+pub(crate) fn expiry_text(expires_ms: u64, now_ms: u64) -> String {
+    let span = |ms: u64| {
+        let m = ms / 60_000;
+        match (m / (24 * 60), m / 60 % 24, m % 60) {
+            (0, 0, 0) => format!("{}s", ms / 1000),
+            (0, 0, m) => format!("{m}m"),
+            (0, h, m) => format!("{h}h {m}m"),
+            (d, h, _) => format!("{d}d {h}h"),
+        }
+    };
+    if expires_ms > now_ms {
+        format!("expires in {}", span(expires_ms - now_ms))
+    } else {
+        format!("expired {} ago", span(now_ms - expires_ms))
+    }
 }
 
 /// `mesh join`.

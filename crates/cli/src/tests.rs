@@ -75,3 +75,19 @@ fn daemon_takes_data_and_bind() {
     assert_eq!(cli.agent.as_deref(), Some("alice"));
     assert!(Cli::try_parse_from(["mesh", "daemon", "--bind", "not-an-addr"]).is_err());
 }
+
+#[test]
+fn an_invites_expiry_reads_as_a_span_from_now() {
+    use crate::commands::expiry_text;
+    let now = 1_796_518_703_512;
+    let min = 60_000;
+    assert_eq!(expiry_text(now + 30_000, now), "expires in 30s");
+    assert_eq!(expiry_text(now + 5 * min, now), "expires in 5m");
+    assert_eq!(expiry_text(now + 125 * min, now), "expires in 2h 5m");
+    assert_eq!(
+        expiry_text(now + (49 * 60 + 1) * min, now),
+        "expires in 2d 1h"
+    );
+    assert_eq!(expiry_text(now - 5 * min, now), "expired 5m ago");
+    assert_eq!(expiry_text(now, now), "expired 0s ago");
+}
