@@ -71,7 +71,7 @@ fn print_peers(peers: &[PeerStatus]) {
             .map_or_else(String::new, |a| format!(" ({a})"));
         let addrs: Vec<String> = p.addrs.iter().map(|a| a.to_string()).collect();
         println!(
-            "  {}{alias}  {:12}  {state:9}  queued {} msgs / {} bytes  received marks [{}]  at {}",
+            "  {}{alias}  {:12}  {state:9}  queued {} msgs, outbox {} bytes  received marks [{}]  at {}",
             p.node,
             p.name.as_deref().unwrap_or("-"),
             p.queued_msgs,
