@@ -82,7 +82,8 @@ fn forward_batch(first: u64, ids: &[MsgId]) -> OpenBatch {
     .expect("fits")
 }
 
-fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
+/// Adds the agent kim.
+fn add_kim(s: &dyn MeshStore) {
     let kim = AgentRecord {
         name: name("kim"),
         key: node(40),
@@ -90,6 +91,26 @@ fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
         created_ms: 1,
     };
     commit1(s, vec![WriteOp::Agents(AgentOp::PutAgent(kim))]).expect("commits");
+}
+
+/// The index op of `entries` of `PEER`'s stream.
+fn index_peer(entries: Vec<AgentIndex>) -> WriteOp {
+    WriteOp::Agents(AgentOp::Index {
+        stream: peer_stream(PEER),
+        entries,
+    })
+}
+
+/// `PEER`'s batch from `first` of forwards of `ids`, accepted.
+fn accept_forwards(first: u64, ids: &[MsgId]) -> WriteOp {
+    WriteOp::Accept {
+        batch: forward_batch(first, ids),
+        from: first,
+    }
+}
+
+fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
+    add_kim(s);
     let (once, sent) = (MsgId([1; 16]), MsgId([2; 16]));
     // A message this node sent, come back to an agent that moved here.
     let own = MessageRow {
@@ -100,46 +121,30 @@ fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
     commit1(
         s,
         vec![
-            WriteOp::Accept {
-                batch: forward_batch(1, &[sent]),
-                from: 1,
-            },
-            WriteOp::Agents(AgentOp::Index {
-                stream: peer_stream(PEER),
-                entries: vec![AgentIndex::Message {
-                    id: sent,
-                    seq: 1,
-                    row: own,
-                }],
-            }),
+            accept_forwards(1, &[sent]),
+            index_peer(vec![AgentIndex::Message {
+                id: sent,
+                seq: 1,
+                row: own,
+            }]),
         ],
     )
     .expect("commits");
     // Seqs 2 and 3 carry the same message, and so does seq 4 a commit
     // later; seq 5 is the node's own message.
-    let index = |entries| {
-        WriteOp::Agents(AgentOp::Index {
-            stream: peer_stream(PEER),
-            entries,
-        })
-    };
-    let accept = |first, ids: &[MsgId]| WriteOp::Accept {
-        batch: forward_batch(first, ids),
-        from: first,
-    };
     commit1(
         s,
         vec![
-            accept(2, &[once, once]),
-            index(vec![forwarded(once, 2), forwarded(once, 3)]),
+            accept_forwards(2, &[once, once]),
+            index_peer(vec![forwarded(once, 2), forwarded(once, 3)]),
         ],
     )
     .expect("commits");
     commit1(
         s,
         vec![
-            accept(4, &[once, sent]),
-            index(vec![forwarded(once, 4), forwarded(sent, 5)]),
+            accept_forwards(4, &[once, sent]),
+            index_peer(vec![forwarded(once, 4), forwarded(sent, 5)]),
         ],
     )
     .expect("commits");
@@ -169,24 +174,8 @@ fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
 /// A message the index had from before the agent left here, and this
 /// node's own message, each go in its inbox once more, not once per copy.
 fn a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only(s: &dyn MeshStore) {
-    let kim = AgentRecord {
-        name: name("kim"),
-        key: node(40),
-        uid: 1,
-        created_ms: 1,
-    };
-    commit1(s, vec![WriteOp::Agents(AgentOp::PutAgent(kim))]).expect("commits");
+    add_kim(s);
     let (back, sent) = (MsgId([3; 16]), MsgId([4; 16]));
-    let index = |entries| {
-        WriteOp::Agents(AgentOp::Index {
-            stream: peer_stream(PEER),
-            entries,
-        })
-    };
-    let accept = |first, ids: &[MsgId]| WriteOp::Accept {
-        batch: forward_batch(first, ids),
-        from: first,
-    };
     // Before kim left: `back` came here for it, and this node sent `sent`.
     let own = MessageRow {
         dir: MessageDir::Sent,
@@ -196,8 +185,8 @@ fn a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only(s: &dyn 
     commit1(
         s,
         vec![
-            accept(1, &[back, sent]),
-            index(vec![
+            accept_forwards(1, &[back, sent]),
+            index_peer(vec![
                 forwarded(back, 1),
                 AgentIndex::Message {
                     id: sent,
@@ -227,8 +216,8 @@ fn a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only(s: &dyn 
         commit1(
             s,
             vec![
-                accept(first, &[back, sent]),
-                index(vec![forwarded(back, first), forwarded(sent, first + 1)]),
+                accept_forwards(first, &[back, sent]),
+                index_peer(vec![forwarded(back, first), forwarded(sent, first + 1)]),
             ],
         )
         .expect("commits");
