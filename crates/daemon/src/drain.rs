@@ -5,8 +5,9 @@
 //!
 //! The cursor (the agent's named cursor [`EXPORT_CURSOR`], a name the API
 //! never takes) is set at the export to how far the agent had read (by
-//! default the journal head), so what came between then and this node
-//! learning of the move is passed on too. A forward is a message on this
+//! default the last entry this node handed to it, [`SERVED_CURSOR`]), so
+//! what it never saw here, and what came between then and this node
+//! learning of the move, is passed on too. A forward is a message on this
 //! node's own stream to the new host, in order; the pump passes on a page
 //! of them and moves the cursor past the page only once the new host has
 //! acknowledged every forward of it (committed it there). While a forward

@@ -145,6 +145,9 @@ struct Inner {
     aliases: RwLock<BTreeMap<String, NodeId>>,
     /// Each agent's socket server.
     agent_servers: Mutex<HashMap<AgentName, agent_socket::AgentServer>>,
+    /// Held while an agent's served cursor is read and written, so that
+    /// the stored cursor only ever grows (`agents::inbox`).
+    served_writes: tokio::sync::Mutex<()>,
 }
 
 /// The API's own counters, rendered by `GET /metrics`.
@@ -191,6 +194,7 @@ impl ApiState {
                 topic_bounds: parts.topic_bounds,
                 aliases: RwLock::new(parts.aliases.into_iter().collect()),
                 agent_servers: Mutex::new(HashMap::new()),
+                served_writes: tokio::sync::Mutex::new(()),
             }),
         }
     }

@@ -135,6 +135,7 @@ async fn open(
         pos: start,
         backlog_to,
         unrecorded: false,
+        lagged: false,
         buffer: Buffer {
             tx,
             budget,
@@ -222,6 +223,10 @@ struct Pump {
     backlog_to: Arrival,
     /// A lag's loss record could not be written; tell the next entry.
     unrecorded: bool,
+    /// The subscription lagged: it skipped entries its reader never got,
+    /// so what it hands over from then on does not count as handed to an
+    /// agent (its served cursor would pass the skipped ones).
+    lagged: bool,
     buffer: Buffer,
 }
 
@@ -292,8 +297,9 @@ impl Pump {
                 continue;
             }
             for (arrival, event, bytes) in page {
+                let served = if self.lagged { 0 } else { arrival };
                 if arrival > self.backlog_to {
-                    match self.offer(event, bytes, arrival, closing).await {
+                    match self.offer(event, bytes, served, closing).await {
                         Offer::Taken => {}
                         Offer::Lagged => {
                             let head_now = *head.borrow();
@@ -304,7 +310,7 @@ impl Pump {
                     }
                 } else {
                     tokio::select! {
-                        sent = self.buffer.send(event, bytes, arrival) => if sent.is_err() { return Ok(()) },
+                        sent = self.buffer.send(event, bytes, served) => if sent.is_err() { return Ok(()) },
                         _ = closing.changed() => return Ok(()),
                     }
                 }
@@ -421,6 +427,7 @@ impl Pump {
         );
         let recorded = self.record_lag(who, from, to).await;
         self.unrecorded = !recorded;
+        self.lagged = true;
         let lagged = LaggedEvent {
             resume,
             skipped_from: from,

@@ -211,17 +211,18 @@ fn a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only(s: &dyn 
     )
     .expect("commits");
     // The host it came from passes both on, then (a page given up and
-    // read again) both once more, a commit apart.
-    for first in [3, 5] {
-        commit1(
-            s,
-            vec![
-                accept_forwards(first, &[back, sent]),
-                index_peer(vec![forwarded(back, first), forwarded(sent, first + 1)]),
-            ],
-        )
-        .expect("commits");
+    // read again) both once more: two groups of one commit, then a commit
+    // later.
+    let copies = |first| {
+        vec![
+            accept_forwards(first, &[back, sent]),
+            index_peer(vec![forwarded(back, first), forwarded(sent, first + 1)]),
+        ]
+    };
+    for r in s.commit(vec![copies(3), copies(5)]) {
+        r.expect("commits");
     }
+    commit1(s, copies(7)).expect("commits");
     let after: Vec<u64> = s
         .inbox(&name("kim"), resumed, 10)
         .expect("reads")

@@ -85,8 +85,9 @@ impl ApiState {
         let Some(a) = self.inner.registry.get(agent) else {
             return;
         };
-        if a.served.fetch_max(arrival, Ordering::AcqRel) >= arrival
-            || a.served_writing.swap(true, Ordering::AcqRel)
+        // SeqCst with the writer's reset below: a note is never lost between them.
+        if a.served.fetch_max(arrival, Ordering::SeqCst) >= arrival
+            || a.served_writing.swap(true, Ordering::SeqCst)
         {
             return;
         }
@@ -95,21 +96,21 @@ impl ApiState {
         tokio::spawn(async move {
             let mut written = 0;
             loop {
-                let want = a.served.load(Ordering::Acquire);
+                let want = a.served.load(Ordering::SeqCst);
                 if want > written {
                     if let Err(e) = st.put_served(&name, want).await {
                         tracing::debug!(agent = %name, "the served cursor is not written: {e}");
-                        a.served_writing.store(false, Ordering::Release);
+                        a.served_writing.store(false, Ordering::SeqCst);
                         return;
                     }
                     written = want;
                     continue;
                 }
-                a.served_writing.store(false, Ordering::Release);
+                a.served_writing.store(false, Ordering::SeqCst);
                 // A note between the load and the store above finds the
                 // flag still set: look once more.
-                if a.served.load(Ordering::Acquire) <= written
-                    || a.served_writing.swap(true, Ordering::AcqRel)
+                if a.served.load(Ordering::SeqCst) <= written
+                    || a.served_writing.swap(true, Ordering::SeqCst)
                 {
                     return;
                 }
@@ -118,8 +119,14 @@ impl ApiState {
     }
 
     /// Writes `agent`'s served cursor: at least `arrival`, never back (a
-    /// daemon restarted counts from 0 again in memory).
-    async fn put_served(&self, agent: &AgentName, arrival: Arrival) -> Result<(), ApiError> {
+    /// daemon restarted counts from 0 again in memory; every write of it
+    /// goes through here, one at a time).
+    pub(crate) async fn put_served(
+        &self,
+        agent: &AgentName,
+        arrival: Arrival,
+    ) -> Result<(), ApiError> {
+        let _one = self.inner.served_writes.lock().await;
         let stored = self.stored_served(agent).await?;
         if stored >= arrival {
             return Ok(());
@@ -143,7 +150,7 @@ impl ApiState {
     /// a restart knows what each agent saw).
     pub(crate) async fn flush_served(&self) {
         for a in self.inner.registry.all() {
-            let served = a.served.load(Ordering::Acquire);
+            let served = a.served.load(Ordering::SeqCst);
             if served == 0 {
                 continue;
             }
@@ -161,7 +168,7 @@ impl ApiState {
             .inner
             .registry
             .get(agent)
-            .map_or(0, |a| a.served.load(Ordering::Acquire));
+            .map_or(0, |a| a.served.load(Ordering::SeqCst));
         Ok(stored.max(here))
     }
 

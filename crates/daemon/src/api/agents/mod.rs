@@ -398,10 +398,7 @@ async fn import(
             .await?;
         // What was passed on from here it saw (or will see) at the host it
         // left: a move from here without `--after` starts past it.
-        if st.served_cursor(&name).await? < after {
-            st.put_agent_cursor(&name, crate::drain::SERVED_CURSOR, after)
-                .await?;
-        }
+        st.put_served(&name, after).await?;
     }
     // Should this move lose a race, what comes for the agent here from now
     // on is passed on to the winner (`crate::drain`).
