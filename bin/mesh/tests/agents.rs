@@ -666,6 +666,22 @@ fn agent_commands_without_an_agent_or_against_a_stopped_daemon_say_what_is_wrong
     ok(a.mesh(&["agent", "remove", "alice"]).unwrap());
     let out = as_agent(&a, "alice", &["inbox"]);
     refused(&out, 3, &["no agent alice"]);
+    // An agent with entries it never read is removed only with --force;
+    // once it read them, without.
+    ok(a.mesh(&["agent", "add", "carol"]).unwrap());
+    ok(a.mesh(&["agent", "add", "dave"]).unwrap());
+    let carol = format!("carol@{}", a.node());
+    let dave = format!("dave@{}", a.node());
+    for to in [&carol, &dave] {
+        ok(as_agent(&a, "carol", &["send", to, "for you"]));
+    }
+    let out = a.mesh(&["agent", "remove", "carol"]).unwrap();
+    refused(&out, 3, &["unread_entries", "1 inbox entry", "--force"]);
+    assert_eq!(inbox_now(&a, "carol").len(), 1, "nothing removed");
+    ok(a.mesh(&["agent", "remove", "carol"]).unwrap());
+    let out = a.mesh(&["agent", "remove", "dave"]).unwrap();
+    refused(&out, 3, &["unread_entries"]);
+    ok(a.mesh(&["agent", "remove", "dave", "--force"]).unwrap());
     let data = a.data().to_str().unwrap().to_owned();
     drop(a);
     let out = run(Path::new(MESH), &["--data", &data, "agents"], None).unwrap();

@@ -164,6 +164,9 @@ pub enum ErrorCode {
     AgentExists,
     /// The agent moved to another node: it no longer acts here.
     AgentMoved,
+    /// The agent has inbox entries this node never handed to it; removing
+    /// it needs `force`.
+    UnreadEntries,
     /// No agent of that name on this node.
     UnknownAgent,
     /// No message of that id is known to this node.
@@ -189,7 +192,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code.
-    pub const ALL: [ErrorCode; 32] = [
+    pub const ALL: [ErrorCode; 33] = [
         ErrorCode::BadJson,
         ErrorCode::BodyTooLarge,
         ErrorCode::BadRequest,
@@ -212,6 +215,7 @@ impl ErrorCode {
         ErrorCode::ClientIdReused,
         ErrorCode::AgentExists,
         ErrorCode::AgentMoved,
+        ErrorCode::UnreadEntries,
         ErrorCode::UnknownAgent,
         ErrorCode::UnknownMessage,
         ErrorCode::TooManyAgents,
@@ -249,6 +253,7 @@ impl ErrorCode {
             ErrorCode::ClientIdReused => "client_id_reused",
             ErrorCode::AgentExists => "agent_exists",
             ErrorCode::AgentMoved => "agent_moved",
+            ErrorCode::UnreadEntries => "unread_entries",
             ErrorCode::UnknownAgent => "unknown_agent",
             ErrorCode::UnknownMessage => "unknown_message",
             ErrorCode::TooManyAgents => "too_many_agents",

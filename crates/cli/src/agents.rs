@@ -506,9 +506,10 @@ pub(crate) async fn agent(c: &Client, cmd: AgentCommand) -> anyhow::Result<()> {
                 moved.agent.address, moved.version
             );
         }
-        AgentCommand::Remove { name } => {
+        AgentCommand::Remove { name, force } => {
+            let force = if force { "?force=true" } else { "" };
             let _: serde_json::Value = c
-                .delete(&format!("/v1/agents/{}", path_segment(&name)))
+                .delete(&format!("/v1/agents/{}{force}", path_segment(&name)))
                 .await?;
             println!("removed agent {name}");
         }

@@ -301,9 +301,16 @@ pub enum AgentCommand {
         json: bool,
     },
     /// Remove an agent (its inbox index and key; its messages stay in the journal).
+    ///
+    /// Refused (`unread_entries`, exit 3) while the agent has inbox entries
+    /// this node never handed to it, by an inbox read or its subscription:
+    /// read them, move the agent, or pass --force.
     Remove {
         /// The agent's name.
         name: String,
+        /// Remove it even if its inbox has entries it never read.
+        #[arg(long)]
+        force: bool,
     },
     /// Write an agent's export file, to move it to another node with
     /// `mesh agent import FILE` there.

@@ -159,6 +159,9 @@ pub enum CallerError {
     /// An agent of that name exists already.
     #[error("there is an agent {0} on this node already")]
     AgentExists(String),
+    /// The agent has inbox entries it was never handed; the message says how many.
+    #[error("{0}")]
+    UnreadEntries(String),
     /// The agent moved to another node; the message says where.
     #[error("{0}")]
     AgentMoved(String),
@@ -321,6 +324,7 @@ impl ApiError {
                 CallerError::ClientIdReused(_) => (S::CONFLICT, ErrorCode::ClientIdReused),
                 CallerError::AgentExists(_) => (S::CONFLICT, ErrorCode::AgentExists),
                 CallerError::AgentMoved(_) => (S::CONFLICT, ErrorCode::AgentMoved),
+                CallerError::UnreadEntries(_) => (S::CONFLICT, ErrorCode::UnreadEntries),
                 CallerError::JoinRefused { refusal, .. } => match refusal {
                     JoinRefusal::Expired => (S::CONFLICT, ErrorCode::InviteExpired),
                     JoinRefusal::Revoked => (S::CONFLICT, ErrorCode::InviteRevoked),

@@ -13,7 +13,8 @@ use std::sync::atomic::Ordering;
 
 use axum::Extension;
 use axum::Json;
-use axum::extract::{Path, Request, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, Request, State};
 use mesh_api::{
     AGENT_EXPORT_FORMAT, AddAgentRequest, AgentExport, AgentJson, AgentMoveJson, AgentsResponse,
     ExportAgentRequest, ImportAgentRequest,
@@ -444,8 +445,35 @@ fn move_json(m: &AgentMove) -> AgentMoveJson {
 pub(super) async fn remove_agent(
     State(st): State<ApiState>,
     Path(name): Path<String>,
+    q: Result<Query<RemoveQuery>, QueryRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let name = st.reader(&name)?;
+    let force = super::routes::query(q)?.force.unwrap_or(false);
+    if !force {
+        // Nothing it never saw goes with it unsaid.
+        let served = st.served_cursor(&name).await?;
+        let n = name.clone();
+        let unread = read_store(&st.inner.store, move |s| {
+            s.inbox(&n, served, UNREAD_SHOWN_MAX)
+        })
+        .await?
+        .len();
+        if unread > 0 {
+            let count = if unread >= UNREAD_SHOWN_MAX {
+                format!("{UNREAD_SHOWN_MAX} or more inbox entries")
+            } else if unread == 1 {
+                "1 inbox entry".to_owned()
+            } else {
+                format!("{unread} inbox entries")
+            };
+            return Err(CallerError::UnreadEntries(format!(
+                "agent {name} has {count} this node never handed to it (an inbox read or \
+                 its subscription); read them, move the agent (`mesh agent move`), or \
+                 remove it with --force (they stay in the node's journal)"
+            ))
+            .into());
+        }
+    }
     st.inner
         .bus
         .local_write(LocalWrite::RemoveAgent(name.clone()))
@@ -460,6 +488,17 @@ pub(super) async fn remove_agent(
     tracing::info!(agent = %name, "agent removed");
     Ok(Json(serde_json::json!({ "removed": name.to_string() })))
 }
+
+/// `DELETE /v1/agents/{name}?force=` query.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RemoveQuery {
+    /// Remove it even if it has inbox entries it was never handed.
+    force: Option<bool>,
+}
+
+/// The most unread entries a refused removal counts.
+const UNREAD_SHOWN_MAX: usize = 100;
 
 fn card_json(card: &AgentCard, alias: Option<String>) -> AgentJson {
     AgentJson {
