@@ -37,7 +37,7 @@ use crate::cluster::{
     Cluster, ClusterConfig, Isolation, JournalTail, call, create_file, write_journal,
 };
 use crate::history::{History, Op};
-use crate::nemesis::{Ctx, RoamerReader, apply, plan, with_moves};
+use crate::nemesis::{Ctx, Fault, RoamerReader, Step, apply, plan, with_moves};
 use crate::rng::SimRng;
 use crate::workload::{ClientSpec, Roamer, WorkloadConfig, run_client};
 use mesh_api::client::Client;
@@ -82,6 +82,11 @@ pub struct ChaosConfig {
     /// A move of the roaming agent after every this many faults (0: no
     /// agents, no moves).
     pub moves_every: usize,
+    /// If no planned kill landed while the node was still behind (its
+    /// catch-up beat every one, as under a loaded machine), at most this
+    /// many more `kill_during_resync` faults follow the schedule, until one
+    /// does.
+    pub resync_kill_retries: usize,
 }
 
 impl ChaosConfig {
@@ -125,6 +130,7 @@ impl ChaosConfig {
             },
             daemon_config: Some(daemon_config_from_env(topic_msgs)),
             moves_every,
+            resync_kill_retries: RESYNC_KILL_RETRIES,
         };
         if let Ok(out) = std::env::var("CHAOS_OUT") {
             cfg.out_dir = PathBuf::from(out);
@@ -153,6 +159,7 @@ impl ChaosConfig {
         cfg.chaos_time = Duration::from_secs(seconds);
         cfg.converge_timeout = Duration::from_secs(180);
         cfg.workload.sends_max = 200_000;
+        cfg.resync_kill_retries = 0;
         cfg
     }
 }
@@ -164,6 +171,10 @@ impl ChaosConfig {
 pub const OUTBOX_MSGS: u64 = 32;
 /// The outbox policy of chaos runs unless `CHAOS_ON_FULL` says otherwise.
 pub const ON_FULL: &str = "evict-oldest";
+
+/// How many more `kill_during_resync` faults a short run carries out if
+/// none of its planned ones caught the node behind.
+pub const RESYNC_KILL_RETRIES: usize = 4;
 
 /// The topic every node of a chaos run joins from its config.
 pub const TOPIC: &str = "chaos";
@@ -470,10 +481,25 @@ pub async fn run(cfg: ChaosConfig) -> anyhow::Result<Report> {
     let mut packets_dropped = 0;
     let chaos_start = Instant::now();
     let mut fault_error = None;
-    for (n, step) in steps.iter().enumerate() {
-        if chaos_start.elapsed() >= cfg.chaos_time {
+    let mut retries = 0;
+    for n in 0.. {
+        let step = if n < steps.len() && chaos_start.elapsed() < cfg.chaos_time {
+            steps[n].clone()
+        } else if resync_kills_while_behind == 0 && retries < cfg.resync_kill_retries {
+            // Bounded: each is a few seconds, and only when none landed.
+            retries += 1;
+            Step {
+                fault: Fault::KillDuringResync {
+                    node: retries % cfg.nodes,
+                    down_ms: 2_500,
+                    resync_ms: 1_500,
+                },
+                quiet_ms: 1_000,
+            }
+        } else {
             break;
-        }
+        };
+        let step = &step;
         let t_ms = history.now_ms();
         eprintln!(
             "chaos: [{:>6.1}s] fault {}: {}",
