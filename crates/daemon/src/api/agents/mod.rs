@@ -452,19 +452,20 @@ pub(super) async fn remove_agent(
     if !force {
         // Nothing it never saw goes with it unsaid.
         let served = st.served_cursor(&name).await?;
-        let n = name.clone();
-        let unread = read_store(&st.inner.store, move |s| {
-            s.inbox(&n, served, UNREAD_SHOWN_MAX)
-        })
-        .await?
-        .len();
-        if unread > 0 {
-            let count = if unread >= UNREAD_SHOWN_MAX {
-                format!("{UNREAD_SHOWN_MAX} or more inbox entries")
-            } else if unread == 1 {
-                "1 inbox entry".to_owned()
-            } else {
-                format!("{unread} inbox entries")
+        // The inbox reader's own bounds: entries, and bytes of bodies.
+        let (unread, _) = st.read_inbox(&name, served, UNREAD_SHOWN_MAX, None).await?;
+        if let Some(last) = unread.last() {
+            // Fewer than asked for may be the byte bound: look one further.
+            let more = unread.len() >= UNREAD_SHOWN_MAX
+                || !st
+                    .read_inbox(&name, last.item.arrival, 1, None)
+                    .await?
+                    .0
+                    .is_empty();
+            let count = match (unread.len(), more) {
+                (n, true) => format!("{n} or more inbox entries"),
+                (1, false) => "1 inbox entry".to_owned(),
+                (n, false) => format!("{n} inbox entries"),
             };
             return Err(CallerError::UnreadEntries(format!(
                 "agent {name} has {count} this node never handed to it (an inbox read or \
@@ -497,7 +498,8 @@ pub(super) struct RemoveQuery {
     force: Option<bool>,
 }
 
-/// The most unread entries a refused removal counts.
+/// The most unread entries a refused removal counts (and reads: at most
+/// [`crate::api::EVENTS_PAGE_BYTES_MAX`] of their bodies).
 const UNREAD_SHOWN_MAX: usize = 100;
 
 fn card_json(card: &AgentCard, alias: Option<String>) -> AgentJson {
