@@ -315,6 +315,29 @@ impl DaemonProcess {
         run(&self.bin, &all, stdin)
     }
 
+    /// Polls `mesh message ID --json` on this daemon until its state is
+    /// `state` (at most `within`); answers the last answer.
+    ///
+    /// # Panics
+    /// If the command fails, or the state is not reached in time.
+    pub fn wait_message_state(&self, id: &str, state: &str, within: Duration) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let out = self
+                .mesh(&["message", id, "--json"])
+                .expect("mesh message runs");
+            let st = parse_json(&ok(out)).expect("mesh message --json prints JSON");
+            if st["state"] == state {
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "message {id} is {st}, not {state}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Starts `mesh --data DIR args...` without waiting; its stdout comes as lines.
     pub fn spawn_mesh(&self, args: &[&str]) -> anyhow::Result<(Child, LineReader)> {
         let mut child = Command::new(&self.bin)

@@ -91,18 +91,7 @@ fn inbox_now(d: &DaemonProcess, agent: &str) -> Vec<serde_json::Value> {
 
 /// Polls `mesh message ID` on `d` until its state is `state`.
 fn wait_state(d: &DaemonProcess, id: &str, state: &str) -> serde_json::Value {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let st = parse_json(&ok(d.mesh(&["message", id, "--json"]).unwrap())).unwrap();
-        if st["state"] == state {
-            return st;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "message {id} is {st}, not {state}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    d.wait_message_state(id, state, SETTLE)
 }
 
 /// Polls the daemon's `/metrics` until the sample `name` is `want`.

@@ -1011,16 +1011,8 @@ fn a_move_without_after_passes_on_what_the_agent_never_read_even_across_a_restar
         })
         .collect();
     // All three committed at a, seen from b: kim's inbox is not read yet.
-    let deadline = Instant::now() + SETTLE;
     for id in &sent {
-        loop {
-            let state = parse_json(&ok(b.mesh(&["message", id, "--json"]).unwrap())).unwrap();
-            if state["state"] == "delivered" {
-                break;
-            }
-            assert!(Instant::now() < deadline, "{id} never reached a: {state}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        b.wait_message_state(id, "delivered", SETTLE);
     }
     // kim reads one entry: m1.
     let first = as_agent(&a, "kim", &["inbox", "--json", "--limit", "1"]);
