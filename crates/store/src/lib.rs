@@ -42,7 +42,7 @@ pub use types::{
 use mesh_protocol::{InviteId, Mark, NodeCard, Seq, StreamId};
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// Errors from the store, grouped by who is at fault.
 #[derive(Clone, Debug, thiserror::Error)]

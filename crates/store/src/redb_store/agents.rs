@@ -16,11 +16,13 @@
 //! | `agent-cursors-v1` | (agent name, cursor name)        | arrival               |
 //! | `inbox-trimmed-v1` | agent name                       | the last arrival of its inbox that retention took |
 //!
-//! The two indexes are packed as the journal is: a commit's inbox entries
+//! The two indexes are packed as the journal is: a fold's inbox entries
 //! of one agent are one row, and its messages of one stream at
 //! consecutive seqs, arrivals and ids are one row (the stream named once),
-//! so indexing a commit of thousands of agent messages is a few inserts,
-//! not one per message. A row is keyed by its last entry, so the row that
+//! so indexing thousands of agent messages is a few inserts, not one per
+//! message. Between folds the entries are in the journal rows of their
+//! envelopes ([`RunIndex`], `super`'s module docs): a read takes the
+//! tables up to `index_through` and those rows after it. A row is keyed by its last entry, so the row that
 //! holds an entry is the first keyed at or after it. The message index
 //! holds places only: a message's sender, recipient and what it answers
 //! are read from its envelope in the journal (once retention trimmed that,
@@ -40,7 +42,179 @@ mod read;
 /// The most entries in one packed index row.
 const INDEX_ROW_ENTRIES_MAX: usize = 256;
 
-/// One agent's inbox entries written in one commit, in arrival order.
+/// An inbox entry: the agent, its journal entry's arrival, the row.
+pub(super) type InboxEntry = (AgentName, Arrival, InboxRow);
+
+/// A message index entry: the message and where it is.
+pub(super) type MessageEntry = (MsgId, crate::agents::Place);
+
+/// The agent index entries of one journal run, kept in its row (an
+/// `Indexed` run) until a fold writes them to the index tables.
+#[derive(Serialize, Deserialize, Debug, Default, PartialEq, Eq)]
+pub(super) struct RunIndex {
+    /// The run's envelopes.
+    n: u32,
+    /// The first 8 bytes of the ids of the run's messages: a message's id
+    /// is this tag and its seq ([`MsgId::in_stream`]) unless its entry
+    /// names another (a forward carries the id its author gave it).
+    tag: [u8; 8],
+    /// Inbox entries: the envelope's place in the run, the agent, the row.
+    inbox: Vec<(u32, AgentName, InboxRow)>,
+    /// Message index entries: the envelope's place in the run, sent or
+    /// received, and its id where it is not the tag's.
+    messages: Vec<(u32, MessageDir, Option<MsgId>)>,
+}
+
+/// Where the agent index stands: the tables hold every entry up to
+/// `through`; the journal rows after it hold `entries` more.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct FoldState {
+    /// Every entry at this arrival or before is in the tables.
+    pub(super) through: Arrival,
+    /// Entries held in journal rows after `through`.
+    pub(super) entries: u64,
+    /// Bytes of the journal rows written since `through` moved.
+    pub(super) bytes: u64,
+}
+
+impl FoldState {
+    /// The state in the meta table `meta`.
+    pub(super) fn read(
+        meta: &impl ReadableTable<&'static str, &'static [u8]>,
+        name: &str,
+    ) -> Result<Self, StoreError> {
+        Ok(FoldState {
+            through: read_u64(meta, META_INDEX_THROUGH, name)?,
+            entries: read_u64(meta, META_INDEX_DEFERRED_ENTRIES, name)?,
+            bytes: read_u64(meta, META_INDEX_DEFERRED_BYTES, name)?,
+        })
+    }
+}
+
+/// The agent index entries of one `Indexed` journal row.
+pub(super) struct DeferredRow {
+    /// The arrival of the run's first envelope.
+    first: Arrival,
+    /// The run's stream, encoded (decoded only when a place is read).
+    stream: Vec<u8>,
+    first_seq: Seq,
+    index: RunIndex,
+}
+
+impl DeferredRow {
+    /// The row's inbox entries of `agent` after `after`, in arrival order.
+    fn inbox_of<'a>(
+        &'a self,
+        agent: &'a AgentName,
+        after: Arrival,
+    ) -> impl Iterator<Item = (Arrival, InboxRow)> + 'a {
+        self.index
+            .inbox
+            .iter()
+            .filter(move |(_, a, _)| a == agent)
+            .map(|(at, _, row)| (self.first + u64::from(*at), *row))
+            .filter(move |(arrival, _)| *arrival > after)
+    }
+
+    /// The id of the message entry at `at` naming `explicit`.
+    fn id(&self, at: u32, explicit: Option<MsgId>) -> MsgId {
+        explicit.unwrap_or_else(|| MsgId::in_stream(self.index.tag, self.first_seq + u64::from(at)))
+    }
+
+    /// Where the message `id` is, if this row's index has it: sent or
+    /// received, its seq and its arrival.
+    fn message(&self, id: &MsgId) -> Option<(MessageDir, Seq, Arrival)> {
+        self.index
+            .messages
+            .iter()
+            .find(|(at, _, explicit)| self.id(*at, *explicit) == *id)
+            .map(|(at, dir, _)| {
+                (
+                    *dir,
+                    self.first_seq + u64::from(*at),
+                    self.first + u64::from(*at),
+                )
+            })
+    }
+
+    /// The row's stream.
+    fn stream(&self, name: &str) -> Result<StreamId, StoreError> {
+        decode(name, "stream id", &self.stream)
+    }
+}
+
+/// The agent index entries held in the `Indexed` rows of `journal` after
+/// arrival `after`: at most the rows since the last fold, which
+/// [`IndexFold`] bounds.
+pub(super) fn deferred_rows(
+    journal: &impl ReadableTable<u64, &'static [u8]>,
+    after: Arrival,
+    name: &str,
+) -> Result<Vec<DeferredRow>, StoreError> {
+    let rerr = |e: redb::StorageError| from_redb(name, "cannot read", e);
+    let mut out = Vec::new();
+    let Some(from) = after.checked_add(1) else {
+        return Ok(out);
+    };
+    for row in journal.range(from..).map_err(rerr)? {
+        let (k, v) = row.map_err(rerr)?;
+        let Some((&INDEXED_TAG, rest)) = v.value().split_first() else {
+            continue;
+        };
+        let head: IndexedHead = decode(name, "indexed journal row", rest)?;
+        let index: RunIndex = decode(name, "journal row's index", head.index)?;
+        let first = (k.value() + 1)
+            .checked_sub(u64::from(index.n))
+            .ok_or_else(|| corrupt(name, "an indexed journal row holds more than its key"))?;
+        out.push(DeferredRow {
+            first,
+            stream: head.stream.to_vec(),
+            first_seq: head.first_seq,
+            index,
+        });
+    }
+    Ok(out)
+}
+
+/// The index of the run of `n` envelopes from `first` (seq `first_seq`):
+/// the entries of `inbox` and `messages` (each in arrival order) at its
+/// arrivals, taken from their fronts. `None` if it has none.
+pub(super) fn run_index(
+    first: Arrival,
+    first_seq: Seq,
+    n: usize,
+    inbox: &mut &[InboxEntry],
+    messages: &mut &[MessageEntry],
+) -> Option<RunIndex> {
+    let last = first + n as u64 - 1;
+    let at = |arrival: Arrival| u32::try_from(arrival.saturating_sub(first)).unwrap_or(u32::MAX);
+    let mut index = RunIndex {
+        n: u32::try_from(n).unwrap_or(u32::MAX),
+        ..RunIndex::default()
+    };
+    while let Some(((agent, arrival, row), rest)) = inbox.split_first()
+        && *arrival <= last
+    {
+        index.inbox.push((at(*arrival), agent.clone(), *row));
+        *inbox = rest;
+    }
+    while let Some(((id, place), rest)) = messages.split_first()
+        && place.arrival <= last
+    {
+        if index.messages.is_empty() {
+            index.tag.copy_from_slice(&id.0[..8]);
+        }
+        let derived = MsgId::in_stream(index.tag, first_seq + u64::from(at(place.arrival)));
+        let explicit = (derived != *id).then_some(*id);
+        index
+            .messages
+            .push((at(place.arrival), place.dir, explicit));
+        *messages = rest;
+    }
+    (!index.inbox.is_empty() || !index.messages.is_empty()).then_some(index)
+}
+
+/// One agent's inbox entries written in one fold, in arrival order.
 #[derive(Serialize, Deserialize)]
 struct InboxRun {
     entries: Vec<(Arrival, InboxRow)>,
@@ -59,7 +233,7 @@ struct MessageRun {
 
 impl MessageRun {
     /// Whether the message `id` at `row` can follow this run's last (whose id is `last`).
-    fn extends(&self, last: &MsgId, id: &MsgId, row: &MessageRow) -> bool {
+    fn extends(&self, last: &MsgId, id: &MsgId, row: &crate::agents::Place) -> bool {
         let n = u64::from(self.n);
         (self.n as usize) < INDEX_ROW_ENTRIES_MAX
             && self.dir == row.dir
@@ -132,10 +306,16 @@ pub(super) struct AgentTables<'tx> {
     superseded: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     inbox_trimmed: Option<Table<'tx, &'static str, u64>>,
     forwards: Option<Table<'tx, &'static [u8], u64>>,
-    /// Index entries of this commit, written packed at [`AgentTables::flush`].
-    inbox_pending: Vec<(AgentName, Arrival, InboxRow)>,
+    /// Index entries of this commit: in its journal rows or the tables at
+    /// `Tables::flush`.
+    inbox_pending: Vec<InboxEntry>,
     messages_pending: Vec<(MsgId, MessageRow)>,
     bounced_pending: Vec<(MsgId, BounceReason)>,
+    /// Where the index stood when this transaction began (set by its opener).
+    pub(super) fold: FoldState,
+    /// Whether this transaction wrote the entries of the rows after
+    /// `fold.through` to the tables: then its own go there too.
+    pub(super) folded: bool,
 }
 
 /// Opens `def` in `tx` into `slot` if it is not open yet.
@@ -174,17 +354,113 @@ impl<'tx> AgentTables<'tx> {
             inbox_pending: Vec::new(),
             messages_pending: Vec::new(),
             bounced_pending: Vec::new(),
+            fold: FoldState::default(),
+            folded: false,
         }
     }
 
-    /// Writes the index entries of this commit as packed rows, then the
-    /// bounces that mark them.
-    pub(super) fn flush(&mut self, name: &str) -> Result<(), StoreError> {
+    /// Takes this commit's index entries, each kind in arrival order, and
+    /// writes its bounces (rare, and keyed by id: never deferred).
+    pub(super) fn take_index(
+        &mut self,
+        name: &str,
+    ) -> Result<(Vec<InboxEntry>, Vec<MessageEntry>), StoreError> {
+        let mut inbox = std::mem::take(&mut self.inbox_pending);
+        inbox.sort_by_key(|e| e.1);
+        let mut messages = Vec::with_capacity(self.messages_pending.len());
+        for (id, row) in std::mem::take(&mut self.messages_pending) {
+            if let Some(reason) = row.undelivered {
+                self.bounced_pending.push((id, reason));
+            }
+            messages.push((id, crate::agents::Place::of(&row)));
+        }
+        messages.sort_by_key(|(_, p)| p.arrival);
+        let bounced = std::mem::take(&mut self.bounced_pending);
+        if !bounced.is_empty() {
+            let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
+            let t = open(self.tx, &mut self.undelivered, UNDELIVERED, name)?;
+            for (id, reason) in bounced {
+                let v = encode(&reason)?;
+                t.insert(id.as_bytes().as_slice(), v.as_slice())
+                    .map_err(werr)?;
+            }
+        }
+        Ok((inbox, messages))
+    }
+
+    /// Writes the entries held in the journal rows after `fold.through` to
+    /// the index tables, once per transaction: before a write that removes
+    /// what they name.
+    pub(super) fn fold_rows(
+        &mut self,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        name: &str,
+    ) -> Result<(), StoreError> {
+        self.fold_with(journal, Vec::new(), Vec::new(), name)
+    }
+
+    /// Writes `inbox` and `messages` (each in arrival order, all after
+    /// what the journal rows hold) to the index tables, with the entries
+    /// held in the rows after `fold.through` before them unless this
+    /// transaction folded those already.
+    pub(super) fn fold_with(
+        &mut self,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        inbox: Vec<InboxEntry>,
+        messages: Vec<MessageEntry>,
+        name: &str,
+    ) -> Result<(), StoreError> {
+        if std::mem::replace(&mut self.folded, true) || self.fold.entries == 0 {
+            return self.write_index(inbox, messages, name);
+        }
+        let rows = deferred_rows(journal, self.fold.through, name)?;
+        let mut all_inbox = Vec::new();
+        let mut all_messages = Vec::new();
+        // Streams decoded once each (a node id's decoding checks a point).
+        let mut streams: Vec<(Vec<u8>, StreamId)> = Vec::new();
+        for r in &rows {
+            for (at, agent, row) in &r.index.inbox {
+                all_inbox.push((agent.clone(), r.first + u64::from(*at), *row));
+            }
+            if r.index.messages.is_empty() {
+                continue;
+            }
+            let stream = match streams.iter().find(|(k, _)| *k == r.stream) {
+                Some((_, s)) => s.clone(),
+                None => {
+                    let s = r.stream(name)?;
+                    streams.push((r.stream.clone(), s.clone()));
+                    s
+                }
+            };
+            for (at, dir, explicit) in &r.index.messages {
+                let place = crate::agents::Place {
+                    dir: *dir,
+                    stream: stream.clone(),
+                    seq: r.first_seq + u64::from(*at),
+                    arrival: r.first + u64::from(*at),
+                };
+                all_messages.push((r.id(*at, *explicit), place));
+            }
+        }
+        all_inbox.extend(inbox);
+        all_messages.extend(messages);
+        self.fold.entries = 0;
+        self.write_index(all_inbox, all_messages, name)
+    }
+
+    /// Writes index entries (each kind in arrival order, all after what
+    /// the tables hold) to the tables as packed rows.
+    pub(super) fn write_index(
+        &mut self,
+        mut inbox: Vec<InboxEntry>,
+        messages: Vec<MessageEntry>,
+        name: &str,
+    ) -> Result<(), StoreError> {
         let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
         let tx = self.tx;
-        let mut inbox = std::mem::take(&mut self.inbox_pending);
         if !inbox.is_empty() {
-            // By agent, in arrival order: a commit's entries of an agent pack into rows.
+            // By agent, in arrival order: a fold's entries of an agent pack into rows.
             inbox.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
             let t = open(tx, &mut self.inbox, INBOX, name)?;
             let mut buf = Vec::new();
@@ -200,56 +476,55 @@ impl<'tx> AgentTables<'tx> {
                 }
             }
         }
-        let messages = std::mem::take(&mut self.messages_pending);
-        if !messages.is_empty() {
-            let t = open(tx, &mut self.messages, MESSAGES, name)?;
-            let mut buf = Vec::new();
-            let mut run: Option<(MsgId, MessageRun)> = None;
-            let mut write = |run: Option<(MsgId, MessageRun)>| -> Result<(), StoreError> {
-                if let Some((last, r)) = run {
-                    encode_into(&mut buf, &r)?;
-                    t.insert(last.as_bytes().as_slice(), buf.as_slice())
-                        .map_err(werr)?;
-                }
-                Ok(())
-            };
-            for (id, row) in &messages {
-                if let Some((last, r)) = &mut run
-                    && r.extends(last, id, row)
-                {
-                    r.n += 1;
-                    *last = *id;
-                    continue;
-                }
-                write(run.take())?;
-                run = Some((
-                    *id,
-                    MessageRun {
-                        dir: row.dir,
-                        stream: row.stream.clone(),
-                        first_seq: row.seq,
-                        first_arrival: row.arrival,
-                        n: 1,
-                    },
-                ));
-            }
-            write(run)?;
-            for (id, row) in messages {
-                if let Some(reason) = row.undelivered {
-                    self.bounced_pending.push((id, reason));
-                }
-            }
+        if messages.is_empty() {
+            return Ok(());
         }
-        let bounced = std::mem::take(&mut self.bounced_pending);
-        if !bounced.is_empty() {
-            let t = open(tx, &mut self.undelivered, UNDELIVERED, name)?;
-            for (id, reason) in bounced {
-                let v = encode(&reason)?;
-                t.insert(id.as_bytes().as_slice(), v.as_slice())
+        let t = open(tx, &mut self.messages, MESSAGES, name)?;
+        let mut buf = Vec::new();
+        let mut run: Option<(MsgId, MessageRun)> = None;
+        let mut write = |run: Option<(MsgId, MessageRun)>| -> Result<(), StoreError> {
+            if let Some((last, r)) = run {
+                encode_into(&mut buf, &r)?;
+                t.insert(last.as_bytes().as_slice(), buf.as_slice())
                     .map_err(werr)?;
             }
+            Ok(())
+        };
+        for (id, place) in messages {
+            if let Some((last, r)) = &mut run
+                && r.extends(last, &id, &place)
+            {
+                r.n += 1;
+                *last = id;
+                continue;
+            }
+            write(run.take())?;
+            run = Some((
+                id,
+                MessageRun {
+                    dir: place.dir,
+                    stream: place.stream,
+                    first_seq: place.seq,
+                    first_arrival: place.arrival,
+                    n: 1,
+                },
+            ));
         }
-        Ok(())
+        write(run)
+    }
+
+    /// The entries held in journal rows after `after` that this
+    /// transaction has not folded.
+    fn deferred(
+        &self,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        after: Arrival,
+        name: &str,
+    ) -> Result<Vec<DeferredRow>, StoreError> {
+        if self.folded || self.fold.entries == 0 {
+            return Ok(Vec::new());
+        }
+        deferred_rows(journal, after.max(self.fold.through), name)
     }
 
     /// Whether this node has the local agent `agent`.
@@ -266,12 +541,20 @@ impl<'tx> AgentTables<'tx> {
         &mut self,
         agent: &AgentName,
         after: Arrival,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
         name: &str,
     ) -> Result<bool, StoreError> {
         if self
             .inbox_pending
             .iter()
             .any(|(a, arrival, _)| a == agent && *arrival > after)
+        {
+            return Ok(true);
+        }
+        let deferred = self.deferred(journal, after, name)?;
+        if deferred
+            .iter()
+            .any(|r| r.inbox_of(agent, after).next().is_some())
         {
             return Ok(true);
         }
@@ -288,10 +571,15 @@ impl<'tx> AgentTables<'tx> {
     pub(super) fn message_place(
         &mut self,
         id: &MsgId,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
         name: &str,
     ) -> Result<Option<(MessageDir, Arrival)>, StoreError> {
         if let Some((_, row)) = self.messages_pending.iter().rev().find(|(m, _)| m == id) {
             return Ok(Some((row.dir, row.arrival)));
+        }
+        let deferred = self.deferred(journal, 0, name)?;
+        if let Some((dir, _, arrival)) = deferred.iter().find_map(|r| r.message(id)) {
+            return Ok(Some((dir, arrival)));
         }
         let rerr = |e: redb::StorageError| from_redb(name, "cannot read", e);
         let t = open(self.tx, &mut self.messages, MESSAGES, name)?;
@@ -336,9 +624,23 @@ impl<'tx> AgentTables<'tx> {
             .map(|v| v.value()))
     }
 
-    pub(super) fn apply(&mut self, w: AgentWrite, name: &str) -> Result<(), StoreError> {
+    pub(super) fn apply(
+        &mut self,
+        w: AgentWrite,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        name: &str,
+    ) -> Result<(), StoreError> {
         let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
         let tx = self.tx;
+        if matches!(
+            w,
+            AgentWrite::RemoveAgent(_)
+                | AgentWrite::TrimInboxes { .. }
+                | AgentWrite::TrimMessages { .. }
+        ) {
+            // What it removes may be in journal rows not folded yet.
+            self.fold_rows(journal, name)?;
+        }
         match w {
             AgentWrite::PutAgent(r) => {
                 let v = encode(&r)?;

@@ -4,14 +4,14 @@
 //!
 //! | table            | key                          | value                                   |
 //! |------------------|------------------------------|-----------------------------------------|
-//! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"`, `"journal_first"`, `"journal_bytes"`, `"last_write_ms"` | little-endian u32, 16 bytes, then little-endian u64s |
+//! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"`, `"journal_first"`, `"journal_bytes"`, `"last_write_ms"`, `"index_through"`, `"index_deferred_entries"`, `"index_deferred_bytes"` | little-endian u32, 16 bytes, then little-endian u64s |
 //! | `outbox-v2`      | (postcard `StreamId`, first seq) | postcard (last seq, msgs, bytes, `SignedBatch`, arrival of its first envelope) |
 //! | `outbox-payloads-v1` | (postcard `StreamId`, first seq) | postcard payloads of an outbox batch whose journal rows are gone |
 //! | `own-streams-v3` | postcard `StreamId`          | postcard (next seq, first retained, last acked, msgs, bytes, evictable msgs, evictable bytes) |
 //! | `ended-own-v1`   | postcard `StreamId`          | postcard (held, reported, carried) of an own stream of an earlier epoch |
 //! | `marks-v2`       | postcard `StreamId`          | mark                                    |
 //! | `mark-cids-v1`   | postcard `StreamId`          | payload hash (32 bytes) of the envelope at the mark |
-//! | `journal-v2`     | last arrival in the row      | postcard `Row`: a run of envelopes, or one other record |
+//! | `journal-v2`     | last arrival in the row      | postcard `Row`: a run of envelopes (from schema 5 maybe with the agent index entries of its envelopes), or one other record |
 //! | `journal-times-v1` | first arrival of a commit  | its time, ms since the Unix epoch (one a minute at most) |
 //! | `peers-v2`       | node id bytes                | postcard `PeerRecord`                   |
 //! | `cursors-v2`     | name                         | arrival                                 |
@@ -37,11 +37,29 @@
 //! as having no rows in them.
 //!
 //! The meta table keeps its name across schema versions, so that a file of
-//! another version is recognised by its `schema_version`: one of schema 2
-//! or 3 is migrated when it is opened, one durable transaction per version
-//! (2 to 3: its `own-streams-v2` rows gain their evictable counts, counted
-//! from the outbox; 3 to 4: the journal's size is counted and the new
-//! tables made); any other is refused.
+//! another version is recognised by its `schema_version`: one of schema 2,
+//! 3 or 4 is migrated when it is opened, one durable transaction per
+//! version (2 to 3: its `own-streams-v2` rows gain their evictable counts,
+//! counted from the outbox; 3 to 4: the journal's size is counted and the
+//! new tables made; 4 to 5: the agent index counts as folded up to the
+//! journal's head); any other is refused, and a build of schema 4 refuses
+//! a file of schema 5 in the same way (its journal rows may hold index
+//! entries that build cannot read).
+//!
+//! **The agent index is folded, not written per commit** (schema 5). A
+//! commit's `inbox-v1` and `messages-v1` entries travel in the journal
+//! rows of the envelopes they name (an `Indexed` run: the entries before
+//! the envelopes, so that they read without the payloads); every so often
+//! (`index_deferred_entries` > 0 and [`INDEX_FOLD_ARRIVALS`] arrivals or
+//! [`INDEX_FOLD_BYTES`] of rows since the last fold) a commit folds them
+//! into the two tables and moves `index_through` to its head. Index
+//! readers read the tables up to `index_through` and the rows after it,
+//! in one read transaction, so they see every entry exactly once; a crash
+//! loses nothing, the rows being in the journal. Writing two tables'
+//! pages on every commit cost ~70-90 bytes of disk per agent message
+//! (`docs/benchmarks.md`); a row's entries cost ~10. A commit that
+//! removes an agent, trims the journal or the index, or has an entry no
+//! run of its own holds (a loss record) folds first.
 //!
 //! The journal is trimmed from its oldest row (`WriteOp::Trim`); what is
 //! left starts at `journal_first`, and `journal_bytes` counts its rows'
@@ -140,6 +158,17 @@ const META_MAX_LAMPORT: &str = "max_lamport";
 const META_JOURNAL_FIRST: &str = "journal_first";
 const META_JOURNAL_BYTES: &str = "journal_bytes";
 const META_LAST_WRITE_MS: &str = "last_write_ms";
+const META_INDEX_THROUGH: &str = "index_through";
+const META_INDEX_DEFERRED_ENTRIES: &str = "index_deferred_entries";
+const META_INDEX_DEFERRED_BYTES: &str = "index_deferred_bytes";
+
+/// A commit folds the agent index entries held in journal rows into the
+/// index tables once this many arrivals were journaled since the last fold,
+/// or [`INDEX_FOLD_BYTES`] of rows: what an index read scans of the journal
+/// is bounded by these (and one commit).
+pub(crate) const INDEX_FOLD_ARRIVALS: u64 = 4096;
+/// See [`INDEX_FOLD_ARRIVALS`].
+pub(crate) const INDEX_FOLD_BYTES: u64 = 4 << 20;
 
 /// The bytes a journal row takes, as `journal_bytes` counts them.
 fn row_bytes(value_len: usize) -> u64 {
@@ -204,6 +233,15 @@ enum RowRef<'a> {
     },
     /// A record that is not an envelope (a gap or a loss).
     Record(&'a JournalRecord),
+    /// As `Run`, with the agent index entries of its envelopes (a postcard
+    /// `agents::RunIndex`, as bytes so that a reader of envelopes skips it
+    /// without decoding it).
+    Indexed {
+        stream: &'a Bytes,
+        first_seq: Seq,
+        index: &'a Bytes,
+        entries: Vec<EntryRef<'a>>,
+    },
 }
 
 /// One journal envelope in a run, decoded in place.
@@ -215,9 +253,9 @@ struct EntryView<'a> {
     payload: &'a [u8],
 }
 
-/// One journal row, decoded in place.
+/// One journal row as stored (see [`RowRef`]).
 #[derive(Deserialize)]
-enum RowView<'a> {
+enum RowWire<'a> {
     Run {
         stream: &'a [u8],
         first_seq: Seq,
@@ -225,6 +263,61 @@ enum RowView<'a> {
         entries: Vec<EntryView<'a>>,
     },
     Record(JournalRecord),
+    Indexed {
+        stream: &'a [u8],
+        first_seq: Seq,
+        #[allow(dead_code)] // Read by `agents::deferred_rows`, not here.
+        index: &'a [u8],
+        #[serde(borrow)]
+        entries: Vec<EntryView<'a>>,
+    },
+}
+
+/// The head of an `Indexed` journal row: what an index read needs, without
+/// the envelopes (decoded from the bytes after the variant's tag).
+#[derive(Deserialize)]
+struct IndexedHead<'a> {
+    stream: &'a [u8],
+    first_seq: Seq,
+    index: &'a [u8],
+}
+
+/// The postcard tag of [`RowWire::Indexed`] (a variant's index is its
+/// varint tag, one byte below 128).
+const INDEXED_TAG: u8 = 2;
+
+/// One journal row, decoded in place; an indexed run reads as a run.
+enum RowView<'a> {
+    Run {
+        stream: &'a [u8],
+        first_seq: Seq,
+        entries: Vec<EntryView<'a>>,
+    },
+    Record(JournalRecord),
+}
+
+impl<'a> RowView<'a> {
+    /// Decodes the journal row `value` of the store `name`.
+    fn decode(name: &str, value: &'a [u8]) -> Result<Self, StoreError> {
+        Ok(match decode(name, "journal row", value)? {
+            RowWire::Run {
+                stream,
+                first_seq,
+                entries,
+            }
+            | RowWire::Indexed {
+                stream,
+                first_seq,
+                entries,
+                ..
+            } => RowView::Run {
+                stream,
+                first_seq,
+                entries,
+            },
+            RowWire::Record(r) => RowView::Record(r),
+        })
+    }
 }
 
 impl RowView<'_> {
@@ -381,6 +474,26 @@ pub struct RedbStore {
     name: String,
     /// The epoch moves with a committed `NewEpoch`.
     meta: RwLock<StoreMeta>,
+    /// When a commit folds the agent index held in journal rows.
+    fold: IndexFold,
+}
+
+/// When a commit folds the agent index entries held in journal rows into
+/// the index tables: once either bound is reached since the last fold.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct IndexFold {
+    /// Arrivals journaled.
+    pub(crate) arrivals: u64,
+    /// Bytes of journal rows written.
+    pub(crate) bytes: u64,
+}
+
+impl IndexFold {
+    /// The bounds a store runs with.
+    const DEFAULT: IndexFold = IndexFold {
+        arrivals: INDEX_FOLD_ARRIVALS,
+        bytes: INDEX_FOLD_BYTES,
+    };
 }
 
 impl fmt::Debug for RedbStore {
@@ -538,6 +651,31 @@ impl RedbStore {
             }
             Self::load(db, name, None)
         })
+    }
+
+    /// This store, folding the agent index on every commit that has
+    /// entries (as schema 4 wrote it): for tests of both layouts.
+    #[cfg(test)]
+    pub(crate) fn folding_every_commit(self) -> Self {
+        self.folding_after(0, 0)
+    }
+
+    /// This store, folding the agent index after `arrivals` arrivals or
+    /// `bytes` of journal rows.
+    #[cfg(test)]
+    pub(crate) fn folding_after(mut self, arrivals: u64, bytes: u64) -> Self {
+        self.fold = IndexFold { arrivals, bytes };
+        self
+    }
+
+    /// Where the agent index stands: the arrival of the last fold, the
+    /// entries journal rows hold since, and those rows' bytes.
+    #[cfg(test)]
+    pub(crate) fn index_fold(&self) -> (Arrival, u64, u64) {
+        let rx = self.begin_read().expect("reads");
+        let meta = rx.open_table(META).expect("meta");
+        let f = agents::FoldState::read(&meta, &self.name).expect("fold state");
+        (f.through, f.entries, f.bytes)
     }
 
     /// The store's path or name.

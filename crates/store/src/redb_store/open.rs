@@ -90,6 +90,10 @@ impl RedbStore {
         }
         if meta.schema_version == 3 {
             migrate_v3(&db, name)?;
+            meta = read(false)?;
+        }
+        if meta.schema_version == 4 {
+            migrate_v4(&db, name)?;
             meta = read(true)?;
         }
         Ok(RedbStore {
@@ -97,6 +101,7 @@ impl RedbStore {
             path: path.map(Path::to_owned),
             name: name.to_owned(),
             meta: RwLock::new(meta),
+            fold: IndexFold::DEFAULT,
         })
     }
 }
@@ -202,6 +207,41 @@ pub(super) fn migrate_v3(db: &Database, name: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Rewrites a store of schema 4 as schema 5, in one durable transaction:
+/// its agent index entries are all in `inbox-v1` and `messages-v1`, so the
+/// index counts as folded up to the journal's head, with nothing deferred.
+/// Nothing stored is re-encoded: schema 5 reads a schema 4 journal row as
+/// it is.
+pub(super) fn migrate_v4(db: &Database, name: &str) -> Result<(), StoreError> {
+    let werr = |e: redb::Error| from_redb(name, "cannot migrate", e);
+    let mut tx = db.begin_write().map_err(|e| werr(e.into()))?;
+    tx.set_durability(Durability::Immediate)
+        .map_err(|e| werr(e.into()))?;
+    let head;
+    {
+        let journal = tx.open_table(JOURNAL).map_err(|e| werr(e.into()))?;
+        let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
+        let first = read_u64(&meta, META_JOURNAL_FIRST, name)?;
+        let last_row = journal
+            .last()
+            .map_err(|e| werr(e.into()))?
+            .map_or(0, |(k, _)| k.value());
+        head = last_row.max(first.saturating_sub(1));
+        for (key, value) in [
+            (META_INDEX_THROUGH, head),
+            (META_INDEX_DEFERRED_ENTRIES, 0),
+            (META_INDEX_DEFERRED_BYTES, 0),
+        ] {
+            meta.insert(key, value.to_le_bytes().as_slice())
+                .map_err(|e| werr(e.into()))?;
+        }
+    }
+    set_version(&tx, name, 5)?;
+    tx.commit().map_err(|e| werr(e.into()))?;
+    tracing::info!(store = %name, index_through = head, from = 4, to = 5, "store migrated");
+    Ok(())
+}
+
 /// Makes the tables schema 4 added.
 fn open_v4_tables(tx: &redb::WriteTransaction, name: &str) -> Result<(), StoreError> {
     let werr = |e: redb::TableError| from_redb(name, "cannot create", e);
@@ -279,6 +319,15 @@ pub(super) fn read_meta(
         check(rx.open_table(MARK_CIDS).map(drop))?;
         check(rx.open_table(JOURNAL_TIMES).map(drop))?;
     }
+    if version >= 5 {
+        for key in [
+            META_INDEX_THROUGH,
+            META_INDEX_DEFERRED_ENTRIES,
+            META_INDEX_DEFERRED_BYTES,
+        ] {
+            read_u64(&meta, key, name)?;
+        }
+    }
     Ok(StoreMeta {
         epoch,
         schema_version: version,
@@ -315,7 +364,13 @@ pub(super) fn init(db: &Database, name: &str) -> Result<(), StoreError> {
             .map_err(|e| werr(e.into()))?;
         meta.insert(META_JOURNAL_FIRST, 1u64.to_le_bytes().as_slice())
             .map_err(|e| werr(e.into()))?;
-        for key in [META_JOURNAL_BYTES, META_LAST_WRITE_MS] {
+        for key in [
+            META_JOURNAL_BYTES,
+            META_LAST_WRITE_MS,
+            META_INDEX_THROUGH,
+            META_INDEX_DEFERRED_ENTRIES,
+            META_INDEX_DEFERRED_BYTES,
+        ] {
             meta.insert(key, 0u64.to_le_bytes().as_slice())
                 .map_err(|e| werr(e.into()))?;
         }

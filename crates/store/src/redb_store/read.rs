@@ -29,7 +29,7 @@ pub(super) fn journal_payloads(
             break;
         }
         let (k, v) = row.map_err(rerr)?;
-        let row: RowView = decode(name, "journal row", v.value())?;
+        let row = RowView::decode(name, v.value())?;
         let first = row.first_arrival(k.value());
         let RowView::Run {
             stream: s,
@@ -102,7 +102,7 @@ impl RedbStore {
             .next()
         {
             let (k, v) = r.map_err(|e| self.read_err(e))?;
-            let view: RowView = decode(&self.name, "journal row", v.value())?;
+            let view = RowView::decode(&self.name, v.value())?;
             view.push_items(
                 &self.name,
                 k.value(),
@@ -293,7 +293,7 @@ impl MeshStore for RedbStore {
         // `next` holds it (and maybe earlier arrivals, skipped).
         for row in t.range(next..).map_err(|e| self.read_err(e))? {
             let (k, v) = row.map_err(|e| self.read_err(e))?;
-            let row: RowView = decode(&self.name, "journal row", v.value())?;
+            let row = RowView::decode(&self.name, v.value())?;
             row.push_items(
                 &self.name,
                 k.value(),

@@ -1178,7 +1178,9 @@ fn a_trim_forgets_the_messages_of_its_rows_and_the_rest_keep_their_places(s: &dy
 
 #[test]
 fn a_trim_removes_the_index_rows_of_what_it_takes_from_the_file() {
-    let s = crate::RedbStore::in_memory().expect("opens");
+    let s = crate::RedbStore::in_memory()
+        .expect("opens")
+        .folding_every_commit();
     let entries = (1..=3)
         .flat_map(|seq| {
             [
@@ -1244,4 +1246,178 @@ fn accept_large(s: &dyn MeshStore, entries: Vec<AgentIndex>, bounced: u64) {
         ],
     )
     .expect("commits");
+}
+
+/// The agent index held in journal rows between folds (schema 5): what the
+/// readers see is the same before and after a fold, across a reopen, and
+/// in a file a schema 4 build wrote.
+mod fold {
+    use super::*;
+    use crate::RedbStore;
+
+    /// `PEER`'s agent messages `first..first + n` to bob, each in bob's
+    /// inbox and the message index, in one commit.
+    fn accept_indexed(s: &dyn MeshStore, first: u64, n: u64) {
+        let entries = (first..first + n)
+            .flat_map(|seq| {
+                [
+                    AgentIndex::Message {
+                        id: peer_id(seq),
+                        seq,
+                        row: MessageRow {
+                            seq,
+                            ..message_row()
+                        },
+                    },
+                    AgentIndex::Inbox {
+                        agent: name("bob"),
+                        seq,
+                        row: row(InboxKind::Message),
+                    },
+                ]
+            })
+            .collect();
+        commit1(
+            s,
+            vec![
+                WriteOp::Accept {
+                    batch: agent_batch(first, n),
+                    from: first,
+                },
+                index_peer(entries),
+            ],
+        )
+        .expect("commits");
+    }
+
+    /// Bob's inbox arrivals after `after`, `limit` at most.
+    fn bob(s: &dyn MeshStore, after: u64, limit: usize) -> Vec<u64> {
+        s.inbox(&name("bob"), after, limit)
+            .expect("reads")
+            .iter()
+            .map(|i| i.item.arrival)
+            .collect()
+    }
+
+    /// Where the message index puts `PEER`'s message `seq`: (seq, arrival).
+    fn place(s: &dyn MeshStore, seq: u64) -> Option<(u64, u64)> {
+        s.message(&peer_id(seq))
+            .expect("reads")
+            .map(|m| (m.seq, m.arrival))
+    }
+
+    fn open(dir: &std::path::Path) -> RedbStore {
+        RedbStore::open(dir)
+            .expect("opens")
+            .folding_after(8, u64::MAX)
+    }
+
+    #[test]
+    fn entries_travel_in_journal_rows_until_a_fold_and_read_the_same_across_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = open(dir.path());
+        let mem = crate::MemStore::new(Epoch([9; 16]));
+        let both = |f: &dyn Fn(&dyn MeshStore)| {
+            f(&s);
+            f(&mem);
+        };
+        both(&|s| accept_indexed(s, 1, 3));
+        assert_eq!(s.index_rows(), [0, 0, 0, 0], "nothing in the tables yet");
+        let (through, entries, _) = s.index_fold();
+        assert_eq!((through, entries), (0, 6));
+        assert_eq!(bob(&s, 0, 10), [1, 2, 3]);
+        assert_eq!(bob(&s, 1, 1), [2]);
+        assert_eq!(place(&s, 2), Some((2, 2)));
+        assert_eq!(place(&s, 4), None);
+        // A reopen reads them from the rows again.
+        drop(s);
+        let s = open(dir.path());
+        assert_eq!(bob(&s, 0, 10), [1, 2, 3]);
+        assert_eq!(place(&s, 3), Some((3, 3)));
+        // Two more commits: the second reaches 8 arrivals since the last
+        // fold (at 0) and folds all three into one row of each table.
+        let both = |f: &dyn Fn(&dyn MeshStore)| {
+            f(&s);
+            f(&mem);
+        };
+        both(&|s| accept_indexed(s, 4, 3));
+        assert_eq!(s.index_rows(), [0, 0, 0, 0]);
+        both(&|s| accept_indexed(s, 7, 3));
+        assert_eq!(s.index_rows(), [1, 1, 0, 0], "one packed row each");
+        assert_eq!(s.index_fold(), (9, 0, 0));
+        // Then some in the rows again: a page crosses from table to rows.
+        both(&|s| accept_indexed(s, 10, 2));
+        assert_eq!(s.index_fold().1, 4);
+        assert_eq!(bob(&s, 8, 2), [9, 10]);
+        assert_eq!(bob(&s, 0, 100), (1..=11).collect::<Vec<_>>());
+        for seq in 1..=12 {
+            assert_eq!(place(&s, seq), place(&mem, seq), "message {seq}");
+        }
+        for (after, limit) in [(0, 100), (0, 5), (5, 3), (9, 100), (11, 1)] {
+            assert_eq!(
+                s.inbox(&name("bob"), after, limit).expect("reads"),
+                mem.inbox(&name("bob"), after, limit).expect("reads"),
+                "after {after}, {limit} at most"
+            );
+        }
+    }
+
+    #[test]
+    fn a_removed_agent_loses_the_entries_rows_hold_and_they_do_not_come_back_at_a_fold() {
+        let s = RedbStore::in_memory()
+            .expect("opens")
+            .folding_after(8, u64::MAX);
+        accept_indexed(&s, 1, 3);
+        commit1(&s, vec![WriteOp::Agents(AgentOp::RemoveAgent(name("bob")))]).expect("removes");
+        assert_eq!(bob(&s, 0, 10), Vec::<u64>::new());
+        assert_eq!(s.index_fold().1, 0, "the removal folded first");
+        accept_indexed(&s, 4, 6);
+        assert_eq!(bob(&s, 0, 10), [4, 5, 6, 7, 8, 9], "only the later ones");
+        assert_eq!(
+            place(&s, 1),
+            Some((1, 1)),
+            "the message index keeps its places"
+        );
+    }
+
+    /// A data dir as the store of schema 4 left it: written by the build
+    /// at commit aac6955 (its store tests with a scratch test, run on an
+    /// empty dir), in four commits: agents kim and bob; `PEER`'s agent
+    /// messages 1..=3 to bob, each in bob's inbox and the message index
+    /// (arrivals 1..=3); this node's agent message 1 from bob to `PEER`,
+    /// in the message index as sent (arrival 4).
+    const STORE_V4_AGENTS: &[u8] = include_bytes!("data/store-v4-agents.redb");
+
+    #[test]
+    fn a_schema_4_store_with_agents_is_migrated_and_reads_its_index_beside_new_entries() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(crate::STORE_FILE_NAME), STORE_V4_AGENTS).expect("write");
+        let s = open(dir.path());
+        assert_eq!(s.meta().schema_version, crate::SCHEMA_VERSION);
+        assert_eq!(s.index_fold(), (4, 0, 0), "all in the tables");
+        assert_eq!(s.index_rows()[..2], [1, 2], "as schema 4 wrote them");
+        assert_eq!(bob(&s, 0, 10), [1, 2, 3]);
+        assert_eq!(place(&s, 2), Some((2, 2)));
+        let own = MsgId::derive(&node(ME), s.meta().epoch, &node(PEER), 1);
+        let sent = s.message(&own).expect("reads").expect("indexed");
+        assert_eq!((sent.dir, sent.seq, sent.arrival), (MessageDir::Sent, 1, 4));
+        assert_eq!(sent.from, name("bob"));
+        // New entries go in the rows, and read after the old ones.
+        accept_indexed(&s, 4, 2);
+        assert_eq!(s.index_fold().1, 4);
+        assert_eq!(bob(&s, 0, 10), [1, 2, 3, 5, 6]);
+        assert_eq!(bob(&s, 2, 2), [3, 5]);
+        drop(s);
+        let s = open(dir.path());
+        assert_eq!(bob(&s, 0, 10), [1, 2, 3, 5, 6]);
+        assert_eq!(place(&s, 5), Some((5, 6)));
+        accept_indexed(&s, 6, 8);
+        assert_eq!(s.index_fold().1, 0, "folded");
+        assert_eq!(
+            bob(&s, 0, 100),
+            [1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+        );
+        assert_eq!(place(&s, 13), Some((13, 14)));
+        assert_eq!(place(&s, 1), Some((1, 1)));
+    }
 }

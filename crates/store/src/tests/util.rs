@@ -20,6 +20,14 @@ macro_rules! store_suite {
             crate::RedbStore::in_memory().expect("in-memory store opens");
             $($name),*
         );
+        // The agent index folded on every commit, as schema 4 wrote it.
+        store_suite!(
+            @store redb_folding,
+            crate::RedbStore::in_memory()
+                .expect("in-memory store opens")
+                .folding_every_commit();
+            $($name),*
+        );
     };
     (@store $module:ident, $make:expr; $($name:ident),*) => {
         mod $module {

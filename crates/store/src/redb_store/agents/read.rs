@@ -52,9 +52,6 @@ impl RedbStore {
             return Ok(Vec::new());
         };
         let rx = self.begin_read()?;
-        let Some(t) = read_table(&rx, INBOX, &self.name)? else {
-            return Ok(Vec::new());
-        };
         let a = agent.as_str();
         let trimmed_to = match read_table(&rx, INBOX_TRIMMED, &self.name)? {
             Some(t) => t.get(a).map_err(|e| self.read_err(e))?.map(|v| v.value()),
@@ -65,24 +62,32 @@ impl RedbStore {
         let mut rows = Vec::new();
         // Rows are keyed by their last arrival: the first at or after
         // `next` may hold earlier ones too, skipped.
-        'rows: for row in t
-            .range((a, next)..=(a, u64::MAX))
-            .map_err(|e| self.read_err(e))?
-        {
-            let (_, v) = row.map_err(|e| self.read_err(e))?;
-            let run: InboxRun = decode(&self.name, "inbox row", v.value())?;
-            for (arrival, r) in run.entries {
-                if arrival < next {
-                    continue;
+        if let Some(t) = read_table(&rx, INBOX, &self.name)? {
+            'rows: for row in t
+                .range((a, next)..=(a, u64::MAX))
+                .map_err(|e| self.read_err(e))?
+            {
+                let (_, v) = row.map_err(|e| self.read_err(e))?;
+                let run: InboxRun = decode(&self.name, "inbox row", v.value())?;
+                for (arrival, r) in run.entries {
+                    if arrival < next {
+                        continue;
+                    }
+                    if rows.len() >= limit {
+                        break 'rows;
+                    }
+                    rows.push((arrival, r));
                 }
-                if rows.len() >= limit {
-                    break 'rows;
-                }
-                rows.push((arrival, r));
             }
         }
         let first = self.bounds_in(&rx)?.first;
         let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        // Then the entries not folded yet, all after those of the table.
+        if rows.len() < limit {
+            for r in self.deferred_in(&rx, &journal, after)? {
+                rows.extend(r.inbox_of(agent, after).take(limit - rows.len()));
+            }
+        }
         let mut out = Vec::with_capacity(rows.len() + 1);
         out.extend(trimmed);
         for (arrival, row) in rows {
@@ -112,26 +117,10 @@ impl RedbStore {
         id: &MsgId,
     ) -> Result<Option<MessageRow>, StoreError> {
         let rx = self.begin_read()?;
-        let Some(t) = read_table(&rx, MESSAGES, &self.name)? else {
+        let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
+        let Some(place) = self.message_place_in(&rx, &journal, id)? else {
             return Ok(None);
         };
-        let mut range = t
-            .range(id.as_bytes().as_slice()..)
-            .map_err(|e| self.read_err(e))?;
-        let Some(row) = range.next() else {
-            return Ok(None);
-        };
-        let (k, v) = row.map_err(|e| self.read_err(e))?;
-        let key = MsgId(
-            k.value()
-                .try_into()
-                .map_err(|_| corrupt(&self.name, "a message row's key is not an id"))?,
-        );
-        let run: MessageRun = decode(&self.name, "message row", v.value())?;
-        let Some(i) = index_in(&key, run.n as usize, id) else {
-            return Ok(None);
-        };
-        let place = run.place(i);
         let undelivered = match read_table(&rx, UNDELIVERED, &self.name)? {
             Some(u) => u
                 .get(id.as_bytes().as_slice())
@@ -156,7 +145,6 @@ impl RedbStore {
             // Retention took its journal entry, and what it said with it.
             return Ok(None);
         }
-        let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
         let record = self
             .journal_item_at(&journal, place.arrival)?
             .ok_or_else(|| {
@@ -172,6 +160,60 @@ impl RedbStore {
             .row(&record.record, undelivered, superseded)
             .map(Some)
             .map_err(|why| corrupt(&self.name, why))
+    }
+
+    /// Where the message `id` is, by the message table or the journal rows
+    /// after the last fold.
+    fn message_place_in(
+        &self,
+        rx: &redb::ReadTransaction,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        id: &MsgId,
+    ) -> Result<Option<crate::agents::Place>, StoreError> {
+        if let Some(t) = read_table(rx, MESSAGES, &self.name)?
+            && let Some(row) = t
+                .range(id.as_bytes().as_slice()..)
+                .map_err(|e| self.read_err(e))?
+                .next()
+        {
+            let (k, v) = row.map_err(|e| self.read_err(e))?;
+            let key = MsgId(
+                k.value()
+                    .try_into()
+                    .map_err(|_| corrupt(&self.name, "a message row's key is not an id"))?,
+            );
+            let run: MessageRun = decode(&self.name, "message row", v.value())?;
+            if let Some(i) = index_in(&key, run.n as usize, id) {
+                return Ok(Some(run.place(i)));
+            }
+        }
+        for r in self.deferred_in(rx, journal, 0)? {
+            if let Some((dir, seq, arrival)) = r.message(id) {
+                return Ok(Some(crate::agents::Place {
+                    dir,
+                    stream: r.stream(&self.name)?,
+                    seq,
+                    arrival,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The index entries held in journal rows after the last fold and
+    /// after `after`, as the read transaction `rx` sees them.
+    fn deferred_in(
+        &self,
+        rx: &redb::ReadTransaction,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        after: Arrival,
+    ) -> Result<Vec<DeferredRow>, StoreError> {
+        let meta = rx.open_table(META).map_err(|e| self.read_err(e))?;
+        let fold = FoldState::read(&meta, &self.name)?;
+        if fold.entries == 0 {
+            return Ok(Vec::new());
+        }
+        deferred_rows(journal, after.max(fold.through), &self.name)
     }
 
     pub(in crate::redb_store) fn read_dedup(&self) -> Result<Vec<DedupRecord>, StoreError> {

@@ -149,7 +149,8 @@ impl Base for Tables<'_> {
         agent: &mesh_protocol::AgentName,
         after: crate::Arrival,
     ) -> Result<bool, StoreError> {
-        self.agents.inbox_after(agent, after, self.name)
+        self.agents
+            .inbox_after(agent, after, &self.journal, self.name)
     }
 
     fn forward_taken(
@@ -163,7 +164,7 @@ impl Base for Tables<'_> {
         &mut self,
         id: &mesh_protocol::MsgId,
     ) -> Result<Option<(crate::MessageDir, crate::Arrival)>, StoreError> {
-        self.agents.message_place(id, self.name)
+        self.agents.message_place(id, &self.journal, self.name)
     }
 
     fn agent_cursor(
@@ -193,7 +194,7 @@ impl Base for Tables<'_> {
                 break;
             }
             let (k, v) = row.map_err(|e| self.err(e))?;
-            let view: RowView = decode(self.name, "journal row", v.value())?;
+            let view = RowView::decode(self.name, v.value())?;
             out.push(view.info(self.name, k.value(), v.value().len())?);
         }
         Ok(out)

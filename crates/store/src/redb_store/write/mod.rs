@@ -28,6 +28,8 @@ impl RedbStore {
             let mut meta = tx.open_table(META).map_err(|e| werr(e.into()))?;
             let mut t = Tables::open(&tx, name)?;
             let before = t.counters(&meta, epoch_before)?;
+            let fold_before = agents::FoldState::read(&meta, name)?;
+            t.agents.fold = fold_before;
             let mut counters = before;
             for ops in groups {
                 match logic::plan_group(&mut t, &mut counters, ops) {
@@ -40,8 +42,9 @@ impl RedbStore {
                     Err(Fail::Fatal(e)) => return Err(e),
                 }
             }
-            let written = t.flush(counters.now_ms)?;
+            let (written, fold) = t.flush(counters.now_ms, self.fold, before.journal_head)?;
             counters.journal_bytes += written;
+            put_fold(&mut meta, fold, fold_before, name)?;
             if written > 0
                 && let Some(now) = counters.now_ms
             {
@@ -93,6 +96,27 @@ fn put_meta(
     if counters.epoch != before.epoch {
         meta.insert(META_EPOCH, counters.epoch.0.as_slice())
             .map_err(werr)?;
+    }
+    Ok(())
+}
+
+/// Writes the index fold state where it differs from `before`.
+fn put_fold(
+    meta: &mut Table<'_, &'static str, &'static [u8]>,
+    fold: agents::FoldState,
+    before: agents::FoldState,
+    name: &str,
+) -> Result<(), StoreError> {
+    let werr = write_err(name);
+    for (key, value, was) in [
+        (META_INDEX_THROUGH, fold.through, before.through),
+        (META_INDEX_DEFERRED_ENTRIES, fold.entries, before.entries),
+        (META_INDEX_DEFERRED_BYTES, fold.bytes, before.bytes),
+    ] {
+        if value != was {
+            meta.insert(key, value.to_le_bytes().as_slice())
+                .map_err(werr)?;
+        }
     }
     Ok(())
 }
@@ -263,6 +287,8 @@ impl Tables<'_> {
                 n,
             } => self.move_payloads(&stream, first_seq, first_arrival, n)?,
             Write::DelJournal { first, last } => {
+                // The rows it removes may hold index entries not folded yet.
+                self.agents.fold_rows(&self.journal, name)?;
                 self.journal
                     .retain_in(first..=last, |_, _| false)
                     .map_err(werr)?;
@@ -312,7 +338,7 @@ impl Tables<'_> {
                     .insert(cursor.as_str(), arrival)
                     .map_err(werr)?;
             }
-            Write::Agents(w) => self.agents.apply(w, name)?,
+            Write::Agents(w) => self.agents.apply(w, &self.journal, name)?,
             // Written with the commit's counters.
             Write::Epoch(_) => {}
         }
@@ -437,17 +463,62 @@ impl Tables<'_> {
     }
 
     /// Writes what [`Tables::apply`] deferred: marks, own streams, and the
-    /// journal packed into rows, dated `now_ms` if given; returns the bytes
-    /// of the rows written.
-    fn flush(&mut self, now_ms: Option<u64>) -> Result<u64, StoreError> {
-        self.agents.flush(self.name)?;
+    /// journal packed into rows, dated `now_ms` if given, with this
+    /// commit's agent index entries in them or, when `fold` says so (or the
+    /// transaction folded already, or an entry is not at an envelope of a
+    /// run), folded into the index tables with those of the rows since the
+    /// last fold. Returns the bytes of the rows written and where the index
+    /// stands after the commit (the journal's head was `head` before it).
+    fn flush(
+        &mut self,
+        now_ms: Option<u64>,
+        fold: IndexFold,
+        head: Arrival,
+    ) -> Result<(u64, agents::FoldState), StoreError> {
         self.flush_marks()?;
         self.flush_own()?;
         let pending = std::mem::take(&mut self.journal_pending);
         if let (Some(now), Some((first, _))) = (now_ms, pending.first()) {
             self.date_rows(*first, now)?;
         }
-        self.write_rows(&pending)
+        let (inbox, messages) = self.agents.take_index(self.name)?;
+        let n = (inbox.len() + messages.len()) as u64;
+        let head_after = pending.last().map_or(head, |(a, _)| *a);
+        let mut state = self.agents.fold;
+        let due = state.entries + n > 0
+            && (head_after.saturating_sub(state.through) >= fold.arrivals
+                || state.bytes >= fold.bytes);
+        if self.agents.folded || due || (n > 0 && !in_runs(&pending, &inbox, &messages)) {
+            self.agents
+                .fold_with(&self.journal, inbox, messages, self.name)?;
+            let written = self.write_rows(&pending, &mut &[][..], &mut &[][..])?;
+            return Ok((
+                written,
+                agents::FoldState {
+                    through: head_after,
+                    entries: 0,
+                    bytes: 0,
+                },
+            ));
+        }
+        let written = self.write_rows(&pending, &mut inbox.as_slice(), &mut messages.as_slice())?;
+        if state.entries + n == 0 {
+            // Nothing held in rows: the fold point keeps up with the head.
+            return Ok((
+                written,
+                agents::FoldState {
+                    through: head_after,
+                    entries: 0,
+                    bytes: 0,
+                },
+            ));
+        }
+        if state.entries == 0 {
+            state.through = head;
+        }
+        state.entries += n;
+        state.bytes += written;
+        Ok((written, state))
     }
 
     /// Writes the pending marks, then the pending mark cids, each in stream order.
@@ -502,13 +573,20 @@ impl Tables<'_> {
     }
 
     /// Writes `pending` as journal rows keyed by their last arrival: a run
-    /// of envelopes (see [`run_len`]) to a row, any other record alone;
-    /// returns the bytes of the rows.
-    fn write_rows(&mut self, pending: &[(Arrival, JournalRecord)]) -> Result<u64, StoreError> {
+    /// of envelopes (see [`run_len`]) to a row, with the entries of `inbox`
+    /// and `messages` at its arrivals (taken from their fronts), any other
+    /// record alone; returns the bytes of the rows.
+    fn write_rows(
+        &mut self,
+        pending: &[(Arrival, JournalRecord)],
+        inbox: &mut &[agents::InboxEntry],
+        messages: &mut &[agents::MessageEntry],
+    ) -> Result<u64, StoreError> {
         let werr = write_err(self.name);
         let mut buf = Vec::new();
         let mut rest = pending;
         let mut key = Vec::new();
+        let mut index = Vec::new();
         let mut written = 0u64;
         while let Some(((arrival, record), _)) = rest.split_first() {
             let n = run_len(rest);
@@ -516,10 +594,21 @@ impl Tables<'_> {
                 JournalRecord::Envelope { stream, seq, .. } if n > 0 => {
                     let entries = run_entries(&rest[..n]);
                     encode_into(&mut key, stream)?;
-                    RowRef::Run {
-                        stream: Bytes::new(&key),
-                        first_seq: *seq,
-                        entries,
+                    match agents::run_index(*arrival, *seq, n, inbox, messages) {
+                        Some(ix) => {
+                            encode_into(&mut index, &ix)?;
+                            RowRef::Indexed {
+                                stream: Bytes::new(&key),
+                                first_seq: *seq,
+                                index: Bytes::new(&index),
+                                entries,
+                            }
+                        }
+                        None => RowRef::Run {
+                            stream: Bytes::new(&key),
+                            first_seq: *seq,
+                            entries,
+                        },
                     }
                 }
                 other => RowRef::Record(other),
@@ -533,6 +622,26 @@ impl Tables<'_> {
         }
         Ok(written)
     }
+}
+
+/// Whether every entry of `inbox` and `messages` names an envelope of a
+/// run of `pending` (and so can travel in that run's row).
+fn in_runs(
+    pending: &[(Arrival, JournalRecord)],
+    inbox: &[agents::InboxEntry],
+    messages: &[agents::MessageEntry],
+) -> bool {
+    let Some((first, _)) = pending.first() else {
+        return false;
+    };
+    let in_run = |arrival: Arrival| {
+        arrival
+            .checked_sub(*first)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| pending.get(i))
+            .is_some_and(|(a, r)| *a == arrival && matches!(r, JournalRecord::Envelope { .. }))
+    };
+    inbox.iter().all(|(_, a, _)| in_run(*a)) && messages.iter().all(|(_, p)| in_run(p.arrival))
 }
 
 /// The envelopes of the run `records`, borrowed for encoding.
