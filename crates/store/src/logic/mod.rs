@@ -367,6 +367,13 @@ impl<B: Base> GroupView<'_, B> {
         let AgentOp::Index { stream, entries } = op else {
             return Ok(op);
         };
+        if !entries
+            .iter()
+            .any(|e| matches!(e, AgentIndex::Forwarded { .. }))
+        {
+            // The common case: nothing to expand, nothing to move.
+            return Ok(AgentOp::Index { stream, entries });
+        }
         let mut seen = std::collections::BTreeSet::new();
         let mut out = Vec::with_capacity(entries.len());
         for e in entries {

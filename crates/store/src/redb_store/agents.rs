@@ -58,8 +58,11 @@ pub(super) struct RunIndex {
     /// is this tag and its seq ([`MsgId::in_stream`]) unless its entry
     /// names another (a forward carries the id its author gave it).
     tag: [u8; 8],
-    /// Inbox entries: the envelope's place in the run, the agent, the row.
-    inbox: Vec<(u32, AgentName, InboxRow)>,
+    /// The agents of `inbox`, each once.
+    agents: Vec<AgentName>,
+    /// Inbox entries: the envelope's place in the run, the agent (its
+    /// place in `agents`), the row.
+    inbox: Vec<(u32, u32, InboxRow)>,
     /// Message index entries: the envelope's place in the run, sent or
     /// received, and its id where it is not the tag's.
     messages: Vec<(u32, MessageDir, Option<MsgId>)>,
@@ -108,10 +111,11 @@ impl DeferredRow {
         agent: &'a AgentName,
         after: Arrival,
     ) -> impl Iterator<Item = (Arrival, InboxRow)> + 'a {
+        let ix = self.index.agents.iter().position(|a| a == agent);
         self.index
             .inbox
             .iter()
-            .filter(move |(_, a, _)| a == agent)
+            .filter(move |(_, a, _)| ix.is_some_and(|ix| *a as usize == ix))
             .map(|(at, _, row)| (self.first + u64::from(*at), *row))
             .filter(move |(arrival, _)| *arrival > after)
     }
@@ -195,7 +199,16 @@ pub(super) fn run_index(
     while let Some(((agent, arrival, row), rest)) = inbox.split_first()
         && *arrival <= last
     {
-        index.inbox.push((at(*arrival), agent.clone(), *row));
+        let ix = match index.agents.iter().position(|a| a == agent) {
+            Some(ix) => ix,
+            None => {
+                index.agents.push(agent.clone());
+                index.agents.len() - 1
+            }
+        };
+        index
+            .inbox
+            .push((at(*arrival), u32::try_from(ix).unwrap_or(u32::MAX), *row));
         *inbox = rest;
     }
     while let Some(((id, place), rest)) = messages.split_first()
@@ -372,7 +385,15 @@ impl<'tx> AgentTables<'tx> {
             if let Some(reason) = row.undelivered {
                 self.bounced_pending.push((id, reason));
             }
-            messages.push((id, crate::agents::Place::of(&row)));
+            messages.push((
+                id,
+                crate::agents::Place {
+                    dir: row.dir,
+                    stream: row.stream,
+                    seq: row.seq,
+                    arrival: row.arrival,
+                },
+            ));
         }
         messages.sort_by_key(|(_, p)| p.arrival);
         let bounced = std::mem::take(&mut self.bounced_pending);
@@ -420,6 +441,12 @@ impl<'tx> AgentTables<'tx> {
         let mut streams: Vec<(Vec<u8>, StreamId)> = Vec::new();
         for r in &rows {
             for (at, agent, row) in &r.index.inbox {
+                let agent = r.index.agents.get(*agent as usize).ok_or_else(|| {
+                    corrupt(
+                        name,
+                        "a journal row's index names an agent it does not hold",
+                    )
+                })?;
                 all_inbox.push((agent.clone(), r.first + u64::from(*at), *row));
             }
             if r.index.messages.is_empty() {
