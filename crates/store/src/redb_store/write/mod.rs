@@ -488,6 +488,12 @@ impl Tables<'_> {
         let n = (inbox.len() + messages.len()) as u64;
         let head_after = pending.last().map_or(head, |(a, _)| *a);
         let mut state = self.agents.fold;
+        // Where the index stands once every entry is in the tables.
+        let folded = agents::FoldState {
+            through: head_after,
+            entries: 0,
+            bytes: 0,
+        };
         let due = state.entries + n > 0
             && (head_after.saturating_sub(state.through) >= fold.arrivals
                 || state.bytes >= fold.bytes);
@@ -495,26 +501,12 @@ impl Tables<'_> {
             self.agents
                 .fold_with(&self.journal, inbox, messages, self.name)?;
             let written = self.write_rows(&pending, &mut &[][..], &mut &[][..])?;
-            return Ok((
-                written,
-                agents::FoldState {
-                    through: head_after,
-                    entries: 0,
-                    bytes: 0,
-                },
-            ));
+            return Ok((written, folded));
         }
         let written = self.write_rows(&pending, &mut inbox.as_slice(), &mut messages.as_slice())?;
         if state.entries + n == 0 {
             // Nothing held in rows: the fold point keeps up with the head.
-            return Ok((
-                written,
-                agents::FoldState {
-                    through: head_after,
-                    entries: 0,
-                    bytes: 0,
-                },
-            ));
+            return Ok((written, folded));
         }
         if state.entries == 0 {
             state.through = head;
