@@ -82,6 +82,15 @@ fn forward_batch(first: u64, ids: &[MsgId]) -> OpenBatch {
     .expect("fits")
 }
 
+/// The row of a message this node sent, at `seq`.
+fn sent_row(seq: u64) -> MessageRow {
+    MessageRow {
+        dir: MessageDir::Sent,
+        seq,
+        ..message_row()
+    }
+}
+
 /// Adds the agent kim.
 fn add_kim(s: &dyn MeshStore) {
     let kim = AgentRecord {
@@ -113,11 +122,7 @@ fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
     add_kim(s);
     let (once, sent) = (MsgId([1; 16]), MsgId([2; 16]));
     // A message this node sent, come back to an agent that moved here.
-    let own = MessageRow {
-        dir: MessageDir::Sent,
-        seq: 1,
-        ..message_row()
-    };
+    let own = sent_row(1);
     commit1(
         s,
         vec![
@@ -148,12 +153,7 @@ fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
         ],
     )
     .expect("commits");
-    let inbox: Vec<u64> = s
-        .inbox(&name("kim"), 0, 10)
-        .expect("reads")
-        .iter()
-        .map(|i| i.item.arrival)
-        .collect();
+    let inbox = arrivals(s, "kim", 0, 10);
     assert_eq!(
         inbox.len(),
         2,
@@ -177,11 +177,7 @@ fn a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only(s: &dyn 
     add_kim(s);
     let (back, sent) = (MsgId([3; 16]), MsgId([4; 16]));
     // Before kim left: `back` came here for it, and this node sent `sent`.
-    let own = MessageRow {
-        dir: MessageDir::Sent,
-        seq: 2,
-        ..message_row()
-    };
+    let own = sent_row(2);
     commit1(
         s,
         vec![
@@ -223,12 +219,7 @@ fn a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only(s: &dyn 
         r.expect("commits");
     }
     commit1(s, copies(7)).expect("commits");
-    let after: Vec<u64> = s
-        .inbox(&name("kim"), resumed, 10)
-        .expect("reads")
-        .iter()
-        .map(|i| i.item.arrival)
-        .collect();
+    let after = arrivals(s, "kim", resumed, 10);
     assert_eq!(
         after.len(),
         2,
@@ -387,19 +378,12 @@ fn an_inbox_pages_in_arrival_order_after_a_cursor_and_holds_only_its_agent(s: &d
     accept_into(s, 1, 4, "bob", &[1, 3]);
     accept_into(s, 5, 2, "carol", &[5]);
     accept_into(s, 7, 2, "bob", &[8]);
-    let arrivals = |agent: &str, after, limit| -> Vec<u64> {
-        s.inbox(&name(agent), after, limit)
-            .expect("reads")
-            .iter()
-            .map(|i| i.item.arrival)
-            .collect()
-    };
-    assert_eq!(arrivals("bob", 0, 10), [1, 3, 8]);
-    assert_eq!(arrivals("bob", 1, 1), [3]);
-    assert_eq!(arrivals("bob", 3, 10), [8]);
-    assert_eq!(arrivals("bob", 8, 10), Vec::<u64>::new());
-    assert_eq!(arrivals("carol", 0, 10), [5]);
-    assert_eq!(arrivals("dave", 0, 10), Vec::<u64>::new());
+    assert_eq!(arrivals(s, "bob", 0, 10), [1, 3, 8]);
+    assert_eq!(arrivals(s, "bob", 1, 1), [3]);
+    assert_eq!(arrivals(s, "bob", 3, 10), [8]);
+    assert_eq!(arrivals(s, "bob", 8, 10), Vec::<u64>::new());
+    assert_eq!(arrivals(s, "carol", 0, 10), [5]);
+    assert_eq!(arrivals(s, "dave", 0, 10), Vec::<u64>::new());
 }
 
 fn a_message_row_gets_its_place_and_a_bounce_marks_it(s: &dyn MeshStore) {
@@ -999,6 +983,15 @@ fn append_evicting(batch: OpenBatch, msgs_max: u64) -> WriteOp {
     }
 }
 
+/// The arrivals of `agent`'s inbox after `after`, `limit` at most.
+fn arrivals(s: &dyn MeshStore, agent: &str, after: u64, limit: usize) -> Vec<u64> {
+    s.inbox(&name(agent), after, limit)
+        .expect("reads")
+        .iter()
+        .map(|i| i.item.arrival)
+        .collect()
+}
+
 /// The inbox of `agent`: each entry's kind and arrival.
 fn inbox_of(s: &dyn MeshStore, agent: &str) -> Vec<(InboxKind, u64)> {
     s.inbox(&name(agent), 0, 100)
@@ -1292,11 +1285,7 @@ mod fold {
 
     /// Bob's inbox arrivals after `after`, `limit` at most.
     fn bob(s: &dyn MeshStore, after: u64, limit: usize) -> Vec<u64> {
-        s.inbox(&name("bob"), after, limit)
-            .expect("reads")
-            .iter()
-            .map(|i| i.item.arrival)
-            .collect()
+        arrivals(s, "bob", after, limit)
     }
 
     /// Where the message index puts `PEER`'s message `seq`: (seq, arrival).
