@@ -100,6 +100,13 @@ fn wait_agents(
     }
 }
 
+/// Adds the agents kim at `a` and bob at `b`; kim's address at `a`.
+fn add_kim_and_bob(a: &DaemonProcess, b: &DaemonProcess) -> String {
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    format!("kim@{}", a.node())
+}
+
 /// Exports kim at `d` into `file`, with `extra` arguments (`--after`).
 fn export_kim(d: &DaemonProcess, file: &Path, extra: &[&str]) {
     let mut args = vec!["agent", "export", "kim", "--out", file.to_str().unwrap()];
@@ -142,8 +149,7 @@ fn an_agent_moved_along_a_line_is_placed_at_its_new_host_everywhere_and_acts_onl
     link(&a, &b);
     link(&b, &c);
     offline_member(tmp.path(), &[&a, &b, &c]);
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    add_kim_and_bob(&a, &b);
     let key = {
         let all = parse_json(&ok(a.mesh(&["agents", "--json"]).unwrap())).unwrap();
         all["local"][0]["key"].as_str().unwrap().to_owned()
@@ -320,9 +326,7 @@ fn inbox_until(d: &DaemonProcess, agent: &str, n: usize) -> Vec<serde_json::Valu
 fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_each_message_once() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "m0"]));
     // kim reads m0 at a: what the export passes on starts after it.
     inbox_until(&a, "kim", 1);
@@ -393,9 +397,7 @@ fn queued_for_the_old_host_while_the_new_is_away(
     c: &DaemonProcess,
     bodies: &[String],
 ) {
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(a, b);
     away(b, &[a, c]);
     for body in bodies {
         ok(as_agent(b, "bob", &["send", &kim_at_a, body]));
@@ -559,9 +561,7 @@ fn messages_retention_took_at_the_old_host_before_they_were_passed_on_are_told_t
 fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = online_triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "m0"]));
     inbox_until(&a, "kim", 1);
     away(&b, &[&a, &c]);
@@ -713,9 +713,7 @@ fn once_the_drain_ends_the_old_host_says_so_and_a_late_message_is_bounced_to_its
     let tmp = temp_dir().unwrap();
     configure(tmp.path(), "a", "[agents]\ndrain_days = 0\n");
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     let file = tmp.path().join("kim.export");
     export_kim(&a, &file, &[]);
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "held at a"]));
@@ -802,9 +800,7 @@ fn an_agent_moved_twice_with_the_hosts_it_left_killed_reads_each_message_once() 
         }
     }
     let (a, b, c, d) = (0, 1, 2, 3);
-    ok(n(&nodes, a).mesh(&["agent", "add", "kim"]).unwrap());
-    ok(n(&nodes, b).mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", n(&nodes, a).node());
+    let kim_at_a = add_kim_and_bob(n(&nodes, a), n(&nodes, b));
     let mut sent = Vec::new();
     let send = |nodes: &[Option<DaemonProcess>], sent: &mut Vec<String>, i: usize| {
         let out = as_agent(n(nodes, b), "bob", &["send", &kim_at_a, &format!("m{i}")]);
@@ -897,9 +893,7 @@ fn n(nodes: &[Option<DaemonProcess>], i: usize) -> &DaemonProcess {
 fn a_message_passed_on_and_back_before_it_was_read_is_read_once_at_the_host_moved_back_to() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     let file = tmp.path().join("kim.1");
     export_kim(&a, &file, &[]);
     import_kim(&c, &file);
@@ -955,9 +949,7 @@ fn a_message_passed_on_and_back_before_it_was_read_is_read_once_at_the_host_move
 fn a_move_without_after_passes_on_what_the_agent_never_read_even_across_a_restart() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     let sent: Vec<String> = ["m1", "m2", "m3"]
         .iter()
         .map(|m| {
@@ -1003,8 +995,7 @@ fn move_agent(d: &DaemonProcess, name: &str, to: &str, extra: &[&str]) -> Output
 fn an_agent_moved_over_the_mesh_gets_each_message_once_at_its_new_host_and_not_at_the_old() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    add_kim_and_bob(&a, &b);
     // The peer by a local alias, as a send names it.
     ok(a.mesh(&["peer", "name", c.node(), "gpu"]).unwrap());
     let kim_at_a = format!("kim@{}", a.node());
@@ -1094,8 +1085,7 @@ fn a_move_to_a_node_that_is_not_a_peer_or_of_an_unknown_agent_is_refused_and_cha
     let b = start(&tmp.path().join("b"));
     let d = start(&tmp.path().join("d"));
     link(&a, &b);
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    add_kim_and_bob(&a, &b);
 
     // d is no peer of a's.
     let out = move_agent(&a, "kim", d.node(), &[]);
