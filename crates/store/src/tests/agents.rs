@@ -72,6 +72,20 @@ fn forward_batch(first: u64, ids: &[MsgId]) -> OpenBatch {
             }
         })
         .collect();
+    peer_batch_of(first, envs)
+}
+
+/// The row of a message this node sent, at `seq`.
+fn sent_row(seq: u64) -> MessageRow {
+    MessageRow {
+        dir: MessageDir::Sent,
+        seq,
+        ..message_row()
+    }
+}
+
+/// `PEER`'s batch of `envs` to this node from `first`, in its first epoch.
+fn peer_batch_of(first: u64, envs: Vec<NewEnvelope>) -> OpenBatch {
     OpenBatch::sign(
         &key(PEER),
         Epoch([PEER; 16]),
@@ -82,13 +96,16 @@ fn forward_batch(first: u64, ids: &[MsgId]) -> OpenBatch {
     .expect("fits")
 }
 
-/// The row of a message this node sent, at `seq`.
-fn sent_row(seq: u64) -> MessageRow {
-    MessageRow {
-        dir: MessageDir::Sent,
-        seq,
-        ..message_row()
-    }
+/// This store's batch of `envs` to `PEER` from `first`, in its epoch.
+fn own_batch(s: &dyn MeshStore, first: u64, envs: Vec<NewEnvelope>) -> OpenBatch {
+    OpenBatch::sign(
+        &key(ME),
+        s.meta().epoch,
+        Channel::Direct(node(PEER)),
+        first,
+        envs,
+    )
+    .expect("fits")
 }
 
 /// Adds the agent kim.
@@ -291,14 +308,7 @@ fn agent_batch_of(first: u64, n: u64, body: &[u8]) -> OpenBatch {
             .encode(),
         })
         .collect();
-    OpenBatch::sign(
-        &key(PEER),
-        Epoch([PEER; 16]),
-        Channel::Direct(node(ME)),
-        first,
-        envs,
-    )
-    .expect("fits")
+    peer_batch_of(first, envs)
 }
 
 fn row(kind: InboxKind) -> InboxRow {
@@ -792,14 +802,7 @@ fn own_one(s: &dyn MeshStore, seq: u64, kind: u16, payload: Vec<u8>) -> OpenBatc
         kind,
         payload,
     };
-    OpenBatch::sign(
-        &key(ME),
-        s.meta().epoch,
-        Channel::Direct(node(PEER)),
-        seq,
-        vec![env],
-    )
-    .expect("fits")
+    own_batch(s, seq, vec![env])
 }
 
 fn a_superseded_outbox_message_reads_back_as_its_tombstone_and_the_index_says_by_what(
@@ -918,14 +921,7 @@ fn a_received_tombstone_indexes_as_superseded(s: &dyn MeshStore) {
         kind: KIND_TOMBSTONE,
         payload: tombstone(peer_id(1), peer_id(2)),
     };
-    let batch = OpenBatch::sign(
-        &key(PEER),
-        Epoch([PEER; 16]),
-        Channel::Direct(node(ME)),
-        1,
-        vec![env],
-    )
-    .expect("fits");
+    let batch = peer_batch_of(1, vec![env]);
     commit1(
         s,
         vec![
@@ -1077,14 +1073,7 @@ fn an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox(s: &dyn Me
                 payload: one.payloads()[0].clone(),
             });
         }
-        OpenBatch::sign(
-            &key(ME),
-            s.meta().epoch,
-            Channel::Direct(node(PEER)),
-            seq,
-            envs,
-        )
-        .expect("fits")
+        own_batch(s, seq, envs)
     };
     commit1(s, vec![append_evicting(both(8), 10)]).expect("commits");
     commit1(
