@@ -100,6 +100,33 @@ fn wait_agents(
     }
 }
 
+/// Adds the agents kim at `a` and bob at `b`; kim's address at `a`.
+fn add_kim_and_bob(a: &DaemonProcess, b: &DaemonProcess) -> String {
+    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    format!("kim@{}", a.node())
+}
+
+/// Exports kim at `d` into `file`, with `extra` arguments (`--after`).
+fn export_kim(d: &DaemonProcess, file: &Path, extra: &[&str]) {
+    let mut args = vec!["agent", "export", "kim", "--out", file.to_str().unwrap()];
+    args.extend(extra);
+    ok(d.mesh(&args).unwrap());
+}
+
+/// Imports the agent export `file` at `d`.
+fn import_kim(d: &DaemonProcess, file: &Path) {
+    ok(d.mesh(&["agent", "import", file.to_str().unwrap()])
+        .unwrap());
+}
+
+/// Whether `all` has kim's move notice with `node` as its host.
+fn kim_moved_to(all: &serde_json::Value, node: &str) -> bool {
+    moves_of(all, "kim")
+        .first()
+        .is_some_and(|m| m["node"] == node)
+}
+
 /// The move notices `all` lists for agent `name`.
 fn moves_of<'a>(all: &'a serde_json::Value, name: &str) -> Vec<&'a serde_json::Value> {
     all["moves"]
@@ -122,8 +149,7 @@ fn an_agent_moved_along_a_line_is_placed_at_its_new_host_everywhere_and_acts_onl
     link(&a, &b);
     link(&b, &c);
     offline_member(tmp.path(), &[&a, &b, &c]);
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    add_kim_and_bob(&a, &b);
     let key = {
         let all = parse_json(&ok(a.mesh(&["agents", "--json"]).unwrap())).unwrap();
         all["local"][0]["key"].as_str().unwrap().to_owned()
@@ -173,9 +199,7 @@ fn an_agent_moved_along_a_line_is_placed_at_its_new_host_everywhere_and_acts_onl
     // Every node of the line learns where kim is: b from c, a through b.
     for d in [&a, &b, &c] {
         let all = wait_agents(d, "the move notice arrives", |all| {
-            moves_of(all, "kim")
-                .first()
-                .is_some_and(|m| m["node"] == c.node())
+            kim_moved_to(all, c.node())
         });
         let m = moves_of(&all, "kim");
         assert_eq!(m.len(), 1, "{all}");
@@ -228,10 +252,7 @@ fn an_agent_moved_along_a_line_is_placed_at_its_new_host_everywhere_and_acts_onl
     // And back: exported from c, imported on a again, where it still has
     // its inbox; the second move wins everywhere.
     let back = tmp.path().join("kim.back");
-    ok(
-        c.mesh(&["agent", "export", "kim", "--out", back.to_str().unwrap()])
-            .unwrap(),
-    );
+    export_kim(&c, &back, &[]);
     let again = ok(a
         .mesh(&["agent", "import", back.to_str().unwrap(), "--json"])
         .unwrap());
@@ -305,9 +326,7 @@ fn inbox_until(d: &DaemonProcess, agent: &str, n: usize) -> Vec<serde_json::Valu
 fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_each_message_once() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "m0"]));
     // kim reads m0 at a: what the export passes on starts after it.
     inbox_until(&a, "kim", 1);
@@ -320,12 +339,8 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     }
     // kim moves to c while b is away.
     let file = tmp.path().join("kim.export");
-    ok(
-        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
-            .unwrap(),
-    );
-    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
+    export_kim(&a, &file, &[]);
+    import_kim(&c, &file);
     wait_agents(&a, "a marks kim as moved", |all| {
         all["local"][0]["moved_to"] == c.node()
     });
@@ -348,9 +363,7 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     // itself that kim@a moved, so m4 goes to c, not through a.
     ok(b.mesh(&["peer", "resume", c.node()]).unwrap());
     wait_agents(&b, "b learns of the move", |all| {
-        moves_of(all, "kim")
-            .first()
-            .is_some_and(|m| m["node"] == c.node())
+        kim_moved_to(all, c.node())
     });
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "m4"]));
     let got = inbox_until(&c, "kim", 4);
@@ -384,20 +397,14 @@ fn queued_for_the_old_host_while_the_new_is_away(
     c: &DaemonProcess,
     bodies: &[String],
 ) {
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(a, b);
     away(b, &[a, c]);
     for body in bodies {
         ok(as_agent(b, "bob", &["send", &kim_at_a, body]));
     }
     let file = root.join("kim.export");
-    ok(
-        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
-            .unwrap(),
-    );
-    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
+    export_kim(a, &file, &[]);
+    import_kim(c, &file);
     wait_agents(a, "a marks kim as moved", |all| {
         all["local"][0]["moved_to"] == c.node()
     });
@@ -554,9 +561,7 @@ fn messages_retention_took_at_the_old_host_before_they_were_passed_on_are_told_t
 fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = online_triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "m0"]));
     inbox_until(&a, "kim", 1);
     away(&b, &[&a, &c]);
@@ -565,18 +570,8 @@ fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
     }
     let file = tmp.path().join("kim.export");
     let (_, read_to) = read_inbox(&a, "kim", None);
-    ok(a.mesh(&[
-        "agent",
-        "export",
-        "kim",
-        "--out",
-        file.to_str().unwrap(),
-        "--after",
-        &read_to.unwrap(),
-    ])
-    .unwrap());
-    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
+    export_kim(&a, &file, &["--after", &read_to.unwrap()]);
+    import_kim(&c, &file);
     // c follows at once (it hosts kim); b, away, has not: the drain goes on.
     wait_agents(&a, "a drains kim's previous inbox", |all| {
         all["local"][0]["moved_to"] == c.node()
@@ -639,10 +634,7 @@ fn two_moves_in_a_race_settle_on_one_host_and_nothing_sent_meanwhile_is_lost_or_
     // kim reads m0 at a: what the export passes on starts after it.
     inbox_until(&a, "kim", 1);
     let file = tmp.path().join("kim.export");
-    ok(
-        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
-            .unwrap(),
-    );
+    export_kim(&a, &file, &[]);
     // b and c are cut off from everyone, and each imports the export.
     for (d, others) in [(&b, [&a, &c]), (&c, [&a, &b])] {
         for o in others {
@@ -652,10 +644,8 @@ fn two_moves_in_a_race_settle_on_one_host_and_nothing_sent_meanwhile_is_lost_or_
     for i in 1..=5 {
         send(i);
     }
-    ok(b.mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
-    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
+    import_kim(&b, &file);
+    import_kim(&c, &file);
     for i in 6..=10 {
         send(i);
     }
@@ -723,20 +713,14 @@ fn once_the_drain_ends_the_old_host_says_so_and_a_late_message_is_bounced_to_its
     let tmp = temp_dir().unwrap();
     configure(tmp.path(), "a", "[agents]\ndrain_days = 0\n");
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     let file = tmp.path().join("kim.export");
-    ok(
-        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
-            .unwrap(),
-    );
+    export_kim(&a, &file, &[]);
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "held at a"]));
     // b goes away before it learns of the move, with one more queued.
     away(&b, &[&a, &c]);
     let late = ok(as_agent(&b, "bob", &["send", &kim_at_a, "late"]));
-    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
+    import_kim(&c, &file);
     // What a held is passed on, then the drain ends: journaled, kim gone.
     let got = inbox_until(&c, "kim", 1);
     assert_eq!(got[0]["body"], "held at a");
@@ -816,9 +800,7 @@ fn an_agent_moved_twice_with_the_hosts_it_left_killed_reads_each_message_once() 
         }
     }
     let (a, b, c, d) = (0, 1, 2, 3);
-    ok(n(&nodes, a).mesh(&["agent", "add", "kim"]).unwrap());
-    ok(n(&nodes, b).mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", n(&nodes, a).node());
+    let kim_at_a = add_kim_and_bob(n(&nodes, a), n(&nodes, b));
     let mut sent = Vec::new();
     let send = |nodes: &[Option<DaemonProcess>], sent: &mut Vec<String>, i: usize| {
         let out = as_agent(n(nodes, b), "bob", &["send", &kim_at_a, &format!("m{i}")]);
@@ -837,25 +819,12 @@ fn an_agent_moved_twice_with_the_hosts_it_left_killed_reads_each_message_once() 
         send(&nodes, &mut sent, i);
     }
     let file = tmp.path().join("kim.1");
-    let export = [
-        "agent",
-        "export",
-        "kim",
-        "--after",
-        &after_a,
-        "--out",
-        file.to_str().unwrap(),
-    ];
-    ok(n(&nodes, a).mesh(&export).unwrap());
-    ok(n(&nodes, c)
-        .mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
+    export_kim(n(&nodes, a), &file, &["--after", &after_a]);
+    import_kim(n(&nodes, c), &file);
     let c_id = n(&nodes, c).node().to_owned();
     // (Its drain may end at once: every peer here follows.)
     wait_agents(n(&nodes, a), "a learns of the move", |all| {
-        moves_of(all, "kim")
-            .first()
-            .is_some_and(|m| m["node"] == c_id.as_str())
+        kim_moved_to(all, c_id.as_str())
     });
     // a dies at once, maybe mid-pump; the contact writes on; a comes back.
     nodes[a] = None;
@@ -868,23 +837,19 @@ fn an_agent_moved_twice_with_the_hosts_it_left_killed_reads_each_message_once() 
     inbox_until(n(&nodes, c), "kim", 1);
     let (read_c, after_c) = read_inbox(n(&nodes, c), "kim", None);
     let file = tmp.path().join("kim.2");
-    let mut export = vec!["agent", "export", "kim", "--out", file.to_str().unwrap()];
-    if let Some(after) = after_c.as_deref() {
-        export.extend(["--after", after]);
-    }
-    ok(n(&nodes, c).mesh(&export).unwrap());
+    let after: Vec<&str> = after_c
+        .iter()
+        .flat_map(|a| ["--after", a.as_str()])
+        .collect();
+    export_kim(n(&nodes, c), &file, &after);
     for i in 7..=8 {
         send(&nodes, &mut sent, i);
     }
-    ok(n(&nodes, d)
-        .mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
+    import_kim(n(&nodes, d), &file);
     let d_id = n(&nodes, d).node().to_owned();
     // (Its drain may end at once: every peer here follows.)
     wait_agents(n(&nodes, c), "c learns of the move", |all| {
-        moves_of(all, "kim")
-            .first()
-            .is_some_and(|m| m["node"] == d_id.as_str())
+        kim_moved_to(all, d_id.as_str())
     });
     nodes[c] = None;
     for i in 9..=10 {
@@ -928,16 +893,10 @@ fn n(nodes: &[Option<DaemonProcess>], i: usize) -> &DaemonProcess {
 fn a_message_passed_on_and_back_before_it_was_read_is_read_once_at_the_host_moved_back_to() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     let file = tmp.path().join("kim.1");
-    ok(
-        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
-            .unwrap(),
-    );
-    ok(c.mesh(&["agent", "import", file.to_str().unwrap()])
-        .unwrap());
+    export_kim(&a, &file, &[]);
+    import_kim(&c, &file);
     wait_agents(&a, "a learns of the move", |all| {
         all["local"][0]["moved_to"] == c.node()
     });
@@ -950,16 +909,7 @@ fn a_message_passed_on_and_back_before_it_was_read_is_read_once_at_the_host_move
     inbox_until(&c, "kim", 2);
     let back = tmp.path().join("kim.2");
     let after_c = after_c.unwrap();
-    ok(c.mesh(&[
-        "agent",
-        "export",
-        "kim",
-        "--after",
-        &after_c,
-        "--out",
-        back.to_str().unwrap(),
-    ])
-    .unwrap());
+    export_kim(&c, &back, &["--after", &after_c]);
     let again = parse_json(&ok(a
         .mesh(&["agent", "import", back.to_str().unwrap(), "--json"])
         .unwrap()))
@@ -999,9 +949,7 @@ fn a_message_passed_on_and_back_before_it_was_read_is_read_once_at_the_host_move
 fn a_move_without_after_passes_on_what_the_agent_never_read_even_across_a_restart() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
-    let kim_at_a = format!("kim@{}", a.node());
+    let kim_at_a = add_kim_and_bob(&a, &b);
     let sent: Vec<String> = ["m1", "m2", "m3"]
         .iter()
         .map(|m| {
@@ -1047,8 +995,7 @@ fn move_agent(d: &DaemonProcess, name: &str, to: &str, extra: &[&str]) -> Output
 fn an_agent_moved_over_the_mesh_gets_each_message_once_at_its_new_host_and_not_at_the_old() {
     let tmp = temp_dir().unwrap();
     let (a, b, c) = triangle(tmp.path());
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    add_kim_and_bob(&a, &b);
     // The peer by a local alias, as a send names it.
     ok(a.mesh(&["peer", "name", c.node(), "gpu"]).unwrap());
     let kim_at_a = format!("kim@{}", a.node());
@@ -1138,8 +1085,7 @@ fn a_move_to_a_node_that_is_not_a_peer_or_of_an_unknown_agent_is_refused_and_cha
     let b = start(&tmp.path().join("b"));
     let d = start(&tmp.path().join("d"));
     link(&a, &b);
-    ok(a.mesh(&["agent", "add", "kim"]).unwrap());
-    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    add_kim_and_bob(&a, &b);
 
     // d is no peer of a's.
     let out = move_agent(&a, "kim", d.node(), &[]);
@@ -1193,10 +1139,7 @@ fn a_move_offered_again_after_its_answer_was_lost_is_answered_imported_and_done_
     offline_member(tmp.path(), &[&a, &c]);
     ok(a.mesh(&["agent", "add", "kim"]).unwrap());
     let file = tmp.path().join("kim.export");
-    ok(
-        a.mesh(&["agent", "export", "kim", "--out", file.to_str().unwrap()])
-            .unwrap(),
-    );
+    export_kim(&a, &file, &[]);
     let export = std::fs::read(&file).unwrap();
     // As a's node: its key, from its data dir.
     let key: [u8; 32] = std::fs::read(a.data().join("node.key"))

@@ -31,7 +31,6 @@ use super::local::{RunCtx, declare_probes, metrics_of, time_bound};
 use super::measure::{self, ms};
 use super::progress::{Bar, Progress};
 use super::report::{Collector, Machine, Report};
-use super::send;
 use super::{Settings, Workload};
 use mesh_api::DataDir;
 use mesh_api::StatusResponse;
@@ -355,15 +354,7 @@ async fn pipelined(
     let msgs = r.msgs('p', vec![peer.to_owned()]);
     let bar = r.bar("send-pipelined", count, "msgs");
     let t0 = Instant::now();
-    send::stream(
-        client,
-        "/v1/send/batch",
-        msgs,
-        count,
-        r.settings.window,
-        &bar,
-    )
-    .await?;
+    r.send_batch(client, msgs, count, &bar).await?;
     let local = t0.elapsed();
     wait_acked(client, peer, count, &bar).await?;
     let rate = count as f64 / t0.elapsed().as_secs_f64();
@@ -430,12 +421,7 @@ async fn ack_latency(
         lat.push(t.elapsed());
         bar.inc(1);
     }
-    lat.sort();
-    let q = |x| measure::quantile(&lat, x).map_or(f64::NAN, ms);
-    let (p50, p99, max) = (q(0.5), q(0.99), q(1.0));
-    r.col.add("latency", "ack_p50", "ms", count, p50);
-    r.col.add("latency", "ack_p99", "ms", count, p99);
-    r.col.add("latency", "ack_max", "ms", count, max);
+    let (p50, p99, max) = r.col.add_latency("ack_", count, &mut lat);
     bar.finish(&format!(
         "send → ack p50 {p50:.2} ms, p99 {p99:.2} ms, max {max:.2} ms"
     ));
@@ -465,15 +451,7 @@ async fn catch_up(
     link.pause().await?;
     let msgs = r.msgs('c', vec![peer.to_owned()]);
     let bar = r.bar("catch-up: sending, link paused", count, "msgs");
-    send::stream(
-        client,
-        "/v1/send/batch",
-        msgs,
-        count,
-        r.settings.window,
-        &bar,
-    )
-    .await?;
+    r.send_batch(client, msgs, count, &bar).await?;
     bar.finish("queued");
     let bar = r.bar("catch-up", count, "msgs");
     let cpu0 = measure::cpu_time(pid).unwrap_or_default();

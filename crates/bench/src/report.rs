@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -177,6 +178,24 @@ impl Collector {
         if v.is_finite() {
             f.values.push(v);
         }
+    }
+
+    /// Sorts `lat` and adds its p50, p99 and max (ms) as the latency
+    /// figures `{prefix}p50`, `{prefix}p99` and `{prefix}max`; returns
+    /// them (NaN where `lat` is empty) for the progress line.
+    pub(super) fn add_latency(
+        &mut self,
+        prefix: &str,
+        count: u64,
+        lat: &mut [Duration],
+    ) -> (f64, f64, f64) {
+        lat.sort();
+        let q = |x| super::measure::quantile(lat, x).map_or(f64::NAN, super::measure::ms);
+        let (p50, p99, max) = (q(0.5), q(0.99), q(1.0));
+        self.add("latency", &format!("{prefix}p50"), "ms", count, p50);
+        self.add("latency", &format!("{prefix}p99"), "ms", count, p99);
+        self.add("latency", &format!("{prefix}max"), "ms", count, max);
+        (p50, p99, max)
     }
 
     /// Declares a figure that may get no value (so a failure shows as a gap).

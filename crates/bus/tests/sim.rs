@@ -538,21 +538,16 @@ impl Sim {
             self.at(at, Ev::Restart { node });
         }
         for _ in 0..self.p.sends {
-            let at = self.rng.random_range(0..ACTIVE_MS);
-            let node = self.rng.random_range(0..n);
+            let (at, node) = self.random_at_node(0);
             // Sends come in bursts, so several share a commit.
-            for _ in 0..self.rng.random_range(1..=3) {
-                self.at(at, Ev::Send { node });
-            }
+            self.burst(at, || Ev::Send { node });
         }
         for _ in 0..self.p.writes {
-            let at = self.rng.random_range(0..ACTIVE_MS);
-            let node = self.rng.random_range(0..n);
+            let (at, node) = self.random_at_node(0);
             self.at(at, Ev::Write { node });
         }
         for _ in 0..self.p.crashes {
-            let at = self.rng.random_range(50..ACTIVE_MS);
-            let node = self.rng.random_range(0..n);
+            let (at, node) = self.random_at_node(50);
             self.at(at, Ev::Crash { node });
         }
         for _ in 0..self.p.partitions {
@@ -574,17 +569,28 @@ impl Sim {
             for _ in 0..t.publishes {
                 let at = self.rng.random_range(0..ACTIVE_MS);
                 let (node, _) = t.joins[self.rng.random_range(0..t.joins.len())];
-                for _ in 0..self.rng.random_range(1..=3) {
-                    self.at(at, Ev::Publish { node });
-                }
+                self.burst(at, || Ev::Publish { node });
             }
         }
         for _ in 0..self.p.outages {
-            let at = self.rng.random_range(0..ACTIVE_MS);
-            let node = self.rng.random_range(0..n);
+            let (at, node) = self.random_at_node(0);
             self.at(at, Ev::StoreDown { node });
             let end = at + self.rng.random_range(10..300);
             self.at(end.min(ACTIVE_MS), Ev::StoreUp { node });
+        }
+    }
+
+    /// A time in `from..ACTIVE_MS` and a node, drawn in that order.
+    fn random_at_node(&mut self, from: u64) -> (u64, usize) {
+        let at = self.rng.random_range(from..ACTIVE_MS);
+        let node = self.rng.random_range(0..self.p.nodes);
+        (at, node)
+    }
+
+    /// One to three events `ev` at `at` (a burst: they share a commit).
+    fn burst(&mut self, at: u64, ev: impl Fn() -> Ev) {
+        for _ in 0..self.rng.random_range(1..=3) {
+            self.at(at, ev());
         }
     }
 

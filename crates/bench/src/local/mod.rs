@@ -287,6 +287,20 @@ impl RunCtx<'_> {
         self.progress.bar(label, total, unit)
     }
 
+    /// Streams `count` of `msgs` to `/v1/send/batch` through `client`,
+    /// a window of the settings' size in flight: how the plain-send
+    /// workloads send.
+    pub(super) async fn send_batch(
+        &self,
+        client: &mesh_api::client::Client,
+        msgs: Arc<Msgs>,
+        count: u64,
+        bar: &Bar,
+    ) -> anyhow::Result<send::LastSeqs> {
+        let window = self.settings.window;
+        send::stream(client, "/v1/send/batch", msgs, count, window, bar).await
+    }
+
     pub(super) fn msgs(&self, letter: char, to: Vec<String>) -> Arc<Msgs> {
         Arc::new(Msgs {
             to,

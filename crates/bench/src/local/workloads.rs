@@ -71,12 +71,7 @@ impl RunCtx<'_> {
             .zip(got)
             .filter_map(|(s, g)| Some(g.as_ref()?.saturating_duration_since(*s.as_ref()?)))
             .collect();
-        lat.sort();
-        let q = |x| measure::quantile(&lat, x).map_or(f64::NAN, ms);
-        let (p50, p99, max) = (q(0.5), q(0.99), q(1.0));
-        self.col.add("latency", "p50", "ms", count, p50);
-        self.col.add("latency", "p99", "ms", count, p99);
-        self.col.add("latency", "max", "ms", count, max);
+        let (p50, p99, max) = self.col.add_latency("", count, &mut lat);
         answered.sort();
         let sender_p50 = measure::quantile(&answered, 0.5).map_or(f64::NAN, ms);
         self.col
@@ -97,15 +92,7 @@ impl RunCtx<'_> {
         stop_all(receivers).await?;
         let msgs = self.msgs('c', to);
         let bar = self.bar("catch-up: sending, peers stopped", count, "msgs");
-        let last = send::stream(
-            sender.client(),
-            "/v1/send/batch",
-            msgs,
-            count,
-            self.settings.window,
-            &bar,
-        )
-        .await?;
+        let last = self.send_batch(sender.client(), msgs, count, &bar).await?;
         bar.finish("queued");
         let base = send::total(&last) - count;
         let bar = self.bar("catch-up", count, "msgs");
@@ -196,15 +183,7 @@ impl RunCtx<'_> {
         let msgs = self.msgs('q', to);
         let bar = self.bar(label, count, "msgs");
         let t0 = Instant::now();
-        send::stream(
-            client,
-            "/v1/send/batch",
-            msgs,
-            count,
-            self.settings.window,
-            &bar,
-        )
-        .await?;
+        self.send_batch(client, msgs, count, &bar).await?;
         let send_rate = count as f64 / t0.elapsed().as_secs_f64();
         drop(sampler);
         let (rss, hwm) = memory()?;

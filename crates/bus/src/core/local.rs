@@ -4,6 +4,7 @@
 use mesh_protocol::{NodeCard, NodeId};
 use mesh_store::StoreError;
 
+use super::agents::Tracked;
 use super::commit::WaitingSend;
 use super::peers::PeerChange;
 use super::{
@@ -112,13 +113,27 @@ impl Core {
         } else {
             self.out.metrics.agents.forwards_sent += 1;
         }
+        self.queue_checked_send(req, to, kind, payload, now, None);
+    }
+
+    /// Queues a send that passed its checks for the next commit, taken at
+    /// `now`; `tracked` carries its agent addressing and client id, if any.
+    pub(super) fn queue_checked_send(
+        &mut self,
+        req: ReqId,
+        to: NodeId,
+        kind: u16,
+        payload: Vec<u8>,
+        now: Millis,
+        tracked: Option<Box<Tracked>>,
+    ) {
         self.committer.queue_send(WaitingSend {
             req,
             to,
             kind,
             payload,
             created_ms: now.0,
-            tracked: None,
+            tracked,
         });
     }
 
@@ -138,14 +153,7 @@ impl Core {
             self.refuse_send(req, e);
             return;
         }
-        self.committer.queue_send(WaitingSend {
-            req,
-            to,
-            kind,
-            payload,
-            created_ms: now.0,
-            tracked: None,
-        });
+        self.queue_checked_send(req, to, kind, payload, now, None);
     }
 
     /// Refuses a send at once: a bad request or a full queue. Whether its

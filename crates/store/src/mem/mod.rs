@@ -305,19 +305,12 @@ impl MeshStore for MemStore {
         let Some(next) = after.checked_add(1) else {
             return Ok(Vec::new());
         };
-        let mut out = Vec::new();
         if limit == 0 {
-            return Ok(out);
+            return Ok(Vec::new());
         }
-        if next < state.journal_first {
-            out.push(JournalItem {
-                arrival: state.journal_first - 1,
-                record: JournalRecord::Trimmed {
-                    from: next,
-                    to: state.journal_first - 1,
-                },
-            });
-        }
+        let mut out: Vec<_> = journal_trimmed(next, state.journal_first)
+            .into_iter()
+            .collect();
         let mut bytes = 0u64;
         for (a, r) in state.journal.range(next..) {
             if out.len() >= limit || (!out.is_empty() && bytes >= max_bytes) {
@@ -476,6 +469,20 @@ impl MeshStore for MemStore {
     fn ended_own(&self) -> Result<Vec<EndedOwn>, StoreError> {
         Ok(self.lock().ended.values().cloned().collect())
     }
+}
+
+/// The item a journal page read from `next` starts with when retention
+/// took the arrivals before `first` (the oldest held): one `Trimmed`
+/// record naming `next` to `first - 1`, so the reader never skips them
+/// silently.
+pub(crate) fn journal_trimmed(next: Arrival, first: Arrival) -> Option<JournalItem> {
+    (next < first).then(|| JournalItem {
+        arrival: first - 1,
+        record: JournalRecord::Trimmed {
+            from: next,
+            to: first - 1,
+        },
+    })
 }
 
 /// Applies the `read_outbox` rule to batches of one stream in seq order,

@@ -277,16 +277,9 @@ impl MeshStore for RedbStore {
         }
         let rx = self.begin_read()?;
         let bounds = self.bounds_in(&rx)?;
-        let mut out = Vec::new();
-        if next < bounds.first {
-            out.push(JournalItem {
-                arrival: bounds.first - 1,
-                record: JournalRecord::Trimmed {
-                    from: next,
-                    to: bounds.first - 1,
-                },
-            });
-        }
+        let mut out: Vec<_> = crate::mem::journal_trimmed(next, bounds.first)
+            .into_iter()
+            .collect();
         let t = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
         let mut bytes = 0u64;
         // Rows are keyed by their last arrival: the first row at or after

@@ -72,10 +72,36 @@ fn forward_batch(first: u64, ids: &[MsgId]) -> OpenBatch {
             }
         })
         .collect();
+    peer_batch_of(first, envs)
+}
+
+/// The row of a message this node sent, at `seq`.
+fn sent_row(seq: u64) -> MessageRow {
+    MessageRow {
+        dir: MessageDir::Sent,
+        seq,
+        ..message_row()
+    }
+}
+
+/// `PEER`'s batch of `envs` to this node from `first`, in its first epoch.
+fn peer_batch_of(first: u64, envs: Vec<NewEnvelope>) -> OpenBatch {
     OpenBatch::sign(
         &key(PEER),
         Epoch([PEER; 16]),
         Channel::Direct(node(ME)),
+        first,
+        envs,
+    )
+    .expect("fits")
+}
+
+/// This store's batch of `envs` to `PEER` from `first`, in its epoch.
+fn own_batch(s: &dyn MeshStore, first: u64, envs: Vec<NewEnvelope>) -> OpenBatch {
+    OpenBatch::sign(
+        &key(ME),
+        s.meta().epoch,
+        Channel::Direct(node(PEER)),
         first,
         envs,
     )
@@ -113,11 +139,7 @@ fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
     add_kim(s);
     let (once, sent) = (MsgId([1; 16]), MsgId([2; 16]));
     // A message this node sent, come back to an agent that moved here.
-    let own = MessageRow {
-        dir: MessageDir::Sent,
-        seq: 1,
-        ..message_row()
-    };
+    let own = sent_row(1);
     commit1(
         s,
         vec![
@@ -148,12 +170,7 @@ fn a_message_passed_on_twice_is_indexed_once(s: &dyn MeshStore) {
         ],
     )
     .expect("commits");
-    let inbox: Vec<u64> = s
-        .inbox(&name("kim"), 0, 10)
-        .expect("reads")
-        .iter()
-        .map(|i| i.item.arrival)
-        .collect();
+    let inbox = arrivals(s, "kim", 0, 10);
     assert_eq!(
         inbox.len(),
         2,
@@ -177,11 +194,7 @@ fn a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only(s: &dyn 
     add_kim(s);
     let (back, sent) = (MsgId([3; 16]), MsgId([4; 16]));
     // Before kim left: `back` came here for it, and this node sent `sent`.
-    let own = MessageRow {
-        dir: MessageDir::Sent,
-        seq: 2,
-        ..message_row()
-    };
+    let own = sent_row(2);
     commit1(
         s,
         vec![
@@ -223,12 +236,7 @@ fn a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only(s: &dyn 
         r.expect("commits");
     }
     commit1(s, copies(7)).expect("commits");
-    let after: Vec<u64> = s
-        .inbox(&name("kim"), resumed, 10)
-        .expect("reads")
-        .iter()
-        .map(|i| i.item.arrival)
-        .collect();
+    let after = arrivals(s, "kim", resumed, 10);
     assert_eq!(
         after.len(),
         2,
@@ -300,14 +308,7 @@ fn agent_batch_of(first: u64, n: u64, body: &[u8]) -> OpenBatch {
             .encode(),
         })
         .collect();
-    OpenBatch::sign(
-        &key(PEER),
-        Epoch([PEER; 16]),
-        Channel::Direct(node(ME)),
-        first,
-        envs,
-    )
-    .expect("fits")
+    peer_batch_of(first, envs)
 }
 
 fn row(kind: InboxKind) -> InboxRow {
@@ -387,19 +388,12 @@ fn an_inbox_pages_in_arrival_order_after_a_cursor_and_holds_only_its_agent(s: &d
     accept_into(s, 1, 4, "bob", &[1, 3]);
     accept_into(s, 5, 2, "carol", &[5]);
     accept_into(s, 7, 2, "bob", &[8]);
-    let arrivals = |agent: &str, after, limit| -> Vec<u64> {
-        s.inbox(&name(agent), after, limit)
-            .expect("reads")
-            .iter()
-            .map(|i| i.item.arrival)
-            .collect()
-    };
-    assert_eq!(arrivals("bob", 0, 10), [1, 3, 8]);
-    assert_eq!(arrivals("bob", 1, 1), [3]);
-    assert_eq!(arrivals("bob", 3, 10), [8]);
-    assert_eq!(arrivals("bob", 8, 10), Vec::<u64>::new());
-    assert_eq!(arrivals("carol", 0, 10), [5]);
-    assert_eq!(arrivals("dave", 0, 10), Vec::<u64>::new());
+    assert_eq!(arrivals(s, "bob", 0, 10), [1, 3, 8]);
+    assert_eq!(arrivals(s, "bob", 1, 1), [3]);
+    assert_eq!(arrivals(s, "bob", 3, 10), [8]);
+    assert_eq!(arrivals(s, "bob", 8, 10), Vec::<u64>::new());
+    assert_eq!(arrivals(s, "carol", 0, 10), [5]);
+    assert_eq!(arrivals(s, "dave", 0, 10), Vec::<u64>::new());
 }
 
 fn a_message_row_gets_its_place_and_a_bounce_marks_it(s: &dyn MeshStore) {
@@ -808,14 +802,7 @@ fn own_one(s: &dyn MeshStore, seq: u64, kind: u16, payload: Vec<u8>) -> OpenBatc
         kind,
         payload,
     };
-    OpenBatch::sign(
-        &key(ME),
-        s.meta().epoch,
-        Channel::Direct(node(PEER)),
-        seq,
-        vec![env],
-    )
-    .expect("fits")
+    own_batch(s, seq, vec![env])
 }
 
 fn a_superseded_outbox_message_reads_back_as_its_tombstone_and_the_index_says_by_what(
@@ -934,14 +921,7 @@ fn a_received_tombstone_indexes_as_superseded(s: &dyn MeshStore) {
         kind: KIND_TOMBSTONE,
         payload: tombstone(peer_id(1), peer_id(2)),
     };
-    let batch = OpenBatch::sign(
-        &key(PEER),
-        Epoch([PEER; 16]),
-        Channel::Direct(node(ME)),
-        1,
-        vec![env],
-    )
-    .expect("fits");
+    let batch = peer_batch_of(1, vec![env]);
     commit1(
         s,
         vec![
@@ -997,6 +977,15 @@ fn append_evicting(batch: OpenBatch, msgs_max: u64) -> WriteOp {
             loss: Some("outbox full".into()),
         }),
     }
+}
+
+/// The arrivals of `agent`'s inbox after `after`, `limit` at most.
+fn arrivals(s: &dyn MeshStore, agent: &str, after: u64, limit: usize) -> Vec<u64> {
+    s.inbox(&name(agent), after, limit)
+        .expect("reads")
+        .iter()
+        .map(|i| i.item.arrival)
+        .collect()
 }
 
 /// The inbox of `agent`: each entry's kind and arrival.
@@ -1084,14 +1073,7 @@ fn an_evicted_agent_message_puts_the_loss_record_in_its_senders_inbox(s: &dyn Me
                 payload: one.payloads()[0].clone(),
             });
         }
-        OpenBatch::sign(
-            &key(ME),
-            s.meta().epoch,
-            Channel::Direct(node(PEER)),
-            seq,
-            envs,
-        )
-        .expect("fits")
+        own_batch(s, seq, envs)
     };
     commit1(s, vec![append_evicting(both(8), 10)]).expect("commits");
     commit1(
@@ -1292,11 +1274,7 @@ mod fold {
 
     /// Bob's inbox arrivals after `after`, `limit` at most.
     fn bob(s: &dyn MeshStore, after: u64, limit: usize) -> Vec<u64> {
-        s.inbox(&name("bob"), after, limit)
-            .expect("reads")
-            .iter()
-            .map(|i| i.item.arrival)
-            .collect()
+        arrivals(s, "bob", after, limit)
     }
 
     /// Where the message index puts `PEER`'s message `seq`: (seq, arrival).

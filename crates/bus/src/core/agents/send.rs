@@ -79,14 +79,8 @@ impl Core {
         if agent.is_some() {
             self.out.metrics.agents.sends += 1;
         }
-        self.committer.queue_send(WaitingSend {
-            req,
-            to,
-            kind,
-            payload,
-            created_ms: now.0,
-            tracked: Some(Box::new(Tracked { agent, dedup })),
-        });
+        let tracked = Some(Box::new(Tracked { agent, dedup }));
+        self.queue_checked_send(req, to, kind, payload, now, tracked);
     }
 
     /// Sends a waiting agent message to its recipient's new host, if the
