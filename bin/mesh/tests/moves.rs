@@ -425,10 +425,25 @@ fn a_full_outbox_to_the_new_host_gives_up_no_forward_and_the_agent_gets_every_me
         "[outbox]\nmax_msgs = 3\non_full = \"evict-oldest\"\n",
     );
     let (a, b, c) = triangle(tmp.path());
-    // b queues three messages for kim at a while away; a passes them on
-    // into its outbox to c (three fill it).
-    let bodies: Vec<String> = (1..=3).map(|i| format!("m{i}")).collect();
-    queued_for_the_old_host_while_the_new_is_away(tmp.path(), &a, &b, &c, &bodies);
+    // a cannot reach c. The three messages for kim are committed in its
+    // inbox at a before a learns of the move, so the pass-on reads them in
+    // one page and forwards all three into a's outbox to c (three fill it).
+    // (Had they come in two commits, the pass-on would wait for c to
+    // acknowledge the first page before reading the next: the test once
+    // failed so under load.)
+    let kim_at_a = add_kim_and_bob(&a, &b);
+    away(&a, &[&c]);
+    for i in 1..=3 {
+        let id = ok(as_agent(&b, "bob", &["send", &kim_at_a, &format!("m{i}")]));
+        b.wait_message_state(id.trim(), "delivered", SETTLE);
+    }
+    let file = tmp.path().join("kim.export");
+    export_kim(&a, &file, &[]);
+    import_kim(&c, &file);
+    // a hears of the move through b.
+    wait_agents(&a, "a marks kim as moved", |all| {
+        all["local"][0]["moved_to"] == c.node()
+    });
     let deadline = Instant::now() + SETTLE;
     while metric(&a, "mesh_agent_forwards_sent_total") < Some(3) {
         assert!(Instant::now() < deadline, "a did not pass the three on");
