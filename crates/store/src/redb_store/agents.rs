@@ -40,7 +40,8 @@ use crate::{AgentRecord, DedupRecord, InboxItem, InboxRow, MessageDir, MessageRo
 mod fold;
 mod read;
 
-use fold::{DeferredRow, deferred_rows};
+use fold::DeferredRow;
+pub(in crate::redb_store) use fold::deferred_rows;
 pub(in crate::redb_store) use fold::{FoldState, InboxEntry, MessageEntry, run_index};
 
 /// The most entries in one packed index row.
@@ -148,6 +149,8 @@ pub(super) struct AgentTables<'tx> {
     /// Whether this transaction wrote the entries of the rows after
     /// `fold.through` to the tables: then its own go there too.
     pub(super) folded: bool,
+    /// The entries those rows hold, once read (see [`AgentTables::held`]).
+    held: Option<Vec<DeferredRow>>,
 }
 
 /// Opens `def` in `tx` into `slot` if it is not open yet.
@@ -188,6 +191,7 @@ impl<'tx> AgentTables<'tx> {
             bounced_pending: Vec::new(),
             fold: FoldState::default(),
             folded: false,
+            held: None,
         }
     }
 
@@ -215,8 +219,8 @@ impl<'tx> AgentTables<'tx> {
         {
             return Ok(true);
         }
-        let deferred = self.deferred(journal, after, name)?;
-        if deferred
+        if self
+            .held(journal, name)?
             .iter()
             .any(|r| r.inbox_of(agent, after).next().is_some())
         {
@@ -241,8 +245,9 @@ impl<'tx> AgentTables<'tx> {
         if let Some((_, row)) = self.messages_pending.iter().rev().find(|(m, _)| m == id) {
             return Ok(Some((row.dir, row.arrival)));
         }
-        let deferred = self.deferred(journal, 0, name)?;
-        if let Some((dir, _, arrival)) = deferred.iter().find_map(|r| r.message(id)) {
+        if let Some((dir, _, arrival)) =
+            self.held(journal, name)?.iter().find_map(|r| r.message(id))
+        {
             return Ok(Some((dir, arrival)));
         }
         let rerr = |e: redb::StorageError| from_redb(name, "cannot read", e);
@@ -296,13 +301,18 @@ impl<'tx> AgentTables<'tx> {
     ) -> Result<(), StoreError> {
         let werr = |e: redb::StorageError| from_redb(name, "cannot write", e);
         let tx = self.tx;
-        if matches!(
-            w,
-            AgentWrite::RemoveAgent(_)
-                | AgentWrite::TrimInboxes { .. }
-                | AgentWrite::TrimMessages { .. }
-        ) {
-            // What it removes may be in journal rows not folded yet.
+        // A write that removes entries folds first if rows may hold some of
+        // them. A trim of inboxes before `fold.through + 1` takes table
+        // entries only. A trim of messages comes with the trim of the
+        // journal rows that held them, which folded if it reached past
+        // `fold.through`; otherwise the rows after it hold only ids of
+        // their own streams' later seqs (`Tables::flush`), none in range.
+        let removes_held = match &w {
+            AgentWrite::RemoveAgent(_) => true,
+            AgentWrite::TrimInboxes { before } => *before > self.fold.through.saturating_add(1),
+            _ => false,
+        };
+        if removes_held {
             self.fold_rows(journal, name)?;
         }
         match w {

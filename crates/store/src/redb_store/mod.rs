@@ -4,7 +4,7 @@
 //!
 //! | table            | key                          | value                                   |
 //! |------------------|------------------------------|-----------------------------------------|
-//! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"`, `"journal_first"`, `"journal_bytes"`, `"last_write_ms"`, `"index_through"`, `"index_deferred_entries"`, `"index_deferred_bytes"` | little-endian u32, 16 bytes, then little-endian u64s |
+//! | `meta-v1`        | `"schema_version"`, `"epoch"`, `"max_lamport"`, `"journal_first"`, `"journal_bytes"`, `"last_write_ms"`, `"index_through"`, `"index_deferred_bytes"` | little-endian u32, 16 bytes, then little-endian u64s |
 //! | `outbox-v2`      | (postcard `StreamId`, first seq) | postcard (last seq, msgs, bytes, `SignedBatch`, arrival of its first envelope) |
 //! | `outbox-payloads-v1` | (postcard `StreamId`, first seq) | postcard payloads of an outbox batch whose journal rows are gone |
 //! | `own-streams-v3` | postcard `StreamId`          | postcard (next seq, first retained, last acked, msgs, bytes, evictable msgs, evictable bytes) |
@@ -49,17 +49,20 @@
 //! **The agent index is folded, not written per commit** (schema 5). A
 //! commit's `inbox-v1` and `messages-v1` entries travel in the journal
 //! rows of the envelopes they name (an `Indexed` run: the entries before
-//! the envelopes, so that they read without the payloads); every so often
-//! (`index_deferred_entries` > 0 and [`INDEX_FOLD_ARRIVALS`] arrivals or
-//! [`INDEX_FOLD_BYTES`] of rows since the last fold) a commit folds them
-//! into the two tables and moves `index_through` to its head. Index
+//! the envelopes, so that they read without the payloads); once
+//! [`INDEX_FOLD_ARRIVALS`] arrivals or [`INDEX_FOLD_BYTES`] of rows were
+//! journaled since the last fold (`index_deferred_bytes`), a commit folds
+//! them into the two tables and moves `index_through` to its head, where
+//! it stays while no row holds an entry. Index
 //! readers read the tables up to `index_through` and the rows after it,
 //! in one read transaction, so they see every entry exactly once; a crash
 //! loses nothing, the rows being in the journal. Writing two tables'
 //! pages on every commit cost ~70-90 bytes of disk per agent message
-//! (`docs/benchmarks.md`); a row's entries cost ~10. A commit that
-//! removes an agent, trims the journal or the index, or has an entry no
-//! run of its own holds (a loss record) folds first.
+//! (`docs/benchmarks.md`); a row's entries cost 3-8. A commit folds too
+//! when it removes an agent, trims the journal or the inboxes past
+//! `index_through`, or has an entry a row cannot hold (one at no envelope
+//! of its runs, or a message id not its stream's own: a forward, a
+//! tombstone), so a row holds only what its stream's tag and seqs rebuild.
 //!
 //! The journal is trimmed from its oldest row (`WriteOp::Trim`); what is
 //! left starts at `journal_first`, and `journal_bytes` counts its rows'
@@ -161,7 +164,6 @@ const META_JOURNAL_FIRST: &str = "journal_first";
 const META_JOURNAL_BYTES: &str = "journal_bytes";
 const META_LAST_WRITE_MS: &str = "last_write_ms";
 const META_INDEX_THROUGH: &str = "index_through";
-const META_INDEX_DEFERRED_ENTRIES: &str = "index_deferred_entries";
 const META_INDEX_DEFERRED_BYTES: &str = "index_deferred_bytes";
 
 /// A commit folds the agent index entries held in journal rows into the
@@ -476,13 +478,21 @@ impl RedbStore {
     }
 
     /// Where the agent index stands: the arrival of the last fold, the
-    /// entries journal rows hold since, and those rows' bytes.
+    /// entries journal rows hold since (counted in them), and those rows'
+    /// bytes.
     #[cfg(test)]
     pub(crate) fn index_fold(&self) -> (Arrival, u64, u64) {
         let rx = self.begin_read().expect("reads");
         let meta = rx.open_table(META).expect("meta");
         let f = agents::FoldState::read(&meta, &self.name).expect("fold state");
-        (f.through, f.entries, f.bytes)
+        let journal = rx.open_table(JOURNAL).expect("journal");
+        let mut held = 0;
+        agents::deferred_rows(&journal, f.through, &self.name, |r| {
+            held += r.entries() as u64;
+            true
+        })
+        .expect("rows");
+        (f.through, held, f.bytes)
     }
 
     /// The store's path or name.

@@ -227,11 +227,7 @@ pub(super) fn migrate_v4(db: &Database, name: &str) -> Result<(), StoreError> {
             .map_err(|e| werr(e.into()))?
             .map_or(0, |(k, _)| k.value());
         head = last_row.max(first.saturating_sub(1));
-        for (key, value) in [
-            (META_INDEX_THROUGH, head),
-            (META_INDEX_DEFERRED_ENTRIES, 0),
-            (META_INDEX_DEFERRED_BYTES, 0),
-        ] {
+        for (key, value) in [(META_INDEX_THROUGH, head), (META_INDEX_DEFERRED_BYTES, 0)] {
             meta.insert(key, value.to_le_bytes().as_slice())
                 .map_err(|e| werr(e.into()))?;
         }
@@ -320,11 +316,7 @@ pub(super) fn read_meta(
         check(rx.open_table(JOURNAL_TIMES).map(drop))?;
     }
     if version >= 5 {
-        for key in [
-            META_INDEX_THROUGH,
-            META_INDEX_DEFERRED_ENTRIES,
-            META_INDEX_DEFERRED_BYTES,
-        ] {
+        for key in [META_INDEX_THROUGH, META_INDEX_DEFERRED_BYTES] {
             read_u64(&meta, key, name)?;
         }
     }
@@ -368,7 +360,6 @@ pub(super) fn init(db: &Database, name: &str) -> Result<(), StoreError> {
             META_JOURNAL_BYTES,
             META_LAST_WRITE_MS,
             META_INDEX_THROUGH,
-            META_INDEX_DEFERRED_ENTRIES,
             META_INDEX_DEFERRED_BYTES,
         ] {
             meta.insert(key, 0u64.to_le_bytes().as_slice())

@@ -30,7 +30,30 @@ store_suite!(
     a_move_notice_is_kept_per_agent_and_a_later_one_replaces_it,
     a_message_passed_on_twice_is_indexed_once,
     a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only,
+    a_drain_end_is_refused_while_the_inbox_has_entries_after_what_was_passed_on,
 );
+
+/// The end of a moved agent's drain is journaled only once its previous
+/// inbox was passed on whole: an entry after `passed` refuses it.
+fn a_drain_end_is_refused_while_the_inbox_has_entries_after_what_was_passed_on(s: &dyn MeshStore) {
+    accept_into(s, 1, 3, "bob", &[1, 2, 3]);
+    let end = |passed| {
+        commit1(
+            s,
+            vec![WriteOp::RecordDrainEnded {
+                agent: name("bob"),
+                to: node(PEER),
+                passed,
+                detail: "every peer followed".into(),
+            }],
+        )
+    };
+    let r = end(1);
+    assert!(matches!(r, Err(StoreError::Conflict(_))), "{r:?}");
+    assert_eq!(s.journal_head().expect("head"), 3, "nothing journaled");
+    end(3).expect("passed on whole: the drain ends");
+    assert_eq!(s.journal_head().expect("head"), 4);
+}
 
 /// A forwarded entry of the message `id` at `seq` of `PEER`'s stream.
 fn forwarded(id: MsgId, seq: u64) -> AgentIndex {
@@ -1356,6 +1379,88 @@ mod fold {
             Some((1, 1)),
             "the message index keeps its places"
         );
+        // A fold (8 arrivals since the removal's at 3) brings none back.
+        accept_indexed(&s, 10, 2);
+        assert_eq!(s.index_fold(), (11, 0, 0), "folded");
+        assert_eq!(bob(&s, 0, 10), [4, 5, 6, 7, 8, 9, 10, 11]);
+    }
+
+    #[test]
+    fn a_fold_is_due_by_bytes_as_well_as_by_arrivals() {
+        let s = RedbStore::in_memory()
+            .expect("opens")
+            .folding_after(u64::MAX, 1);
+        accept_indexed(&s, 1, 3);
+        assert_eq!(
+            s.index_fold().1,
+            6,
+            "held: no row bytes since the last fold"
+        );
+        accept_indexed(&s, 4, 3);
+        assert_eq!(
+            s.index_fold(),
+            (6, 0, 0),
+            "the rows' bytes passed the bound"
+        );
+        assert_eq!(s.index_rows()[..2], [1, 1]);
+        assert_eq!(bob(&s, 0, 10), [1, 2, 3, 4, 5, 6]);
+    }
+
+    #[test]
+    fn a_trim_of_folded_rows_leaves_the_rows_after_the_fold_holding_their_entries() {
+        let s = RedbStore::in_memory()
+            .expect("opens")
+            .folding_after(8, u64::MAX);
+        accept_indexed(&s, 1, 3);
+        accept_indexed(&s, 4, 6);
+        assert_eq!(s.index_fold().0, 9, "folded");
+        accept_indexed(&s, 10, 2);
+        // The oldest row goes (arrivals 1..=3), with its index entries.
+        let all = s.journal_bounds().expect("bounds").bytes;
+        let trim = WriteOp::Trim {
+            now_ms: 1_000_000,
+            bytes_max: all - 1,
+            age_ms_max: 0,
+        };
+        commit1(&s, vec![trim]).expect("trims");
+        assert_eq!(s.journal_bounds().expect("bounds").first, 4);
+        assert_eq!(
+            s.index_fold().1,
+            4,
+            "the rows after the fold still hold theirs"
+        );
+        let got = bob(&s, 0, 100);
+        assert_eq!(
+            got[1..],
+            [4, 5, 6, 7, 8, 9, 10, 11],
+            "told of the trim first: {got:?}"
+        );
+        assert_eq!(place(&s, 1), None, "its message rows went with it");
+        assert_eq!(place(&s, 11), Some((11, 11)));
+    }
+
+    #[test]
+    fn a_commit_indexing_an_id_that_is_not_its_streams_own_goes_to_the_tables() {
+        let s = RedbStore::in_memory()
+            .expect("opens")
+            .folding_after(8, u64::MAX);
+        add_kim(&s);
+        let id = MsgId([7; 16]);
+        commit1(
+            &s,
+            vec![
+                accept_forwards(1, &[id]),
+                index_peer(vec![forwarded(id, 1)]),
+            ],
+        )
+        .expect("commits");
+        assert_eq!(
+            s.index_fold(),
+            (1, 0, 0),
+            "a forward carries its author's id"
+        );
+        assert_eq!(s.index_rows()[..2], [1, 1]);
+        assert_eq!(s.message(&id).expect("reads").expect("indexed").seq, 1);
     }
 
     /// A data dir as the store of schema 4 left it: written by the build

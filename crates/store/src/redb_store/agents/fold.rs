@@ -18,8 +18,9 @@ pub(in crate::redb_store) struct RunIndex {
     /// The run's envelopes.
     n: u32,
     /// The first 8 bytes of the ids of the run's messages: a message's id
-    /// is this tag and its seq ([`MsgId::in_stream`]) unless its entry
-    /// names another (a forward carries the id its author gave it).
+    /// is this tag and its seq ([`MsgId::in_stream`]). A message whose id
+    /// is not its stream's own (a forward, a tombstone naming the message
+    /// it replaced) is never held in a row: its commit folds.
     tag: [u8; 8],
     /// The agents of `inbox`, each once.
     agents: Vec<AgentName>,
@@ -27,18 +28,18 @@ pub(in crate::redb_store) struct RunIndex {
     /// place in `agents`), the row.
     inbox: Vec<(u32, u32, InboxRow)>,
     /// Message index entries: the envelope's place in the run, sent or
-    /// received, and its id where it is not the tag's.
-    messages: Vec<(u32, MessageDir, Option<MsgId>)>,
+    /// received.
+    messages: Vec<(u32, MessageDir)>,
 }
 
 /// Where the agent index stands: the tables hold every entry up to
-/// `through`; the journal rows after it hold `entries` more.
+/// `through`; the journal rows after it hold the rest. `through` is the
+/// journal's head whenever no row holds an entry (a commit moves it there
+/// then), so `through < head` says that rows hold some.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(in crate::redb_store) struct FoldState {
     /// Every entry at this arrival or before is in the tables.
     pub(in crate::redb_store) through: Arrival,
-    /// Entries held in journal rows after `through`.
-    pub(in crate::redb_store) entries: u64,
     /// Bytes of the journal rows written since `through` moved.
     pub(in crate::redb_store) bytes: u64,
 }
@@ -51,7 +52,6 @@ impl FoldState {
     ) -> Result<Self, StoreError> {
         Ok(FoldState {
             through: read_u64(meta, META_INDEX_THROUGH, name)?,
-            entries: read_u64(meta, META_INDEX_DEFERRED_ENTRIES, name)?,
             bytes: read_u64(meta, META_INDEX_DEFERRED_BYTES, name)?,
         })
     }
@@ -83,9 +83,9 @@ impl DeferredRow {
             .filter(move |(arrival, _)| *arrival > after)
     }
 
-    /// The id of the message entry at `at` naming `explicit`.
-    pub(super) fn id(&self, at: u32, explicit: Option<MsgId>) -> MsgId {
-        explicit.unwrap_or_else(|| MsgId::in_stream(self.index.tag, self.first_seq + u64::from(at)))
+    /// The id of the message entry at `at`.
+    fn id(&self, at: u32) -> MsgId {
+        MsgId::in_stream(self.index.tag, self.first_seq + u64::from(at))
     }
 
     /// Where the message `id` is, if this row's index has it: sent or
@@ -94,8 +94,8 @@ impl DeferredRow {
         self.index
             .messages
             .iter()
-            .find(|(at, _, explicit)| self.id(*at, *explicit) == *id)
-            .map(|(at, dir, _)| {
+            .find(|(at, _)| self.id(*at) == *id)
+            .map(|(at, dir)| {
                 (
                     *dir,
                     self.first_seq + u64::from(*at),
@@ -104,24 +104,31 @@ impl DeferredRow {
             })
     }
 
+    /// The row's index entries.
+    #[cfg(test)]
+    pub(in crate::redb_store) fn entries(&self) -> usize {
+        self.index.inbox.len() + self.index.messages.len()
+    }
+
     /// The row's stream.
     pub(super) fn stream(&self, name: &str) -> Result<StreamId, StoreError> {
         decode(name, "stream id", &self.stream)
     }
 }
 
-/// The agent index entries held in the `Indexed` rows of `journal` after
-/// arrival `after`: at most the rows since the last fold, which
-/// [`IndexFold`] bounds.
+/// Visits the agent index entries held in the `Indexed` rows of `journal`
+/// after arrival `after`, oldest first, while `visit` says go on: at most
+/// the rows since the last fold, which [`IndexFold`] bounds (plus the
+/// commit that passed a bound).
 pub(in crate::redb_store) fn deferred_rows(
     journal: &impl ReadableTable<u64, &'static [u8]>,
     after: Arrival,
     name: &str,
-) -> Result<Vec<DeferredRow>, StoreError> {
+    mut visit: impl FnMut(DeferredRow) -> bool,
+) -> Result<(), StoreError> {
     let rerr = |e: redb::StorageError| from_redb(name, "cannot read", e);
-    let mut out = Vec::new();
     let Some(from) = after.checked_add(1) else {
-        return Ok(out);
+        return Ok(());
     };
     for row in journal.range(from..).map_err(rerr)? {
         let (k, v) = row.map_err(rerr)?;
@@ -130,25 +137,51 @@ pub(in crate::redb_store) fn deferred_rows(
         };
         let head: IndexedHead = decode(name, "indexed journal row", rest)?;
         let index: RunIndex = decode(name, "journal row's index", head.index)?;
-        let first = (k.value() + 1)
-            .checked_sub(u64::from(index.n))
-            .ok_or_else(|| corrupt(name, "an indexed journal row holds more than its key"))?;
-        out.push(DeferredRow {
-            first,
-            stream: head.stream.to_vec(),
-            first_seq: head.first_seq,
-            index,
-        });
+        let row = DeferredRow::new(k.value(), head.stream, head.first_seq, index)
+            .map_err(|why| corrupt(name, format!("indexed journal row {}: {why}", k.value())))?;
+        if !visit(row) {
+            break;
+        }
     }
-    Ok(out)
+    Ok(())
 }
 
-/// The index of the run of `n` envelopes from `first` (seq `first_seq`):
-/// the entries of `inbox` and `messages` (each in arrival order) at its
-/// arrivals, taken from their fronts. `None` if it has none.
+impl DeferredRow {
+    /// The row keyed `last` of `stream` from `first_seq` with `index`, if
+    /// its index names only its own envelopes and agents; the why if not.
+    fn new(last: Arrival, stream: &[u8], first_seq: Seq, index: RunIndex) -> Result<Self, String> {
+        let n = u64::from(index.n);
+        let first = (last + 1)
+            .checked_sub(n)
+            .filter(|_| n > 0)
+            .ok_or("its index counts no envelopes, or more than its key allows")?;
+        first_seq
+            .checked_add(n - 1)
+            .ok_or("its seqs pass the largest seq")?;
+        let agents = index.agents.len();
+        if index
+            .inbox
+            .iter()
+            .any(|(at, a, _)| *at >= index.n || *a as usize >= agents)
+            || index.messages.iter().any(|(at, _)| *at >= index.n)
+        {
+            return Err("its index names an envelope or an agent it does not hold".into());
+        }
+        Ok(DeferredRow {
+            first,
+            stream: stream.to_vec(),
+            first_seq,
+            index,
+        })
+    }
+}
+
+/// The index of the run of `n` envelopes from arrival `first`:
+/// the entries of `inbox` and `messages` (each in arrival order, each
+/// message id its stream's own) at its arrivals, taken from their fronts.
+/// `None` if it has none.
 pub(in crate::redb_store) fn run_index(
     first: Arrival,
-    first_seq: Seq,
     n: usize,
     inbox: &mut &[InboxEntry],
     messages: &mut &[MessageEntry],
@@ -177,14 +210,10 @@ pub(in crate::redb_store) fn run_index(
     while let Some(((id, place), rest)) = messages.split_first()
         && place.arrival <= last
     {
-        if index.messages.is_empty() {
-            index.tag.copy_from_slice(&id.0[..8]);
-        }
-        let derived = MsgId::in_stream(index.tag, first_seq + u64::from(at(place.arrival)));
-        let explicit = (derived != *id).then_some(*id);
-        index
-            .messages
-            .push((at(place.arrival), place.dir, explicit));
+        // Every id is its stream's own (`own_ids`): the first names the tag.
+        index.tag.copy_from_slice(&id.0[..8]);
+        debug_assert_eq!(*id, MsgId::in_stream(index.tag, place.seq));
+        index.messages.push((at(place.arrival), place.dir));
         *messages = rest;
     }
     (!index.inbox.is_empty() || !index.messages.is_empty()).then_some(index)
@@ -250,23 +279,18 @@ impl AgentTables<'_> {
         messages: Vec<MessageEntry>,
         name: &str,
     ) -> Result<(), StoreError> {
-        if std::mem::replace(&mut self.folded, true) || self.fold.entries == 0 {
-            return self.write_index(inbox, messages, name);
-        }
-        let rows = deferred_rows(journal, self.fold.through, name)?;
+        self.held(journal, name)?;
+        let rows = self.held.take().unwrap_or_default();
+        self.folded = true;
         let mut all_inbox = Vec::new();
         let mut all_messages = Vec::new();
         // Streams decoded once each (a node id's decoding checks a point).
         let mut streams: Vec<(Vec<u8>, StreamId)> = Vec::new();
         for r in &rows {
             for (at, agent, row) in &r.index.inbox {
-                let agent = r.index.agents.get(*agent as usize).ok_or_else(|| {
-                    corrupt(
-                        name,
-                        "a journal row's index names an agent it does not hold",
-                    )
-                })?;
-                all_inbox.push((agent.clone(), r.first + u64::from(*at), *row));
+                // `DeferredRow::new` checked the agent's place.
+                let agent = r.index.agents[*agent as usize].clone();
+                all_inbox.push((agent, r.first + u64::from(*at), *row));
             }
             if r.index.messages.is_empty() {
                 continue;
@@ -279,19 +303,18 @@ impl AgentTables<'_> {
                     s
                 }
             };
-            for (at, dir, explicit) in &r.index.messages {
+            for (at, dir) in &r.index.messages {
                 let place = crate::agents::Place {
                     dir: *dir,
                     stream: stream.clone(),
                     seq: r.first_seq + u64::from(*at),
                     arrival: r.first + u64::from(*at),
                 };
-                all_messages.push((r.id(*at, *explicit), place));
+                all_messages.push((r.id(*at), place));
             }
         }
         all_inbox.extend(inbox);
         all_messages.extend(messages);
-        self.fold.entries = 0;
         self.write_index(all_inbox, all_messages, name)
     }
 
@@ -359,17 +382,65 @@ impl AgentTables<'_> {
         write(run)
     }
 
-    /// The entries held in journal rows after `after` that this
-    /// transaction has not folded.
-    pub(super) fn deferred(
-        &self,
+    /// The entries held in the journal rows after `fold.through` that this
+    /// transaction has not folded: read once per transaction (its own
+    /// rows are written at its end, so they cannot change before a fold).
+    pub(super) fn held(
+        &mut self,
         journal: &impl ReadableTable<u64, &'static [u8]>,
-        after: Arrival,
         name: &str,
-    ) -> Result<Vec<DeferredRow>, StoreError> {
-        if self.folded || self.fold.entries == 0 {
-            return Ok(Vec::new());
+    ) -> Result<&[DeferredRow], StoreError> {
+        if self.folded {
+            return Ok(&[]);
         }
-        deferred_rows(journal, after.max(self.fold.through), name)
+        if self.held.is_none() {
+            let mut rows = Vec::new();
+            deferred_rows(journal, self.fold.through, name, |r| {
+                rows.push(r);
+                true
+            })?;
+            self.held = Some(rows);
+        }
+        Ok(self.held.as_deref().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn index(n: u32, inbox: Vec<(u32, u32, InboxRow)>, agents: usize) -> RunIndex {
+        RunIndex {
+            n,
+            tag: [1; 8],
+            agents: (0..agents)
+                .map(|i| AgentName::new(&format!("a{i}")).expect("a name"))
+                .collect(),
+            inbox,
+            messages: vec![(0, MessageDir::Received)],
+        }
+    }
+
+    fn row() -> InboxRow {
+        InboxRow {
+            kind: crate::InboxKind::Message,
+            verified: true,
+            in_reply_to: None,
+        }
+    }
+
+    #[test]
+    fn a_held_row_whose_index_names_what_it_does_not_hold_is_refused() {
+        let ok = DeferredRow::new(12, &[], 5, index(3, vec![(2, 0, row())], 1)).expect("valid");
+        assert_eq!((ok.first, ok.id(2)), (10, MsgId::in_stream([1; 8], 7)));
+        for (last, first_seq, ix) in [
+            (12, 5, index(3, vec![(3, 0, row())], 1)),
+            (12, 5, index(3, vec![(0, 1, row())], 1)),
+            (12, 5, index(0, vec![], 0)),
+            (1, 5, index(3, vec![], 0)),
+            (12, u64::MAX, index(3, vec![], 0)),
+        ] {
+            assert!(DeferredRow::new(last, &[], first_seq, ix).is_err());
+        }
     }
 }

@@ -84,9 +84,10 @@ impl RedbStore {
         let journal = rx.open_table(JOURNAL).map_err(|e| self.read_err(e))?;
         // Then the entries not folded yet, all after those of the table.
         if rows.len() < limit {
-            for r in self.deferred_in(&rx, &journal, after)? {
+            self.deferred_in(&rx, &journal, after, |r| {
                 rows.extend(r.inbox_of(agent, after).take(limit - rows.len()));
-            }
+                rows.len() < limit
+            })?;
         }
         let mut out = Vec::with_capacity(rows.len() + 1);
         out.extend(trimmed);
@@ -187,33 +188,39 @@ impl RedbStore {
                 return Ok(Some(run.place(i)));
             }
         }
-        for r in self.deferred_in(rx, journal, 0)? {
-            if let Some((dir, seq, arrival)) = r.message(id) {
-                return Ok(Some(crate::agents::Place {
+        let mut found = None;
+        self.deferred_in(rx, journal, 0, |r| {
+            found = r
+                .message(id)
+                .map(|(dir, seq, arrival)| (r, dir, seq, arrival));
+            found.is_none()
+        })?;
+        found
+            .map(|(r, dir, seq, arrival)| {
+                Ok(crate::agents::Place {
                     dir,
                     stream: r.stream(&self.name)?,
                     seq,
                     arrival,
-                }));
-            }
-        }
-        Ok(None)
+                })
+            })
+            .transpose()
     }
 
-    /// The index entries held in journal rows after the last fold and
-    /// after `after`, as the read transaction `rx` sees them.
+    /// Visits the index entries held in journal rows after the last fold
+    /// and after `after`, as the read transaction `rx` sees them, while
+    /// `visit` says go on.
     fn deferred_in(
         &self,
         rx: &redb::ReadTransaction,
         journal: &impl ReadableTable<u64, &'static [u8]>,
         after: Arrival,
-    ) -> Result<Vec<DeferredRow>, StoreError> {
+        visit: impl FnMut(DeferredRow) -> bool,
+    ) -> Result<(), StoreError> {
         let meta = rx.open_table(META).map_err(|e| self.read_err(e))?;
         let fold = FoldState::read(&meta, &self.name)?;
-        if fold.entries == 0 {
-            return Ok(Vec::new());
-        }
-        deferred_rows(journal, after.max(fold.through), &self.name)
+        // No row after the head: nothing to read when no row holds entries.
+        deferred_rows(journal, after.max(fold.through), &self.name, visit)
     }
 
     pub(in crate::redb_store) fn read_dedup(&self) -> Result<Vec<DedupRecord>, StoreError> {

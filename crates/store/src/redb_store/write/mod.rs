@@ -6,7 +6,7 @@ use crate::logic::JOURNAL_TIME_STEP_MS;
 mod base;
 mod rows;
 
-use rows::in_runs;
+use rows::can_hold;
 
 impl RedbStore {
     /// Plans and applies `groups` in one write transaction and commits it:
@@ -113,7 +113,6 @@ fn put_fold(
     let werr = write_err(name);
     for (key, value, was) in [
         (META_INDEX_THROUGH, fold.through, before.through),
-        (META_INDEX_DEFERRED_ENTRIES, fold.entries, before.entries),
         (META_INDEX_DEFERRED_BYTES, fold.bytes, before.bytes),
     ] {
         if value != was {
@@ -290,8 +289,11 @@ impl Tables<'_> {
                 n,
             } => self.move_payloads(&stream, first_seq, first_arrival, n)?,
             Write::DelJournal { first, last } => {
-                // The rows it removes may hold index entries not folded yet.
-                self.agents.fold_rows(&self.journal, name)?;
+                // Rows after the last fold hold index entries: fold them
+                // first if it removes some of those rows.
+                if last > self.agents.fold.through {
+                    self.agents.fold_rows(&self.journal, name)?;
+                }
                 self.journal
                     .retain_in(first..=last, |_, _| false)
                     .map_err(werr)?;
@@ -468,9 +470,9 @@ impl Tables<'_> {
     /// Writes what [`Tables::apply`] deferred: marks, own streams, and the
     /// journal packed into rows, dated `now_ms` if given, with this
     /// commit's agent index entries in them or, when `fold` says so (or the
-    /// transaction folded already, or an entry is not at an envelope of a
-    /// run), folded into the index tables with those of the rows since the
-    /// last fold. Returns the bytes of the rows written and where the index
+    /// transaction folded already, or a row cannot hold an entry: see
+    /// [`can_hold`]), folded into the index tables with those of the rows
+    /// since the last fold. Returns the bytes of the rows written and where the index
     /// stands after the commit (the journal's head was `head` before it).
     fn flush(
         &mut self,
@@ -485,35 +487,36 @@ impl Tables<'_> {
             self.date_rows(*first, now)?;
         }
         let (inbox, messages) = self.agents.take_index(self.name)?;
-        let n = (inbox.len() + messages.len()) as u64;
+        let has = !inbox.is_empty() || !messages.is_empty();
         let head_after = pending.last().map_or(head, |(a, _)| *a);
-        let mut state = self.agents.fold;
+        let state = self.agents.fold;
         // Where the index stands once every entry is in the tables.
         let folded = agents::FoldState {
             through: head_after,
-            entries: 0,
             bytes: 0,
         };
-        let due = state.entries + n > 0
+        let held = state.through < head;
+        let due = (held || has)
             && (head_after.saturating_sub(state.through) >= fold.arrivals
                 || state.bytes >= fold.bytes);
-        if self.agents.folded || due || (n > 0 && !in_runs(&pending, &inbox, &messages)) {
+        if self.agents.folded || due || (has && !can_hold(&pending, &inbox, &messages)) {
             self.agents
                 .fold_with(&self.journal, inbox, messages, self.name)?;
             let written = self.write_rows(&pending, &mut &[][..], &mut &[][..])?;
             return Ok((written, folded));
         }
         let written = self.write_rows(&pending, &mut inbox.as_slice(), &mut messages.as_slice())?;
-        if state.entries + n == 0 {
+        if !held && !has {
             // Nothing held in rows: the fold point keeps up with the head.
             return Ok((written, folded));
         }
-        if state.entries == 0 {
-            state.through = head;
-        }
-        state.entries += n;
-        state.bytes += written;
-        Ok((written, state))
+        Ok((
+            written,
+            agents::FoldState {
+                through: state.through,
+                bytes: state.bytes + written,
+            },
+        ))
     }
 
     /// Writes the pending marks, then the pending mark cids, each in stream order.

@@ -26,7 +26,7 @@ impl Tables<'_> {
                 JournalRecord::Envelope { stream, seq, .. } if n > 0 => {
                     let entries = run_entries(&rest[..n]);
                     encode_into(&mut key, stream)?;
-                    match agents::run_index(*arrival, *seq, n, inbox, messages) {
+                    match agents::run_index(*arrival, n, inbox, messages) {
                         Some(ix) => {
                             encode_into(&mut index, &ix)?;
                             RowRef::Indexed {
@@ -52,13 +52,26 @@ impl Tables<'_> {
             written += row_bytes(buf.len());
             rest = &rest[taken..];
         }
+        if !inbox.is_empty() || !messages.is_empty() {
+            // `can_hold` said every entry is at an envelope of these runs.
+            return Err(StoreError::Unavailable(format!(
+                "{}: {} index entries named no envelope of the commit's runs",
+                self.name,
+                inbox.len() + messages.len()
+            )));
+        }
         Ok(written)
     }
 }
 
-/// Whether every entry of `inbox` and `messages` names an envelope of a
-/// run of `pending` (and so can travel in that run's row).
-pub(super) fn in_runs(
+/// Whether the rows of `pending` can hold every entry of `inbox` and
+/// `messages`: each names an envelope of a run of `pending`, and each
+/// message's id is its direct stream's own (tag and seq). Anything else (a
+/// loss record's inbox entries, a forward or a tombstone naming another
+/// message's id) goes straight to the tables, so that the rows hold only
+/// what a fold can rebuild from a row's tag and seqs, and no trim of the
+/// message index can reach an entry a row holds.
+pub(super) fn can_hold(
     pending: &[(Arrival, JournalRecord)],
     inbox: &[agents::InboxEntry],
     messages: &[agents::MessageEntry],
@@ -73,7 +86,28 @@ pub(super) fn in_runs(
             .and_then(|i| pending.get(i))
             .is_some_and(|(a, r)| *a == arrival && matches!(r, JournalRecord::Envelope { .. }))
     };
-    inbox.iter().all(|(_, a, _)| in_run(*a)) && messages.iter().all(|(_, p)| in_run(p.arrival))
+    if !inbox.iter().all(|(_, a, _)| in_run(*a)) {
+        return false;
+    }
+    // The tag of the last stream seen: messages come a run at a time.
+    let mut tag: Option<(&StreamId, [u8; 8])> = None;
+    for (id, p) in messages {
+        let mesh_protocol::Channel::Direct(to) = &p.stream.channel else {
+            return false;
+        };
+        let t = match tag {
+            Some((s, t)) if *s == p.stream => t,
+            _ => {
+                let t = mesh_protocol::MsgId::stream_tag(&p.stream.author, p.stream.epoch, to);
+                tag = Some((&p.stream, t));
+                t
+            }
+        };
+        if !in_run(p.arrival) || *id != mesh_protocol::MsgId::in_stream(t, p.seq) {
+            return false;
+        }
+    }
+    true
 }
 
 /// The envelopes of the run `records`, borrowed for encoding.
