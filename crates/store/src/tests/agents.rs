@@ -1307,6 +1307,13 @@ mod fold {
             .map(|m| (m.seq, m.arrival))
     }
 
+    /// An in-memory store that folds after 8 arrivals.
+    fn folding_after_8() -> RedbStore {
+        RedbStore::in_memory()
+            .expect("opens")
+            .folding_after(8, u64::MAX)
+    }
+
     fn open(dir: &std::path::Path) -> RedbStore {
         RedbStore::open(dir)
             .expect("opens")
@@ -1365,9 +1372,7 @@ mod fold {
 
     #[test]
     fn a_removed_agent_loses_the_entries_rows_hold_and_they_do_not_come_back_at_a_fold() {
-        let s = RedbStore::in_memory()
-            .expect("opens")
-            .folding_after(8, u64::MAX);
+        let s = folding_after_8();
         accept_indexed(&s, 1, 3);
         commit1(&s, vec![WriteOp::Agents(AgentOp::RemoveAgent(name("bob")))]).expect("removes");
         assert_eq!(bob(&s, 0, 10), Vec::<u64>::new());
@@ -1408,9 +1413,7 @@ mod fold {
 
     #[test]
     fn a_trim_of_folded_rows_leaves_the_rows_after_the_fold_holding_their_entries() {
-        let s = RedbStore::in_memory()
-            .expect("opens")
-            .folding_after(8, u64::MAX);
+        let s = folding_after_8();
         accept_indexed(&s, 1, 3);
         accept_indexed(&s, 4, 6);
         assert_eq!(s.index_fold().0, 9, "folded");
@@ -1441,9 +1444,7 @@ mod fold {
 
     #[test]
     fn a_commit_indexing_an_id_that_is_not_its_streams_own_goes_to_the_tables() {
-        let s = RedbStore::in_memory()
-            .expect("opens")
-            .folding_after(8, u64::MAX);
+        let s = folding_after_8();
         add_kim(&s);
         let id = MsgId([7; 16]);
         commit1(
