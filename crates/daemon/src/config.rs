@@ -27,6 +27,10 @@ pub const SUBSCRIBER_STALL_MS_DEFAULT: u64 = 5_000;
 /// The accepted range of `api.subscriber_stall_ms`.
 pub const SUBSCRIBER_STALL_MS_RANGE: std::ops::RangeInclusive<u64> = 10..=3_600_000;
 
+/// The accepted range of `api.request_head_timeout_ms` and
+/// `api.idle_timeout_ms`.
+pub const CONNECTION_TIMEOUT_MS_RANGE: std::ops::RangeInclusive<u64> = 100..=86_400_000;
+
 /// The default bytes buffered per live subscription (its entries as sent).
 pub const SUBSCRIBER_BUFFER_BYTES_DEFAULT: u64 = 16 << 20;
 
@@ -401,6 +405,14 @@ pub struct ApiConfig {
     /// ([`SUBSCRIBER_BUFFER_BYTES_RANGE`]); the buffer is full at
     /// `subscriber_buffer` entries or at these bytes, whichever comes first.
     pub subscriber_buffer_bytes: u64,
+    /// How long a new connection to a socket may take to send its first
+    /// request head before it is closed, in milliseconds
+    /// ([`CONNECTION_TIMEOUT_MS_RANGE`]).
+    pub request_head_timeout_ms: u64,
+    /// How long a connection may sit with no request in flight before it is
+    /// closed, in milliseconds ([`CONNECTION_TIMEOUT_MS_RANGE`]); a live
+    /// subscription or a waiting inbox read is a request in flight.
+    pub idle_timeout_ms: u64,
 }
 
 impl ApiConfig {
@@ -417,6 +429,8 @@ impl Default for ApiConfig {
             subscriber_stall_ms: SUBSCRIBER_STALL_MS_DEFAULT,
             dedup_window: DEDUP_WINDOW_DEFAULT.to_owned(),
             subscriber_buffer_bytes: SUBSCRIBER_BUFFER_BYTES_DEFAULT,
+            request_head_timeout_ms: crate::api::REQUEST_HEAD_TIMEOUT_MS_DEFAULT,
+            idle_timeout_ms: crate::api::IDLE_TIMEOUT_MS_DEFAULT,
         }
     }
 }
@@ -624,6 +638,24 @@ impl Config {
         }
         if self.topics.max_bytes == 0 {
             return Err(bad("topics.max_bytes", "must be at least 1".into()));
+        }
+        for (key, ms) in [
+            (
+                "api.request_head_timeout_ms",
+                self.api.request_head_timeout_ms,
+            ),
+            ("api.idle_timeout_ms", self.api.idle_timeout_ms),
+        ] {
+            if !CONNECTION_TIMEOUT_MS_RANGE.contains(&ms) {
+                return Err(bad(
+                    key,
+                    format!(
+                        "must be between {} and {} (milliseconds)",
+                        CONNECTION_TIMEOUT_MS_RANGE.start(),
+                        CONNECTION_TIMEOUT_MS_RANGE.end()
+                    ),
+                ));
+            }
         }
         if !SUBSCRIBER_STALL_MS_RANGE.contains(&self.api.subscriber_stall_ms) {
             return Err(bad(

@@ -109,6 +109,10 @@ impl Daemon {
             agent_socket_dir,
             aliases,
             topic_bounds: (config.topics.max_msgs, config.topics.max_bytes),
+            timeouts: crate::api::Timeouts {
+                head: Duration::from_millis(config.api.request_head_timeout_ms),
+                idle: Duration::from_millis(config.api.idle_timeout_ms),
+            },
         });
         join_configured_topics(&bus, &config).await?;
         crate::agents::note_moves(&registry, &bus.agent_moves().borrow());

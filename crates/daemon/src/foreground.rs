@@ -34,11 +34,28 @@ pub enum RunError {
 /// dir, a bad config, ...); [`RunError::Setup`] if the runtime cannot.
 pub fn run_foreground(dir: DataDir, bind: Option<SocketAddr>) -> Result<(), RunError> {
     init_tracing();
+    raise_open_files_limit();
     let rt = tokio::runtime::Runtime::new().map_err(|source| RunError::Setup {
         what: "start the async runtime",
         source,
     })?;
     rt.block_on(foreground(dir, bind))
+}
+
+/// Raises this process's soft limit of open files to its hard limit: each
+/// connection to a socket is a file, and a socket keeps up to
+/// `api::CONNECTIONS_MAX` served and `api::PENDING_MAX` pending ones (a
+/// soft limit of 1024, common, would run out first).
+fn raise_open_files_limit() {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let from = limit.current;
+        limit.current = limit.maximum;
+        if let Err(e) = setrlimit(Resource::Nofile, limit) {
+            tracing::warn!("cannot raise the open files limit from {from:?}: {e}");
+        }
+    }
 }
 
 fn init_tracing() {

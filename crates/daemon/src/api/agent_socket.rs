@@ -22,8 +22,8 @@ use axum::response::{IntoResponse, Response};
 use mesh_api::AGENT_HEADER;
 use mesh_protocol::AgentName;
 
-use super::socket::{ApiSocket, BindError, Bounded};
-use super::{ApiError, ApiState, CallerError, PeerCred};
+use super::socket::{ApiSocket, BindError, Bounded, Peer};
+use super::{ApiError, ApiState, CallerError};
 use crate::agents::Agent;
 
 /// One agent's socket server: stopped when the agent is removed or the
@@ -63,10 +63,11 @@ impl ApiState {
         } = ApiSocket::bind_agent(&path).await?;
         let app = self
             .agent_router(name.clone())
-            .into_make_service_with_connect_info::<PeerCred>();
+            .layer(axum::middleware::from_fn(super::gate::admit))
+            .into_make_service_with_connect_info::<Peer>();
         let listener = Bounded {
             listener,
-            permits: self.inner.permits.clone(),
+            gate: super::gate::Gate::new(self.inner.timeouts),
             abort: self.inner.abort.subscribe(),
             activity: Some(agent.activity.clone()),
         };
@@ -162,7 +163,10 @@ pub(super) async fn authorize_agent(
     mut req: Request,
     next: Next,
 ) -> Response {
-    let cred = req.extensions().get::<ConnectInfo<PeerCred>>().map(|c| c.0);
+    let cred = req
+        .extensions()
+        .get::<ConnectInfo<Peer>>()
+        .map(|c| c.0.cred);
     let uid = cred.and_then(|c| c.uid);
     let agent = st.inner.registry.get(&name);
     if agent.is_none()

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | [`CallerError`] | 400, 403, 405, 409 | bad input, not allowed, an unverified sender, a cursor of another node, an ambiguous name, a refused join |
 //! | [`NotFound`] | 404 | unknown peer, agent, message, cursor, invite or route |
-//! | [`Capacity`] | 429, 409 | a full peer outbox, a busy node, an inviter asking to try again; too many peers or agents |
+//! | [`Capacity`] | 429, 409, 503 | a full peer outbox, a busy node, a socket whose connections are all held, an inviter asking to try again; too many peers or agents |
 //! | [`Unavailable`] | 503 | the store or the node cannot serve now |
 //! | [`Bug`] | 500 | nothing the caller can change |
 //!
@@ -227,6 +227,16 @@ pub enum Capacity {
     /// The node hosts as many agents as it may.
     #[error("{0}")]
     TooManyAgents(String),
+    /// Every place of the socket is held by another connection; nothing
+    /// was read past the request head.
+    #[error(
+        "the daemon is serving {max} connections on this socket already; retry in a moment \
+         (a local client may be leaking connections: `mesh status` shows them)"
+    )]
+    TooManyConnections {
+        /// The socket's places.
+        max: usize,
+    },
     /// The inviter asks to try the join again: the invite is in use by
     /// another node, or the inviter's store is busy or down. Nothing spent.
     #[error("{0}; run `mesh join` again in a moment")]
@@ -349,6 +359,9 @@ impl ApiError {
             ErrorKind::Capacity(e) => match e {
                 Capacity::OutboxFull(_) => (S::TOO_MANY_REQUESTS, ErrorCode::OutboxFull),
                 Capacity::Busy(_) => (S::TOO_MANY_REQUESTS, ErrorCode::Busy),
+                // 503, not 429: this client sent nothing wrong or too
+                // often; the socket is full of other connections.
+                Capacity::TooManyConnections { .. } => (S::SERVICE_UNAVAILABLE, ErrorCode::Busy),
                 Capacity::TooManyPeers(_) => (S::CONFLICT, ErrorCode::TooManyPeers),
                 Capacity::TooManyAgents(_) => (S::CONFLICT, ErrorCode::TooManyAgents),
                 Capacity::TryAgain(_) => (S::TOO_MANY_REQUESTS, ErrorCode::TryAgain),

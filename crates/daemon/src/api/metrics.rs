@@ -9,6 +9,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 
 use super::ApiState;
+use super::gate::Gate;
 use crate::bus::{DropReason, NodeStatus};
 
 pub(super) async fn metrics(State(st): State<ApiState>) -> Response {
@@ -103,6 +104,7 @@ fn render(st: &ApiState, bus: Option<&NodeStatus>) -> String {
         "Subscriber lags whose durable loss record could not be written.",
         load(&c.loss_records_failed),
     );
+    render_gate(&mut t, &st.inner.gate);
     let head = bus.map_or_else(|| st.read_head(), |b| b.journal_head);
     t.family(
         "mesh_journal_head",
@@ -114,6 +116,43 @@ fn render(st: &ApiState, bus: Option<&NodeStatus>) -> String {
         render_bus(&mut t, bus);
     }
     t.out
+}
+
+/// The control socket's connections: open, pending, refused and closed.
+fn render_gate(t: &mut Text, gate: &Gate) {
+    let c = gate.counters();
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    t.family(
+        "mesh_api_connections",
+        "gauge",
+        "Connections open on the control socket now, and of them those that have sent no request yet.",
+        &[
+            ("{state=\"open\"}", load(&c.open)),
+            ("{state=\"pending\"}", gate.pending_now() as u64),
+        ],
+    );
+    t.counter(
+        "mesh_api_connections_accepted_total",
+        "Connections accepted on the control socket.",
+        load(&c.accepted),
+    );
+    t.family(
+        "mesh_api_connections_closed_total",
+        "counter",
+        "Control socket connections the daemon closed, by why: every place held (answered 503), \
+         pending when a newer one needed room, no request head in time, idle too long.",
+        &[
+            ("{reason=\"full\"}", load(&c.refused_full)),
+            ("{reason=\"evicted_pending\"}", load(&c.evicted_pending)),
+            ("{reason=\"head_timeout\"}", load(&c.head_timeouts)),
+            ("{reason=\"idle_timeout\"}", load(&c.idle_timeouts)),
+        ],
+    );
+    t.counter(
+        "mesh_api_connections_reserve_total",
+        "Status and metrics requests served from the reserve while every other place was held.",
+        load(&c.reserve_admitted),
+    );
 }
 
 fn render_bus(t: &mut Text, status: &NodeStatus) {

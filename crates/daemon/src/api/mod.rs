@@ -28,6 +28,7 @@ mod agents;
 pub mod error;
 #[doc(hidden)]
 pub mod fuzzing;
+mod gate;
 mod invites;
 mod json;
 mod metrics;
@@ -54,7 +55,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put};
 use mesh_protocol::{AgentName, Epoch, NodeId};
 use mesh_store::{Arrival, RedbStore};
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 use tracing::Instrument as _;
 
 use crate::agents::Registry;
@@ -65,7 +66,12 @@ pub(crate) use agents::serve_moves;
 
 pub use agents::{INBOX_SCAN_ROWS_MAX, INBOX_WAIT_SECS_MAX, LOSS_SCAN_ENTRIES_MAX};
 pub use error::{ApiError, Bug, CallerError, Capacity, ErrorKind, NotFound, Refused, Unavailable};
-pub use socket::{ApiSocket, BindError, CONNECTIONS_MAX, PeerCred, daemon_uid};
+pub(crate) use gate::Timeouts;
+pub use gate::{
+    CONNECTIONS_MAX, CONNECTIONS_RESERVE, IDLE_TIMEOUT_MS_DEFAULT, PENDING_MAX,
+    REQUEST_HEAD_TIMEOUT_MS_DEFAULT,
+};
+pub use socket::{ApiSocket, BindError, PeerCred, daemon_uid};
 
 /// The largest body of a plain JSON request (peers, cursors), in bytes.
 pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
@@ -112,6 +118,8 @@ pub(crate) struct ApiParts {
     pub(crate) aliases: Vec<(String, NodeId)>,
     /// A topic's bounds when a join names none (`[topics]`): msgs, bytes.
     pub(crate) topic_bounds: (u64, u64),
+    /// How long a connection may wait to send a request (`[api]`).
+    pub(crate) timeouts: Timeouts,
 }
 
 /// The API's shared state; cheap to clone.
@@ -134,8 +142,9 @@ struct Inner {
     closing: watch::Sender<bool>,
     /// Set to true [`SHUTDOWN_GRACE`] after that: connections still open are cut.
     abort: watch::Sender<bool>,
-    /// The [`CONNECTIONS_MAX`] connections, over every socket.
-    permits: Arc<Semaphore>,
+    /// The control socket's admission (each agent's socket has its own).
+    gate: Arc<gate::Gate>,
+    timeouts: Timeouts,
     counters: Counters,
     registry: Arc<Registry>,
     agent_socket_dir: PathBuf,
@@ -186,7 +195,8 @@ impl ApiState {
                 daemon_uid: daemon_uid(),
                 closing: watch::Sender::new(false),
                 abort: watch::Sender::new(false),
-                permits: Arc::new(Semaphore::new(CONNECTIONS_MAX)),
+                gate: gate::Gate::new(parts.timeouts),
+                timeouts: parts.timeouts,
                 counters: Counters::default(),
                 registry: parts.registry,
                 agent_socket_dir: parts.agent_socket_dir,
@@ -330,11 +340,12 @@ pub(crate) async fn serve(
     let closing = state.clone();
     let app = state
         .router()
-        .into_make_service_with_connect_info::<PeerCred>();
+        .layer(axum::middleware::from_fn(gate::admit))
+        .into_make_service_with_connect_info::<socket::Peer>();
     let abort = state.inner.abort.clone();
     let listener = socket::Bounded {
         listener,
-        permits: state.inner.permits.clone(),
+        gate: state.inner.gate.clone(),
         abort: abort.subscribe(),
         activity: None,
     };
@@ -386,7 +397,10 @@ async fn request_span(
 }
 
 async fn authorize(State(state): State<ApiState>, mut req: Request, next: Next) -> Response {
-    let cred = req.extensions().get::<ConnectInfo<PeerCred>>().map(|c| c.0);
+    let cred = req
+        .extensions()
+        .get::<ConnectInfo<socket::Peer>>()
+        .map(|c| c.0.cred);
     let uid = cred.and_then(|c| c.uid);
     let counters = &state.inner.counters;
     let response = match uid {

@@ -13,11 +13,10 @@ use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
+use tokio::time::Sleep;
 
-/// The most connections served at once (each live subscription holds one);
-/// further clients wait in the listen backlog.
-pub const CONNECTIONS_MAX: usize = 1024;
+use super::gate::{ConnState, Gate};
 
 /// How long probing an existing socket file for a live daemon may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -144,17 +143,19 @@ pub struct PeerCred {
     pub pid: Option<i32>,
 }
 
-/// The control socket's listener, serving at most [`CONNECTIONS_MAX`] connections at once.
+/// A socket's listener: accepts every connection at once and hands it to
+/// its [`Gate`], which decides whether it is served.
 pub(super) struct Bounded {
     pub(super) listener: UnixListener,
-    pub(super) permits: Arc<Semaphore>,
+    pub(super) gate: Arc<Gate>,
     /// Turns true when connections still open must be cut (see [`Conn`]).
     pub(super) abort: watch::Receiver<bool>,
     /// For an agent's socket: where its open connections are counted.
     pub(super) activity: Option<Arc<crate::agents::Activity>>,
 }
 
-/// A connection holding one of the [`CONNECTIONS_MAX`] permits until it closes.
+/// A connection, with its state in its socket's [`Gate`] (which closes it
+/// when it sends no request in time, or to make room).
 ///
 /// Once the server's abort signal turns true, every read and write fails
 /// with `ConnectionAborted`, so a connection whose client stopped reading —
@@ -163,7 +164,9 @@ pub(super) struct Bounded {
 /// then cuts it.
 pub(super) struct Conn {
     stream: UnixStream,
-    _permit: Option<OwnedSemaphorePermit>,
+    conn: Arc<ConnState>,
+    /// Wakes the reader at the connection's head or idle deadline.
+    deadline: Option<Pin<Box<Sleep>>>,
     abort: Abort,
     /// Counts the connection as its agent's while it is open.
     _open: Option<crate::agents::OpenGuard>,
@@ -207,14 +210,12 @@ impl Listener for Bounded {
     type Addr = tokio::net::unix::SocketAddr;
 
     async fn accept(&mut self) -> (Conn, Self::Addr) {
-        // Only a closed semaphore fails to give a permit, and this one is
-        // never closed; were it, serving on without a bound beats stopping.
-        let permit = self.permits.clone().acquire_owned().await.ok();
         let (stream, addr) = Listener::accept(&mut self.listener).await;
         (
             Conn {
                 stream,
-                _permit: permit,
+                conn: self.gate.accepted(),
+                deadline: None,
                 abort: Abort::new(self.abort.clone()),
                 _open: self.activity.as_ref().map(|a| a.open()),
             },
@@ -234,7 +235,13 @@ impl AsyncRead for Conn {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         self.abort.check(cx)?;
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        this.conn.closed(cx)?;
+        let read = Pin::new(&mut this.stream).poll_read(cx, buf);
+        if read.is_pending() {
+            this.conn.waited(&mut this.deadline, cx)?;
+        }
+        read
     }
 }
 
@@ -271,19 +278,35 @@ impl AsyncWrite for Conn {
     }
 }
 
-impl Connected<IncomingStream<'_, Bounded>> for PeerCred {
+/// What a request knows of its connection: who is on the other end, and
+/// the connection's state in its socket's gate.
+#[derive(Clone)]
+pub(crate) struct Peer {
+    pub(crate) cred: PeerCred,
+    pub(crate) conn: Arc<ConnState>,
+}
+
+impl Connected<IncomingStream<'_, Bounded>> for Peer {
     fn connect_info(stream: IncomingStream<'_, Bounded>) -> Self {
-        match stream.io().stream.peer_cred() {
-            Ok(c) => PeerCred {
-                uid: Some(c.uid()),
-                pid: c.pid(),
-            },
-            Err(e) => {
-                tracing::warn!("cannot read the peer credentials of a connection: {e}");
-                PeerCred {
-                    uid: None,
-                    pid: None,
-                }
+        let conn = &stream.io();
+        Peer {
+            cred: peer_cred(&conn.stream),
+            conn: conn.conn.clone(),
+        }
+    }
+}
+
+fn peer_cred(stream: &UnixStream) -> PeerCred {
+    match stream.peer_cred() {
+        Ok(c) => PeerCred {
+            uid: Some(c.uid()),
+            pid: c.pid(),
+        },
+        Err(e) => {
+            tracing::warn!("cannot read the peer credentials of a connection: {e}");
+            PeerCred {
+                uid: None,
+                pid: None,
             }
         }
     }
