@@ -944,3 +944,73 @@ fn an_inbox_behind_what_retention_trimmed_is_told_once_and_reads_on_in_order() {
     assert_eq!(page.len(), kept.len(), "{page:?}");
     assert!(first > 1);
 }
+
+/// The bodies of `agent`'s unread inbox entries on `d` now, and their
+/// cursors.
+fn unread(d: &DaemonProcess, agent: &str) -> (Vec<String>, Vec<String>) {
+    let out = ok(as_agent(d, agent, &["inbox", "--unread", "--json"]));
+    out.lines()
+        .map(|l| {
+            let e = parse_json(l).unwrap();
+            let body = e["body"].as_str().unwrap().to_owned();
+            (body, e["cursor"].as_str().unwrap().to_owned())
+        })
+        .unzip()
+}
+
+#[test]
+fn unread_entries_come_once_per_ack_survive_a_kill_and_a_bad_ack_changes_nothing() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    for agent in ["alice", "bob"] {
+        ok(a.mesh(&["agent", "add", agent]).unwrap());
+    }
+    let to = format!("bob@{}", a.node());
+    for body in ["one", "two"] {
+        ok(as_agent(&a, "alice", &["send", &to, body]));
+    }
+    let (bodies, cursors) = unread(&a, "bob");
+    assert_eq!(bodies, ["one", "two"]);
+    // Reading does not move the read position.
+    assert_eq!(unread(&a, "bob").0, ["one", "two"]);
+    let now = ok(as_agent(&a, "bob", &["ack", &cursors[0]]));
+    assert_eq!(now.trim(), cursors[0]);
+    assert_eq!(unread(&a, "bob").0, ["two"]);
+    // Killed (SIGKILL) between a page and its ack: the acked entry stays
+    // read, the other comes back as unread.
+    let (data, addr) = (a.data().to_owned(), a.peer_addr().unwrap());
+    assert_eq!(unread(&a, "bob").0, ["two"]);
+    drop(a);
+    let a = DaemonProcess::start(Path::new(MESH), &data, addr).unwrap();
+    assert_eq!(unread(&a, "bob").0, ["two"]);
+    // Refused, changing nothing: a malformed cursor, another node's, one
+    // past the head.
+    let out = as_agent(&a, "bob", &["ack", "not-a-cursor"]);
+    assert!(!out.ok(), "{out:?}");
+    let b = start(&tmp.path().join("b"));
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let theirs = as_agent(&b, "bob", &["inbox"]).next_cursor();
+    refused(&as_agent(&a, "bob", &["ack", &theirs]), 3, &["cursor"]);
+    let mine: mesh_protocol::Cursor = cursors[1].parse().unwrap();
+    let node: mesh_protocol::NodeId = a.node().parse().unwrap();
+    let arrival = mine.arrival_for(&node, mine.epoch()).unwrap();
+    let past = mesh_protocol::Cursor::new(&node, mine.epoch(), arrival + 1000).to_string();
+    refused(&as_agent(&a, "bob", &["ack", &past]), 3, &["head"]);
+    assert_eq!(unread(&a, "bob").0, ["two"]);
+    // Read to the end, then an ack back: a no-op, never a jump back.
+    ok(as_agent(&a, "bob", &["ack", &cursors[1]]));
+    let now = ok(as_agent(&a, "bob", &["ack", &cursors[0]]));
+    assert_eq!(now.trim(), cursors[1]);
+    assert!(unread(&a, "bob").0.is_empty());
+    // Across a restart too, and alice's own position is her own.
+    a.terminate().unwrap();
+    let a = DaemonProcess::start(Path::new(MESH), &data, addr).unwrap();
+    assert!(unread(&a, "bob").0.is_empty());
+    ok(as_agent(
+        &a,
+        "bob",
+        &["send", &format!("alice@{}", a.node()), "three"],
+    ));
+    assert_eq!(unread(&a, "alice").0, ["three"]);
+    assert!(unread(&a, "bob").0.is_empty());
+}

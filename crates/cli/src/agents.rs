@@ -246,6 +246,7 @@ fn print_inbox_entry(e: &InboxEntry, json: bool) -> anyhow::Result<()> {
 pub(crate) async fn inbox(
     c: &Client,
     after: Option<String>,
+    unread: bool,
     limit: u32,
     wait: u64,
     json: bool,
@@ -257,11 +258,24 @@ pub(crate) async fn inbox(
     if let Some(a) = &after {
         path.push_str(&format!("&after={}", path_segment(a)));
     }
+    if unread {
+        path.push_str("&unread=true");
+    }
     let page: InboxPage = c.get(&path).await?;
     for e in &page.entries {
         print_inbox_entry(e, json)?;
     }
     eprintln!("next: {}", page.next);
+    Ok(())
+}
+
+/// `mesh --agent NAME ack CURSOR`: prints the read position after it.
+pub(crate) async fn ack(c: &Client, cursor: String) -> anyhow::Result<()> {
+    let path = format!("/v1/agents/{}/ack", path_segment(me(c)));
+    let now: serde_json::Value = c
+        .post(&path, &serde_json::json!({ "cursor": cursor }))
+        .await?;
+    println!("{}", now["cursor"].as_str().unwrap_or_default());
     Ok(())
 }
 

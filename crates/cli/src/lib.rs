@@ -143,8 +143,13 @@ pub enum Command {
     /// `--after` to continue exactly where this page ended.
     Inbox {
         /// Start after this cursor (default: the beginning).
-        #[arg(long, value_name = "CURSOR")]
+        #[arg(long, value_name = "CURSOR", conflicts_with = "unread")]
         after: Option<String>,
+        /// Start after this agent's read position (what it acked with
+        /// `mesh ack`): its unread entries, oldest first. Reading does not
+        /// move the position; `mesh ack` does.
+        #[arg(long)]
+        unread: bool,
         /// The most entries to print (1..=1000).
         #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: u32,
@@ -154,6 +159,16 @@ pub enum Command {
         /// Print one JSON object per line.
         #[arg(long)]
         json: bool,
+    },
+    /// Mark this agent's inbox (`--agent NAME`) read up to CURSOR (an
+    /// entry's cursor, or the `next:` of a page): `inbox --unread` starts
+    /// after it from then on, also across restarts. An ack before the
+    /// current read position changes nothing.
+    ///
+    /// Prints the read position after the ack.
+    Ack {
+        /// The cursor read up to.
+        cursor: String,
     },
     /// Reply to a message in this agent's inbox (`--agent NAME`).
     Reply {
@@ -611,10 +626,15 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
             },
             Command::Inbox {
                 after,
+                unread,
                 limit,
                 wait,
                 json,
-            } => agents::inbox(&agent.required("inbox").await?, after, limit, wait, json).await,
+            } => {
+                let c = agent.required("inbox").await?;
+                agents::inbox(&c, after, unread, limit, wait, json).await
+            }
+            Command::Ack { cursor } => agents::ack(&agent.required("ack").await?, cursor).await,
             Command::Reply { id, text, json } => {
                 agents::reply(&agent.required("reply").await?, id, text, json).await
             }

@@ -50,6 +50,11 @@ pub(crate) const EXPORT_CURSOR: &str = "mesh:exported";
 /// `after` passes on what comes after it, what the agent never saw here.
 pub(crate) const SERVED_CURSOR: &str = "mesh:served";
 
+/// The named cursor of an agent's read position: the last inbox entry it
+/// acknowledged (`POST /v1/agents/{name}/ack`). `inbox?unread=true` reads
+/// after it; only an ack moves it, and never back.
+pub(crate) const READ_CURSOR: &str = "mesh:read";
+
 /// Inbox entries one page of the pump reads (each at most a batch's
 /// payload, so a page holds at most 16 MiB).
 const PAGE_ENTRIES: usize = 16;

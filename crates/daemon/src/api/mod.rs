@@ -271,6 +271,7 @@ impl ApiState {
             .route("/v1/agents/{name}/send/batch", post(agents::send_batch))
             .route("/v1/agents/{name}/reply", post(agents::reply))
             .route("/v1/agents/{name}/inbox", get(agents::inbox))
+            .route("/v1/agents/{name}/ack", post(agents::ack))
             .route(
                 "/v1/agents/{name}/subscribe",
                 get(subscribe::subscribe_inbox),

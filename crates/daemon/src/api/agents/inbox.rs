@@ -135,6 +135,35 @@ impl ApiState {
             .await
     }
 
+    /// `agent`'s read position: the last inbox entry it acknowledged (0:
+    /// none yet).
+    pub(crate) async fn read_position(&self, agent: &AgentName) -> Result<Arrival, ApiError> {
+        let a = agent.clone();
+        Ok(read_store(&self.inner.store, move |s| {
+            s.agent_cursor(&a, crate::drain::READ_CURSOR)
+        })
+        .await?
+        .unwrap_or(0))
+    }
+
+    /// Moves `agent`'s read position to `arrival` if that is past it (an
+    /// ack before it is a no-op, never a jump back); the position after.
+    /// Writes go one at a time, as the served cursor's do.
+    pub(crate) async fn ack_read(
+        &self,
+        agent: &AgentName,
+        arrival: Arrival,
+    ) -> Result<Arrival, ApiError> {
+        let _one = self.inner.served_writes.lock().await;
+        let stored = self.read_position(agent).await?;
+        if stored >= arrival {
+            return Ok(stored);
+        }
+        self.put_agent_cursor(agent, crate::drain::READ_CURSOR, arrival)
+            .await?;
+        Ok(arrival)
+    }
+
     /// `agent`'s served cursor as the store has it (0: none).
     async fn stored_served(&self, agent: &AgentName) -> Result<Arrival, ApiError> {
         let a = agent.clone();
@@ -366,11 +395,13 @@ pub(crate) struct InboxQuery {
     limit: Option<String>,
     wait: Option<String>,
     in_reply_to: Option<String>,
+    unread: Option<String>,
 }
 
-/// `GET /v1/agents/{name}/inbox?after=&limit=&wait=&in_reply_to=`: the
-/// agent's entries after `after`; with `wait=SECS`, if there are none yet,
-/// the first ones to commit within that time.
+/// `GET /v1/agents/{name}/inbox?after=&limit=&wait=&in_reply_to=&unread=`:
+/// the agent's entries after `after` (with `unread=true`, after its read
+/// position instead; reading does not move it); with `wait=SECS`, if there
+/// are none yet, the first ones to commit within that time.
 pub(crate) async fn inbox(
     State(st): State<ApiState>,
     Path(name): Path<String>,
@@ -378,7 +409,18 @@ pub(crate) async fn inbox(
 ) -> Result<Json<InboxPage>, ApiError> {
     let agent = st.reader(&name)?;
     let q = query(q)?;
-    let after = st.parse_after(q.after.as_deref())?;
+    let after = if inbox_unread(q.unread.as_deref())? {
+        if q.after.as_deref().is_some_and(|a| !a.is_empty()) {
+            return Err(CallerError::BadValue(
+                "give after or unread=true, not both: unread reads after the agent's read position"
+                    .into(),
+            )
+            .into());
+        }
+        st.read_position(&agent).await?
+    } else {
+        st.parse_after(q.after.as_deref())?
+    };
     let limit = inbox_limit(q.limit.as_deref())?;
     let wait = inbox_wait_secs(q.wait.as_deref())?;
     let in_reply_to = q
@@ -404,6 +446,39 @@ pub(crate) async fn inbox(
         entries: items.iter().map(|i| st.inbox_entry(i)).collect(),
         next: st.cursor_text(next),
     }))
+}
+
+/// Whether an inbox read is of the unread entries: `unread=true`/`1`
+/// (`false`, `0` or absent: not).
+///
+/// # Errors
+/// [`CallerError::BadValue`] for any other value.
+fn inbox_unread(text: Option<&str>) -> Result<bool, ApiError> {
+    match text {
+        None | Some("" | "false" | "0") => Ok(false),
+        Some("true" | "1") => Ok(true),
+        Some(text) => Err(CallerError::BadValue(format!(
+            "unread must be true or false, not {:?}",
+            cut(text)
+        ))
+        .into()),
+    }
+}
+
+/// `POST /v1/agents/{name}/ack` `{cursor}`: the agent has read its inbox up
+/// to `cursor` (an entry's cursor or a page's `next`). Its read position
+/// moves there, or stays if it is already at or past it. A cursor of
+/// another node or epoch, a malformed one or one past the journal head is
+/// refused and changes nothing. Answers `{cursor}`: the read position after.
+pub(crate) async fn ack(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let agent = st.reader(&name)?;
+    let arrival = cursor_to_put(&st, req).await?;
+    let now = st.ack_read(&agent, arrival).await?;
+    Ok(Json(serde_json::json!({ "cursor": st.cursor_text(now) })))
 }
 
 /// The `limit` of an inbox read: [`EVENTS_LIMIT_DEFAULT`] if not given.

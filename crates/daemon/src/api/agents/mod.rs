@@ -39,7 +39,7 @@ mod status;
 pub use inbox::{INBOX_SCAN_ROWS_MAX, INBOX_WAIT_SECS_MAX};
 pub use status::LOSS_SCAN_ENTRIES_MAX;
 
-pub(super) use inbox::{get_cursor, inbox, put_cursor};
+pub(super) use inbox::{ack, get_cursor, inbox, put_cursor};
 pub(crate) use moving::serve_moves;
 pub(super) use moving::{decode_answer, decode_offer, move_agent};
 pub(super) use send::{check_client_id, reply, send, send_batch};
