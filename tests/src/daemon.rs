@@ -227,16 +227,49 @@ impl DaemonProcess {
         bind: SocketAddr,
         env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
+        let mut cmd = Command::new(bin);
+        cmd.env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
+            .stderr(Stdio::inherit());
+        Self::spawn(cmd, bin, data, bind, &[])
+    }
+
+    /// As [`DaemonProcess::start_local`] with `args` after the daemon's own,
+    /// `RUST_LOG` and `env` set, and its stderr (the log) written to `log`.
+    pub fn start_logging_to(
+        bin: &Path,
+        data: &Path,
+        args: &[&str],
+        rust_log: &str,
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> anyhow::Result<Self> {
+        let file = std::fs::File::create(log)
+            .with_context(|| format!("cannot create {}", log.display()))?;
+        let mut cmd = Command::new(bin);
+        cmd.env("RUST_LOG", rust_log)
+            .envs(env.iter().copied())
+            .stderr(file);
+        Self::spawn(cmd, bin, data, loopback(), args)
+    }
+
+    /// Runs `cmd` (the executable `bin`, its env and stderr set) as
+    /// `daemon --data data --bind bind args...` and waits for its ticket.
+    fn spawn(
+        mut cmd: Command,
+        bin: &Path,
+        data: &Path,
+        bind: SocketAddr,
+        args: &[&str],
+    ) -> anyhow::Result<Self> {
         let bind = bind.to_string();
-        let mut child = Command::new(bin)
+        let mut child = cmd
             .args(["daemon", "--data"])
             .arg(data)
             .args(["--bind", &bind])
-            .env("RUST_LOG", "warn")
-            .envs(env.iter().copied())
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
             .spawn()
             .with_context(|| format!("cannot run {} daemon", bin.display()))?;
         let stdout = child.stdout.take().context("no stdout pipe")?;

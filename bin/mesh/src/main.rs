@@ -12,7 +12,12 @@ fn main() -> ExitCode {
         // The daemon and the bench take their command; the rest take the
         // whole command line (the agent flags).
         match std::mem::replace(&mut cli.command, Command::Id) {
-            Command::Daemon { bind } => Ok(mesh_daemon::run_foreground(dir, bind)?),
+            Command::Daemon { bind, log_format } => {
+                let format = log_format
+                    .map(|f| f.parse().map_err(mesh_cli::UsageError))
+                    .transpose()?;
+                Ok(mesh_daemon::run_foreground(dir, bind, format)?)
+            }
             Command::Bench(cmd) => mesh_bench::run(cmd, &dir),
             Command::Mcp => {
                 let (client, agent) = mesh_cli::agent_client(&cli, &dir)?;

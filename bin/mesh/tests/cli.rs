@@ -387,3 +387,112 @@ async fn each_api_request_logs_inside_its_own_numbered_span() {
     }
     assert_ne!(spans[0], spans[1], "two requests, one span: {added:?}");
 }
+
+/// Starts a daemon with `args`, its log (`RUST_LOG=debug`, so that the
+/// libraries' lines are in it too) written to a file, makes it answer a
+/// request and stops it; answers the log's lines.
+fn daemon_log(name: &str, args: &[&str], env: &[(&str, &str)], config: &str) -> Vec<String> {
+    let tmp = temp_dir().unwrap();
+    let data = tmp.path().join(name);
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("config.toml"), config).unwrap();
+    let log = tmp.path().join(format!("{name}.log"));
+    let d =
+        DaemonProcess::start_logging_to(Path::new(MESH), &data, args, "debug", env, &log).unwrap();
+    ok(d.mesh(&["status"]).unwrap());
+    assert!(d.terminate().unwrap().success());
+    let bytes = std::fs::read(&log).unwrap();
+    assert!(
+        !bytes.contains(&0x1b),
+        "an escape byte in a log written to a file:\n{}",
+        String::from_utf8_lossy(&bytes)
+    );
+    let text = String::from_utf8(bytes).unwrap();
+    let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+    assert!(
+        lines.iter().any(|l| l.contains("signal received")),
+        "no shutdown line in the log:\n{text}"
+    );
+    lines
+}
+
+/// A log written to a file (a service's journal, a redirect) carries no
+/// colour codes, also with `NO_COLOR` unset; `--log-format json` writes one
+/// JSON object per line, every line; `[log] format = "journald"` starts
+/// each line with its syslog priority and no timestamp.
+#[test]
+fn a_log_to_a_file_has_no_colour_and_json_and_journald_lines_are_what_they_say() {
+    let text = daemon_log("text", &[], &[("NO_COLOR", "")], "");
+    assert!(text.iter().any(|l| l.contains(" INFO ")), "{text:?}");
+
+    let json = daemon_log("json", &["--log-format", "json"], &[], "");
+    let mut levels = std::collections::BTreeSet::new();
+    for line in &json {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .unwrap_or_else(|e| panic!("not a JSON log line ({e}): {line}"));
+        levels.insert(v["level"].as_str().unwrap().to_owned());
+        assert!(v["timestamp"].is_string(), "{line}");
+        assert!(v["fields"].is_object(), "{line}");
+    }
+    assert!(
+        levels.contains("INFO") && levels.contains("DEBUG"),
+        "{levels:?}"
+    );
+
+    // The config's format, and the flag over it.
+    let journald = daemon_log("journald", &[], &[], "[log]\nformat = \"journald\"\n");
+    for line in &journald {
+        let (priority, rest) = line
+            .strip_prefix('<')
+            .and_then(|l| l.split_once('>'))
+            .unwrap_or_else(|| panic!("no priority prefix: {line}"));
+        assert!(["3", "4", "6", "7"].contains(&priority), "{line}");
+        // The level comes first: no timestamp (journald stamps the line).
+        let level = rest.split_whitespace().next().unwrap_or("");
+        assert!(
+            ["ERROR", "WARN", "INFO", "DEBUG", "TRACE"].contains(&level),
+            "not the level first: {line}"
+        );
+    }
+    assert!(
+        journald.iter().any(|l| l.starts_with("<6> INFO")),
+        "{journald:?}"
+    );
+    let flag = daemon_log(
+        "flag",
+        &["--log-format", "json"],
+        &[],
+        "[log]\nformat = \"journald\"\n",
+    );
+    assert!(flag.iter().all(|l| l.starts_with('{')), "{flag:?}");
+}
+
+#[test]
+fn an_unknown_log_format_is_a_usage_error_naming_the_choices() {
+    let tmp = temp_dir().unwrap();
+    let data = tmp.path().join("d");
+    let out = run(
+        Path::new(MESH),
+        &[
+            "--data",
+            data.to_str().unwrap(),
+            "daemon",
+            "--log-format",
+            "xml",
+        ],
+        None,
+    )
+    .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert_says(&out, &["xml", "text", "json", "journald"]);
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("config.toml"), "[log]\nformat = \"xml\"\n").unwrap();
+    let out = run(
+        Path::new(MESH),
+        &["--data", data.to_str().unwrap(), "daemon"],
+        None,
+    )
+    .unwrap();
+    assert!(!out.ok(), "{out:?}");
+    assert_says(&out, &["xml", "journald"]);
+}

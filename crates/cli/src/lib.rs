@@ -285,6 +285,12 @@ pub enum Command {
         /// Address to listen on for peers [default: `bind` in config.toml, else 0.0.0.0:0].
         #[arg(long, value_name = "ADDR")]
         bind: Option<SocketAddr>,
+        /// Log line format: `text` (coloured only on a terminal, never with
+        /// NO_COLOR set), `json` (one object per line, for log shippers) or
+        /// `journald` (a syslog priority prefix, no timestamp)
+        /// [default: `[log] format` in config.toml, else text].
+        #[arg(long, value_name = "FORMAT", value_parser = ["text", "json", "journald"])]
+        log_format: Option<String>,
     },
     /// Measure a mesh: send rates, catch-up, latency and queued memory.
     ///

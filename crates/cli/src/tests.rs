@@ -70,7 +70,7 @@ fn daemon_takes_data_and_bind() {
     ])
     .unwrap();
     assert_eq!(cli.data.as_deref(), Some(std::path::Path::new("/tmp/x")));
-    assert!(matches!(cli.command, Command::Daemon { bind: Some(bind) } if bind.port() == 7000));
+    assert!(matches!(cli.command, Command::Daemon { bind: Some(bind), .. } if bind.port() == 7000));
     let cli = Cli::try_parse_from(["mesh", "--agent", "alice", "send", "bob@gpu", "hi"]).unwrap();
     assert_eq!(cli.agent.as_deref(), Some("alice"));
     assert!(Cli::try_parse_from(["mesh", "daemon", "--bind", "not-an-addr"]).is_err());

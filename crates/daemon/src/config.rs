@@ -72,6 +72,58 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     /// Topics joined at start, and the default bounds of a topic.
     pub topics: TopicsConfig,
+    /// How the daemon logs.
+    pub log: LogConfig,
+}
+
+/// `[log]`: how `mesh daemon` writes its log to stderr (`RUST_LOG` picks
+/// what is logged, default `info`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct LogConfig {
+    /// The line format; `mesh daemon --log-format` overrides it.
+    pub format: LogFormat,
+}
+
+/// The format of the daemon's log lines.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum LogFormat {
+    /// A timestamp, the level, the target and the message; coloured only
+    /// when stderr is a terminal and `NO_COLOR` is unset or empty.
+    #[default]
+    Text,
+    /// One JSON object per line (`timestamp`, `level`, `target`, `fields`),
+    /// for log shippers; never coloured.
+    Json,
+    /// For systemd's journal: each line starts with its syslog priority
+    /// (`<3>` error to `<7>` trace, which journald stores as the entry's
+    /// priority) and carries no timestamp (journald stamps each line);
+    /// never coloured.
+    Journald,
+}
+
+impl LogFormat {
+    /// The names `--log-format` and `[log] format` take.
+    pub const NAMES: [&'static str; 3] = ["text", "json", "journald"];
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            "journald" => Ok(LogFormat::Journald),
+            other => Err(format!(
+                "unknown log format {other:?} (one of: {})",
+                LogFormat::NAMES.join(", ")
+            )),
+        }
+    }
 }
 
 /// `[topics]`: topics this node joins when it starts (it stays a member of
@@ -118,6 +170,7 @@ impl Default for Config {
             journal: JournalConfig::default(),
             discovery: DiscoveryConfig::default(),
             topics: TopicsConfig::default(),
+            log: LogConfig::default(),
         }
     }
 }
