@@ -360,6 +360,10 @@ pub struct JournalStatus {
     pub head: u64,
     /// The bytes its rows take in the store.
     pub bytes: u64,
+    /// The most bytes its rows may take (`[journal] max_bytes`; absent
+    /// from older daemons): retention trims the oldest rows past it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
 }
 
 /// The whole answer of `GET /v1/status`: the node, and what the API adds.
@@ -403,6 +407,11 @@ pub struct PeerStatus {
     pub queued_msgs: u64,
     /// Payload bytes in the peer's outbox.
     pub outbox_bytes: u64,
+    /// When the oldest message still queued for the peer was written (ms
+    /// since the Unix epoch, this node's clock); only in `GET /v1/status`,
+    /// absent when nothing of this node's own stream is queued.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_queued_ms: Option<u64>,
     /// Whether the link to it is paused (`mesh peer pause`); absent means no.
     #[serde(default)]
     pub paused: bool,

@@ -9,6 +9,7 @@
 #![cfg_attr(test, allow(clippy::unwrap_used))]
 
 mod agents;
+pub mod check;
 mod commands;
 pub mod demo;
 
@@ -59,6 +60,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Check this node's health for monitoring (Nagios plugin exit codes).
+    ///
+    /// Exits 0 OK, 1 WARNING, 2 CRITICAL (also when no daemon answers), 3
+    /// UNKNOWN (a bad argument, an answer it cannot read), and prints one
+    /// line with perfdata after `|`, or `--json`, or `--format prometheus`.
+    /// Checks that the store can commit, peers connected (`--peers-min`),
+    /// each peer's queue and the age of its oldest queued message, each
+    /// local agent's oldest unread message, the journal against its bound,
+    /// and gap and loss records in the recent journal; a bound not given is
+    /// not checked, except the journal's (80 %/95 %) and losses (1 warns).
+    Check(check::CheckArgs),
     /// Print this node's id alone.
     Id,
     /// Print a ticket other nodes pass to `mesh peer add`.
@@ -545,10 +557,18 @@ impl Cli {
     /// A bad command line prints clap's message and exits with
     /// [`EXIT_USAGE`].
     pub fn parse_args() -> Cli {
-        let matches = Cli::command()
+        let parsed = Cli::command()
             .after_help(Fault::exit_code_help())
-            .get_matches();
-        Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+            .try_get_matches()
+            .and_then(|m| Cli::from_arg_matches(&m));
+        parsed.unwrap_or_else(|e| {
+            // A monitoring system reads a bad `mesh check` line as UNKNOWN.
+            if e.use_stderr() && subcommand(std::env::args().skip(1)).as_deref() == Some("check") {
+                let _ = e.print();
+                std::process::exit(i32::from(check::State::Unknown.code()));
+            }
+            e.exit()
+        })
     }
 
     /// The data dir `--data`, `MESH_DATA` or the default names.
@@ -558,6 +578,20 @@ impl Cli {
     pub fn data_dir(&self) -> anyhow::Result<DataDir> {
         Ok(DataDir::resolve(self.data.as_deref())?)
     }
+}
+
+/// The subcommand's name in `args` (after the program name): the first
+/// word that is neither a flag nor the value of a global flag.
+fn subcommand(args: impl Iterator<Item = String>) -> Option<String> {
+    let mut args = args;
+    while let Some(a) = args.next() {
+        if ["--data", "--agent", "--agent-socket"].contains(&a.as_str()) {
+            args.next();
+        } else if !a.starts_with('-') {
+            return Some(a);
+        }
+    }
+    None
 }
 
 /// A command line that parsed but asks for something that cannot be done
@@ -596,6 +630,7 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
                 .into())
             }
             Command::Status { json } => commands::status(&c, json).await,
+            Command::Check(args) => check::run(&c, &args).await,
             Command::Id => commands::id(&c).await,
             Command::Ticket => commands::ticket(&c).await,
             Command::Peer(cmd) => commands::peer(&c, cmd).await,
@@ -695,6 +730,9 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
         if cause.is::<UsageError>() {
             return EXIT_USAGE;
         }
+        if let Some(check::CheckExit(code)) = cause.downcast_ref() {
+            return *code;
+        }
         if cause.is::<agents::NoReply>() {
             return mesh_api::EXIT_TIMEOUT;
         }
@@ -710,6 +748,8 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
 pub fn finish(result: anyhow::Result<()>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // `mesh check` printed its report; only the code is left to give.
+        Err(e) if e.is::<check::CheckExit>() => ExitCode::from(exit_code(&e)),
         Err(e) => {
             // `{:#}` is the chain of causes on one line; `{:?}` would add a
             // backtrace when RUST_BACKTRACE is set.

@@ -109,6 +109,7 @@ impl Daemon {
             agent_socket_dir,
             aliases,
             topic_bounds: (config.topics.max_msgs, config.topics.max_bytes),
+            journal_bytes_max: config.journal.max_bytes,
             timeouts: crate::api::Timeouts {
                 head: Duration::from_millis(config.api.request_head_timeout_ms),
                 idle: Duration::from_millis(config.api.idle_timeout_ms),

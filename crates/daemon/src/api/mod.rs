@@ -118,6 +118,8 @@ pub(crate) struct ApiParts {
     pub(crate) aliases: Vec<(String, NodeId)>,
     /// A topic's bounds when a join names none (`[topics]`): msgs, bytes.
     pub(crate) topic_bounds: (u64, u64),
+    /// The journal's bound in bytes (`[journal] max_bytes`), for `GET /v1/status`.
+    pub(crate) journal_bytes_max: u64,
     /// How long a connection may wait to send a request (`[api]`).
     pub(crate) timeouts: Timeouts,
 }
@@ -150,6 +152,7 @@ struct Inner {
     agent_socket_dir: PathBuf,
     agent_sockets_private: bool,
     topic_bounds: (u64, u64),
+    journal_bytes_max: u64,
     /// Node aliases (`mesh peer name`), as in the store.
     aliases: RwLock<BTreeMap<String, NodeId>>,
     /// Each agent's socket server.
@@ -202,6 +205,7 @@ impl ApiState {
                 agent_socket_dir: parts.agent_socket_dir,
                 agent_sockets_private: parts.agent_sockets_private,
                 topic_bounds: parts.topic_bounds,
+                journal_bytes_max: parts.journal_bytes_max,
                 aliases: RwLock::new(parts.aliases.into_iter().collect()),
                 agent_servers: Mutex::new(HashMap::new()),
                 served_writes: tokio::sync::Mutex::new(()),

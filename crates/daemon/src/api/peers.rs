@@ -87,6 +87,7 @@ fn peer_status(
         marks: marks.remove(&p.node).unwrap_or_default(),
         queued_msgs,
         outbox_bytes,
+        oldest_queued_ms: None,
         paused: p.paused,
         alias: None,
         identity_conflict: p.identity_conflict,
@@ -105,6 +106,7 @@ pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResp
     let bus = st.inner.bus.status().await.map_err(node_error)?;
     let ticket = bus.ticket.clone();
     let store_down = bus.store_down.clone();
+    let oldest = oldest_queued(&st, &bus).await;
     // Read from the store (the node only knows it as of its last trim); a
     // store that cannot be read does not hide the rest of the status.
     let journal = read_store(&st.inner.store, |s| s.journal_bounds())
@@ -115,14 +117,21 @@ pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResp
             first: b.first,
             head: b.head,
             bytes: b.bytes,
+            max_bytes: Some(st.inner.journal_bytes_max),
         });
+
+    let (node_id, name, epoch) = (bus.node, bus.card.name.to_string(), bus.epoch);
+    let mut peers = st.peers_of(bus).await?;
+    for p in &mut peers {
+        p.oldest_queued_ms = oldest.get(&p.node).copied();
+    }
     let node = NodeStatus {
-        node: bus.node.to_string(),
-        name: bus.card.name.to_string(),
-        epoch: bus.epoch.to_string(),
+        node: node_id.to_string(),
+        name,
+        epoch: epoch.to_string(),
         addrs: ticket.addrs.clone(),
         ticket: ticket.to_string(),
-        peers: st.peers_of(bus).await?,
+        peers,
         store_bytes: std::fs::metadata(&st.inner.store_file)
             .ok()
             .map(|m| m.len()),
@@ -135,6 +144,45 @@ pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResp
         subscribers: st.inner.counters.subscribers.load(Ordering::Relaxed),
         pid: std::process::id(),
     }))
+}
+
+/// When the oldest envelope still queued of this node's own stream to each
+/// peer was written (its header's `created_ms`), by peer id: one outbox read
+/// per peer with something queued. A store that cannot be read leaves the
+/// times out rather than the status.
+async fn oldest_queued(st: &ApiState, bus: &BusStatus) -> HashMap<String, u64> {
+    let queued: Vec<(String, OwnStream)> = bus
+        .peers
+        .iter()
+        .filter_map(|p| Some((p.node.to_string(), p.own_stream.clone()?)))
+        .filter(|(_, o)| queued(o) > 0)
+        .collect();
+    if queued.is_empty() {
+        return HashMap::new();
+    }
+    read_store(&st.inner.store, move |s| {
+        let mut times = HashMap::new();
+        for (node, o) in queued {
+            let after = o.last_acked.max(o.first_retained.saturating_sub(1));
+            // A read of at most one batch: the first that holds `after + 1`.
+            let batches = s.read_outbox(&o.stream, after, 1)?;
+            let created = batches.iter().find_map(|b| {
+                let first = b.batch.first_seq;
+                b.batch
+                    .entries
+                    .iter()
+                    .zip(first..)
+                    .find(|(_, seq)| *seq > after)
+                    .map(|(h, _)| h.created_ms)
+            });
+            if let Some(ms) = created {
+                times.insert(node, ms);
+            }
+        }
+        Ok(times)
+    })
+    .await
+    .unwrap_or_default()
 }
 
 pub(super) async fn ticket(State(st): State<ApiState>) -> Json<TicketResponse> {
