@@ -12,6 +12,7 @@ mod agents;
 pub mod check;
 mod commands;
 pub mod demo;
+pub mod doctor;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -71,6 +72,17 @@ pub enum Command {
     /// and gap and loss records in the recent journal; a bound not given is
     /// not checked, except the journal's (80 %/95 %) and losses (1 warns).
     Check(check::CheckArgs),
+    /// Find what keeps this node from working, and say how to fix each thing.
+    ///
+    /// Looks at the data dir's and the key's modes, the disk, whether a
+    /// daemon answers (and if not: no socket, a stale one, or one this user
+    /// may not reach), the store, the journal against its bound, each peer
+    /// (not connected and where it is dialed, no usable address, paused,
+    /// another protocol version, a card dated in the future, two processes
+    /// with one key) and each agent's socket against its uid. Prints one
+    /// line per finding and a `fix:` line under each problem; exits 1 if
+    /// there is any problem.
+    Doctor(doctor::DoctorArgs),
     /// Print this node's id alone.
     Id,
     /// Print a ticket other nodes pass to `mesh peer add`.
@@ -631,6 +643,7 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
             }
             Command::Status { json } => commands::status(&c, json).await,
             Command::Check(args) => check::run(&c, &args).await,
+            Command::Doctor(args) => doctor::run(&c, dir, &args).await,
             Command::Id => commands::id(&c).await,
             Command::Ticket => commands::ticket(&c).await,
             Command::Peer(cmd) => commands::peer(&c, cmd).await,
