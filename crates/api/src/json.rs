@@ -602,3 +602,13 @@ pub struct TopicsResponse {
     /// The topics this node is a member of, by name.
     pub topics: Vec<TopicJson>,
 }
+
+/// The answer of `POST /v1/web`: where the dashboard is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WebResponse {
+    /// The page's URL, with this start's token (give it to no one who
+    /// should not see the node).
+    pub url: String,
+    /// The address it listens on.
+    pub listen: SocketAddr,
+}

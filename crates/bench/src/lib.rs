@@ -77,6 +77,12 @@ pub enum BenchCommand {
         /// The `mesh` executable to run as `mesh daemon` [default: this one].
         #[arg(long, value_name = "PATH", env = DAEMON_BIN_ENV)]
         daemon_bin: Option<PathBuf>,
+        /// Keep each node's dashboard (`mesh web`) open in this browser
+        /// while the workloads run, headless (e.g. `/usr/bin/chromium`):
+        /// the page's live stream and polling beside the load. Each run
+        /// waits until every page has its stream open.
+        #[arg(long, value_name = "PATH")]
+        web_browser: Option<PathBuf>,
         /// What to measure and how.
         #[command(flatten)]
         opts: BenchOptions,
@@ -295,6 +301,7 @@ pub fn measure(cmd: BenchCommand, data: &DataDir) -> anyhow::Result<Report> {
                 nodes,
                 dir,
                 daemon_bin,
+                web_browser,
                 opts,
             } => {
                 let settings = Settings::new(&opts)?;
@@ -309,6 +316,7 @@ pub fn measure(cmd: BenchCommand, data: &DataDir) -> anyhow::Result<Report> {
                     bin,
                     parent,
                     settings,
+                    web_browser,
                 };
                 interruptible(local.run(), "the daemons were stopped").await
             }

@@ -16,6 +16,16 @@ use crate::{InviteCommand, PeerCommand, TopicCommand, UsageError};
 /// The most messages `mesh send --lines` puts in one request.
 const SEND_LINES_CHUNK: usize = 1000;
 
+/// `mesh web`.
+pub(crate) async fn web(c: &Client, json: bool) -> anyhow::Result<()> {
+    let w: mesh_api::WebResponse = c.post("/v1/web", &serde_json::json!({})).await?;
+    if json {
+        return print_json(&w);
+    }
+    println!("{}", w.url);
+    Ok(())
+}
+
 /// `mesh status`.
 pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
     let st: serde_json::Value = c.get("/v1/status").await?;

@@ -83,6 +83,18 @@ pub enum Command {
     /// line per finding and a `fix:` line under each problem; exits 1 if
     /// there is any problem.
     Doctor(doctor::DoctorArgs),
+    /// Open the dashboard: prints its URL (with a token made at each start).
+    ///
+    /// Asks the daemon to serve its read-only dashboard on 127.0.0.1 and a
+    /// port the system picks (or `[web] listen`), if it does not yet, and
+    /// prints the URL; opens nothing else. The page shows the peers and
+    /// their queues, agents, topics, the journal live and a message's state
+    /// by id. Anyone with the URL can read the node: share it with no one.
+    Web {
+        /// Print JSON (`url`, `listen`) instead of the URL alone.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print this node's id alone.
     Id,
     /// Print a ticket other nodes pass to `mesh peer add`.
@@ -644,6 +656,7 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
             Command::Status { json } => commands::status(&c, json).await,
             Command::Check(args) => check::run(&c, &args).await,
             Command::Doctor(args) => doctor::run(&c, dir, &args).await,
+            Command::Web { json } => commands::web(&c, json).await,
             Command::Id => commands::id(&c).await,
             Command::Ticket => commands::ticket(&c).await,
             Command::Peer(cmd) => commands::peer(&c, cmd).await,

@@ -74,6 +74,22 @@ pub struct Config {
     pub topics: TopicsConfig,
     /// How the daemon logs.
     pub log: LogConfig,
+    /// The dashboard (`mesh web`).
+    pub web: WebConfig,
+}
+
+/// `[web]`: the read-only dashboard, served on a TCP port only when asked
+/// (`mesh web`), or from the start when `listen` is set.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct WebConfig {
+    /// Where to serve it from the start (kept on); unset: only once `mesh
+    /// web` asks, on `127.0.0.1` and a port the system picks.
+    pub listen: Option<SocketAddr>,
+    /// Whether `listen` may be an address other hosts reach (every request
+    /// still needs the per-start token); without it only loopback is taken.
+    pub allow_remote: bool,
 }
 
 /// `[log]`: how `mesh daemon` writes its log to stderr (`RUST_LOG` picks
@@ -171,6 +187,7 @@ impl Default for Config {
             discovery: DiscoveryConfig::default(),
             topics: TopicsConfig::default(),
             log: LogConfig::default(),
+            web: WebConfig::default(),
         }
     }
 }
@@ -596,6 +613,19 @@ impl Config {
             if let Err(e) = url.parse::<RelayUrl>() {
                 return Err(bad("net.relays", format!("{url:?} is not a URL: {e}")));
             }
+        }
+        if let Some(addr) = self.web.listen
+            && !addr.ip().is_loopback()
+            && !self.web.allow_remote
+        {
+            return Err(bad(
+                "web.listen",
+                format!(
+                    "{addr} is not a loopback address: the dashboard would be reachable from \
+                     other hosts; set web.allow_remote = true if that is meant (every request \
+                     still needs the token)"
+                ),
+            ));
         }
         if self.outbox.max_msgs == 0 {
             return Err(bad("outbox.max_msgs", "must be at least 1".into()));

@@ -45,6 +45,9 @@ pub enum StartError {
     /// cannot read its state.
     #[error(transparent)]
     Node(#[from] NodeError),
+    /// The dashboard's token could not be drawn from the system's random source.
+    #[error("cannot make the dashboard's token: {0}")]
+    WebToken(std::io::Error),
 }
 
 /// A running node: its store, its bus node (iroh endpoint) and its local API
@@ -110,11 +113,19 @@ impl Daemon {
             aliases,
             topic_bounds: (config.topics.max_msgs, config.topics.max_bytes),
             journal_bytes_max: config.journal.max_bytes,
+            web: crate::api::Web::new(config.web).map_err(StartError::WebToken)?,
             timeouts: crate::api::Timeouts {
                 head: Duration::from_millis(config.api.request_head_timeout_ms),
                 idle: Duration::from_millis(config.api.idle_timeout_ms),
             },
         });
+        if crate::api::web_on_at_start(&config.web) {
+            // The dashboard is for looking; a port it cannot have is said
+            // in the log, and `mesh web` says it again.
+            if let Err(e) = state.open_web().await {
+                tracing::warn!("{e}");
+            }
+        }
         join_configured_topics(&bus, &config).await?;
         crate::agents::note_moves(&registry, &bus.agent_moves().borrow());
         let drain_days = config.agents.drain_days;

@@ -37,6 +37,8 @@ pub(super) struct Local {
     pub(super) bin: PathBuf,
     pub(super) parent: PathBuf,
     pub(super) settings: Settings,
+    /// A browser to keep each node's dashboard open in (`--web-browser`).
+    pub(super) web_browser: Option<PathBuf>,
 }
 
 /// The longest a workload of `count` messages may take in one run.
@@ -78,6 +80,12 @@ impl Local {
         let progress = Progress::new();
         let mut col = Collector::default();
         fit_queued_memory(&mut self.settings, &mut col);
+        if let Some(b) = &self.web_browser {
+            col.notes.push(format!(
+                "every node's dashboard was open in {} (headless) during the workloads",
+                b.display()
+            ));
+        }
         let s = &self.settings;
         declare_probes(&mut col);
         for (w, count) in &s.plan {
@@ -126,6 +134,16 @@ impl Local {
                 }
             };
             data_dir = cluster.base().display().to_string();
+            let _pages = match &self.web_browser {
+                Some(b) => match open_pages(&cluster, b).await {
+                    Ok(p) => p,
+                    Err(e) => {
+                        col.error(run, "opening the dashboards", &e);
+                        continue;
+                    }
+                },
+                None => Vec::new(),
+            };
             let mut r = RunCtx {
                 run,
                 runs: s.runs,
@@ -164,6 +182,51 @@ impl Local {
         cluster.wait_connected().await?;
         Ok(cluster)
     }
+}
+
+/// How long a browser may take to open a dashboard's live stream.
+const PAGE_OPEN_BOUND: Duration = Duration::from_secs(60);
+
+/// Opens each node's dashboard in `browser`, headless, and waits until
+/// every page has its live stream open (the node counts a subscriber).
+/// The browsers are killed when the answer is dropped.
+async fn open_pages(
+    cluster: &Cluster,
+    browser: &Path,
+) -> anyhow::Result<Vec<tokio::process::Child>> {
+    let mut pages = Vec::new();
+    for i in 0..cluster.len() {
+        let web: mesh_api::WebResponse =
+            mesh_cluster::call(cluster.client(i).post("/v1/web", &())).await?;
+        let profile = cluster.base().join(format!("browser-{i}"));
+        let child = tokio::process::Command::new(browser)
+            .args([
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+            ])
+            .arg("--disable-dev-shm-usage")
+            .arg(format!("--user-data-dir={}", profile.display()))
+            .arg(&web.url)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", browser.display()))?;
+        pages.push(child);
+    }
+    let deadline = Instant::now() + PAGE_OPEN_BOUND;
+    for i in 0..cluster.len() {
+        while cluster.status(i).await?.subscribers == 0 {
+            if Instant::now() >= deadline {
+                bail!("node {i}'s dashboard had no live stream open after {PAGE_OPEN_BOUND:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(pages)
 }
 
 /// Stops each of `nodes` with SIGTERM; an error if one had to be killed.

@@ -40,6 +40,7 @@ mod send;
 mod socket;
 mod subscribe;
 mod topics;
+mod web;
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -72,6 +73,8 @@ pub use gate::{
     REQUEST_HEAD_TIMEOUT_MS_DEFAULT,
 };
 pub use socket::{ApiSocket, BindError, PeerCred, daemon_uid};
+pub use web::WEB_CONNECTIONS_MAX;
+pub(crate) use web::{Web, on_at_start as web_on_at_start};
 
 /// The largest body of a plain JSON request (peers, cursors), in bytes.
 pub const REQUEST_BYTES_MAX: usize = 64 * 1024;
@@ -120,6 +123,8 @@ pub(crate) struct ApiParts {
     pub(crate) topic_bounds: (u64, u64),
     /// The journal's bound in bytes (`[journal] max_bytes`), for `GET /v1/status`.
     pub(crate) journal_bytes_max: u64,
+    /// The dashboard (`[web]`, `POST /v1/web`).
+    pub(crate) web: Web,
     /// How long a connection may wait to send a request (`[api]`).
     pub(crate) timeouts: Timeouts,
 }
@@ -153,6 +158,7 @@ struct Inner {
     agent_sockets_private: bool,
     topic_bounds: (u64, u64),
     journal_bytes_max: u64,
+    web: Web,
     /// Node aliases (`mesh peer name`), as in the store.
     aliases: RwLock<BTreeMap<String, NodeId>>,
     /// Each agent's socket server.
@@ -206,6 +212,7 @@ impl ApiState {
                 agent_sockets_private: parts.agent_sockets_private,
                 topic_bounds: parts.topic_bounds,
                 journal_bytes_max: parts.journal_bytes_max,
+                web: parts.web,
                 aliases: RwLock::new(parts.aliases.into_iter().collect()),
                 agent_servers: Mutex::new(HashMap::new()),
                 served_writes: tokio::sync::Mutex::new(()),
@@ -252,6 +259,7 @@ impl ApiState {
             .route("/v1/agents/{name}/export", post(agents::export_agent))
             .route("/v1/agents/import", post(agents::import_agent))
             .route("/v1/agents/{name}/move", post(agents::move_agent))
+            .route("/v1/web", post(web::open))
             .merge(Self::agent_routes())
             .route("/metrics", get(metrics::metrics))
             .fallback(routes::no_route)

@@ -52,6 +52,13 @@ use crate::bus::LocalWrite;
 use mesh_api::{EventEntry, InboxEntry, LaggedEvent};
 use mesh_protocol::AgentName;
 
+/// The journal's live stream after the cursor `after`, for the dashboard
+/// (no peer credentials: it is not on a Unix socket).
+pub(super) async fn journal_after(st: ApiState, after: String) -> Result<Response, ApiError> {
+    let q = Ok(Query(SubscribeQuery { after: Some(after) }));
+    open(st, None, HeaderMap::new(), q, Source::Journal).await
+}
+
 /// What a subscription reads: the node's journal, or one agent's inbox.
 #[derive(Clone, Debug)]
 enum Source {

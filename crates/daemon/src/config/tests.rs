@@ -51,6 +51,10 @@ fn the_example_file_lists_every_key_with_its_default() {
         "mdns",
         "[topics]",
         "join",
+        "[log]",
+        "format",
+        "[web]",
+        "allow_remote",
     ] {
         assert!(text.contains(key), "{key} missing from config/meshd.toml");
     }
@@ -175,6 +179,8 @@ fn store_and_journal_keys_are_read_and_checked() {
             "[api]\nsubscriber_buffer_bytes = 10\n",
             "api.subscriber_buffer_bytes",
         ),
+        ("[web]\nlisten = \"0.0.0.0:8717\"\n", "web.allow_remote"),
+        ("[log]\nformat = \"xml\"\n", "journald"),
     ] {
         let e = parse(text).unwrap_err().to_string();
         assert!(e.contains(key), "{text}: {e}");
@@ -213,4 +219,15 @@ fn topics_to_join_and_their_bounds_are_read_and_checked() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("at most 256"), "{err}");
+}
+
+#[test]
+fn the_dashboard_takes_a_remote_address_only_when_told_to() {
+    let c = parse("[web]\nlisten = \"127.0.0.1:8717\"\n").unwrap();
+    assert_eq!(c.web.listen, Some("127.0.0.1:8717".parse().unwrap()));
+    assert!(parse("[web]\nlisten = \"[::1]:8717\"\n").is_ok());
+    assert!(parse("[web]\nlisten = \"192.168.1.5:8717\"\n").is_err());
+    let c = parse("[web]\nlisten = \"192.168.1.5:8717\"\nallow_remote = true\n").unwrap();
+    assert!(c.web.allow_remote);
+    assert_eq!(parse("").unwrap().web.listen, None);
 }
