@@ -454,3 +454,118 @@ fn the_dashboard_shows_the_mesh_live_in_a_real_browser_and_refuses_a_request_wit
         "the tail holds the sends and the arrival: {tail}"
     );
 }
+
+/// Whether the daemon closes `s` (a read sees the end or an error) before
+/// `deadline`.
+fn closed_by(s: &mut TcpStream, deadline: Instant) -> bool {
+    let mut b = [0u8; 256];
+    loop {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            return false;
+        };
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))
+            .unwrap();
+        match s.read(&mut b) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return true,
+        }
+    }
+}
+
+/// A whole keep-alive request on `s` and its answer's head (the status
+/// line); the body, sized by its length, is read and dropped.
+fn keep_alive(s: &mut TcpStream, path: &str) -> String {
+    write!(s, "GET {path} HTTP/1.1\r\nHost: mesh\r\n\r\n").unwrap();
+    s.set_read_timeout(Some(SETTLE)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "closed before a whole answer: {got:?}");
+        got.extend_from_slice(&buf[..n]);
+        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&got[..end]).into_owned();
+        let len: usize = head
+            .lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(':')?;
+                k.eq_ignore_ascii_case("content-length")
+                    .then(|| v.trim().parse().ok())?
+            })
+            .unwrap_or_else(|| panic!("no content-length in {head}"));
+        if got.len() >= end + 4 + len {
+            return head.lines().next().unwrap().to_owned();
+        }
+    }
+}
+
+#[test]
+fn a_leaky_client_of_the_dashboard_port_cannot_keep_the_operator_out() {
+    // The dashboard's connections pass the control socket's gate: the
+    // head and idle timeouts here are short so that the test sees them.
+    let tmp = temp_dir().unwrap();
+    let data = tmp.path().join("a");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("config.toml"),
+        "[api]\nrequest_head_timeout_ms = 2000\nidle_timeout_ms = 2000\n",
+    )
+    .unwrap();
+    let a = start(&data);
+    let web = parse_json(&ok(a.mesh(&["web", "--json"]).unwrap())).unwrap();
+    let url = web["url"].as_str().unwrap().to_owned();
+    let listen: SocketAddr = web["listen"].as_str().unwrap().parse().unwrap();
+    let token = url.split_once("token=").unwrap().1.to_owned();
+    let status_path = format!("/api/status?token={token}");
+
+    // 300 connections that send half a request line and wait (past the
+    // 256 kept pending: the oldest are closed to make room).
+    let mut half: Vec<TcpStream> = (0..300)
+        .map(|_| {
+            let mut s = TcpStream::connect(listen).unwrap();
+            s.write_all(b"GET /api/sta").unwrap();
+            s
+        })
+        .collect();
+    // The operator is answered at once all the same.
+    let t = Instant::now();
+    let (status, body) = http(listen, "GET", &status_path, None);
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "the page's read took {:?} behind half-open connections",
+        t.elapsed()
+    );
+    // Every place held by a connection that made a request and keeps it
+    // open: the next is told so at once (503), not queued.
+    let mut held: Vec<TcpStream> = (0..64)
+        .map(|_| {
+            let mut s = TcpStream::connect(listen).unwrap();
+            let line = keep_alive(&mut s, &status_path);
+            assert!(line.contains(" 200 "), "{line}");
+            s
+        })
+        .collect();
+    let (status, body) = http(listen, "GET", &status_path, None);
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("\"busy\""), "{body}");
+
+    // The head and idle timeouts close them all, and the page is served.
+    let deadline = Instant::now() + SETTLE;
+    for s in half.iter_mut().chain(held.iter_mut()) {
+        assert!(
+            closed_by(s, deadline),
+            "a connection the dashboard should have closed is still open"
+        );
+    }
+    let (status, body) = http(listen, "GET", &status_path, None);
+    assert_eq!(status, 200, "{body}");
+}

@@ -119,7 +119,9 @@ impl Gate {
         Self::with_bounds(CONNECTIONS_MAX, CONNECTIONS_RESERVE, PENDING_MAX, timeouts)
     }
 
-    fn with_bounds(
+    /// A gate with `places` places, `reserve` more for the operator's
+    /// reads, at most `pending_max` pending connections, and `timeouts`.
+    pub(crate) fn with_bounds(
         places: usize,
         reserve: usize,
         pending_max: usize,

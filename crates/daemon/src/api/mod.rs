@@ -73,7 +73,7 @@ pub use gate::{
     REQUEST_HEAD_TIMEOUT_MS_DEFAULT,
 };
 pub use socket::{ApiSocket, BindError, PeerCred, daemon_uid};
-pub use web::WEB_CONNECTIONS_MAX;
+pub use web::{WEB_CONNECTIONS_MAX, WEB_PENDING_MAX};
 pub(crate) use web::{Web, on_at_start as web_on_at_start};
 
 /// The largest body of a plain JSON request (peers, cursors), in bytes.

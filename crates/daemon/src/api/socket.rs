@@ -144,9 +144,10 @@ pub struct PeerCred {
 }
 
 /// A socket's listener: accepts every connection at once and hands it to
-/// its [`Gate`], which decides whether it is served.
-pub(super) struct Bounded {
-    pub(super) listener: UnixListener,
+/// its [`Gate`], which decides whether it is served. The control and agent
+/// sockets listen on a [`UnixListener`], the dashboard on a TCP one.
+pub(super) struct Bounded<L = UnixListener> {
+    pub(super) listener: L,
     pub(super) gate: Arc<Gate>,
     /// Turns true when connections still open must be cut (see [`Conn`]).
     pub(super) abort: watch::Receiver<bool>,
@@ -162,8 +163,8 @@ pub(super) struct Bounded {
 /// its socket full, its response stuck mid-write — cannot hold a stopping
 /// daemon forever: the graceful shutdown lets it finish for a grace period,
 /// then cuts it.
-pub(super) struct Conn {
-    stream: UnixStream,
+pub(super) struct Conn<S = UnixStream> {
+    stream: S,
     conn: Arc<ConnState>,
     /// Wakes the reader at the connection's head or idle deadline.
     deadline: Option<Pin<Box<Sleep>>>,
@@ -205,11 +206,11 @@ impl Abort {
     }
 }
 
-impl Listener for Bounded {
-    type Io = Conn;
-    type Addr = tokio::net::unix::SocketAddr;
+impl<L: Listener> Listener for Bounded<L> {
+    type Io = Conn<L::Io>;
+    type Addr = L::Addr;
 
-    async fn accept(&mut self) -> (Conn, Self::Addr) {
+    async fn accept(&mut self) -> (Conn<L::Io>, Self::Addr) {
         let (stream, addr) = Listener::accept(&mut self.listener).await;
         (
             Conn {
@@ -228,7 +229,7 @@ impl Listener for Bounded {
     }
 }
 
-impl AsyncRead for Conn {
+impl<S: AsyncRead + Unpin> AsyncRead for Conn<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -245,7 +246,7 @@ impl AsyncRead for Conn {
     }
 }
 
-impl AsyncWrite for Conn {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Conn<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -286,12 +287,38 @@ pub(crate) struct Peer {
     pub(crate) conn: Arc<ConnState>,
 }
 
-impl Connected<IncomingStream<'_, Bounded>> for Peer {
-    fn connect_info(stream: IncomingStream<'_, Bounded>) -> Self {
+impl<L> Connected<IncomingStream<'_, Bounded<L>>> for Peer
+where
+    L: Listener,
+    L::Io: Credentials,
+{
+    fn connect_info(stream: IncomingStream<'_, Bounded<L>>) -> Self {
         let conn = &stream.io();
         Peer {
-            cred: peer_cred(&conn.stream),
+            cred: conn.stream.credentials(),
             conn: conn.conn.clone(),
+        }
+    }
+}
+
+/// Who is on the other end of a stream, as far as the kernel says.
+pub(crate) trait Credentials {
+    /// The peer's uid and pid, where known.
+    fn credentials(&self) -> PeerCred;
+}
+
+impl Credentials for UnixStream {
+    fn credentials(&self) -> PeerCred {
+        peer_cred(self)
+    }
+}
+
+/// A TCP peer (the dashboard's) has no uid: it is let in by its token.
+impl Credentials for tokio::net::TcpStream {
+    fn credentials(&self) -> PeerCred {
+        PeerCred {
+            uid: None,
+            pid: None,
         }
     }
 }

@@ -8,17 +8,18 @@
 //! each one of the control socket's own reads (status, agents, topics, a
 //! message, journal pages, the journal's live stream), so the page sees
 //! what `mesh` sees and can change nothing. The page is one HTML file
-//! compiled in (no CDN, no build step). At most [`WEB_CONNECTIONS_MAX`]
-//! connections are served at once; more wait to be accepted.
+//! compiled in (no CDN, no build step). Its connections pass the same gate
+//! as the control socket's (`super::gate`): at most [`WEB_CONNECTIONS_MAX`]
+//! served at once and a 503 past them, at most [`WEB_PENDING_MAX`] waiting
+//! for their first request, and the `[api]` head and idle timeouts, so a
+//! client that opens connections and sends nothing cannot keep the page
+//! from its operator.
 
 mod history;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Query, Request, State};
@@ -28,18 +29,23 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use mesh_api::WebResponse;
 use serde::Deserialize;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use axum::serve::ListenerExt as _;
+use tokio::net::TcpListener;
 
+use super::gate::Gate;
+use super::socket::{Bounded, Peer};
 use super::{ApiError, ApiState, Unavailable};
 use crate::config::WebConfig;
 
 pub(crate) use history::History;
 
-/// Connections the dashboard serves at once; a further one is accepted
-/// when one of them closes.
+/// Connections the dashboard serves at once (a page holds one for its live
+/// tail and a few for its reads); a further one is answered 503 at once.
 pub const WEB_CONNECTIONS_MAX: usize = 64;
+
+/// Connections the dashboard keeps open before their first request head;
+/// a new one past these closes the oldest of them.
+pub const WEB_PENDING_MAX: usize = 256;
 
 /// How many journal entries the live tail starts before the head.
 const TAIL_BACKLOG: u64 = 200;
@@ -120,9 +126,21 @@ impl ApiState {
         })?;
         let app = self.web_router();
         let mut closing = self.inner.closing.subscribe();
-        let listener = Limited {
-            listener,
-            permits: Arc::new(Semaphore::new(WEB_CONNECTIONS_MAX)),
+        let app = app
+            .layer(axum::middleware::from_fn(super::gate::admit))
+            .into_make_service_with_connect_info::<Peer>();
+        let listener = Bounded {
+            listener: listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            }),
+            gate: Gate::with_bounds(
+                WEB_CONNECTIONS_MAX,
+                0,
+                WEB_PENDING_MAX,
+                self.inner.timeouts,
+            ),
+            abort: self.inner.abort.subscribe(),
+            activity: None,
         };
         tokio::spawn(async move {
             let stop = async move {
@@ -297,78 +315,6 @@ async fn tail(
         .or(resumed)
         .unwrap_or_else(|| st.cursor_text(st.read_head().saturating_sub(TAIL_BACKLOG)));
     super::subscribe::journal_after(st, after).await
-}
-
-/// The dashboard's TCP listener: at most [`WEB_CONNECTIONS_MAX`]
-/// connections open; the next is accepted when one closes.
-struct Limited {
-    listener: TcpListener,
-    permits: Arc<Semaphore>,
-}
-
-/// A connection holding its place.
-struct Placed {
-    io: TcpStream,
-    _place: OwnedSemaphorePermit,
-}
-
-impl axum::serve::Listener for Limited {
-    type Io = Placed;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            let Ok(place) = self.permits.clone().acquire_owned().await else {
-                // Never closed; wait for ever rather than spin.
-                std::future::pending::<()>().await;
-                continue;
-            };
-            match self.listener.accept().await {
-                Ok((io, addr)) => {
-                    let _ = io.set_nodelay(true);
-                    return (Placed { io, _place: place }, addr);
-                }
-                // Out of files, a connection reset before it was taken:
-                // wait a little, as axum's own listener does.
-                Err(e) => {
-                    tracing::debug!("dashboard accept: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.listener.local_addr()
-    }
-}
-
-impl AsyncRead for Placed {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Placed {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
-    }
 }
 
 #[cfg(test)]
