@@ -116,6 +116,45 @@ fn two_nodes_both_restarted_on_port_0_reconnect_and_the_queued_message_arrives()
 }
 
 #[test]
+fn nodes_upgraded_from_a_build_that_did_not_remember_the_port_carry_on_at_the_port_of_their_card() {
+    // A data dir written by a build before the port was remembered in a
+    // file is this one without the file (its store is migrated by the
+    // store's own tests, on fixtures of those versions). Both nodes
+    // restart on port 0 with no mDNS on loopback: each is found only if it
+    // comes back at the port its peer last learned, from its own card.
+    let tmp = temp_dir().unwrap();
+    let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));
+    let (a, b, a_id, b_id) = linked_pair(&a_dir, &b_dir);
+    let (a_port, b_port) = (port(&a), port(&b));
+    ok(a.mesh(&["send", &b_id, "before"]).unwrap());
+    wait_for("the first message", || received(&b, &a_id) == ["before"]);
+    assert!(b.terminate().unwrap().success());
+    for n in 1..=3 {
+        ok(a.mesh(&["send", &b_id, &format!("queued {n}")]).unwrap());
+    }
+    assert!(a.terminate().unwrap().success());
+    for dir in [&a_dir, &b_dir] {
+        let file = dir.join(mesh_api::paths::LISTEN_PORT_FILE);
+        std::fs::remove_file(&file)
+            .unwrap_or_else(|e| panic!("{} is not there to remove: {e}", file.display()));
+    }
+
+    let a = start(&a_dir);
+    let b = start(&b_dir);
+    assert_eq!((port(&a), port(&b)), (a_port, b_port));
+    wait_for("the three queued messages", || {
+        received(&b, &a_id) == ["before", "queued 1", "queued 2", "queued 3"]
+    });
+    ok(b.mesh(&["send", &a_id, "after the upgrade"]).unwrap());
+    wait_for("a new message the other way", || {
+        received(&a, &b_id) == ["after the upgrade"]
+    });
+    for d in [a, b] {
+        assert!(d.terminate().unwrap().success());
+    }
+}
+
+#[test]
 fn a_node_whose_port_was_taken_is_found_at_its_new_one_and_peers_dial_that_after_a_restart() {
     let tmp = temp_dir().unwrap();
     let (a_dir, b_dir) = (tmp.path().join("a"), tmp.path().join("b"));

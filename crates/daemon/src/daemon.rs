@@ -89,7 +89,8 @@ impl Daemon {
         let store_file = dir.root().join(mesh_store::STORE_FILE_NAME);
         let handle = StoreHandle::spawn(store.clone())?;
         let socket = ApiSocket::bind(&dir.socket_path()).await?;
-        let node_config = node_config(&config, &dir, bind);
+        let port = read_port(&dir).or_else(|| card_port(&*store, &key.public()));
+        let node_config = node_config(&config, bind, port);
         let node = Arc::new(Node::start(node_config, key, handle.clone()).await?);
         remember_port(&dir, node.local_port());
         let bus = Bus::new(node.clone());
@@ -213,11 +214,11 @@ impl Daemon {
 }
 
 /// The bus node's settings from `config`, listening on `bind` and preferring
-/// the port this data dir's node had last.
-fn node_config(config: &Config, dir: &DataDir, bind: SocketAddr) -> NodeConfig {
+/// `port`, the one this data dir's node had last.
+fn node_config(config: &Config, bind: SocketAddr, port: Option<u16>) -> NodeConfig {
     NodeConfig {
         net: NetConfig {
-            preferred_port: read_port(dir),
+            preferred_port: port,
             relays: config.relays(),
             mdns: config.discovery.mdns.mode(),
             ..NetConfig::with_bind_addr(bind)
@@ -337,6 +338,34 @@ fn read_port(dir: &DataDir) -> Option<u16> {
         }
         Ok(port) => Some(port),
     }
+}
+
+/// The port in this node's own card as the store holds it: where its peers
+/// last learned to dial it. A data dir written before the port was
+/// remembered in a file (or one whose file was lost) has none, and its
+/// node, started on a new port, would be out of reach of every peer that
+/// only knows the old one (on a LAN without mDNS, or on loopback); asking
+/// for the card's port first carries on where it stopped.
+fn card_port(store: &RedbStore, me: &NodeId) -> Option<u16> {
+    let cards = match store.cards() {
+        Ok(cards) => cards,
+        Err(e) => {
+            tracing::warn!("cannot read this node's card for its last port: {e}");
+            return None;
+        }
+    };
+    let port = cards
+        .iter()
+        .find(|c| c.node == *me)?
+        .addrs
+        .iter()
+        .map(SocketAddr::port)
+        .find(|p| *p != 0)?;
+    tracing::info!(
+        port,
+        "no remembered listen port; asking for the one in this node's last card"
+    );
+    Some(port)
 }
 
 /// Remembers `port` for the next start (written whole: a temp file
