@@ -583,3 +583,46 @@ async fn a_2026_session_listening_on_the_inbox_hears_of_each_entry_with_its_curs
 fn n_cursor(p: &ResourceUpdatedNotificationParam) -> Option<Value> {
     p.meta.as_ref().and_then(|m| m.get("cursor").cloned())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_unread_backlog_is_told_of_in_a_few_notifications_and_one_summary() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    for agent in ["alice", "bob"] {
+        ok(a.mesh(&["agent", "add", agent]).unwrap());
+    }
+    let to = format!("alice@{}", a.node());
+    let mut last = String::new();
+    for n in 0..8 {
+        last = send_as(&a, "bob", &to, &format!("old {n}"));
+    }
+    a.wait_message_state(&last, "delivered", Duration::from_secs(60));
+    // A session begins with 8 unread: 5 told one by one, then one summary.
+    let (alice, mut heard) = mcp(a.data(), "alice").await;
+    let mut channel = Vec::new();
+    while channel.len() < 6 {
+        match tokio::time::timeout(TOLD_WITHIN * 5, heard.recv())
+            .await
+            .expect("told of the backlog in time")
+            .expect("the session is open")
+        {
+            Heard::Channel(p) => channel.push(p),
+            Heard::Updated { .. } => {}
+            other => panic!("heard {other:?}"),
+        }
+    }
+    let contents: Vec<&str> = channel
+        .iter()
+        .map(|p| p["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(contents[..5], ["old 0", "old 1", "old 2", "old 3", "old 4"]);
+    assert_eq!(channel[5]["meta"]["kind"], "unread", "{}", channel[5]);
+    assert_eq!(channel[5]["meta"]["count"], "3", "{}", channel[5]);
+    // Nothing was acked by it: all 8 are unread.
+    let (bodies, _) = unread(&alice).await;
+    assert_eq!(bodies.len(), 8, "{bodies:?}");
+    // What comes after is told of one by one.
+    send_as(&a, "bob", &to, "new");
+    let (_, p) = told(&mut heard, "mesh://inbox/alice", false, TOLD_WITHIN).await;
+    assert_eq!(p["content"], "new", "{p}");
+}

@@ -83,6 +83,11 @@ pub const CLAUDE_CHANNEL_NOTIFICATION: &str = "notifications/claude/channel";
 /// The most unread entries a read of the inbox resource returns.
 pub const RESOURCE_ENTRIES_MAX: u32 = 100;
 
+/// The most entries of the backlog (what was unread when the session
+/// began) a session is told of one by one; the rest are told of in one
+/// summary, so that a long-unread inbox does not flood the model's context.
+pub const WATCH_BACKLOG_TOLD_MAX: usize = 5;
+
 /// The most entries one long poll of the watcher asks for.
 pub const WATCH_PAGE_ENTRIES: u32 = 100;
 
@@ -619,6 +624,9 @@ impl MeshServer {
         // None: from the read position.
         let mut after: Option<String> = None;
         let mut backoff = WATCH_BACKOFF_MIN;
+        // Until the first page short of full: how much of the backlog was
+        // told of one by one, and what was left to the summary.
+        let mut backlog = Some(Backlog::default());
         while !peer.is_transport_closed() {
             let page = match &after {
                 None => self.unread(WATCH_PAGE_ENTRIES, WATCH_WAIT_SECS).await,
@@ -634,8 +642,26 @@ impl MeshServer {
             match page {
                 Ok(page) => {
                     backoff = WATCH_BACKOFF_MIN;
+                    let full = page.entries.len() >= WATCH_PAGE_ENTRIES as usize;
                     for e in &page.entries {
+                        if let Some(b) = backlog.as_mut() {
+                            if b.told >= WATCH_BACKLOG_TOLD_MAX {
+                                b.skipped += 1;
+                                b.last = Some(e.cursor.clone());
+                                continue;
+                            }
+                            b.told += 1;
+                        }
                         if let Err(err) = self.tell(&peer, e).await {
+                            tracing::debug!(agent = %self.agent, "the client is gone: {err}");
+                            return;
+                        }
+                    }
+                    // A page short of full: the backlog is read through.
+                    if !full && let Some(b) = backlog.take() {
+                        if let (true, Some(last)) = (b.skipped > 0, b.last)
+                            && let Err(err) = self.tell_more(&peer, b.skipped, &last).await
+                        {
                             tracing::debug!(agent = %self.agent, "the client is gone: {err}");
                             return;
                         }
@@ -656,22 +682,63 @@ impl MeshServer {
         }
     }
 
+    /// Tells `peer` that `count` more unread entries, up to `cursor`, wait
+    /// in the inbox: one channel notification and one update of the inbox
+    /// resource for them all.
+    ///
+    /// # Errors
+    /// If the client cannot be written to.
+    async fn tell_more(
+        &self,
+        peer: &Peer<RoleServer>,
+        count: usize,
+        cursor: &str,
+    ) -> Result<(), ServiceError> {
+        let content = format!(
+            "{count} more unread messages are waiting for {}; read them with mesh_inbox",
+            self.agent
+        );
+        let meta = serde_json::json!({
+            "kind": "unread",
+            "count": count.to_string(),
+            "cursor": cursor,
+        });
+        self.tell_params(peer, serde_json::json!({ "content": content, "meta": meta }), cursor, None)
+            .await
+    }
+
     /// Tells `peer` of entry `e`: a channel notification, and an update of
     /// the inbox resource to a subscriber. Each carries the entry's cursor.
     ///
     /// # Errors
     /// If the client cannot be written to.
     async fn tell(&self, peer: &Peer<RoleServer>, e: &InboxEntry) -> Result<(), ServiceError> {
+        self.tell_params(peer, channel_params(e), &e.cursor, e.id.as_deref())
+            .await
+    }
+
+    /// Sends the channel notification `params`, and an update of the inbox
+    /// resource carrying `cursor` (and the entry's `id`) to a subscriber.
+    ///
+    /// # Errors
+    /// If the client cannot be written to.
+    async fn tell_params(
+        &self,
+        peer: &Peer<RoleServer>,
+        params: serde_json::Value,
+        cursor: &str,
+        id: Option<&str>,
+    ) -> Result<(), ServiceError> {
         peer.send_notification(ServerNotification::CustomNotification(
-            CustomNotification::new(CLAUDE_CHANNEL_NOTIFICATION, Some(channel_params(e))),
+            CustomNotification::new(CLAUDE_CHANNEL_NOTIFICATION, Some(params)),
         ))
         .await?;
         let uri = self.inbox_uri();
         let updated = || {
             let mut meta = NotificationMetaObject::new();
-            meta.insert("cursor".to_owned(), e.cursor.clone().into());
-            if let Some(id) = &e.id {
-                meta.insert("id".to_owned(), id.clone().into());
+            meta.insert("cursor".to_owned(), cursor.to_owned().into());
+            if let Some(id) = id {
+                meta.insert("id".to_owned(), id.to_owned().into());
             }
             let mut param = ResourceUpdatedNotificationParam::new(uri.clone());
             param.meta = Some(meta);
@@ -693,6 +760,17 @@ impl MeshServer {
         }
         Ok(())
     }
+}
+
+/// What the watcher has told of the backlog so far.
+#[derive(Default)]
+struct Backlog {
+    /// Entries told of one by one.
+    told: usize,
+    /// Entries past [`WATCH_BACKLOG_TOLD_MAX`], left to the summary.
+    skipped: usize,
+    /// The cursor of the last of them.
+    last: Option<String>,
 }
 
 /// The params of `notifications/claude/channel` for entry `e`: its body as
