@@ -358,6 +358,66 @@ pub struct MessageStatus {
     pub superseded_by: Option<String>,
 }
 
+/// `GET /v1/agents/{name}/thread/{id}`: a message, what it answers, and
+/// the replies to it, as far as this agent's inbox and its sent messages
+/// on this node hold them.
+///
+/// The entries are in the order this node journaled them (`arrival`:
+/// commit order here), so a reply always comes after what it answers when
+/// both are held here; `depth` gives the shape. The answer is bounded
+/// (`truncated` says when it was cut, and `truncated_why` why).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadResponse {
+    /// The message asked about.
+    pub id: String,
+    /// The thread: the messages it answers (up the `in_reply_to` chain,
+    /// while this agent holds them), the message, and every reply to it or
+    /// to a reply, in arrival order.
+    pub entries: Vec<ThreadEntry>,
+    /// Whether the thread was cut short: at the most entries or body bytes
+    /// an answer holds, or where the scan for replies stopped. What is
+    /// shown is still in order; what is missing came later.
+    pub truncated: bool,
+    /// Why it was cut, for a person (absent when it was not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated_why: Option<String>,
+}
+
+/// One message of a thread.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadEntry {
+    /// The message id.
+    pub id: String,
+    /// The sender, `AGENT@NODE_ID`.
+    pub from: String,
+    /// The recipient, `AGENT@NODE_ID` or `NODE_ID`.
+    pub to: String,
+    /// What it answers.
+    pub in_reply_to: Option<String>,
+    /// The message.
+    pub body: String,
+    /// How `body` is written.
+    pub encoding: BodyEncoding,
+    /// `sent` (this agent sent it) or `received` (it is in this agent's
+    /// inbox).
+    pub dir: String,
+    /// Where it is, as `GET /v1/messages/{id}` says: for a sent message
+    /// `queued`, `delivered`, `bounced`, `superseded` or `lost`; for a
+    /// received one `received` (or `superseded`: a tombstone came in its
+    /// place).
+    pub state: String,
+    /// How deep it is in the thread: 0 for the first message shown, one
+    /// more than what it answers for a reply.
+    pub depth: u32,
+    /// Its cursor in this node's journal.
+    pub cursor: String,
+    /// Its arrival in this node's journal (the order of the entries).
+    pub arrival: u64,
+    /// The author's clock when it was written, ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_ms: Option<u64>,
+}
+
 /// `PUT /v1/peers/{id}/alias`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,6 +1,6 @@
 //! The agent commands: `mesh agent add|list|remove`, `mesh agents`, and
 //! what an agent does as itself (`--agent NAME`): send, inbox, reply,
-//! request; `mesh message`.
+//! request, thread; `mesh message`.
 
 use std::io::{BufRead, Read as _, Write as _};
 use std::path::PathBuf;
@@ -12,7 +12,7 @@ use mesh_api::client::Client;
 use mesh_api::{
     AddAgentRequest, AgentExport, AgentJson, AgentSendRequest, AgentSendResponse, AgentsResponse,
     DataDir, ExportAgentRequest, ImportAgentRequest, InboxEntry, InboxPage, MessageStatus,
-    MoveAgentRequest, MoveAgentResponse, ReplyRequest, path_segment,
+    MoveAgentRequest, MoveAgentResponse, ReplyRequest, ThreadResponse, path_segment,
 };
 
 use crate::commands::print_json;
@@ -338,6 +338,45 @@ pub(crate) async fn message(c: &Client, id: String, json: bool) -> anyhow::Resul
     }
     println!("{}  {}  {} -> {}", st.id, st.state, st.from, st.to);
     println!("  {}", st.detail);
+    Ok(())
+}
+
+/// `mesh --agent NAME thread MSG_ID`: one line per message, indented by
+/// its depth, with its state; or the answer as JSON.
+pub(crate) async fn thread(c: &Client, id: String, json: bool) -> anyhow::Result<()> {
+    let path = format!(
+        "/v1/agents/{}/thread/{}",
+        path_segment(me(c)),
+        path_segment(&id)
+    );
+    let t: ThreadResponse = c.get(&path).await?;
+    if json {
+        print_json(&t)?;
+    } else {
+        let mut out = std::io::stdout().lock();
+        for e in &t.entries {
+            let indent = "  ".repeat(usize::try_from(e.depth).unwrap_or(0).min(40));
+            let mark = if e.id == t.id { "*" } else { " " };
+            let base64 = match e.encoding {
+                mesh_api::BodyEncoding::Base64 => " (base64)",
+                _ => "",
+            };
+            // One line per message: a body's line breaks are shown, not made.
+            let body = e.body.replace('\n', "\\n");
+            writeln!(
+                out,
+                "[{}]{mark}{indent}{} {} -> {} {}{base64}: {body}",
+                e.arrival,
+                e.id,
+                short(&e.from),
+                short(&e.to),
+                e.state,
+            )?;
+        }
+    }
+    if let Some(why) = &t.truncated_why {
+        eprintln!("cut: {why}");
+    }
     Ok(())
 }
 

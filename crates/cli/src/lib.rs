@@ -13,6 +13,7 @@ pub mod check;
 mod commands;
 pub mod demo;
 pub mod doctor;
+mod hook;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,8 +38,8 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "DIR")]
     pub data: Option<PathBuf>,
 
-    /// Act as this agent of the node (`send`, `inbox`, `reply`, `request`,
-    /// `mcp`), through its own socket.
+    /// Act as this agent of the node (`send`, `inbox`, `ack`, `reply`,
+    /// `request`, `thread`, `mcp`), through its own socket.
     #[arg(long, global = true, value_name = "NAME", env = mesh_api::paths::AGENT_ENV)]
     pub agent: Option<String>,
 
@@ -195,6 +196,19 @@ pub enum Command {
         /// Print one JSON object per line.
         #[arg(long)]
         json: bool,
+        /// Print the unread entries as an AI agent's hook takes them (with
+        /// --unread): `claude` for a Claude Code hook (UserPromptSubmit:
+        /// added to the prompt's context; Stop: keeps the agent from ending
+        /// its turn with mail waiting). Prints nothing when there is none;
+        /// reading acks nothing. See docs/claude-code.md.
+        #[arg(long, value_name = "AGENT", value_parser = ["claude"], requires = "unread",
+              conflicts_with_all = ["json", "after", "wait", "limit"])]
+        hook: Option<String>,
+        /// The hook's event (with --hook): `user-prompt-submit` or `stop`
+        /// [default: `hook_event_name` of the JSON Claude Code writes to
+        /// the hook's stdin].
+        #[arg(long, value_parser = ["user-prompt-submit", "stop"], requires = "hook")]
+        event: Option<String>,
     },
     /// Mark this agent's inbox (`--agent NAME`) read up to CURSOR (an
     /// entry's cursor, or the `next:` of a page): `inbox --unread` starts
@@ -213,6 +227,23 @@ pub enum Command {
         /// The reply, or `-` to read it from stdin.
         text: String,
         /// Print JSON instead of the reply's id.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print the thread of a message this agent (`--agent NAME`) sent or
+    /// received: what it answers, the message, and every reply to it and
+    /// to its replies, as far as this agent's inbox and sent messages on
+    /// this node hold them.
+    ///
+    /// One line per message, in the order this node journaled them,
+    /// indented by its depth in the thread, with its state (sent: queued,
+    /// delivered, bounced, superseded or lost; received: received). Says
+    /// on stderr when the thread was cut (at 1000 messages or 4 MiB of
+    /// bodies, or where the search for replies stopped).
+    Thread {
+        /// The message's id (as `mesh inbox` or `mesh send` printed it).
+        id: String,
+        /// Print the API's answer (`GET /v1/agents/NAME/thread/ID`) as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -591,6 +622,13 @@ impl Cli {
                 let _ = e.print();
                 std::process::exit(i32::from(check::State::Unknown.code()));
             }
+            // Claude Code reads exit 2 as "block" (a Stop hook would keep the
+            // agent going on a usage error): a hook's bad line exits 1.
+            if e.use_stderr() && std::env::args().any(|a| a == "--hook" || a.starts_with("--hook="))
+            {
+                let _ = e.print();
+                std::process::exit(i32::from(EXIT_OTHER));
+            }
             e.exit()
         })
     }
@@ -692,14 +730,26 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
                 None => commands::send(&c, peer, text, lines, id, json).await,
             },
             Command::Inbox {
+                hook: Some(_),
+                event,
+                ..
+            } => hook::claude(&agent, event.as_deref())
+                .await
+                .map_err(hook::failed),
+            Command::Inbox {
                 after,
                 unread,
                 limit,
                 wait,
                 json,
+                hook: None,
+                event: _,
             } => {
                 let c = agent.required("inbox").await?;
                 agents::inbox(&c, after, unread, limit, wait, json).await
+            }
+            Command::Thread { id, json } => {
+                agents::thread(&agent.required("thread").await?, id, json).await
             }
             Command::Ack { cursor } => agents::ack(&agent.required("ack").await?, cursor).await,
             Command::Reply { id, text, json } => {
@@ -758,6 +808,9 @@ pub fn exit_code(error: &anyhow::Error) -> u8 {
         }
         if let Some(check::CheckExit(code)) = cause.downcast_ref() {
             return *code;
+        }
+        if cause.is::<hook::HookFailed>() {
+            return EXIT_OTHER;
         }
         if cause.is::<agents::NoReply>() {
             return mesh_api::EXIT_TIMEOUT;

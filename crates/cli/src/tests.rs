@@ -91,3 +91,32 @@ fn an_invites_expiry_reads_as_a_span_from_now() {
     assert_eq!(expiry_text(now - 5 * min, now), "expired 5m ago");
     assert_eq!(expiry_text(now, now), "expired 0s ago");
 }
+
+#[test]
+fn a_hook_reads_unread_only_and_its_failure_never_exits_2() {
+    let cli = Cli::try_parse_from([
+        "mesh", "--agent", "a", "inbox", "--unread", "--hook", "claude", "--event", "stop",
+    ])
+    .unwrap();
+    assert!(matches!(
+        cli.command,
+        Command::Inbox {
+            hook: Some(_),
+            event: Some(_),
+            ..
+        }
+    ));
+    for bad in [
+        &["mesh", "inbox", "--hook", "claude"][..],
+        &["mesh", "inbox", "--unread", "--event", "stop"],
+        &["mesh", "inbox", "--unread", "--hook", "codex"],
+        &["mesh", "inbox", "--unread", "--hook", "claude", "--json"],
+        &[
+            "mesh", "inbox", "--unread", "--hook", "claude", "--event", "later",
+        ],
+    ] {
+        assert!(Cli::try_parse_from(bad).is_err(), "{bad:?} parsed");
+    }
+    let e = hook::failed(anyhow::anyhow!("no daemon"));
+    assert_eq!(exit_code(&e), EXIT_OTHER);
+}

@@ -191,6 +191,17 @@ pub enum NotFound {
     /// No message of that id is known to this node.
     #[error("no message {0} is known to this node (it neither sent nor received it)")]
     UnknownMessage(String),
+    /// The message is known to this node, but the agent asked about
+    /// neither sent it nor received it here.
+    #[error(
+        "agent {agent} neither sent nor received message {id} on this node (`mesh --agent {agent} inbox` shows what it received)"
+    )]
+    NotAgentsMessage {
+        /// The message id.
+        id: String,
+        /// The agent.
+        agent: String,
+    },
     /// No node has that name or alias.
     #[error(
         "no node is named {0:?}: not a node id, a peer's alias (`mesh peer name`) or a node's name (its card's)"
@@ -353,7 +364,9 @@ impl ApiError {
                 NotFound::UnknownInvite(_) => (S::NOT_FOUND, ErrorCode::UnknownInvite),
                 NotFound::NoRoute { .. } => (S::NOT_FOUND, ErrorCode::NoRoute),
                 NotFound::UnknownAgent(_) => (S::NOT_FOUND, ErrorCode::UnknownAgent),
-                NotFound::UnknownMessage(_) => (S::NOT_FOUND, ErrorCode::UnknownMessage),
+                NotFound::UnknownMessage(_) | NotFound::NotAgentsMessage { .. } => {
+                    (S::NOT_FOUND, ErrorCode::UnknownMessage)
+                }
                 NotFound::UnknownName(_) => (S::NOT_FOUND, ErrorCode::UnknownPeer),
             },
             ErrorKind::Capacity(e) => match e {

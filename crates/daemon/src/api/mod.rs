@@ -65,7 +65,10 @@ use crate::bus::Bus;
 pub(crate) use agent_socket::start_agent_servers;
 pub(crate) use agents::serve_moves;
 
-pub use agents::{INBOX_SCAN_ROWS_MAX, INBOX_WAIT_SECS_MAX, LOSS_SCAN_ENTRIES_MAX};
+pub use agents::{
+    INBOX_SCAN_ROWS_MAX, INBOX_WAIT_SECS_MAX, LOSS_SCAN_ENTRIES_MAX, THREAD_ANCESTORS_MAX,
+    THREAD_BODY_BYTES_MAX, THREAD_ENTRIES_MAX, THREAD_SCAN_ROWS_MAX,
+};
 pub use error::{ApiError, Bug, CallerError, Capacity, ErrorKind, NotFound, Refused, Unavailable};
 pub(crate) use gate::Timeouts;
 pub use gate::{
@@ -284,6 +287,7 @@ impl ApiState {
             .route("/v1/agents/{name}/reply", post(agents::reply))
             .route("/v1/agents/{name}/inbox", get(agents::inbox))
             .route("/v1/agents/{name}/ack", post(agents::ack))
+            .route("/v1/agents/{name}/thread/{id}", get(agents::thread))
             .route(
                 "/v1/agents/{name}/subscribe",
                 get(subscribe::subscribe_inbox),

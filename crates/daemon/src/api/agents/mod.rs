@@ -1,6 +1,7 @@
 //! The agent routes: adding, listing and removing agents (the node's
 //! socket), and what an agent does as itself (its socket): send, reply,
-//! read and wait on its inbox, keep named cursors; where a message is.
+//! read and wait on its inbox, keep named cursors; where a message is and
+//! the thread it is part of.
 //!
 //! An agent's inbox is an index of the journal written in the commits that
 //! journal its entries (messages to it, bounces and losses of its messages, lag
@@ -35,15 +36,20 @@ mod inbox;
 mod moving;
 mod send;
 mod status;
+mod thread;
 
 pub use inbox::{INBOX_SCAN_ROWS_MAX, INBOX_WAIT_SECS_MAX};
 pub use status::LOSS_SCAN_ENTRIES_MAX;
+pub use thread::{
+    THREAD_ANCESTORS_MAX, THREAD_BODY_BYTES_MAX, THREAD_ENTRIES_MAX, THREAD_SCAN_ROWS_MAX,
+};
 
 pub(super) use inbox::{ack, get_cursor, inbox, put_cursor};
 pub(crate) use moving::serve_moves;
 pub(super) use moving::{decode_answer, decode_offer, move_agent};
 pub(super) use send::{check_client_id, reply, send, send_batch};
 pub(super) use status::message;
+pub(super) use thread::thread;
 
 /// An agent's name from a path, checked.
 fn agent_name(text: &str) -> Result<AgentName, ApiError> {

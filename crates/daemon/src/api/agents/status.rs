@@ -5,11 +5,14 @@ use axum::Json;
 use axum::extract::{Path, State};
 use mesh_api::{MessageStatus, StreamJson};
 use mesh_protocol::MsgId;
-use mesh_store::{JournalRecord, MeshStore, MessageDir};
+
+use mesh_protocol::NodeId;
+use mesh_store::{JournalRecord, MeshStore, MessageDir, MessageRow};
 
 use crate::api::error::node_error;
 use crate::api::routes::read_store;
 use crate::api::{ApiError, ApiState, CallerError, NotFound};
+use crate::bus::NodeStatus;
 
 /// Journal entries after a message that `GET /v1/messages/{id}` reads, at
 /// most, looking for the loss record of a message evicted unacknowledged.
@@ -89,50 +92,86 @@ pub(crate) async fn message(
     }))
 }
 
-/// Where a message this node sent is: acknowledged by its recipient node
-/// (delivered), still in the outbox (queued), or given up (lost, with the
-/// loss record).
-async fn sent_state(
-    st: &ApiState,
-    row: &mesh_store::MessageRow,
-) -> Result<(&'static str, String), ApiError> {
-    let status = st.inner.bus.status().await.map_err(node_error)?;
+/// Where a message this node sent to another node is, by the node's
+/// status.
+enum SentPlace {
+    /// Its recipient node acknowledged it.
+    Delivered,
+    /// Still in the outbox (the detail says why it is not acknowledged).
+    Queued(&'static str),
+    /// Evicted from the outbox unacknowledged.
+    Lost,
+}
+
+/// Where the message of `row`, which this node sent to another node, is
+/// by `status`.
+fn sent_place(status: &NodeStatus, row: &MessageRow) -> SentPlace {
     let recipient = row.stream.recipient();
     let own = status
         .peers
         .iter()
         .find(|p| Some(p.node) == recipient)
-        .and_then(|p| p.own_stream.clone())
+        .and_then(|p| p.own_stream.as_ref())
         .filter(|o| o.stream == row.stream);
     let Some(own) = own else {
         // The stream of an older epoch of this node, or of a removed peer.
-        return Ok((
-            "queued",
-            "the recipient node is not a peer now, or the stream is of an earlier store of this node"
-                .to_owned(),
-        ));
+        return SentPlace::Queued(
+            "the recipient node is not a peer now, or the stream is of an earlier store of this node",
+        );
     };
     if row.seq <= own.last_acked {
-        return Ok((
+        SentPlace::Delivered
+    } else if row.seq >= own.first_retained {
+        SentPlace::Queued(
+            "committed here, in the outbox; the recipient node has not acknowledged it yet",
+        )
+    } else {
+        SentPlace::Lost
+    }
+}
+
+/// The state `GET /v1/messages/{id}` gives the message of `row` on node
+/// `me`, without its detail. `status` is needed for a message sent to
+/// another node that was neither bounced nor superseded; without it, such
+/// a message is `queued`.
+pub(crate) fn state_name(
+    row: &MessageRow,
+    me: NodeId,
+    status: Option<&NodeStatus>,
+) -> &'static str {
+    match (row.dir, row.undelivered) {
+        (_, None) if row.superseded_by.is_some() => "superseded",
+        (MessageDir::Received, Some(_)) => "undeliverable",
+        (MessageDir::Received, None) => "received",
+        (MessageDir::Sent, Some(_)) => "bounced",
+        (MessageDir::Sent, None) if row.stream.recipient().unwrap_or(me) == me => "delivered",
+        (MessageDir::Sent, None) => match status.map(|s| sent_place(s, row)) {
+            Some(SentPlace::Delivered) => "delivered",
+            Some(SentPlace::Queued(_)) | None => "queued",
+            Some(SentPlace::Lost) => "lost",
+        },
+    }
+}
+
+/// Where a message this node sent is: acknowledged by its recipient node
+/// (delivered), still in the outbox (queued), or given up (lost, with the
+/// loss record).
+async fn sent_state(st: &ApiState, row: &MessageRow) -> Result<(&'static str, String), ApiError> {
+    let status = st.inner.bus.status().await.map_err(node_error)?;
+    Ok(match sent_place(&status, row) {
+        SentPlace::Delivered => (
             "delivered",
             "committed at the recipient node (it acknowledged it)".to_owned(),
-        ));
-    }
-    if row.seq >= own.first_retained {
-        return Ok((
-            "queued",
-            "committed here, in the outbox; the recipient node has not acknowledged it yet"
-                .to_owned(),
-        ));
-    }
-    // Evicted unacknowledged.
-    Ok(("lost", loss_detail(st, row).await?))
+        ),
+        SentPlace::Queued(detail) => ("queued", detail.to_owned()),
+        SentPlace::Lost => ("lost", loss_detail(st, row).await?),
+    })
 }
 
 /// Why a message evicted from the outbox unacknowledged was lost: its loss
 /// record, found after it in the journal within [`LOSS_SCAN_ENTRIES_MAX`]
 /// entries, or a general word if none is found there.
-async fn loss_detail(st: &ApiState, row: &mesh_store::MessageRow) -> Result<String, ApiError> {
+async fn loss_detail(st: &ApiState, row: &MessageRow) -> Result<String, ApiError> {
     let stream = row.stream.clone();
     let seq = row.seq;
     let mut pos = row.arrival;

@@ -1,0 +1,289 @@
+//! How an agent is told: a message's thread (`mesh --agent NAME thread
+//! ID`) read from both ends of a conversation across two nodes, and the
+//! Claude Code hook (`inbox --unread --hook claude`) through real `mesh
+//! daemon` processes, each command its own process.
+//!
+//! Every wait is on an event (`--wait` on the inbox, a message's state)
+//! and bounded.
+#![allow(clippy::unwrap_used)] // A test fails by panicking.
+
+use std::path::Path;
+use std::time::Duration;
+
+use mesh_tests::daemon::{DaemonProcess, Output, ok, parse_json, temp_dir};
+
+const MESH: &str = env!("CARGO_BIN_EXE_mesh");
+/// How long a message may take to reach the other node's inbox.
+const ARRIVAL_SECS: &str = "30";
+/// How long a state the test waits for may take (polled through the CLI).
+const SETTLE: Duration = Duration::from_secs(60);
+
+fn start(data: &Path) -> DaemonProcess {
+    DaemonProcess::start_local(Path::new(MESH), data).unwrap()
+}
+
+/// `mesh --agent AGENT ...` against `d`, with `stdin`.
+fn as_agent_stdin(d: &DaemonProcess, agent: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut all = vec!["--agent", agent];
+    all.extend_from_slice(args);
+    d.mesh_stdin(&all, stdin).unwrap()
+}
+
+/// `mesh --agent AGENT ...` against `d`.
+fn as_agent(d: &DaemonProcess, agent: &str, args: &[&str]) -> Output {
+    as_agent_stdin(d, agent, args, None)
+}
+
+/// Waits (at most [`ARRIVAL_SECS`]) for the message `id` in `agent`'s
+/// inbox after `after`; answers the cursor past it.
+fn wait_for(d: &DaemonProcess, agent: &str, id: &str, after: Option<&str>) -> String {
+    let mut after = after.map(str::to_owned);
+    loop {
+        let mut args = vec!["inbox", "--json", "--wait", ARRIVAL_SECS];
+        if let Some(a) = &after {
+            args.extend(["--after", a]);
+        }
+        let out = as_agent(d, agent, &args);
+        assert!(out.ok(), "{out:?}");
+        let entries: Vec<_> = out.stdout.lines().map(|l| parse_json(l).unwrap()).collect();
+        assert!(!entries.is_empty(), "{id} did not reach {agent}");
+        if let Some(e) = entries.iter().find(|e| e["id"] == id) {
+            return e["cursor"].as_str().unwrap().to_owned();
+        }
+        after = Some(out.next_cursor());
+    }
+}
+
+/// `mesh --agent AGENT thread ID --json`, parsed.
+fn thread(d: &DaemonProcess, agent: &str, id: &str) -> serde_json::Value {
+    parse_json(&ok(as_agent(d, agent, &["thread", id, "--json"]))).unwrap()
+}
+
+/// Each entry's `field`, as text.
+fn column(t: &serde_json::Value, field: &str) -> Vec<String> {
+    t["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| match &e[field] {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        })
+        .collect()
+}
+
+#[test]
+fn a_three_message_thread_across_two_nodes_reads_in_order_with_states_from_both_ends() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(a.mesh(&["agent", "add", "carol"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let bob = format!("bob@{}", b.node());
+    let alice = format!("alice@{}", a.node());
+
+    // alice asks, bob answers, alice answers the answer.
+    let ask = ok(as_agent(&a, "alice", &["send", &bob, "which port?"]));
+    let ask = ask.trim();
+    let at_bob = wait_for(&b, "bob", ask, None);
+    let answer = ok(as_agent(&b, "bob", &["reply", ask, "port 7000"]));
+    let answer = answer.trim();
+    wait_for(&a, "alice", answer, None);
+    let thanks = ok(as_agent(&a, "alice", &["reply", answer, "thanks"]));
+    let thanks = thanks.trim();
+    wait_for(&b, "bob", thanks, Some(&at_bob));
+    for id in [ask, thanks] {
+        a.wait_message_state(id, "delivered", SETTLE);
+    }
+    b.wait_message_state(answer, "delivered", SETTLE);
+
+    // From alice's end: in arrival order, each a level deeper.
+    let t = thread(&a, "alice", ask);
+    assert_eq!(t["id"], ask);
+    assert_eq!(t["truncated"], false, "{t}");
+    assert_eq!(column(&t, "id"), [ask, answer, thanks], "{t}");
+    assert_eq!(column(&t, "dir"), ["sent", "received", "sent"]);
+    assert_eq!(column(&t, "state"), ["delivered", "received", "delivered"]);
+    assert_eq!(column(&t, "depth"), ["0", "1", "2"]);
+    assert_eq!(column(&t, "body"), ["which port?", "port 7000", "thanks"]);
+    assert_eq!(column(&t, "from"), [alice.as_str(), &bob, &alice]);
+    assert_eq!(column(&t, "to"), [bob.as_str(), &alice, &bob]);
+    assert_eq!(column(&t, "in_reply_to"), ["null", ask, answer]);
+    let arrivals: Vec<u64> = column(&t, "arrival")
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+    assert!(arrivals.is_sorted(), "{arrivals:?}");
+
+    // From bob's end: the same three, his own as sent.
+    let t = thread(&b, "bob", ask);
+    assert_eq!(column(&t, "id"), [ask, answer, thanks], "{t}");
+    assert_eq!(column(&t, "state"), ["received", "delivered", "received"]);
+    assert_eq!(column(&t, "depth"), ["0", "1", "2"]);
+
+    // Asked from the middle: what it answers comes first.
+    let t = thread(&b, "bob", answer);
+    assert_eq!(column(&t, "id"), [ask, answer, thanks], "{t}");
+    assert_eq!(column(&t, "depth"), ["0", "1", "2"]);
+
+    // The text: one line per message, indented by depth, with its state.
+    let text = ok(as_agent(&a, "alice", &["thread", ask]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    for (line, (id, state, indent)) in lines.iter().zip([
+        (ask, "delivered", "*"),
+        (answer, "received", "   "),
+        (thanks, "delivered", "     "),
+    ]) {
+        assert!(line.contains(&format!("{indent}{id} ")), "{line:?}");
+        assert!(line.contains(&format!(" {state}: ")), "{line:?}");
+    }
+
+    // An id no node sent, one not of this agent, and one that is no id.
+    let unknown = "0".repeat(32);
+    let out = as_agent(&a, "alice", &["thread", &unknown]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    assert!(
+        out.stderr.contains(&format!("no message {unknown}")),
+        "{out:?}"
+    );
+    let out = as_agent(&a, "carol", &["thread", ask]);
+    assert_eq!(out.status.code(), Some(4), "{out:?}");
+    assert!(
+        out.stderr.contains("agent carol neither sent nor received"),
+        "{out:?}"
+    );
+    let out = as_agent(&a, "alice", &["thread", "not-an-id"]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        out.stderr.contains("not-an-id") || out.stderr.contains("id"),
+        "{out:?}"
+    );
+}
+
+/// The cursors and bodies of `agent`'s unread entries on `d`.
+fn unread(d: &DaemonProcess, agent: &str) -> Vec<(String, String)> {
+    ok(as_agent(d, agent, &["inbox", "--unread", "--json"]))
+        .lines()
+        .map(|l| {
+            let e = parse_json(l).unwrap();
+            (
+                e["cursor"].as_str().unwrap().to_owned(),
+                e["body"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The Claude Code hook of `agent` on `d` for `event` (`None`: from the
+/// stdin JSON), with `stdin`.
+fn hook(d: &DaemonProcess, agent: &str, event: Option<&str>, stdin: Option<&str>) -> Output {
+    let mut args = vec!["inbox", "--unread", "--hook", "claude"];
+    if let Some(e) = event {
+        args.extend(["--event", e]);
+    }
+    as_agent_stdin(d, agent, &args, stdin)
+}
+
+#[test]
+fn the_claude_hook_tells_of_unread_mail_until_it_is_acked_and_never_blocks_twice() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(a.mesh(&["agent", "add", "bob"]).unwrap());
+    let alice = format!("alice@{}", a.node());
+    let id = ok(as_agent(
+        &a,
+        "bob",
+        &["send", &alice, "please review PR 12"],
+    ));
+    let id = id.trim();
+    let waiting = unread(&a, "alice");
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let cursor = &waiting[0].0;
+
+    // UserPromptSubmit: the mail goes into the prompt's context.
+    let out = hook(&a, "alice", Some("user-prompt-submit"), None);
+    assert!(out.ok(), "{out:?}");
+    let answer = parse_json(out.stdout.trim()).unwrap();
+    let specific = &answer["hookSpecificOutput"];
+    assert_eq!(specific["hookEventName"], "UserPromptSubmit", "{answer}");
+    let context = specific["additionalContext"].as_str().unwrap();
+    for want in [
+        "please review PR 12",
+        cursor.as_str(),
+        id,
+        "from: bob@",
+        "mesh --agent alice ack CURSOR",
+    ] {
+        assert!(context.contains(want), "no {want:?} in {context}");
+    }
+    // The event from the hook's own JSON, with the fields Claude Code adds.
+    let out = hook(
+        &a,
+        "alice",
+        None,
+        Some(
+            r#"{"session_id":"s1","cwd":"/tmp","hook_event_name":"UserPromptSubmit","prompt":"hi"}"#,
+        ),
+    );
+    let answer = parse_json(ok(out).trim()).unwrap();
+    assert_eq!(
+        answer["hookSpecificOutput"]["hookEventName"],
+        "UserPromptSubmit"
+    );
+
+    // Stop: the turn does not end with mail waiting, once.
+    let out = hook(&a, "alice", Some("stop"), None);
+    let answer = parse_json(ok(out).trim()).unwrap();
+    assert_eq!(answer["decision"], "block", "{answer}");
+    assert!(answer["reason"].as_str().unwrap().contains(cursor.as_str()));
+    let out = hook(
+        &a,
+        "alice",
+        None,
+        Some(r#"{"hook_event_name":"Stop","stop_hook_active":true}"#),
+    );
+    assert!(out.ok(), "{out:?}");
+    assert_eq!(out.stdout, "", "{out:?}");
+    // Reading acked nothing.
+    assert_eq!(unread(&a, "alice").len(), 1);
+
+    // Bad input is a non-blocking error (exit 1, never 2), one line.
+    let out = hook(&a, "alice", None, Some("not json"));
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.stdout, "");
+    assert!(out.stderr.contains("not the JSON object"), "{out:?}");
+    let out = hook(&a, "alice", None, None);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stderr.contains("--event"), "{out:?}");
+
+    // Acked: nothing to say, for either event.
+    ok(as_agent(&a, "alice", &["ack", cursor]));
+    for event in ["user-prompt-submit", "stop"] {
+        let out = hook(&a, "alice", Some(event), None);
+        assert!(out.ok(), "{out:?}");
+        assert_eq!(out.stdout, "", "{event}: {out:?}");
+    }
+
+    // No daemon: exit 1, the reason on stderr, nothing on stdout.
+    let data = a.data().to_owned();
+    a.terminate().unwrap();
+    let d = data.to_str().unwrap();
+    let out = mesh_tests::daemon::run(
+        Path::new(MESH),
+        &[
+            "--data", d, "--agent", "alice", "inbox", "--unread", "--hook", "claude", "--event",
+            "stop",
+        ],
+        None,
+    )
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.stdout, "");
+    assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
+}
