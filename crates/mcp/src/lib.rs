@@ -703,8 +703,13 @@ impl MeshServer {
             "count": count.to_string(),
             "cursor": cursor,
         });
-        self.tell_params(peer, serde_json::json!({ "content": content, "meta": meta }), cursor, None)
-            .await
+        self.tell_params(
+            peer,
+            serde_json::json!({ "content": content, "meta": meta }),
+            cursor,
+            None,
+        )
+        .await
     }
 
     /// Tells `peer` of entry `e`: a channel notification, and an update of

@@ -27,9 +27,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use axum::serve::ListenerExt as _;
 use mesh_api::WebResponse;
 use serde::Deserialize;
-use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 
 use super::gate::Gate;
@@ -133,12 +133,7 @@ impl ApiState {
             listener: listener.tap_io(|tcp| {
                 let _ = tcp.set_nodelay(true);
             }),
-            gate: Gate::with_bounds(
-                WEB_CONNECTIONS_MAX,
-                0,
-                WEB_PENDING_MAX,
-                self.inner.timeouts,
-            ),
+            gate: Gate::with_bounds(WEB_CONNECTIONS_MAX, 0, WEB_PENDING_MAX, self.inner.timeouts),
             abort: self.inner.abort.subscribe(),
             activity: None,
         };
