@@ -89,7 +89,7 @@ impl Daemon {
         let store_file = dir.root().join(mesh_store::STORE_FILE_NAME);
         let handle = StoreHandle::spawn(store.clone())?;
         let socket = ApiSocket::bind(&dir.socket_path()).await?;
-        let port = read_port(&dir).or_else(|| card_port(&*store, &key.public()));
+        let port = read_port(&dir).or_else(|| card_port(&store, &key.public()));
         let node_config = node_config(&config, bind, port);
         let node = Arc::new(Node::start(node_config, key, handle.clone()).await?);
         remember_port(&dir, node.local_port());

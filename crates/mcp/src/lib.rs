@@ -658,13 +658,13 @@ impl MeshServer {
                         }
                     }
                     // A page short of full: the backlog is read through.
-                    if !full && let Some(b) = backlog.take() {
-                        if let (true, Some(last)) = (b.skipped > 0, b.last)
-                            && let Err(err) = self.tell_more(&peer, b.skipped, &last).await
-                        {
-                            tracing::debug!(agent = %self.agent, "the client is gone: {err}");
-                            return;
-                        }
+                    if !full
+                        && let Some(b) = backlog.take()
+                        && let (true, Some(last)) = (b.skipped > 0, b.last)
+                        && let Err(err) = self.tell_more(&peer, b.skipped, &last).await
+                    {
+                        tracing::debug!(agent = %self.agent, "the client is gone: {err}");
+                        return;
                     }
                     after = Some(page.next);
                 }
