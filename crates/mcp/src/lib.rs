@@ -31,7 +31,9 @@
 //! (protocol 2026-07-28) that asked for the uri. A notification acks
 //! nothing. While the daemon does not answer, the task asks again with a
 //! backoff, going on after the last entry it told of; it ends with the
-//! session.
+//! session. The backlog (what was unread when the session began) is read
+//! without waiting and told of as its first [`WATCH_BACKLOG_TOLD_MAX`]
+//! entries and one summary of the rest.
 //!
 //! The design is in `docs/design.md` ("Agents").
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -315,13 +317,20 @@ impl MeshServer {
             .await
     }
 
-    /// Up to `limit` unread entries (after the read position), waiting up to
-    /// `wait` seconds for the first.
-    async fn unread(&self, limit: u32, wait: u64) -> Result<InboxPage, ClientError> {
-        let path = format!(
-            "{}?unread=true&limit={limit}&wait={wait}",
-            self.path("inbox")
-        );
+    /// Up to `limit` inbox entries after the cursor `after` (absent: the
+    /// unread ones, after the read position), waiting up to `wait` seconds
+    /// for the first.
+    async fn inbox_page(
+        &self,
+        after: Option<&str>,
+        limit: u32,
+        wait: u64,
+    ) -> Result<InboxPage, ClientError> {
+        let from = match after {
+            None => "unread=true".to_owned(),
+            Some(c) => format!("after={}", path_segment(c)),
+        };
+        let path = format!("{}?{from}&limit={limit}&wait={wait}", self.path("inbox"));
         self.client.get(&path).await
     }
 
@@ -348,17 +357,7 @@ impl MeshServer {
         }
         let limit = a.limit.unwrap_or(100);
         let wait = a.wait.unwrap_or(0);
-        let page = match &a.after {
-            None => self.unread(limit, wait).await,
-            Some(after) => {
-                let path = format!(
-                    "{}?after={}&limit={limit}&wait={wait}",
-                    self.path("inbox"),
-                    path_segment(after)
-                );
-                self.client.get::<InboxPage>(&path).await
-            }
-        };
+        let page = self.inbox_page(a.after.as_deref(), limit, wait).await;
         if let Ok(p) = &page
             && !p.entries.is_empty()
         {
@@ -520,7 +519,7 @@ impl ServerHandler for MeshServer {
     ) -> Result<ReadResourceResponse, ErrorData> {
         self.check_uri(&request.uri)?;
         let page = self
-            .unread(RESOURCE_ENTRIES_MAX, 0)
+            .inbox_page(None, RESOURCE_ENTRIES_MAX, 0)
             .await
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
         let text = serde_json::to_string(&page)
@@ -628,17 +627,17 @@ impl MeshServer {
         // told of one by one, and what was left to the summary.
         let mut backlog = Some(Backlog::default());
         while !peer.is_transport_closed() {
-            let page = match &after {
-                None => self.unread(WATCH_PAGE_ENTRIES, WATCH_WAIT_SECS).await,
-                Some(c) => {
-                    let path = format!(
-                        "{}?after={}&limit={WATCH_PAGE_ENTRIES}&wait={WATCH_WAIT_SECS}",
-                        self.path("inbox"),
-                        path_segment(c)
-                    );
-                    self.client.get::<InboxPage>(&path).await
-                }
+            // The backlog is read as it is, without waiting: what comes
+            // after it is not backlog, and its summary is not held back by
+            // a wait when it fills whole pages.
+            let wait = if backlog.is_some() {
+                0
+            } else {
+                WATCH_WAIT_SECS
             };
+            let page = self
+                .inbox_page(after.as_deref(), WATCH_PAGE_ENTRIES, wait)
+                .await;
             match page {
                 Ok(page) => {
                     backoff = WATCH_BACKOFF_MIN;

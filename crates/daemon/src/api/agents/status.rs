@@ -4,9 +4,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use mesh_api::{MessageStatus, StreamJson};
-use mesh_protocol::MsgId;
-
-use mesh_protocol::NodeId;
+use mesh_protocol::{BounceReason, MsgId, NodeId};
 use mesh_store::{JournalRecord, MeshStore, MessageDir, MessageRow};
 
 use crate::api::error::node_error;
@@ -46,37 +44,35 @@ pub(crate) async fn message(
         None => recipient.to_string(),
     };
     let superseded_by = row.superseded_by.map(|b| b.to_string());
-    let (state, detail) = match (row.dir, row.undelivered) {
-        (dir, None) if row.superseded_by.is_some() => (
+    let (state, detail) = match row_state(&row, me) {
+        RowState::Superseded => (
             "superseded",
             format!(
                 "a later message with its key replaced it before it was sent ({}); {}",
                 superseded_by.as_deref().unwrap_or_default(),
-                match dir {
+                match row.dir {
                     MessageDir::Sent => "its recipient gets a tombstone in its place",
                     MessageDir::Received => "this node received the tombstone in its place",
                 }
             ),
         ),
-        (MessageDir::Received, Some(reason)) => (
+        RowState::Undeliverable(reason) => (
             "undeliverable",
             format!(
                 "received here for an agent this node does not host ({}); it was bounced to its sender",
                 reason.as_str()
             ),
         ),
-        (MessageDir::Received, None) => ("received", "received here".to_owned()),
-        (MessageDir::Sent, Some(reason)) => (
+        RowState::Received => ("received", "received here".to_owned()),
+        RowState::Bounced(reason) => (
             "bounced",
             format!(
                 "the recipient node has no such agent ({}); it was delivered to no one",
                 reason.as_str()
             ),
         ),
-        (MessageDir::Sent, None) if recipient == me => {
-            ("delivered", "delivered to an agent of this node".to_owned())
-        }
-        (MessageDir::Sent, None) => sent_state(&st, &row).await?,
+        RowState::DeliveredHere => ("delivered", "delivered to an agent of this node".to_owned()),
+        RowState::SentAway => sent_state(&st, &row).await?,
     };
     Ok(Json(MessageStatus {
         id: id.to_string(),
@@ -130,6 +126,36 @@ fn sent_place(status: &NodeStatus, row: &MessageRow) -> SentPlace {
     }
 }
 
+/// What a message's index row says of it on node `me`, before the node's
+/// status is asked (which only a message sent to another node needs).
+enum RowState {
+    /// Replaced by a later message with its key before it was sent.
+    Superseded,
+    /// Received for an agent this node does not host (and bounced).
+    Undeliverable(BounceReason),
+    /// Received here.
+    Received,
+    /// Bounced by its recipient node.
+    Bounced(BounceReason),
+    /// Sent to an agent of this node.
+    DeliveredHere,
+    /// Sent to another node: where it is, the node's status says.
+    SentAway,
+}
+
+fn row_state(row: &MessageRow, me: NodeId) -> RowState {
+    match (row.dir, row.undelivered) {
+        (_, None) if row.superseded_by.is_some() => RowState::Superseded,
+        (MessageDir::Received, Some(reason)) => RowState::Undeliverable(reason),
+        (MessageDir::Received, None) => RowState::Received,
+        (MessageDir::Sent, Some(reason)) => RowState::Bounced(reason),
+        (MessageDir::Sent, None) if row.stream.recipient().unwrap_or(me) == me => {
+            RowState::DeliveredHere
+        }
+        (MessageDir::Sent, None) => RowState::SentAway,
+    }
+}
+
 /// The state `GET /v1/messages/{id}` gives the message of `row` on node
 /// `me`, without its detail. `status` is needed for a message sent to
 /// another node that was neither bounced nor superseded; without it, such
@@ -139,13 +165,13 @@ pub(crate) fn state_name(
     me: NodeId,
     status: Option<&NodeStatus>,
 ) -> &'static str {
-    match (row.dir, row.undelivered) {
-        (_, None) if row.superseded_by.is_some() => "superseded",
-        (MessageDir::Received, Some(_)) => "undeliverable",
-        (MessageDir::Received, None) => "received",
-        (MessageDir::Sent, Some(_)) => "bounced",
-        (MessageDir::Sent, None) if row.stream.recipient().unwrap_or(me) == me => "delivered",
-        (MessageDir::Sent, None) => match status.map(|s| sent_place(s, row)) {
+    match row_state(row, me) {
+        RowState::Superseded => "superseded",
+        RowState::Undeliverable(_) => "undeliverable",
+        RowState::Received => "received",
+        RowState::Bounced(_) => "bounced",
+        RowState::DeliveredHere => "delivered",
+        RowState::SentAway => match status.map(|s| sent_place(s, row)) {
             Some(SentPlace::Delivered) => "delivered",
             Some(SentPlace::Queued(_)) | None => "queued",
             Some(SentPlace::Lost) => "lost",
