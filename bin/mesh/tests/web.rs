@@ -569,3 +569,123 @@ fn a_leaky_client_of_the_dashboard_port_cannot_keep_the_operator_out() {
     let (status, body) = http(listen, "GET", &status_path, None);
     assert_eq!(status, 200, "{body}");
 }
+
+/// The events of an SSE body read so far: (event name, data) pairs of
+/// every whole event.
+fn sse_events(body: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let Some(whole) = body.rfind("\n\n") else {
+        return out;
+    };
+    for block in body[..whole].split("\n\n") {
+        let mut name = "message".to_owned();
+        let mut data = String::new();
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("event:") {
+                v.trim().clone_into(&mut name);
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data.push_str(v.trim_start());
+            }
+        }
+        if !data.is_empty() {
+            out.push((name, serde_json::from_str(&data).unwrap()));
+        }
+    }
+    out
+}
+
+#[test]
+fn a_burst_is_coalesced_in_the_dashboards_tail_and_every_entry_it_leaves_out_is_counted() {
+    // The tail reads the journal at most twice a second, the newest 25
+    // entries each time: a burst of 1000 shows as some of its entries and
+    // "N not shown" lines that, with them, account for every arrival.
+    const BURST: usize = 1000;
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(a.mesh(&["agent", "add", "bob"]).unwrap());
+    let web = parse_json(&ok(a.mesh(&["web", "--json"]).unwrap())).unwrap();
+    let url = web["url"].as_str().unwrap().to_owned();
+    let listen: SocketAddr = web["listen"].as_str().unwrap().parse().unwrap();
+    let token = url.split_once("token=").unwrap().1.to_owned();
+
+    let mut s = TcpStream::connect(listen).unwrap();
+    write!(
+        s,
+        "GET /api/subscribe?token={token} HTTP/1.1\r\nHost: mesh\r\n\r\n"
+    )
+    .unwrap();
+    let lines: String = (0..BURST).map(|i| format!("line {i}\n")).collect();
+    let bob = format!("bob@{}", a.node());
+    ok(a.mesh_stdin(
+        &["--agent", "alice", "send", &bob, "-", "--lines"],
+        Some(&lines),
+    )
+    .unwrap());
+    let last = format!("line {}", BURST - 1);
+
+    // Read the stream until the burst's last message is in it.
+    let deadline = Instant::now() + SETTLE;
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 64 * 1024];
+    let events = loop {
+        let body = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map(|end| unchunk(&String::from_utf8_lossy(&raw[end + 4..])))
+            .unwrap_or_default();
+        let events = sse_events(&body);
+        if events
+            .iter()
+            .any(|(n, e)| n == "entry" && e["agent"]["body"] == last.as_str())
+        {
+            break events;
+        }
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .unwrap_or_else(|| panic!("the burst's last message is not in the tail: {body}"));
+        s.set_read_timeout(Some(left)).unwrap();
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the tail closed: {body}");
+        raw.extend_from_slice(&buf[..n]);
+    };
+
+    // Every arrival is either sent or counted, once, in order.
+    let mut entries = 0;
+    let mut skipped_lines = 0;
+    let mut skipped_since = 0;
+    let mut prev: Option<u64> = None;
+    for (name, e) in &events {
+        match name.as_str() {
+            "entry" => {
+                let arrival = e["arrival"].as_u64().unwrap();
+                if let Some(p) = prev {
+                    assert_eq!(
+                        arrival - p - 1,
+                        skipped_since,
+                        "between #{p} and #{arrival} the tail counted {skipped_since} not shown"
+                    );
+                }
+                prev = Some(arrival);
+                skipped_since = 0;
+                entries += 1;
+            }
+            "skipped" => {
+                let count = e["count"].as_u64().unwrap();
+                assert!(count > 0, "{e}");
+                assert!(e["detail"].as_str().unwrap().contains("mesh events"), "{e}");
+                skipped_since += count;
+                skipped_lines += 1;
+            }
+            other => panic!("an unexpected {other} event: {e}"),
+        }
+    }
+    assert!(
+        skipped_lines > 0,
+        "nothing was coalesced: {entries} entries sent"
+    );
+    assert!(
+        entries < BURST,
+        "{entries} entries were sent for a burst of {BURST}"
+    );
+}

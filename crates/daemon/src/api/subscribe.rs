@@ -52,13 +52,6 @@ use crate::bus::LocalWrite;
 use mesh_api::{EventEntry, InboxEntry, LaggedEvent};
 use mesh_protocol::AgentName;
 
-/// The journal's live stream after the cursor `after`, for the dashboard
-/// (no peer credentials: it is not on a Unix socket).
-pub(super) async fn journal_after(st: ApiState, after: String) -> Result<Response, ApiError> {
-    let q = Ok(Query(SubscribeQuery { after: Some(after) }));
-    open(st, None, HeaderMap::new(), q, Source::Journal).await
-}
-
 /// What a subscription reads: the node's journal, or one agent's inbox.
 #[derive(Clone, Debug)]
 enum Source {
@@ -503,7 +496,7 @@ enum Offer {
 }
 
 /// The `entry` event of `entry`, and its bytes as the buffer counts them.
-fn entry_event(entry: &EventEntry) -> (Event, usize) {
+pub(super) fn entry_event(entry: &EventEntry) -> (Event, usize) {
     cursor_event(entry, &entry.cursor)
 }
 
@@ -520,7 +513,7 @@ fn cursor_event(entry: &impl serde::Serialize, cursor: &str) -> (Event, usize) {
     (event, bytes)
 }
 
-fn error_event(e: &ApiError) -> Event {
+pub(super) fn error_event(e: &ApiError) -> Event {
     Event::default()
         .event("error")
         .data(e.to_json(None).to_string())

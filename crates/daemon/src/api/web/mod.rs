@@ -16,6 +16,7 @@
 //! from its operator.
 
 mod history;
+mod tail;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -292,9 +293,9 @@ struct TailQuery {
     after: Option<String>,
 }
 
-/// The journal's live stream, from `after`, or from where the stream was
-/// (`Last-Event-ID`, sent by a reconnecting browser), or from
-/// [`TAIL_BACKLOG`] entries before the head.
+/// The journal's live stream, coalesced (`tail`), from `after`, or from
+/// where the stream was (`Last-Event-ID`, sent by a reconnecting browser),
+/// or from [`TAIL_BACKLOG`] entries before the head.
 async fn tail(
     State(st): State<ApiState>,
     headers: HeaderMap,
@@ -304,12 +305,11 @@ async fn tail(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let after = q
-        .after
-        .filter(|a| !a.trim().is_empty())
-        .or(resumed)
-        .unwrap_or_else(|| st.cursor_text(st.read_head().saturating_sub(TAIL_BACKLOG)));
-    super::subscribe::journal_after(st, after).await
+    let after = match q.after.filter(|a| !a.trim().is_empty()).or(resumed) {
+        Some(text) => st.parse_after(Some(&text))?,
+        None => st.read_head().saturating_sub(TAIL_BACKLOG),
+    };
+    Ok(tail::stream(st, after, TAIL_BACKLOG))
 }
 
 #[cfg(test)]
