@@ -287,3 +287,81 @@ fn the_claude_hook_tells_of_unread_mail_until_it_is_acked_and_never_blocks_twice
     assert_eq!(out.stdout, "");
     assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
 }
+
+/// Each local agent's unread count as `mesh agents --json` and `mesh
+/// status --json` give it, by name: (agents', status's).
+fn unread_counts(d: &DaemonProcess) -> Vec<(String, u64, u64)> {
+    let agents = parse_json(&ok(d.mesh(&["agents", "--json"]).unwrap())).unwrap();
+    let status = parse_json(&ok(d.mesh(&["status", "--json"]).unwrap())).unwrap();
+    agents["local"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            let name = a["name"].as_str().unwrap().to_owned();
+            let in_status = status["agents"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["name"] == name.as_str())
+                .unwrap_or_else(|| panic!("{name} is not in the status: {status}"));
+            assert_eq!(a["unread"]["more"], false, "{a}");
+            (
+                name,
+                a["unread"]["count"].as_u64().unwrap(),
+                in_status["unread"]["count"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn mesh_agents_and_mesh_status_count_each_local_agents_unread_mail_down_to_its_acks() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(a.mesh(&["agent", "add", "bob"]).unwrap());
+    let bob = format!("bob@{}", a.node());
+    for text in ["one", "two", "three"] {
+        ok(as_agent(&a, "alice", &["send", &bob, text]));
+    }
+    let counts = |alice: u64, bob: u64| {
+        vec![
+            ("alice".to_owned(), alice, alice),
+            ("bob".to_owned(), bob, bob),
+        ]
+    };
+    assert_eq!(unread_counts(&a), counts(0, 3));
+    let agents = ok(a.mesh(&["agents"]).unwrap());
+    let line = agents.lines().find(|l| l.contains(&bob)).unwrap();
+    assert!(line.contains("3 unread (oldest "), "{agents}");
+    let status = ok(a.mesh(&["status"]).unwrap());
+    assert!(
+        status
+            .lines()
+            .any(|l| l.trim_start().starts_with("bob") && l.contains("3 unread")),
+        "{status}"
+    );
+
+    // Acks move the count; one before the position is a no-op.
+    let page = ok(as_agent(&a, "bob", &["inbox", "--unread", "--json"]));
+    let cursors: Vec<String> = page
+        .lines()
+        .map(|l| {
+            parse_json(l).unwrap()["cursor"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(cursors.len(), 3, "{page}");
+    ok(as_agent(&a, "bob", &["ack", &cursors[1]]));
+    assert_eq!(unread_counts(&a), counts(0, 1));
+    ok(as_agent(&a, "bob", &["ack", &cursors[0]]));
+    assert_eq!(unread_counts(&a), counts(0, 1));
+    ok(as_agent(&a, "bob", &["ack", &cursors[2]]));
+    assert_eq!(unread_counts(&a), counts(0, 0));
+    let agents = ok(a.mesh(&["agents"]).unwrap());
+    let line = agents.lines().find(|l| l.contains(&bob)).unwrap();
+    assert!(line.ends_with("no unread"), "{agents}");
+}

@@ -56,6 +56,52 @@ pub struct AgentJson {
     /// to the host it moved to (it read it there).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inbox_after: Option<String>,
+    /// For an agent of this node: its unread mail (absent for a peer's
+    /// agents, and from older daemons' answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unread: Option<Unread>,
+}
+
+/// The most unread entries the daemon counts per agent when it lists its
+/// agents or its status (each count is one bounded inbox read): past it,
+/// [`Unread::more`] says there are more.
+pub const UNREAD_COUNT_MAX: u64 = 999;
+
+/// A local agent's unread mail: what `mesh --agent NAME inbox --unread`
+/// would page through.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unread {
+    /// Its inbox entries after its read position, counted up to
+    /// [`UNREAD_COUNT_MAX`].
+    pub count: u64,
+    /// Whether more than `count` are unread.
+    pub more: bool,
+    /// When the oldest unread entry was written, if it is a message (ms
+    /// since the Unix epoch, its author's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_ms: Option<u64>,
+}
+
+impl std::fmt::Display for Unread {
+    /// `3 unread`, `999+ unread`, or `no unread`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.count, self.more) {
+            (0, _) => write!(f, "no unread"),
+            (n, true) => write!(f, "{n}+ unread"),
+            (n, false) => write!(f, "{n} unread"),
+        }
+    }
+}
+
+/// One local agent as `GET /v1/status` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalAgentStatus {
+    /// Its name on this node.
+    pub name: String,
+    /// Whether it is using this node now.
+    pub online: bool,
+    /// Its unread mail.
+    pub unread: Unread,
 }
 
 /// `GET /v1/agents`.

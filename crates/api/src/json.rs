@@ -379,6 +379,10 @@ pub struct StatusResponse {
     /// The process serving the socket, so a local tool (`mesh bench peer`)
     /// can read its memory and CPU from `/proc`.
     pub pid: u32,
+    /// This node's agents and their unread mail (absent from older
+    /// daemons' answers).
+    #[serde(default)]
+    pub agents: Vec<crate::LocalAgentStatus>,
 }
 
 /// One peer as `GET /v1/peers` and `GET /v1/status` show it.

@@ -390,7 +390,34 @@ fn print_agent(a: &AgentJson) {
         .node_alias
         .as_ref()
         .map_or_else(String::new, |n| format!(" ({n})"));
-    println!("  {}{alias}  {state}", a.address);
+    let unread = a
+        .unread
+        .map_or_else(String::new, |u| format!("  {}", unread_text(&u)));
+    println!("  {}{alias}  {state}{unread}", a.address);
+}
+
+/// `3 unread (oldest 42 s ago)`, `no unread`.
+pub(crate) fn unread_text(u: &mesh_api::Unread) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    match u.oldest_ms {
+        Some(ms) if u.count > 0 => {
+            let secs = now.saturating_sub(ms) / 1000;
+            format!("{u} (oldest {})", age_text(secs))
+        }
+        _ => u.to_string(),
+    }
+}
+
+/// An age for a person: `42 s`, `5 min`, `3 h`, `2 days` ago.
+fn age_text(secs: u64) -> String {
+    match secs {
+        0..120 => format!("{secs} s ago"),
+        120..7200 => format!("{} min ago", secs / 60),
+        7200..172_800 => format!("{} h ago", secs / 3600),
+        _ => format!("{} days ago", secs / 86_400),
+    }
 }
 
 /// `mesh agents`.

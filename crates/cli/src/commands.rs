@@ -8,7 +8,7 @@ use mesh_api::{
     AddPeerRequest, AliasRequest, BatchResponse, BodyEncoding, EventEntry, EventRecord, EventsPage,
     InviteJson, InviteRequest, InviteResponse, InvitesResponse, JoinBody, JoinResponse,
     LaggedEvent, NearbyResponse, NodeStatus, PeerStatus, PeersResponse, SendRequest, SendResponse,
-    TicketResponse, path_segment,
+    StatusResponse, TicketResponse, path_segment,
 };
 
 use crate::{InviteCommand, PeerCommand, TopicCommand, UsageError};
@@ -32,7 +32,9 @@ pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
     if json {
         return print_json(&st);
     }
-    let st: NodeStatus = serde_json::from_value(st).context("unexpected status answer")?;
+    let st: StatusResponse = serde_json::from_value(st).context("unexpected status answer")?;
+    let agents = st.agents;
+    let st = st.node;
     println!("node    {}", st.node);
     println!("name    {}", st.name);
     println!("epoch   {}", st.epoch);
@@ -63,6 +65,17 @@ pub(crate) async fn status(c: &Client, json: bool) -> anyhow::Result<()> {
     }
     println!("peers   {}", st.peers.len());
     print_peers(&st.peers);
+    if !agents.is_empty() {
+        println!("agents  {}", agents.len());
+        for a in &agents {
+            let state = if a.online { "online" } else { "offline" };
+            println!(
+                "  {:16}  {state:7}  {}",
+                a.name,
+                crate::agents::unread_text(&a.unread)
+            );
+        }
+    }
     Ok(())
 }
 

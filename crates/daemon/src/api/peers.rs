@@ -120,6 +120,11 @@ pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResp
             max_bytes: Some(st.inner.journal_bytes_max),
         });
 
+    // Unread counts read the store too; one that cannot be read leaves them out.
+    let agents = st
+        .local_agents(|name| bus.agents.iter().any(|c| &c.name == name && c.online))
+        .await
+        .unwrap_or_default();
     let (node_id, name, epoch) = (bus.node, bus.card.name.to_string(), bus.epoch);
     let mut peers = st.peers_of(bus).await?;
     for p in &mut peers {
@@ -143,6 +148,7 @@ pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResp
         journal_head: st.read_head(),
         subscribers: st.inner.counters.subscribers.load(Ordering::Relaxed),
         pid: std::process::id(),
+        agents,
     }))
 }
 

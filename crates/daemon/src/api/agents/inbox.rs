@@ -7,7 +7,7 @@ use std::time::Duration;
 use axum::Json;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, Request, State};
-use mesh_api::{BodyEncoding, InboxEntry, InboxPage};
+use mesh_api::{BodyEncoding, InboxEntry, InboxPage, LocalAgentStatus, UNREAD_COUNT_MAX, Unread};
 use mesh_protocol::{
     AgentEnvelope, AgentName, Bounce, Forward, ForwardTrimmed, KIND_AGENT, KIND_BOUNCE,
     KIND_FORWARD, KIND_FORWARD_TRIMMED, KIND_TOMBSTONE, MsgId, NodeId, Tombstone, TombstoneReason,
@@ -144,6 +144,42 @@ impl ApiState {
         })
         .await?
         .unwrap_or(0))
+    }
+
+    /// `agent`'s unread mail: its inbox entries after its read position,
+    /// counted in one inbox read of at most [`UNREAD_COUNT_MAX`]` + 1`.
+    pub(crate) async fn unread(&self, agent: &AgentName) -> Result<Unread, ApiError> {
+        let after = self.read_position(agent).await?;
+        let a = agent.clone();
+        let max = usize::try_from(UNREAD_COUNT_MAX).unwrap_or(usize::MAX);
+        let items = read_store(&self.inner.store, move |s| s.inbox(&a, after, max + 1)).await?;
+        let oldest_ms = items.first().and_then(|i| match i.item.record {
+            JournalRecord::Envelope { created_ms, .. } => Some(created_ms),
+            _ => None,
+        });
+        Ok(Unread {
+            count: items.len().min(max) as u64,
+            more: items.len() > max,
+            oldest_ms,
+        })
+    }
+
+    /// This node's agents and their unread mail, `online` saying which are
+    /// using the node now.
+    pub(crate) async fn local_agents(
+        &self,
+        online: impl Fn(&AgentName) -> bool,
+    ) -> Result<Vec<LocalAgentStatus>, ApiError> {
+        let mut out = Vec::new();
+        for a in self.inner.registry.all().iter() {
+            let name = &a.record.name;
+            out.push(LocalAgentStatus {
+                name: name.to_string(),
+                online: online(name),
+                unread: self.unread(name).await?,
+            });
+        }
+        Ok(out)
     }
 
     /// Moves `agent`'s read position to `arrival` if that is past it (an

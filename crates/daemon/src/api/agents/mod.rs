@@ -185,6 +185,7 @@ impl ApiState {
             socket: Some(self.agent_socket_path(&record.name).display().to_string()),
             moved_to: None,
             inbox_after,
+            unread: None,
         }
     }
 }
@@ -520,6 +521,7 @@ fn card_json(card: &AgentCard, alias: Option<String>) -> AgentJson {
         socket: None,
         moved_to: None,
         inbox_after: None,
+        unread: None,
     }
 }
 
@@ -528,36 +530,32 @@ pub(super) async fn list_agents(
     State(st): State<ApiState>,
 ) -> Result<Json<AgentsResponse>, ApiError> {
     let status = st.inner.bus.status().await.map_err(node_error)?;
-    let local = st
-        .inner
-        .registry
-        .all()
-        .iter()
-        .map(|a| {
-            let name = &a.record.name;
-            let online = status
-                .agents
+    let mut local = Vec::new();
+    for a in st.inner.registry.all().iter() {
+        let name = &a.record.name;
+        let online = status
+            .agents
+            .iter()
+            .find(|c| &c.name == name)
+            .is_some_and(|c| c.online);
+        local.push(AgentJson {
+            name: name.to_string(),
+            address: ApiState::address(name, &st.inner.node),
+            node: st.inner.node.to_string(),
+            node_alias: None,
+            key: Some(a.record.key.to_string()),
+            online,
+            uid: Some(a.record.uid),
+            socket: Some(st.agent_socket_path(name).display().to_string()),
+            moved_to: status
+                .moves
                 .iter()
-                .find(|c| &c.name == name)
-                .is_some_and(|c| c.online);
-            AgentJson {
-                name: name.to_string(),
-                address: ApiState::address(name, &st.inner.node),
-                node: st.inner.node.to_string(),
-                node_alias: None,
-                key: Some(a.record.key.to_string()),
-                online,
-                uid: Some(a.record.uid),
-                socket: Some(st.agent_socket_path(name).display().to_string()),
-                moved_to: status
-                    .moves
-                    .iter()
-                    .find(|m| m.key == a.record.key && m.node != st.inner.node)
-                    .map(|m| m.node.to_string()),
-                inbox_after: None,
-            }
-        })
-        .collect();
+                .find(|m| m.key == a.record.key && m.node != st.inner.node)
+                .map(|m| m.node.to_string()),
+            inbox_after: None,
+            unread: Some(st.unread(name).await?),
+        });
+    }
     let peers = status
         .peers
         .iter()

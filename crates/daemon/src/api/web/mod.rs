@@ -54,9 +54,6 @@ const TAIL_BACKLOG: u64 = 200;
 /// The page.
 const INDEX_HTML: &str = include_str!("index.html");
 
-/// The most unread entries counted per agent (the page says "N+" past it).
-const UNREAD_COUNT_MAX: usize = 999;
-
 /// Random bytes in the token (hex in the URL).
 const TOKEN_BYTES: usize = 16;
 
@@ -170,7 +167,6 @@ impl ApiState {
             .route("/api/events", get(super::routes::events))
             .route("/api/subscribe", get(tail))
             .route("/api/history", get(history::history))
-            .route("/api/unread", get(unread))
             .fallback(super::routes::no_route)
             .method_not_allowed_fallback(super::routes::method_not_allowed)
             .layer(axum::middleware::from_fn_with_state(
@@ -248,44 +244,6 @@ async fn index() -> Response {
         INDEX_HTML,
     )
         .into_response()
-}
-
-/// One local agent's unread mail, in `GET /api/unread`.
-#[derive(Debug, serde::Serialize)]
-struct Unread {
-    agent: String,
-    /// Entries after its read position, up to [`UNREAD_COUNT_MAX`].
-    unread: usize,
-    /// More than `unread` are unread.
-    more: bool,
-    /// When the oldest unread message was written (its author's clock).
-    oldest_ms: Option<u64>,
-}
-
-/// `GET /api/unread`: each local agent's unread count (what `inbox
-/// --unread` would page through), one bounded store read per agent.
-async fn unread(State(st): State<ApiState>) -> Result<axum::Json<Vec<Unread>>, ApiError> {
-    let mut out = Vec::new();
-    for a in st.inner.registry.all().iter() {
-        let name = a.record.name.clone();
-        let after = st.read_position(&name).await?;
-        let n = name.clone();
-        let items = super::routes::read_store(&st.inner.store, move |s| {
-            mesh_store::MeshStore::inbox(s, &n, after, UNREAD_COUNT_MAX + 1)
-        })
-        .await?;
-        let oldest_ms = items.first().and_then(|i| match i.item.record {
-            mesh_store::JournalRecord::Envelope { created_ms, .. } => Some(created_ms),
-            _ => None,
-        });
-        out.push(Unread {
-            agent: name.to_string(),
-            unread: items.len().min(UNREAD_COUNT_MAX),
-            more: items.len() > UNREAD_COUNT_MAX,
-            oldest_ms,
-        });
-    }
-    Ok(axum::Json(out))
 }
 
 #[derive(Debug, Deserialize)]
