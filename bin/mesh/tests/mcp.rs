@@ -233,7 +233,7 @@ async fn an_mcp_client_sends_pages_the_inbox_and_requests_and_replies_through_me
     let (alice, _) = mcp(a.data(), "alice").await;
     let (bob, _) = mcp(b.data(), "bob").await;
 
-    // Initialize said who it is; the tools are the seven, each described.
+    // Initialize said who it is; the tools are the eight, each described.
     let info = alice.peer_info().expect("the server's info");
     let server = info.server_info.clone().expect("the server names itself");
     assert_eq!(server.name, "agent-mesh");
@@ -249,7 +249,8 @@ async fn an_mcp_client_sends_pages_the_inbox_and_requests_and_replies_through_me
             "mesh_reply",
             "mesh_request",
             "mesh_send",
-            "mesh_status"
+            "mesh_status",
+            "mesh_thread"
         ]
     );
     assert!(
@@ -337,8 +338,52 @@ async fn an_mcp_client_sends_pages_the_inbox_and_requests_and_replies_through_me
     assert_eq!(r.is_error, Some(true), "{err}");
     assert_eq!(err["code"], "timeout", "{err}");
 
+    // The exchange as a thread, from either side.
+    let thread = call_ok(&alice, "mesh_thread", json!({ "id": ping["id"] })).await;
+    let shape: Vec<(&str, &str, u64)> = thread["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["body"].as_str().unwrap(),
+                e["dir"].as_str().unwrap(),
+                e["depth"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [("ping", "sent", 0), ("pong", "received", 1)],
+        "{thread}"
+    );
+    assert_eq!(thread["truncated"], false, "{thread}");
+    let thread = call_ok(
+        &bob,
+        "mesh_thread",
+        json!({ "id": answered["reply"]["id"] }),
+    )
+    .await;
+    let dirs: Vec<&str> = thread["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["dir"].as_str().unwrap())
+        .collect();
+    assert_eq!(dirs, ["received", "sent"], "{thread}");
+    let (r, err) = call(
+        &alice,
+        "mesh_thread",
+        json!({ "id": "00000000000000000000000000000000" }),
+    )
+    .await;
+    assert_eq!(r.is_error, Some(true), "{err}");
+    assert_eq!(err["code"], "unknown_message", "{err}");
+
+    // The reply is alice's one unread entry (mesh_request read it, acked nothing).
     let agents = call_ok(&alice, "mesh_agents", json!({})).await;
     assert_eq!(agents["local"][0]["name"], "alice", "{agents}");
+    assert_eq!(agents["local"][0]["unread"]["count"], 1, "{agents}");
     let status = call_ok(&alice, "mesh_status", json!({})).await;
     assert_eq!(status["node"], a.node());
     alice.cancel().await.unwrap();

@@ -46,7 +46,8 @@ use anyhow::Context as _;
 use mesh_api::client::{Client, ClientError};
 use mesh_api::{
     AgentSendRequest, AgentSendResponse, AgentsResponse, BodyEncoding, CursorBody, Fault,
-    InboxEntry, InboxPage, Reply, ReplyRequest, StatusResponse, path_segment, wait_reply,
+    InboxEntry, InboxPage, Reply, ReplyRequest, StatusResponse, ThreadResponse, path_segment,
+    wait_reply,
 };
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
@@ -181,6 +182,13 @@ pub struct ReplyArgs {
     /// As for `mesh_send`; one is made if absent.
     #[serde(default)]
     pub client_id: Option<String>,
+}
+
+/// `mesh_thread`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+pub struct ThreadArgs {
+    /// The id of a message this agent sent or received.
+    pub id: String,
 }
 
 /// The MCP server of one agent: one per session (`mesh mcp` serves one
@@ -448,6 +456,18 @@ impl MeshServer {
                 .post::<AgentSendResponse>(&self.path("reply"), &req)
                 .await,
         )
+    }
+
+    #[tool(
+        name = "mesh_thread",
+        description = "The conversation a message of this agent belongs to, by the message's id: what it answers (up its in_reply_to chain), the message, and every reply to it or to a reply, in the order they reached this node. Each entry has id, from, to, in_reply_to, body, dir (sent or received), state (queued, delivered, bounced, superseded, lost or received), depth (0 for the first of the chain) and, for a received one, its cursor. `truncated` says the thread was cut short (at 1000 entries or 4 MiB); what is shown is still in order. Reading a thread acks nothing."
+    )]
+    async fn mesh_thread(
+        &self,
+        Parameters(a): Parameters<ThreadArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let path = self.path(&format!("thread/{}", path_segment(a.id.trim())));
+        result(self.client.get::<ThreadResponse>(&path).await)
     }
 
     #[tool(
