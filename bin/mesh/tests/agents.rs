@@ -962,7 +962,7 @@ fn unread(d: &DaemonProcess, agent: &str) -> (Vec<String>, Vec<String>) {
 fn unread_entries_come_once_per_ack_survive_a_kill_and_a_bad_ack_changes_nothing() {
     let tmp = temp_dir().unwrap();
     let a = start(&tmp.path().join("a"));
-    for agent in ["alice", "bob"] {
+    for agent in ["alice", "bob", "carol"] {
         ok(a.mesh(&["agent", "add", agent]).unwrap());
     }
     let to = format!("bob@{}", a.node());
@@ -996,7 +996,19 @@ fn unread_entries_come_once_per_ack_survive_a_kill_and_a_bad_ack_changes_nothing
     let arrival = mine.arrival_for(&node, mine.epoch()).unwrap();
     let past = mesh_protocol::Cursor::new(&node, mine.epoch(), arrival + 1000).to_string();
     refused(&as_agent(&a, "bob", &["ack", &past]), 3, &["head"]);
+    // And a cursor of another agent's inbox here, past bob's entries: it
+    // would mark "two" read unseen.
+    let to_carol = format!("carol@{}", a.node());
+    ok(as_agent(&a, "alice", &["send", &to_carol, "for carol"]));
+    let (_, carols) = unread(&a, "carol");
+    refused(
+        &as_agent(&a, "bob", &["ack", &carols[0]]),
+        3,
+        &["not an entry of agent bob's inbox"],
+    );
     assert_eq!(unread(&a, "bob").0, ["two"]);
+    // Each refusal is counted.
+    wait_metric(&a, "mesh_api_agent_acks_refused_total", 4);
     // Read to the end, then an ack back: a no-op, never a jump back.
     ok(as_agent(&a, "bob", &["ack", &cursors[1]]));
     let now = ok(as_agent(&a, "bob", &["ack", &cursors[0]]));

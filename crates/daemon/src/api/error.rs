@@ -128,6 +128,18 @@ pub enum CallerError {
         /// The journal head.
         head: Arrival,
     },
+    /// An agent acked a cursor that is not of an entry of its own inbox.
+    #[error(
+        "cursor points at arrival {arrival}, which is not an entry of agent {agent}'s inbox \
+         (a cursor of another agent's inbox?): ack an entry's `cursor` or a page's `next` \
+         from this agent's own inbox"
+    )]
+    CursorNotInInbox {
+        /// The agent that acked.
+        agent: String,
+        /// Where the cursor points.
+        arrival: Arrival,
+    },
     /// The cursor was issued by another node.
     #[error("{0}; cursors are only valid on the node that issued them")]
     CursorOtherNode(String),
@@ -331,9 +343,9 @@ impl ApiError {
             ErrorKind::Caller(e) => match e {
                 CallerError::BadJson(_) => (S::BAD_REQUEST, ErrorCode::BadJson),
                 CallerError::BodyTooLarge { .. } => (S::BAD_REQUEST, ErrorCode::BodyTooLarge),
-                CallerError::BadCursor(_) | CallerError::CursorPastHead { .. } => {
-                    (S::BAD_REQUEST, ErrorCode::BadCursor)
-                }
+                CallerError::BadCursor(_)
+                | CallerError::CursorPastHead { .. }
+                | CallerError::CursorNotInInbox { .. } => (S::BAD_REQUEST, ErrorCode::BadCursor),
                 CallerError::CursorOtherNode(_) => (S::CONFLICT, ErrorCode::CursorOtherNode),
                 CallerError::CursorOtherEpoch(_) => (S::CONFLICT, ErrorCode::CursorOtherEpoch),
                 CallerError::Forbidden { .. } => (S::FORBIDDEN, ErrorCode::Forbidden),

@@ -77,6 +77,11 @@ fn render(st: &ApiState, bus: Option<&NodeStatus>) -> String {
         "Agent messages committed through agents' sockets.",
         load(&c.agent_sent),
     );
+    t.counter(
+        "mesh_api_agent_acks_refused_total",
+        "Agents' acks refused: a cursor not of the agent's own inbox, of another node or store epoch, past the head, or malformed.",
+        load(&c.acks_refused),
+    );
     t.family(
         "mesh_api_inbox_waits",
         "gauge",

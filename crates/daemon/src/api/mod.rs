@@ -185,6 +185,9 @@ struct Counters {
     next_subscriber: AtomicU64,
     refused_agent: AtomicU64,
     agent_sent: AtomicU64,
+    /// Agents' acks refused (a cursor not of the agent's inbox, of another
+    /// node or epoch, past the head, or malformed).
+    acks_refused: AtomicU64,
     /// Inbox reads waiting for an entry now.
     inbox_waits: AtomicU64,
     /// The number the next request's span gets.

@@ -182,6 +182,28 @@ impl ApiState {
         Ok(out)
     }
 
+    /// Refuses an ack of `agent` to `arrival` past its read position
+    /// unless `arrival` is an entry of its own inbox: a cursor of another
+    /// agent's inbox would mark this one's entries before it read unread.
+    async fn check_own_entry(&self, agent: &AgentName, arrival: Arrival) -> Result<(), ApiError> {
+        if arrival <= self.read_position(agent).await? {
+            return Ok(());
+        }
+        let a = agent.clone();
+        let next = read_store(&self.inner.store, move |s| {
+            s.inbox(&a, arrival.saturating_sub(1), 1)
+        })
+        .await?;
+        if next.first().is_some_and(|i| i.item.arrival == arrival) {
+            return Ok(());
+        }
+        Err(CallerError::CursorNotInInbox {
+            agent: agent.to_string(),
+            arrival,
+        }
+        .into())
+    }
+
     /// Moves `agent`'s read position to `arrival` if that is past it (an
     /// ack before it is a no-op, never a jump back); the position after.
     /// Writes go one at a time, as the served cursor's do.
@@ -512,9 +534,23 @@ pub(crate) async fn ack(
     req: Request,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let agent = st.reader(&name)?;
-    let arrival = cursor_to_put(&st, req).await?;
-    let now = st.ack_read(&agent, arrival).await?;
-    Ok(Json(serde_json::json!({ "cursor": st.cursor_text(now) })))
+    let acked = async {
+        let arrival = cursor_to_put(&st, req).await?;
+        st.check_own_entry(&agent, arrival).await?;
+        st.ack_read(&agent, arrival).await
+    };
+    match acked.await {
+        Ok(now) => Ok(Json(serde_json::json!({ "cursor": st.cursor_text(now) }))),
+        Err(e) => {
+            if matches!(e.kind(), crate::api::ErrorKind::Caller(_)) {
+                st.inner
+                    .counters
+                    .acks_refused
+                    .fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e)
+        }
+    }
 }
 
 /// The `limit` of an inbox read: [`EVENTS_LIMIT_DEFAULT`] if not given.
