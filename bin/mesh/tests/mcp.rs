@@ -338,23 +338,55 @@ async fn an_mcp_client_sends_pages_the_inbox_and_requests_and_replies_through_me
     assert_eq!(r.is_error, Some(true), "{err}");
     assert_eq!(err["code"], "timeout", "{err}");
 
-    // The exchange as a thread, from either side.
+    // alice answers the answer: a three-message thread across the two
+    // nodes, read from either end once bob has the third.
+    let thanks = call_ok(
+        &alice,
+        "mesh_reply",
+        json!({ "id": answered["reply"]["id"], "body": "thanks" }),
+    )
+    .await;
+    let mut after = ping["cursor"].clone();
+    loop {
+        let page = call_ok(
+            &bob,
+            "mesh_inbox",
+            json!({ "after": after, "wait": 60, "ack_previous": false }),
+        )
+        .await;
+        let entries = page["entries"].as_array().unwrap();
+        assert!(!entries.is_empty(), "the third message did not reach bob");
+        if entries.iter().any(|e| e["id"] == thanks["id"]) {
+            break;
+        }
+        after = page["next"].clone();
+    }
+    let shape = |thread: &Value| -> Vec<(String, String, u64)> {
+        thread["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["body"].as_str().unwrap().to_owned(),
+                    e["dir"].as_str().unwrap().to_owned(),
+                    e["depth"].as_u64().unwrap(),
+                )
+            })
+            .collect()
+    };
+    let want = |dirs: [&str; 3]| -> Vec<(String, String, u64)> {
+        ["ping", "pong", "thanks"]
+            .iter()
+            .zip(dirs)
+            .zip(0..)
+            .map(|((b, d), depth)| ((*b).to_owned(), d.to_owned(), depth))
+            .collect()
+    };
     let thread = call_ok(&alice, "mesh_thread", json!({ "id": ping["id"] })).await;
-    let shape: Vec<(&str, &str, u64)> = thread["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["body"].as_str().unwrap(),
-                e["dir"].as_str().unwrap(),
-                e["depth"].as_u64().unwrap(),
-            )
-        })
-        .collect();
     assert_eq!(
-        shape,
-        [("ping", "sent", 0), ("pong", "received", 1)],
+        shape(&thread),
+        want(["sent", "received", "sent"]),
         "{thread}"
     );
     assert_eq!(thread["truncated"], false, "{thread}");
@@ -364,13 +396,11 @@ async fn an_mcp_client_sends_pages_the_inbox_and_requests_and_replies_through_me
         json!({ "id": answered["reply"]["id"] }),
     )
     .await;
-    let dirs: Vec<&str> = thread["entries"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| e["dir"].as_str().unwrap())
-        .collect();
-    assert_eq!(dirs, ["received", "sent"], "{thread}");
+    assert_eq!(
+        shape(&thread),
+        want(["received", "sent", "received"]),
+        "{thread}"
+    );
     let (r, err) = call(
         &alice,
         "mesh_thread",
