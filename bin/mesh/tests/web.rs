@@ -615,6 +615,15 @@ fn a_burst_is_coalesced_in_the_dashboards_tail_and_every_entry_it_leaves_out_is_
         "GET /api/subscribe?token={token} HTTP/1.1\r\nHost: mesh\r\n\r\n"
     )
     .unwrap();
+    // The tail counts as a live subscription while it is open.
+    let deadline = Instant::now() + SETTLE;
+    while parse_json(&ok(a.mesh(&["status", "--json"]).unwrap())).unwrap()["subscribers"] != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the tail is not counted as a subscriber"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let lines: String = (0..BURST).map(|i| format!("line {i}\n")).collect();
     let bob = format!("bob@{}", a.node());
     ok(a.mesh_stdin(

@@ -15,6 +15,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -64,6 +65,18 @@ struct Tail {
     read_at: Option<Instant>,
     ready: VecDeque<Event>,
     done: bool,
+}
+
+/// A tail counts as a live subscription (`subscribers` in the status and
+/// `/metrics`) while it is open.
+impl Drop for Tail {
+    fn drop(&mut self) {
+        self.st
+            .inner
+            .counters
+            .subscribers
+            .fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Tail {
@@ -145,6 +158,10 @@ impl Tail {
 /// The tail after arrival `after`, its first read sending up to `first`
 /// entries.
 pub(super) fn stream(st: ApiState, after: Arrival, first: u64) -> Response {
+    st.inner
+        .counters
+        .subscribers
+        .fetch_add(1, Ordering::Relaxed);
     let tail = Tail {
         head: st.inner.head.clone(),
         closing: st.inner.closing.subscribe(),
