@@ -829,10 +829,12 @@ impl Sim {
         self.input(
             node,
             Input::Publish {
-                req: ReqId(req),
                 topic: topic(),
-                kind: 0,
-                payload,
+                msgs: vec![mesh_bus::core::Publication {
+                    req: ReqId(req),
+                    kind: 0,
+                    payload,
+                }],
             },
         )
     }

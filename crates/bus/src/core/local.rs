@@ -190,21 +190,32 @@ impl Core {
         Ok(())
     }
 
-    /// Queues a publish to `topic` for the next commit, or refuses it at
-    /// once: a reserved kind, a topic this node is not a member of, a
-    /// payload too large, a full queue.
+    /// Queues the publishes `msgs` to `topic` for the next commit, or
+    /// refuses them all at once: a reserved kind or a payload too large in
+    /// any of them, a topic this node is not a member of, a queue without
+    /// room for all of them.
     pub(super) fn on_publish(
         &mut self,
-        req: ReqId,
         topic: mesh_protocol::TopicName,
-        kind: u16,
-        payload: Vec<u8>,
+        msgs: Vec<super::Publication>,
         now: Millis,
     ) {
-        let len = payload.len() as u64;
+        let len: u64 = msgs.iter().map(|m| m.payload.len() as u64).sum();
         let (waiting, waiting_bytes) = self.committer.publishes_waiting();
-        let refused = if mesh_protocol::is_mesh_kind(kind) {
-            Some(SendError::ReservedKind(kind))
+        let one = |m: &super::Publication| {
+            if mesh_protocol::is_mesh_kind(m.kind) {
+                Some(SendError::ReservedKind(m.kind))
+            } else if m.payload.len() as u64 > PAYLOAD_BYTES_MAX {
+                Some(SendError::TooLarge {
+                    len: m.payload.len() as u64,
+                    max: PAYLOAD_BYTES_MAX,
+                })
+            } else {
+                None
+            }
+        };
+        let refused = if let Some(e) = msgs.iter().find_map(one) {
+            Some(e)
         } else if self.topics.record(&topic).is_none() {
             Some(SendError::NotAMember(topic.clone()))
         } else if let Some((held, theirs)) = self.topics.forked(&topic) {
@@ -213,27 +224,28 @@ impl Core {
                  {topic} holds this node's messages up to seq {theirs}, this store only up to \
                  {held}; a publish would reuse their seqs, so nothing was published"
             )))
-        } else if len > PAYLOAD_BYTES_MAX {
-            Some(SendError::TooLarge {
-                len,
-                max: PAYLOAD_BYTES_MAX,
-            })
-        } else if waiting >= WAITING_SENDS_MAX || waiting_bytes + len > WAITING_SEND_BYTES_MAX {
+        } else if waiting + msgs.len() > WAITING_SENDS_MAX
+            || waiting_bytes + len > WAITING_SEND_BYTES_MAX
+        {
             Some(SendError::Busy { waiting })
         } else {
             None
         };
         if let Some(e) = refused {
-            self.refuse_send(req, e);
+            for m in msgs {
+                self.refuse_send(m.req, e.clone());
+            }
             return;
         }
-        self.committer.queue_publish(super::commit::WaitingPublish {
-            req,
-            topic,
-            kind,
-            payload,
-            created_ms: now.0,
-        });
+        for m in msgs {
+            self.committer.queue_publish(super::commit::WaitingPublish {
+                req: m.req,
+                topic: topic.clone(),
+                kind: m.kind,
+                payload: m.payload,
+                created_ms: now.0,
+            });
+        }
     }
 
     /// Refuses the local send or publish `req` with `e`: counted, and

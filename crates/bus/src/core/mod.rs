@@ -51,8 +51,8 @@ pub use config::{
 };
 pub use io::{
     BadBatch, BadCards, CloseReason, CommitId, ConnId, Effect, Input, LoadId, LocalWrite, Millis,
-    PeerChangeError, Recovered, ReqId, SendError, SendMeta, SendReceipt, open_batch, open_cards,
-    open_moves,
+    PeerChangeError, Publication, Recovered, ReqId, SendError, SendMeta, SendReceipt, open_batch,
+    open_cards, open_moves,
 };
 pub use metrics::{AgentCounts, DropCounts, DropReason, FrameCounts, Metrics, TopicCounts};
 pub use moves::{HOSTED_MAX, MOVES_MAX};
@@ -376,12 +376,7 @@ impl Core {
                 payload,
                 meta,
             } => self.on_send_with(req, to, kind, payload, meta, now),
-            Input::Publish {
-                req,
-                topic,
-                kind,
-                payload,
-            } => self.on_publish(req, topic, kind, payload, now),
+            Input::Publish { topic, msgs } => self.on_publish(topic, msgs, now),
             Input::Agents { peer, conn, cards } => self.on_agents(peer, conn, cards),
             Input::Moves {
                 peer,

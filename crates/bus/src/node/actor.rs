@@ -55,15 +55,18 @@ pub(super) enum Cmd {
     AgentCard {
         card: mesh_protocol::AgentCard,
     },
+    /// Messages for `to`, each with its kind, payload and reply (a
+    /// forward is one message).
     Publish {
         to: Audience,
-        kind: u16,
-        payload: Vec<u8>,
-        reply: oneshot::Sender<Result<core::SendReceipt, core::SendError>>,
-        /// As for a submit: returned once the task has taken the payload.
+        msgs: Vec<(u16, Vec<u8>, PublishReply)>,
+        /// As for a submit: returned once the task has taken the payloads.
         budget: OwnedSemaphorePermit,
     },
 }
+
+/// Where the answer to one message of a [`Cmd::Publish`] goes.
+pub(super) type PublishReply = oneshot::Sender<Result<core::SendReceipt, core::SendError>>;
 
 /// Where a [`Cmd::Publish`] goes.
 pub(super) enum Audience {
@@ -139,7 +142,7 @@ pub(super) enum Waiter {
         index: usize,
     },
     /// A publish to a topic.
-    Publish(oneshot::Sender<Result<core::SendReceipt, core::SendError>>),
+    Publish(PublishReply),
     Peer {
         change: PeerChange,
         reply: oneshot::Sender<Result<(), NodeError>>,
@@ -424,29 +427,27 @@ impl<S: MeshStore + ?Sized> Actor<S> {
                 inputs.push(Input::Write { req, write });
             }
             Cmd::AgentCard { card } => inputs.push(Input::AgentCard { card }),
-            Cmd::Publish {
-                to,
-                kind,
-                payload,
-                reply,
-                budget,
-            } => {
-                let req = self.req();
-                self.waiters.insert(req, Waiter::Publish(reply));
-                inputs.push(match to {
-                    Audience::Topic(topic) => Input::Publish {
-                        req,
+            Cmd::Publish { to, msgs, budget } => {
+                let mut publications = Vec::with_capacity(msgs.len());
+                for (kind, payload, reply) in msgs {
+                    let req = self.req();
+                    self.waiters.insert(req, Waiter::Publish(reply));
+                    publications.push(core::Publication { req, kind, payload });
+                }
+                match to {
+                    Audience::Topic(topic) => inputs.push(Input::Publish {
                         topic,
-                        kind,
-                        payload,
-                    },
-                    Audience::Forward(to) => Input::Forward {
-                        req,
-                        to,
-                        kind,
-                        payload,
-                    },
-                });
+                        msgs: publications,
+                    }),
+                    Audience::Forward(to) => {
+                        inputs.extend(publications.into_iter().map(|p| Input::Forward {
+                            req: p.req,
+                            to,
+                            kind: p.kind,
+                            payload: p.payload,
+                        }));
+                    }
+                }
                 drop(budget);
             }
             Cmd::Status { reply } => {

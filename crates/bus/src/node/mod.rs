@@ -326,7 +326,44 @@ impl Node {
         kind: u16,
         payload: Vec<u8>,
     ) -> Result<SendReceipt, SendError> {
-        self.publish_to(Audience::Topic(topic), kind, payload).await
+        let mut answers = self.publish_many(topic, vec![(kind, payload)]).await;
+        answers.pop().unwrap_or(Err(SendError::Stopped))
+    }
+
+    /// Publishes `msgs` (each a kind and a payload) to `topic`, in order,
+    /// as one request: queued together or refused together (each answered
+    /// with the same error), and answered each once committed, so that
+    /// consecutive messages share commits. At most
+    /// [`crate::core::WAITING_SENDS_MAX`] fit at once; the caller bounds a
+    /// batch below that.
+    pub async fn publish_many(
+        &self,
+        topic: mesh_protocol::TopicName,
+        msgs: Vec<(u16, Vec<u8>)>,
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        let n = msgs.len();
+        let bytes = msgs.iter().map(|(_, p)| p.len()).sum::<usize>();
+        let mut waiting = Vec::with_capacity(n);
+        let mut tagged = Vec::with_capacity(n);
+        for (kind, payload) in msgs {
+            let (reply, rx) = oneshot::channel();
+            tagged.push((kind, payload, reply));
+            waiting.push(rx);
+        }
+        let sent = self
+            .command_publish(Audience::Topic(topic), tagged, bytes)
+            .await;
+        let mut answers = Vec::with_capacity(n);
+        for rx in waiting {
+            answers.push(match sent {
+                Err(()) => Err(SendError::Stopped),
+                Ok(()) => rx
+                    .await
+                    .map_err(|_| SendError::Stopped)
+                    .and_then(|r| r.map_err(SendError::Refused)),
+            });
+        }
+        answers
     }
 
     /// Passes `forward` (a payload of `kind`: a [`mesh_protocol::Forward`]
@@ -356,25 +393,34 @@ impl Node {
         kind: u16,
         payload: Vec<u8>,
     ) -> Result<SendReceipt, SendError> {
-        let permits = u32::try_from(payload.len().min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
-        let Ok(budget) = self.budget.clone().acquire_many_owned(permits).await else {
-            return Err(SendError::Stopped);
-        };
+        let bytes = payload.len();
         let (reply, rx) = oneshot::channel();
-        let cmd = Cmd::Publish {
-            to,
-            kind,
-            payload,
-            reply,
-            budget,
-        };
-        self.commands
-            .send(cmd)
+        self.command_publish(to, vec![(kind, payload, reply)], bytes)
             .await
-            .map_err(|_| SendError::Stopped)?;
+            .map_err(|()| SendError::Stopped)?;
         rx.await
             .map_err(|_| SendError::Stopped)?
             .map_err(SendError::Refused)
+    }
+
+    /// Hands `msgs` (of `bytes` of payload) for `to` to the task once the
+    /// command budget has room for them; `Err` if the task is gone.
+    async fn command_publish(
+        &self,
+        to: Audience,
+        msgs: Vec<(u16, Vec<u8>, actor::PublishReply)>,
+        bytes: usize,
+    ) -> Result<(), ()> {
+        // More than the whole budget waits for all of it.
+        let permits = u32::try_from(bytes.min(COMMAND_BYTES_MAX)).unwrap_or(u32::MAX);
+        let budget = self
+            .budget
+            .clone()
+            .acquire_many_owned(permits)
+            .await
+            .map_err(drop)?;
+        let cmd = Cmd::Publish { to, msgs, budget };
+        self.commands.send(cmd).await.map_err(drop)
     }
 
     /// Joins the topic of `record` (or changes its bounds), durably: once

@@ -17,7 +17,7 @@ use mesh_store::{
 };
 
 pub use edge::{BadBatch, BadCards, open_batch, open_cards, open_moves};
-pub use send::{SendError, SendMeta, SendReceipt};
+pub use send::{Publication, SendError, SendMeta, SendReceipt};
 pub use write::LocalWrite;
 
 /// A point in time: milliseconds on the driver's clock.
@@ -128,18 +128,16 @@ pub enum Input {
         /// The agent addressing and client id.
         meta: SendMeta,
     },
-    /// A local client publishes `payload` to `topic`, of which this node
-    /// is a member: answered like [`Input::Send`] once committed, the
-    /// receipt naming this node's stream of the topic.
+    /// A local client publishes `msgs` to `topic`, of which this node is
+    /// a member, in order: each answered like [`Input::Send`] once
+    /// committed, the receipt naming this node's stream of the topic. The
+    /// messages are queued together or refused together (each answered
+    /// with the same error), so a batch never commits with a hole.
     Publish {
-        /// Names the request.
-        req: ReqId,
         /// The topic.
         topic: mesh_protocol::TopicName,
-        /// Application-defined kind; 0 is a plain message.
-        kind: u16,
-        /// The payload.
-        payload: Vec<u8>,
+        /// The messages, each with its request.
+        msgs: Vec<Publication>,
     },
     /// An `Agents` frame from `peer` on `conn`, its cards already checked
     /// by [`open_cards`] (`Err`: refused at the edge; only counted).

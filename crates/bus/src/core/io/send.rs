@@ -28,6 +28,18 @@ pub struct SendMeta {
     pub key: Option<SupersedeKey>,
 }
 
+/// One message of an [`crate::core::Input::Publish`]: its request, kind and
+/// payload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Publication {
+    /// Names the request (each message is answered on its own).
+    pub req: crate::core::ReqId,
+    /// Application-defined kind; 0 is a plain message.
+    pub kind: u16,
+    /// The payload.
+    pub payload: Vec<u8>,
+}
+
 /// Where a sent message went: its stream and seq, durable at the author.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SendReceipt {

@@ -16,10 +16,12 @@ fn topic() -> TopicName {
 /// The request `req` publishing `payload` (of kind 0) to the topic.
 fn publish_input(req: ReqId, payload: &[u8]) -> Input {
     Input::Publish {
-        req,
         topic: topic(),
-        kind: 0,
-        payload: payload.to_vec(),
+        msgs: vec![Publication {
+            req,
+            kind: 0,
+            payload: payload.to_vec(),
+        }],
     }
 }
 
@@ -76,6 +78,36 @@ impl Mesh {
         result
     }
 
+    /// Node `n` publishes `msgs` (each a kind and a payload) as one batch;
+    /// each one's answer.
+    fn publish_batch(
+        &mut self,
+        n: u8,
+        msgs: &[(u16, &[u8])],
+    ) -> Vec<Result<SendReceipt, SendError>> {
+        let node = self.node(n);
+        let msgs: Vec<Publication> = msgs
+            .iter()
+            .map(|(kind, payload)| Publication {
+                req: node.take_req(),
+                kind: *kind,
+                payload: payload.to_vec(),
+            })
+            .collect();
+        let reqs: Vec<ReqId> = msgs.iter().map(|m| m.req).collect();
+        let out = node.run(Input::Publish {
+            topic: topic(),
+            msgs,
+        });
+        let answers = reqs
+            .iter()
+            .map(|r| node.reply(*r).cloned().expect("answered"))
+            .collect();
+        self.sent_by(n, out);
+        self.settle();
+        answers
+    }
+
     /// The payloads of `author`'s topic stream in node `n`'s journal, in order.
     fn got(&mut self, n: u8, author: u8) -> Vec<Vec<u8>> {
         let stream = topic_stream(author);
@@ -105,6 +137,36 @@ fn a_publish_is_refused_unless_this_node_is_a_member() {
     let r = m.publish(1, b"hi").expect("a member publishes");
     assert_eq!((r.stream.clone(), r.seq), (topic_stream(1), 1));
     assert_eq!(m.got(1, 1), vec![b"hi".to_vec()], "journaled at its author");
+}
+
+#[test]
+fn a_batch_of_publishes_is_published_whole_in_order_or_refused_whole() {
+    let mut m = Mesh::two_members();
+    // One bad message refuses the batch: nothing of it is written.
+    let answers = m.publish_batch(1, &[(0, b"a"), (3, b"b"), (0, b"c")]);
+    assert_eq!(answers, vec![Err(SendError::ReservedKind(3)); 3]);
+    assert!(m.got(1, 1).is_empty() && m.got(2, 1).is_empty());
+    // A good one: every message, in order, at consecutive seqs.
+    let answers = m.publish_batch(1, &[(0, b"a"), (20, b"b"), (0, b"c")]);
+    let seqs: Vec<Seq> = answers
+        .into_iter()
+        .map(|a| a.expect("published").seq)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3]);
+    let want = vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()];
+    assert_eq!(m.got(1, 1), want);
+    assert_eq!(m.got(2, 1), want, "relayed to the other member");
+    // A batch larger than the queue's room is refused whole too.
+    let big = vec![(0u16, b"x".as_slice()); crate::core::WAITING_SENDS_MAX + 1];
+    let answers = m.publish_batch(1, &big);
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a, Err(SendError::Busy { .. }))),
+        "{:?}",
+        answers.first()
+    );
+    assert_eq!(m.got(1, 1).len(), 3);
 }
 
 #[test]
