@@ -265,3 +265,110 @@ fn three_members_publishing_through_random_partitions_end_with_every_message_onc
         }
     }
 }
+
+/// Waits until `d` journals `n` messages of `author`'s topic stream,
+/// paging the whole journal; returns them all.
+fn wait_for_all(d: &DaemonProcess, author: &str, n: usize) -> Vec<(u64, String)> {
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        let mut got = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            let (items, next) = page(d, after.as_deref(), 1000);
+            if items.is_empty() && after.as_deref() == Some(next.as_str()) {
+                break;
+            }
+            got.extend(
+                items
+                    .into_iter()
+                    .filter(|(a, _, _)| a == author)
+                    .map(|(_, s, b)| (s, b)),
+            );
+            after = Some(next);
+        }
+        if got.len() >= n {
+            return got;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} after {SETTLE:?}",
+            got.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_batch_of_publishes_arrives_whole_in_order_and_a_bad_one_publishes_nothing() {
+    const N: usize = 2500;
+    let tmp = temp_dir().unwrap();
+    let (a, b) = (start(&tmp.path().join("a")), start(&tmp.path().join("b")));
+    link(&a, &b);
+    for d in [&a, &b] {
+        join(d, "builds");
+    }
+    // `mesh publish - --lines`: 1000 a request, one seq printed per line.
+    let lines: String = (0..N).map(|i| format!("line {i}\n")).collect();
+    let out = ok(a
+        .mesh_stdin(&["publish", "builds", "-", "--lines"], Some(&lines))
+        .unwrap());
+    let seqs: Vec<u64> = out.lines().map(|l| l.parse().unwrap()).collect();
+    assert_eq!(seqs, (1..=N as u64).collect::<Vec<_>>());
+    let want: Vec<(u64, String)> = (1..).zip((0..N).map(|i| format!("line {i}"))).collect();
+    assert!(
+        wait_for_all(&b, a.node(), N) == want,
+        "not every line, in order"
+    );
+
+    // NDJSON in, NDJSON out; a bad line refuses the whole request.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = mesh_api::client::Client::new(a.socket());
+    let post = |body: &str| {
+        rt.block_on(client.raw_bytes(
+            hyper::Method::POST,
+            "/v1/topics/builds/publish/batch",
+            Some("application/x-ndjson"),
+            hyper::body::Bytes::from(body.to_owned()),
+        ))
+        .unwrap()
+    };
+    let (status, body) = post("{\"body\":\"x\"}\n{\"body\":\"y\",\"msg_kind\":3}\n");
+    assert_eq!(status, 400, "{body:?}");
+    let err: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(err["error"]["code"], "bad_request", "{err}");
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("kind 3"),
+        "{err}"
+    );
+    assert_eq!(err["error"]["committed"], 0, "{err}");
+    let (status, body) = post("{\"body\":\"x\"}\n\n{\"body\":\"y\"}\n");
+    assert_eq!(status, 200, "{body:?}");
+    let answers: Vec<serde_json::Value> = std::str::from_utf8(&body)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(answers.len(), 3, "{answers:?}");
+    assert_eq!(
+        (answers[0]["seq"].as_u64(), answers[1]["seq"].as_u64()),
+        (Some(N as u64 + 1), Some(N as u64 + 2)),
+        "{answers:?}"
+    );
+    assert_eq!(answers[2]["done"]["count"], 2);
+    // Nothing of the refused request reached the member: x, y follow line N-1.
+    let got = wait_for_all(&b, a.node(), N + 2);
+    assert_eq!(got.len(), N + 2, "{:?}", &got[N..]);
+    assert_eq!(
+        got[N..].iter().map(|(_, b)| b.as_str()).collect::<Vec<_>>(),
+        ["x", "y"]
+    );
+    // Not a member: refused whole, as a single publish is.
+    let out = a
+        .mesh_stdin(&["publish", "other", "-", "--lines"], Some("one\ntwo\n"))
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(out.stderr.contains("not a member"), "{out:?}");
+}

@@ -619,8 +619,26 @@ pub(crate) async fn publish(
     c: &Client,
     topic: &str,
     text: String,
+    lines: bool,
     json: bool,
 ) -> anyhow::Result<()> {
+    if lines {
+        if text != "-" {
+            return Err(UsageError("--lines reads stdin: pass `-` as the text".into()).into());
+        }
+        let path = format!("/v1/topics/{}/publish/batch", path_segment(topic));
+        let mut chunk = Vec::with_capacity(SEND_LINES_CHUNK);
+        for line in std::io::stdin().lock().lines() {
+            chunk.push(publish_request(line.context("cannot read stdin")?));
+            if chunk.len() == SEND_LINES_CHUNK {
+                publish_chunk(c, &path, std::mem::take(&mut chunk), json).await?;
+            }
+        }
+        if !chunk.is_empty() {
+            publish_chunk(c, &path, chunk, json).await?;
+        }
+        return Ok(());
+    }
     let body = if text == "-" {
         let mut body = String::new();
         std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut body)
@@ -629,12 +647,28 @@ pub(crate) async fn publish(
     } else {
         text
     };
-    let req = mesh_api::PublishRequest {
+    let path = format!("/v1/topics/{}/publish", path_segment(topic));
+    let sent: SendResponse = c.post(&path, &publish_request(body)).await?;
+    print_sent(&sent, json)
+}
+
+fn publish_request(body: String) -> mesh_api::PublishRequest {
+    mesh_api::PublishRequest {
         body,
         encoding: BodyEncoding::Text,
         msg_kind: 0,
-    };
-    let path = format!("/v1/topics/{}/publish", path_segment(topic));
-    let sent: SendResponse = c.post(&path, &req).await?;
-    print_sent(&sent, json)
+    }
+}
+
+async fn publish_chunk(
+    c: &Client,
+    path: &str,
+    chunk: Vec<mesh_api::PublishRequest>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let res: BatchResponse = c.post(path, &chunk).await?;
+    for sent in &res.sent {
+        print_sent(sent, json)?;
+    }
+    Ok(())
 }

@@ -294,6 +294,10 @@ pub enum Command {
     /// Publish a message to a topic this node is a member of; prints its
     /// seq in this node's stream of the topic once it is durably committed.
     ///
+    /// With `- --lines`, each line of stdin is its own message, published
+    /// in order 1000 to a request (`POST /v1/topics/NAME/publish/batch`):
+    /// each request's messages are published together or refused together.
+    ///
     /// Exits 3 if this node is not a member (`mesh topic join NAME` first)
     /// or the message is too large, 5 if the node is busy, 6 if the daemon
     /// is not running or its store is down.
@@ -302,6 +306,9 @@ pub enum Command {
         topic: String,
         /// The message text, or `-` to read it from stdin.
         text: String,
+        /// With `-`: publish each line of stdin as its own message.
+        #[arg(long)]
+        lines: bool,
         /// Print JSON (id, stream, seq) instead of the seq.
         #[arg(long)]
         json: bool,
@@ -699,9 +706,12 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
             Command::Ticket => commands::ticket(&c).await,
             Command::Peer(cmd) => commands::peer(&c, cmd).await,
             Command::Topic(cmd) => commands::topic(&c, cmd).await,
-            Command::Publish { topic, text, json } => {
-                commands::publish(&c, &topic, text, json).await
-            }
+            Command::Publish {
+                topic,
+                text,
+                lines,
+                json,
+            } => commands::publish(&c, &topic, text, lines, json).await,
             Command::Invite {
                 cmd,
                 uses,

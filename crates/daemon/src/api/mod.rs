@@ -249,6 +249,10 @@ impl ApiState {
             )
             .route("/v1/topics/{name}", delete(topics::leave_topic))
             .route("/v1/topics/{name}/publish", post(topics::publish))
+            .route(
+                "/v1/topics/{name}/publish/batch",
+                post(topics::publish_batch),
+            )
             .route("/v1/send", post(send::send_one))
             .route("/v1/send/batch", post(send::send_batch))
             .route("/v1/events", get(routes::events))

@@ -225,7 +225,7 @@ impl Answers {
     }
 
     /// The answer to `sent` as a value.
-    fn response(&self, sent: &SendReceipt) -> SendResponse {
+    pub(super) fn response(&self, sent: &SendReceipt) -> SendResponse {
         SendResponse {
             id: Cursor::new(&self.node, self.epoch, sent.arrival).to_string(),
             stream: (&sent.stream).into(),

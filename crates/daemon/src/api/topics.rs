@@ -11,8 +11,11 @@ use mesh_protocol::TopicName;
 use mesh_store::TopicRecord;
 
 use super::error::{node_error, send_error};
-use super::routes::read_json;
-use super::{ApiError, ApiState, CallerError, REQUEST_BYTES_MAX, SEND_REQUEST_BYTES_MAX};
+use super::routes::{parse_json, read_body, read_json};
+use super::{
+    ApiError, ApiState, BATCH_MSGS_MAX, BATCH_REQUEST_BYTES_MAX, CallerError, REQUEST_BYTES_MAX,
+    SEND_REQUEST_BYTES_MAX,
+};
 use crate::bus::NodeTopic;
 
 fn topic_name(name: &str) -> Result<TopicName, ApiError> {
@@ -156,5 +159,115 @@ pub(super) async fn publish(
             ([(header::CONTENT_TYPE, "application/json")], json).into_response()
         }
         Err(e) => e.into_response(),
+    }
+}
+
+/// Whether a request's body is NDJSON (`application/x-ndjson` or
+/// `application/jsonl`), not a JSON array.
+fn is_ndjson(req: &Request) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            let v = v.split(';').next().unwrap_or("").trim();
+            v.eq_ignore_ascii_case("application/x-ndjson")
+                || v.eq_ignore_ascii_case("application/jsonl")
+        })
+        .unwrap_or(false)
+}
+
+/// The publishes of a batch's body, each a kind and a payload: a JSON
+/// array, or NDJSON (blank lines skipped), 1 to [`BATCH_MSGS_MAX`] of them.
+fn batch_of(bytes: &[u8], ndjson: bool) -> Result<Vec<(u16, Vec<u8>)>, ApiError> {
+    let reqs: Vec<PublishRequest> = if ndjson {
+        bytes
+            .split(|b| *b == b'\n')
+            .enumerate()
+            .filter(|(_, l)| !l.trim_ascii().is_empty())
+            .map(|(i, l)| parse_json(l).map_err(|e: ApiError| e.at(format!("line {}", i + 1))))
+            .collect::<Result<_, _>>()?
+    } else {
+        parse_json(bytes)?
+    };
+    if reqs.is_empty() || reqs.len() > BATCH_MSGS_MAX {
+        return Err(CallerError::BadValue(format!(
+            "a batch holds 1 to {BATCH_MSGS_MAX} messages, not {}",
+            reqs.len()
+        ))
+        .into());
+    }
+    reqs.into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let place = if ndjson { "message" } else { "item" };
+            super::send::payload_of(r.encoding, r.body)
+                .map(|p| (r.msg_kind, p))
+                .map_err(|e| e.at(format!("{place} {i}")))
+        })
+        .collect()
+}
+
+/// `POST /v1/topics/{name}/publish/batch`: 1 to [`BATCH_MSGS_MAX`]
+/// publishes in one request, as a JSON array of publish requests or as
+/// NDJSON (`Content-Type: application/x-ndjson`, one per line), at most
+/// [`BATCH_REQUEST_BYTES_MAX`] in all. They are queued together, in order,
+/// or refused together with nothing written, and answered once all are
+/// committed (consecutive ones share commits): an array with
+/// `{"sent": [...]}`, NDJSON with one `{id, stream, seq}` line per message
+/// and a final `{"done": {"count": N}}`. If a commit fails part way (the
+/// store went away), the error says how many of them were committed
+/// (`committed`; `mesh events` shows which).
+pub(super) async fn publish_batch(
+    State(st): State<ApiState>,
+    Path(name): Path<String>,
+    req: Request,
+) -> Response {
+    let ndjson = is_ndjson(&req);
+    let mut committed = 0;
+    let answer = async {
+        let name = topic_name(&name)?;
+        let bytes = read_body(
+            req.into_body(),
+            BATCH_REQUEST_BYTES_MAX,
+            "; send larger batches in several requests",
+        )
+        .await?;
+        let msgs = batch_of(&bytes, ndjson)?;
+        let answers = st.inner.bus.publish_many(name.clone(), msgs).await;
+        committed = answers.iter().filter(|a| a.is_ok()).count();
+        answers
+            .into_iter()
+            .map(|a| match a {
+                Err(crate::bus::SendError::Refused(crate::bus::CoreSendError::NotAMember(_))) => {
+                    Err(not_a_member(&name))
+                }
+                a => a.map_err(|e| send_error(st.inner.node, e)),
+            })
+            .collect::<Result<Vec<_>, ApiError>>()
+    };
+    let sent = match answer.await {
+        Ok(sent) => sent,
+        Err(e) => {
+            let status = e.status();
+            let body = e.to_json(Some(serde_json::json!({ "committed": committed })));
+            return (status, Json(body)).into_response();
+        }
+    };
+    let mut answers = st.answers();
+    if ndjson {
+        let mut out = answers.lines(&sent).to_vec();
+        out.extend_from_slice(
+            format!(
+                "{}\n",
+                serde_json::json!({ "done": { "count": sent.len() } })
+            )
+            .as_bytes(),
+        );
+        ([(header::CONTENT_TYPE, "application/x-ndjson")], out).into_response()
+    } else {
+        Json(mesh_api::BatchResponse {
+            sent: sent.iter().map(|s| answers.response(s)).collect(),
+        })
+        .into_response()
     }
 }
