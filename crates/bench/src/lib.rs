@@ -131,7 +131,9 @@ pub struct BenchOptions {
     /// `send-each=5000 catch-up` [default: all, default counts]. Workloads:
     /// send-each, send-pipelined, agent-pipelined (bench local only),
     /// latency, catch-up, queued-memory, topic-fanout (bench local only: node
-    /// 0 publishes to a topic every node joined; `--nodes 3` for 2 members).
+    /// 0 publishes to a topic every node joined, one request per message;
+    /// `--nodes 3` for 2 members), topic-batched (the same, 64 messages a
+    /// request to `/publish/batch`).
     #[arg(value_name = "WORKLOAD[=COUNT]")]
     pub counts: Vec<String>,
 }
@@ -143,6 +145,7 @@ pub(crate) enum Workload {
     SendPipelined,
     AgentPipelined,
     TopicFanout,
+    TopicBatched,
     Latency,
     CatchUp,
     QueuedMemory,
@@ -151,11 +154,12 @@ pub(crate) enum Workload {
 impl Workload {
     /// In the order a run makes them (the declaration order): queued-memory
     /// stops the other daemons, so it comes last.
-    const ALL: [Workload; 7] = [
+    const ALL: [Workload; 8] = [
         Workload::SendEach,
         Workload::SendPipelined,
         Workload::AgentPipelined,
         Workload::TopicFanout,
+        Workload::TopicBatched,
         Workload::Latency,
         Workload::CatchUp,
         Workload::QueuedMemory,
@@ -170,6 +174,7 @@ impl Workload {
             Workload::CatchUp => "catch-up",
             Workload::QueuedMemory => "queued-memory",
             Workload::TopicFanout => "topic-fanout",
+            Workload::TopicBatched => "topic-batched",
         }
     }
 
@@ -188,6 +193,8 @@ impl Workload {
             (Workload::QueuedMemory, true) => 5_000,
             (Workload::TopicFanout, false) => 20_000,
             (Workload::TopicFanout, true) => 200,
+            (Workload::TopicBatched, false) => 100_000,
+            (Workload::TopicBatched, true) => 1_000,
         }
     }
 

@@ -64,7 +64,8 @@ fn peer_metrics(w: Workload) -> Vec<(&'static str, &'static str)> {
         Workload::SendEach
         | Workload::SendPipelined
         | Workload::AgentPipelined
-        | Workload::TopicFanout => metrics_of(w)
+        | Workload::TopicFanout
+        | Workload::TopicBatched => metrics_of(w)
             .iter()
             .copied()
             .filter(|(m, _)| !m.contains("cpu") && !m.contains("disk"))
@@ -240,12 +241,15 @@ async fn check_peer_up(client: &Client, peer: &str) -> anyhow::Result<()> {
 fn plan_and_notes(settings: &mut Settings, col: &mut Collector, pid: Option<u32>) {
     let before = settings.plan.len();
     // It needs an agent on the peer, which this node cannot add.
-    settings
-        .plan
-        .retain(|(w, _)| !matches!(w, Workload::AgentPipelined | Workload::TopicFanout));
+    settings.plan.retain(|(w, _)| {
+        !matches!(
+            w,
+            Workload::AgentPipelined | Workload::TopicFanout | Workload::TopicBatched
+        )
+    });
     if settings.plan.len() < before {
         col.notes.push(
-            "agent-pipelined and topic-fanout run in `mesh bench local` only (they add an \
+            "agent-pipelined, topic-fanout and topic-batched run in `mesh bench local` only (they add an \
              agent, or join a topic, on the peer)"
                 .into(),
         );
@@ -336,7 +340,7 @@ async fn workload(
         }
         Workload::SendPipelined => pipelined(r, client, peer, count).await,
         // Left out of the plan by plan_and_notes.
-        Workload::AgentPipelined | Workload::TopicFanout => Ok(()),
+        Workload::AgentPipelined | Workload::TopicFanout | Workload::TopicBatched => Ok(()),
         Workload::Latency => ack_latency(r, &data.socket_path(), client, peer, count).await,
         Workload::CatchUp => catch_up(r, client, link, pid.unwrap_or_default(), count).await,
         Workload::QueuedMemory => {

@@ -50,7 +50,9 @@ pub(super) fn time_bound(w: Workload, count: u64, rate: u32) -> Duration {
             Duration::from_millis(count)
         }
         Workload::Latency => Duration::from_secs_f64(count as f64 / f64::from(rate)),
-        Workload::CatchUp | Workload::TopicFanout => Duration::from_millis(2 * count),
+        Workload::CatchUp | Workload::TopicFanout | Workload::TopicBatched => {
+            Duration::from_millis(2 * count)
+        }
     }
 }
 
@@ -277,7 +279,7 @@ pub(super) fn metrics_of(w: Workload) -> &'static [(&'static str, &'static str)]
             ("idle_rss", "MiB"),
             ("send_rate", "msgs/s"),
         ],
-        Workload::TopicFanout => &[
+        Workload::TopicFanout | Workload::TopicBatched => &[
             ("rate", "msgs/s"),
             ("sender_rate", "msgs/s"),
             ("sender_cpu/msg", "µs"),
@@ -285,6 +287,9 @@ pub(super) fn metrics_of(w: Workload) -> &'static [(&'static str, &'static str)]
         ],
     }
 }
+
+/// Messages a request in topic-batched.
+const TOPIC_BATCH: u64 = 64;
 
 /// The agent agent-pipelined sends as, on node 0.
 const BENCH_SENDER: &str = "bench-sender";
@@ -445,7 +450,11 @@ impl RunCtx<'_> {
             Workload::Latency => self.latency(sender, receivers, to, count).await,
             Workload::CatchUp => self.catch_up(sender, receivers, to, count).await,
             Workload::QueuedMemory => self.queued(sender, receivers, to, count).await,
-            Workload::TopicFanout => self.topic_fanout(sender, receivers, count).await,
+            Workload::TopicFanout => self.topic_fanout(sender, receivers, count, None).await,
+            Workload::TopicBatched => {
+                let batch = Some(TOPIC_BATCH);
+                self.topic_fanout(sender, receivers, count, batch).await
+            }
         }
     }
 
@@ -546,12 +555,22 @@ impl RunCtx<'_> {
     /// `count` messages with `window` publishes in flight, and the run ends
     /// when every other node has journaled them all (its mark of node 0's
     /// stream of the topic).
+    /// topic-fanout (`batch` None: one request per publish, up to 64 at
+    /// once) or topic-batched (`batch` messages a request to
+    /// `/publish/batch`, as many requests at once as keep `window`
+    /// messages in flight).
     async fn topic_fanout(
         &mut self,
         sender: &NodeProc,
         receivers: &[NodeProc],
         count: u64,
+        batch: Option<u64>,
     ) -> anyhow::Result<()> {
+        let w = if batch.is_some() {
+            "topic-batched"
+        } else {
+            "topic-fanout"
+        };
         let join = mesh_api::JoinTopicRequest {
             name: BENCH_TOPIC.into(),
             max_msgs: Some(count.max(1)),
@@ -562,32 +581,53 @@ impl RunCtx<'_> {
                 .post::<mesh_api::TopicJson>("/v1/topics", &join)
                 .await?;
         }
-        let bar = Arc::new(self.bar("topic-fanout", count, "msgs"));
+        let bar = Arc::new(self.bar(w, count, "msgs"));
         let sender_u0 = Usage::of(std::slice::from_ref(sender));
         let peers_u0 = Usage::of(receivers);
         let base = topic_mark(sender, sender.id()).await?;
-        let path = format!("/v1/topics/{BENCH_TOPIC}/publish");
-        let body = "x".repeat(self.settings.size);
+        let (path, per_request, tasks_n) = match batch {
+            None => (
+                format!("/v1/topics/{BENCH_TOPIC}/publish"),
+                1,
+                self.settings.window.clamp(1, 64),
+            ),
+            Some(b) => (
+                format!("/v1/topics/{BENCH_TOPIC}/publish/batch"),
+                b,
+                (self.settings.window as u64).div_ceil(b).max(1) as usize,
+            ),
+        };
+        let req = mesh_api::PublishRequest {
+            body: "x".repeat(self.settings.size),
+            encoding: mesh_api::BodyEncoding::Text,
+            msg_kind: 0,
+        };
         let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let t0 = Instant::now();
         let mut tasks = tokio::task::JoinSet::new();
-        for _ in 0..self.settings.window.clamp(1, 64) {
-            let (client, path, body, next, bar) = (
+        for _ in 0..tasks_n {
+            let (client, path, req, next, bar) = (
                 sender.client().clone(),
                 path.clone(),
-                body.clone(),
+                req.clone(),
                 next.clone(),
                 bar.clone(),
             );
             tasks.spawn(async move {
-                while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < count {
-                    let req = mesh_api::PublishRequest {
-                        body: body.clone(),
-                        encoding: mesh_api::BodyEncoding::Text,
-                        msg_kind: 0,
-                    };
-                    client.post::<mesh_api::SendResponse>(&path, &req).await?;
-                    bar.inc(1);
+                loop {
+                    let first = next.fetch_add(per_request, std::sync::atomic::Ordering::Relaxed);
+                    if first >= count {
+                        break;
+                    }
+                    let n = per_request.min(count - first);
+                    if batch.is_none() {
+                        client.post::<mesh_api::SendResponse>(&path, &req).await?;
+                    } else {
+                        let reqs = vec![req.clone(); n as usize];
+                        let sent: mesh_api::BatchResponse = client.post(&path, &reqs).await?;
+                        anyhow::ensure!(sent.sent.len() as u64 == n, "a short batch answer");
+                    }
+                    bar.inc(n);
                 }
                 Ok::<_, anyhow::Error>(())
             });
@@ -606,7 +646,6 @@ impl RunCtx<'_> {
         }
         let rate = count as f64 / t0.elapsed().as_secs_f64();
         let sender_rate = count as f64 / local.as_secs_f64();
-        let w = "topic-fanout";
         self.col.add(w, "rate", "msgs/s", count, rate);
         self.col.add(w, "sender_rate", "msgs/s", count, sender_rate);
         let cpu = Usage::of(std::slice::from_ref(sender)).cpu_per_msg(&sender_u0, count);
