@@ -77,7 +77,10 @@ fn a_quick_local_bench_gives_every_figure_and_leaves_nothing_behind() {
     assert_every_figure(&report);
     // bench local also sends as an agent to an agent of the peer, and
     // publishes to a topic the peer joined.
-    assert_figures(&report, &["agent-pipelined", "topic-fanout", "topic-batched"]);
+    assert_figures(
+        &report,
+        &["agent-pipelined", "topic-fanout", "topic-batched"],
+    );
     let json = serde_json::to_string(&report).unwrap();
     let back: mesh_bench::Report = serde_json::from_str(&json).unwrap();
     assert_eq!(back.figures.len(), report.figures.len());
