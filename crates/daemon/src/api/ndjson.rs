@@ -36,6 +36,20 @@ use crate::bus::Outgoing;
 /// most a signed batch's worth (1 MiB of payload).
 pub(super) const NDJSON_CHUNKS_IN_FLIGHT: usize = 4;
 
+/// Whether a request's body is NDJSON (`application/x-ndjson` or
+/// `application/jsonl`), not a JSON array.
+pub(super) fn is_ndjson(req: &axum::extract::Request) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| {
+            let v = v.split(';').next().unwrap_or("").trim();
+            v.eq_ignore_ascii_case("application/x-ndjson")
+                || v.eq_ignore_ascii_case("application/jsonl")
+        })
+        .unwrap_or(false)
+}
+
 /// How a chunk is handed to the node: resolves once it is queued, with the
 /// future of its answers (`ApiState::submit` in the daemon).
 pub(super) trait Submit: Fn(Vec<Outgoing>) -> Self::Queued + Send + Sync + 'static {

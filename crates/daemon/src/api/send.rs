@@ -258,17 +258,7 @@ pub(super) async fn send_one(State(st): State<ApiState>, req: Request) -> Respon
 }
 
 pub(super) async fn send_batch(State(st): State<ApiState>, req: Request) -> Response {
-    let ndjson = req
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            let v = v.split(';').next().unwrap_or("").trim();
-            v.eq_ignore_ascii_case("application/x-ndjson")
-                || v.eq_ignore_ascii_case("application/jsonl")
-        })
-        .unwrap_or(false);
-    if ndjson {
+    if super::ndjson::is_ndjson(&req) {
         let resolver = st.clone();
         let parse = move |line: &[u8]| {
             message(parse_json::<SendRequest>(line)?, |t| {

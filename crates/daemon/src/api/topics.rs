@@ -162,20 +162,6 @@ pub(super) async fn publish(
     }
 }
 
-/// Whether a request's body is NDJSON (`application/x-ndjson` or
-/// `application/jsonl`), not a JSON array.
-fn is_ndjson(req: &Request) -> bool {
-    req.headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| {
-            let v = v.split(';').next().unwrap_or("").trim();
-            v.eq_ignore_ascii_case("application/x-ndjson")
-                || v.eq_ignore_ascii_case("application/jsonl")
-        })
-        .unwrap_or(false)
-}
-
 /// The publishes of a batch's body, each a kind and a payload: a JSON
 /// array, or NDJSON (blank lines skipped), 1 to [`BATCH_MSGS_MAX`] of them.
 fn batch_of(bytes: &[u8], ndjson: bool) -> Result<Vec<(u16, Vec<u8>)>, ApiError> {
@@ -222,7 +208,7 @@ pub(super) async fn publish_batch(
     Path(name): Path<String>,
     req: Request,
 ) -> Response {
-    let ndjson = is_ndjson(&req);
+    let ndjson = super::ndjson::is_ndjson(&req);
     let mut committed = 0;
     let answer = async {
         let name = topic_name(&name)?;
