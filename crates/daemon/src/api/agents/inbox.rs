@@ -182,31 +182,11 @@ impl ApiState {
         Ok(out)
     }
 
-    /// Refuses an ack of `agent` to `arrival` past its read position
-    /// unless `arrival` is an entry of its own inbox: a cursor of another
-    /// agent's inbox would mark this one's entries before it read unread.
-    async fn check_own_entry(&self, agent: &AgentName, arrival: Arrival) -> Result<(), ApiError> {
-        if arrival <= self.read_position(agent).await? {
-            return Ok(());
-        }
-        let a = agent.clone();
-        let next = read_store(&self.inner.store, move |s| {
-            s.inbox(&a, arrival.saturating_sub(1), 1)
-        })
-        .await?;
-        if next.first().is_some_and(|i| i.item.arrival == arrival) {
-            return Ok(());
-        }
-        Err(CallerError::CursorNotInInbox {
-            agent: agent.to_string(),
-            arrival,
-        }
-        .into())
-    }
-
     /// Moves `agent`'s read position to `arrival` if that is past it (an
     /// ack before it is a no-op, never a jump back); the position after.
-    /// Writes go one at a time, as the served cursor's do.
+    /// An `arrival` past it must be an entry of `agent`'s own inbox: a
+    /// cursor of another agent's inbox would mark this one's entries before
+    /// it read. Writes go one at a time, as the served cursor's do.
     pub(crate) async fn ack_read(
         &self,
         agent: &AgentName,
@@ -216,6 +196,18 @@ impl ApiState {
         let stored = self.read_position(agent).await?;
         if stored >= arrival {
             return Ok(stored);
+        }
+        let a = agent.clone();
+        let next = read_store(&self.inner.store, move |s| {
+            s.inbox(&a, arrival.saturating_sub(1), 1)
+        })
+        .await?;
+        if next.first().is_none_or(|i| i.item.arrival != arrival) {
+            return Err(CallerError::CursorNotInInbox {
+                agent: agent.to_string(),
+                arrival,
+            }
+            .into());
         }
         self.put_agent_cursor(agent, crate::drain::READ_CURSOR, arrival)
             .await?;
@@ -536,7 +528,6 @@ pub(crate) async fn ack(
     let agent = st.reader(&name)?;
     let acked = async {
         let arrival = cursor_to_put(&st, req).await?;
-        st.check_own_entry(&agent, arrival).await?;
         st.ack_read(&agent, arrival).await
     };
     match acked.await {
