@@ -70,28 +70,6 @@ fn page(
     (items, out.next_cursor())
 }
 
-/// Waits until `d` journals `n` messages of `author`'s topic stream; returns them all.
-fn wait_for(d: &DaemonProcess, author: &str, n: usize) -> Vec<(u64, String)> {
-    let deadline = Instant::now() + SETTLE;
-    loop {
-        let (items, _) = page(d, None, 1000);
-        let got: Vec<(u64, String)> = items
-            .into_iter()
-            .filter(|(a, _, _)| a == author)
-            .map(|(_, s, b)| (s, b))
-            .collect();
-        if got.len() >= n {
-            return got;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{} of {n} after {SETTLE:?}: {got:?}",
-            got.len()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn three_nodes_in_a_line_share_a_topic_each_message_journaled_once_in_order() {
     let tmp = temp_dir().unwrap();
@@ -268,7 +246,7 @@ fn three_members_publishing_through_random_partitions_end_with_every_message_onc
 
 /// Waits until `d` journals `n` messages of `author`'s topic stream,
 /// paging the whole journal; returns them all.
-fn wait_for_all(d: &DaemonProcess, author: &str, n: usize) -> Vec<(u64, String)> {
+fn wait_for(d: &DaemonProcess, author: &str, n: usize) -> Vec<(u64, String)> {
     let deadline = Instant::now() + SETTLE;
     loop {
         let mut got = Vec::new();
@@ -316,7 +294,7 @@ fn a_batch_of_publishes_arrives_whole_in_order_and_a_bad_one_publishes_nothing()
     assert_eq!(seqs, (1..=N as u64).collect::<Vec<_>>());
     let want: Vec<(u64, String)> = (1..).zip((0..N).map(|i| format!("line {i}"))).collect();
     assert!(
-        wait_for_all(&b, a.node(), N) == want,
+        wait_for(&b, a.node(), N) == want,
         "not every line, in order"
     );
 
@@ -359,7 +337,7 @@ fn a_batch_of_publishes_arrives_whole_in_order_and_a_bad_one_publishes_nothing()
     );
     assert_eq!(answers[2]["done"]["count"], 2);
     // Nothing of the refused request reached the member: x, y follow line N-1.
-    let got = wait_for_all(&b, a.node(), N + 2);
+    let got = wait_for(&b, a.node(), N + 2);
     assert_eq!(got.len(), N + 2, "{:?}", &got[N..]);
     assert_eq!(
         got[N..].iter().map(|(_, b)| b.as_str()).collect::<Vec<_>>(),
