@@ -417,9 +417,29 @@ async fn a_peer_that_stops_reading_is_disconnected_as_too_slow() {
         .send(me, conn, &hello(&key, Epoch([7; 16]), PROTOCOL_VERSION))
         .await
         .expect("raw sends");
+    let to = raw.id();
+    // One small message first, taken: its batch proves the node's feed to
+    // the raw peer is caught up, so what follows is sent fresh. A send that
+    // commits before the node has the peer's Hello goes by catch-up instead,
+    // which is paced to what the writer takes and never fills the queue of
+    // a writer that takes nothing (two suites at once showed it: no cut).
+    a.node
+        .send(to, 0, b"first".to_vec())
+        .await
+        .expect("committed");
+    loop {
+        if let NetEvent::Frame {
+            conn: c,
+            frame: Frame::Batch { .. },
+            ..
+        } = raw.next().await
+            && c == conn
+        {
+            break;
+        }
+    }
     // From here on the raw peer takes no event: its reader stops, and QUIC
     // flow control stops the node's writer.
-    let to = raw.id();
     let cut = || async {
         let status = a.node.status().await.expect("status");
         status
