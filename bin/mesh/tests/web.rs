@@ -348,6 +348,16 @@ fn the_dashboard_shows_the_mesh_live_in_a_real_browser_and_refuses_a_request_wit
         Some(&json!({})),
     );
     assert_eq!(status, 405, "{body}");
+    // The page's refresh is one read: status, agents and topics together,
+    // alice's unread mail counted once and the same in both.
+    let (status, body) = http(listen, "GET", &format!("/api/overview?token={token}"), None);
+    assert_eq!(status, 200, "{body}");
+    let o = parse_json(&body).unwrap();
+    assert_eq!(o["status"]["node"], json!(a.node()), "{o}");
+    assert_eq!(o["status"]["agents"][0]["unread"]["count"], json!(1), "{o}");
+    assert_eq!(o["agents"]["local"][0]["name"], json!("alice"), "{o}");
+    assert_eq!(o["agents"]["local"][0]["unread"]["count"], json!(1), "{o}");
+    assert!(o["topics"]["topics"].is_array(), "{o}");
 
     let browser = Browser::start(&tmp.path().join("chromium"));
     browser.go(&url);
@@ -419,6 +429,40 @@ fn the_dashboard_shows_the_mesh_live_in_a_real_browser_and_refuses_a_request_wit
         "const f = document.getElementById('kind-filter'); f.value = '';
          f.dispatchEvent(new Event('change')); return null;",
         json!([]),
+    );
+
+    // Hidden, the page reads nothing and closes its stream; shown again, it
+    // reads again and the stream resumes where it was, so what came while
+    // it was hidden is in the tail.
+    let hidden = browser.run(
+        "window.__fetches = 0;
+         const real = window.fetch;
+         window.fetch = (...args) => { window.__fetches++; return real(...args); };
+         Object.defineProperty(document, 'hidden', { value: true, configurable: true });
+         document.dispatchEvent(new Event('visibilitychange'));
+         refresh(); charts();
+         return [window.__fetches, document.getElementById('live').textContent];",
+        json!([]),
+    );
+    assert_eq!(hidden, json!([0, "paused (page hidden)"]));
+    let while_hidden = as_agent(
+        &a,
+        "alice",
+        &["send", "bob@gpu", "while the page was hidden"],
+    );
+    browser.run(
+        "Object.defineProperty(document, 'hidden', { value: false, configurable: true });
+         document.dispatchEvent(new Event('visibilitychange'));
+         return null;",
+        json!([]),
+    );
+    browser.wait(
+        "the message sent while hidden in the tail, and reads again",
+        SETTLE,
+        "return window.__fetches > 0 && document.getElementById('live').textContent === 'live'
+           && [...document.querySelectorAll('#tail li.entry')]
+                .some(e => e.dataset.kind === 'message' && e.textContent.includes(arguments[0]));",
+        json!([while_hidden]),
     );
 
     // The search: the live message once the peer has it, then an unknown id.

@@ -104,52 +104,60 @@ fn queued(o: &OwnStream) -> u64 {
 
 pub(super) async fn status(State(st): State<ApiState>) -> Result<Json<StatusResponse>, ApiError> {
     let bus = st.inner.bus.status().await.map_err(node_error)?;
-    let ticket = bus.ticket.clone();
-    let store_down = bus.store_down.clone();
-    let oldest = oldest_queued(&st, &bus).await;
-    // Read from the store (the node only knows it as of its last trim); a
-    // store that cannot be read does not hide the rest of the status.
-    let journal = read_store(&st.inner.store, |s| s.journal_bounds())
-        .await
-        .ok()
-        .or(bus.journal)
-        .map(|b| JournalStatus {
-            first: b.first,
-            head: b.head,
-            bytes: b.bytes,
-            max_bytes: Some(st.inner.journal_bytes_max),
-        });
+    Ok(Json(st.status_of(bus).await?))
+}
 
-    // Unread counts read the store too; one that cannot be read leaves them out.
-    let agents = st
-        .local_agents(|name| bus.agents.iter().any(|c| &c.name == name && c.online))
-        .await
-        .unwrap_or_default();
-    let (node_id, name, epoch) = (bus.node, bus.card.name.to_string(), bus.epoch);
-    let mut peers = st.peers_of(bus).await?;
-    for p in &mut peers {
-        p.oldest_queued_ms = oldest.get(&p.node).copied();
-    }
-    let node = NodeStatus {
-        node: node_id.to_string(),
-        name,
-        epoch: epoch.to_string(),
-        addrs: ticket.addrs.clone(),
-        ticket: ticket.to_string(),
-        peers,
-        store_bytes: std::fs::metadata(&st.inner.store_file)
+impl ApiState {
+    /// The node's status from `bus`, one read of the node's own, with what
+    /// the store adds (marks, queue ages, the journal's bounds, unread mail).
+    pub(super) async fn status_of(&self, bus: BusStatus) -> Result<StatusResponse, ApiError> {
+        let ticket = bus.ticket.clone();
+        let store_down = bus.store_down.clone();
+        let oldest = oldest_queued(self, &bus).await;
+        // Read from the store (the node only knows it as of its last trim); a
+        // store that cannot be read does not hide the rest of the status.
+        let journal = read_store(&self.inner.store, |s| s.journal_bounds())
+            .await
             .ok()
-            .map(|m| m.len()),
-        journal,
-        store_down,
-    };
-    Ok(Json(StatusResponse {
-        node,
-        journal_head: st.read_head(),
-        subscribers: st.inner.counters.subscribers.load(Ordering::Relaxed),
-        pid: std::process::id(),
-        agents,
-    }))
+            .or(bus.journal)
+            .map(|b| JournalStatus {
+                first: b.first,
+                head: b.head,
+                bytes: b.bytes,
+                max_bytes: Some(self.inner.journal_bytes_max),
+            });
+
+        // Unread counts read the store too; one that cannot be read leaves them out.
+        let agents = self
+            .local_agents(|name| bus.agents.iter().any(|c| &c.name == name && c.online))
+            .await
+            .unwrap_or_default();
+        let (node_id, name, epoch) = (bus.node, bus.card.name.to_string(), bus.epoch);
+        let mut peers = self.peers_of(bus).await?;
+        for p in &mut peers {
+            p.oldest_queued_ms = oldest.get(&p.node).copied();
+        }
+        let node = NodeStatus {
+            node: node_id.to_string(),
+            name,
+            epoch: epoch.to_string(),
+            addrs: ticket.addrs.clone(),
+            ticket: ticket.to_string(),
+            peers,
+            store_bytes: std::fs::metadata(&self.inner.store_file)
+                .ok()
+                .map(|m| m.len()),
+            journal,
+            store_down,
+        };
+        Ok(StatusResponse {
+            node,
+            journal_head: self.read_head(),
+            subscribers: self.inner.counters.subscribers.load(Ordering::Relaxed),
+            pid: std::process::id(),
+            agents,
+        })
+    }
 }
 
 /// When the oldest envelope still queued of this node's own stream to each

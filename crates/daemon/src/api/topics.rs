@@ -22,7 +22,7 @@ fn topic_name(name: &str) -> Result<TopicName, ApiError> {
     TopicName::new(name).map_err(|e| CallerError::BadValue(e.to_string()).into())
 }
 
-fn topic_json(t: NodeTopic) -> TopicJson {
+pub(super) fn topic_json(t: NodeTopic) -> TopicJson {
     TopicJson {
         name: t.record.name.to_string(),
         joined_ms: t.record.joined_ms,

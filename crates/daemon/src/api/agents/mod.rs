@@ -10,6 +10,7 @@
 //! as soon as an entry commits: it wakes on the journal head, never on a
 //! timer.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use axum::Extension;
@@ -530,47 +531,64 @@ pub(super) async fn list_agents(
     State(st): State<ApiState>,
 ) -> Result<Json<AgentsResponse>, ApiError> {
     let status = st.inner.bus.status().await.map_err(node_error)?;
-    let mut local = Vec::new();
+    let mut unread = HashMap::new();
     for a in st.inner.registry.all().iter() {
         let name = &a.record.name;
-        let online = status
-            .agents
-            .iter()
-            .find(|c| &c.name == name)
-            .is_some_and(|c| c.online);
-        local.push(AgentJson {
-            name: name.to_string(),
-            address: ApiState::address(name, &st.inner.node),
-            node: st.inner.node.to_string(),
-            node_alias: None,
-            key: Some(a.record.key.to_string()),
-            online,
-            uid: Some(a.record.uid),
-            socket: Some(st.agent_socket_path(name).display().to_string()),
-            moved_to: status
-                .moves
-                .iter()
-                .find(|m| m.key == a.record.key && m.node != st.inner.node)
-                .map(|m| m.node.to_string()),
-            inbox_after: None,
-            unread: Some(st.unread(name).await?),
-        });
+        unread.insert(name.to_string(), st.unread(name).await?);
     }
-    let peers = status
-        .peers
-        .iter()
-        .flat_map(|p| {
-            let alias = st.alias_of(&p.node);
-            p.agents
+    Ok(Json(st.agents_of(&status, &unread)))
+}
+
+impl ApiState {
+    /// This node's agents (each with its unread mail as `unread` has it, by
+    /// name) and those its peers announced, as `status` has them.
+    pub(super) fn agents_of(
+        &self,
+        status: &crate::bus::NodeStatus,
+        unread: &HashMap<String, mesh_api::Unread>,
+    ) -> AgentsResponse {
+        let mut local = Vec::new();
+        for a in self.inner.registry.all().iter() {
+            let name = &a.record.name;
+            let online = status
+                .agents
                 .iter()
-                .map(move |c| card_json(c, alias.clone()))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    let moves = status.moves.iter().map(move_json).collect();
-    Ok(Json(AgentsResponse {
-        local,
-        peers,
-        moves,
-    }))
+                .find(|c| &c.name == name)
+                .is_some_and(|c| c.online);
+            local.push(AgentJson {
+                name: name.to_string(),
+                address: ApiState::address(name, &self.inner.node),
+                node: self.inner.node.to_string(),
+                node_alias: None,
+                key: Some(a.record.key.to_string()),
+                online,
+                uid: Some(a.record.uid),
+                socket: Some(self.agent_socket_path(name).display().to_string()),
+                moved_to: status
+                    .moves
+                    .iter()
+                    .find(|m| m.key == a.record.key && m.node != self.inner.node)
+                    .map(|m| m.node.to_string()),
+                inbox_after: None,
+                unread: unread.get(name.as_str()).cloned(),
+            });
+        }
+        let peers = status
+            .peers
+            .iter()
+            .flat_map(|p| {
+                let alias = self.alias_of(&p.node);
+                p.agents
+                    .iter()
+                    .map(move |c| card_json(c, alias.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let moves = status.moves.iter().map(move_json).collect();
+        AgentsResponse {
+            local,
+            peers,
+            moves,
+        }
+    }
 }

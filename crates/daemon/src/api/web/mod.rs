@@ -7,8 +7,9 @@
 //! user, the control socket only by the daemon's. Only `GET` routes exist,
 //! each one of the control socket's own reads (status, agents, topics, a
 //! message, journal pages, the journal's live stream), so the page sees
-//! what `mesh` sees and can change nothing. The page is one HTML file
-//! compiled in (no CDN, no build step). Its connections pass the same gate
+//! what `mesh` sees and can change nothing (`/api/overview` is the status,
+//! agents and topics reads as one answer: the page's periodic refresh).
+//! The page is one HTML file compiled in (no CDN, no build step). Its connections pass the same gate
 //! as the control socket's (`super::gate`): at most [`WEB_CONNECTIONS_MAX`]
 //! served at once and a 503 past them, at most [`WEB_PENDING_MAX`] waiting
 //! for their first request, and the `[api]` head and idle timeouts, so a
@@ -29,10 +30,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::serve::ListenerExt as _;
-use mesh_api::WebResponse;
-use serde::Deserialize;
+use mesh_api::{AgentsResponse, StatusResponse, TopicsResponse, WebResponse};
+use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 
+use super::error::node_error;
 use super::gate::Gate;
 use super::socket::{Bounded, Peer};
 use super::{ApiError, ApiState, Unavailable};
@@ -160,6 +162,7 @@ impl ApiState {
     fn web_router(&self) -> Router {
         Router::new()
             .route("/", get(index))
+            .route("/api/overview", get(overview))
             .route("/api/status", get(super::peers::status))
             .route("/api/agents", get(super::agents::list_agents))
             .route("/api/topics", get(super::topics::list_topics))
@@ -244,6 +247,43 @@ async fn index() -> Response {
         INDEX_HTML,
     )
         .into_response()
+}
+
+/// What the page's periodic refresh shows, from one read of the node's
+/// status: `GET /api/status`, `/api/agents` and `/api/topics` as one
+/// answer, each local agent's unread mail counted once.
+#[derive(Debug, Serialize)]
+struct Overview {
+    status: StatusResponse,
+    agents: AgentsResponse,
+    topics: TopicsResponse,
+}
+
+/// `GET /api/overview`: the page's refresh in one request, so an open page
+/// asks the node for its status once per refresh rather than three times.
+async fn overview(State(st): State<ApiState>) -> Result<axum::Json<Overview>, ApiError> {
+    let bus = st.inner.bus.status().await.map_err(node_error)?;
+    let topics = TopicsResponse {
+        topics: bus
+            .topics
+            .iter()
+            .cloned()
+            .map(super::topics::topic_json)
+            .collect(),
+    };
+    let agents_of = bus.clone();
+    let status = st.status_of(bus).await?;
+    let unread = status
+        .agents
+        .iter()
+        .map(|a| (a.name.clone(), a.unread.clone()))
+        .collect();
+    let agents = st.agents_of(&agents_of, &unread);
+    Ok(axum::Json(Overview {
+        status,
+        agents,
+        topics,
+    }))
 }
 
 #[derive(Debug, Deserialize)]
