@@ -570,7 +570,7 @@ impl ApiState {
                     .find(|m| m.key == a.record.key && m.node != self.inner.node)
                     .map(|m| m.node.to_string()),
                 inbox_after: None,
-                unread: unread.get(name.as_str()).cloned(),
+                unread: unread.get(name.as_str()).copied(),
             });
         }
         let peers = status

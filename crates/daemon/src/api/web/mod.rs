@@ -276,7 +276,7 @@ async fn overview(State(st): State<ApiState>) -> Result<axum::Json<Overview>, Ap
     let unread = status
         .agents
         .iter()
-        .map(|a| (a.name.clone(), a.unread.clone()))
+        .map(|a| (a.name.clone(), a.unread))
         .collect();
     let agents = st.agents_of(&agents_of, &unread);
     Ok(axum::Json(Overview {
