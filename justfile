@@ -8,13 +8,17 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 check: fmt clippy test deny
 
 # What CI runs (no network tools needed beyond crates.io).
-ci: fmt clippy test
+ci: fmt clippy doc test
 
 fmt:
     cargo fmt --all -- --check
 
 clippy:
     cargo clippy --workspace --all-targets -- -D warnings
+
+# The API docs, with no warning (a broken link fails).
+doc:
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 # The whole test suite: unit, property, corpus replay, crash-consistency,
 # simulator seeds and real iroh/redb tests.

@@ -43,8 +43,8 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "NAME", env = mesh_api::paths::AGENT_ENV)]
     pub agent: Option<String>,
 
-    /// The agent's socket [default: <data>/agents/NAME.sock; `mesh agent
-    /// list` shows each agent's].
+    /// The agent's socket (default: `<data>/agents/NAME.sock`; `mesh agent
+    /// list` shows each agent's).
     #[arg(long, global = true, value_name = "PATH", env = mesh_api::paths::AGENT_SOCKET_ENV)]
     pub agent_socket: Option<PathBuf>,
 

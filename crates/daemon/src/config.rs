@@ -349,7 +349,7 @@ pub enum MdnsConfig {
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct AgentsConfig {
-    /// The dir of the agents' sockets [default: `<data>/agents`]. The data
+    /// The dir of the agents' sockets (default: `<data>/agents`). The data
     /// dir is mode 0700, so an agent of another uid than the daemon's can
     /// reach its socket only in a dir outside it that its uid may enter
     /// (e.g. `/run/agent-mesh`); the daemon creates a missing dir with mode

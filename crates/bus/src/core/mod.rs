@@ -10,12 +10,12 @@
 //!
 //! `Core` itself only routes, as iroh-gossip's `proto::State` does: the
 //! work is done by four machines, each with its own state and invariants —
-//! [`Peers`](peers::Peers) (the peer table and each connection's phase),
-//! [`Author`](author::Author) (own streams, signing, feeding peers, their
-//! acks), [`Receiver`](receiver::Receiver) (marks, the reorder buffer,
-//! resync asks, gaps) and [`Committer`](commit::Committer) (the waiting
+//! `Peers` (the peer table and each connection's phase),
+//! `Author` (own streams, signing, feeding peers, their
+//! acks), `Receiver` (marks, the reorder buffer,
+//! resync asks, gaps) and `Committer` (the waiting
 //! queues and the one commit in flight) — and their deadlines live in one
-//! [`TimerTable`](timers::TimerTable). `flush` builds each commit from
+//! `TimerTable`. `flush` builds each commit from
 //! what they queued and routes each group's outcome back to them.
 
 mod agents;

@@ -1,4 +1,4 @@
-//! The node: one task, the only actor of the bus, that owns the [`Core`],
+//! The node: one task, the only actor of the bus, that owns the [`Core`](crate::core::Core),
 //! the transport and the store's answers, and the handle the daemon talks
 //! to.
 //!

@@ -16,7 +16,7 @@
 //! `GET /v1/subscribe?after=` (SSE), `PUT`/`GET /v1/cursors/{name}`,
 //! `POST`/`GET /v1/agents`, `DELETE /v1/agents/{name}`,
 //! `GET /v1/messages/{id}`, `GET /metrics`; and an agent's own routes
-//! ([`agents`]), served on its socket (`agent_socket`).
+//! (`agents`), served on its socket (`agent_socket`).
 //!
 //! Wiring (`Daemon::start`): build an `ApiState` from `ApiParts`, bind an
 //! [`ApiSocket`], then `serve` until the shutdown future resolves. A send
