@@ -10,6 +10,7 @@ use mesh_api::client::Client;
 use mesh_api::{BatchResponse, EventRecord, JoinTopicRequest, PublishRequest, SendResponse};
 use serde::Serialize;
 
+use super::supersede::held_past;
 use super::{HELD_AFTER, HOLD_MS, PHASE_TIMEOUT, PROBES_MAX, start_on_tmpfs};
 
 /// The topic both nodes join.
@@ -116,6 +117,8 @@ async fn run(bin: &Path, out_dir: &Path) -> anyhow::Result<PublishReport> {
         }
     }
     let (probe, probe_body) = probe.context("no publish was held on a full disk")?;
+    // Held, not merely slow: the node counts it.
+    held_past(&api, 0).await?;
     // A batch behind it is held too, whole, and keeps its place after it.
     let bodies: Vec<String> = (0..BATCH).map(|i| format!("batch {i}")).collect();
     let batch_req: Vec<PublishRequest> = bodies.iter().cloned().map(publish_req).collect();
