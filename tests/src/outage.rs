@@ -27,6 +27,7 @@ use crate::cluster::{Cluster, ClusterConfig, Isolation, write_journal};
 use crate::history::{History, Op};
 use crate::workload::{Ended, Send};
 
+pub mod publish;
 pub mod supersede;
 
 /// The tmpfs's size.

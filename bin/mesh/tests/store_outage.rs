@@ -49,3 +49,17 @@ fn a_keyed_send_held_with_a_newer_one_of_its_key_is_superseded_at_both_ends() {
     );
     assert!(report.passed(), "{report:#?}");
 }
+
+/// A topic publish held while the disk is full, and a batch behind it:
+/// once it has room, each is committed at the seq after the one before, in
+/// the order asked, and the other member journals every publish once, in
+/// order. Root, as above.
+#[test]
+fn a_full_disk_holds_publishes_and_each_is_committed_once_in_order_at_every_member() {
+    let report = outage_run(
+        "store-outage-publish",
+        "a_full_disk_holds_publishes",
+        mesh_tests::outage::publish::run_blocking,
+    );
+    assert!(report.passed(), "{report:#?}");
+}

@@ -618,3 +618,88 @@ async fn a_receiver_with_slow_commits_holds_its_peer_back_instead_of_dropping_ba
     a.node.shutdown().await;
     b.shutdown().await;
 }
+
+/// The record of joining the topic `name`, with room for all a test publishes.
+fn topic_record(name: &mesh_protocol::TopicName) -> mesh_store::TopicRecord {
+    mesh_store::TopicRecord {
+        name: name.clone(),
+        joined_ms: 1,
+        max_msgs: 100,
+        max_bytes: 1 << 20,
+    }
+}
+
+/// Waits until `node` has held `at_least` sends and publishes (each time
+/// a commit failed) and says its store is down.
+async fn held_at_least(node: &Node, at_least: u64) {
+    until("publishes held", || async {
+        let st = node.status().await.expect("status");
+        st.store_down.is_some() && st.core.sends_held >= at_least
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_held_through_a_store_outage_is_committed_once_in_order_or_answered_stopped() {
+    let a = fresh().await;
+    let b = fresh().await;
+    link(&a.node, &b.node).await;
+    let topic = mesh_protocol::TopicName::new("held").expect("a topic name");
+    for n in [&a.node, &b.node] {
+        n.join_topic(topic_record(&topic)).await.expect("joined");
+    }
+    a.store.set_unavailable(true);
+    let (node, t) = (a.node.clone(), topic.clone());
+    let one = tokio::spawn(async move { node.publish(t, 0, b"one".to_vec()).await });
+    held_at_least(&a.node, 1).await;
+    let (node, t) = (a.node.clone(), topic.clone());
+    let batch = vec![(0, b"two".to_vec()), (0, b"three".to_vec())];
+    let rest = tokio::spawn(async move { node.publish_many(t, batch).await });
+    // "one" held again with the batch: both still open.
+    held_at_least(&a.node, 4).await;
+    assert!(
+        !one.is_finished() && !rest.is_finished(),
+        "held, unanswered"
+    );
+    assert!(
+        messages(&a.store, a.node.node_id()).is_empty(),
+        "nothing written"
+    );
+
+    a.store.set_unavailable(false);
+    let one = timeout(T, one).await.expect("in time").expect("task");
+    let rest = timeout(T, rest).await.expect("in time").expect("task");
+    let seqs: Vec<u64> = std::iter::once(one)
+        .chain(rest)
+        .map(|r| r.expect("published").seq)
+        .collect();
+    assert_eq!(seqs, [1, 2, 3], "committed once each, in publish order");
+    let want: Vec<(u64, Vec<u8>)> = vec![
+        (1, b"one".to_vec()),
+        (2, b"two".to_vec()),
+        (3, b"three".to_vec()),
+    ];
+    let author = a.node.node_id();
+    until("b journals the publishes", || async {
+        messages(&b.store, author).len() >= want.len()
+    })
+    .await;
+    assert_eq!(
+        messages(&b.store, author),
+        want,
+        "the member gets each once"
+    );
+
+    // Held when the node stops: answered stopped, never published.
+    a.store.set_unavailable(true);
+    let held = a.node.status().await.expect("status").core.sends_held;
+    let (node, t) = (a.node.clone(), topic.clone());
+    let never = tokio::spawn(async move { node.publish(t, 0, b"never".to_vec()).await });
+    held_at_least(&a.node, held + 1).await;
+    timeout(T, a.node.shutdown()).await.expect("stops in time");
+    let never = timeout(T, never).await.expect("in time").expect("task");
+    assert_eq!(never.map(|r| r.seq), Err(SendError::Stopped));
+    a.store.set_unavailable(false);
+    assert_eq!(messages(&a.store, author), want, "nothing more written");
+    b.node.shutdown().await;
+}

@@ -25,9 +25,9 @@
 //!
 //! Checked during the run: at most one commit in flight per core; marks
 //! never move backwards; a sender is answered once at most, Ok only once
-//! its message is committed, and with its journal arrival; a send held
-//! through a store outage is answered Ok only after its commit, or let go
-//! (`Held`) only after the hold bound, never both; an ack never runs ahead of the
+//! its message is committed, and with its journal arrival; a send or a
+//! publish held through a store outage is answered Ok only after its
+//! commit, or let go (`Held`) only after the hold bound, never both; an ack never runs ahead of the
 //! committed mark; under `reject`, no unacknowledged envelope is ever
 //! evicted; a local write (a cursor, a subscriber's lag record) is answered
 //! Ok only once it is committed, and refused only when the store's rules
@@ -1269,8 +1269,10 @@ impl Sim {
                         self.config.hold_ms
                     ));
                 }
-                let to = issued.to.ok_or("a publish was held")?;
-                *self.let_go.entry((node, to)).or_default() += 1;
+                // A publish let go has no lost record to count against.
+                if let Some(to) = issued.to {
+                    *self.let_go.entry((node, to)).or_default() += 1;
+                }
                 self.failed.insert(key);
                 return Ok(());
             }

@@ -91,8 +91,8 @@ async fn metric(api: &Client, name: &str) -> anyhow::Result<u64> {
         .unwrap_or(0))
 }
 
-/// Waits until `api`'s count of held sends passes `above`.
-async fn held_past(api: &Client, above: u64) -> anyhow::Result<()> {
+/// Waits until `api`'s count of held sends (and publishes) passes `above`.
+pub(super) async fn held_past(api: &Client, above: u64) -> anyhow::Result<()> {
     let started = Instant::now();
     while metric(api, "mesh_sends_held_total").await? <= above {
         if started.elapsed() > PHASE_TIMEOUT {

@@ -174,26 +174,37 @@ impl Core {
         if len > max {
             return Err(SendError::TooLarge { len, max });
         }
+        self.check_hold(1, len)?;
         let (waiting, waiting_bytes) = self.committer.sends_waiting();
-        if let Some(down) = self.committer.store_down() {
-            let (msgs_max, bytes_max) = self.config.hold_bounds();
-            if waiting >= msgs_max || waiting_bytes + len > bytes_max {
-                return Err(SendError::StoreDown {
-                    held: waiting,
-                    why: down.why.clone(),
-                });
-            }
-        }
         if waiting >= WAITING_SENDS_MAX || waiting_bytes + len > WAITING_SEND_BYTES_MAX {
             return Err(SendError::Busy { waiting });
         }
         Ok(())
     }
 
+    /// While the store is down: refuses `msgs` more messages of `len`
+    /// payload bytes that the hold bounds have no room for, beside the
+    /// sends and publishes held already (one budget).
+    fn check_hold(&self, msgs: usize, len: u64) -> Result<(), SendError> {
+        let Some(down) = self.committer.store_down() else {
+            return Ok(());
+        };
+        let (held, held_bytes) = self.committer.held();
+        let (msgs_max, bytes_max) = self.config.hold_bounds();
+        if held + msgs > msgs_max || held_bytes + len > bytes_max {
+            return Err(SendError::StoreDown {
+                held,
+                why: down.why.clone(),
+            });
+        }
+        Ok(())
+    }
+
     /// Queues the publishes `msgs` to `topic` for the next commit, or
     /// refuses them all at once: a reserved kind or a payload too large in
-    /// any of them, a topic this node is not a member of, a queue without
-    /// room for all of them.
+    /// any of them, a topic this node is not a member of, a store that is
+    /// down with no room left within the hold bounds for all of them, a
+    /// queue without room for all of them.
     pub(super) fn on_publish(
         &mut self,
         topic: mesh_protocol::TopicName,
@@ -224,6 +235,8 @@ impl Core {
                  {topic} holds this node's messages up to seq {theirs}, this store only up to \
                  {held}; a publish would reuse their seqs, so nothing was published"
             )))
+        } else if let Err(e) = self.check_hold(msgs.len(), len) {
+            Some(e)
         } else if waiting + msgs.len() > WAITING_SENDS_MAX
             || waiting_bytes + len > WAITING_SEND_BYTES_MAX
         {
@@ -237,15 +250,7 @@ impl Core {
             }
             return;
         }
-        for m in msgs {
-            self.committer.queue_publish(super::commit::WaitingPublish {
-                req: m.req,
-                topic: topic.clone(),
-                kind: m.kind,
-                payload: m.payload,
-                created_ms: now.0,
-            });
-        }
+        self.committer.queue_publishes(&topic, msgs, now);
     }
 
     /// Refuses the local send or publish `req` with `e`: counted, and

@@ -247,10 +247,11 @@ pub struct Metrics {
     pub stale_answers: u64,
     /// Peers whose Hello announced a new store epoch.
     pub peer_epoch_changes: u64,
-    /// Local sends whose commit failed for want of a store, put back to be
-    /// retried (each time).
+    /// Local sends and publishes whose commit failed for want of a store,
+    /// put back to be retried (each time).
     pub sends_held: u64,
-    /// Held sends let go after the hold bound (answered 503, journaled as lost).
+    /// Held sends and publishes let go after the hold bound (answered 503;
+    /// the sends journaled as lost).
     pub sends_let_go: u64,
     /// New epochs this node started because its store went back in time.
     pub epoch_switches: u64,

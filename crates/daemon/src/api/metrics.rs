@@ -425,12 +425,12 @@ fn bus_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 24] 
         ),
         (
             "sends_held_total",
-            "Local sends held after a commit failed for want of a store (each time).",
+            "Local sends and topic publishes held after a commit failed for want of a store (each time).",
             m.sends_held,
         ),
         (
             "sends_let_go_total",
-            "Held sends let go after the hold bound (answered 503, journaled as lost).",
+            "Held sends and publishes let go after the hold bound (answered 503; sends journaled as lost).",
             m.sends_let_go,
         ),
         (

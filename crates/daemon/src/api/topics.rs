@@ -128,7 +128,11 @@ pub(super) async fn leave_topic(
     Ok(Json(kept))
 }
 
-/// `POST /v1/topics/{name}/publish`.
+/// `POST /v1/topics/{name}/publish`: answered once committed. While the
+/// store cannot commit, the publish is held and the request stays open
+/// until it ends: committed once the store is back, or 503 past
+/// `[store] hold_ms`, or 503 at once past the hold bounds (which sends
+/// share).
 pub(super) async fn publish(
     State(st): State<ApiState>,
     Path(name): Path<String>,
@@ -200,9 +204,10 @@ fn batch_of(bytes: &[u8], ndjson: bool) -> Result<Vec<(u16, Vec<u8>)>, ApiError>
 /// or refused together with nothing written, and answered once all are
 /// committed (consecutive ones share commits): an array with
 /// `{"sent": [...]}`, NDJSON with one `{id, stream, seq}` line per message
-/// and a final `{"done": {"count": N}}`. If a commit fails part way (the
-/// store went away), the error says how many of them were committed
-/// (`committed`; `mesh events` shows which).
+/// and a final `{"done": {"count": N}}`. While the store cannot commit
+/// they are held together, the request open, as a single publish is. If
+/// a commit fails part way otherwise, the error says how many of them
+/// were committed (`committed`; `mesh events` shows which).
 pub(super) async fn publish_batch(
     State(st): State<ApiState>,
     Path(name): Path<String>,

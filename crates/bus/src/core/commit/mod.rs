@@ -80,6 +80,9 @@ pub(super) enum Group {
     Publish {
         batch: OpenBatch,
         senders: Vec<ReqId>,
+        /// The publish request of each, kept so that a batch the store
+        /// could not write is held as it came.
+        requests: Vec<u64>,
     },
     /// Store ops no request waits for (expired retried-send records).
     Housekeeping,
@@ -142,9 +145,10 @@ struct InFlight {
 /// The queues of work waiting for the next commit, and the one in flight.
 ///
 /// Invariants: at most one commit is in flight; `send_bytes` is the payload
-/// bytes of `sends`; each queue stays within its bound. While the store is
-/// down (`store_down`), the sends waiting are the held ones, within the
-/// hold bounds.
+/// bytes of `sends`, `publish_bytes` of `publishes`; each queue stays
+/// within its bound. While the store is down (`store_down`), the sends and
+/// publishes waiting are the held ones, within one budget: the hold bounds
+/// count both together.
 #[derive(Debug)]
 pub(super) struct Committer {
     sends: VecDeque<WaitingSend>,
@@ -152,6 +156,8 @@ pub(super) struct Committer {
     /// Publishes to topics, in the order asked, within the bounds of sends.
     publishes: VecDeque<WaitingPublish>,
     publish_bytes: u64,
+    /// The number of the next publish request.
+    next_request: u64,
     /// Peer batches and gaps.
     pub(super) inbound: InboundQueue,
     acks: BTreeMap<NodeId, AckWork>,
@@ -195,6 +201,7 @@ impl Committer {
             send_bytes: 0,
             publishes: VecDeque::new(),
             publish_bytes: 0,
+            next_request: 1,
             inbound: InboundQueue::default(),
             acks: BTreeMap::new(),
             acks_since: None,
@@ -226,8 +233,9 @@ impl Committer {
     }
 
     /// Whether a stopping node must wait for the store: a commit is
-    /// outstanding, or work waits while the store works. Held sends (the
-    /// store is down) are not waited for: they are answered "stopped".
+    /// outstanding, or work waits while the store works. Held sends and
+    /// publishes (the store is down) are not waited for: they are answered
+    /// "stopped".
     pub(super) fn must_drain(&self) -> bool {
         self.in_flight.is_some() || (!self.is_empty() && self.store_down.is_none())
     }
@@ -255,10 +263,36 @@ impl Committer {
         (self.publishes.len(), self.publish_bytes)
     }
 
-    /// Queues a publish for the next commit (the caller checked the bounds).
-    pub(super) fn queue_publish(&mut self, p: WaitingPublish) {
-        self.publish_bytes += p.payload.len() as u64;
-        self.publishes.push_back(p);
+    /// Sends and publishes waiting, and their payload bytes: what the hold
+    /// bounds count while the store is down.
+    pub(super) fn held(&self) -> (usize, u64) {
+        (
+            self.sends.len() + self.publishes.len(),
+            self.send_bytes + self.publish_bytes,
+        )
+    }
+
+    /// Queues the publishes of one request to `topic`, taken at `now`, for
+    /// the next commit, in order (the caller checked the bounds).
+    pub(super) fn queue_publishes(
+        &mut self,
+        topic: &mesh_protocol::TopicName,
+        msgs: Vec<super::Publication>,
+        now: Millis,
+    ) {
+        let request = self.next_request;
+        self.next_request += 1;
+        for m in msgs {
+            self.publish_bytes += m.payload.len() as u64;
+            self.publishes.push_back(WaitingPublish {
+                req: m.req,
+                topic: topic.clone(),
+                kind: m.kind,
+                payload: m.payload,
+                created_ms: now.0,
+                request,
+            });
+        }
     }
 
     /// The publishes waiting, for the next commit.
@@ -362,7 +396,8 @@ impl Committer {
     }
 
     /// The store failed (`why`): no commit before `store_retry_ms` from
-    /// now, and the sends waiting are held until it works again.
+    /// now, and the sends and publishes waiting are held until it works
+    /// again.
     pub(super) fn store_failed(&mut self, now: Millis, config: &Config, why: String) {
         self.store_retry_at = Some(now.plus(config.store_retry_ms));
         match &mut self.store_down {

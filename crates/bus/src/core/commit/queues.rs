@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, VecDeque};
 use mesh_protocol::{Epoch, NodeCard, NodeId, Seq};
 
 use super::{
-    AckWork, CarryWork, Committer, EpochSwitch, Group, InboundWork, LostTally, Report, WaitingSend,
+    AckWork, CarryWork, Committer, EpochSwitch, Group, InboundWork, LostTally, Report,
+    WaitingPublish, WaitingSend,
 };
 use crate::core::peers::PeerChange;
 use crate::core::{Config, LocalWrite, Millis, ReqId, WAITING_SENDS_MAX};
@@ -38,55 +39,93 @@ impl Committer {
         self.check();
     }
 
-    /// Sends whose commit failed for want of a store, held again ahead of
-    /// any that came since; returns the newest sends past the hold bounds,
-    /// which the caller refuses (the oldest are held first).
+    /// Sends and publishes whose commit failed for want of a store, held
+    /// again ahead of any that came since; returns the newest past the
+    /// hold bounds (one budget for both), which the caller refuses: the
+    /// oldest are held first, and a publish request is refused whole.
     pub(in crate::core) fn hold_again(
         &mut self,
         sends: Vec<WaitingSend>,
+        publishes: Vec<WaitingPublish>,
         config: &Config,
-    ) -> Vec<WaitingSend> {
+    ) -> (Vec<WaitingSend>, Vec<WaitingPublish>) {
         for s in sends.into_iter().rev() {
             self.send_bytes += s.payload.len() as u64;
             self.sends.push_front(s);
         }
-        let (msgs_max, bytes_max) = config.hold_bounds();
-        let mut over = Vec::new();
-        while self.sends.len() > msgs_max || self.send_bytes > bytes_max {
-            let Some(s) = self.sends.pop_back() else {
-                break;
-            };
-            self.send_bytes -= s.payload.len() as u64;
-            over.push(s);
+        for p in publishes.into_iter().rev() {
+            self.publish_bytes += p.payload.len() as u64;
+            self.publishes.push_front(p);
         }
-        over.reverse();
+        let (msgs_max, bytes_max) = config.hold_bounds();
+        let mut over = (Vec::new(), Vec::new());
+        loop {
+            let (msgs, bytes) = self.held();
+            if msgs <= msgs_max && bytes <= bytes_max {
+                break;
+            }
+            let send_ms = self.sends.back().map(|s| s.created_ms);
+            let publish = self.publishes.back().map(|p| (p.created_ms, p.request));
+            match (send_ms, publish) {
+                (None, None) => break,
+                (Some(s), p) if p.is_none_or(|(p, _)| s > p) => {
+                    if let Some(s) = self.sends.pop_back() {
+                        self.send_bytes -= s.payload.len() as u64;
+                        over.0.push(s);
+                    }
+                }
+                (_, Some((_, request))) => {
+                    // A request's publishes wait next to each other, in order.
+                    while self.publishes.back().is_some_and(|p| p.request == request) {
+                        if let Some(p) = self.publishes.pop_back() {
+                            self.publish_bytes -= p.payload.len() as u64;
+                            over.1.push(p);
+                        }
+                    }
+                }
+                (_, None) => break,
+            }
+        }
+        over.0.reverse();
+        over.1.reverse();
         self.check();
         over
     }
 
-    /// While the store is down: the held sends taken `hold_ms` ago or
-    /// earlier, removed, in their order.
+    /// While the store is down: the held sends and publishes taken
+    /// `hold_ms` ago or earlier, removed, in their order.
     pub(in crate::core) fn expire_held(
         &mut self,
         now: Millis,
         config: &Config,
-    ) -> Vec<WaitingSend> {
+    ) -> (Vec<WaitingSend>, Vec<WaitingPublish>) {
         if self.store_down.is_none() {
-            return Vec::new();
+            return (Vec::new(), Vec::new());
         }
+        let ended = |created_ms: u64| now.0 >= created_ms.saturating_add(config.hold_ms);
         let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.sends)
             .into_iter()
-            .partition(|s| now.0 >= s.created_ms.saturating_add(config.hold_ms));
+            .partition(|s| ended(s.created_ms));
         self.sends = kept.into();
         self.send_bytes = self.sends.iter().map(|s| s.payload.len() as u64).sum();
+        // A request's publishes were taken together: they end together.
+        let (expired_publishes, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.publishes)
+            .into_iter()
+            .partition(|p| ended(p.created_ms));
+        self.publishes = kept.into();
+        self.publish_bytes = self.publishes.iter().map(|p| p.payload.len() as u64).sum();
         self.check();
-        expired
+        (expired, expired_publishes)
     }
 
-    /// While the store is down: when the oldest held send's hold ends.
+    /// While the store is down: when the oldest held send's or publish's
+    /// hold ends.
     pub(in crate::core) fn hold_deadline(&self, config: &Config) -> Option<Millis> {
         self.store_down.as_ref()?;
-        let oldest = self.sends.iter().map(|s| s.created_ms).min()?;
+        let sends = self.sends.iter().map(|s| s.created_ms);
+        let oldest = sends
+            .chain(self.publishes.iter().map(|p| p.created_ms))
+            .min()?;
         Some(Millis(oldest.saturating_add(config.hold_ms)))
     }
 
@@ -121,7 +160,15 @@ impl Committer {
                 .map(|s| s.payload.len() as u64)
                 .sum::<u64>()
         );
+        debug_assert_eq!(
+            self.publish_bytes,
+            self.publishes
+                .iter()
+                .map(|p| p.payload.len() as u64)
+                .sum::<u64>()
+        );
         debug_assert!(self.sends.len() <= WAITING_SENDS_MAX);
+        debug_assert!(self.publishes.len() <= WAITING_SENDS_MAX);
     }
 
     /// The highest ack of `to` waiting for or in the current commit (0 if none, or a reset).

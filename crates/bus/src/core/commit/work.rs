@@ -63,6 +63,9 @@ pub(in crate::core) struct WaitingPublish {
     pub(in crate::core) kind: u16,
     pub(in crate::core) payload: Vec<u8>,
     pub(in crate::core) created_ms: u64,
+    /// The publish request it came in (one number per request): a batch
+    /// is held, refused or let go whole.
+    pub(in crate::core) request: u64,
 }
 
 /// A local send waiting for the next commit.

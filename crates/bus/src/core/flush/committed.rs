@@ -7,7 +7,7 @@ use mesh_protocol::{Channel, Cid, Frame, NodeId, OpenBatch, Seq, StreamId};
 use mesh_store::{Arrival, Receipt, StoreError};
 
 use crate::core::ConnId;
-use crate::core::commit::{AckWork, EpochSwitch, Group, WaitingSend};
+use crate::core::commit::{AckWork, EpochSwitch, Group, WaitingPublish, WaitingSend};
 use crate::core::peers::PeerChange;
 use crate::core::receiver::Env;
 use crate::core::{CommitId, Core, Effect, Millis, PeerChangeError, ReqId, SendError};
@@ -24,6 +24,9 @@ pub(super) struct AfterCommit {
     store_works: bool,
     /// Sends whose commit failed for want of a store, to hold again, in order.
     pub(super) held: Vec<WaitingSend>,
+    /// Publishes whose commit failed for want of a store, to hold again,
+    /// in order.
+    pub(super) held_publishes: Vec<WaitingPublish>,
     /// Streams whose committed mark moved: their authors get an Ack, on
     /// the connection the batch came on if it is still the live one.
     acks: BTreeSet<(NodeId, ConnId, StreamId)>,
@@ -129,7 +132,11 @@ impl Core {
                 self.topics
                     .committed_mark(&stream, earliest - 1, result.is_ok());
             }
-            Group::Publish { batch, senders } => self.on_publish_committed(batch, senders, result),
+            Group::Publish {
+                batch,
+                senders,
+                requests,
+            } => self.on_publish_committed(batch, (senders, requests), result, after),
             Group::Housekeeping => {}
             Group::Card { card } => self.on_card_committed(card, result),
             Group::Supersede { to } => {
@@ -349,10 +356,12 @@ impl Core {
         } else if after.store_works {
             self.committer.store_works();
         }
-        if !after.held.is_empty() {
-            self.out.metrics.sends_held += after.held.len() as u64;
-            let over = self.committer.hold_again(after.held, &self.config);
-            self.refuse_held(over);
+        if !after.held.is_empty() || !after.held_publishes.is_empty() {
+            self.out.metrics.sends_held += (after.held.len() + after.held_publishes.len()) as u64;
+            let (sends, publishes) =
+                self.committer
+                    .hold_again(after.held, after.held_publishes, &self.config);
+            self.refuse_held(sends, publishes);
         }
         let (config, out) = (&self.config, &mut self.out);
         for stream in &after.failed_streams {

@@ -241,42 +241,54 @@ impl Core {
         self.author.send_fresh(to, batch, now, &mut self.out);
     }
 
-    /// Answers sends past the hold bounds: refused at once (nothing was written).
-    pub(super) fn refuse_held(&mut self, sends: Vec<WaitingSend>) {
-        let (held, _) = self.committer.sends_waiting();
-        let why = self
-            .committer
-            .store_down()
-            .map_or_else(|| "the store failed".to_owned(), |d| d.why.clone());
-        self.out.metrics.sends_refused += sends.len() as u64;
-        for s in sends {
+    /// Answers sends and publishes past the hold bounds: refused at once
+    /// (nothing was written).
+    pub(super) fn refuse_held(&mut self, sends: Vec<WaitingSend>, publishes: Vec<WaitingPublish>) {
+        let (held, _) = self.committer.held();
+        let why = self.store_down_why();
+        let reqs: Vec<ReqId> = sends
+            .iter()
+            .map(|s| s.req)
+            .chain(publishes.iter().map(|p| p.req))
+            .collect();
+        self.out.metrics.sends_refused += reqs.len() as u64;
+        for req in reqs {
             let result = Err(SendError::StoreDown {
                 held,
                 why: why.clone(),
             });
-            self.out.push(Effect::Reply { req: s.req, result });
+            self.out.push(Effect::Reply { req, result });
         }
     }
 
-    /// Lets go the held sends whose hold has ended: answered 503, and
-    /// journaled as lost once the store takes a commit.
+    /// The store's last error, while it is down.
+    fn store_down_why(&self) -> String {
+        self.committer
+            .store_down()
+            .map_or_else(|| "the store failed".to_owned(), |d| d.why.clone())
+    }
+
+    /// Lets go the held sends and publishes whose hold has ended: answered
+    /// 503; the sends are journaled as lost once the store takes a commit.
     pub(in crate::core) fn expire_held(&mut self, now: Millis) {
-        let expired = self.committer.expire_held(now, &self.config);
-        if expired.is_empty() {
+        let (expired, publishes) = self.committer.expire_held(now, &self.config);
+        if expired.is_empty() && publishes.is_empty() {
             return;
         }
-        let why = self
-            .committer
-            .store_down()
-            .map_or_else(|| "the store failed".to_owned(), |d| d.why.clone());
+        let why = self.store_down_why();
         self.committer.note_lost(&expired);
-        self.out.metrics.sends_let_go += expired.len() as u64;
-        for s in expired {
+        let ended: Vec<(ReqId, u64)> = expired
+            .iter()
+            .map(|s| (s.req, s.created_ms))
+            .chain(publishes.iter().map(|p| (p.req, p.created_ms)))
+            .collect();
+        self.out.metrics.sends_let_go += ended.len() as u64;
+        for (req, created_ms) in ended {
             let result = Err(SendError::Held {
-                held_ms: now.0.saturating_sub(s.created_ms),
+                held_ms: now.0.saturating_sub(created_ms),
                 why: why.clone(),
             });
-            self.out.push(Effect::Reply { req: s.req, result });
+            self.out.push(Effect::Reply { req, result });
         }
     }
 }
@@ -322,6 +334,7 @@ impl Core {
                 }
                 let n = chunk.len() as u64;
                 let senders: Vec<ReqId> = chunk.iter().map(|p| p.req).collect();
+                let requests: Vec<u64> = chunk.iter().map(|p| p.request).collect();
                 let envelopes = chunk.into_iter().map(|p| NewEnvelope {
                     lamport: 0,
                     created_ms: p.created_ms,
@@ -341,6 +354,7 @@ impl Core {
                             Group::Publish {
                                 batch: signed,
                                 senders,
+                                requests,
                             },
                         );
                         next_seq += n;
@@ -352,15 +366,23 @@ impl Core {
     }
 
     /// Answers the publishers of one batch of this node's topic stream,
-    /// and relays it to the topic's members.
+    /// and relays it to the topic's members; a batch not written for want
+    /// of a store is held, unanswered, to be signed again at the same seqs.
     pub(super) fn on_publish_committed(
         &mut self,
         batch: OpenBatch,
-        senders: Vec<ReqId>,
+        (senders, requests): (Vec<ReqId>, Vec<u64>),
         result: Result<Receipt, StoreError>,
+        after: &mut AfterCommit,
     ) {
         let receipt = match result {
             Ok(r) => r,
+            Err(e) if is_down(&e) => {
+                after
+                    .held_publishes
+                    .extend(unsigned_publishes(batch, senders, requests));
+                return;
+            }
             Err(e) => return self.fail_senders(senders, &SendError::from_store(&e)),
         };
         let (stream, first, first_arrival) = placed(&batch, &receipt);
@@ -415,6 +437,33 @@ fn unsigned(
             payload,
             created_ms: h.created_ms,
             tracked,
+        })
+        .collect()
+}
+
+/// The publishes of an own topic batch that was never written, as they
+/// waited before it was signed.
+fn unsigned_publishes(
+    batch: OpenBatch,
+    senders: Vec<ReqId>,
+    requests: Vec<u64>,
+) -> Vec<WaitingPublish> {
+    let (vb, payloads) = batch.into_parts();
+    let Channel::Topic(topic) = &vb.stream().channel else {
+        debug_assert!(false, "a publish batch is of a topic stream");
+        return Vec::new();
+    };
+    vb.entries()
+        .iter()
+        .zip(payloads)
+        .zip(senders.into_iter().zip(requests))
+        .map(|((h, payload), (req, request))| WaitingPublish {
+            req,
+            topic: topic.clone(),
+            kind: h.kind,
+            payload,
+            created_ms: h.created_ms,
+            request,
         })
         .collect()
 }

@@ -127,8 +127,9 @@ pub enum SendError {
     #[error("the store could not write the message: {0}")]
     Store(String),
     /// The environment: the store could not commit the message while it
-    /// was held, `held_ms` long; it was let go, never written, and a lost
-    /// record is journaled once the store is back.
+    /// was held, `held_ms` long; it was let go, never written (it took no
+    /// seq), and for a send a lost record is journaled once the store is
+    /// back.
     #[error(
         "the store could not commit the message for {held_ms} ms ({why}); it was let go and never written"
     )]
@@ -138,13 +139,15 @@ pub enum SendError {
         /// The store's last error.
         why: String,
     },
-    /// The environment: the store cannot commit now and as many sends as
-    /// the node holds are held already; nothing was written.
+    /// The environment: the store cannot commit now and as many sends and
+    /// publishes as the node holds (one budget) are held already; nothing
+    /// was written.
     #[error(
-        "the store cannot commit now ({why}) and {held} sends are held already; nothing was written"
+        "the store cannot commit now ({why}) and {held} sends and publishes are held already; \
+         nothing was written"
     )]
     StoreDown {
-        /// Sends held.
+        /// Sends and publishes held.
         held: usize,
         /// The store's last error.
         why: String,

@@ -16,6 +16,11 @@ pub(super) struct Mesh {
 impl Mesh {
     /// Nodes 1..=n; `edges` lists who knows whom (both ways).
     pub(super) fn new(n: u8, edges: &[(u8, u8)]) -> Mesh {
+        Mesh::with_config(n, edges, &Config::default())
+    }
+
+    /// As [`Mesh::new`], each node with `config`.
+    pub(super) fn with_config(n: u8, edges: &[(u8, u8)], config: &Config) -> Mesh {
         let nodes = (1..=n)
             .map(|i| {
                 let peers: Vec<u8> = edges
@@ -26,7 +31,7 @@ impl Mesh {
                         _ => None,
                     })
                     .collect();
-                Node::new(i, i, &peers, Config::default())
+                Node::new(i, i, &peers, config.clone())
             })
             .collect();
         Mesh {

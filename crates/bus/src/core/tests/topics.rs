@@ -47,7 +47,12 @@ impl Mesh {
 
     /// Nodes 1 and 2, peers and linked, both members of the topic.
     fn two_members() -> Mesh {
-        let mut m = Mesh::new(2, &[(1, 2)]);
+        Mesh::two_members_with(&Config::default())
+    }
+
+    /// As [`Mesh::two_members`], each node with `config`.
+    fn two_members_with(config: &Config) -> Mesh {
+        let mut m = Mesh::with_config(2, &[(1, 2)], config);
         m.join(1, 100);
         m.join(2, 100);
         m.link(1, 2);
@@ -106,6 +111,43 @@ impl Mesh {
         self.sent_by(n, out);
         self.settle();
         answers
+    }
+
+    /// Node `n` asks to publish each batch of `batches` (one request each),
+    /// without waiting for an answer; the requests of each.
+    fn ask_publish(&mut self, n: u8, batches: &[&[&[u8]]]) -> Vec<Vec<ReqId>> {
+        let node = self.node(n);
+        let mut asked = Vec::new();
+        let mut inputs = Vec::new();
+        for payloads in batches {
+            let msgs: Vec<Publication> = payloads
+                .iter()
+                .map(|p| Publication {
+                    req: node.take_req(),
+                    kind: 0,
+                    payload: p.to_vec(),
+                })
+                .collect();
+            asked.push(msgs.iter().map(|m| m.req).collect());
+            inputs.push(Input::Publish {
+                topic: topic(),
+                msgs,
+            });
+        }
+        let out = node.run_many(inputs);
+        self.sent_by(n, out);
+        self.settle();
+        asked
+    }
+
+    /// Node `n`'s clock moves on by `ms` and its timer fires; what it sends
+    /// is delivered.
+    fn tick(&mut self, n: u8, ms: u64) {
+        let node = self.node(n);
+        node.now = node.now.plus(ms);
+        let out = node.run(Input::Timer);
+        self.sent_by(n, out);
+        self.settle();
     }
 
     /// The payloads of `author`'s topic stream in node `n`'s journal, in order.
@@ -532,4 +574,139 @@ fn a_topic_takes_at_most_its_bound_of_author_streams_and_counts_the_rest() {
         2,
         "a known stream goes on"
     );
+}
+
+/// How many times node `n` answered `req`.
+fn answers(m: &mut Mesh, n: u8, req: ReqId) -> usize {
+    m.node(n).replies.iter().filter(|(r, _)| *r == req).count()
+}
+
+#[test]
+fn publishes_are_held_through_a_store_outage_within_the_bounds_sends_share_then_committed_once_in_order()
+ {
+    let mut m = Mesh::two_members_with(&hold_config(4));
+    m.publish(1, b"before").expect("published");
+    m.node(1).store.set_unavailable(true);
+    let journal = m.node(1).journal().len();
+    let held = m.ask_publish(1, &[&[b"one"], &[b"two", b"three"]]);
+    let node = m.node(1);
+    assert!(node.core.store_down().is_some());
+    let send = node.send(id(2), b"a send");
+    let held: Vec<ReqId> = held.into_iter().flatten().collect();
+    for req in held.iter().chain([&send]) {
+        assert!(node.reply(*req).is_none(), "held, unanswered: {req:?}");
+    }
+    assert!(
+        !node.core.must_drain(),
+        "a stopping node does not wait for them"
+    );
+    // Three publishes and a send fill the one budget of four: a publish,
+    // a batch and a send past it are refused at once, nothing written.
+    let past = m.ask_publish(1, &[&[b"past"], &[b"past-a", b"past-b"]]);
+    let node = m.node(1);
+    let late_send = node.send(id(2), b"past too");
+    for req in past.iter().flatten().chain([&late_send]) {
+        match node.reply(*req) {
+            Some(Err(SendError::StoreDown { held: 4, why })) => {
+                assert!(why.contains("unavailable"), "{why}");
+            }
+            other => panic!("expected StoreDown with 4 held, got {other:?}"),
+        }
+    }
+    // Retried while the store is still down: still held.
+    let retry_ms = node.config.store_retry_ms;
+    let held_before = node.core.metrics().sends_held;
+    m.tick(1, retry_ms);
+    let node = m.node(1);
+    assert!(held.iter().all(|r| node.reply(*r).is_none()));
+    assert_eq!(node.journal().len(), journal, "nothing journaled meanwhile");
+    assert_eq!(
+        node.core.metrics().sends_held,
+        held_before + 4,
+        "tried again and held again"
+    );
+    // The store is back: each is committed once, in the order asked.
+    node.store.set_unavailable(false);
+    m.tick(1, retry_ms);
+    let node = m.node(1);
+    let seqs: Vec<Seq> = held
+        .iter()
+        .map(|r| {
+            node.reply(*r)
+                .cloned()
+                .expect("answered")
+                .expect("published")
+                .seq
+        })
+        .collect();
+    assert_eq!(seqs, [2, 3, 4], "seqs given out in publish order");
+    assert_eq!(ok_seq(node.reply(send)), 1);
+    for req in held.iter().chain(past.iter().flatten()) {
+        assert_eq!(answers(&mut m, 1, *req), 1, "answered once: {req:?}");
+    }
+    let want: Vec<Vec<u8>> = [b"before".as_slice(), b"one", b"two", b"three"]
+        .iter()
+        .map(|p| p.to_vec())
+        .collect();
+    assert_eq!(m.got(1, 1), want);
+    assert_eq!(m.got(2, 1), want, "the member gets each once, in order");
+}
+
+#[test]
+fn a_publish_batch_past_the_hold_bounds_is_refused_whole_and_a_held_one_let_go_whole() {
+    let mut m = Mesh::two_members_with(&hold_config(2));
+    m.node(1).hold_commits = true;
+    // "a" goes into a commit; the batch waits for the next, which the
+    // bound of sends waiting lets it.
+    let asked = m.ask_publish(1, &[&[b"a"], &[b"b", b"c"]]);
+    let node = m.node(1);
+    node.store.set_unavailable(true);
+    node.hold_commits = false;
+    let out = node.release_commit();
+    m.sent_by(1, out);
+    m.settle();
+    // Held again: "a" fits the hold bound of two, the batch only with it
+    // does not, so the batch is refused whole (the newest go first).
+    let node = m.node(1);
+    assert!(node.reply(asked[0][0]).is_none(), "held");
+    for req in &asked[1] {
+        assert!(
+            matches!(
+                node.reply(*req),
+                Some(Err(SendError::StoreDown { held: 1, .. }))
+            ),
+            "{:?}",
+            node.reply(*req)
+        );
+    }
+    // A batch that fits is held whole, and let go whole after the hold.
+    node.now = node.now.plus(1);
+    let batch = m.ask_publish(1, &[&[b"d"]]).remove(0);
+    let node = m.node(1);
+    assert!(node.reply(batch[0]).is_none(), "held");
+    let hold_ms = node.config.hold_ms;
+    m.tick(1, hold_ms - 1);
+    let node = m.node(1);
+    assert!(
+        matches!(node.reply(asked[0][0]), Some(Err(SendError::Held { .. }))),
+        "{:?}",
+        node.reply(asked[0][0])
+    );
+    assert!(
+        node.reply(batch[0]).is_none(),
+        "taken 1 ms later, still held"
+    );
+    m.tick(1, 1);
+    let node = m.node(1);
+    assert!(matches!(
+        node.reply(batch[0]),
+        Some(Err(SendError::Held { .. }))
+    ));
+    assert_eq!(node.core.metrics().sends_let_go, 2);
+    // None of them took a seq: the next publish has the first.
+    node.store.set_unavailable(false);
+    let retry_ms = node.config.store_retry_ms;
+    m.tick(1, retry_ms);
+    assert_eq!(m.publish(1, b"after").expect("published").seq, 1);
+    assert_eq!(m.got(2, 1), vec![b"after".to_vec()]);
 }
