@@ -211,7 +211,7 @@ impl Core {
                     .collect(),
             ),
             committer,
-            agents: Agents::new(state.agents, state.dedup),
+            agents: Agents::new(state.agents, state.dedup, &state.dedup_superseded),
             topics,
             moves: moves::Moves::new(me, state.moves),
             timers: TimerTable::default(),

@@ -67,11 +67,18 @@ fn entry_bytes(key: &DedupKey) -> usize {
 }
 
 impl Dedup {
-    pub(super) fn recover(records: Vec<mesh_store::DedupRecord>) -> Dedup {
+    /// The records read back after a restart; `superseded` names the
+    /// messages among them that a later one of their key replaced, and by
+    /// what, so that a retry is answered as the first send was.
+    pub(super) fn recover(
+        records: Vec<mesh_store::DedupRecord>,
+        superseded: &[(MsgId, MsgId)],
+    ) -> Dedup {
+        let by: HashMap<MsgId, MsgId> = superseded.iter().copied().collect();
         let mut d = Dedup::default();
         for r in records {
             let receipt = SendReceipt {
-                superseded_by: None,
+                superseded_by: r.msg.and_then(|id| by.get(&id).copied()),
                 stream: r.stream,
                 seq: r.seq,
                 arrival: r.arrival,

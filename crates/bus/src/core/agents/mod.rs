@@ -106,12 +106,16 @@ pub(super) struct Agents {
 }
 
 impl Agents {
-    pub(super) fn new(agents: Vec<mesh_store::AgentRecord>, dedup: Vec<DedupRecord>) -> Agents {
+    pub(super) fn new(
+        agents: Vec<mesh_store::AgentRecord>,
+        dedup: Vec<DedupRecord>,
+        superseded: &[(MsgId, MsgId)],
+    ) -> Agents {
         Agents {
             keys: agents.iter().map(|r| (r.name.clone(), r.key)).collect(),
             local: agents.into_iter().map(|r| (r.name, None)).collect(),
             peers: BTreeMap::new(),
-            dedup: Dedup::recover(dedup),
+            dedup: Dedup::recover(dedup, superseded),
             bounces: Vec::new(),
             housekeeping: Vec::new(),
             expired_at: Millis(0),

@@ -433,6 +433,10 @@ pub struct Recovered {
     pub agents: Vec<AgentRecord>,
     /// `MeshStore::dedup`: retried-send records, oldest first.
     pub dedup: Vec<DedupRecord>,
+    /// Of the agent messages those records name, each one a later message
+    /// of its key superseded, and by what (`MeshStore::message`): a retry
+    /// after a restart is answered with `superseded_by` as the first was.
+    pub dedup_superseded: Vec<(mesh_protocol::MsgId, mesh_protocol::MsgId)>,
     /// `MeshStore::ended_own`: own streams of earlier epochs.
     pub ended_own: Vec<EndedOwn>,
     /// Randomness for the epoch this node starts if its store went back in
@@ -451,6 +455,13 @@ impl Recovered {
     /// Reads the committed state from `store` (blocking reads; call before
     /// starting the core, never from inside it).
     pub fn read<S: MeshStore + ?Sized>(store: &S) -> Result<Recovered, StoreError> {
+        let dedup = store.dedup()?;
+        let mut dedup_superseded = Vec::new();
+        for id in dedup.iter().filter_map(|r| r.msg) {
+            if let Some(by) = store.message(&id)?.and_then(|row| row.superseded_by) {
+                dedup_superseded.push((id, by));
+            }
+        }
         Ok(Recovered {
             epoch: store.meta().epoch,
             own_streams: store.own_streams()?,
@@ -458,7 +469,8 @@ impl Recovered {
             max_lamport: store.max_lamport()?,
             peers: store.peers()?,
             agents: store.agents()?,
-            dedup: store.dedup()?,
+            dedup,
+            dedup_superseded,
             ended_own: store.ended_own()?,
             entropy: [0; 32],
             cards: store.cards()?,
