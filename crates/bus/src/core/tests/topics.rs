@@ -493,6 +493,61 @@ fn a_node_restored_from_a_backup_taken_before_its_first_publish_moves_on_too() {
     restored_after(&[], &[b"a"]);
 }
 
+/// The seqs of the rolled-back records of `stream` node `n` journaled.
+fn rolled_back(m: &mut Mesh, n: u8, stream: &StreamId) -> Vec<(Seq, Seq)> {
+    m.node(n)
+        .journal()
+        .into_iter()
+        .filter_map(|r| match r {
+            JournalRecord::RolledBack {
+                stream: s,
+                from,
+                to,
+                ..
+            } if s == *stream => Some((from, to)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_member_that_comes_back_after_the_new_epoch_is_told_what_the_restored_store_lost() {
+    let mut m = Mesh::new(3, &[(1, 2), (1, 3)]);
+    for n in 1..=3 {
+        m.join(n, 100);
+    }
+    m.link(1, 2);
+    m.link(1, 3);
+    m.publish(1, b"a").expect("published");
+    let backup = m.node(1).store.fork();
+    m.publish(1, b"b").expect("published");
+    m.publish(1, b"c").expect("published");
+    m.cut(1, 2);
+    m.cut(1, 3);
+    let node = m.node(1);
+    node.store = backup;
+    node.restart();
+    m.link(1, 2);
+    let receipt = m.publish(1, b"new").expect("published");
+    assert_ne!(receipt.stream, topic_stream(1));
+    // Node 3 was away: it shows its mark of the ended stream only now.
+    m.link(1, 3);
+    m.announce_a_period_later(3);
+    let old = topic_stream(1);
+    assert_eq!(m.got(3, 1), texts_of(&[b"a", b"b", b"c"]));
+    assert_eq!(
+        m.node(3).received(&receipt.stream),
+        vec![(1, b"new".to_vec())]
+    );
+    for n in [1, 2, 3] {
+        assert_eq!(rolled_back(&mut m, n, &old), vec![(2, 3)], "node {n}, once");
+    }
+}
+
+fn texts_of(ps: &[&[u8]]) -> Vec<Vec<u8>> {
+    ps.iter().map(|p| p.to_vec()).collect()
+}
+
 #[test]
 fn a_batch_that_never_arrived_comes_with_the_next_announcement() {
     let mut m = Mesh::two_members();
