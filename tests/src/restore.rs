@@ -334,3 +334,137 @@ pub async fn clone_run_twice(
         at_b,
     })
 }
+
+/// The topic of the topic restore run.
+const TOPIC: &str = "restore";
+
+/// What the topic restore-from-backup run saw.
+#[derive(Debug)]
+pub struct TopicRestoreReport {
+    /// A's epoch before and after.
+    pub epochs: (String, String),
+    /// What A answered for its publish after the restore: (seq, epoch).
+    pub new_answer: (u64, String),
+    /// B's topic messages from A: (body, epoch, seq), in journal order.
+    pub at_b: Vec<(String, String, u64)>,
+    /// Rolled-back records of topic streams at A: (epoch, from, to).
+    pub a_rolled_back: Vec<(String, u64, u64)>,
+    /// Same, at B.
+    pub b_rolled_back: Vec<(String, u64, u64)>,
+}
+
+/// Publishes `body` to [`TOPIC`] through `client`; the answer's seq and
+/// stream epoch.
+async fn publish(client: &Client, body: &str) -> anyhow::Result<(u64, String)> {
+    let req = mesh_api::PublishRequest {
+        body: body.to_owned(),
+        encoding: Default::default(),
+        msg_kind: 0,
+    };
+    let path = format!("/v1/topics/{TOPIC}/publish");
+    let r: SendResponse = call(client.post(&path, &req)).await?;
+    Ok((r.seq, r.stream.epoch))
+}
+
+/// The topic messages from `author` in `journal`, as [`messages_from`].
+fn topic_messages_from(journal: &[EventEntry], author: &str) -> Vec<(String, String, u64)> {
+    let channel = format!("topic:{TOPIC}");
+    journal
+        .iter()
+        .filter_map(|e| match &e.record {
+            EventRecord::Envelope {
+                stream, seq, body, ..
+            } if stream.author == author && stream.channel == channel => {
+                Some((body.clone(), stream.epoch.clone(), *seq))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The rolled-back records of [`TOPIC`]'s streams in `journal`, as [`rolled_back`].
+fn topic_rolled_back(journal: &[EventEntry]) -> Vec<(String, u64, u64)> {
+    let channel = format!("topic:{TOPIC}");
+    journal
+        .iter()
+        .filter_map(|e| match &e.record {
+            EventRecord::RolledBack {
+                stream, from, to, ..
+            } if stream.channel == channel => Some((stream.epoch.clone(), *from, *to)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Waits until `client`'s node journals `n` topic messages from `author`.
+async fn wait_topic_messages(client: &Client, author: &str, n: usize) -> anyhow::Result<()> {
+    wait_for("the member to hold the topic messages", async || {
+        let j = read_journal(client).await?;
+        Ok((topic_messages_from(&j, author).len() >= n).then_some(()))
+    })
+    .await
+}
+
+/// The sequence of [`restore_from_backup`] for a topic both nodes are
+/// members of: A publishes old-1..2, its data dir is copied while it is
+/// stopped, it publishes old-3..4, its data dir is restored from the copy
+/// and it restarts with B up. Once B's marks have made A start a new
+/// epoch, A publishes new-1.
+///
+/// # Errors
+/// If a daemon does not start or answer, or a wait runs out.
+pub async fn restore_topic_from_backup(
+    bin: &Path,
+    out: &Path,
+) -> anyhow::Result<TopicRestoreReport> {
+    let mut cfg = ClusterConfig::new(bin, 2);
+    cfg.log_dir = Some(out.to_owned());
+    cfg.daemon_config = Some(format!("[topics]\njoin = [{TOPIC:?}]\n"));
+    let mut c = Cluster::start(cfg).await?;
+    c.wait_connected().await?;
+    let a = c.node_id(0).to_owned();
+    for i in 1..=2 {
+        publish(c.client(0), &format!("old-{i}")).await?;
+    }
+    wait_topic_messages(c.client(1), &a, 2).await?;
+    c.stop(0).await?;
+    let backup = out.join("backup-a");
+    copy_data_dir(c.data_dir(0), &backup)?;
+    c.restart(0).await?;
+    c.wait_connected().await?;
+    for i in 3..=4 {
+        publish(c.client(0), &format!("old-{i}")).await?;
+    }
+    wait_topic_messages(c.client(1), &a, 4).await?;
+    let before = c.status(0).await?.node.epoch;
+    c.stop(0).await?;
+    copy_data_dir(&backup, c.data_dir(0))?;
+    c.restart(0).await?;
+    c.wait_connected().await?;
+    let client_a = c.client(0).clone();
+    let after = wait_for("a to start a new epoch", async || {
+        let st: StatusResponse = call(client_a.get("/v1/status")).await?;
+        let epoch = st.node.epoch;
+        Ok((epoch != before).then_some(epoch))
+    })
+    .await?;
+    let new_answer = publish(c.client(0), "new-1").await?;
+    wait_topic_messages(c.client(1), &a, 5).await?;
+    let client_b = c.client(1).clone();
+    wait_for("both journals to say what was lost", async || {
+        let ja = read_journal(&client_a).await?;
+        let jb = read_journal(&client_b).await?;
+        let both = !topic_rolled_back(&ja).is_empty() && !topic_rolled_back(&jb).is_empty();
+        Ok(both.then_some(()))
+    })
+    .await?;
+    let ja = c.journal(0).await?;
+    let jb = c.journal(1).await?;
+    Ok(TopicRestoreReport {
+        epochs: (before, after),
+        new_answer,
+        at_b: topic_messages_from(&jb, &a),
+        a_rolled_back: topic_rolled_back(&ja),
+        b_rolled_back: topic_rolled_back(&jb),
+    })
+}

@@ -54,6 +54,29 @@ fn a_store_restored_from_a_backup_starts_a_new_epoch_and_new_messages_arrive_onc
     assert_eq!(r.b_rolled_back, vec![(before.clone(), 6, 10)], "{r:#?}");
 }
 
+/// As above for a topic: A restored from a backup taken before it
+/// published old-3..4, which B holds, learns from B's marks that its topic
+/// stream went back, starts a new epoch and publishes new-1 on it.
+#[test]
+fn a_store_restored_from_a_backup_publishes_to_a_topic_on_a_new_epochs_stream() {
+    let r = run(
+        "restore-topic-from-backup",
+        mesh_tests::restore::restore_topic_from_backup,
+    );
+    let (before, after) = &r.epochs;
+    assert_ne!(before, after, "A started a new epoch: {r:#?}");
+    assert_eq!(r.new_answer, (1, after.clone()), "{r:#?}");
+    // B: old-1..4 under the old epoch, new-1 once under the new one.
+    let mut want: Vec<(String, String, u64)> = (1..=4)
+        .map(|i| (format!("old-{i}"), before.clone(), i))
+        .collect();
+    want.push(("new-1".to_owned(), after.clone(), 1));
+    assert_eq!(r.at_b, want, "{r:#?}");
+    // Both journals say what the restore lost: 3..4 of the old stream.
+    assert_eq!(r.a_rolled_back, vec![(before.clone(), 3, 4)], "{r:#?}");
+    assert_eq!(r.b_rolled_back, vec![(before.clone(), 3, 4)], "{r:#?}");
+}
+
 /// A copied data dir run twice at once, the copy sending after B has
 /// everything A sent: an identity conflict at both ends, and every message
 /// either copy acknowledged reaches B exactly once.

@@ -519,7 +519,10 @@ pub enum WriteOp {
     /// `world`, which this store holds only up to `held`: journals a
     /// [`JournalRecord::RolledBack`] for `held + 1 ..= world` (once: the
     /// ended stream remembers what was reported) and lowers the ended
-    /// stream's `held`. Checks: the stream is ended.
+    /// stream's `held`. Checks: the stream is ended, or is this store's
+    /// own topic stream of an earlier epoch (which a new epoch leaves as
+    /// it is, to be relayed): it is ended here, held and carried up to its
+    /// last seq in the outbox (0 without one), its outbox kept.
     ReportRolledBack {
         /// The ended stream.
         stream: StreamId,

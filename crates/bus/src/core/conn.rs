@@ -4,8 +4,9 @@
 use mesh_protocol::{Epoch, Frame, Mark, NodeId, OpenBatch, PROTOCOL_VERSION, Seq, StreamId};
 
 use super::author::HelloCheck;
-use super::commit::AckWork;
+use super::commit::{AckWork, Report};
 use super::receiver::{Env, Sender};
+use super::topics::WentBack;
 use super::{BadBatch, CloseReason, ConnId, Core, DropReason, Effect, Millis};
 
 impl Core {
@@ -69,8 +70,12 @@ impl Core {
                 more,
             } => {
                 let epoch = self.author.epoch();
-                self.topics
-                    .on_topics(peer, conn, (topics, marks, more), epoch, out)
+                let went_back =
+                    self.topics
+                        .on_topics(peer, conn, (topics, marks, more), epoch, out);
+                for w in went_back {
+                    self.topic_went_back(peer, conn, w);
+                }
             }
             Frame::Resync { stream, after } if super::topics::topic_of(&stream).is_some() => {
                 self.topics.on_resync(peer, &stream, after, out)
@@ -98,6 +103,11 @@ impl Core {
                 earliest_available,
             } => self.on_resync_gap(from, stream, earliest_available),
             Frame::ResyncDone { stream, upto } => self.on_resync_done(from, stream, upto, now),
+            Frame::StreamEnded { stream, held } if super::topics::topic_of(&stream).is_some() => {
+                let queue = &mut self.committer.inbound;
+                self.topics
+                    .on_stream_ended((peer, epoch), stream, held, queue, out);
+            }
             Frame::StreamEnded { stream, held } => {
                 let queue = &mut self.committer.inbound;
                 self.receiver
@@ -309,6 +319,45 @@ impl Core {
         reset
     }
 
+    /// `peer` (live on `conn`) holds this node's topic stream past what
+    /// this store holds: the store went back in time. Of the current
+    /// epoch, a new epoch is started as for a direct stream (publishes wait
+    /// for it and go on its stream, from seq 1), which journals what was
+    /// lost and tells the members; of an earlier epoch, the peer is told it
+    /// ended and what it holds past that is journaled.
+    fn topic_went_back(&mut self, peer: NodeId, conn: ConnId, w: WentBack) {
+        tracing::warn!(
+            peer = %peer.fmt_short(),
+            held = w.held,
+            member = w.world,
+            "a member holds more of this node's topic stream than its store: the store went \
+             back in time"
+        );
+        if w.stream.epoch != self.author.epoch() {
+            let frame = Frame::StreamEnded {
+                stream: w.stream.clone(),
+                held: w.held,
+            };
+            self.out.send(peer, conn, frame);
+            self.committer.queue_report(topic_report(&w, None));
+        } else if self.committer.switch_waiting() {
+            let epoch = self
+                .committer
+                .waiting_epoch()
+                .unwrap_or(self.author.epoch());
+            self.committer
+                .switch_epoch(epoch, topic_report(&w, Some(epoch)));
+        } else if self.committer.switching() {
+            // The epoch is being committed: the stream is an ended one once it is.
+            self.committer.report_after_switch(topic_report(&w, None));
+        } else {
+            let epoch = self.author.next_epoch();
+            self.committer
+                .switch_epoch(epoch, topic_report(&w, Some(epoch)));
+            self.author.freeze();
+        }
+    }
+
     /// `peer` holds our current stream to it up to `mark`, which this store
     /// never wrote or holds otherwise: the store went back in time (a
     /// restored backup, a clone). A new epoch is started before anything
@@ -358,5 +407,30 @@ impl Core {
             marks,
             card: Box::new(self.own_card.clone()),
         }
+    }
+}
+
+/// The report of this node's topic stream a member holds more of, ended
+/// by the new epoch `new` (if it starts now).
+fn topic_report(w: &WentBack, new: Option<Epoch>) -> Report {
+    let topic = super::topics::topic_of(&w.stream).map_or_else(String::new, |t| t.to_string());
+    let mut detail = format!(
+        "this node's store went back in time (a restored backup, or a copy run as a second \
+         node): a member of topic {topic} holds this node's stream of it up to seq {}, but this \
+         store holds it only up to {}",
+        w.world, w.held
+    );
+    if let Some(e) = new {
+        detail.push_str(&format!(
+            "; it started store epoch {}, whose stream of the topic the publishes go on, from \
+             seq 1",
+            e.fmt_short()
+        ));
+    }
+    Report {
+        stream: w.stream.clone(),
+        held: w.held,
+        world: w.world,
+        detail,
     }
 }

@@ -229,12 +229,6 @@ impl Core {
             Some(e)
         } else if self.topics.record(&topic).is_none() {
             Some(SendError::NotAMember(topic.clone()))
-        } else if let Some((held, theirs)) = self.topics.forked(&topic) {
-            Some(SendError::Store(format!(
-                "this node's store went back in time (a restored backup?): a member of topic \
-                 {topic} holds this node's messages up to seq {theirs}, this store only up to \
-                 {held}; a publish would reuse their seqs, so nothing was published"
-            )))
         } else if let Err(e) = self.check_hold(msgs.len(), len) {
             Some(e)
         } else if waiting + msgs.len() > WAITING_SENDS_MAX

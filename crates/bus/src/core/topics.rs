@@ -42,6 +42,17 @@ pub const TOPIC_ANNOUNCE_MS: u64 = 30_000;
 /// per-author byte bound (this node's own stream is never refused).
 pub const TOPIC_STREAMS_MAX: usize = 256;
 
+/// This node's topic stream that a member holds more of than this store:
+/// the store went back in time (a restored backup, a clone).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct WentBack {
+    pub(super) stream: StreamId,
+    /// The last seq this store holds of it.
+    pub(super) held: Seq,
+    /// The member's mark of it.
+    pub(super) world: Seq,
+}
+
 /// How far one peer has one topic stream, as this node knows it.
 #[derive(Debug)]
 struct Feed {
@@ -106,11 +117,13 @@ pub(super) struct Topics {
     next_load: u64,
     /// Early batches already asked for again: (stream, peer) → the mark asked after.
     asked: BTreeMap<(StreamId, NodeId), Seq>,
-    /// This node's streams a member holds more of than this store: the
-    /// store went back in time (a restored backup). Publishing to the
-    /// topic would reuse seqs the members hold, so it is refused: the
-    /// stream's last seq held here, and the member's mark.
-    forked: BTreeMap<TopicName, (Seq, Seq)>,
+    /// This node's streams of earlier epochs a member holds more of than
+    /// this store, and the highest mark of it each peer was told ended
+    /// since its connection came (a `StreamEnded` frame, once per mark).
+    told_ended: BTreeMap<(StreamId, NodeId), Seq>,
+    /// Other members' streams whose author said they ended: the highest
+    /// seq journaled as rolled back (its store lost it) in this process.
+    rolled_back: BTreeMap<StreamId, Seq>,
     /// When the topics are told to the peers again (`None`: a member of none).
     announce_at: Option<super::Millis>,
 }
@@ -157,7 +170,8 @@ impl Topics {
             loads: BTreeMap::new(),
             next_load: 1,
             asked: BTreeMap::new(),
-            forked: BTreeMap::new(),
+            told_ended: BTreeMap::new(),
+            rolled_back: BTreeMap::new(),
             announce_at: None,
         }
     }
@@ -198,12 +212,6 @@ impl Topics {
             }
         }
         live
-    }
-
-    /// Why publishing to `topic` would reuse seqs, if it would: this
-    /// store's last seq of its stream and a member's mark of it.
-    pub(super) fn forked(&self, topic: &TopicName) -> Option<(Seq, Seq)> {
-        self.forked.get(topic).copied()
     }
 
     /// The topic `name`'s record, if this node is a member.
@@ -313,12 +321,15 @@ impl Topics {
         self.feeds.retain(|(_, p), _| *p != peer);
         self.loads.retain(|_, (_, p)| *p != peer);
         self.asked.retain(|(_, p), _| *p != peer);
+        self.told_ended.retain(|(_, p), _| *p != peer);
     }
 
     /// A page of `peer`'s topics and marks. Once its last page came, it is
-    /// fed what it lacks of every topic both are members of. `epoch` is
-    /// this store's: a mark of this node's stream of it past what the store
-    /// holds means the store went back in time.
+    /// fed what it lacks of every topic both are members of. Returns this
+    /// node's streams the peer holds more of than this store (the store
+    /// went back in time): each of the current `epoch`, and each of an
+    /// earlier one the peer was not told ended at that mark yet (it is
+    /// counted as told).
     pub(super) fn on_topics(
         &mut self,
         peer: NodeId,
@@ -326,7 +337,8 @@ impl Topics {
         (topics, marks, more): (Vec<TopicName>, Vec<Mark>, bool),
         epoch: mesh_protocol::Epoch,
         out: &mut Out,
-    ) {
+    ) -> Vec<WentBack> {
+        let mut went_back = Vec::new();
         let p = self.peers.entry(peer).or_default();
         if p.complete || p.conn != Some(conn) {
             // A new announcement replaces the last.
@@ -353,15 +365,18 @@ impl Topics {
                 continue;
             };
             let end = self.end_of(&m.stream);
-            if m.stream.author == self.me && m.stream.epoch == epoch && m.seq > end {
-                tracing::error!(
-                    topic = %topic,
-                    held = end,
-                    member = m.seq,
-                    "a member holds more of this node's topic stream than its store: the store \
-                     went back in time; publishing to the topic is refused"
-                );
-                self.forked.insert(topic.clone(), (end, m.seq));
+            if m.stream.author == self.me && m.seq > end {
+                let told = self.told_ended.get(&(m.stream.clone(), peer)).copied();
+                if m.stream.epoch == epoch || told.is_none_or(|t| t < m.seq) {
+                    if m.stream.epoch != epoch {
+                        self.told_ended.insert((m.stream.clone(), peer), m.seq);
+                    }
+                    went_back.push(WentBack {
+                        stream: m.stream.clone(),
+                        held: end,
+                        world: m.seq,
+                    });
+                }
             }
             // Only a stream this node holds can be fed: a feed per stream
             // held, not per stream a peer names.
@@ -378,10 +393,33 @@ impl Topics {
             };
             self.feeds.insert((m.stream, peer), feed);
         }
-        if more {
-            return;
+        if !more {
+            self.feed_common(peer, conn, out);
         }
-        self.feed_common(peer, conn, out);
+        went_back
+    }
+
+    /// The live members of `topic` (their announcement complete), told
+    /// that this node's `stream` of an earlier epoch ended at `held`: each
+    /// is counted as told up to `world`.
+    pub(super) fn tell_ended(&mut self, stream: &StreamId, held: Seq, world: Seq, out: &mut Out) {
+        let Some(topic) = topic_of(stream) else {
+            return;
+        };
+        let members: Vec<(NodeId, ConnId)> = self
+            .peers
+            .keys()
+            .filter_map(|p| self.member_conn(*p, topic).map(|c| (*p, c)))
+            .collect();
+        for (peer, conn) in members {
+            let told = self.told_ended.entry((stream.clone(), peer)).or_default();
+            *told = (*told).max(world);
+            let frame = Frame::StreamEnded {
+                stream: stream.clone(),
+                held,
+            };
+            out.send(peer, conn, frame);
+        }
     }
 
     /// Feeds `peer`, live on `conn`, what it lacks of every stream this

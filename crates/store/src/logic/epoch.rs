@@ -84,7 +84,24 @@ impl<B: Base> GroupView<'_, B> {
         detail: String,
     ) -> Result<(), Fail> {
         check_detail(&detail)?;
-        let mut e = self.ended_or_refuse(&stream)?;
+        let mut e = match self.ended(&stream)? {
+            Some(e) => e,
+            // A topic stream of an earlier epoch is not ended by the new
+            // epoch (it is still relayed) and carries nothing: it ends here,
+            // as held, once a member shows it more of it.
+            None if is_topic(&stream) && stream.epoch != self.counters.epoch => {
+                let end = self
+                    .own_stream(&stream)?
+                    .map_or(0, |o| o.next_seq.saturating_sub(1));
+                EndedOwn {
+                    stream: stream.clone(),
+                    held: end,
+                    reported: end,
+                    carried: end,
+                }
+            }
+            None => return refuse(format!("{stream:?} is not an ended own stream")),
+        };
         let held = e.held.min(held);
         if e.reported == e.held {
             // Nothing reported yet: the report starts after what is held.
@@ -142,4 +159,8 @@ impl<B: Base> GroupView<'_, B> {
         self.set_ended(e);
         Ok(())
     }
+}
+
+fn is_topic(stream: &StreamId) -> bool {
+    matches!(stream.channel, mesh_protocol::Channel::Topic(_))
 }

@@ -13,6 +13,7 @@ store_suite!(
     a_gap_in_a_relayed_stream_starts_what_is_held_afresh,
     a_journal_trim_takes_relayed_batches_with_their_rows_but_keeps_the_own_topic_stream,
     the_own_topic_stream_is_an_own_stream_that_a_new_epoch_does_not_end,
+    an_earlier_epochs_own_topic_stream_a_member_holds_more_of_is_reported_once_and_kept,
 );
 
 fn take(batch: OpenBatch, from: u64, evict: Option<Eviction>) -> WriteOp {
@@ -299,6 +300,68 @@ fn the_own_topic_stream_is_an_own_stream_that_a_new_epoch_does_not_end(s: &dyn M
     assert_eq!(
         held(s, &own_id),
         vec![3],
+        "still relayed to members that lack it"
+    );
+}
+
+fn an_earlier_epochs_own_topic_stream_a_member_holds_more_of_is_reported_once_and_kept(
+    s: &dyn MeshStore,
+) {
+    commit1(s, vec![member_of(topic(), 10)]).expect("joins");
+    let epoch = s.meta().epoch;
+    let mine = batch(ME, epoch, Channel::Topic(topic()), 1, &[16; 3]);
+    let own_id = mine.batch().stream().clone();
+    commit1(
+        s,
+        vec![WriteOp::AppendOwn {
+            batch: mine,
+            evict: None,
+        }],
+    )
+    .expect("publishes");
+    let report = |world| WriteOp::ReportRolledBack {
+        stream: own_id.clone(),
+        held: 3,
+        world,
+        detail: "a member holds more".into(),
+    };
+    refused(
+        s,
+        vec![report(5)],
+        "the current epoch's stream has not ended",
+    );
+    commit1(
+        s,
+        vec![
+            WriteOp::NewEpoch {
+                epoch: Epoch([0x56; 16]),
+            },
+            report(5),
+        ],
+    )
+    .expect("reported with the new epoch");
+    let rolled = |from, to| JournalRecord::RolledBack {
+        stream: own_id.clone(),
+        from,
+        to,
+        detail: "a member holds more".into(),
+    };
+    let last = |s: &dyn MeshStore| journal(s).last().map(|i| i.record.clone());
+    assert_eq!(last(s), Some(rolled(4, 5)));
+    let r = commit1(s, vec![report(5)]).expect("again");
+    assert_eq!(r.arrivals, None, "the same range is reported once");
+    commit1(s, vec![report(6)]).expect("more");
+    assert_eq!(last(s), Some(rolled(6, 6)));
+    let ended = s.ended_own().expect("ended");
+    assert_eq!(ended.len(), 1);
+    let e = &ended[0];
+    assert_eq!(
+        (&e.stream, e.held, e.reported, e.carried),
+        (&own_id, 3, 6, 3)
+    );
+    assert_eq!(
+        held(s, &own_id),
+        vec![1],
         "still relayed to members that lack it"
     );
 }

@@ -166,7 +166,11 @@ impl Core {
             }
             Group::RolledBack { stream, from } => {
                 if result.is_err() {
-                    self.receiver.rolled_back_unrecorded(&stream, from);
+                    if super::super::topics::topic_of(&stream).is_some() {
+                        self.topics.rolled_back_unrecorded(&stream, from);
+                    } else {
+                        self.receiver.rolled_back_unrecorded(&stream, from);
+                    }
                 }
             }
             Group::Report { report } => {
@@ -328,6 +332,14 @@ impl Core {
             }
             let (config, out) = (&self.config, &mut self.out);
             self.author.start_feed(peer, conn, 0, now, config, out);
+        }
+        // An ended topic stream's members hear what this store holds of it
+        // (they journal what it lost); publishes go on the new epoch's.
+        for r in switch.reports.iter().chain(&late) {
+            if crate::core::topics::topic_of(&r.stream).is_some() {
+                self.topics
+                    .tell_ended(&r.stream, r.held, r.world, &mut self.out);
+            }
         }
     }
 

@@ -431,7 +431,9 @@ fn leaving_a_topic_stops_what_comes_and_keeps_what_came() {
 
 /// Node 1 and node 2 share the topic; node 1 publishes `before`, its store
 /// is copied, it publishes `after`, and it comes back from the copy. Its
-/// next publish must be refused, and node 2 keeps all it had, once.
+/// next publish goes out on a new epoch's stream from seq 1 and reaches
+/// node 2 once; node 2 keeps all it had, once, and both journal the seqs
+/// of the old stream the store lost (once, though marks are told again).
 fn restored_after(before: &[&[u8]], after: &[&[u8]]) {
     let mut m = Mesh::two_members();
     for p in before {
@@ -446,22 +448,104 @@ fn restored_after(before: &[&[u8]], after: &[&[u8]]) {
     node.store = backup;
     node.restart();
     m.link(1, 2);
-    match m.publish(1, b"would reuse a seq") {
-        Err(SendError::Store(why)) => assert!(why.contains("went back in time"), "{why}"),
-        other => panic!("a publish that reuses seqs must be refused: {other:?}"),
-    }
+    let receipt = m.publish(1, b"on a new stream").expect("published");
+    let old = topic_stream(1);
+    assert_eq!(
+        (receipt.stream.author, &receipt.stream.channel, receipt.seq),
+        (id(1), &old.channel, 1)
+    );
+    assert_ne!(
+        receipt.stream.epoch, old.epoch,
+        "a stream the member has not seen"
+    );
     let all: Vec<Vec<u8>> = before.iter().chain(after).map(|p| p.to_vec()).collect();
     assert_eq!(m.got(2, 1), all, "the member keeps what it had, once");
+    let new: Vec<(Seq, Vec<u8>)> = vec![(1, b"on a new stream".to_vec())];
+    assert_eq!(m.node(2).received(&receipt.stream), new, "once");
+    m.announce_a_period_later(1);
+    m.announce_a_period_later(2);
+    let (held, world) = (before.len() as Seq, (before.len() + after.len()) as Seq);
+    for n in [1, 2] {
+        let rolled: Vec<(Seq, Seq)> = m
+            .node(n)
+            .journaled(|r| matches!(r, JournalRecord::RolledBack { stream, .. } if *stream == old))
+            .into_iter()
+            .filter_map(|r| match r {
+                JournalRecord::RolledBack { from, to, .. } => Some((from, to)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            rolled,
+            vec![(held + 1, world)],
+            "node {n} journals the loss once"
+        );
+    }
 }
 
 #[test]
-fn a_node_whose_store_went_back_in_time_refuses_to_publish_what_would_reuse_a_members_seqs() {
+fn a_node_whose_store_went_back_in_time_publishes_on_a_new_stream_and_says_what_was_lost() {
     restored_after(&[b"a"], &[b"b", b"c"]);
 }
 
 #[test]
-fn a_node_restored_from_a_backup_taken_before_its_first_publish_refuses_to_publish_too() {
+fn a_node_restored_from_a_backup_taken_before_its_first_publish_moves_on_too() {
     restored_after(&[], &[b"a"]);
+}
+
+/// The seqs of the rolled-back records of `stream` node `n` journaled.
+fn rolled_back(m: &mut Mesh, n: u8, stream: &StreamId) -> Vec<(Seq, Seq)> {
+    m.node(n)
+        .journal()
+        .into_iter()
+        .filter_map(|r| match r {
+            JournalRecord::RolledBack {
+                stream: s,
+                from,
+                to,
+                ..
+            } if s == *stream => Some((from, to)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_member_that_comes_back_after_the_new_epoch_is_told_what_the_restored_store_lost() {
+    let mut m = Mesh::new(3, &[(1, 2), (1, 3)]);
+    for n in 1..=3 {
+        m.join(n, 100);
+    }
+    m.link(1, 2);
+    m.link(1, 3);
+    m.publish(1, b"a").expect("published");
+    let backup = m.node(1).store.fork();
+    m.publish(1, b"b").expect("published");
+    m.publish(1, b"c").expect("published");
+    m.cut(1, 2);
+    m.cut(1, 3);
+    let node = m.node(1);
+    node.store = backup;
+    node.restart();
+    m.link(1, 2);
+    let receipt = m.publish(1, b"new").expect("published");
+    assert_ne!(receipt.stream, topic_stream(1));
+    // Node 3 was away: it shows its mark of the ended stream only now.
+    m.link(1, 3);
+    m.announce_a_period_later(3);
+    let old = topic_stream(1);
+    assert_eq!(m.got(3, 1), texts_of(&[b"a", b"b", b"c"]));
+    assert_eq!(
+        m.node(3).received(&receipt.stream),
+        vec![(1, b"new".to_vec())]
+    );
+    for n in [1, 2, 3] {
+        assert_eq!(rolled_back(&mut m, n, &old), vec![(2, 3)], "node {n}, once");
+    }
+}
+
+fn texts_of(ps: &[&[u8]]) -> Vec<Vec<u8>> {
+    ps.iter().map(|p| p.to_vec()).collect()
 }
 
 #[test]

@@ -104,6 +104,58 @@ impl Topics {
         queue.push(InboundWork::TopicGap { stream, earliest });
     }
 
+    /// The author `peer`, now writing store epoch `epoch`, says its topic
+    /// `stream` of an earlier epoch ended with `held` as its store has it:
+    /// what this node holds of it past that, the author's store lost, and
+    /// that is journaled (once per range). A member's mark of a stream is
+    /// kept as long as the stream is (an ended one counts against
+    /// [`super::TOPIC_STREAMS_MAX`] too: its batches are still held and
+    /// relayed, and forgetting its mark would take them again).
+    pub(in crate::core) fn on_stream_ended(
+        &mut self,
+        (peer, epoch): (NodeId, mesh_protocol::Epoch),
+        stream: StreamId,
+        held: Seq,
+        queue: &mut InboundQueue,
+        out: &mut Out,
+    ) {
+        let Some(topic) = topic_of(&stream) else {
+            return;
+        };
+        if stream.author != peer {
+            out.drop(DropReason::WrongAuthor);
+            return;
+        }
+        if stream.epoch == epoch {
+            // The author's current stream has not ended.
+            out.drop(DropReason::UnknownStream);
+            return;
+        }
+        if !self.joined.contains_key(topic) {
+            return;
+        }
+        let committed = self.mark(&stream);
+        let reported = self.rolled_back.get(&stream).copied().unwrap_or(0);
+        let from = held.max(reported) + 1;
+        if committed < from || !queue.has_room(0) {
+            return;
+        }
+        self.rolled_back.insert(stream.clone(), committed);
+        queue.push(InboundWork::RolledBack {
+            stream,
+            from,
+            to: committed,
+        });
+    }
+
+    /// A rolled-back record of `stream` from `from` did not commit: the
+    /// author's next word queues it again.
+    pub(in crate::core) fn rolled_back_unrecorded(&mut self, stream: &StreamId, from: Seq) {
+        if let Some(r) = self.rolled_back.get_mut(stream) {
+            *r = (*r).min(from.saturating_sub(1));
+        }
+    }
+
     /// A member's batch (or a gap) of `stream` up to `last` was committed
     /// (`ok`) or not: the marks move, or go back to what is committed.
     pub(in crate::core) fn committed_mark(&mut self, stream: &StreamId, last: Seq, ok: bool) {
