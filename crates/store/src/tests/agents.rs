@@ -82,6 +82,7 @@ fn forward_batch(first: u64, ids: &[MsgId]) -> OpenBatch {
                 in_reply_to: None,
                 key: None,
                 body: b"hi".to_vec(),
+                receipt: false,
             };
             let f = mesh_protocol::Forward {
                 author: node(50),
@@ -327,6 +328,7 @@ fn agent_batch_of(first: u64, n: u64, body: &[u8]) -> OpenBatch {
                 in_reply_to: None,
                 key: None,
                 body: body.to_vec(),
+                receipt: false,
             }
             .encode(),
         })
@@ -840,6 +842,7 @@ fn a_superseded_outbox_message_reads_back_as_its_tombstone_and_the_index_says_by
         in_reply_to: None,
         key: Some(SupersedeKey::new("k").expect("valid key")),
         body: vec![7; 100],
+        receipt: false,
     };
     let sent = |seq| MessageRow {
         dir: MessageDir::Sent,
@@ -986,6 +989,7 @@ fn own_message(s: &dyn MeshStore, seq: u64, from: &str) -> OpenBatch {
         in_reply_to: None,
         key: None,
         body: vec![1; 10],
+        receipt: false,
     }
     .encode();
     own_one(s, seq, KIND_AGENT, payload)

@@ -122,6 +122,7 @@ impl Core {
                     in_reply_to,
                     key: key.clone(),
                     body,
+                    receipt: false,
                 };
                 let agent = AgentMsg {
                     from,
