@@ -34,7 +34,9 @@
 //! and the agent tables, `agents-v1`, `inbox-v1`, `messages-v1`,
 //! `dedup-v1`, `aliases-v1` and `agent-cursors-v1` (`agents.rs`): added
 //! after schema 3 without changing it, so a file written before them reads
-//! as having no rows in them.
+//! as having no rows in them. `read-v1` (read receipts' marks of sent
+//! messages) was added to schema 5 the same way: a file written before it
+//! has nothing marked read, and the first receipt creates it.
 //!
 //! The meta table keeps its name across schema versions, so that a file of
 //! another version is recognised by its `schema_version`: one of schema 2,

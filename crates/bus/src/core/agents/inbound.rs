@@ -292,5 +292,6 @@ fn received_row(
         in_reply_to: None,
         undelivered: None,
         superseded_by: None,
+        read: None,
     }
 }

@@ -306,6 +306,7 @@ impl Core {
                     in_reply_to: a.in_reply_to,
                     undelivered: None,
                     superseded_by: a.superseded_by,
+                    read: None,
                 },
             });
         }
