@@ -277,6 +277,12 @@ pub struct AgentSendRequest {
     /// `superseded`, and its recipient gets a tombstone in its place.
     #[serde(default)]
     pub key: Option<String>,
+    /// Asks for a read receipt: once the recipient agent acks past the
+    /// message, its node sends back the agent's signed receipt; `mesh
+    /// message ID` then says `read`, and the sender's inbox gets a `read`
+    /// entry. Only for a message to an agent (`AGENT@NODE`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub receipt: bool,
 }
 
 /// `POST /v1/agents/{name}/reply`.

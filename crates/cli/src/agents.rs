@@ -155,6 +155,8 @@ pub(crate) struct SendOpts {
     pub(crate) id: Option<String>,
     /// The supersede key.
     pub(crate) key: Option<String>,
+    /// Ask for a read receipt.
+    pub(crate) receipt: bool,
 }
 
 /// `mesh --agent NAME send TO TEXT`: prints the message id once committed.
@@ -165,7 +167,12 @@ pub(crate) async fn send(
     opts: SendOpts,
     json: bool,
 ) -> anyhow::Result<()> {
-    let SendOpts { lines, id, key } = opts;
+    let SendOpts {
+        lines,
+        id,
+        key,
+        receipt,
+    } = opts;
     let path = format!("/v1/agents/{}/send", path_segment(me(c)));
     if lines {
         if text != "-" {
@@ -184,6 +191,7 @@ pub(crate) async fn send(
                 in_reply_to: None,
                 client_id: None,
                 key: key.clone(),
+                receipt,
             };
             let sent: AgentSendResponse = c.post(&path, &req).await?;
             print_agent_sent(&sent, json)?;
@@ -197,6 +205,7 @@ pub(crate) async fn send(
         in_reply_to: None,
         client_id: id,
         key,
+        receipt,
     };
     let sent: AgentSendResponse = c.post(&path, &req).await?;
     print_agent_sent(&sent, json)
@@ -307,6 +316,7 @@ pub(crate) async fn request(
         in_reply_to: None,
         client_id: Some(fresh_client_id()),
         key: None,
+        receipt: false,
     };
     let agent = me(c).to_owned();
     let path = format!("/v1/agents/{}/send", path_segment(&agent));

@@ -628,6 +628,8 @@ pub struct Receipt {
 /// ([`crate::AgentIndex::Read`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ReadReport {
+    /// Receipts that marked something (each one inbox entry).
+    pub taken: u64,
     /// Sent messages marked read.
     pub marked: u64,
     /// Ids skipped: not sent by this node to the reader's node, or marked

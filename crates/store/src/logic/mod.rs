@@ -473,6 +473,8 @@ impl<B: Base> GroupView<'_, B> {
             self.read.skipped += asked - kept.len() as u64;
             if kept.is_empty() {
                 self.read.refused += 1;
+            } else {
+                self.read.taken += 1;
             }
             *ids = kept;
         }

@@ -116,6 +116,7 @@ fn a_read_receipt_marks_only_what_this_node_sent_to_the_reader_and_only_once(s: 
     assert_eq!(
         r.read,
         crate::ReadReport {
+            taken: 1,
             marked: 1,
             skipped: 2,
             refused: 0
