@@ -244,6 +244,12 @@ fn print_inbox_entry(e: &InboxEntry, json: bool) -> anyhow::Result<()> {
         "lagged" => format!("LAGGED {}", e.body),
         "superseded" => format!("SUPERSEDED {id}: {}", e.body),
         "lost" => format!("LOST {}", e.body),
+        "read" => {
+            let by = e.from.as_deref().map(short).unwrap_or_default();
+            let ids = e.ids.as_deref().unwrap_or_default().join(" ");
+            let at = e.read_ms.map_or_else(String::new, |ms| format!(" at {ms}"));
+            format!("READ by {by}{at}: {ids}")
+        }
         other => format!("({other}) {}", e.body),
     };
     let mut out = std::io::stdout().lock();
@@ -348,6 +354,9 @@ pub(crate) async fn message(c: &Client, id: String, json: bool) -> anyhow::Resul
     }
     println!("{}  {}  {} -> {}", st.id, st.state, st.from, st.to);
     println!("  {}", st.detail);
+    if let (Some(by), Some(ms)) = (&st.read_by, st.read_ms) {
+        println!("  read by {by} at {ms} (ms since the Unix epoch)");
+    }
     Ok(())
 }
 

@@ -69,6 +69,8 @@ pub struct Daemon {
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     /// Announces agents going online and offline.
     presence: tokio::task::JoinHandle<()>,
+    /// Sends this node's agents' read receipts (`[agents] read_receipts`).
+    receipts: Option<crate::receipts::ReceiptPump>,
 }
 
 impl Daemon {
@@ -137,6 +139,9 @@ impl Daemon {
             drop(crate::api::serve_moves(state.clone(), offers));
         }
         crate::agents::announce(&registry, &bus, true).await;
+        let receipts = config.agents.read_receipts.then(|| {
+            crate::receipts::ReceiptPump::start(registry.clone(), store.clone(), bus.clone())
+        });
         let presence = spawn_presence(registry, bus, (store.clone(), drain_days));
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(crate::api::serve(socket, state, async move {
@@ -151,6 +156,7 @@ impl Daemon {
             stop,
             server,
             presence,
+            receipts,
         })
     }
 
@@ -197,6 +203,7 @@ impl Daemon {
             stop,
             server,
             presence,
+            receipts,
             ..
         } = self;
         presence.abort();
@@ -205,6 +212,11 @@ impl Daemon {
             Ok(Err(e)) => tracing::warn!("local API stopped with an error: {e}"),
             Err(e) => tracing::warn!("local API task failed: {e}"),
             Ok(Ok(())) => {}
+        }
+        // Awaited while the node still answers its sends, and before the
+        // store is closed: the pump holds the store.
+        if let Some(pump) = receipts {
+            pump.stop().await;
         }
         node.shutdown().await;
         drop(node);

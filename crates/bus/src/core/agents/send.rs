@@ -80,6 +80,9 @@ impl Core {
             .and_then(|a| a.to.as_ref())
             .and_then(|name| self.readdress(to, name))
             .unwrap_or(to);
+        if receipt && to == self.me {
+            return refuse(self, SendError::ReceiptToSelf);
+        }
         if let Err(e) = self.check_addressed(to, agent.as_ref(), payload.len() as u64) {
             return refuse(self, e);
         }

@@ -72,7 +72,17 @@ pub(crate) async fn message(
             ),
         ),
         RowState::DeliveredHere => ("delivered", "delivered to an agent of this node".to_owned()),
-        RowState::SentAway => sent_state(&st, &row).await?,
+        RowState::SentAway => match &row.read {
+            // Read implies delivered: its reader's node had it.
+            Some(m) => (
+                "read",
+                format!(
+                    "read by {} (its read receipt came back)",
+                    ApiState::address(&m.reader, &m.node)
+                ),
+            ),
+            None => sent_state(&st, &row).await?,
+        },
     };
     Ok(Json(MessageStatus {
         id: id.to_string(),
@@ -85,6 +95,11 @@ pub(crate) async fn message(
         seq: row.seq,
         detail,
         superseded_by,
+        read_by: row
+            .read
+            .as_ref()
+            .map(|m| ApiState::address(&m.reader, &m.node)),
+        read_ms: row.read.as_ref().map(|m| m.read_ms),
     }))
 }
 
