@@ -186,6 +186,7 @@ pub(crate) fn state_name(
         RowState::Received => "received",
         RowState::Bounced(_) => "bounced",
         RowState::DeliveredHere => "delivered",
+        RowState::SentAway if row.read.is_some() => "read",
         RowState::SentAway => match status.map(|s| sent_place(s, row)) {
             Some(SentPlace::Delivered) => "delivered",
             Some(SentPlace::Queued(_)) | None => "queued",
