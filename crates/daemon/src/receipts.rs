@@ -19,16 +19,18 @@
 //! entry sends nothing back.
 //!
 //! Not sent: receipts for messages of this node's own agents (both agents
-//! on one node; the send API refuses `receipt` to this node), and for a
-//! sender node that is no longer a peer (logged).
+//! on one node; the send API refuses `receipt` to this node), for messages
+//! passed on from a host the agent moved away from (their author would
+//! find them sent to another node), and for a sender node that is no
+//! longer a peer (logged).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use mesh_protocol::{
-    AgentHeader, AgentName, Forward, KIND_AGENT, KIND_FORWARD, KIND_READ_RECEIPT, MAX_RECEIPT_IDS,
-    MsgId, NodeId, ReadReceipt,
+    AgentHeader, AgentName, KIND_AGENT, KIND_READ_RECEIPT, MAX_RECEIPT_IDS, MsgId, NodeId,
+    ReadReceipt,
 };
 use mesh_store::{InboxItem, InboxKind, JournalRecord, MeshStore, RedbStore, StoreError};
 
@@ -237,35 +239,26 @@ impl Pump {
 }
 
 /// The author node, sender agent and id of the inbox entry `item` if it is
-/// an agent message from another node whose sender asked for a receipt
-/// (come straight, or passed on by a host the agent moved away from).
+/// an agent message that came straight from another node and whose sender
+/// asked for a receipt. A message passed on by a host the agent moved away
+/// from is not receipted: its author sent it to that host, and checks a
+/// receipt against the node it sent the message to.
 fn asked(item: &InboxItem, me: &NodeId) -> Option<(NodeId, AgentName, MsgId)> {
     if item.row.kind != InboxKind::Message {
         return None;
     }
     let JournalRecord::Envelope {
         stream,
-        kind,
+        kind: KIND_AGENT,
         payload,
         ..
     } = &item.item.record
     else {
         return None;
     };
-    let (author, header) = match *kind {
-        KIND_AGENT => {
-            let h = AgentHeader::decode(payload).ok()?;
-            (stream.author, (h.receipt, h.from, h.id))
-        }
-        KIND_FORWARD => {
-            let f = Forward::decode(payload).ok()?;
-            let h = AgentHeader::decode(&f.envelope).ok()?;
-            (f.author, (h.receipt, h.from, h.id))
-        }
-        _ => return None,
-    };
-    let (receipt, from, id) = header;
-    (receipt && !mesh_protocol::same_node(&author, me)).then_some((author, from, id))
+    let h = AgentHeader::decode(payload).ok()?;
+    let author = stream.author;
+    (h.receipt && !mesh_protocol::same_node(&author, me)).then_some((author, h.from, h.id))
 }
 
 /// The client id of `agent`'s receipt for `ids` of `sender` on `author`:
