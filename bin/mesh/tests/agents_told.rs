@@ -557,3 +557,58 @@ fn a_receipt_not_sent_before_the_readers_node_was_killed_arrives_after_its_resta
         assert!(d.terminate().unwrap().success());
     }
 }
+
+#[test]
+fn a_reader_killed_between_a_receipts_commit_and_its_cursor_sends_it_once_after_the_restart() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b_dir = tmp.path().join("b");
+    // The test-only fault hook: b's daemon aborts right after a receipt
+    // is committed, before its pump's cursor moves past it.
+    let b = DaemonProcess::start_with_env(
+        Path::new(MESH),
+        &b_dir,
+        mesh_tests::daemon::loopback(),
+        &[("MESH_FAULT_ABORT_AFTER_RECEIPT", "1")],
+    )
+    .unwrap();
+    let (_, bob) = alice_and_bob(&a, &b);
+    let asked = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "--receipt", &bob, "read me"],
+    ));
+    let asked = asked.trim();
+    let past = wait_for(&b, "bob", asked, None);
+    let addr = b.peer_addr().unwrap();
+    ok(as_agent(&b, "bob", &["ack", &past]));
+    let status = b.wait_exit().unwrap();
+    assert!(!status.success(), "the daemon died: {status:?}");
+    // Restarted: the pump builds the same receipt again; its client id
+    // finds the first send, committed before the crash, and nothing more
+    // is sent (the outbox sends the first).
+    let b = DaemonProcess::start(Path::new(MESH), &b_dir, addr).unwrap();
+    let st = a.wait_message_state(asked, "read", SETTLE);
+    assert_eq!(st["read_by"], bob.as_str(), "{st}");
+    let again = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "--receipt", &bob, "and this"],
+    ));
+    let again = again.trim();
+    let past = wait_for(&b, "bob", again, Some(&past));
+    ok(as_agent(&b, "bob", &["ack", &past]));
+    a.wait_message_state(again, "read", SETTLE);
+    assert_eq!(
+        metric(&b, "mesh_agent_receipts_sent_total"),
+        1,
+        "after the restart only the second receipt was sent"
+    );
+    let got = reads(&a, "alice");
+    assert_eq!(got.len(), 2, "one read entry per receipt: {got:?}");
+    assert_eq!(got[0]["ids"], serde_json::json!([asked]));
+    assert_eq!(metric(&a, "mesh_agent_receipts_refused_total"), 0);
+    for d in [a, b] {
+        assert!(d.terminate().unwrap().success());
+    }
+}

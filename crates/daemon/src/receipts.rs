@@ -199,6 +199,12 @@ impl Pump {
         match self.bus.submit(vec![msg]).await.await.pop() {
             Some(Ok(r)) => {
                 tracing::debug!(agent = %name, to = %author.fmt_short(), seq = r.seq, ids = ids.len(), "read receipt sent");
+                #[cfg(feature = "fault-hooks")]
+                if std::env::var_os("MESH_FAULT_ABORT_AFTER_RECEIPT").is_some() {
+                    // Test-only: dies as a crash would, after the receipt's
+                    // commit and before the pump's cursor moves past it.
+                    std::process::abort();
+                }
                 Ok(())
             }
             // The same receipt's first send, before a crash, with another
