@@ -65,6 +65,8 @@ pub struct Daemon {
     node: Arc<Node>,
     handle: StoreHandle<RedbStore>,
     store: Weak<RedbStore>,
+    /// Counts 0 once the store's file is closed (see [`RedbStore::closed_watch`]).
+    store_closed: Weak<()>,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     /// Announces agents going online and offline.
@@ -153,6 +155,7 @@ impl Daemon {
             node,
             handle,
             store: Arc::downgrade(&store),
+            store_closed: store.closed_watch(),
             stop,
             server,
             presence,
@@ -200,6 +203,7 @@ impl Daemon {
             node,
             handle,
             store,
+            store_closed,
             stop,
             server,
             presence,
@@ -221,7 +225,7 @@ impl Daemon {
         node.shutdown().await;
         drop(node);
         handle.close().await;
-        wait_released(&store, dir.root()).await;
+        wait_released(&store, &store_closed, dir.root()).await;
     }
 }
 
@@ -398,12 +402,15 @@ fn remember_port(dir: &DataDir, port: u16) {
     }
 }
 
-/// Waits (at most [`STORE_RELEASE_WAIT`]) until nothing holds the store, so
-/// its file is closed and unlocked.
-async fn wait_released(store: &Weak<RedbStore>, root: &Path) {
+/// Waits (at most [`STORE_RELEASE_WAIT`]) until nothing holds the store
+/// and its file is closed and unlocked: the store's own count falls to 0
+/// as its last holder starts dropping it, on that holder's thread, before
+/// the file is closed; `closed` falls to 0 only after (a restart in the same
+/// process that looked at the first alone could find the file still open).
+async fn wait_released(store: &Weak<RedbStore>, closed: &Weak<()>, root: &Path) {
     let polls = STORE_RELEASE_WAIT.as_millis() / STORE_RELEASE_POLL.as_millis();
     for _ in 0..polls {
-        if store.strong_count() == 0 {
+        if store.strong_count() == 0 && closed.strong_count() == 0 {
             return;
         }
         tokio::time::sleep(STORE_RELEASE_POLL).await;
