@@ -612,3 +612,51 @@ fn a_reader_killed_between_a_receipts_commit_and_its_cursor_sends_it_once_after_
         assert!(d.terminate().unwrap().success());
     }
 }
+
+#[test]
+fn a_receipt_between_two_agents_of_one_node_marks_the_message_read_there() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(a.mesh(&["agent", "add", "carol"]).unwrap());
+    let carol = format!("carol@{}", a.node());
+    let asked = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "--receipt", &carol, "read me"],
+    ));
+    let asked = asked.trim();
+    assert_eq!(
+        a.wait_message_state(asked, "delivered", SETTLE)["state"],
+        "delivered"
+    );
+    let past = wait_for(&a, "carol", asked, None);
+    ok(as_agent(&a, "carol", &["ack", &past]));
+    let st = a.wait_message_state(asked, "read", SETTLE);
+    assert_eq!(st["read_by"], carol.as_str(), "{st}");
+    let got = reads(&a, "alice");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["ids"], serde_json::json!([asked]));
+    assert_eq!(got[0]["from"], carol.as_str());
+    assert!(reads(&a, "carol").is_empty(), "the reader is told nothing");
+    assert_eq!(metric(&a, "mesh_agent_receipts_sent_total"), 1);
+    // alice acks it: nothing more goes (the pump takes her inbox in
+    // order; a later receipt of carol's is the barrier).
+    ok(as_agent(
+        &a,
+        "alice",
+        &["ack", got[0]["cursor"].as_str().unwrap()],
+    ));
+    let alice = format!("alice@{}", a.node());
+    let back = ok(as_agent(
+        &a,
+        "carol",
+        &["send", "--receipt", &alice, "you too"],
+    ));
+    let back = back.trim();
+    let at = wait_for(&a, "alice", back, Some(got[0]["cursor"].as_str().unwrap()));
+    ok(as_agent(&a, "alice", &["ack", &at]));
+    a.wait_message_state(back, "read", SETTLE);
+    assert_eq!(metric(&a, "mesh_agent_receipts_sent_total"), 2);
+    assert!(a.terminate().unwrap().success());
+}

@@ -18,11 +18,13 @@
 //! (bounces, read receipts, lag records) never ask one: acking a `read`
 //! entry sends nothing back.
 //!
-//! Not sent: receipts for messages of this node's own agents (both agents
-//! on one node; the send API refuses `receipt` to this node), for messages
-//! passed on from a host the agent moved away from (their author would
-//! find them sent to another node), and for a sender node that is no
-//! longer a peer (logged).
+//! A receipt for a message between two agents of this node goes to this
+//! node itself, on its stream to itself, and is indexed in the commit
+//! that writes it, as a message between them is.
+//!
+//! Not sent: receipts for messages passed on from a host the agent moved
+//! away from (their author would find them sent to another node), and for
+//! a sender node that is no longer a peer (logged).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -141,7 +143,7 @@ impl Pump {
             let last = page.last().map_or(read, |i| i.item.arrival);
             let mut groups = Groups::new();
             for item in &page {
-                if let Some((author, sender, id)) = asked(item, &self.me) {
+                if let Some((author, sender, id)) = asked(item) {
                     groups
                         .entry((*author.as_bytes(), sender))
                         .or_insert_with(|| (author, Vec::new()))
@@ -245,11 +247,11 @@ impl Pump {
 }
 
 /// The author node, sender agent and id of the inbox entry `item` if it is
-/// an agent message that came straight from another node and whose sender
-/// asked for a receipt. A message passed on by a host the agent moved away
+/// an agent message that came straight from its author (another node, or
+/// this one) and whose sender asked for a receipt. A message passed on by a host the agent moved away
 /// from is not receipted: its author sent it to that host, and checks a
 /// receipt against the node it sent the message to.
-fn asked(item: &InboxItem, me: &NodeId) -> Option<(NodeId, AgentName, MsgId)> {
+fn asked(item: &InboxItem) -> Option<(NodeId, AgentName, MsgId)> {
     if item.row.kind != InboxKind::Message {
         return None;
     }
@@ -263,8 +265,7 @@ fn asked(item: &InboxItem, me: &NodeId) -> Option<(NodeId, AgentName, MsgId)> {
         return None;
     };
     let h = AgentHeader::decode(payload).ok()?;
-    let author = stream.author;
-    (h.receipt && !mesh_protocol::same_node(&author, me)).then_some((author, h.from, h.id))
+    h.receipt.then_some((stream.author, h.from, h.id))
 }
 
 /// The client id of `agent`'s receipt for `ids` of `sender` on `author`:

@@ -613,8 +613,7 @@ pub(crate) fn send_error(to: NodeId, e: SendError) -> ApiError {
             }
             e @ (CoreSendError::ReservedKind(_)
             | CoreSendError::NotAnAgentMessage
-            | CoreSendError::ReceiptWithoutAgent
-            | CoreSendError::ReceiptToSelf) => CallerError::BadValue(e.to_string()).into(),
+            | CoreSendError::ReceiptWithoutAgent) => CallerError::BadValue(e.to_string()).into(),
             e => Bug::new(e.to_string()).into(),
         },
         e @ SendError::Stopped => Unavailable::Node(e.to_string()).into(),

@@ -80,10 +80,14 @@ impl Core {
             .and_then(|a| a.to.as_ref())
             .and_then(|name| self.readdress(to, name))
             .unwrap_or(to);
-        if receipt && to == self.me {
-            return refuse(self, SendError::ReceiptToSelf);
-        }
-        if let Err(e) = self.check_addressed(to, agent.as_ref(), payload.len() as u64) {
+        // A read receipt of one of this node's agents for a message of
+        // another of them is delivered here, as a message between them is.
+        let checked = if read_receipt && to == self.me {
+            self.check_room(payload.len() as u64)
+        } else {
+            self.check_addressed(to, agent.as_ref(), payload.len() as u64)
+        };
+        if let Err(e) = checked {
             return refuse(self, e);
         }
         let dedup = match client_id {
@@ -310,6 +314,29 @@ impl Core {
         ops
     }
 
+    /// Adds the index entry of the read receipt `s` (at `seq` of this
+    /// node's stream to itself: one of its agents read messages of another
+    /// of them): the store marks what of it this node sent itself, as for a
+    /// receipt from a peer. Checked when it was taken (`address_send`).
+    fn index_local_receipt(&mut self, s: &WaitingSend, seq: Seq, entries: &mut Vec<AgentIndex>) {
+        let Ok(r) = ReadReceipt::decode(&s.payload) else {
+            return;
+        };
+        if !self.agents.is_local(&r.to) {
+            return;
+        }
+        entries.push(AgentIndex::Read {
+            agent: r.to,
+            seq,
+            mark: mesh_store::ReadMark {
+                node: self.me,
+                reader: r.reader,
+                read_ms: r.read_ms,
+            },
+            ids: r.ids,
+        });
+    }
+
     /// Stamps the id of `s` (at `seq` of the own `stream` tagged `tag`) if
     /// it is an agent message, and adds its index entries to `entries`: its
     /// message row, its retried-send record, and for a message between this
@@ -323,6 +350,9 @@ impl Core {
         local: bool,
         entries: &mut Vec<AgentIndex>,
     ) {
+        if local && s.kind == KIND_READ_RECEIPT {
+            self.index_local_receipt(s, seq, entries);
+        }
         let Some(t) = s.tracked.as_deref() else {
             return;
         };

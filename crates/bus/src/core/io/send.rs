@@ -105,10 +105,6 @@ pub enum SendError {
          agent (AGENT@NODE)"
     )]
     ReceiptWithoutAgent,
-    /// The caller's fault: a read receipt asked of a message to an agent
-    /// of this node itself (not built: receipts go between nodes).
-    #[error("a read receipt is not sent between two agents of one node; send without --receipt")]
-    ReceiptToSelf,
     /// The caller's fault (this node's receipt pump): a read receipt that
     /// does not decode, or whose reader is no agent of this node.
     #[error("not a read receipt of an agent of this node: {0}")]

@@ -71,7 +71,16 @@ pub(crate) async fn message(
                 reason.as_str()
             ),
         ),
-        RowState::DeliveredHere => ("delivered", "delivered to an agent of this node".to_owned()),
+        RowState::DeliveredHere => match &row.read {
+            Some(m) => (
+                "read",
+                format!(
+                    "delivered to an agent of this node, and read by {}",
+                    ApiState::address(&m.reader, &m.node)
+                ),
+            ),
+            None => ("delivered", "delivered to an agent of this node".to_owned()),
+        },
         RowState::SentAway => match &row.read {
             // Read implies delivered: its reader's node had it.
             Some(m) => (
@@ -185,8 +194,8 @@ pub(crate) fn state_name(
         RowState::Undeliverable(_) => "undeliverable",
         RowState::Received => "received",
         RowState::Bounced(_) => "bounced",
+        RowState::DeliveredHere | RowState::SentAway if row.read.is_some() => "read",
         RowState::DeliveredHere => "delivered",
-        RowState::SentAway if row.read.is_some() => "read",
         RowState::SentAway => match status.map(|s| sent_place(s, row)) {
             Some(SentPlace::Delivered) => "delivered",
             Some(SentPlace::Queued(_)) | None => "queued",
