@@ -1778,6 +1778,7 @@ mod tests {
             in_reply_to: None,
             key: None,
             body: body(0, 2).into_bytes(),
+            receipt: false,
         };
         let forward = mesh_protocol::Forward {
             author: iroh::SecretKey::from_bytes(&[7; 32]).public(),

@@ -273,6 +273,7 @@ impl AgentSend {
             in_reply_to: None,
             client_id: Some(agent_client_id(self.client, self.c)),
             key: None,
+            receipt: false,
         };
         let path = format!("/v1/agents/{}/send", path_segment(&self.from_agent));
         let answer = tokio::time::timeout(timeout, api.post(&path, &req)).await;

@@ -365,3 +365,298 @@ fn mesh_agents_and_mesh_status_count_each_local_agents_unread_mail_down_to_its_a
     let line = agents.lines().find(|l| l.contains(&bob)).unwrap();
     assert!(line.ends_with("no unread"), "{agents}");
 }
+
+/// The counter `name` on `d`'s `GET /metrics` (0 if absent).
+fn metric(d: &DaemonProcess, name: &str) -> u64 {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = mesh_api::client::Client::new(d.socket());
+    let text = rt.block_on(client.get_text("/metrics")).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+}
+
+/// Polls `d`'s counter `name` until it is `want` (at most [`SETTLE`]).
+fn wait_metric(d: &DaemonProcess, name: &str, want: u64) {
+    let deadline = std::time::Instant::now() + SETTLE;
+    loop {
+        let got = metric(d, name);
+        if got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} is {got}, not {want}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `agent`'s whole inbox on `d` as JSON entries.
+fn inbox_all(d: &DaemonProcess, agent: &str) -> Vec<serde_json::Value> {
+    let out = ok(as_agent(d, agent, &["inbox", "--json", "--limit", "1000"]));
+    out.lines().map(|l| parse_json(l).unwrap()).collect()
+}
+
+/// The `read` entries of `agent`'s inbox on `d`.
+fn reads(d: &DaemonProcess, agent: &str) -> Vec<serde_json::Value> {
+    inbox_all(d, agent)
+        .into_iter()
+        .filter(|e| e["kind"] == "read")
+        .collect()
+}
+
+/// Writes `d`'s data dir `config.toml` with `[agents] read_receipts`.
+fn receipts_config(data: &Path, on: bool) {
+    std::fs::create_dir_all(data).unwrap();
+    std::fs::write(
+        data.join("config.toml"),
+        format!("[agents]\nread_receipts = {on}\n"),
+    )
+    .unwrap();
+}
+
+/// alice@a and bob@b, each node the other's peer.
+fn alice_and_bob(a: &DaemonProcess, b: &DaemonProcess) -> (String, String) {
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    (format!("alice@{}", a.node()), format!("bob@{}", b.node()))
+}
+
+#[test]
+fn a_message_sent_with_receipt_reads_as_read_once_bob_acks_and_acking_the_receipt_sends_nothing() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    let (alice, bob) = alice_and_bob(&a, &b);
+    let asked = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "--receipt", &bob, "read me"],
+    ));
+    let asked = asked.trim();
+    let plain = ok(as_agent(&a, "alice", &["send", &bob, "no receipt"]));
+    let plain = plain.trim();
+    let first = wait_for(&b, "bob", asked, None);
+    let past = wait_for(&b, "bob", plain, Some(&first));
+    a.wait_message_state(plain, "delivered", SETTLE);
+    assert!(reads(&a, "alice").is_empty(), "nothing read yet");
+    ok(as_agent(&b, "bob", &["ack", &past]));
+
+    let st = a.wait_message_state(asked, "read", SETTLE);
+    assert_eq!(st["read_by"], bob.as_str(), "{st}");
+    assert!(st["read_ms"].as_u64().is_some_and(|ms| ms > 0), "{st}");
+    let text = ok(a.mesh(&["message", asked]).unwrap());
+    assert!(text.contains("read") && text.contains(&bob), "{text}");
+    let got = reads(&a, "alice");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["from"], bob.as_str());
+    assert_eq!(got[0]["to"], alice.as_str());
+    assert_eq!(got[0]["ids"], serde_json::json!([asked]), "only what asked");
+    let line = ok(as_agent(&a, "alice", &["inbox"]));
+    assert!(
+        line.contains("READ by bob@") && line.contains(asked),
+        "{line}"
+    );
+    // Asked nothing: acked, but never read as far as alice can tell.
+    assert_eq!(
+        a.wait_message_state(plain, "delivered", SETTLE)["state"],
+        "delivered"
+    );
+    wait_metric(&b, "mesh_agent_receipts_sent_total", 1);
+    wait_metric(&a, "mesh_agent_receipts_received_total", 1);
+
+    // alice acks the read entry, then reads and acks a message of bob's
+    // that asks a receipt: the pump takes her inbox in order, so had the
+    // read entry asked one, b would hear of two.
+    ok(as_agent(
+        &a,
+        "alice",
+        &["ack", got[0]["cursor"].as_str().unwrap()],
+    ));
+    let back = ok(as_agent(
+        &b,
+        "bob",
+        &["send", "--receipt", &alice, "and you?"],
+    ));
+    let back = back.trim();
+    let at_alice = wait_for(&a, "alice", back, Some(got[0]["cursor"].as_str().unwrap()));
+    ok(as_agent(&a, "alice", &["ack", &at_alice]));
+    b.wait_message_state(back, "read", SETTLE);
+    assert_eq!(metric(&a, "mesh_agent_receipts_sent_total"), 1);
+    assert_eq!(metric(&b, "mesh_agent_receipts_received_total"), 1);
+    assert_eq!(metric(&b, "mesh_agent_receipts_refused_total"), 0);
+    assert_eq!(metric(&a, "mesh_agent_receipts_refused_total"), 0);
+    // A receipt is asked only of a message to an agent of another node.
+    let out = as_agent(&a, "alice", &["send", "--receipt", b.node(), "to the node"]);
+    assert!(
+        !out.ok() && out.stderr.contains("recipient agent"),
+        "{out:?}"
+    );
+    for d in [a, b] {
+        assert!(d.terminate().unwrap().success());
+    }
+}
+
+#[test]
+fn a_receipt_not_sent_before_the_readers_node_was_killed_arrives_after_its_restart_once() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b_dir = tmp.path().join("b");
+    // b's pump is off: bob's ack commits, and no receipt can go out.
+    receipts_config(&b_dir, false);
+    let b = start(&b_dir);
+    let (alice, bob) = alice_and_bob(&a, &b);
+    let asked = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "--receipt", &bob, "read me"],
+    ));
+    let asked = asked.trim();
+    let past = wait_for(&b, "bob", asked, None);
+    ok(as_agent(&b, "bob", &["ack", &past]));
+    a.wait_message_state(asked, "delivered", SETTLE);
+    assert_eq!(metric(&b, "mesh_agent_receipts_sent_total"), 0);
+    // kill -9, then start it again with receipts on: its pump finds the
+    // ack past its own durable cursor and sends the receipt.
+    let addr = b.peer_addr().unwrap();
+    drop(b);
+    receipts_config(&b_dir, true);
+    let b = DaemonProcess::start(Path::new(MESH), &b_dir, addr).unwrap();
+    let st = a.wait_message_state(asked, "read", SETTLE);
+    assert_eq!(st["read_by"], bob.as_str(), "{st}");
+    wait_metric(&b, "mesh_agent_receipts_sent_total", 1);
+    // Killed again and restarted: the cursor moved past it, nothing goes
+    // twice. A second receipt-asking message is the barrier: its receipt
+    // comes after anything the pump had left to send.
+    drop(b);
+    let b = DaemonProcess::start(Path::new(MESH), &b_dir, addr).unwrap();
+    let again = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "--receipt", &bob, "and this"],
+    ));
+    let again = again.trim();
+    let past = wait_for(&b, "bob", again, Some(&past));
+    ok(as_agent(&b, "bob", &["ack", &past]));
+    a.wait_message_state(again, "read", SETTLE);
+    let got = reads(&a, "alice");
+    assert_eq!(got.len(), 2, "one read entry per receipt: {got:?}");
+    assert_eq!(got[0]["ids"], serde_json::json!([asked]));
+    assert_eq!(got[1]["ids"], serde_json::json!([again]));
+    assert_eq!(metric(&a, "mesh_agent_receipts_refused_total"), 0);
+    assert_eq!(metric(&a, "mesh_agent_receipts_received_total"), 2);
+    let _ = alice;
+    for d in [a, b] {
+        assert!(d.terminate().unwrap().success());
+    }
+}
+
+#[test]
+fn a_reader_killed_between_a_receipts_commit_and_its_cursor_sends_it_once_after_the_restart() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b_dir = tmp.path().join("b");
+    // The test-only fault hook: b's daemon aborts right after a receipt
+    // is committed, before its pump's cursor moves past it.
+    let b = DaemonProcess::start_with_env(
+        Path::new(MESH),
+        &b_dir,
+        mesh_tests::daemon::loopback(),
+        &[("MESH_FAULT_ABORT_AFTER_RECEIPT", "1")],
+    )
+    .unwrap();
+    let (_, bob) = alice_and_bob(&a, &b);
+    let asked = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "--receipt", &bob, "read me"],
+    ));
+    let asked = asked.trim();
+    let past = wait_for(&b, "bob", asked, None);
+    let addr = b.peer_addr().unwrap();
+    ok(as_agent(&b, "bob", &["ack", &past]));
+    let status = b.wait_exit().unwrap();
+    assert!(!status.success(), "the daemon died: {status:?}");
+    // Restarted: the pump builds the same receipt again; its client id
+    // finds the first send, committed before the crash, and nothing more
+    // is sent (the outbox sends the first).
+    let b = DaemonProcess::start(Path::new(MESH), &b_dir, addr).unwrap();
+    let st = a.wait_message_state(asked, "read", SETTLE);
+    assert_eq!(st["read_by"], bob.as_str(), "{st}");
+    let again = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "--receipt", &bob, "and this"],
+    ));
+    let again = again.trim();
+    let past = wait_for(&b, "bob", again, Some(&past));
+    ok(as_agent(&b, "bob", &["ack", &past]));
+    a.wait_message_state(again, "read", SETTLE);
+    assert_eq!(
+        metric(&b, "mesh_agent_receipts_sent_total"),
+        1,
+        "after the restart only the second receipt was sent"
+    );
+    let got = reads(&a, "alice");
+    assert_eq!(got.len(), 2, "one read entry per receipt: {got:?}");
+    assert_eq!(got[0]["ids"], serde_json::json!([asked]));
+    assert_eq!(metric(&a, "mesh_agent_receipts_refused_total"), 0);
+    for d in [a, b] {
+        assert!(d.terminate().unwrap().success());
+    }
+}
+
+#[test]
+fn a_receipt_between_two_agents_of_one_node_marks_the_message_read_there() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(a.mesh(&["agent", "add", "carol"]).unwrap());
+    let carol = format!("carol@{}", a.node());
+    let asked = ok(as_agent(
+        &a,
+        "alice",
+        &["send", "--receipt", &carol, "read me"],
+    ));
+    let asked = asked.trim();
+    assert_eq!(
+        a.wait_message_state(asked, "delivered", SETTLE)["state"],
+        "delivered"
+    );
+    let past = wait_for(&a, "carol", asked, None);
+    ok(as_agent(&a, "carol", &["ack", &past]));
+    let st = a.wait_message_state(asked, "read", SETTLE);
+    assert_eq!(st["read_by"], carol.as_str(), "{st}");
+    let got = reads(&a, "alice");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0]["ids"], serde_json::json!([asked]));
+    assert_eq!(got[0]["from"], carol.as_str());
+    assert!(reads(&a, "carol").is_empty(), "the reader is told nothing");
+    assert_eq!(metric(&a, "mesh_agent_receipts_sent_total"), 1);
+    // alice acks it: nothing more goes (the pump takes her inbox in
+    // order; a later receipt of carol's is the barrier).
+    ok(as_agent(
+        &a,
+        "alice",
+        &["ack", got[0]["cursor"].as_str().unwrap()],
+    ));
+    let alice = format!("alice@{}", a.node());
+    let back = ok(as_agent(
+        &a,
+        "carol",
+        &["send", "--receipt", &alice, "you too"],
+    ));
+    let back = back.trim();
+    let at = wait_for(&a, "alice", back, Some(got[0]["cursor"].as_str().unwrap()));
+    ok(as_agent(&a, "alice", &["ack", &at]));
+    a.wait_message_state(back, "read", SETTLE);
+    assert_eq!(metric(&a, "mesh_agent_receipts_sent_total"), 2);
+    assert!(a.terminate().unwrap().success());
+}

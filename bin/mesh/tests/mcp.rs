@@ -1,7 +1,8 @@
 //! `mesh mcp --agent NAME` spawned as a child and driven by a real MCP
 //! client (rmcp's), against real daemons: initialize, list the tools, send,
 //! page the inbox with its cursor, request and reply between two agents,
-//! a refusal as a tool error with the API's code; the unread inbox read and
+//! a refusal as a tool error with the API's code; a read receipt asked
+//! with `mesh_send` and its `read` entry; the unread inbox read and
 //! acked page by page across restarts and a kill; and new entries pushed
 //! into the session as notifications (resource updates, on both the
 //! `resources/subscribe` and the `subscriptions/listen` lifecycle, and
@@ -704,4 +705,48 @@ async fn a_long_unread_backlog_is_told_of_in_a_few_notifications_and_one_summary
     send_as(&a, "bob", &to, "new");
     let (_, p) = told(&mut heard, "mesh://inbox/alice", false, TOLD_WITHIN).await;
     assert_eq!(p["content"], "new", "{p}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mesh_send_with_receipt_brings_a_read_entry_to_mesh_inbox_once_the_reader_acks() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    let b = start(&tmp.path().join("b"));
+    ok(a.mesh(&["peer", "add", b.ticket()]).unwrap());
+    ok(b.mesh(&["peer", "add", a.ticket()]).unwrap());
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(b.mesh(&["agent", "add", "bob"]).unwrap());
+    let (alice, _) = mcp(a.data(), "alice").await;
+    let (bob, _) = mcp(b.data(), "bob").await;
+    let tools = alice.list_all_tools().await.unwrap();
+    let send = tools.iter().find(|t| t.name == "mesh_send").unwrap();
+    let receipt = &send.input_schema["properties"]["receipt"];
+    assert!(
+        receipt["description"]
+            .as_str()
+            .is_some_and(|d| d.contains("read")),
+        "{receipt}"
+    );
+    let to_bob = format!("bob@{}", b.node());
+    let sent = call_ok(
+        &alice,
+        "mesh_send",
+        json!({ "to": to_bob, "body": "read me", "receipt": true }),
+    )
+    .await;
+    let id = sent["id"].as_str().unwrap().to_owned();
+    let page = call_ok(&bob, "mesh_inbox", json!({ "wait": 60 })).await;
+    assert_eq!(page["entries"][0]["id"], id.as_str(), "{page}");
+    call_ok(&bob, "mesh_ack", json!({ "cursor": page["next"] })).await;
+    let page = call_ok(&alice, "mesh_inbox", json!({ "wait": 60 })).await;
+    let read = &page["entries"][0];
+    assert_eq!(read["kind"], "read", "{page}");
+    assert_eq!(read["ids"], json!([id]), "{page}");
+    assert_eq!(read["from"], to_bob.as_str());
+    assert!(read["read_ms"].as_u64().is_some(), "{page}");
+    alice.cancel().await.unwrap();
+    bob.cancel().await.unwrap();
+    for d in [a, b] {
+        assert!(d.terminate().unwrap().success());
+    }
 }

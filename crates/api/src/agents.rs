@@ -277,6 +277,12 @@ pub struct AgentSendRequest {
     /// `superseded`, and its recipient gets a tombstone in its place.
     #[serde(default)]
     pub key: Option<String>,
+    /// Asks for a read receipt: once the recipient agent acks past the
+    /// message, its node sends back the agent's signed receipt; `mesh
+    /// message ID` then says `read`, and the sender's inbox gets a `read`
+    /// entry. Only for a message to an agent (`AGENT@NODE`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub receipt: bool,
 }
 
 /// `POST /v1/agents/{name}/reply`.
@@ -325,9 +331,11 @@ pub struct InboxEntry {
     /// message `id` was replaced by `superseded_by` before it was sent),
     /// `lost` (the agent's own messages at the seqs its body names were
     /// given up before their recipient node had them; `to` is that node,
-    /// `reason` why), or `trimmed` (journal retention took the entry
+    /// `reason` why), `trimmed` (journal retention took the entry
     /// before it was read; with `forwarded_by`, retention at the node the
-    /// agent moved away from took entries before they were passed on here).
+    /// agent moved away from took entries before they were passed on here),
+    /// or `read` (a read receipt: `from` read the messages `ids` this
+    /// agent sent it, at `read_ms`; acking it sends nothing back).
     pub kind: String,
     /// The message id (for a bounce: the id of the message it bounces).
     pub id: Option<String>,
@@ -361,6 +369,13 @@ pub struct InboxEntry {
     /// node's retention took first): that node's id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forwarded_by: Option<String>,
+    /// For a `read` entry: the ids of the messages read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<Vec<String>>,
+    /// For a `read` entry: when the reader acked past them, ms since the
+    /// Unix epoch (the reader's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_ms: Option<u64>,
 }
 
 /// A page of an agent's inbox.
@@ -383,7 +398,9 @@ pub struct MessageStatus {
     /// recipient node had it; `detail` is the loss record), `received`
     /// (this node received it), `undeliverable` (this node received it for
     /// an agent it does not host), `superseded` (a later message with its
-    /// key replaced it before it was sent: `superseded_by`).
+    /// key replaced it before it was sent: `superseded_by`), `read` (this
+    /// node sent it, asking a receipt, and its reader's receipt came
+    /// back: `read_by`, `read_ms`).
     pub state: String,
     /// The sender, `AGENT@NODE_ID`.
     pub from: String,
@@ -402,6 +419,13 @@ pub struct MessageStatus {
     /// For a superseded message: the message that replaced it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub superseded_by: Option<String>,
+    /// For a read message: its reader, `AGENT@NODE_ID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_by: Option<String>,
+    /// For a read message: when it was read, ms since the Unix epoch (the
+    /// reader's clock, as its receipt says).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_ms: Option<u64>,
 }
 
 /// `GET /v1/agents/{name}/thread/{id}`: a message, what it answers, and

@@ -621,7 +621,7 @@ async fn two_live_processes_with_one_key_are_an_identity_conflict_at_both_ends()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_node_of_protocol_4_is_refused_at_its_preamble_naming_both_versions() {
+async fn a_node_of_protocol_5_is_refused_at_its_preamble_naming_both_versions() {
     let mut a = NetNode::new().await;
     let raw = allowed_raw_endpoint(&a).await;
     let conn = timeout(T, raw.connect(addr_of(&a), ALPN))
@@ -629,18 +629,18 @@ async fn a_node_of_protocol_4_is_refused_at_its_preamble_naming_both_versions() 
         .expect("connect in time")
         .expect("connect");
     let (mut send, _recv) = conn.open_bi().await.expect("open stream");
-    // What a node of the previous protocol (before followed frames) writes.
-    send.write_all(b"amesh/4\n").await.expect("v4 preamble");
+    // What a node of the previous protocol (before read receipts) writes.
+    send.write_all(b"amesh/5\n").await.expect("v5 preamble");
     send.write_all(&[0; INSTANCE_BYTES])
         .await
         .expect("instance");
     let (code, reason) = app_close(timeout(T, conn.closed()).await.expect("closed in time"));
     assert_eq!(code, u64::from(close_code::VERSION_MISMATCH));
     assert!(
-        reason.contains("protocol 4") && reason.contains("this node speaks 5"),
+        reason.contains("protocol 5") && reason.contains("this node speaks 6"),
         "{reason}"
     );
-    assert_eq!(PREAMBLE, *b"amesh/5\n");
+    assert_eq!(PREAMBLE, *b"amesh/6\n");
     a.no_event_yet();
     raw.close().await;
     a.net.shutdown().await;

@@ -155,6 +155,8 @@ pub(crate) struct SendOpts {
     pub(crate) id: Option<String>,
     /// The supersede key.
     pub(crate) key: Option<String>,
+    /// Ask for a read receipt.
+    pub(crate) receipt: bool,
 }
 
 /// `mesh --agent NAME send TO TEXT`: prints the message id once committed.
@@ -165,7 +167,12 @@ pub(crate) async fn send(
     opts: SendOpts,
     json: bool,
 ) -> anyhow::Result<()> {
-    let SendOpts { lines, id, key } = opts;
+    let SendOpts {
+        lines,
+        id,
+        key,
+        receipt,
+    } = opts;
     let path = format!("/v1/agents/{}/send", path_segment(me(c)));
     if lines {
         if text != "-" {
@@ -184,6 +191,7 @@ pub(crate) async fn send(
                 in_reply_to: None,
                 client_id: None,
                 key: key.clone(),
+                receipt,
             };
             let sent: AgentSendResponse = c.post(&path, &req).await?;
             print_agent_sent(&sent, json)?;
@@ -197,6 +205,7 @@ pub(crate) async fn send(
         in_reply_to: None,
         client_id: id,
         key,
+        receipt,
     };
     let sent: AgentSendResponse = c.post(&path, &req).await?;
     print_agent_sent(&sent, json)
@@ -235,6 +244,12 @@ fn print_inbox_entry(e: &InboxEntry, json: bool) -> anyhow::Result<()> {
         "lagged" => format!("LAGGED {}", e.body),
         "superseded" => format!("SUPERSEDED {id}: {}", e.body),
         "lost" => format!("LOST {}", e.body),
+        "read" => {
+            let by = e.from.as_deref().map(short).unwrap_or_default();
+            let ids = e.ids.as_deref().unwrap_or_default().join(" ");
+            let at = e.read_ms.map_or_else(String::new, |ms| format!(" at {ms}"));
+            format!("READ by {by}{at}: {ids}")
+        }
         other => format!("({other}) {}", e.body),
     };
     let mut out = std::io::stdout().lock();
@@ -307,6 +322,7 @@ pub(crate) async fn request(
         in_reply_to: None,
         client_id: Some(fresh_client_id()),
         key: None,
+        receipt: false,
     };
     let agent = me(c).to_owned();
     let path = format!("/v1/agents/{}/send", path_segment(&agent));
@@ -338,6 +354,9 @@ pub(crate) async fn message(c: &Client, id: String, json: bool) -> anyhow::Resul
     }
     println!("{}  {}  {} -> {}", st.id, st.state, st.from, st.to);
     println!("  {}", st.detail);
+    if let (Some(by), Some(ms)) = (&st.read_by, st.read_ms) {
+        println!("  read by {by} at {ms} (ms since the Unix epoch)");
+    }
     Ok(())
 }
 

@@ -264,6 +264,8 @@ mod tests {
             created_ms: None,
             superseded_by: None,
             forwarded_by: None,
+            ids: None,
+            read_ms: None,
         }
     }
 

@@ -169,6 +169,11 @@ pub enum Command {
         /// tombstone in its place. For status updates and heartbeats.
         #[arg(long, value_name = "KEY")]
         key: Option<String>,
+        /// Ask for a read receipt (with --agent, to `AGENT@NODE`): once the
+        /// recipient agent acks past the message, `mesh message ID` says
+        /// `read` (by whom, when) and this agent's inbox gets a `read` entry.
+        #[arg(long)]
+        receipt: bool,
         /// Print JSON (id, stream, seq) instead of the seq.
         #[arg(long)]
         json: bool,
@@ -725,12 +730,24 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
                 lines,
                 id,
                 key,
+                receipt,
                 json,
             } => match agent.client().await? {
                 Some(a) => {
-                    let opts = agents::SendOpts { lines, id, key };
+                    let opts = agents::SendOpts {
+                        lines,
+                        id,
+                        key,
+                        receipt,
+                    };
                     agents::send(&a, peer, text, opts, json).await
                 }
+                None if receipt => Err(UsageError(
+                    "--receipt needs a sending agent (--agent NAME) and a recipient agent \
+                     (AGENT@NODE): only an agent reads, and acks, a message"
+                        .into(),
+                )
+                .into()),
                 None if key.is_some() => Err(UsageError(
                     "--key needs a sending agent (--agent NAME): a supersede key travels in an \
                      agent message; a node's plain messages carry none"

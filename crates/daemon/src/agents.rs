@@ -128,6 +128,8 @@ pub(crate) struct Registry {
     node: NodeId,
     keys_dir: PathBuf,
     agents: RwLock<BTreeMap<AgentName, Arc<Agent>>>,
+    /// Woken by an ack: the receipt pump looks at once (`crate::receipts`).
+    pub(crate) acked: tokio::sync::Notify,
 }
 
 /// Why an agent's key could not be made or read.
@@ -146,6 +148,7 @@ impl Registry {
             node,
             keys_dir,
             agents: RwLock::new(BTreeMap::new()),
+            acked: tokio::sync::Notify::new(),
         }
     }
 

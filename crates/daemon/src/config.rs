@@ -361,6 +361,12 @@ pub struct AgentsConfig {
     /// for it later is bounced to its sender. 0 ends it once what is held
     /// has been passed on.
     pub drain_days: u64,
+    /// Whether this node sends read receipts [default: true]: when one of
+    /// its agents acks past a message whose sender asked for one
+    /// (`--receipt`), its signed receipt goes back to the sender's node.
+    /// `false` sends none; what was acked meanwhile is receipted once it
+    /// is turned on again (the pump's cursor stays where it was).
+    pub read_receipts: bool,
 }
 
 impl Default for AgentsConfig {
@@ -368,6 +374,7 @@ impl Default for AgentsConfig {
         AgentsConfig {
             socket_dir: None,
             drain_days: DRAIN_DAYS_DEFAULT,
+            read_receipts: true,
         }
     }
 }

@@ -65,10 +65,14 @@ pub struct Daemon {
     node: Arc<Node>,
     handle: StoreHandle<RedbStore>,
     store: Weak<RedbStore>,
+    /// Counts 0 once the store's file is closed (see [`RedbStore::closed_watch`]).
+    store_closed: Weak<()>,
     stop: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     /// Announces agents going online and offline.
     presence: tokio::task::JoinHandle<()>,
+    /// Sends this node's agents' read receipts (`[agents] read_receipts`).
+    receipts: Option<crate::receipts::ReceiptPump>,
 }
 
 impl Daemon {
@@ -137,6 +141,9 @@ impl Daemon {
             drop(crate::api::serve_moves(state.clone(), offers));
         }
         crate::agents::announce(&registry, &bus, true).await;
+        let receipts = config.agents.read_receipts.then(|| {
+            crate::receipts::ReceiptPump::start(registry.clone(), store.clone(), bus.clone())
+        });
         let presence = spawn_presence(registry, bus, (store.clone(), drain_days));
         let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let server = tokio::spawn(crate::api::serve(socket, state, async move {
@@ -148,9 +155,11 @@ impl Daemon {
             node,
             handle,
             store: Arc::downgrade(&store),
+            store_closed: store.closed_watch(),
             stop,
             server,
             presence,
+            receipts,
         })
     }
 
@@ -194,9 +203,11 @@ impl Daemon {
             node,
             handle,
             store,
+            store_closed,
             stop,
             server,
             presence,
+            receipts,
             ..
         } = self;
         presence.abort();
@@ -206,10 +217,15 @@ impl Daemon {
             Err(e) => tracing::warn!("local API task failed: {e}"),
             Ok(Ok(())) => {}
         }
+        // Awaited while the node still answers its sends, and before the
+        // store is closed: the pump holds the store.
+        if let Some(pump) = receipts {
+            pump.stop().await;
+        }
         node.shutdown().await;
         drop(node);
         handle.close().await;
-        wait_released(&store, dir.root()).await;
+        wait_released(&store, &store_closed, dir.root()).await;
     }
 }
 
@@ -386,12 +402,15 @@ fn remember_port(dir: &DataDir, port: u16) {
     }
 }
 
-/// Waits (at most [`STORE_RELEASE_WAIT`]) until nothing holds the store, so
-/// its file is closed and unlocked.
-async fn wait_released(store: &Weak<RedbStore>, root: &Path) {
+/// Waits (at most [`STORE_RELEASE_WAIT`]) until nothing holds the store
+/// and its file is closed and unlocked: the store's own count falls to 0
+/// as its last holder starts dropping it, on that holder's thread, before
+/// the file is closed; `closed` falls to 0 only after (a restart in the same
+/// process that looked at the first alone could find the file still open).
+async fn wait_released(store: &Weak<RedbStore>, closed: &Weak<()>, root: &Path) {
     let polls = STORE_RELEASE_WAIT.as_millis() / STORE_RELEASE_POLL.as_millis();
     for _ in 0..polls {
-        if store.strong_count() == 0 {
+        if store.strong_count() == 0 && closed.strong_count() == 0 {
             return;
         }
         tokio::time::sleep(STORE_RELEASE_POLL).await;

@@ -14,6 +14,7 @@ pub mod config;
 mod daemon;
 mod drain;
 mod foreground;
+mod receipts;
 
 pub use agents::{AGENT_ONLINE_MS, PRESENCE_TICK};
 pub use daemon::{Daemon, STORE_RELEASE_WAIT, StartError};

@@ -125,6 +125,11 @@ pub struct SendArgs {
     /// gets a tombstone in its place). For status updates and heartbeats.
     #[serde(default)]
     pub key: Option<String>,
+    /// Ask for a read receipt (only to `AGENT@NODE`): once the recipient
+    /// agent acks past this message, this agent's inbox gets a `read`
+    /// entry (reader, ids, read_ms) and the message's status says `read`.
+    #[serde(default)]
+    pub receipt: bool,
 }
 
 /// `mesh_inbox`'s arguments.
@@ -291,7 +296,7 @@ impl MeshServer {
 
     #[tool(
         name = "mesh_send",
-        description = "Send a message as this agent to AGENT@NODE (or to a node's own journal). Returns its id once it is durably committed here. A retry with the same client_id is answered without sending again."
+        description = "Send a message as this agent to AGENT@NODE (or to a node's own journal). Returns its id once it is durably committed here. A retry with the same client_id is answered without sending again. With receipt: true (to AGENT@NODE only), a `read` entry comes to this inbox once the recipient agent has read and acked it."
     )]
     async fn mesh_send(
         &self,
@@ -304,6 +309,7 @@ impl MeshServer {
             in_reply_to: a.in_reply_to,
             client_id: Some(a.client_id.unwrap_or_else(fresh_client_id)),
             key: a.key,
+            receipt: a.receipt,
         };
         result(self.send_as(req).await)
     }
@@ -404,6 +410,7 @@ impl MeshServer {
             in_reply_to: None,
             client_id: Some(a.client_id.unwrap_or_else(fresh_client_id)),
             key: None,
+            receipt: false,
         };
         let sent = match self.send_as(req).await {
             Ok(s) => s,

@@ -1,5 +1,6 @@
 //! Agents: their names, their announcement cards, and the payload formats
-//! of the mesh's own envelope kinds (an agent message, a bounce).
+//! of the mesh's own envelope kinds (an agent message, a bounce, a read
+//! receipt).
 //!
 //! An agent message travels as the payload of an envelope of kind
 //! [`KIND_AGENT`] inside an ordinary signed batch, so its sender and
@@ -18,7 +19,7 @@ use crate::ids::{Epoch, NodeId, Seq, cut};
 
 mod signed;
 
-pub use signed::{AgentCard, AgentMove};
+pub use signed::{AgentCard, AgentMove, MAX_READ_RECEIPT_BYTES, MAX_RECEIPT_IDS, ReadReceipt};
 
 /// The first envelope kind reserved for the mesh's own payload formats.
 pub const KIND_MESH_MIN: u16 = 1;
@@ -41,6 +42,10 @@ pub const KIND_FORWARD: u16 = 4;
 /// messages for a moved agent that the old host's journal retention
 /// removed before they were passed on, so the agent is told.
 pub const KIND_FORWARD_TRIMMED: u16 = 5;
+/// A read receipt: the payload is a [`ReadReceipt`], sent back to the
+/// author of agent messages that asked for one once their reader acked
+/// past them.
+pub const KIND_READ_RECEIPT: u16 = 6;
 
 /// The longest agent name, in bytes.
 pub const MAX_AGENT_NAME_BYTES: usize = 64;
@@ -48,14 +53,19 @@ pub const MAX_AGENT_NAME_BYTES: usize = 64;
 pub const MAX_SUPERSEDE_KEY_BYTES: usize = 128;
 
 /// The most bytes an [`AgentEnvelope`] takes besides its body: the id, two
-/// names, what it answers and a key, each with its length or tag, and the
-/// body's length.
+/// names, what it answers and a key, each with its length or tag, the
+/// body's length and the trailing flags byte.
 const ENVELOPE_HEAD_BYTES_MAX: usize = 16
     + (1 + MAX_AGENT_NAME_BYTES)
     + (2 + MAX_AGENT_NAME_BYTES)
     + 17
     + (3 + MAX_SUPERSEDE_KEY_BYTES)
-    + 10;
+    + 10
+    + 1;
+/// The trailing flags byte of an [`AgentEnvelope`] that asks for a read
+/// receipt. An envelope without flags ends after its body, so every
+/// envelope written before receipts existed decodes unchanged.
+const FLAG_RECEIPT: u8 = 0x01;
 /// The most cards one [`crate::Frame::Agents`] may carry (also the most
 /// agents a node hosts).
 pub const MAX_AGENT_CARDS: usize = 256;
@@ -64,6 +74,8 @@ pub const MAX_AGENT_CARDS: usize = 256;
 pub const AGENT_CARD_DOMAIN: &[u8] = b"agent-mesh/agent-card/v1\0";
 /// The domain tag signed before an agent move notice's fields.
 pub const AGENT_MOVE_DOMAIN: &[u8] = b"agent-mesh/agent-move/v1\0";
+/// The domain tag signed before a read receipt's fields.
+pub const READ_RECEIPT_DOMAIN: &[u8] = b"agent-mesh/read-receipt/v1\0";
 /// The domain tag hashed before the fields a message id is derived from.
 pub const MSG_ID_DOMAIN: &[u8] = b"agent-mesh/msg-id/v1\0";
 
@@ -114,8 +126,9 @@ pub enum AgentError {
         /// What was wrong.
         why: String,
     },
-    /// An agent card's signature does not verify under its agent key.
-    #[error("the card of agent {0} does not verify under its key")]
+    /// An agent card's (or notice's, or receipt's) signature does not
+    /// verify under its agent key.
+    #[error("the signature of agent {0} does not verify under its key")]
     BadSignature(String),
 }
 
@@ -320,24 +333,37 @@ pub struct AgentEnvelope {
     /// The message.
     #[serde(with = "serde_bytes")]
     pub body: Vec<u8>,
+    /// Whether the sender asks for a [`ReadReceipt`] once the recipient
+    /// agent has read it. Not a postcard field: the one trailing flags
+    /// byte [`FLAG_RECEIPT`] after the body, present only when `true`.
+    #[serde(skip)]
+    pub receipt: bool,
 }
 
 impl AgentEnvelope {
-    /// The payload bytes.
+    /// The payload bytes: the postcard fields, then the flags byte if
+    /// `receipt`.
     pub fn encode(&self) -> Vec<u8> {
         // Sized up front: the body is most of it, and growing a Vec piece
         // by piece reallocates (and copies) the body on every agent send.
         let room = self.body.len() + ENVELOPE_HEAD_BYTES_MAX;
         // Serializing plain structs into a Vec cannot fail.
-        postcard::to_extend(self, Vec::with_capacity(room))
-            .unwrap_or_else(|_| unreachable!("postcard into Vec"))
+        let mut out = postcard::to_extend(self, Vec::with_capacity(room))
+            .unwrap_or_else(|_| unreachable!("postcard into Vec"));
+        if self.receipt {
+            out.push(FLAG_RECEIPT);
+        }
+        out
     }
 
     /// Decodes a payload of kind [`KIND_AGENT`]: at most
-    /// [`MAX_BATCH_PAYLOAD_BYTES`], canonical postcard, nothing left over,
-    /// every name and key checked.
+    /// [`MAX_BATCH_PAYLOAD_BYTES`], canonical postcard, then nothing (no
+    /// receipt asked) or exactly the flags byte [`FLAG_RECEIPT`]; every
+    /// name and key checked.
     pub fn decode(payload: &[u8]) -> Result<AgentEnvelope, AgentError> {
-        decode_canonical(payload, "agent envelope")
+        let (mut e, receipt): (AgentEnvelope, bool) = decode_flagged(payload)?;
+        e.receipt = receipt;
+        Ok(e)
     }
 }
 
@@ -358,13 +384,18 @@ pub struct AgentHeader<'a> {
     /// The body, borrowed from the payload.
     #[serde(borrow)]
     pub body: &'a [u8],
+    /// As [`AgentEnvelope::receipt`] (the trailing flags byte).
+    #[serde(skip)]
+    pub receipt: bool,
 }
 
 impl<'a> AgentHeader<'a> {
     /// Decodes `payload` exactly as [`AgentEnvelope::decode`] does (the
     /// same checks, the same refusals), borrowing the body.
     pub fn decode(payload: &'a [u8]) -> Result<AgentHeader<'a>, AgentError> {
-        decode_canonical(payload, "agent envelope")
+        let (mut h, receipt): (AgentHeader<'a>, bool) = decode_flagged(payload)?;
+        h.receipt = receipt;
+        Ok(h)
     }
 }
 
@@ -536,6 +567,38 @@ impl ForwardTrimmed {
         }
         Ok(t)
     }
+}
+
+/// Decodes `payload` as the one canonical encoding of an agent envelope:
+/// a `T`'s canonical postcard, then nothing (`false`) or exactly
+/// [`FLAG_RECEIPT`] (`true`).
+fn decode_flagged<'a, T: Serialize + Deserialize<'a>>(
+    payload: &'a [u8],
+) -> Result<(T, bool), AgentError> {
+    let what = "agent envelope";
+    if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
+        return Err(AgentError::TooLarge {
+            what,
+            len: payload.len(),
+        });
+    }
+    let malformed = |why: String| AgentError::Malformed { what, why };
+    let (value, rest) =
+        postcard::take_from_bytes::<T>(payload).map_err(|e| malformed(e.to_string()))?;
+    let receipt = match rest {
+        [] => false,
+        [FLAG_RECEIPT] => true,
+        [b] => return Err(malformed(format!("unknown flags byte {b:#04x}"))),
+        _ => return Err(malformed(format!("{} trailing bytes", rest.len()))),
+    };
+    let fields = payload.len() - rest.len();
+    let canonical = encoded_len(&value).map_err(|e| malformed(e.to_string()))?;
+    if canonical != fields {
+        return Err(malformed(format!(
+            "not canonical: {fields} bytes re-encode as {canonical}"
+        )));
+    }
+    Ok((value, receipt))
 }
 
 /// Decodes `payload` as the one canonical postcard encoding of a `T`.

@@ -17,7 +17,8 @@ use crate::ids::{Epoch, NodeId, Seq, StreamId, TopicName};
 /// The protocol version a node speaks, sent in [`Frame::Hello`] (and, as
 /// its digit, in the connection preamble).
 /// 3: [`Frame::Topics`]. 4: [`Frame::Moves`]. 5: [`Frame::Followed`].
-pub const PROTOCOL_VERSION: u32 = 5;
+/// 6: read receipts ([`crate::KIND_READ_RECEIPT`], the envelope flags byte).
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Bytes of the length prefix in front of every frame body.
 pub const FRAME_HEADER_BYTES: usize = 4;

@@ -66,8 +66,8 @@ pub fn frame(data: &[u8]) {
 }
 
 /// Feeds `data` to the decoders of the mesh's own payload formats (an
-/// agent message, a bounce, a tombstone, a forward, a trimmed forward), as a
-/// receiving node does with an envelope of that kind.
+/// agent message, a bounce, a tombstone, a forward, a trimmed forward, a
+/// read receipt), as a receiving node does with an envelope of that kind.
 ///
 /// Panics if a decoded value does not re-encode to exactly `data`.
 pub fn agent_payload(data: &[u8]) {
@@ -85,6 +85,23 @@ pub fn agent_payload(data: &[u8]) {
     );
     if let (Ok(h), Ok(e)) = (header, full) {
         assert!(h.body == e.body.as_slice() && h.id == e.id && h.from == e.from);
+        assert!(
+            h.receipt == e.receipt,
+            "the decoders disagree on the receipt flag"
+        );
+    }
+    if let Ok(r) = crate::ReadReceipt::decode(data) {
+        assert!(
+            r.encode() == data,
+            "a decoded read receipt re-encodes to other bytes"
+        );
+        assert!(
+            (1..=crate::MAX_RECEIPT_IDS).contains(&r.ids.len())
+                && r.ids.windows(2).all(|w| w[0] < w[1]),
+            "a read receipt's ids out of bounds or order"
+        );
+        // Either outcome is fine; checking must not panic.
+        let _ = r.verify(&some_node(), &some_node());
     }
     if let Ok(b) = Bounce::decode(data) {
         assert!(

@@ -28,10 +28,11 @@ mod ticket;
 pub use agent::{
     AGENT_CARD_DOMAIN, AGENT_MOVE_DOMAIN, AgentCard, AgentEnvelope, AgentError, AgentHeader,
     AgentMove, AgentName, Bounce, BounceReason, Forward, ForwardTrimmed, KIND_AGENT, KIND_BOUNCE,
-    KIND_FORWARD, KIND_FORWARD_TRIMMED, KIND_MESH_MAX, KIND_MESH_MIN, KIND_TOMBSTONE,
-    MAX_AGENT_CARDS, MAX_AGENT_NAME_BYTES, MAX_FORWARD_OVERHEAD_BYTES, MAX_SUPERSEDE_KEY_BYTES,
-    MAX_TOMBSTONE_BYTES, MSG_ID_DOMAIN, MsgId, SupersedeKey, Tombstone, TombstoneReason,
-    is_forward_kind, is_mesh_kind, stamp_msg_id,
+    KIND_FORWARD, KIND_FORWARD_TRIMMED, KIND_MESH_MAX, KIND_MESH_MIN, KIND_READ_RECEIPT,
+    KIND_TOMBSTONE, MAX_AGENT_CARDS, MAX_AGENT_NAME_BYTES, MAX_FORWARD_OVERHEAD_BYTES,
+    MAX_READ_RECEIPT_BYTES, MAX_RECEIPT_IDS, MAX_SUPERSEDE_KEY_BYTES, MAX_TOMBSTONE_BYTES,
+    MSG_ID_DOMAIN, MsgId, READ_RECEIPT_DOMAIN, ReadReceipt, SupersedeKey, Tombstone,
+    TombstoneReason, is_forward_kind, is_mesh_kind, stamp_msg_id,
 };
 pub use batch::{
     BATCH_DOMAIN, Cid, EntryHeader, Envelope, MAX_BATCH_ENTRIES, MAX_BATCH_PAYLOAD_BYTES,

@@ -98,6 +98,22 @@ fn seeds() -> Vec<(&'static str, String, Vec<u8>)> {
     agent("seed-bounce", common::bounce().encode());
     agent("seed-forward", common::forward().encode());
     agent("seed-forward-trimmed", common::forward_trimmed().encode());
+    agent(
+        "seed-agent-envelope-receipt",
+        common::agent_envelope_receipt().encode(),
+    );
+    agent("seed-read-receipt", common::read_receipt().encode());
+    {
+        let mut b = common::agent_envelope_receipt().encode();
+        b.push(1);
+        agent("garbage-agent-envelope-two-flags", b);
+    }
+    {
+        // Its two ids swapped: no longer strictly ascending.
+        let mut r = common::read_receipt();
+        r.ids.reverse();
+        agent("garbage-read-receipt-unordered", r.encode());
+    }
     {
         let mut b = common::agent_envelope().encode();
         b.push(0);

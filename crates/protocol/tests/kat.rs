@@ -10,9 +10,10 @@
 mod common;
 
 use mesh_protocol::{
-    AGENT_CARD_DOMAIN, AGENT_MOVE_DOMAIN, AgentEnvelope, BATCH_DOMAIN, Bounce, CARD_DOMAIN, Cursor,
-    FRAME_HEADER_BYTES, InviteCode, JOIN_PROOF_DOMAIN, JoinAnswer, JoinRequest, NodeTicket,
-    SignedBatch, decode_frame, decode_join, encode_join, frame_body_len,
+    AGENT_CARD_DOMAIN, AGENT_MOVE_DOMAIN, AgentEnvelope, AgentHeader, BATCH_DOMAIN, Bounce,
+    CARD_DOMAIN, Cursor, FRAME_HEADER_BYTES, InviteCode, JOIN_PROOF_DOMAIN, JoinAnswer,
+    JoinRequest, NodeTicket, READ_RECEIPT_DOMAIN, ReadReceipt, SignedBatch, decode_frame,
+    decode_join, encode_join, frame_body_len,
 };
 
 fn hex(b: &[u8]) -> String {
@@ -43,7 +44,7 @@ const AUTHOR_HEX: &str = "8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf37488
 const RECIPIENT_HEX: &str = "8139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394";
 const SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f7369676e65642d62617463682f7631008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401020180d0eab6b73300ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f050281d0eab6b73301d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c05";
 const SIG_HEX: &str = "4b2ed530c32cf3d41ba7df85103eb081a4c908e06bceb68575d1784ce68a3e787a8e8392c8ef2271a25f898758be5346231e47a86faf8d8141c254e12ed6ad06";
-const HELLO_HEX: &str = "0000015d00058139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b3940201d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac02008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39405627261766f0100c0000202b72680d0eab6b733ce7257391fc8b2799571d394f44f248544d541a99d4cee39e7c305614aae374fde450fd5b4fa31030d3199a4913e8ac72e79d99f993ef53680335910f9d61a09";
+const HELLO_HEX: &str = "0000015d00068139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b394eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b3940201d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c8a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f010e6167656e74732f706c616e6e6572ac02008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39405627261766f0100c0000202b72680d0eab6b733ce7257391fc8b2799571d394f44f248544d541a99d4cee39e7c305614aae374fde450fd5b4fa31030d3199a4913e8ac72e79d99f993ef53680335910f9d61a09";
 const BATCH_HEX: &str = "000000f3018a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401020180d0eab6b73300ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f050281d0eab6b73301d7894ae9716d38d2dfad0ec55424ca321ee12453d51f1b3adeb77d0475ed988c054b2ed530c32cf3d41ba7df85103eb081a4c908e06bceb68575d1784ce68a3e787a8e8392c8ef2271a25f898758be5346231e47a86faf8d8141c254e12ed6ad06020568656c6c6f05776f726c64";
 const ACK_HEX: &str = "00000053028a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39402";
 const RESYNC_HEX: &str = "00000053038a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5c000102030405060708090a0b0c0d0e0f008139770ea87d175f56a35466c34c7ecccb8d8a91b4ee37a25df60f5b8fc9b39401";
@@ -200,6 +201,50 @@ fn the_fixed_agent_payloads_encode_to_their_pinned_bytes_and_decode_back() {
     );
     // An empty range is refused.
     assert!(mesh_protocol::ForwardTrimmed::decode(&unhex("07706c616e6e65720905")).is_err());
+}
+
+const AGENT_ENVELOPE_RECEIPT_HEX: &str =
+    "b4672bf683bcfd81000000000000000107706c616e6e65720105636f646572000002686901";
+const READ_RECEIPT_HEX: &str = "07706c616e6e657205636f64657280d0eab6b73302b4672bf683bcfd810000000000000001b4672bf683bcfd810000000000000002e1185878322fdc3c1bd25c7a8726828032708e1db8b8ac7721e4507d233a7fc80f526d6992f1a2dcc9804d8138eee2f5014bd5e510603067e1d811548c46c80c";
+const READ_RECEIPT_SIGNED_BYTES_HEX: &str = "6167656e742d6d6573682f726561642d726563656970742f7631008a88e3dd7409f195fd52db2d3cba5d72ca6709bf1d94121bf3748801b40f6f5ced4928c628d1c2c6eae90338905995612959273a5c63f93636c14614ac8737d107706c616e6e657205636f64657280d0eab6b73302b4672bf683bcfd810000000000000001b4672bf683bcfd810000000000000002";
+
+#[test]
+fn the_fixed_receipt_request_and_read_receipt_are_pinned_and_the_receipt_verifies() {
+    let asked = common::agent_envelope_receipt();
+    assert_hex(
+        "agent envelope asking a receipt",
+        &asked.encode(),
+        AGENT_ENVELOPE_RECEIPT_HEX,
+    );
+    // The same bytes as the envelope that does not ask, and one flags byte.
+    assert_eq!(
+        AGENT_ENVELOPE_RECEIPT_HEX,
+        format!("{AGENT_ENVELOPE_HEX}01")
+    );
+    assert_eq!(
+        AgentEnvelope::decode(&unhex(AGENT_ENVELOPE_RECEIPT_HEX)),
+        Ok(asked)
+    );
+    assert!(
+        AgentHeader::decode(&unhex(AGENT_ENVELOPE_RECEIPT_HEX))
+            .unwrap()
+            .receipt
+    );
+    let receipt = common::read_receipt();
+    assert_hex("read receipt", &receipt.encode(), READ_RECEIPT_HEX);
+    assert_eq!(
+        ReadReceipt::decode(&unhex(READ_RECEIPT_HEX)),
+        Ok(receipt.clone())
+    );
+    let key = common::agent_secret().public();
+    let signed = receipt.signed_bytes(&common::author(), &key);
+    assert!(signed.starts_with(READ_RECEIPT_DOMAIN));
+    assert_hex(
+        "read receipt signed bytes",
+        &signed,
+        READ_RECEIPT_SIGNED_BYTES_HEX,
+    );
+    assert!(receipt.verify(&common::author(), &key).is_ok());
 }
 
 #[test]

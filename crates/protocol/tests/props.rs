@@ -10,13 +10,13 @@ mod common;
 
 use common::{
     arb_addr, arb_agent_card, arb_agent_envelope, arb_bounce, arb_card, arb_epoch, arb_forward,
-    arb_frame, arb_invite, arb_node, arb_open_batch, arb_stream,
+    arb_frame, arb_invite, arb_node, arb_open_batch, arb_read_receipt, arb_stream,
 };
 use mesh_protocol::{
-    AgentEnvelope, Bounce, Channel, Cursor, CursorError, FRAME_HEADER_BYTES, Frame, FrameError,
-    InviteCode, JoinAnswer, JoinRequest, MAX_FRAME_BYTES, MAX_TICKET_ADDRS, NodeCard, NodeTicket,
-    Payloads, RequestId, SignedBatch, StreamId, VerifyError, decode_frame, decode_join,
-    encode_frame, encode_join, frame_body_len, same_node,
+    AgentEnvelope, AgentHeader, Bounce, Channel, Cursor, CursorError, FRAME_HEADER_BYTES, Frame,
+    FrameError, InviteCode, JoinAnswer, JoinRequest, MAX_FRAME_BYTES, MAX_TICKET_ADDRS, NodeCard,
+    NodeTicket, Payloads, ReadReceipt, RequestId, SignedBatch, StreamId, VerifyError, decode_frame,
+    decode_join, encode_frame, encode_join, frame_body_len, same_node,
 };
 use proptest::prelude::*;
 
@@ -89,10 +89,29 @@ proptest! {
     #[test]
     fn an_agent_envelope_round_trips_and_every_strict_prefix_is_refused(e in arb_agent_envelope()) {
         let bytes = e.encode();
-        prop_assert_eq!(AgentEnvelope::decode(&bytes), Ok(e));
+        prop_assert_eq!(AgentEnvelope::decode(&bytes), Ok(e.clone()));
         for n in 0..bytes.len() {
-            prop_assert!(AgentEnvelope::decode(&bytes[..n]).is_err());
+            let prefix = AgentEnvelope::decode(&bytes[..n]);
+            if e.receipt && n == bytes.len() - 1 {
+                // Without its flags byte, it is the same message not asking.
+                let unasked = AgentEnvelope { receipt: false, ..e.clone() };
+                prop_assert_eq!(prefix, Ok(unasked));
+            } else {
+                prop_assert!(prefix.is_err());
+            }
         }
+    }
+
+    #[test]
+    fn an_agent_envelope_with_any_other_trailing_bytes_is_refused(
+        e in arb_agent_envelope(),
+        extra in proptest::collection::vec(any::<u8>(), 1..4),
+    ) {
+        let mut bytes = e.encode();
+        bytes.extend_from_slice(&extra);
+        let once_asked = !e.receipt && extra == [1];
+        prop_assert_eq!(AgentEnvelope::decode(&bytes).is_ok(), once_asked);
+        prop_assert_eq!(AgentHeader::decode(&bytes).is_ok(), once_asked);
     }
 
     #[test]
@@ -105,8 +124,25 @@ proptest! {
         bytes.push(extra);
         prop_assert!(mesh_protocol::Forward::decode(&bytes).is_err());
         let mut bad = f;
-        bad.envelope.push(extra);
+        // Two bytes: one 0x01 alone would be a receipt flag.
+        bad.envelope.extend([extra, 0]);
         prop_assert!(mesh_protocol::Forward::decode(&bad.encode()).is_err());
+    }
+
+    #[test]
+    fn a_read_receipt_round_trips_and_any_bit_flip_fails_decode_or_verify(
+        (r, node, key) in arb_read_receipt(),
+        bit in any::<usize>(),
+    ) {
+        let bytes = r.encode();
+        prop_assert_eq!(ReadReceipt::decode(&bytes), Ok(r.clone()));
+        prop_assert!(r.verify(&node, &key).is_ok());
+        let mut flipped = bytes.clone();
+        let bit = bit % (bytes.len() * 8);
+        flipped[bit / 8] ^= 1 << (bit % 8);
+        if let Ok(other) = ReadReceipt::decode(&flipped) {
+            prop_assert!(other.verify(&node, &key).is_err());
+        }
     }
 
     #[test]

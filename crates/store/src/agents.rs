@@ -52,6 +52,9 @@ pub enum InboxKind {
     /// A loss record naming messages it sent that were given up before
     /// their recipient node had them (its outbox evicted them).
     Lost,
+    /// A read receipt: the recipient agent of messages it sent, which
+    /// asked for one, read them.
+    Read,
 }
 
 /// One entry of an agent's inbox index: the journal entry at its arrival
@@ -113,6 +116,23 @@ pub struct MessageRow {
     /// index row's own encoding.
     #[serde(skip)]
     pub superseded_by: Option<MsgId>,
+    /// Set when this node sent it and its reader's receipt came back: who
+    /// read it and when. Read from `read-v1`; never part of the index
+    /// row's own encoding.
+    #[serde(skip)]
+    pub read: Option<ReadMark>,
+}
+
+/// Who read a message this node sent, and when (from a read receipt).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadMark {
+    /// The reader's node (the receipt's author).
+    #[serde(with = "node_id_bytes")]
+    pub node: NodeId,
+    /// The reader agent.
+    pub reader: AgentName,
+    /// When it read it, ms since the Unix epoch (as the receipt says).
+    pub read_ms: u64,
 }
 
 /// A retried send's key: the sender (an agent, or the node itself) and
@@ -194,6 +214,24 @@ pub enum AgentIndex {
         /// The forward's seq.
         seq: Seq,
     },
+    /// The envelope `seq` is a read receipt: `mark.reader` on `mark.node`
+    /// read the messages `ids`. The store marks each id that this node
+    /// sent to `mark.node` and that is not marked read yet (the others
+    /// are skipped and counted in [`crate::Receipt::read`]); if it marks
+    /// any, the envelope goes to `agent`'s inbox (kind
+    /// [`InboxKind::Read`]), else the receipt is refused: no entry. So a
+    /// receipt delivered twice, or naming only what this node never sent,
+    /// tells the agent nothing.
+    Read {
+        /// The sending agent told.
+        agent: AgentName,
+        /// The receipt envelope's seq.
+        seq: Seq,
+        /// Who read them, and when.
+        mark: ReadMark,
+        /// The messages read.
+        ids: Vec<MsgId>,
+    },
     /// The envelope `seq` is the first send of `key` (arrival filled in).
     Dedup {
         /// The envelope's seq.
@@ -210,6 +248,7 @@ impl AgentIndex {
             | AgentIndex::Message { seq, .. }
             | AgentIndex::Forwarded { seq, .. }
             | AgentIndex::ForwardTaken { seq, .. }
+            | AgentIndex::Read { seq, .. }
             | AgentIndex::Dedup { seq, .. } => *seq,
         }
     }
@@ -324,6 +363,10 @@ pub(crate) enum AgentWrite {
         id: MsgId,
         by: MsgId,
     },
+    Read {
+        id: MsgId,
+        mark: ReadMark,
+    },
     Dedup(DedupRecord),
     ExpireDedup {
         before_ms: u64,
@@ -409,6 +452,36 @@ pub(crate) fn plan(
         AgentOp::RemoveAgent(n) => out.push(AgentWrite::RemoveAgent(n)),
         AgentOp::Index { stream, entries } => {
             for e in entries {
+                if let AgentIndex::Read {
+                    agent,
+                    seq,
+                    mark,
+                    ids,
+                } = e
+                {
+                    // Filtered by the store against the message index
+                    // before this (`logic`): what is left is marked.
+                    if ids.is_empty() {
+                        continue;
+                    }
+                    let row = InboxRow {
+                        kind: InboxKind::Read,
+                        verified: true,
+                        in_reply_to: None,
+                    };
+                    out.push(index_write(
+                        AgentIndex::Inbox { agent, seq, row },
+                        &stream,
+                        runs,
+                    )?);
+                    for id in ids {
+                        out.push(AgentWrite::Read {
+                            id,
+                            mark: mark.clone(),
+                        });
+                    }
+                    continue;
+                }
                 out.push(index_write(e, &stream, runs)?);
             }
         }
@@ -455,6 +528,9 @@ fn index_write(e: AgentIndex, stream: &StreamId, runs: &[Run]) -> Result<AgentWr
     Ok(match e {
         AgentIndex::Forwarded { .. } => {
             return Err("a forwarded entry reached the plan unexpanded".to_owned());
+        }
+        AgentIndex::Read { .. } => {
+            return Err("a read receipt entry reached the plan unexpanded".to_owned());
         }
         AgentIndex::Inbox { agent, row, .. } => AgentWrite::Inbox {
             agent,
@@ -544,6 +620,7 @@ impl Place {
         record: &crate::JournalRecord,
         undelivered: Option<BounceReason>,
         superseded_by: Option<MsgId>,
+        read: Option<ReadMark>,
     ) -> Result<MessageRow, String> {
         let crate::JournalRecord::Envelope {
             stream,
@@ -589,6 +666,7 @@ impl Place {
                 in_reply_to: None,
                 undelivered,
                 superseded_by: by,
+                read,
             });
         }
         // A forward's message is the one it carries.
@@ -620,6 +698,7 @@ impl Place {
             in_reply_to: h.in_reply_to,
             undelivered,
             superseded_by,
+            read,
         })
     }
 }

@@ -24,7 +24,7 @@ pub use actor::{
 };
 pub use agents::{
     ALIAS_BYTES_MAX, AgentIndex, AgentOp, AgentRecord, CLIENT_ID_BYTES_MAX, DedupKey, DedupRecord,
-    InboxItem, InboxKind, InboxRow, MessageDir, MessageRow, RESUMED_CURSOR,
+    InboxItem, InboxKind, InboxRow, MessageDir, MessageRow, RESUMED_CURSOR, ReadMark,
 };
 pub use logic::{
     CURSOR_NAME_BYTES_MAX, DETAIL_BYTES_MAX, JOURNAL_TIME_STEP_MS, SUBSCRIBER_NAME_BYTES_MAX,
@@ -35,8 +35,8 @@ pub use redb_store::{CACHE_BYTES, RedbStore, STORE_FILE_NAME};
 pub use types::{
     Arrival, EndedOwn, Eviction, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord,
     InviteSpend, JournalBounds, JournalItem, JournalRecord, LossReason, OnFull, OutboxBounds,
-    OwnStream, PeerRecord, Receipt, StoreMeta, StoredBatch, TOPICS_MAX, TopicRecord, TrimReport,
-    WriteOp,
+    OwnStream, PeerRecord, ReadReport, Receipt, StoreMeta, StoredBatch, TOPICS_MAX, TopicRecord,
+    TrimReport, WriteOp,
 };
 
 use mesh_protocol::{InviteId, Mark, NodeCard, Seq, StreamId};

@@ -623,6 +623,23 @@ pub struct Receipt {
     pub trim: Option<TrimReport>,
     /// The ended own streams the ops changed.
     pub ended: Vec<EndedOwn>,
+    /// What the read receipts among the ops did.
+    pub read: ReadReport,
+}
+
+/// What the read receipts of one caller's ops did
+/// ([`crate::AgentIndex::Read`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReadReport {
+    /// Receipts that marked something (each one inbox entry).
+    pub taken: u64,
+    /// Sent messages marked read.
+    pub marked: u64,
+    /// Ids skipped: not sent by this node to the reader's node, or marked
+    /// read already.
+    pub skipped: u64,
+    /// Receipts that marked nothing, and so made no inbox entry.
+    pub refused: u64,
 }
 
 /// What to do when an outbox is full of unacknowledged envelopes (the bus

@@ -78,6 +78,7 @@ fn keyed(to: &str, body: &str) -> AgentSendRequest {
         in_reply_to: None,
         client_id: None,
         key: Some("status".to_owned()),
+        receipt: false,
     }
 }
 

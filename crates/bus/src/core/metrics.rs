@@ -339,6 +339,19 @@ pub struct AgentCounts {
     pub supersede_refused: u64,
     /// Tombstones received for an agent of this node.
     pub tombstones_received: u64,
+    /// Read receipts of this node's agents taken to send (by the
+    /// daemon's receipt pump).
+    pub receipts_sent: u64,
+    /// Read receipts received that marked messages read and went to their
+    /// sender agent's inbox here.
+    pub receipts_received: u64,
+    /// Read receipts refused: malformed, not signed by the key of the
+    /// reader its node announced, for an agent this node does not host,
+    /// or naming nothing this node sent there that is not read already.
+    pub receipts_refused: u64,
+    /// Ids of accepted read receipts that named no message this node sent
+    /// to the reader's node (or one already marked read): skipped.
+    pub receipt_ids_skipped: u64,
 }
 
 #[cfg(test)]

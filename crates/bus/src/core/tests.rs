@@ -1038,6 +1038,7 @@ fn a_forward_never_makes_room_by_a_loss_even_under_evict_oldest() {
             in_reply_to: None,
             key: None,
             body: vec![n; 4],
+            receipt: false,
         };
         mesh_protocol::Forward {
             author: id(3),

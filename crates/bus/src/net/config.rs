@@ -16,7 +16,7 @@ pub const ALPN: &[u8] = b"agent-mesh/1";
 /// acceptor's copy tells the dialer its connection was taken as the live one.
 /// A preamble of another version is refused with
 /// [`super::close_code::VERSION_MISMATCH`], its reason naming both versions.
-pub const PREAMBLE: [u8; 8] = *b"amesh/5\n";
+pub const PREAMBLE: [u8; 8] = *b"amesh/6\n";
 
 /// The bytes every version's preamble starts with.
 pub const PREAMBLE_MAGIC: &[u8; 6] = b"amesh/";

@@ -95,7 +95,7 @@ impl HandshakeError {
     /// The refusal to show for this peer, if it is one of protocol versions:
     /// ours of its preamble, its of ours (a peer of this protocol or newer
     /// closes with [`close_code::VERSION_MISMATCH`], an older one reads
-    /// `amesh/5` as a bad preamble).
+    /// `amesh/6` as a bad preamble).
     pub(crate) fn refusal(&self) -> Option<String> {
         match self {
             HandshakeError::Version(theirs) => Some(version_refusal(*theirs)),
@@ -458,5 +458,11 @@ mod tests {
         assert_eq!(preamble_version(b"GET / HT"), None);
         let why = version_refusal(1);
         assert!(why.contains("protocol 1") && why.contains(&format!("speaks {PROTOCOL_VERSION}")));
+        // The previous version, before read receipts, names both.
+        let why = version_refusal(5);
+        assert!(
+            why.contains("protocol 5") && why.contains("speaks 6"),
+            "{why}"
+        );
     }
 }

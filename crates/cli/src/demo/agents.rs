@@ -112,6 +112,7 @@ async fn agent_send(
         in_reply_to: None,
         client_id: None,
         key: None,
+        receipt: false,
     };
     Ok(c.post(&format!("/v1/agents/{agent}/send"), &req).await?)
 }

@@ -611,9 +611,9 @@ pub(crate) fn send_error(to: NodeId, e: SendError) -> ApiError {
             e @ CoreSendError::ClientIdReused { .. } => {
                 CallerError::ClientIdReused(e.to_string()).into()
             }
-            e @ (CoreSendError::ReservedKind(_) | CoreSendError::NotAnAgentMessage) => {
-                CallerError::BadValue(e.to_string()).into()
-            }
+            e @ (CoreSendError::ReservedKind(_)
+            | CoreSendError::NotAnAgentMessage
+            | CoreSendError::ReceiptWithoutAgent) => CallerError::BadValue(e.to_string()).into(),
             e => Bug::new(e.to_string()).into(),
         },
         e @ SendError::Stopped => Unavailable::Node(e.to_string()).into(),

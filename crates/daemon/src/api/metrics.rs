@@ -230,7 +230,7 @@ fn render_topics(t: &mut Text, status: &NodeStatus) {
 }
 
 /// The agent layer's counters: (name after `mesh_`, help, value).
-fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 20] {
+fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 24] {
     let a = &status.core.agents;
     [
         (
@@ -332,6 +332,26 @@ fn agent_counters(status: &NodeStatus) -> [(&'static str, &'static str, u64); 20
             "agent_payloads_malformed_total",
             "Agent envelopes whose payload did not decode.",
             a.malformed,
+        ),
+        (
+            "agent_receipts_sent_total",
+            "Read receipts of this node's agents sent to their senders' nodes.",
+            a.receipts_sent,
+        ),
+        (
+            "agent_receipts_received_total",
+            "Read receipts that marked messages of this node read and went to their sender's inbox.",
+            a.receipts_received,
+        ),
+        (
+            "agent_receipts_refused_total",
+            "Read receipts refused: malformed, not signed by the reader's announced key, for no agent here, or naming nothing this node sent there unread.",
+            a.receipts_refused,
+        ),
+        (
+            "agent_receipt_ids_skipped_total",
+            "Ids in accepted read receipts that named no message this node sent to the reader's node, or one already read.",
+            a.receipt_ids_skipped,
         ),
     ]
 }

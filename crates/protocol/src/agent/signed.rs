@@ -1,11 +1,15 @@
 //! The signed notices about an agent: its card (where it is hosted and
-//! whether it is online) and its move notice (which host it moved to).
+//! whether it is online), its move notice (which host it moved to) and its
+//! read receipts (which messages it read).
 
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::{AGENT_CARD_DOMAIN, AGENT_MOVE_DOMAIN, AgentError, AgentName};
+use super::{
+    AGENT_CARD_DOMAIN, AGENT_MOVE_DOMAIN, AgentError, AgentName, MAX_AGENT_NAME_BYTES, MsgId,
+    READ_RECEIPT_DOMAIN, decode_canonical,
+};
 use crate::ids::{NodeId, SecretKey};
 
 /// A node's announcement of one of its agents, signed by the agent's own
@@ -201,6 +205,147 @@ impl AgentMove {
     /// imports of one exported key). The same notice does not win.
     pub fn wins_over(&self, other: &AgentMove) -> bool {
         (self.version, self.node.as_bytes()) > (other.version, other.node.as_bytes())
+    }
+}
+
+/// The most message ids one [`ReadReceipt`] names.
+pub const MAX_RECEIPT_IDS: usize = 256;
+
+/// The most bytes a [`ReadReceipt`] encodes to: two names at their longest
+/// with their lengths, the time as a varint, the id count as a varint, the
+/// ids, the signature.
+pub const MAX_READ_RECEIPT_BYTES: usize =
+    2 * (1 + MAX_AGENT_NAME_BYTES) + 10 + 2 + MAX_RECEIPT_IDS * 16 + 64;
+
+/// The payload of an envelope of kind [`super::KIND_READ_RECEIPT`]: agent
+/// `reader`, hosted by the envelope's author node, read the messages `ids`
+/// that the agent `to` of the envelope's recipient node sent it.
+///
+/// Signed by the reader agent's own key, so neither a relay nor the
+/// reader's node on its own account can invent one for another agent. The
+/// signature covers [`READ_RECEIPT_DOMAIN`] and the postcard encoding of
+/// `(node, key, reader, to, read_ms, ids)`, where `node` is the reader's
+/// host and `key` its agent key: a receipt cannot be replayed as if from
+/// another host or another key. The ids are 1 to [`MAX_RECEIPT_IDS`],
+/// strictly ascending (one encoding per set).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadReceipt {
+    /// The agent that read the messages, on the envelope's author node.
+    pub reader: AgentName,
+    /// The agent that sent them, on the envelope's recipient node: the
+    /// agent told.
+    pub to: AgentName,
+    /// When the reader acked past them, ms since the Unix epoch.
+    pub read_ms: u64,
+    /// The messages read, strictly ascending.
+    pub ids: Vec<MsgId>,
+    /// ed25519 by the reader's agent key over the fields above, its node
+    /// and its key.
+    #[serde(with = "crate::batch::sig_bytes")]
+    pub sig: [u8; 64],
+}
+
+impl fmt::Debug for ReadReceipt {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadReceipt")
+            .field("reader", &self.reader)
+            .field("to", &self.to)
+            .field("read_ms", &self.read_ms)
+            .field("ids", &self.ids.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The fields a read receipt's signature covers, borrowed for encoding.
+#[derive(Serialize)]
+struct ReceiptFields<'a> {
+    #[serde(with = "crate::ids::node_id_serde")]
+    node: &'a NodeId,
+    #[serde(with = "crate::ids::node_id_serde")]
+    key: &'a NodeId,
+    reader: &'a AgentName,
+    to: &'a AgentName,
+    read_ms: u64,
+    ids: &'a [MsgId],
+}
+
+impl ReadReceipt {
+    /// A receipt by the agent of `secret`, named `reader` on `node`, that
+    /// it read `ids` (which the caller keeps to 1..=[`MAX_RECEIPT_IDS`],
+    /// strictly ascending, or [`ReadReceipt::decode`] refuses it) from `to`.
+    pub fn sign(
+        secret: &SecretKey,
+        node: &NodeId,
+        (reader, to): (AgentName, AgentName),
+        read_ms: u64,
+        ids: Vec<MsgId>,
+    ) -> ReadReceipt {
+        let mut r = ReadReceipt {
+            reader,
+            to,
+            read_ms,
+            ids,
+            sig: [0; 64],
+        };
+        r.sig = secret
+            .sign(&r.signed_bytes(node, &secret.public()))
+            .to_bytes();
+        r
+    }
+
+    /// The bytes the signature covers, for a reader hosted by `node` with
+    /// the agent key `key`.
+    pub fn signed_bytes(&self, node: &NodeId, key: &NodeId) -> Vec<u8> {
+        domain_bytes(
+            READ_RECEIPT_DOMAIN,
+            &ReceiptFields {
+                node,
+                key,
+                reader: &self.reader,
+                to: &self.to,
+                read_ms: self.read_ms,
+                ids: &self.ids,
+            },
+        )
+    }
+
+    /// Checks the signature (`verify_strict`) as made by the reader with
+    /// the agent key `key` (from its announced card) hosted by `node` (the
+    /// envelope's author).
+    pub fn verify(&self, node: &NodeId, key: &NodeId) -> Result<(), AgentError> {
+        verify_agent(key, &self.reader, &self.signed_bytes(node, key), &self.sig)
+    }
+
+    /// The payload bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        postcard::to_stdvec(self).unwrap_or_else(|_| unreachable!("postcard into Vec"))
+    }
+
+    /// Decodes a payload of kind [`super::KIND_READ_RECEIPT`]: at most
+    /// [`MAX_READ_RECEIPT_BYTES`], canonical and whole, with 1 to
+    /// [`MAX_RECEIPT_IDS`] ids strictly ascending. The signature is not
+    /// checked here (the key is the caller's to find): see
+    /// [`ReadReceipt::verify`].
+    pub fn decode(payload: &[u8]) -> Result<ReadReceipt, AgentError> {
+        let what = "read receipt";
+        let malformed = |why: String| AgentError::Malformed { what, why };
+        if payload.len() > MAX_READ_RECEIPT_BYTES {
+            return Err(malformed(format!(
+                "{} bytes, more than the {MAX_READ_RECEIPT_BYTES} a receipt may take",
+                payload.len()
+            )));
+        }
+        let r: ReadReceipt = decode_canonical(payload, what)?;
+        if r.ids.is_empty() || r.ids.len() > MAX_RECEIPT_IDS {
+            return Err(malformed(format!(
+                "it names {} messages, not 1 to {MAX_RECEIPT_IDS}",
+                r.ids.len()
+            )));
+        }
+        if !r.ids.windows(2).all(|w| w[0] < w[1]) {
+            return Err(malformed("its ids are not strictly ascending".into()));
+        }
+        Ok(r)
     }
 }
 

@@ -13,7 +13,12 @@ fn envelope() -> AgentEnvelope {
         in_reply_to: None,
         key: None,
         body: b"hi".to_vec(),
+        receipt: false,
     }
+}
+
+fn receipt_by(secret: &SecretKey, node: &NodeId, ids: Vec<MsgId>) -> ReadReceipt {
+    ReadReceipt::sign(secret, node, (name("bob"), name("alice")), 1_000, ids)
 }
 
 #[test]
@@ -201,4 +206,90 @@ fn a_tombstone_decodes_only_as_encoded_and_takes_a_stamped_id() {
         },
     };
     assert!(longest.encode().len() as u64 <= MAX_TOMBSTONE_BYTES);
+}
+
+#[test]
+fn an_envelope_asks_a_receipt_with_one_trailing_flags_byte_and_nothing_else() {
+    let plain = envelope();
+    let asked = AgentEnvelope {
+        receipt: true,
+        ..envelope()
+    };
+    let (p, a) = (plain.encode(), asked.encode());
+    // Today's encoding, plus 0x01: every envelope stored before decodes.
+    assert_eq!(&a[..a.len() - 1], &p[..]);
+    assert_eq!(a.last(), Some(&0x01));
+    assert_eq!(AgentEnvelope::decode(&p).unwrap(), plain);
+    assert_eq!(AgentEnvelope::decode(&a).unwrap(), asked);
+    assert!(AgentHeader::decode(&a).unwrap().receipt);
+    assert!(!AgentHeader::decode(&p).unwrap().receipt);
+    for bad in [
+        vec![0x00],
+        vec![0x02],
+        vec![0x81],
+        vec![0x01, 0x00],
+        vec![0x01, 0x01],
+    ] {
+        let bytes = [p.as_slice(), &bad].concat();
+        assert!(AgentEnvelope::decode(&bytes).is_err(), "{bad:?}");
+        assert!(AgentHeader::decode(&bytes).is_err(), "{bad:?}");
+    }
+}
+
+#[test]
+fn a_receipt_verifies_only_under_its_readers_key_and_node() {
+    let bob = SecretKey::from_bytes(&[5; 32]);
+    let node = SecretKey::from_bytes(&[6; 32]).public();
+    let r = receipt_by(&bob, &node, vec![MsgId([1; 16]), MsgId([2; 16])]);
+    assert_eq!(ReadReceipt::decode(&r.encode()).unwrap(), r);
+    r.verify(&node, &bob.public()).unwrap();
+    let mallory = SecretKey::from_bytes(&[7; 32]);
+    assert!(r.verify(&node, &mallory.public()).is_err(), "another key");
+    let forged = receipt_by(&mallory, &node, r.ids.clone());
+    assert!(
+        forged.verify(&node, &bob.public()).is_err(),
+        "signed by the wrong agent key"
+    );
+    let elsewhere = SecretKey::from_bytes(&[8; 32]).public();
+    assert!(r.verify(&elsewhere, &bob.public()).is_err(), "another host");
+    let mut altered = r.clone();
+    altered.ids.pop();
+    assert!(altered.verify(&node, &bob.public()).is_err(), "fewer ids");
+    let mut later = r.clone();
+    later.read_ms += 1;
+    assert!(later.verify(&node, &bob.public()).is_err(), "another time");
+}
+
+#[test]
+fn a_receipt_names_one_to_256_ids_strictly_ascending_and_its_longest_fits_its_cap() {
+    let bob = SecretKey::from_bytes(&[5; 32]);
+    let node = SecretKey::from_bytes(&[6; 32]).public();
+    let id = |n: u16| {
+        let mut b = [0xff; 16];
+        b[14..].copy_from_slice(&n.to_be_bytes());
+        MsgId(b)
+    };
+    for bad in [vec![], vec![id(2), id(1)], vec![id(1), id(1)]] {
+        let r = receipt_by(&bob, &node, bad.clone());
+        assert!(ReadReceipt::decode(&r.encode()).is_err(), "{bad:?}");
+    }
+    let too_many = receipt_by(&bob, &node, (0..=MAX_RECEIPT_IDS as u16).map(id).collect());
+    assert!(ReadReceipt::decode(&too_many.encode()).is_err());
+    let longest = ReadReceipt::sign(
+        &bob,
+        &node,
+        (
+            name(&"a".repeat(MAX_AGENT_NAME_BYTES)),
+            name(&"b".repeat(MAX_AGENT_NAME_BYTES)),
+        ),
+        u64::MAX,
+        (0..MAX_RECEIPT_IDS as u16).map(id).collect(),
+    );
+    let bytes = longest.encode();
+    assert!(bytes.len() <= MAX_READ_RECEIPT_BYTES, "{}", bytes.len());
+    assert_eq!(ReadReceipt::decode(&bytes).unwrap(), longest);
+    let mut trailing = receipt_by(&bob, &node, vec![id(1)]).encode();
+    trailing.push(0);
+    assert!(ReadReceipt::decode(&trailing).is_err());
+    assert!(ReadReceipt::decode(&vec![0; MAX_READ_RECEIPT_BYTES + 1]).is_err());
 }

@@ -12,8 +12,8 @@ use mesh_protocol::{
     AgentCard, AgentEnvelope, AgentMove, AgentName, Bounce, BounceReason, Channel, Cid, Cursor,
     Epoch, Forward, Frame, InviteCode, InviteId, InviteSecret, JoinAnswer, JoinRefusal,
     JoinRequest, Mark, MsgId, NewEnvelope, NodeCard, NodeId, NodeName, NodeTicket, OpenBatch,
-    PROTOCOL_VERSION, Payloads, RequestId, SecretKey, StreamId, SupersedeKey, TopicName,
-    encode_frame,
+    PROTOCOL_VERSION, Payloads, ReadReceipt, RequestId, SecretKey, StreamId, SupersedeKey,
+    TopicName, encode_frame,
 };
 use proptest::prelude::*;
 
@@ -303,7 +303,31 @@ pub(crate) fn agent_envelope() -> AgentEnvelope {
         in_reply_to: None,
         key: None,
         body: b"hi".to_vec(),
+        receipt: false,
     }
+}
+
+/// The fixed agent message asking for a read receipt.
+pub(crate) fn agent_envelope_receipt() -> AgentEnvelope {
+    AgentEnvelope {
+        receipt: true,
+        ..agent_envelope()
+    }
+}
+
+/// The fixed read receipt: `planner` (the fixed agent key, hosted by the
+/// author) read [`msg_id`] and one more from `coder`, at [`CREATED_MS`].
+pub(crate) fn read_receipt() -> ReadReceipt {
+    ReadReceipt::sign(
+        &agent_secret(),
+        &author(),
+        (agent("planner"), agent("coder")),
+        CREATED_MS,
+        vec![
+            msg_id(),
+            MsgId::derive(&author(), AUTHOR_EPOCH, &recipient(), 2),
+        ],
+    )
 }
 
 /// The fixed reply: `coder` to `planner`, answering [`msg_id`], with a key.
@@ -315,6 +339,7 @@ pub(crate) fn agent_reply() -> AgentEnvelope {
         in_reply_to: Some(msg_id()),
         key: Some(SupersedeKey::new("k").unwrap()),
         body: b"ok".to_vec(),
+        receipt: false,
     }
 }
 
@@ -587,14 +612,33 @@ pub(crate) fn arb_agent_envelope() -> impl Strategy<Value = AgentEnvelope> {
         proptest::option::of(arb_msg_id()),
         proptest::option::of("[ -~]{1,128}"),
         proptest::collection::vec(any::<u8>(), 0..64),
+        any::<bool>(),
     )
-        .prop_map(|(id, from, to, in_reply_to, key, body)| AgentEnvelope {
-            id,
-            from,
-            to,
-            in_reply_to,
-            key: key.map(|k| SupersedeKey::new(&k).unwrap()),
-            body,
+        .prop_map(
+            |(id, from, to, in_reply_to, key, body, receipt)| AgentEnvelope {
+                id,
+                from,
+                to,
+                in_reply_to,
+                key: key.map(|k| SupersedeKey::new(&k).unwrap()),
+                body,
+                receipt,
+            },
+        )
+}
+
+/// Any read receipt, with its signer's node and agent key.
+pub(crate) fn arb_read_receipt() -> impl Strategy<Value = (ReadReceipt, NodeId, NodeId)> {
+    (
+        arb_secret(),
+        arb_node(),
+        (arb_agent(), arb_agent()),
+        any::<u64>(),
+        proptest::collection::btree_set(arb_msg_id(), 1..8),
+    )
+        .prop_map(|(secret, node, names, read_ms, ids)| {
+            let r = ReadReceipt::sign(&secret, &node, names, read_ms, ids.into_iter().collect());
+            (r, node, secret.public())
         })
 }
 

@@ -94,6 +94,12 @@ pub(crate) trait Base {
         &mut self,
         id: &mesh_protocol::MsgId,
     ) -> Result<Option<(crate::MessageDir, Arrival)>, StoreError>;
+    /// The node this node sent the message `id` to, if the message index
+    /// has it as sent, as committed before this group.
+    fn sent_to(&mut self, id: &mesh_protocol::MsgId) -> Result<Option<NodeId>, StoreError>;
+    /// Whether the sent message `id` is marked read (`read-v1`), as
+    /// committed before this group.
+    fn is_read(&mut self, id: &mesh_protocol::MsgId) -> Result<bool, StoreError>;
     /// The arrival of the last inbox entry made here from a forward of
     /// `id` that the message index had already ([`crate::AgentIndex::ForwardTaken`]).
     fn forward_taken(&mut self, id: &mesh_protocol::MsgId) -> Result<Option<Arrival>, StoreError>;

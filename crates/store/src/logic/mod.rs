@@ -12,7 +12,8 @@ use mesh_protocol::{Cid, Epoch, NodeId, Seq, StreamId};
 use crate::agents::{self, Run};
 use crate::{
     AgentOp, Arrival, EndedOwn, INVITE_SPEND_REQUESTS_MAX, INVITE_USES_MAX, InviteRecord,
-    JournalBounds, JournalRecord, LossReason, OwnStream, Receipt, StoreError, TrimReport, WriteOp,
+    JournalBounds, JournalRecord, LossReason, OwnStream, ReadReport, Receipt, StoreError,
+    TrimReport, WriteOp,
 };
 
 mod base;
@@ -120,6 +121,8 @@ struct GroupView<'b, B: Base> {
     trim: Option<TrimReport>,
     /// Topics joined (`Some`) or left (`None`) by this group.
     topics: BTreeMap<mesh_protocol::TopicName, Option<crate::TopicRecord>>,
+    /// What this group's read receipts marked, skipped and refused.
+    read: ReadReport,
 }
 
 impl<B: Base> GroupView<'_, B> {
@@ -344,6 +347,7 @@ impl<B: Base> GroupView<'_, B> {
     /// Plans an agent write against the envelopes this group journaled.
     fn agents(&mut self, op: AgentOp) -> Result<(), Fail> {
         let op = self.expand_forwarded(op)?;
+        let op = self.filter_read(op)?;
         let last = self.first_arrival.map(|_| self.counters.journal_head);
         let mut planned = Vec::new();
         agents::plan(
@@ -433,6 +437,48 @@ impl<B: Base> GroupView<'_, B> {
             stream,
             entries: out,
         })
+    }
+
+    /// Keeps, of each read receipt entry of an index op, the ids this node
+    /// sent to the reader's node and has not marked read yet (nor has an
+    /// earlier entry of this op); the rest are counted as skipped, and an
+    /// entry left with none is counted as refused (the plan then writes
+    /// neither its inbox entry nor a mark).
+    fn filter_read(&mut self, op: AgentOp) -> Result<AgentOp, Fail> {
+        use crate::AgentIndex;
+        let AgentOp::Index {
+            stream,
+            mut entries,
+        } = op
+        else {
+            return Ok(op);
+        };
+        let mut seen = std::collections::BTreeSet::new();
+        for e in &mut entries {
+            let AgentIndex::Read { mark, ids, .. } = e else {
+                continue;
+            };
+            let asked = ids.len() as u64;
+            let mut kept = Vec::with_capacity(ids.len());
+            for id in std::mem::take(ids) {
+                let sent_there = self
+                    .base
+                    .sent_to(&id)?
+                    .is_some_and(|to| mesh_protocol::same_node(&to, &mark.node));
+                if sent_there && !self.base.is_read(&id)? && seen.insert(id) {
+                    kept.push(id);
+                }
+            }
+            self.read.marked += kept.len() as u64;
+            self.read.skipped += asked - kept.len() as u64;
+            if kept.is_empty() {
+                self.read.refused += 1;
+            } else {
+                self.read.taken += 1;
+            }
+            *ids = kept;
+        }
+        Ok(AgentOp::Index { stream, entries })
     }
 
     /// Queues `w` as it is: its op has nothing to check.
@@ -594,6 +640,7 @@ pub(crate) fn plan_group<B: Base>(
         runs: Vec::new(),
         trim: None,
         topics: BTreeMap::new(),
+        read: ReadReport::default(),
     };
     for op in ops {
         view.apply(op)?;
@@ -624,6 +671,7 @@ pub(crate) fn plan_group<B: Base>(
             own_streams,
             trim: view.trim,
             ended,
+            read: view.read,
         },
     })
 }

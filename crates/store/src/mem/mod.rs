@@ -64,6 +64,8 @@ struct Agents {
     undelivered: BTreeMap<MsgId, mesh_protocol::BounceReason>,
     /// Sent messages superseded before they were sent, and by what.
     superseded: BTreeMap<MsgId, MsgId>,
+    /// Sent messages their reader's receipt said were read.
+    read: BTreeMap<MsgId, crate::ReadMark>,
     /// Forwards taken into an inbox while the index had their message.
     forwards: BTreeMap<MsgId, Arrival>,
     /// By (time taken, encoded key), as on disk.
@@ -433,8 +435,9 @@ impl MeshStore for MemStore {
             .ok_or_else(|| corrupt(format!("no journal entry at {}", place.arrival)))?;
         let undelivered = state.agents.undelivered.get(id).copied();
         let superseded = state.agents.superseded.get(id).copied();
+        let read = state.agents.read.get(id).cloned();
         place
-            .row(record, undelivered, superseded)
+            .row(record, undelivered, superseded, read)
             .map(Some)
             .map_err(corrupt)
     }

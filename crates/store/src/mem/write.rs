@@ -42,6 +42,9 @@ impl Agents {
             AgentWrite::Superseded { id, by } => {
                 self.superseded.insert(id, by);
             }
+            AgentWrite::Read { id, mark } => {
+                self.read.insert(id, mark);
+            }
             AgentWrite::Dedup(r) => {
                 self.dedup.insert((r.at_ms, dedup_key_bytes(&r.key)), r);
             }
@@ -76,6 +79,7 @@ impl Agents {
                 self.messages.retain(|id, _| !gone(id));
                 self.undelivered.retain(|id, _| !gone(id));
                 self.superseded.retain(|id, _| !gone(id));
+                self.read.retain(|id, _| !gone(id));
                 self.forwards.retain(|id, _| !gone(id));
             }
             AgentWrite::TrimInboxes { before } => {
@@ -211,6 +215,23 @@ impl Base for MemBase<'_> {
             .messages
             .get(id)
             .map(|p| (p.dir, p.arrival)))
+    }
+
+    fn sent_to(
+        &mut self,
+        id: &mesh_protocol::MsgId,
+    ) -> Result<Option<mesh_protocol::NodeId>, StoreError> {
+        Ok(self
+            .state
+            .agents
+            .messages
+            .get(id)
+            .filter(|p| p.dir == crate::MessageDir::Sent)
+            .and_then(|p| p.stream.recipient()))
+    }
+
+    fn is_read(&mut self, id: &mesh_protocol::MsgId) -> Result<bool, StoreError> {
+        Ok(self.state.agents.read.contains_key(id))
     }
 
     fn agent_cursor(

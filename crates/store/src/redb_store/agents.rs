@@ -9,6 +9,7 @@
 //! | `messages-v1`      | id of the last message in the row (16 bytes) | postcard `MessageRun`: the places of consecutive messages of one stream |
 //! | `undelivered-v1`   | message id                       | postcard `BounceReason` |
 //! | `superseded-v1`    | message id                       | the id (16 bytes) of the message that superseded it before it was sent |
+//! | `read-v1`          | message id                       | postcard `ReadMark`: who read a sent message, and when (its read receipt) |
 //! | `dedup-v1`         | (ms taken, postcard `DedupKey`)  | postcard `DedupRecord` |
 //! | `aliases-v1`       | alias                            | node id (32 bytes)    |
 //! | `moves-v1`         | agent key (32 bytes)             | postcard `AgentMove`: the move notice held of the agent |
@@ -117,6 +118,9 @@ const ALIASES: TableDefinition<'_, &str, &[u8]> = TableDefinition::new("aliases-
 const MOVES: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("moves-v1");
 const UNDELIVERED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("undelivered-v1");
 const SUPERSEDED: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("superseded-v1");
+/// Added to schema 5 without a version bump (a new table changes no
+/// encoding): a file written before it has no read marks.
+const READ: TableDefinition<'_, &[u8], &[u8]> = TableDefinition::new("read-v1");
 const AGENT_CURSORS: TableDefinition<'_, (&str, &str), u64> =
     TableDefinition::new("agent-cursors-v1");
 const INBOX_TRIMMED: TableDefinition<'_, &str, u64> = TableDefinition::new("inbox-trimmed-v1");
@@ -137,6 +141,7 @@ pub(super) struct AgentTables<'tx> {
     cursors: Option<Table<'tx, (&'static str, &'static str), u64>>,
     undelivered: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     superseded: Option<Table<'tx, &'static [u8], &'static [u8]>>,
+    read: Option<Table<'tx, &'static [u8], &'static [u8]>>,
     inbox_trimmed: Option<Table<'tx, &'static str, u64>>,
     forwards: Option<Table<'tx, &'static [u8], u64>>,
     /// Index entries of this commit: in its journal rows or the tables at
@@ -184,6 +189,7 @@ impl<'tx> AgentTables<'tx> {
             cursors: None,
             undelivered: None,
             superseded: None,
+            read: None,
             inbox_trimmed: None,
             forwards: None,
             inbox_pending: Vec::new(),
@@ -242,13 +248,42 @@ impl<'tx> AgentTables<'tx> {
         journal: &impl ReadableTable<u64, &'static [u8]>,
         name: &str,
     ) -> Result<Option<(MessageDir, Arrival)>, StoreError> {
+        Ok(self
+            .message_at(id, journal, name)?
+            .map(|p| (p.dir, p.arrival)))
+    }
+
+    /// Whether the sent message `id` is marked read, as written so far.
+    pub(super) fn is_read(&mut self, id: &MsgId, name: &str) -> Result<bool, StoreError> {
+        let t = open(self.tx, &mut self.read, READ, name)?;
+        Ok(t.get(id.as_bytes().as_slice())
+            .map_err(|e| from_redb(name, "cannot read", e))?
+            .is_some())
+    }
+
+    /// Where the message index has `id`: written by an earlier commit, or
+    /// by an earlier group of this one.
+    pub(super) fn message_at(
+        &mut self,
+        id: &MsgId,
+        journal: &impl ReadableTable<u64, &'static [u8]>,
+        name: &str,
+    ) -> Result<Option<crate::agents::Place>, StoreError> {
         if let Some((_, row)) = self.messages_pending.iter().rev().find(|(m, _)| m == id) {
-            return Ok(Some((row.dir, row.arrival)));
+            return Ok(Some(crate::agents::Place::of(row)));
         }
-        if let Some((dir, _, arrival)) =
-            self.held(journal, name)?.iter().find_map(|r| r.message(id))
+        if let Some(r) = self
+            .held(journal, name)?
+            .iter()
+            .find(|r| r.message(id).is_some())
+            && let Some((dir, seq, arrival)) = r.message(id)
         {
-            return Ok(Some((dir, arrival)));
+            return Ok(Some(crate::agents::Place {
+                dir,
+                stream: r.stream(name)?,
+                seq,
+                arrival,
+            }));
         }
         let rerr = |e: redb::StorageError| from_redb(name, "cannot read", e);
         let t = open(self.tx, &mut self.messages, MESSAGES, name)?;
@@ -263,7 +298,7 @@ impl<'tx> AgentTables<'tx> {
                 .map_err(|_| corrupt(name, "a message row's key is not an id"))?,
         );
         let run: MessageRun = decode(name, "message row", v.value())?;
-        Ok(index_in(&key, run.n as usize, id).map(|i| (run.dir, run.place(i).arrival)))
+        Ok(index_in(&key, run.n as usize, id).map(|i| run.place(i)))
     }
 
     /// Where an inbox here last took a forward of `id` while the message
@@ -355,6 +390,12 @@ impl<'tx> AgentTables<'tx> {
                     .insert(id.as_bytes().as_slice(), by.as_bytes().as_slice())
                     .map_err(werr)?;
             }
+            AgentWrite::Read { id, mark } => {
+                let v = encode(&mark)?;
+                open(tx, &mut self.read, READ, name)?
+                    .insert(id.as_bytes().as_slice(), v.as_slice())
+                    .map_err(werr)?;
+            }
             AgentWrite::Dedup(r) => {
                 let k = dedup_key_bytes(&r.key);
                 let v = encode(&r)?;
@@ -444,6 +485,7 @@ impl<'tx> AgentTables<'tx> {
         for (slot, def) in [
             (&mut self.undelivered, UNDELIVERED),
             (&mut self.superseded, SUPERSEDED),
+            (&mut self.read, READ),
         ] {
             open(tx, slot, def, name)?
                 .retain_in(lo_k..=hi_k, |_, _| false)

@@ -34,7 +34,9 @@
 //! and the agent tables, `agents-v1`, `inbox-v1`, `messages-v1`,
 //! `dedup-v1`, `aliases-v1` and `agent-cursors-v1` (`agents.rs`): added
 //! after schema 3 without changing it, so a file written before them reads
-//! as having no rows in them.
+//! as having no rows in them. `read-v1` (read receipts' marks of sent
+//! messages) was added to schema 5 the same way: a file written before it
+//! has nothing marked read, and the first receipt creates it.
 //!
 //! The meta table keeps its name across schema versions, so that a file of
 //! another version is recognised by its `schema_version`: one of schema 2,
@@ -285,6 +287,10 @@ pub struct RedbStore {
     meta: RwLock<StoreMeta>,
     /// When a commit folds the agent index held in journal rows.
     fold: IndexFold,
+    /// Dropped after `db` (fields drop in order): once no strong
+    /// reference to it is left, the file is closed and unlocked, not only
+    /// about to be ([`RedbStore::closed_watch`]).
+    alive: std::sync::Arc<()>,
 }
 
 /// When a commit folds the agent index entries held in journal rows into
@@ -414,6 +420,13 @@ fn builder() -> Builder {
 }
 
 impl RedbStore {
+    /// A watch on this store's file: its strong count falls to 0 once the
+    /// store was dropped and its file closed (the last `Arc` of a store
+    /// counts 0 before its drop has closed the file; this counts 0 after).
+    pub fn closed_watch(&self) -> std::sync::Weak<()> {
+        std::sync::Arc::downgrade(&self.alive)
+    }
+
     /// Opens the store in `data_dir`, creating `mesh.redb` with a new random
     /// epoch if it does not exist.
     ///

@@ -102,6 +102,7 @@ impl RedbStore {
             name: name.to_owned(),
             meta: RwLock::new(meta),
             fold: IndexFold::DEFAULT,
+            alive: std::sync::Arc::new(()),
         })
     }
 }

@@ -31,7 +31,145 @@ store_suite!(
     a_message_passed_on_twice_is_indexed_once,
     a_message_taken_again_for_an_agent_back_here_is_taken_once_more_only,
     a_drain_end_is_refused_while_the_inbox_has_entries_after_what_was_passed_on,
+    a_read_receipt_marks_only_what_this_node_sent_to_the_reader_and_only_once,
 );
+
+/// The read receipt entry at `seq` of `PEER`'s stream: bob on `reader_node`
+/// read `ids` of alice's.
+fn read_entry(seq: u64, reader_node: u8, ids: Vec<MsgId>) -> AgentIndex {
+    AgentIndex::Read {
+        agent: name("alice"),
+        seq,
+        mark: crate::ReadMark {
+            node: node(reader_node),
+            reader: name("bob"),
+            read_ms: 1_000 + seq,
+        },
+        ids,
+    }
+}
+
+/// Accepts `PEER`'s envelope `seq` (standing for a receipt) with `entry`.
+fn accept_receipt(s: &dyn MeshStore, seq: u64, entry: AgentIndex) -> crate::Receipt {
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: peer_batch(PEER, seq, 1),
+                from: seq,
+            },
+            index_peer(vec![entry]),
+        ],
+    )
+    .expect("commits")
+}
+
+fn a_read_receipt_marks_only_what_this_node_sent_to_the_reader_and_only_once(s: &dyn MeshStore) {
+    let stream = own_stream_id(s, PEER);
+    let id = |seq| MsgId::derive(&node(ME), s.meta().epoch, &node(PEER), seq);
+    for seq in 1..=2 {
+        commit1(
+            s,
+            vec![
+                WriteOp::AppendOwn {
+                    batch: own_message(s, seq, "alice"),
+                    evict: None,
+                },
+                WriteOp::Agents(AgentOp::Index {
+                    stream: stream.clone(),
+                    entries: vec![AgentIndex::Message {
+                        id: id(seq),
+                        seq,
+                        row: MessageRow {
+                            stream: stream.clone(),
+                            from: name("alice"),
+                            ..sent_row(seq)
+                        },
+                    }],
+                }),
+            ],
+        )
+        .expect("commits");
+    }
+    // A message this node received from the peer: not its to be read.
+    commit1(
+        s,
+        vec![
+            WriteOp::Accept {
+                batch: agent_batch(1, 1),
+                from: 1,
+            },
+            index_peer(vec![AgentIndex::Message {
+                id: peer_id(1),
+                seq: 1,
+                row: MessageRow {
+                    seq: 1,
+                    ..message_row()
+                },
+            }]),
+        ],
+    )
+    .expect("commits");
+    assert!(s.message(&peer_id(1)).expect("reads").is_some());
+    let never = MsgId([0xee; 16]);
+    let r = accept_receipt(s, 2, read_entry(2, PEER, vec![id(1), peer_id(1), never]));
+    assert_eq!(
+        r.read,
+        crate::ReadReport {
+            taken: 1,
+            marked: 1,
+            skipped: 2,
+            refused: 0
+        }
+    );
+    let got = s.message(&id(1)).expect("reads").expect("indexed");
+    let mark = got.read.expect("marked read");
+    assert_eq!(
+        (mark.node, mark.reader, mark.read_ms),
+        (node(PEER), name("bob"), 1_002)
+    );
+    assert_eq!(
+        s.message(&id(2)).expect("reads").expect("indexed").read,
+        None
+    );
+    let inbox = || {
+        inbox_of(s, "alice")
+            .into_iter()
+            .filter(|(k, _)| *k == InboxKind::Read)
+            .count()
+    };
+    assert_eq!(inbox(), 1, "one read entry");
+    // The same receipt again, and one naming id 2 from another node: each
+    // marks nothing, so neither tells alice anything.
+    let again = accept_receipt(s, 3, read_entry(3, PEER, vec![id(1)]));
+    assert_eq!((again.read.marked, again.read.refused), (0, 1));
+    let elsewhere = accept_receipt(s, 4, read_entry(4, 9, vec![id(2)]));
+    assert_eq!((elsewhere.read.skipped, elsewhere.read.refused), (1, 1));
+    assert_eq!(inbox(), 1);
+    assert_eq!(
+        s.message(&id(2)).expect("reads").expect("indexed").read,
+        None
+    );
+    assert_eq!(
+        s.message(&id(1))
+            .expect("reads")
+            .expect("indexed")
+            .read
+            .map(|m| m.read_ms),
+        Some(1_002),
+        "the first receipt's mark stays"
+    );
+    let second = accept_receipt(s, 5, read_entry(5, PEER, vec![id(2)]));
+    assert_eq!((second.read.marked, second.read.refused), (1, 0));
+    assert_eq!(inbox(), 2);
+    assert!(
+        s.message(&id(2))
+            .expect("reads")
+            .expect("indexed")
+            .read
+            .is_some()
+    );
+}
 
 /// The end of a moved agent's drain is journaled only once its previous
 /// inbox was passed on whole: an entry after `passed` refuses it.
@@ -82,6 +220,7 @@ fn forward_batch(first: u64, ids: &[MsgId]) -> OpenBatch {
                 in_reply_to: None,
                 key: None,
                 body: b"hi".to_vec(),
+                receipt: false,
             };
             let f = mesh_protocol::Forward {
                 author: node(50),
@@ -299,6 +438,7 @@ fn message_row() -> MessageRow {
         in_reply_to: None,
         undelivered: None,
         superseded_by: None,
+        read: None,
     }
 }
 
@@ -327,6 +467,7 @@ fn agent_batch_of(first: u64, n: u64, body: &[u8]) -> OpenBatch {
                 in_reply_to: None,
                 key: None,
                 body: body.to_vec(),
+                receipt: false,
             }
             .encode(),
         })
@@ -840,6 +981,7 @@ fn a_superseded_outbox_message_reads_back_as_its_tombstone_and_the_index_says_by
         in_reply_to: None,
         key: Some(SupersedeKey::new("k").expect("valid key")),
         body: vec![7; 100],
+        receipt: false,
     };
     let sent = |seq| MessageRow {
         dir: MessageDir::Sent,
@@ -986,6 +1128,7 @@ fn own_message(s: &dyn MeshStore, seq: u64, from: &str) -> OpenBatch {
         in_reply_to: None,
         key: None,
         body: vec![1; 10],
+        receipt: false,
     }
     .encode();
     own_one(s, seq, KIND_AGENT, payload)
@@ -1471,6 +1614,36 @@ mod fold {
     /// (arrivals 1..=3); this node's agent message 1 from bob to `PEER`,
     /// in the message index as sent (arrival 4).
     const STORE_V4_AGENTS: &[u8] = include_bytes!("data/store-v4-agents.redb");
+
+    #[test]
+    fn a_store_written_before_read_receipts_reads_no_mark_and_takes_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join(crate::STORE_FILE_NAME), STORE_V4_AGENTS).expect("write");
+        let s = open(dir.path());
+        let own = MsgId::derive(&node(ME), s.meta().epoch, &node(PEER), 1);
+        let sent = s.message(&own).expect("reads").expect("indexed");
+        assert_eq!(sent.read, None, "no read-v1 table: nothing marked");
+        let entry = AgentIndex::Read {
+            agent: name("bob"),
+            seq: 4,
+            mark: crate::ReadMark {
+                node: node(PEER),
+                reader: name("kim"),
+                read_ms: 7,
+            },
+            ids: vec![own],
+        };
+        let r = accept_receipt(&s, 4, entry);
+        assert_eq!(r.read.marked, 1);
+        drop(s);
+        let s = open(dir.path());
+        let sent = s.message(&own).expect("reads").expect("indexed");
+        assert_eq!(sent.read.map(|m| m.reader), Some(name("kim")));
+        assert_eq!(
+            s.inbox(&name("bob"), 3, 10).expect("reads")[0].row.kind,
+            InboxKind::Read
+        );
+    }
 
     #[test]
     fn a_schema_4_store_with_agents_is_migrated_and_reads_its_index_beside_new_entries() {

@@ -1,10 +1,14 @@
-//! The receive side: a peer batch's agent messages to inboxes and the index, and bounces.
+//! The receive side: a peer batch's agent messages to inboxes and the
+//! index, bounces, and read receipts.
 
 use mesh_protocol::{
     AgentHeader, Bounce, BounceReason, Envelope, Forward, ForwardTrimmed, KIND_AGENT, KIND_BOUNCE,
-    KIND_FORWARD, KIND_FORWARD_TRIMMED, KIND_TOMBSTONE, NodeId, StreamId, Tombstone,
+    KIND_FORWARD, KIND_FORWARD_TRIMMED, KIND_READ_RECEIPT, KIND_TOMBSTONE, NodeId, ReadReceipt,
+    StreamId, Tombstone,
 };
-use mesh_store::{AgentIndex, AgentOp, InboxKind, InboxRow, MessageDir, MessageRow, WriteOp};
+use mesh_store::{
+    AgentIndex, AgentOp, InboxKind, InboxRow, MessageDir, MessageRow, ReadMark, WriteOp,
+};
 
 use crate::core::commit::{InboundWork, WaitingSend};
 use crate::core::{Core, Millis, ReqId};
@@ -35,6 +39,7 @@ impl Core {
                 KIND_TOMBSTONE => self.index_inbound_tombstone(*peer, &stream, &e, &mut entries),
                 KIND_FORWARD => self.index_inbound_forward(&stream, &e, &mut entries),
                 KIND_FORWARD_TRIMMED => self.index_inbound_forward_trimmed(&e, &mut entries),
+                KIND_READ_RECEIPT => self.index_inbound_receipt(*peer, &e, &mut entries),
                 _ => {}
             }
         }
@@ -173,6 +178,62 @@ impl Core {
         });
     }
 
+    /// Adds the index entry of the read receipt `e` from `peer` to
+    /// `entries` if it holds: it decodes, its reader is an agent `peer`
+    /// announced and its signature verifies under that card's key, and
+    /// the agent it tells is here. The store then marks what of it this
+    /// node sent there (`AgentIndex::Read`). Anything else is journaled,
+    /// refused and counted: it marks nothing and tells nobody.
+    fn index_inbound_receipt(
+        &mut self,
+        peer: NodeId,
+        e: &Envelope<'_>,
+        entries: &mut Vec<AgentIndex>,
+    ) {
+        let refuse = |core: &mut Core, why: &str| {
+            core.out.metrics.agents.receipts_refused += 1;
+            tracing::warn!(peer = %peer.fmt_short(), seq = e.seq, why, "read receipt refused");
+        };
+        let r = match ReadReceipt::decode(e.payload) {
+            Ok(r) => r,
+            Err(err) => {
+                self.out.metrics.agents.malformed += 1;
+                return refuse(self, &err.to_string());
+            }
+        };
+        let Some(key) = self.announced_key(peer, &r.reader) else {
+            return refuse(self, "its reader is no agent its node announced");
+        };
+        if r.verify(&peer, &key).is_err() {
+            return refuse(self, "not signed by its reader's announced key");
+        }
+        if !self.agents.is_local(&r.to) {
+            return refuse(self, "the agent it tells is not here");
+        }
+        // Counted received (or refused) once committed: the store decides
+        // whether it marks anything.
+        entries.push(AgentIndex::Read {
+            agent: r.to,
+            seq: e.seq,
+            mark: ReadMark {
+                node: peer,
+                reader: r.reader,
+                read_ms: r.read_ms,
+            },
+            ids: r.ids,
+        });
+    }
+
+    /// The key of `peer`'s agent `agent`, from the card it announced (on
+    /// its last connection).
+    fn announced_key(&self, peer: NodeId, agent: &mesh_protocol::AgentName) -> Option<NodeId> {
+        self.agents
+            .peers
+            .get(&peer)
+            .and_then(|m| m.get(agent))
+            .map(|card| card.key)
+    }
+
     /// Whether `peer` announced its agent `agent` (on its last connection).
     fn announced(&self, peer: NodeId, agent: &mesh_protocol::AgentName) -> bool {
         self.agents
@@ -292,5 +353,6 @@ fn received_row(
         in_reply_to: None,
         undelivered: None,
         superseded_by: None,
+        read: None,
     }
 }

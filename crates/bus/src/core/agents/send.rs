@@ -1,7 +1,8 @@
 //! The send path of agent messages and sends with a client id: checks, ids, index entries.
 
 use mesh_protocol::{
-    AgentEnvelope, AgentName, KIND_AGENT, MsgId, NodeId, Seq, StreamId, SupersedeKey, stamp_msg_id,
+    AgentEnvelope, AgentName, KIND_AGENT, KIND_READ_RECEIPT, MsgId, NodeId, ReadReceipt, Seq,
+    StreamId, SupersedeKey, stamp_msg_id,
 };
 use mesh_store::{
     AgentIndex, AgentOp, DedupKey, DedupRecord, InboxKind, InboxRow, MessageDir, MessageRow,
@@ -12,6 +13,16 @@ use super::dedup::{DedupCheck, digest};
 use super::{AgentMsg, DedupMeta, Tracked};
 use crate::core::commit::WaitingSend;
 use crate::core::{Core, Effect, Millis, ReqId, SendError, SendMeta, SendReceipt};
+
+/// The agent fields of a send, as [`SendMeta`] has them.
+struct Addressing {
+    from: Option<AgentName>,
+    to: Option<AgentName>,
+    in_reply_to: Option<MsgId>,
+    key: Option<SupersedeKey>,
+    receipt: bool,
+    read_receipt: bool,
+}
 
 impl Core {
     /// Queues a send with agent addressing or a client id, after the
@@ -36,6 +47,8 @@ impl Core {
             in_reply_to,
             client_id,
             key,
+            receipt,
+            read_receipt,
         } = meta;
         // Only a send with a client id needs one (a retry is told apart by it).
         let digest = match client_id {
@@ -49,18 +62,32 @@ impl Core {
             ),
             None => [0; 16],
         };
-        let (kind, payload, agent) =
-            match self.address_send(kind, body, from, to_agent, in_reply_to, key) {
-                Ok(addressed) => addressed,
-                Err(e) => return refuse(self, e),
-            };
+        let addressing = Addressing {
+            from,
+            to: to_agent,
+            in_reply_to,
+            key,
+            receipt,
+            read_receipt,
+        };
+        let (kind, payload, agent) = match self.address_send(kind, body, addressing) {
+            Ok(addressed) => addressed,
+            Err(e) => return refuse(self, e),
+        };
         // A recipient that moved is written to at its new host.
         let to = agent
             .as_ref()
             .and_then(|a| a.to.as_ref())
             .and_then(|name| self.readdress(to, name))
             .unwrap_or(to);
-        if let Err(e) = self.check_addressed(to, agent.as_ref(), payload.len() as u64) {
+        // A read receipt of one of this node's agents for a message of
+        // another of them is delivered here, as a message between them is.
+        let checked = if read_receipt && to == self.me {
+            self.check_room(payload.len() as u64)
+        } else {
+            self.check_addressed(to, agent.as_ref(), payload.len() as u64)
+        };
+        if let Err(e) = checked {
             return refuse(self, e);
         }
         let dedup = match client_id {
@@ -78,6 +105,9 @@ impl Core {
         };
         if agent.is_some() {
             self.out.metrics.agents.sends += 1;
+        }
+        if read_receipt {
+            self.out.metrics.agents.receipts_sent += 1;
         }
         let tracked = Some(Box::new(Tracked { agent, dedup }));
         self.queue_checked_send(req, to, kind, payload, now, tracked);
@@ -99,20 +129,33 @@ impl Core {
     /// The kind, payload and agent addressing of a send: an agent message's
     /// envelope (its id stamped later), or the plain message as it came.
     ///
-    /// Errors: an unknown sending agent, or agent fields on a plain message.
+    /// Errors: an unknown sending agent, agent fields on a plain message, a
+    /// receipt asked without a recipient agent, a plain message of a mesh
+    /// kind (but a read receipt of this node's agent, from its pump).
     fn address_send(
         &self,
         kind: u16,
         body: Vec<u8>,
-        from: Option<AgentName>,
-        to_agent: Option<AgentName>,
-        in_reply_to: Option<MsgId>,
-        key: Option<SupersedeKey>,
+        a: Addressing,
     ) -> Result<(u16, Vec<u8>, Option<AgentMsg>), SendError> {
+        let Addressing {
+            from,
+            to: to_agent,
+            in_reply_to,
+            key,
+            receipt,
+            read_receipt,
+        } = a;
         match from {
             Some(from) => {
                 if !self.agents.is_local(&from) {
                     return Err(SendError::UnknownAgent(from));
+                }
+                if receipt && to_agent.is_none() {
+                    return Err(SendError::ReceiptWithoutAgent);
+                }
+                if read_receipt {
+                    return Err(SendError::NotAnAgentMessage);
                 }
                 let envelope = AgentEnvelope {
                     // Stamped with its real id when it is signed.
@@ -122,6 +165,7 @@ impl Core {
                     in_reply_to,
                     key: key.clone(),
                     body,
+                    receipt,
                 };
                 let agent = AgentMsg {
                     from,
@@ -136,6 +180,23 @@ impl Core {
             None if to_agent.is_some() || in_reply_to.is_some() || key.is_some() => {
                 Err(SendError::NotAnAgentMessage)
             }
+            None if receipt => Err(SendError::ReceiptWithoutAgent),
+            None if read_receipt => {
+                if kind != KIND_READ_RECEIPT {
+                    return Err(SendError::BadReadReceipt(format!("kind {kind}")));
+                }
+                let r = ReadReceipt::decode(&body)
+                    .map_err(|e| SendError::BadReadReceipt(e.to_string()))?;
+                if !self.agents.is_local(&r.reader) {
+                    return Err(SendError::BadReadReceipt(format!(
+                        "no agent {} here",
+                        r.reader
+                    )));
+                }
+                Ok((kind, body, None))
+            }
+            // As for a send without meta: the mesh's own kinds are its own.
+            None if mesh_protocol::is_mesh_kind(kind) => Err(SendError::ReservedKind(kind)),
             None => Ok((kind, body, None)),
         }
     }
@@ -253,6 +314,29 @@ impl Core {
         ops
     }
 
+    /// Adds the index entry of the read receipt `s` (at `seq` of this
+    /// node's stream to itself: one of its agents read messages of another
+    /// of them): the store marks what of it this node sent itself, as for a
+    /// receipt from a peer. Checked when it was taken (`address_send`).
+    fn index_local_receipt(&mut self, s: &WaitingSend, seq: Seq, entries: &mut Vec<AgentIndex>) {
+        let Ok(r) = ReadReceipt::decode(&s.payload) else {
+            return;
+        };
+        if !self.agents.is_local(&r.to) {
+            return;
+        }
+        entries.push(AgentIndex::Read {
+            agent: r.to,
+            seq,
+            mark: mesh_store::ReadMark {
+                node: self.me,
+                reader: r.reader,
+                read_ms: r.read_ms,
+            },
+            ids: r.ids,
+        });
+    }
+
     /// Stamps the id of `s` (at `seq` of the own `stream` tagged `tag`) if
     /// it is an agent message, and adds its index entries to `entries`: its
     /// message row, its retried-send record, and for a message between this
@@ -266,6 +350,9 @@ impl Core {
         local: bool,
         entries: &mut Vec<AgentIndex>,
     ) {
+        if local && s.kind == KIND_READ_RECEIPT {
+            self.index_local_receipt(s, seq, entries);
+        }
         let Some(t) = s.tracked.as_deref() else {
             return;
         };
@@ -305,6 +392,7 @@ impl Core {
                     in_reply_to: a.in_reply_to,
                     undelivered: None,
                     superseded_by: a.superseded_by,
+                    read: None,
                 },
             });
         }

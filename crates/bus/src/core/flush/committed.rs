@@ -98,6 +98,14 @@ impl Core {
                 cid,
             } => {
                 let ok = result.is_ok();
+                if let Ok(r) = &result {
+                    // Read receipts are counted here, once the store found
+                    // what they mark (see `index_inbound_receipt`).
+                    let a = &mut self.out.metrics.agents;
+                    a.receipts_received += r.read.taken;
+                    a.receipts_refused += r.read.refused;
+                    a.receipt_ids_skipped += r.read.skipped;
+                }
                 self.on_accept_committed((peer, conn), stream, last, cid, ok, after);
             }
             Group::Gap {

@@ -26,6 +26,14 @@ pub struct SendMeta {
     /// never handed to a connection); that one is answered, or marked,
     /// superseded, and a tombstone goes in its place.
     pub key: Option<SupersedeKey>,
+    /// Asks the recipient agent's node for a read receipt once that agent
+    /// has read the message (agent messages to an agent only).
+    pub receipt: bool,
+    /// The payload is a [`mesh_protocol::ReadReceipt`] of one of this
+    /// node's agents, of kind [`mesh_protocol::KIND_READ_RECEIPT`]: the
+    /// one mesh kind a node-level send may carry, and only its daemon's
+    /// receipt pump sets this (no API does).
+    pub read_receipt: bool,
 }
 
 /// One message of an [`crate::core::Input::Publish`]: its request, kind and
@@ -90,6 +98,17 @@ pub enum SendError {
          supersede key: send as an agent"
     )]
     NotAnAgentMessage,
+    /// The caller's fault: a read receipt asked of a message without a
+    /// recipient agent (one to the node itself, or a plain message).
+    #[error(
+        "a read receipt is asked only of an agent message to an agent: name the recipient \
+         agent (AGENT@NODE)"
+    )]
+    ReceiptWithoutAgent,
+    /// The caller's fault (this node's receipt pump): a read receipt that
+    /// does not decode, or whose reader is no agent of this node.
+    #[error("not a read receipt of an agent of this node: {0}")]
+    BadReadReceipt(String),
     /// The caller's fault: a plain message of one of the mesh's own kinds.
     #[error("kind {0} is reserved for the mesh's own messages (1 to 15); use 0 or a kind above 15")]
     ReservedKind(u16),

@@ -646,3 +646,164 @@ fn keyed_sends_held_through_a_store_outage_commit_as_a_tombstone_and_the_newest(
         vec![InboxKind::Superseded, InboxKind::Message]
     );
 }
+
+impl Pair {
+    /// Sends a plain message of `kind` from node 2 to node 1 with `meta`;
+    /// frames are exchanged until quiet.
+    fn send_from_b(&mut self, kind: u16, meta: SendMeta, payload: Vec<u8>) -> ReqId {
+        let mark = self.b.sent.len();
+        let to = self.a.id();
+        let req = self.b.take_req();
+        self.b.run(Input::SendWith {
+            req,
+            to,
+            kind,
+            payload,
+            meta,
+        });
+        let mut to_a: Vec<_> = self.b.sent[mark..].to_vec();
+        self.exchange(&mut Vec::new(), &mut to_a);
+        req
+    }
+
+    /// Node 2 sends a read receipt, signed with `signer`, that bob read
+    /// `ids` of alice's.
+    fn receipt_from_b(&mut self, signer: &SecretKey, ids: Vec<MsgId>) -> ReqId {
+        let r = mesh_protocol::ReadReceipt::sign(
+            signer,
+            &self.b.id(),
+            (name("bob"), name("alice")),
+            77,
+            ids,
+        );
+        let meta = SendMeta {
+            read_receipt: true,
+            ..SendMeta::default()
+        };
+        self.send_from_b(mesh_protocol::KIND_READ_RECEIPT, meta, r.encode())
+    }
+}
+
+/// Alice's message to bob asking a receipt: its id.
+fn asked_of_bob(p: &mut Pair) -> MsgId {
+    let meta = SendMeta {
+        receipt: true,
+        ..from_to("alice", Some("bob"))
+    };
+    let req = p.send_as_a(meta, b"read me");
+    let seq = ok_seq(p.a.reply(req));
+    let id = MsgId::derive(&p.a.id(), epoch(1), &p.b.id(), seq);
+    let inbox = p.b.inbox("bob");
+    assert!(body_of(&inbox[0]).receipt, "the envelope asks for it");
+    id
+}
+
+fn reads_of_alice(p: &Pair) -> usize {
+    p.a.inbox("alice")
+        .iter()
+        .filter(|i| i.row.kind == InboxKind::Read)
+        .count()
+}
+
+#[test]
+fn a_read_receipt_signed_by_the_readers_card_key_marks_the_message_and_tells_its_sender_once() {
+    let mut p = agents_pair();
+    let id = asked_of_bob(&mut p);
+    let req = p.receipt_from_b(&agent_key(2, "bob"), vec![id]);
+    assert!(matches!(p.b.reply(req), Some(Ok(_))), "sent");
+    assert_eq!(p.b.core.metrics().agents.receipts_sent, 1);
+    let row = p.a.store.message(&id).expect("reads").expect("indexed");
+    let mark = row.read.expect("marked read");
+    assert_eq!(
+        (mark.node, mark.reader, mark.read_ms),
+        (p.b.id(), name("bob"), 77)
+    );
+    assert_eq!(reads_of_alice(&p), 1);
+    assert_eq!(p.a.core.metrics().agents.receipts_received, 1);
+    // The same receipt again (a second send, past any dedup): no news.
+    p.receipt_from_b(&agent_key(2, "bob"), vec![id]);
+    assert_eq!(reads_of_alice(&p), 1, "told once");
+    let a = p.a.core.metrics().agents.clone();
+    assert_eq!((a.receipts_received, a.receipts_refused), (1, 1));
+}
+
+#[test]
+fn a_forged_read_receipt_and_one_naming_an_id_never_sent_are_refused_counted_and_mark_nothing() {
+    let mut p = agents_pair();
+    let id = asked_of_bob(&mut p);
+    // Signed by a key other than the one bob's card announced.
+    p.receipt_from_b(&agent_key(2, "mallory"), vec![id]);
+    let row = p.a.store.message(&id).expect("reads").expect("indexed");
+    assert_eq!(row.read, None, "a forged receipt marks nothing");
+    assert_eq!(reads_of_alice(&p), 0);
+    assert_eq!(p.a.core.metrics().agents.receipts_refused, 1);
+    // Signed by bob, for a message alice never sent.
+    let never = MsgId::derive(&p.a.id(), epoch(1), &p.b.id(), 99);
+    p.receipt_from_b(&agent_key(2, "bob"), vec![never]);
+    assert_eq!(reads_of_alice(&p), 0);
+    let a = p.a.core.metrics().agents.clone();
+    assert_eq!((a.receipts_refused, a.receipt_ids_skipped), (2, 1));
+    assert_eq!(a.receipts_received, 0);
+    assert_eq!(
+        p.a.store
+            .message(&id)
+            .expect("reads")
+            .expect("indexed")
+            .read,
+        None
+    );
+    // Both were journaled: the stream stays dense.
+    let journaled =
+        p.a.journal()
+            .into_iter()
+            .filter(|r| {
+                matches!(r, JournalRecord::Envelope { kind, .. }
+                if *kind == mesh_protocol::KIND_READ_RECEIPT)
+            })
+            .count();
+    assert_eq!(journaled, 2);
+}
+
+#[test]
+fn a_receipt_is_asked_only_of_a_message_to_an_agent_and_no_api_sends_a_mesh_kind() {
+    let mut p = agents_pair();
+    let to_node = SendMeta {
+        receipt: true,
+        ..from_to("alice", None)
+    };
+    let req = p.send_as_a(to_node, b"to the node");
+    assert!(
+        matches!(p.a.reply(req), Some(Err(SendError::ReceiptWithoutAgent))),
+        "{:?}",
+        p.a.reply(req)
+    );
+    // A plain message with a client id may not be of a mesh kind either.
+    let meta = SendMeta {
+        client_id: Some("c1".into()),
+        ..SendMeta::default()
+    };
+    let req = p.send_from_b(mesh_protocol::KIND_BOUNCE, meta, vec![1, 2, 3]);
+    assert!(
+        matches!(p.b.reply(req), Some(Err(SendError::ReservedKind(2)))),
+        "{:?}",
+        p.b.reply(req)
+    );
+    // A read receipt of an agent this node does not host is refused.
+    let r = mesh_protocol::ReadReceipt::sign(
+        &agent_key(2, "bob"),
+        &p.b.id(),
+        (name("nobody"), name("alice")),
+        1,
+        vec![MsgId([1; 16])],
+    );
+    let meta = SendMeta {
+        read_receipt: true,
+        ..SendMeta::default()
+    };
+    let req = p.send_from_b(mesh_protocol::KIND_READ_RECEIPT, meta, r.encode());
+    assert!(
+        matches!(p.b.reply(req), Some(Err(SendError::BadReadReceipt(_)))),
+        "{:?}",
+        p.b.reply(req)
+    );
+}

@@ -10,7 +10,8 @@ use axum::extract::{Path, Query, Request, State};
 use mesh_api::{BodyEncoding, InboxEntry, InboxPage, LocalAgentStatus, UNREAD_COUNT_MAX, Unread};
 use mesh_protocol::{
     AgentEnvelope, AgentName, Bounce, Forward, ForwardTrimmed, KIND_AGENT, KIND_BOUNCE,
-    KIND_FORWARD, KIND_FORWARD_TRIMMED, KIND_TOMBSTONE, MsgId, NodeId, Tombstone, TombstoneReason,
+    KIND_FORWARD, KIND_FORWARD_TRIMMED, KIND_READ_RECEIPT, KIND_TOMBSTONE, MsgId, NodeId,
+    Tombstone, TombstoneReason,
 };
 use mesh_store::{Arrival, InboxItem, InboxKind, JournalRecord, MeshStore};
 use serde::Deserialize;
@@ -211,6 +212,8 @@ impl ApiState {
         }
         self.put_agent_cursor(agent, crate::drain::READ_CURSOR, arrival)
             .await?;
+        // Committed: the receipt pump may now receipt what this ack passed.
+        self.inner.registry.acked.notify_one();
         Ok(arrival)
     }
 
@@ -271,6 +274,8 @@ impl ApiState {
             created_ms: None,
             superseded_by: None,
             forwarded_by: None,
+            ids: None,
+            read_ms: None,
         };
         match &item.item.record {
             JournalRecord::Envelope {
@@ -285,6 +290,7 @@ impl ApiState {
                     KIND_AGENT => Self::fill_message(&mut e, &stream.author, me, payload),
                     KIND_BOUNCE => Self::fill_bounce(&mut e, &stream.author, me, payload),
                     KIND_TOMBSTONE => Self::fill_tombstone(&mut e, &stream.author, me, payload),
+                    KIND_READ_RECEIPT => Self::fill_read(&mut e, &stream.author, me, payload),
                     KIND_FORWARD => match Forward::decode(payload) {
                         Ok(f) => {
                             Self::fill_message(&mut e, &f.author, me, &f.envelope);
@@ -368,6 +374,26 @@ impl ApiState {
                 e.body = body;
             }
             Err(err) => e.body = format!("an agent message that does not decode: {err}"),
+        }
+    }
+
+    /// Fills `e` from a read receipt `payload` sent by node `author`, read
+    /// on node `me` (or says in its body that it does not decode).
+    fn fill_read(e: &mut InboxEntry, author: &NodeId, me: &NodeId, payload: &[u8]) {
+        match mesh_protocol::ReadReceipt::decode(payload) {
+            Ok(r) => {
+                e.kind = "read".into();
+                let reader = Self::address(&r.reader, author);
+                e.from = Some(reader.clone());
+                e.to = Some(Self::address(&r.to, me));
+                e.read_ms = Some(r.read_ms);
+                e.body = format!(
+                    "{reader} read {} of your messages (its read receipt); `mesh message ID` says read",
+                    r.ids.len()
+                );
+                e.ids = Some(r.ids.iter().map(ToString::to_string).collect());
+            }
+            Err(err) => e.body = format!("a read receipt that does not decode: {err}"),
         }
     }
 

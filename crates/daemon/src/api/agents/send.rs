@@ -41,6 +41,7 @@ impl ApiState {
             in_reply_to,
             client_id: req.client_id,
             key,
+            receipt: req.receipt,
         };
         self.meta_message(from, to, meta, req.body, req.encoding)
     }
@@ -58,6 +59,7 @@ impl ApiState {
             in_reply_to,
             client_id,
             key,
+            receipt,
         } = meta;
         let payload = crate::api::send::payload_of(encoding, body)?;
         check_client_id(client_id.as_deref())?;
@@ -67,6 +69,8 @@ impl ApiState {
             in_reply_to,
             client_id,
             key,
+            receipt,
+            read_receipt: false,
         };
         Ok(Outgoing {
             to,
@@ -99,6 +103,8 @@ struct MessageMeta {
     in_reply_to: Option<MsgId>,
     client_id: Option<String>,
     key: Option<SupersedeKey>,
+    /// Whether a read receipt is asked.
+    receipt: bool,
 }
 
 /// Checks a client id: 1 to [`CLIENT_ID_BYTES_MAX`] bytes.
@@ -230,6 +236,7 @@ pub(crate) async fn reply(
         in_reply_to: Some(id),
         client_id: body.client_id,
         key: None,
+        receipt: false,
     };
     let msg = st.meta_message(&from, row.stream.author, meta, body.body, body.encoding)?;
     Ok(Json(send_answer(&st, msg).await?))

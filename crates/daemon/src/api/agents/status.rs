@@ -71,8 +71,27 @@ pub(crate) async fn message(
                 reason.as_str()
             ),
         ),
-        RowState::DeliveredHere => ("delivered", "delivered to an agent of this node".to_owned()),
-        RowState::SentAway => sent_state(&st, &row).await?,
+        RowState::DeliveredHere => match &row.read {
+            Some(m) => (
+                "read",
+                format!(
+                    "delivered to an agent of this node, and read by {}",
+                    ApiState::address(&m.reader, &m.node)
+                ),
+            ),
+            None => ("delivered", "delivered to an agent of this node".to_owned()),
+        },
+        RowState::SentAway => match &row.read {
+            // Read implies delivered: its reader's node had it.
+            Some(m) => (
+                "read",
+                format!(
+                    "read by {} (its read receipt came back)",
+                    ApiState::address(&m.reader, &m.node)
+                ),
+            ),
+            None => sent_state(&st, &row).await?,
+        },
     };
     Ok(Json(MessageStatus {
         id: id.to_string(),
@@ -85,6 +104,11 @@ pub(crate) async fn message(
         seq: row.seq,
         detail,
         superseded_by,
+        read_by: row
+            .read
+            .as_ref()
+            .map(|m| ApiState::address(&m.reader, &m.node)),
+        read_ms: row.read.as_ref().map(|m| m.read_ms),
     }))
 }
 
@@ -170,6 +194,7 @@ pub(crate) fn state_name(
         RowState::Undeliverable(_) => "undeliverable",
         RowState::Received => "received",
         RowState::Bounced(_) => "bounced",
+        RowState::DeliveredHere | RowState::SentAway if row.read.is_some() => "read",
         RowState::DeliveredHere => "delivered",
         RowState::SentAway => match status.map(|s| sent_place(s, row)) {
             Some(SentPlace::Delivered) => "delivered",

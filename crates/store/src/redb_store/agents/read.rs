@@ -142,6 +142,15 @@ impl RedbStore {
                 .transpose()?,
             None => None,
         };
+        let read = match read_table(&rx, READ, &self.name)? {
+            Some(t) => t
+                .get(id.as_bytes().as_slice())
+                .map_err(|e| self.read_err(e))?
+                .map(|v| decode(&self.name, "read mark", v.value()))
+                .transpose()?,
+            // A file written before read receipts: nothing is marked read.
+            None => None,
+        };
         if place.arrival < self.bounds_in(&rx)?.first {
             // Retention took its journal entry, and what it said with it.
             return Ok(None);
@@ -158,7 +167,7 @@ impl RedbStore {
                 )
             })?;
         place
-            .row(&record.record, undelivered, superseded)
+            .row(&record.record, undelivered, superseded, read)
             .map(Some)
             .map_err(|why| corrupt(&self.name, why))
     }

@@ -167,6 +167,21 @@ impl Base for Tables<'_> {
         self.agents.message_place(id, &self.journal, self.name)
     }
 
+    fn sent_to(
+        &mut self,
+        id: &mesh_protocol::MsgId,
+    ) -> Result<Option<mesh_protocol::NodeId>, StoreError> {
+        Ok(self
+            .agents
+            .message_at(id, &self.journal, self.name)?
+            .filter(|p| p.dir == crate::MessageDir::Sent)
+            .and_then(|p| p.stream.recipient()))
+    }
+
+    fn is_read(&mut self, id: &mesh_protocol::MsgId) -> Result<bool, StoreError> {
+        self.agents.is_read(id, self.name)
+    }
+
     fn agent_cursor(
         &mut self,
         agent: &mesh_protocol::AgentName,
