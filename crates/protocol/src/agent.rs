@@ -335,7 +335,7 @@ pub struct AgentEnvelope {
     pub body: Vec<u8>,
     /// Whether the sender asks for a [`ReadReceipt`] once the recipient
     /// agent has read it. Not a postcard field: the one trailing flags
-    /// byte [`FLAG_RECEIPT`] after the body, present only when `true`.
+    /// byte `FLAG_RECEIPT` (0x01) after the body, present only when `true`.
     #[serde(skip)]
     pub receipt: bool,
 }
@@ -358,7 +358,7 @@ impl AgentEnvelope {
 
     /// Decodes a payload of kind [`KIND_AGENT`]: at most
     /// [`MAX_BATCH_PAYLOAD_BYTES`], canonical postcard, then nothing (no
-    /// receipt asked) or exactly the flags byte [`FLAG_RECEIPT`]; every
+    /// receipt asked) or exactly the flags byte `FLAG_RECEIPT` (0x01); every
     /// name and key checked.
     pub fn decode(payload: &[u8]) -> Result<AgentEnvelope, AgentError> {
         let (mut e, receipt): (AgentEnvelope, bool) = decode_flagged(payload)?;
@@ -571,7 +571,7 @@ impl ForwardTrimmed {
 
 /// Decodes `payload` as the one canonical encoding of an agent envelope:
 /// a `T`'s canonical postcard, then nothing (`false`) or exactly
-/// [`FLAG_RECEIPT`] (`true`).
+/// `FLAG_RECEIPT` (0x01) (`true`).
 fn decode_flagged<'a, T: Serialize + Deserialize<'a>>(
     payload: &'a [u8],
 ) -> Result<(T, bool), AgentError> {
