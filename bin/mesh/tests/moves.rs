@@ -1195,3 +1195,43 @@ fn a_move_offered_again_after_its_answer_was_lost_is_answered_imported_and_done_
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert_says(&out, &["agent_moved"]);
 }
+
+/// The read position travels with a move (issue 31): an agent that read a
+/// page of its inbox but acknowledged only part of it moves, and what it
+/// did not acknowledge is passed on and unread at its new host; what it
+/// acknowledged is not.
+#[test]
+fn what_an_agent_read_but_did_not_acknowledge_is_unread_at_its_new_host() {
+    let tmp = temp_dir().unwrap();
+    let (a, b) = (start(&tmp.path().join("a")), start(&tmp.path().join("b")));
+    link(&a, &b);
+    let kim_at_a = add_kim_and_bob(&a, &b);
+    ok(as_agent(&b, "bob", &["send", &kim_at_a, "acked"]));
+    ok(as_agent(&b, "bob", &["send", &kim_at_a, "read, not acked"]));
+    // Both handed to kim (its served cursor is past both), one acked.
+    let page = inbox_until(&a, "kim", 2);
+    let first = page[0]["cursor"].as_str().unwrap();
+    ok(as_agent(&a, "kim", &["ack", first]));
+    ok(a.mesh(&["agent", "move", "kim", "--to", b.node()]).unwrap());
+    let deadline = Instant::now() + SETTLE;
+    let unread = loop {
+        let out = as_agent(&b, "kim", &["inbox", "--unread", "--json"]);
+        assert!(out.ok(), "{out:?}");
+        let bodies: Vec<String> = out
+            .stdout
+            .lines()
+            .map(|l| parse_json(l).unwrap())
+            .filter(|e| e["kind"] == "message")
+            .map(|e| e["body"].as_str().unwrap().to_owned())
+            .collect();
+        if !bodies.is_empty() {
+            break bodies;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kim's unread mail did not follow it to b"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(unread, vec!["read, not acked".to_owned()]);
+}

@@ -206,9 +206,11 @@ pub(super) async fn export_agent(
 }
 
 /// Exports the agent `name` (as `POST /v1/agents/{name}/export`): sets
-/// its export cursor to `after` (default: the last inbox entry this node
-/// handed to it, so that what it never saw here is passed on) and returns
-/// its export.
+/// its export cursor to `after` and returns its export. By default that is
+/// the agent's read position if it ever acknowledged an entry (its unread
+/// mail goes with it, unread at its new host, as issue 31's read position
+/// travels), else the last inbox entry this node handed to it (what it
+/// never saw here is passed on).
 async fn export(
     st: &ApiState,
     name: &AgentName,
@@ -217,7 +219,10 @@ async fn export(
     let head = *st.inner.bus.journal_head().borrow();
     let after = match after {
         Some(text) => st.parse_after(Some(text))?,
-        None => st.served_cursor(name).await?,
+        None => match st.read_position(name).await? {
+            0 => st.served_cursor(name).await?,
+            read => read,
+        },
     }
     .min(head);
     let agent = st
