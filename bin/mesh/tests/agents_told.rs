@@ -288,6 +288,63 @@ fn the_claude_hook_tells_of_unread_mail_until_it_is_acked_and_never_blocks_twice
     assert_eq!(out.stderr.lines().count(), 1, "{out:?}");
 }
 
+/// `--hook gemini`: Gemini CLI's BeforeAgent gets the unread mail as
+/// additional context, AfterAgent rejects the turn's answer with it (once:
+/// not when it already runs as a retry), and with nothing to say the
+/// answer is `{}`, the JSON Gemini CLI parses on exit 0.
+#[test]
+fn the_gemini_hook_tells_of_unread_mail_in_gemini_clis_json_and_says_nothing_once_acked() {
+    let tmp = temp_dir().unwrap();
+    let a = start(&tmp.path().join("a"));
+    ok(a.mesh(&["agent", "add", "alice"]).unwrap());
+    ok(a.mesh(&["agent", "add", "bob"]).unwrap());
+    let alice = format!("alice@{}", a.node());
+    ok(as_agent(&a, "bob", &["send", &alice, "the build is red"]));
+    let waiting = unread(&a, "alice");
+    assert_eq!(waiting.len(), 1, "{waiting:?}");
+    let cursor = &waiting[0].0;
+    let gemini = |stdin: &str| {
+        let out = as_agent_stdin(
+            &a,
+            "alice",
+            &["inbox", "--unread", "--hook", "gemini"],
+            Some(stdin),
+        );
+        assert!(out.ok(), "{out:?}");
+        parse_json(out.stdout.trim()).unwrap()
+    };
+    let answer = gemini(
+        r#"{"session_id":"s","cwd":"/tmp","hook_event_name":"BeforeAgent","timestamp":"2026-12-08T00:00:00Z","prompt":"hi"}"#,
+    );
+    let specific = &answer["hookSpecificOutput"];
+    assert_eq!(specific["hookEventName"], "BeforeAgent", "{answer}");
+    let context = specific["additionalContext"].as_str().unwrap();
+    assert!(
+        context.contains("the build is red") && context.contains(cursor.as_str()),
+        "{context}"
+    );
+    let answer =
+        gemini(r#"{"hook_event_name":"AfterAgent","prompt":"hi","prompt_response":"done"}"#);
+    assert_eq!(answer["decision"], "deny", "{answer}");
+    assert!(answer["reason"].as_str().unwrap().contains(cursor.as_str()));
+    let answer = gemini(r#"{"hook_event_name":"AfterAgent","stop_hook_active":true}"#);
+    assert_eq!(answer, serde_json::json!({}));
+    // Claude Code's events are not Gemini CLI's: a clear error, exit 1.
+    let out = as_agent_stdin(
+        &a,
+        "alice",
+        &["inbox", "--unread", "--hook", "gemini"],
+        Some(r#"{"hook_event_name":"Stop"}"#),
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(out.stderr.contains("BeforeAgent"), "{out:?}");
+    ok(as_agent(&a, "alice", &["ack", cursor]));
+    for event in ["BeforeAgent", "AfterAgent"] {
+        let answer = gemini(&format!(r#"{{"hook_event_name":"{event}"}}"#));
+        assert_eq!(answer, serde_json::json!({}), "{event}");
+    }
+}
+
 /// Each local agent's unread count as `mesh agents --json` and `mesh
 /// status --json` give it, by name: (agents', status's).
 fn unread_counts(d: &DaemonProcess) -> Vec<(String, u64, u64)> {

@@ -21,6 +21,17 @@
 //!   non-blocking error whose stderr the user sees: this command's failures
 //!   (no daemon, no such agent, bad input) exit 1 with one line on stderr.
 //!
+//! `--hook gemini` answers Gemini CLI's hooks the same way (its "Hooks
+//! reference", geminicli.com/docs/hooks/reference): the stdin JSON's
+//! `hook_event_name` is `"BeforeAgent"` (after the user's prompt, before
+//! planning: `hookSpecificOutput.additionalContext` is appended to the
+//! prompt for this turn) or `"AfterAgent"` (after the turn's final answer:
+//! `{"decision": "deny", "reason": TEXT}` rejects it and sends TEXT to the
+//! agent as a new prompt; `stop_hook_active` is true when it already runs
+//! as part of such a retry). Gemini CLI parses stdout as JSON on exit 0,
+//! so with nothing to say the answer is `{}`; another exit is a warning
+//! and the CLI goes on (exit 2 would block: never used).
+//!
 //! Reading acks nothing: the agent acks what it handled with `mesh --agent
 //! NAME ack CURSOR`, and until then each prompt shows the mail again.
 
@@ -76,27 +87,77 @@ struct HookInput {
     stop_hook_active: bool,
 }
 
-/// Runs the Claude Code hook for the agent of `args`: `event` is `--event`
-/// (else the stdin JSON's `hook_event_name`).
-pub(crate) async fn claude(args: &AgentArgs, event: Option<&str>) -> anyhow::Result<()> {
-    let input = read_input()?;
-    let event = match (event, input.hook_event_name.as_deref()) {
-        (Some("user-prompt-submit"), _) | (None, Some("UserPromptSubmit")) => {
-            Event::UserPromptSubmit
+/// The AI agents whose hooks `--hook` answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Client {
+    /// Claude Code: `UserPromptSubmit` and `Stop`.
+    Claude,
+    /// Gemini CLI: `BeforeAgent` and `AfterAgent`.
+    Gemini,
+}
+
+impl Client {
+    /// The client `--hook` names.
+    pub(crate) fn named(name: &str) -> anyhow::Result<Client> {
+        match name {
+            "claude" => Ok(Client::Claude),
+            "gemini" => Ok(Client::Gemini),
+            other => anyhow::bail!("--hook {other:?}: use claude or gemini"),
         }
-        (Some("stop"), _) | (None, Some("Stop")) => Event::Stop,
-        (Some(other), _) => anyhow::bail!("--event {other:?}: use user-prompt-submit or stop"),
+    }
+
+    /// Its names of the two events: (the prompt's, the turn's end), as the
+    /// stdin JSON says them and as `--event` does.
+    fn events(self) -> [(&'static str, &'static str); 2] {
+        match self {
+            Client::Claude => [("UserPromptSubmit", "user-prompt-submit"), ("Stop", "stop")],
+            Client::Gemini => [
+                ("BeforeAgent", "before-agent"),
+                ("AfterAgent", "after-agent"),
+            ],
+        }
+    }
+}
+
+/// Runs the hook of `client` for the agent of `args`: `event` is `--event`
+/// (else the stdin JSON's `hook_event_name`).
+pub(crate) async fn run(
+    client: Client,
+    args: &AgentArgs,
+    event: Option<&str>,
+) -> anyhow::Result<()> {
+    let input = read_input()?;
+    let [(prompt_json, prompt_arg), (stop_json, stop_arg)] = client.events();
+    let hook = match client {
+        Client::Claude => "claude",
+        Client::Gemini => "gemini",
+    };
+    let event = match (event, input.hook_event_name.as_deref()) {
+        (Some(e), _) if e == prompt_arg => Event::UserPromptSubmit,
+        (None, Some(e)) if e == prompt_json => Event::UserPromptSubmit,
+        (Some(e), _) if e == stop_arg => Event::Stop,
+        (None, Some(e)) if e == stop_json => Event::Stop,
+        (Some(other), _) => {
+            anyhow::bail!("--event {other:?}: --hook {hook} takes {prompt_arg} or {stop_arg}")
+        }
         (None, Some(other)) => anyhow::bail!(
-            "hook_event_name {other:?}: --hook claude answers UserPromptSubmit and Stop \
+            "hook_event_name {other:?}: --hook {hook} answers {prompt_json} and {stop_json} \
              (set the hook on those events only)"
         ),
         (None, None) => anyhow::bail!(
-            "which hook event? pass --event user-prompt-submit|stop, or give the hook's JSON \
-             (with hook_event_name) on stdin, as Claude Code does"
+            "which hook event? pass --event {prompt_arg}|{stop_arg}, or give the hook's JSON \
+             (with hook_event_name) on stdin, as the client does"
         ),
     };
-    // The agent is already going on because of a Stop hook: let it stop.
+    // Nothing to say: Claude Code takes empty stdout, Gemini CLI `{}`.
+    let nothing = || {
+        if client == Client::Gemini {
+            println!("{{}}");
+        }
+    };
+    // The agent is already going on because of such a hook: let it stop.
     if event == Event::Stop && input.stop_hook_active {
+        nothing();
         return Ok(());
     }
     let c = args.required("inbox --hook").await?;
@@ -107,16 +168,19 @@ pub(crate) async fn claude(args: &AgentArgs, event: Option<&str>) -> anyhow::Res
     );
     let page: InboxPage = c.get(&path).await?;
     let Some(text) = unread_text(&agent, &page.entries) else {
+        nothing();
         return Ok(());
     };
-    let answer = match event {
-        Event::UserPromptSubmit => serde_json::json!({
+    let answer = match (event, client) {
+        (Event::UserPromptSubmit, _) => serde_json::json!({
             "hookSpecificOutput": {
-                "hookEventName": "UserPromptSubmit",
+                "hookEventName": prompt_json,
                 "additionalContext": text,
             }
         }),
-        Event::Stop => serde_json::json!({ "decision": "block", "reason": text }),
+        (Event::Stop, Client::Claude) => serde_json::json!({ "decision": "block", "reason": text }),
+        // Rejects the turn's answer: the reason goes to the agent as a new prompt.
+        (Event::Stop, Client::Gemini) => serde_json::json!({ "decision": "deny", "reason": text }),
     };
     println!("{answer}");
     Ok(())
@@ -145,7 +209,7 @@ fn read_input() -> anyhow::Result<HookInput> {
     let text = match rx.recv_timeout(HOOK_STDIN_WAIT) {
         Ok(read) => read.map_err(|e| anyhow::anyhow!("cannot read stdin: {e}"))?,
         Err(_) => anyhow::bail!(
-            "stdin did not end within {} s: a hook reads Claude Code's JSON there (pass \
+            "stdin did not end within {} s: a hook reads its client's JSON there (pass \
              --event and close stdin when running it by hand)",
             HOOK_STDIN_WAIT.as_secs()
         ),
@@ -154,7 +218,7 @@ fn read_input() -> anyhow::Result<HookInput> {
         return Ok(HookInput::default());
     }
     serde_json::from_slice(&text)
-        .map_err(|e| anyhow::anyhow!("stdin is not the JSON object of a Claude Code hook: {e}"))
+        .map_err(|e| anyhow::anyhow!("stdin is not the JSON object of a hook: {e}"))
 }
 
 /// What the agent is told of its unread `entries`, or `None` if there are

@@ -204,15 +204,19 @@ pub enum Command {
         /// Print the unread entries as an AI agent's hook takes them (with
         /// --unread): `claude` for a Claude Code hook (UserPromptSubmit:
         /// added to the prompt's context; Stop: keeps the agent from ending
-        /// its turn with mail waiting). Prints nothing when there is none;
-        /// reading acks nothing. See docs/claude-code.md.
-        #[arg(long, value_name = "AGENT", value_parser = ["claude"], requires = "unread",
+        /// its turn with mail waiting), `gemini` for a Gemini CLI hook
+        /// (BeforeAgent and AfterAgent, the same way). Prints nothing (for
+        /// gemini `{}`) when there is none; reading acks nothing. See
+        /// docs/claude-code.md.
+        #[arg(long, value_name = "AGENT", value_parser = ["claude", "gemini"], requires = "unread",
               conflicts_with_all = ["json", "after", "wait", "limit"])]
         hook: Option<String>,
         /// The hook's event (with --hook): `user-prompt-submit` or `stop`
-        /// [default: `hook_event_name` of the JSON Claude Code writes to
-        /// the hook's stdin].
-        #[arg(long, value_parser = ["user-prompt-submit", "stop"], requires = "hook")]
+        /// for claude, `before-agent` or `after-agent` for gemini
+        /// (default: `hook_event_name` of the JSON the client writes to
+        /// the hook's stdin).
+        #[arg(long, value_parser = ["user-prompt-submit", "stop", "before-agent", "after-agent"],
+              requires = "hook")]
         event: Option<String>,
     },
     /// Mark this agent's inbox (`--agent NAME`) read up to CURSOR (an
@@ -757,12 +761,14 @@ pub fn run(cli: Cli, dir: &DataDir, bin: &Path) -> anyhow::Result<()> {
                 None => commands::send(&c, peer, text, lines, id, json).await,
             },
             Command::Inbox {
-                hook: Some(_),
+                hook: Some(client),
                 event,
                 ..
-            } => hook::claude(&agent, event.as_deref())
-                .await
-                .map_err(hook::failed),
+            } => match hook::Client::named(&client) {
+                Ok(client) => hook::run(client, &agent, event.as_deref()).await,
+                Err(e) => Err(e),
+            }
+            .map_err(hook::failed),
             Command::Inbox {
                 after,
                 unread,

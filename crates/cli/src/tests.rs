@@ -106,6 +106,18 @@ fn a_hook_reads_unread_only_and_its_failure_never_exits_2() {
             ..
         }
     ));
+    let gemini = Cli::try_parse_from([
+        "mesh",
+        "--agent",
+        "a",
+        "inbox",
+        "--unread",
+        "--hook",
+        "gemini",
+        "--event",
+        "after-agent",
+    ]);
+    assert!(gemini.is_ok(), "{gemini:?}");
     for bad in [
         &["mesh", "inbox", "--hook", "claude"][..],
         &["mesh", "inbox", "--unread", "--event", "stop"],
