@@ -239,16 +239,26 @@ impl Core {
 }
 
 /// The digest that tells a retry from another message under the same id.
+///
+/// A send that asks for a read receipt is digested under a domain tag of
+/// its own, so a retry that differs from the first only in asking one is
+/// told apart, while the digest of every other send (and of every record
+/// written before receipts) stays what it was.
 pub(super) fn digest(
     to: NodeId,
     kind: u16,
     from: Option<&AgentName>,
     to_agent: Option<&AgentName>,
     in_reply_to: Option<MsgId>,
+    receipt: bool,
     body: &[u8],
 ) -> [u8; 16] {
     let mut h = blake3::Hasher::new();
-    h.update(b"agent-mesh/retry-digest/v1\0");
+    h.update(if receipt {
+        b"agent-mesh/retry-digest/v1+receipt\0".as_slice()
+    } else {
+        b"agent-mesh/retry-digest/v1\0".as_slice()
+    });
     h.update(to.as_bytes());
     h.update(&kind.to_be_bytes());
     for name in [from, to_agent] {

@@ -58,6 +58,7 @@ impl Core {
                 from.as_ref(),
                 to_agent.as_ref(),
                 in_reply_to,
+                receipt,
                 &body,
             ),
             None => [0; 16],

@@ -200,6 +200,28 @@ fn a_retry_with_the_same_client_id_gets_the_first_receipt_and_is_not_sent_again(
     assert_eq!(p.b.inbox("bob").len(), 1);
 }
 
+/// A retry must repeat the first send exactly, its ask for a read receipt
+/// too: the same client id with and without `receipt` is two messages.
+#[test]
+fn a_retry_that_differs_only_in_asking_a_receipt_is_refused_as_another_message() {
+    let mut p = agents_pair();
+    let meta = |receipt| SendMeta {
+        client_id: Some("job-7".into()),
+        receipt,
+        ..from_to("alice", Some("bob"))
+    };
+    let first = p.send_as_a(meta(false), b"report");
+    let sent = p.a.reply(first).cloned().expect("answered").expect("sent");
+    let same = p.send_as_a(meta(false), b"report");
+    assert_eq!(p.a.reply(same), Some(&Ok(sent)));
+    let asks = p.send_as_a(meta(true), b"report");
+    assert!(matches!(
+        p.a.reply(asks),
+        Some(Err(SendError::ClientIdReused { .. }))
+    ));
+    assert_eq!(p.b.inbox("bob").len(), 1, "sent once");
+}
+
 #[test]
 fn a_retry_record_expires_after_the_window() {
     let config = Config {
