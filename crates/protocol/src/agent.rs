@@ -571,34 +571,16 @@ impl ForwardTrimmed {
 
 /// Decodes `payload` as the one canonical encoding of an agent envelope:
 /// a `T`'s canonical postcard, then nothing (`false`) or exactly
-/// `FLAG_RECEIPT` (0x01) (`true`).
+/// `FLAG_RECEIPT` (`true`).
 fn decode_flagged<'a, T: Serialize + Deserialize<'a>>(
     payload: &'a [u8],
 ) -> Result<(T, bool), AgentError> {
-    let what = "agent envelope";
-    if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
-        return Err(AgentError::TooLarge {
-            what,
-            len: payload.len(),
-        });
-    }
-    let malformed = |why: String| AgentError::Malformed { what, why };
-    let (value, rest) =
-        postcard::take_from_bytes::<T>(payload).map_err(|e| malformed(e.to_string()))?;
-    let receipt = match rest {
-        [] => false,
-        [FLAG_RECEIPT] => true,
-        [b] => return Err(malformed(format!("unknown flags byte {b:#04x}"))),
-        _ => return Err(malformed(format!("{} trailing bytes", rest.len()))),
-    };
-    let fields = payload.len() - rest.len();
-    let canonical = encoded_len(&value).map_err(|e| malformed(e.to_string()))?;
-    if canonical != fields {
-        return Err(malformed(format!(
-            "not canonical: {fields} bytes re-encode as {canonical}"
-        )));
-    }
-    Ok((value, receipt))
+    decode_then(payload, "agent envelope", |rest| match rest {
+        [] => Ok(false),
+        [FLAG_RECEIPT] => Ok(true),
+        [b] => Err(format!("unknown flags byte {b:#04x}")),
+        _ => Err(format!("{} trailing bytes", rest.len())),
+    })
 }
 
 /// Decodes `payload` as the one canonical postcard encoding of a `T`.
@@ -606,6 +588,22 @@ fn decode_canonical<'a, T: Serialize + Deserialize<'a>>(
     payload: &'a [u8],
     what: &'static str,
 ) -> Result<T, AgentError> {
+    let (value, ()) = decode_then(payload, what, |rest| match rest {
+        [] => Ok(()),
+        _ => Err(format!("{} trailing bytes", rest.len())),
+    })?;
+    Ok(value)
+}
+
+/// Decodes a `T` from the start of `payload` (at most
+/// [`MAX_BATCH_PAYLOAD_BYTES`]), hands what follows it to `rest` (which
+/// says what it means, or why it is refused), and refuses a `T` that is
+/// not canonical postcard.
+fn decode_then<'a, T: Serialize + Deserialize<'a>, R>(
+    payload: &'a [u8],
+    what: &'static str,
+    rest: impl FnOnce(&[u8]) -> Result<R, String>,
+) -> Result<(T, R), AgentError> {
     if payload.len() as u64 > MAX_BATCH_PAYLOAD_BYTES {
         return Err(AgentError::TooLarge {
             what,
@@ -613,20 +611,18 @@ fn decode_canonical<'a, T: Serialize + Deserialize<'a>>(
         });
     }
     let malformed = |why: String| AgentError::Malformed { what, why };
-    let (value, rest) =
+    let (value, tail) =
         postcard::take_from_bytes::<T>(payload).map_err(|e| malformed(e.to_string()))?;
-    if !rest.is_empty() {
-        return Err(malformed(format!("{} trailing bytes", rest.len())));
-    }
+    let after = rest(tail).map_err(malformed)?;
     // As for frames: a varint with redundant bytes re-encodes shorter.
+    let fields = payload.len() - tail.len();
     let canonical = encoded_len(&value).map_err(|e| malformed(e.to_string()))?;
-    if canonical != payload.len() {
+    if canonical != fields {
         return Err(malformed(format!(
-            "not canonical: {} bytes re-encode as {canonical}",
-            payload.len()
+            "not canonical: {fields} bytes re-encode as {canonical}"
         )));
     }
-    Ok(value)
+    Ok((value, after))
 }
 
 #[cfg(test)]
