@@ -335,6 +335,25 @@ impl DaemonProcess {
         self.data.join("mesh.sock")
     }
 
+    /// The value of the sample `name` (a counter or gauge without labels)
+    /// in this daemon's `GET /metrics` now; `None` if it is not there.
+    ///
+    /// # Panics
+    /// If the daemon does not answer.
+    pub fn metric(&self, name: &str) -> Option<u64> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        let client = mesh_api::client::Client::new(self.socket());
+        let text = rt
+            .block_on(client.get_text("/metrics"))
+            .expect("the daemon answers /metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
     /// Runs `mesh --data DIR args...` against this daemon.
     pub fn mesh(&self, args: &[&str]) -> anyhow::Result<Output> {
         self.mesh_stdin(args, None)

@@ -425,16 +425,7 @@ fn mesh_agents_and_mesh_status_count_each_local_agents_unread_mail_down_to_its_a
 
 /// The counter `name` on `d`'s `GET /metrics` (0 if absent).
 fn metric(d: &DaemonProcess, name: &str) -> u64 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = mesh_api::client::Client::new(d.socket());
-    let text = rt.block_on(client.get_text("/metrics")).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(0)
+    d.metric(name).unwrap_or(0)
 }
 
 /// Polls `d`'s counter `name` until it is `want` (at most [`SETTLE`]).

@@ -208,7 +208,7 @@ fn a_removed_peer_is_cut_off_at_once_and_its_next_dials_are_refused() {
     // b still lists a and keeps dialing it; a refuses every dial.
     wait_for("b to see a gone", || peer(&b, &a_id)["connected"] == false);
     wait_for("two of b's dials to be refused", || {
-        metric(&a, "mesh_unknown_node_refused_total") >= 2
+        a.metric("mesh_unknown_node_refused_total").unwrap_or(0) >= 2
     });
     assert_eq!(peer(&b, &a_id)["connected"], false);
     assert_eq!(peer(&a, &b_id), serde_json::Value::Null);
@@ -217,23 +217,6 @@ fn a_removed_peer_is_cut_off_at_once_and_its_next_dials_are_refused() {
     for d in [a, b] {
         assert!(d.terminate().unwrap().success());
     }
-}
-
-/// The value of the counter `name` on `d`'s `GET /metrics`.
-fn metric(d: &DaemonProcess, name: &str) -> u64 {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = mesh_api::client::Client::new(d.socket());
-    let none: Option<&()> = None;
-    let (_, body) = rt
-        .block_on(client.raw(hyper::Method::GET, "/metrics", none))
-        .unwrap();
-    String::from_utf8_lossy(&body)
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 #[test]
