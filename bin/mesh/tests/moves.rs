@@ -285,25 +285,24 @@ fn an_agent_moved_along_a_line_is_placed_at_its_new_host_everywhere_and_acts_onl
     assert_eq!(out.status.code(), Some(3), "{out:?}");
 }
 
-/// The value of the sample `name` in `d`'s `/metrics` now.
-fn metric(d: &DaemonProcess, name: &str) -> Option<u64> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let client = mesh_api::client::Client::new(d.socket());
-    let text = rt.block_on(client.get_text("/metrics")).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(&format!("{name} ")))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// The messages in `agent`'s inbox on `d`, waiting (bounded) until there
 /// are at least `n`.
 fn inbox_until(d: &DaemonProcess, agent: &str, n: usize) -> Vec<serde_json::Value> {
+    inbox_with_until(d, agent, &["--limit", "100"], n)
+}
+
+/// As [`inbox_until`], the inbox read with `args` (`--unread`).
+fn inbox_with_until(
+    d: &DaemonProcess,
+    agent: &str,
+    args: &[&str],
+    n: usize,
+) -> Vec<serde_json::Value> {
     let deadline = Instant::now() + SETTLE;
+    let mut all = vec!["inbox", "--json"];
+    all.extend_from_slice(args);
     loop {
-        let out = as_agent(d, agent, &["inbox", "--json", "--limit", "100"]);
+        let out = as_agent(d, agent, &all);
         assert!(out.ok(), "{out:?}");
         let got: Vec<serde_json::Value> = out
             .stdout
@@ -354,8 +353,8 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
         assert_eq!(e["from"], format!("bob@{}", b.node()));
         assert_eq!(e["forwarded_by"], a.node());
     }
-    assert_eq!(metric(&a, "mesh_agent_forwards_sent_total"), Some(3));
-    assert_eq!(metric(&c, "mesh_agent_forwards_received_total"), Some(3));
+    assert_eq!(a.metric("mesh_agent_forwards_sent_total"), Some(3));
+    assert_eq!(c.metric("mesh_agent_forwards_received_total"), Some(3));
     // a kept them too, in kim's previous inbox there (with m0, from before).
     let old = inbox_until(&a, "kim", 4);
     assert_eq!(old.len(), 4, "{old:?}");
@@ -375,7 +374,7 @@ fn a_contact_away_during_the_move_flushes_to_the_old_host_and_the_agent_gets_eac
     );
     assert!(got[3].get("forwarded_by").is_none(), "{got:?}");
     assert_eq!(got[3]["verified"], true, "{got:?}");
-    assert_eq!(metric(&a, "mesh_agent_forwards_sent_total"), Some(3));
+    assert_eq!(a.metric("mesh_agent_forwards_sent_total"), Some(3));
     let text = ok(as_agent(&c, "kim", &["inbox", "--limit", "1"]));
     assert!(text.contains("via"), "{text}");
 }
@@ -445,7 +444,7 @@ fn a_full_outbox_to_the_new_host_gives_up_no_forward_and_the_agent_gets_every_me
         all["local"][0]["moved_to"] == c.node()
     });
     let deadline = Instant::now() + SETTLE;
-    while metric(&a, "mesh_agent_forwards_sent_total") < Some(3) {
+    while a.metric("mesh_agent_forwards_sent_total") < Some(3) {
         assert!(Instant::now() < deadline, "a did not pass the three on");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -556,12 +555,9 @@ fn messages_retention_took_at_the_old_host_before_they_were_passed_on_are_told_t
         "the entry stands for a loss: {seen:?}"
     );
     assert_eq!(after, (first_after..N).collect::<Vec<_>>(), "{seen:?}");
+    assert_eq!(a.metric("mesh_agent_forwards_trimmed_sent_total"), Some(1));
     assert_eq!(
-        metric(&a, "mesh_agent_forwards_trimmed_sent_total"),
-        Some(1)
-    );
-    assert_eq!(
-        metric(&c, "mesh_agent_forwards_trimmed_received_total"),
+        c.metric("mesh_agent_forwards_trimmed_received_total"),
         Some(1)
     );
 }
@@ -591,7 +587,7 @@ fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
     wait_agents(&a, "a drains kim's previous inbox", |all| {
         all["local"][0]["moved_to"] == c.node()
     });
-    assert_eq!(metric(&a, "mesh_agent_drains_followed_total"), Some(0));
+    assert_eq!(a.metric("mesh_agent_drains_followed_total"), Some(0));
     assert!(drains_ended(&a).is_empty());
     // b comes back to a: its queue reaches a, a passes it on, b learns of
     // the move from a and follows: the drain ends.
@@ -612,8 +608,11 @@ fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
         "{}",
         ended[0]
     );
-    assert_eq!(metric(&a, "mesh_agent_drains_followed_total"), Some(1));
-    assert!(metric(&b, "mesh_agent_follows_sent_total").is_some_and(|n| n >= 1));
+    assert_eq!(a.metric("mesh_agent_drains_followed_total"), Some(1));
+    assert!(
+        b.metric("mesh_agent_follows_sent_total")
+            .is_some_and(|n| n >= 1)
+    );
     // From now on b writes to kim at c, by the address it knows.
     ok(b.mesh(&["peer", "resume", c.node()]).unwrap());
     ok(as_agent(&b, "bob", &["send", &kim_at_a, "m4"]));
@@ -626,7 +625,7 @@ fn the_old_host_is_read_until_every_peer_follows_and_then_the_drain_ends() {
     let got = inbox_until(&c, "kim", 5);
     assert_eq!(got[4]["body"], "from ann");
     assert_eq!(got[4]["from"], format!("ann@{}", a.node()));
-    assert_eq!(metric(&a, "mesh_agent_forwards_sent_total"), Some(3));
+    assert_eq!(a.metric("mesh_agent_forwards_sent_total"), Some(3));
 }
 
 /// Seed 004's third test, in our terms: two moves of one agent made in a
@@ -1108,12 +1107,12 @@ fn a_move_to_a_node_that_is_not_a_peer_or_of_an_unknown_agent_is_refused_and_cha
     assert_says(&out, &["unknown_peer", "stays here"]);
     // a has d as a peer, d does not have a: d refuses before reading.
     ok(a.mesh(&["peer", "add", d.ticket()]).unwrap());
-    let refused_before = metric(&d, "mesh_unknown_node_refused_total").unwrap();
+    let refused_before = d.metric("mesh_unknown_node_refused_total").unwrap();
     let out = move_agent(&a, "kim", d.node(), &[]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert_says(&out, &["forbidden", "not its peer", "stays here"]);
     assert!(
-        metric(&d, "mesh_unknown_node_refused_total").unwrap() > refused_before,
+        d.metric("mesh_unknown_node_refused_total").unwrap() > refused_before,
         "counted at d"
     );
     // An unknown agent, and this node itself.
@@ -1213,25 +1212,9 @@ fn what_an_agent_read_but_did_not_acknowledge_is_unread_at_its_new_host() {
     let first = page[0]["cursor"].as_str().unwrap();
     ok(as_agent(&a, "kim", &["ack", first]));
     ok(a.mesh(&["agent", "move", "kim", "--to", b.node()]).unwrap());
-    let deadline = Instant::now() + SETTLE;
-    let unread = loop {
-        let out = as_agent(&b, "kim", &["inbox", "--unread", "--json"]);
-        assert!(out.ok(), "{out:?}");
-        let bodies: Vec<String> = out
-            .stdout
-            .lines()
-            .map(|l| parse_json(l).unwrap())
-            .filter(|e| e["kind"] == "message")
-            .map(|e| e["body"].as_str().unwrap().to_owned())
-            .collect();
-        if !bodies.is_empty() {
-            break bodies;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "kim's unread mail did not follow it to b"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let unread: Vec<String> = inbox_with_until(&b, "kim", &["--unread"], 1)
+        .iter()
+        .map(|e| e["body"].as_str().unwrap().to_owned())
+        .collect();
     assert_eq!(unread, vec!["read, not acked".to_owned()]);
 }

@@ -388,6 +388,16 @@ fn inbox_kinds(node: &Node, agent: &str) -> Vec<InboxKind> {
     node.inbox(agent).iter().map(|i| i.row.kind).collect()
 }
 
+/// Whether `node` committed an outbox replacement (a queued keyed
+/// message's tombstone in its place).
+fn replaced_in_outbox(node: &Node) -> bool {
+    node.persists
+        .iter()
+        .flatten()
+        .flatten()
+        .any(|op| matches!(op, WriteOp::Supersede { .. }))
+}
+
 /// The tombstone in the journal entry of `item`.
 fn tombstone_of(item: &mesh_store::InboxItem) -> mesh_protocol::Tombstone {
     match &item.item.record {
@@ -519,12 +529,7 @@ fn a_keyed_message_already_handed_to_the_peer_is_never_replaced() {
     // Sent, not yet acknowledged: the peer may hold it.
     p.disconnect();
     p.a.send_as(to, keyed("alice", "bob", "status"), b"v2");
-    let replaced =
-        p.a.persists
-            .iter()
-            .flatten()
-            .flatten()
-            .any(|op| matches!(op, WriteOp::Supersede { .. }));
+    let replaced = replaced_in_outbox(&p.a);
     assert!(!replaced, "a message that went out stays as it was");
     p.connect();
     assert_eq!(
@@ -552,12 +557,7 @@ fn after_a_restart_a_keyed_message_queued_before_it_is_not_replaced_and_both_arr
         panic!("sent");
     };
     assert_eq!((r.seq, r.superseded_by), (2, None));
-    let replaced =
-        p.a.persists
-            .iter()
-            .flatten()
-            .flatten()
-            .any(|op| matches!(op, WriteOp::Supersede { .. }));
+    let replaced = replaced_in_outbox(&p.a);
     assert!(
         !replaced,
         "nothing committed before the restart is replaced"
